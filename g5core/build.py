@@ -1,0 +1,232 @@
+"""From a deployment to a validated op DAG: the build phase, where every hook is called.
+
+Phases (desmod-style): prepare (model, system, dimensions, rank map, local shape) ->
+expand every logical op through the op-expansion hooks -> validate (placed, lowered,
+acyclic, keys owned) -> hand arrays to the engine. No hook is called after this.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Optional
+
+import attrs
+import pluggy
+
+from .collective import Lowering, Topology, collect_primitives
+from .config import Deployment
+from .dag import CommOp, ComputeOp, Fragment, OpDag
+from .dimensions import DimensionRegistry, collect_dimensions
+from .errors import ConfigError, DagError, PluginError
+from .layers import (
+    ATTENTION_KINDS, SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token,
+)
+from .models import ModelSpec, get_model
+from .plugins import Hooks
+from .rankmap import RankMap
+from .shape import LocalShape, merge_factors
+from .systems import SystemSpec, get_system
+
+
+@attrs.define(eq=False)
+class BuildContext:
+    """Everything a plugin may read while contributing to a run. Plugins must not mutate it."""
+
+    deployment: Deployment
+    model: ModelSpec
+    system: SystemSpec
+    dims: DimensionRegistry
+    rankmap: RankMap
+    shape: LocalShape
+    topology: Topology
+    hooks: Hooks = attrs.field(repr=False)
+    _layer_chips: dict = attrs.field(factory=dict, repr=False)
+
+    @property
+    def phase(self) -> str:
+        return self.deployment.phase
+
+    def size(self, dim: str) -> int:
+        return self.deployment.size(dim)
+
+    @property
+    def all_chips(self) -> tuple[int, ...]:
+        return tuple(range(self.rankmap.chips))
+
+    def layer_chips(self, layer: int) -> tuple[int, ...]:
+        """Chips holding ``layer`` (intersection of every plugin's answer)."""
+        if layer not in self._layer_chips:
+            chips = set(self.all_chips)
+            for plugin, answer in self.hooks.call_each("g5_layer_chips", ctx=self, layer=layer):
+                chips &= _chip_set(plugin, "g5_layer_chips", answer, self.rankmap.chips)
+            self._layer_chips[layer] = tuple(sorted(chips))
+        return self._layer_chips[layer]
+
+    def place(self, lop: LogicalOp) -> tuple[int, ...]:
+        """Chips that run ``lop``: the layer's chips, restricted by g5_place_op answers."""
+        chips = set(self.layer_chips(lop.layer))
+        for plugin, answer in self.hooks.call_each("g5_place_op", ctx=self, lop=lop):
+            chips &= _chip_set(plugin, "g5_place_op", answer, self.rankmap.chips)
+        return tuple(sorted(chips))
+
+    def work(self, kind: str) -> Optional[Work]:
+        return default_work(kind, self.model, self.deployment, self.shape)
+
+    @property
+    def kv_bytes_per_token_local(self) -> float:
+        """c_kv as one chip stores it (GQA heads split by TP; the MLA latent is whole)."""
+        return local_kv_bytes_per_token(self.model, self.deployment, self.shape)
+
+    def compute_dtype(self, work_or_class) -> str:
+        weight_class = work_or_class.weight_class if isinstance(work_or_class, Work) else work_or_class
+        d = self.deployment.dtypes
+        return d.weight_dtype(weight_class) if weight_class else d.activations
+
+    def compute_op(self, lop: LogicalOp, chip: int, work: Work, owner: str, part: str = "",
+                   flops: float | None = None, hbm_bytes: float | None = None) -> ComputeOp:
+        """A compute op of ``lop`` on ``chip``; ``flops``/``hbm_bytes`` override the work's."""
+        return ComputeOp(
+            key=lop.key(chip, part), chip=chip, op_class=work.op_class,
+            flops=work.flops if flops is None else flops,
+            hbm_bytes=work.hbm_bytes if hbm_bytes is None else hbm_bytes,
+            layer=lop.layer, name=lop.kind, dtype=self.compute_dtype(work), owner=owner,
+        )
+
+    def comm_op(self, lop: LogicalOp, primitive: str, group: Iterable[int], bytes_per_rank: float,
+                reason: str, owner: str, part: str) -> CommOp:
+        group = tuple(group)
+        return CommOp(
+            key=f"{lop.prefix}.{part}@g{'-'.join(map(str, group))}" if len(group) > 2 or primitive != "p2p"
+            else f"{lop.prefix}.{part}@c{group[0]}->c{group[1]}",
+            primitive=primitive, group=group, bytes_per_rank=bytes_per_rank, reason=reason,
+            layer=lop.layer, name=lop.kind, owner=owner,
+        )
+
+
+def _chip_set(plugin: str, hook: str, answer, chips: int) -> set[int]:
+    try:
+        out = {int(c) for c in answer}
+    except TypeError:
+        raise PluginError(plugin, f"{hook} must return chip ids or None, got {answer!r}") from None
+    bad = [c for c in out if not 0 <= c < chips]
+    if bad:
+        raise PluginError(plugin, f"{hook} returned chips outside 0..{chips - 1}: {sorted(bad)[:5]}")
+    return out
+
+
+@attrs.define(eq=False)
+class Plan:
+    """A prepared run: validated deployment and everything derived from it, before the DAG."""
+
+    pm: pluggy.PluginManager
+    hooks: Hooks
+    ctx: BuildContext
+    primitives: Mapping
+
+
+def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configuration") -> Plan:
+    """Validate a raw configuration mapping (or a Deployment) against the enabled plugins."""
+    hooks = Hooks(pm)
+    dims = collect_dimensions(hooks)
+    if isinstance(raw_or_deployment, Deployment):
+        deployment = raw_or_deployment
+    else:
+        deployment = Deployment.from_dict(raw_or_deployment, dims, source)
+    model = get_model(deployment.model)
+    system = get_system(deployment.system)
+    for _plugin, _ in hooks.call_each("g5_validate_deployment", deployment=deployment, model=model, system=system):
+        pass
+    factors = merge_factors(hooks.call_each("g5_shard_factors", deployment=deployment, model=model))
+    shape = LocalShape.from_factors(deployment, model, factors)
+    sizes = dict(deployment.parallel)
+    if deployment.chips % 1:
+        raise ConfigError("chips", "must be whole")
+    try:
+        rankmap = RankMap.build(sizes, dims, system.chips_per_node)
+    except ValueError as exc:
+        raise ConfigError("parallel", str(exc)) from None
+    topology = Topology.from_system(system, rankmap)
+    ctx = BuildContext(deployment, model, system, dims, rankmap, shape, topology, hooks)
+    return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks))
+
+
+# ----------------------------------------------------------------------------------------
+# DAG
+# ----------------------------------------------------------------------------------------
+
+
+def default_fragment(ctx: BuildContext, lop: LogicalOp, chips: tuple[int, ...]) -> Fragment:
+    if lop.kind in SYNC_KINDS:
+        return Fragment(ops=())
+    work = ctx.work(lop.kind)
+    return Fragment.single_chip_ops(ctx.compute_op(lop, c, work, owner="core") for c in chips)
+
+
+def expand(ctx: BuildContext, lop: LogicalOp) -> tuple[str, Fragment]:
+    """The fragment of one logical op and the name of the plugin (or "core") that owns it."""
+    answers = ctx.hooks.call_each("g5_expand_op", ctx=ctx, lop=lop)
+    if len(answers) > 1:
+        names = " and ".join(f"'{p}'" for p, _ in answers)
+        raise DagError(f"{lop.id}: plugins {names} both claim this op; exactly one plugin may expand it "
+                       f"(disable one with --disable NAME)")
+    if answers:
+        owner, frag = answers[0]
+        if not isinstance(frag, Fragment):
+            raise PluginError(owner, f"g5_expand_op must return a Fragment or None, got {type(frag).__name__}")
+        return owner, frag
+    objections = ctx.hooks.call_each("g5_require_owner", ctx=ctx, lop=lop)
+    if objections:
+        plugin, message = objections[0]
+        raise ConfigError("plugins", f"{message} (raised by plugin '{plugin}')")
+    return "core", default_fragment(ctx, lop, ctx.place(lop))
+
+
+def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None) -> OpDag:
+    ctx = plan.ctx
+    program = program if program is not None else build_program(ctx.model)
+    dag = OpDag()
+    chips = ctx.rankmap.chips
+    outputs: dict[str, dict[int, tuple[str, ...]]] = {}
+    for lop in program:
+        owner, frag = expand(ctx, lop)
+        own = set()
+        for op in frag.ops:
+            _check_op(op, lop, owner, chips, plan.primitives)
+            dag.add_op(op)
+            own.add(op.key)
+        for a, b in frag.edges:
+            if a not in own or b not in own:
+                raise DagError(f"{lop.id}: plugin '{owner}' made an edge {a!r} -> {b!r} between ops it does not own")
+            dag.add_edge(a, b, owner)
+        inputs: dict[int, list[str]] = {}
+        for name in lop.inputs:
+            for chip, keys in outputs[name].items():
+                inputs.setdefault(chip, []).extend(keys)
+        for chip, keys in frag.heads:
+            for k in keys:
+                if k not in own:
+                    raise DagError(f"{lop.id}: plugin '{owner}' names head {k!r}, which it did not make")
+                for src in inputs.get(chip, ()):
+                    dag.add_edge(src, k)
+        out = {c: tuple(dict.fromkeys(keys)) for c, keys in inputs.items()}
+        for chip, keys in frag.tails:
+            for k in keys:
+                if k not in own:
+                    raise DagError(f"{lop.id}: plugin '{owner}' names tail {k!r}, which it did not make")
+            out[chip] = keys
+        outputs[lop.id] = out
+    return dag
+
+
+def _check_op(op, lop: LogicalOp, owner: str, chips: int, primitives: Mapping) -> None:
+    if not isinstance(op, (ComputeOp, CommOp)):
+        raise PluginError(owner, f"{lop.id}: fragment holds {op!r}, not a ComputeOp or CommOp")
+    if not op.key.startswith(lop.prefix + ".") and not op.key.startswith(lop.prefix + "@"):
+        raise DagError(f"op {op.key!r} made by plugin '{owner}' does not start with its logical op's prefix {lop.prefix!r}")
+    for c in op.chips:
+        if not (isinstance(c, int) and 0 <= c < chips):
+            raise DagError(f"op {op.key!r} made by plugin '{owner}' is placed on chip {c!r}, outside 0..{chips - 1}")
+    if isinstance(op, CommOp):
+        if op.primitive not in primitives:
+            raise DagError(f"op {op.key!r} made by plugin '{owner}' uses primitive '{op.primitive}', which no enabled "
+                           f"plugin lowers (registered: {', '.join(primitives) or 'none'}); enable the collectives plugin")
+        if len(set(op.group)) != len(op.group) or len(op.group) < 2:
+            raise DagError(f"op {op.key!r} made by plugin '{owner}' has a bad group {op.group}")

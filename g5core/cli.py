@@ -1,0 +1,233 @@
+"""The ``g5`` command line. Errors print one line to stderr and exit with status 2."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from .errors import ConservationError, G5Error
+
+GIB = float(2 ** 30)
+
+
+def _fail(exc: Exception) -> None:
+    click.echo(f"g5: error: {exc}", err=True)
+    sys.exit(2)
+
+
+class _G5Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ConservationError as exc:
+            _fail(exc)
+        except G5Error as exc:
+            _fail(exc)
+
+
+@click.group(cls=_G5Group)
+@click.version_option(package_name="g5")
+def main() -> None:
+    """G5: simulate LLM inference on multi-chip clusters (TTFT, TPOT, memory, communication)."""
+
+
+def _fmt_s(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit, scale in (("GiB", GIB), ("MiB", 2.0 ** 20), ("KiB", 1024.0)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _table(rows: list[list[Any]], header: list[str]) -> str:
+    cells = [header] + [[str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+_config_options = [
+    click.argument("config", type=click.Path(dir_okay=False)),
+    click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                 help="Override a configuration value, e.g. --set parallel.cp=8 (repeatable)."),
+    click.option("--disable", "disabled", multiple=True, metavar="NAME",
+                 help="Disable a plugin for this run, like pytest -p no:NAME (repeatable)."),
+]
+
+
+def config_options(f):
+    for opt in reversed(_config_options):
+        f = opt(f)
+    return f
+
+
+@main.command("run")
+@config_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Perfetto/Chrome trace here.")
+@click.option("--compare-math", is_flag=True, help="Also compute the closed-form Math path and show both.")
+def run_cmd(config, overrides, disabled, as_json, trace_path, compare_math):
+    """Simulate one configuration (prefill: TTFT; decode: TPOT)."""
+    from .run import load_raw, run
+    from .trace import write_trace
+
+    out = run(load_raw(config, overrides), disabled=disabled, compare_math=compare_math)
+    if trace_path:
+        if out.sim is None:
+            raise G5Error("--trace needs the G5 path (path: g5); the Math path has no timeline")
+        write_trace(out.sim, out.plan.ctx.topology, trace_path)
+    if as_json:
+        click.echo(json.dumps(out.to_json_dict(), indent=2, sort_keys=True))
+        return
+    click.echo(render_summary(out, trace_path))
+
+
+def render_summary(out, trace_path=None) -> str:
+    dep = out.deployment
+    lines = []
+    par = " ".join(f"{k}={v}" for k, v in dep.parallel)
+    lines.append(f"{dep.model} on {dep.chips} x {dep.system}  [{par}{' tp_sp' if dep.tp_sp else ''}]  "
+                 f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}, path {dep.path}")
+    metric = "TTFT" if dep.phase == "prefill" else "TPOT"
+    lines.append(f"{metric}: {_fmt_s(out.latency_s)}")
+    if out.sim is not None:
+        sim = out.sim
+        if out.math is not None:
+            ratio = out.math.latency_s / sim.latency_s if sim.latency_s else float("nan")
+            lines.append(f"{metric} (Math path): {_fmt_s(out.math.latency_s)}  (math / g5 = {ratio:.3f})")
+        ov = sim.overlap
+        lines.append(f"simulated {sim.ops} ops, {sim.flows} flows, {sim.events} events in {sim.sim_wall_s:.2f} s; "
+                     f"conservation KPIs all 0")
+        lines.append("")
+        lines.append("communication (busiest chip)")
+        rows = []
+        for reason in sorted(sim.comm_bytes["by_reason"]):
+            o = ov["by_reason"].get(reason, {})
+            rows.append([reason, _fmt_bytes(sim.comm_bytes["by_reason"][reason]),
+                         _fmt_bytes(sim.comm_bytes["per_rank_by_reason"][reason]),
+                         _fmt_s(o.get("comm_time_s", 0.0)), _fmt_s(o.get("exposed_comm_s", 0.0)),
+                         f"{100 * o.get('hidden_fraction', 1.0):.1f}%"])
+        if rows:
+            rows.append(["(all)", _fmt_bytes(sim.comm_bytes["total_bytes"]), "", _fmt_s(ov["comm_time_s"]),
+                         _fmt_s(ov["exposed_comm_s"]), f"{100 * ov['hidden_fraction']:.1f}%"])
+            lines.append(_table(rows, ["reason", "total bytes", "busiest rank sent", "comm time", "exposed",
+                                       "hidden"]))
+        else:
+            lines.append("  none")
+    mem = out.memory
+    lines.append("")
+    worst = max(mem.per_chip, key=lambda c: (c.total_bytes, -c.chip))
+    lines.append(f"memory per chip (largest: chip {worst.chip})")
+    lines.append(_table([[
+        _fmt_bytes(worst.weights_bytes), _fmt_bytes(worst.kv_cache_bytes), _fmt_bytes(worst.activation_bytes),
+        _fmt_bytes(worst.workspace_bytes), _fmt_bytes(worst.total_bytes), _fmt_bytes(worst.capacity_bytes)]],
+        ["weights", "kv cache", "activations", "workspace", "total", "capacity"]))
+    short = mem.shortfall_summary()
+    lines.append(f"DOES NOT FIT: {short}" if short else "fits on every chip")
+    if trace_path:
+        lines.append(f"trace written to {trace_path} (open in https://ui.perfetto.dev)")
+    return "\n".join(lines)
+
+
+@main.command("explain")
+@config_options
+def explain_cmd(config, overrides, disabled):
+    """Validate a configuration and explain its layout: groups, nodes, model, system."""
+    from .run import load_raw, make_plan
+
+    plan = make_plan(load_raw(config, overrides), disabled)
+    click.echo(render_explain(plan))
+
+
+def render_explain(plan) -> str:
+    ctx = plan.ctx
+    dep, m, sysm, rm = ctx.deployment, ctx.model, ctx.system, ctx.rankmap
+    counts = m.param_counts()
+    lines = [f"model   {m.name}: {m.n_layers} layers, hidden {m.hidden_size}, {m.attention.kind.upper()} "
+             f"({m.attention.n_heads} heads, {m.attention.n_kv_heads} KV heads), "
+             f"{counts.total / 1e9:.1f}B params ({counts.active / 1e9:.1f}B active), "
+             f"c_kv {m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_bytes)} B/token/layer ({dep.dtypes.kv_cache})",
+             f"system  {sysm.name}: {sysm.chips_per_node} chips/node, {sysm.hbm_capacity_bytes / GIB:.0f} GiB HBM, "
+             f"link {sysm.intra_node_bw_bytes_per_s / 1e9:.0f} GB/s, network {sysm.network_bw_bytes_per_s / 1e9:.0f} GB/s "
+             f"per chip per direction",
+             f"layout  {dep.chips} chips on {rm.nodes} node(s); rank order (outer to inner): "
+             + ", ".join(f"{n}={s}" for n, s in zip(rm.factor_names, rm.factor_sizes)),
+             f"phase   {dep.phase}, batch {dep.batch} per replica, seq_len {dep.seq_len}, path {dep.path}, "
+             f"tp_sp {str(dep.tp_sp).lower()}"]
+    defaults = [d.name for d in ctx.dims.dims if d.default is not None]
+    if defaults:
+        lines.append(f"defaults: {', '.join(f'{n}={dep.size(n)} when omitted' for n in defaults)}")
+    s = ctx.shape
+    lines.append(f"per chip: {s.tokens:g} tokens, {s.q_heads:g} query heads, {s.kv_heads:g} KV heads, "
+                 f"KV of {s.kv_len:g} tokens per sequence")
+    for dim in rm.dims:
+        groups = rm.groups(dim)
+        size = len(groups[0])
+        crossing = [g for g in groups if rm.crosses_nodes(g)]
+        lines.append("")
+        lines.append(f"{dim} groups: {len(groups)} of {size}"
+                     + (f"; {len(crossing)} cross node boundaries" if crossing else "; all inside one node"))
+        for g in groups[:16]:
+            mark = "  (crosses nodes)" if rm.crosses_nodes(g) else ""
+            lines.append(f"  {list(g)}{mark}")
+        if len(groups) > 16:
+            lines.append(f"  ... {len(groups) - 16} more")
+    return "\n".join(lines)
+
+
+@main.command("models")
+def models_cmd():
+    """List the model catalog."""
+    from .models import CATALOG
+
+    rows = []
+    for name, m in CATALOG.items():
+        c = m.param_counts()
+        rows.append([name, m.attention.kind, m.n_layers, m.hidden_size, f"{c.total / 1e9:.1f}B",
+                     f"{c.active / 1e9:.1f}B", m.moe.n_routed_experts if m.moe else "-",
+                     m.kv_bytes_per_token_per_layer(2)])
+    click.echo(_table(rows, ["model", "attention", "layers", "hidden", "params", "active", "experts",
+                             "c_kv bf16 (B)"]))
+    click.echo("\nA model can also be a path to a Hugging Face config.json.")
+
+
+@main.command("systems")
+def systems_cmd():
+    """List the system catalog."""
+    from .systems import CATALOG_NAMES, get_system
+
+    rows = []
+    for name in CATALOG_NAMES:
+        s = get_system(name)
+        rows.append([name, s.chips_per_node, f"{s.hbm_capacity_bytes / GIB:.0f}", f"{s.hbm_bw_bytes_per_s / 1e12:.2f}",
+                     f"{s.peak_flops_per_s['bf16'] / 1e12:.0f}", f"{s.intra_node_bw_bytes_per_s / 1e9:.0f}",
+                     f"{s.network_bw_bytes_per_s / 1e9:.0f}"])
+    click.echo(_table(rows, ["system", "chips/node", "HBM GiB", "HBM TB/s", "bf16 TFLOP/s", "link GB/s",
+                             "network GB/s"]))
+    click.echo("\nA system can also be a path to a YAML file with the same fields.")
+
+
+@main.command("plugins")
+@click.option("--disable", "disabled", multiple=True, metavar="NAME", help="Show the set with NAME disabled.")
+def plugins_cmd(disabled):
+    """List every plugin, enabled or disabled, with the hooks it implements."""
+    from .plugins import describe_plugins, make_plugin_manager
+
+    pm = make_plugin_manager(disabled=disabled)
+    rows = [[p.name, "enabled" if p.enabled else "disabled", ", ".join(p.hooks) or "-"]
+            for p in describe_plugins(pm)]
+    click.echo(_table(rows, ["plugin", "state", "hooks"]))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

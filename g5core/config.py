@@ -1,0 +1,305 @@
+"""Deployment configuration: loading (YAML, TOML, JSON), ``--set`` overrides, validation.
+
+A configuration names the model, the system, the chip count, one size per registered
+parallel dimension, the phase, the batch and sequence length, dtypes and the path. The
+``parallel`` keys are whatever the enabled plugins register; ``cp`` is required.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+import sys
+from typing import Any, Iterable, Mapping, Optional
+
+import attrs
+import yaml
+
+from .dimensions import DimensionRegistry
+from .dtypes import BYTES_PER_ELEMENT, dtype_bytes
+from .errors import ConfigError, suggest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+PHASES = ("prefill", "decode")
+PATHS = ("g5", "math")
+# Weight classes a `dtypes.weights` mapping may name; `default` is required in a mapping.
+WEIGHT_CLASSES = ("default", "attention", "ffn", "experts", "embedding")
+TOP_LEVEL_KEYS = (
+    "name", "model", "system", "chips", "parallel", "tp_sp", "phase", "batch", "seq_len",
+    "dtypes", "path", "plugins",
+)
+REQUIRED_KEYS = ("model", "system", "chips", "parallel", "phase", "batch", "seq_len")
+DEFAULT_DTYPE = "bf16"
+
+
+def _positive_int(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(field, f"must be a positive whole number, got {value!r}")
+    if value <= 0:
+        raise ConfigError(field, f"must be a positive whole number, got {value}")
+    return value
+
+
+@attrs.frozen
+class Dtypes:
+    weights: tuple[tuple[str, str], ...]  # sorted (class, dtype) pairs; always has "default"
+    activations: str
+    kv_cache: str
+
+    def weight_dtype(self, weight_class: str) -> str:
+        table = dict(self.weights)
+        return table.get(weight_class, table["default"])
+
+    def weight_bytes(self, weight_class: str) -> int:
+        return dtype_bytes(self.weight_dtype(weight_class))
+
+    @property
+    def activation_bytes(self) -> int:
+        return dtype_bytes(self.activations)
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return dtype_bytes(self.kv_cache)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Dtypes":
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError("dtypes", "must be a mapping with keys weights, activations, kv_cache")
+        for key in data:
+            if key not in ("weights", "activations", "kv_cache"):
+                raise ConfigError(
+                    f"dtypes.{key}",
+                    f"unknown key{suggest(key, ('weights', 'activations', 'kv_cache'))}; "
+                    "valid keys: weights, activations, kv_cache",
+                )
+        weights = data.get("weights", DEFAULT_DTYPE)
+        if isinstance(weights, Mapping):
+            table = {}
+            for cls_name, dt in weights.items():
+                if cls_name not in WEIGHT_CLASSES:
+                    raise ConfigError(
+                        f"dtypes.weights.{cls_name}",
+                        f"unknown weight class{suggest(cls_name, WEIGHT_CLASSES)}; "
+                        f"valid: {', '.join(WEIGHT_CLASSES)}",
+                    )
+                dtype_bytes(dt, f"dtypes.weights.{cls_name}")
+                table[cls_name] = dt
+            if "default" not in table:
+                raise ConfigError("dtypes.weights", "a per-class mapping needs a 'default' entry, e.g. {default: bf16, ffn: fp8}")
+            weight_items = tuple(sorted(table.items()))
+        else:
+            dtype_bytes(weights, "dtypes.weights")
+            weight_items = (("default", weights),)
+        acts = data.get("activations", DEFAULT_DTYPE)
+        kv = data.get("kv_cache", DEFAULT_DTYPE)
+        dtype_bytes(acts, "dtypes.activations")
+        dtype_bytes(kv, "dtypes.kv_cache")
+        return cls(weights=weight_items, activations=acts, kv_cache=kv)
+
+    def to_dict(self) -> dict:
+        weights: Any = dict(self.weights)
+        if list(weights) == ["default"]:
+            weights = weights["default"]
+        return {"weights": weights, "activations": self.activations, "kv_cache": self.kv_cache}
+
+
+@attrs.frozen
+class Deployment:
+    """One validated deployment. Build it with :meth:`from_dict`, never ``Deployment(**data)``."""
+
+    model: str
+    system: str
+    chips: int
+    parallel: tuple[tuple[str, int], ...]  # every registered dimension, sorted by name
+    tp_sp: bool
+    phase: str
+    batch: int
+    seq_len: int
+    dtypes: Dtypes
+    path: str
+    name: str = ""
+    disabled_plugins: tuple[str, ...] = ()
+
+    def size(self, dim: str) -> int:
+        """Size of a parallel dimension; 1 for a dimension no enabled plugin registers."""
+        return dict(self.parallel).get(dim, 1)
+
+    @classmethod
+    def from_dict(cls, data: Any, dims: DimensionRegistry, source: str = "configuration") -> "Deployment":
+        if not isinstance(data, Mapping):
+            raise ConfigError("", f"{source}: the top level must be a mapping of keys to values")
+        for key in data:
+            if key not in TOP_LEVEL_KEYS:
+                raise ConfigError(str(key), f"unknown key{suggest(str(key), TOP_LEVEL_KEYS)}; valid keys: {', '.join(TOP_LEVEL_KEYS)}")
+        for key in REQUIRED_KEYS:
+            if key not in data:
+                raise ConfigError(key, "is required")
+        for key in ("model", "system"):
+            if not isinstance(data[key], str) or not data[key]:
+                raise ConfigError(key, f"must be a name or a file path, got {data[key]!r}")
+        chips = _positive_int(data["chips"], "chips")
+        parallel = _parse_parallel(data["parallel"], dims)
+        product = 1
+        for d in dims.factors:
+            product *= parallel[d.name]
+        if product != chips:
+            expr = " x ".join(f"{d.name}={parallel[d.name]}" for d in dims.factors)
+            raise ConfigError(
+                "parallel",
+                f"{expr} = {product}, but chips = {chips}; the product of the parallel sizes must equal chips",
+            )
+        phase = data["phase"]
+        if phase not in PHASES:
+            raise ConfigError("phase", f"unknown phase {phase!r}{suggest(str(phase), PHASES)}; use prefill or decode")
+        path = data.get("path", "g5")
+        if path not in PATHS:
+            raise ConfigError("path", f"unknown path {path!r}{suggest(str(path), PATHS)}; use g5 or math")
+        tp_sp = data.get("tp_sp", False)
+        if not isinstance(tp_sp, bool):
+            raise ConfigError("tp_sp", f"must be true or false, got {tp_sp!r}")
+        name = data.get("name", "")
+        if not isinstance(name, str):
+            raise ConfigError("name", f"must be a string, got {name!r}")
+        return cls(
+            model=data["model"],
+            system=data["system"],
+            chips=chips,
+            parallel=tuple(sorted(parallel.items())),
+            tp_sp=tp_sp,
+            phase=phase,
+            batch=_positive_int(data["batch"], "batch"),
+            seq_len=_positive_int(data["seq_len"], "seq_len"),
+            dtypes=Dtypes.from_dict(data.get("dtypes")),
+            path=path,
+            name=name,
+            disabled_plugins=disabled_from_config(data),
+        )
+
+    def to_dict(self) -> dict:
+        out = {
+            "model": self.model,
+            "system": self.system,
+            "chips": self.chips,
+            "parallel": dict(self.parallel),
+            "tp_sp": self.tp_sp,
+            "phase": self.phase,
+            "batch": self.batch,
+            "seq_len": self.seq_len,
+            "dtypes": self.dtypes.to_dict(),
+            "path": self.path,
+        }
+        if self.name:
+            out["name"] = self.name
+        if self.disabled_plugins:
+            out["plugins"] = {"disable": list(self.disabled_plugins)}
+        return out
+
+
+def _parse_parallel(data: Any, dims: DimensionRegistry) -> dict[str, int]:
+    if not isinstance(data, Mapping):
+        raise ConfigError("parallel", f"must be a mapping like {{dp: 1, tp: 8, pp: 1, cp: 1}}, got {data!r}")
+    known = dims.names
+    for key in data:
+        if key not in known:
+            raise ConfigError(
+                f"parallel.{key}",
+                f"no enabled plugin registers the dimension '{key}'{suggest(str(key), known)}; "
+                f"is the plugin that provides it installed and enabled? registered: {', '.join(known)}",
+            )
+    out: dict[str, int] = {}
+    for d in dims.dims:
+        if d.name in data:
+            out[d.name] = _positive_int(data[d.name], f"parallel.{d.name}")
+        elif d.name == "cp":
+            raise ConfigError(
+                "parallel.cp",
+                "is required: context parallelism is now an explicit dimension; add `cp: 1` to keep "
+                "the previous behaviour (no context parallelism), and keep dp x tp x pp x cp = chips",
+            )
+        elif d.default is None:
+            raise ConfigError(f"parallel.{d.name}", f"is required (registered by plugin '{d.owner}'); add `{d.name}: 1` for none")
+        else:
+            out[d.name] = d.default
+    return out
+
+
+def disabled_from_config(data: Mapping) -> tuple[str, ...]:
+    """The ``plugins: {disable: [...]}`` list of a raw configuration mapping."""
+    plugins = data.get("plugins") if isinstance(data, Mapping) else None
+    if plugins is None:
+        return ()
+    if not isinstance(plugins, Mapping):
+        raise ConfigError("plugins", "must be a mapping like {disable: [name, ...]}")
+    for key in plugins:
+        if key != "disable":
+            raise ConfigError(f"plugins.{key}", f"unknown key{suggest(str(key), ('disable',))}; valid keys: disable")
+    names = plugins.get("disable", [])
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise ConfigError("plugins.disable", "must be a list of plugin names")
+    return tuple(names)
+
+
+# ----------------------------------------------------------------------------------------
+# Files and overrides
+# ----------------------------------------------------------------------------------------
+
+
+def load_config_file(path: str | pathlib.Path) -> dict:
+    """Read a YAML, TOML or JSON file into a mapping (by extension; YAML otherwise)."""
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise ConfigError("", f"configuration file not found: {p}")
+    text = p.read_text(encoding="utf-8")
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".json":
+            data = json.loads(text)
+        elif suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError("", f"{p}: not valid {suffix.lstrip('.') or 'YAML'}: {exc}".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise ConfigError("", f"{p}: the top level must be a mapping of keys to values")
+    return data
+
+
+def apply_overrides(data: Mapping, overrides: Iterable[str]) -> dict:
+    """Return a copy of ``data`` with ``dotted.key=value`` overrides applied.
+
+    Values are parsed as YAML scalars (``8`` is a number, ``true`` a boolean, ``bf16`` a
+    string). The input mapping is not changed.
+    """
+    out = copy.deepcopy(dict(data))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError("--set", f"expected dotted.key=value, got {item!r}")
+        dotted, raw = item.split("=", 1)
+        keys = dotted.strip().split(".")
+        if not all(keys):
+            raise ConfigError("--set", f"bad key {dotted!r}; use e.g. parallel.cp=8")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        for i, key in enumerate(keys[:-1]):
+            child = node.get(key)
+            if child is None:
+                child = node[key] = {}
+            elif not isinstance(child, dict):
+                raise ConfigError("--set", f"cannot set {dotted}: {'.'.join(keys[:i + 1])} is not a mapping")
+            node = child
+        node[keys[-1]] = value
+    return out
+
+
+def dtype_names() -> tuple[str, ...]:
+    return tuple(BYTES_PER_ELEMENT)

@@ -1,0 +1,138 @@
+"""Concrete ops, the fragments plugins contribute, and the op DAG they form."""
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Union
+
+import attrs
+import networkx as nx
+
+from .errors import DagError
+
+OP_CLASSES = ("gemm", "attention", "elementwise")
+
+
+@attrs.frozen
+class ComputeOp:
+    """Work on one chip's compute stream."""
+
+    key: str
+    chip: int
+    op_class: str
+    flops: float = attrs.field(validator=attrs.validators.ge(0))
+    hbm_bytes: float = attrs.field(validator=attrs.validators.ge(0))
+    layer: int
+    name: str                 # logical op kind (qkv_proj, attention, ...)
+    dtype: str                # dtype that sets the peak FLOP/s
+    owner: str = "core"       # plugin that made it
+
+    @property
+    def chips(self) -> tuple[int, ...]:
+        return (self.chip,)
+
+
+@attrs.frozen
+class CommOp:
+    """A communication op over a group of chips.
+
+    ``bytes_per_rank`` is the payload each rank contributes (the buffer size), as the
+    primitive defines it; the lowering turns it into flows. For ``p2p`` the group is
+    ``(src, dst)``; for ``broadcast`` and ``gather`` the root comes first.
+    """
+
+    key: str
+    primitive: str
+    group: tuple[int, ...] = attrs.field(converter=tuple)
+    bytes_per_rank: float = attrs.field(validator=attrs.validators.ge(0))
+    reason: str
+    layer: int
+    name: str
+    owner: str = "core"
+
+    @property
+    def chips(self) -> tuple[int, ...]:
+        return self.group
+
+
+Op = Union[ComputeOp, CommOp]
+
+
+def _key_map(value) -> tuple[tuple[int, tuple[str, ...]], ...]:
+    if isinstance(value, Mapping):
+        value = value.items()
+    return tuple(sorted((int(c), tuple(keys)) for c, keys in value))
+
+
+@attrs.frozen
+class Fragment:
+    """What one plugin contributes for one logical op.
+
+    ``heads[chip]``: ops that consume the logical op's input on ``chip`` (the core adds an
+    edge from the input's producers on that chip). ``tails[chip]``: ops whose completion
+    makes the logical op's output available on ``chip``. ``edges`` are internal
+    dependencies, as ``(before_key, after_key)``.
+    """
+
+    ops: tuple[Op, ...] = attrs.field(converter=tuple)
+    edges: tuple[tuple[str, str], ...] = attrs.field(converter=lambda es: tuple(tuple(e) for e in es), default=())
+    heads: tuple[tuple[int, tuple[str, ...]], ...] = attrs.field(converter=_key_map, default=())
+    tails: tuple[tuple[int, tuple[str, ...]], ...] = attrs.field(converter=_key_map, default=())
+
+    @classmethod
+    def single_chip_ops(cls, ops: Iterable[ComputeOp]) -> "Fragment":
+        """One independent op per chip, each both head and tail on its chip."""
+        ops = tuple(ops)
+        return cls(ops=ops, heads={o.chip: (o.key,) for o in ops}, tails={o.chip: (o.key,) for o in ops})
+
+    @classmethod
+    def collective(cls, op: CommOp) -> "Fragment":
+        """A communication op that every member consumes and produces on."""
+        return cls(ops=(op,), heads={c: (op.key,) for c in op.group}, tails={c: (op.key,) for c in op.group})
+
+
+@attrs.define(eq=False)
+class OpDag:
+    """The op DAG of one run. ``ops[i]`` is op ``i``; ``graph`` is the networkx view
+    (node = op key, attribute ``op``)."""
+
+    ops: list = attrs.field(factory=list)
+    index: dict = attrs.field(factory=dict)
+    edges: list = attrs.field(factory=list)     # (pred_index, succ_index)
+    _graph: nx.DiGraph | None = attrs.field(default=None, repr=False)
+
+    def add_op(self, op: Op) -> int:
+        if op.key in self.index:
+            other = self.ops[self.index[op.key]]
+            raise DagError(f"op key {op.key!r} made twice (by {other.owner} and {op.owner})")
+        i = len(self.ops)
+        self.ops.append(op)
+        self.index[op.key] = i
+        return i
+
+    def add_edge(self, before: str, after: str, owner: str = "core") -> None:
+        try:
+            self.edges.append((self.index[before], self.index[after]))
+        except KeyError as exc:
+            raise DagError(f"plugin '{owner}' made an edge to unknown op {exc.args[0]!r}") from None
+        self._graph = None
+
+    @property
+    def graph(self) -> nx.DiGraph:
+        if self._graph is None:
+            g = nx.DiGraph()
+            g.add_nodes_from((op.key, {"op": op}) for op in self.ops)
+            keys = [op.key for op in self.ops]
+            g.add_edges_from((keys[u], keys[v]) for u, v in self.edges)
+            self._graph = g
+        return self._graph
+
+    def predecessors(self, key: str) -> list[str]:
+        return sorted(self.graph.predecessors(key))
+
+    def successors(self, key: str) -> list[str]:
+        return sorted(self.graph.successors(key))
+
+    def by_name(self, name: str, layer: int | None = None) -> list[Op]:
+        return [o for o in self.ops if o.name == name and (layer is None or o.layer == layer)]
+
+    def comm_ops(self, reason: str | None = None) -> list[CommOp]:
+        return [o for o in self.ops if isinstance(o, CommOp) and (reason is None or o.reason == reason)]

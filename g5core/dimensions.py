@@ -1,0 +1,85 @@
+"""Parallel dimensions as plugins register them."""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+import attrs
+
+from .errors import PluginError
+from .plugins import Hooks
+
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@attrs.frozen
+class Dimension:
+    """One parallel dimension.
+
+    ``factor``: the dimension is a factor of the chip count (dp x pp x cp x tp = chips).
+    ``rank_order``: place in the rank order, outermost first (a larger value is nearer the
+    innermost, fastest-varying coordinate); factor dimensions only.
+    ``regroups``: for a non-factor dimension (ep), the factor dimensions whose rank space
+    its groups are carved from, e.g. ``("dp", "tp")``.
+    ``default``: the value when the configuration omits the key, or ``None`` when the key
+    is required.
+    """
+
+    name: str = attrs.field(validator=attrs.validators.matches_re(_NAME))
+    factor: bool
+    rank_order: int = 0
+    regroups: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    default: Optional[int] = None
+    doc: str = ""
+    owner: str = ""
+
+    def __attrs_post_init__(self):
+        if self.factor and self.regroups:
+            raise ValueError(f"dimension {self.name}: a factor dimension cannot regroup others")
+        if not self.factor and not self.regroups:
+            raise ValueError(f"dimension {self.name}: a non-factor dimension must name what it regroups")
+
+
+@attrs.frozen
+class DimensionRegistry:
+    dims: tuple[Dimension, ...]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(d.name for d in self.dims)
+
+    def get(self, name: str) -> Dimension:
+        for d in self.dims:
+            if d.name == name:
+                return d
+        raise KeyError(name)
+
+    @property
+    def factors(self) -> tuple[Dimension, ...]:
+        """Factor dimensions, outermost first."""
+        return tuple(sorted((d for d in self.dims if d.factor), key=lambda d: (d.rank_order, d.name)))
+
+
+def collect_dimensions(hooks: Hooks) -> DimensionRegistry:
+    """Ask every plugin to register its dimensions; duplicates and bad specs are errors."""
+    found: dict[str, Dimension] = {}
+    for impl in hooks._impls("g5_register_dimensions"):
+        plugin = impl.plugin_name
+
+        def register(dim: Dimension, _plugin: str = plugin) -> None:
+            if not isinstance(dim, Dimension):
+                raise PluginError(_plugin, f"g5_register_dimensions: expected a Dimension, got {dim!r}")
+            if dim.name in found:
+                raise PluginError(
+                    _plugin,
+                    f"dimension '{dim.name}' is already registered by plugin '{found[dim.name].owner}'",
+                )
+            found[dim.name] = attrs.evolve(dim, owner=_plugin)
+
+        hooks._call(impl, "g5_register_dimensions", {"register": register})
+    registry = DimensionRegistry(tuple(found[name] for name in sorted(found)))
+    for d in registry.dims:
+        for other in d.regroups:
+            if other not in found or not found[other].factor:
+                raise PluginError(d.owner, f"dimension '{d.name}' regroups '{other}', which is not a registered factor dimension")
+    return registry

@@ -1,0 +1,391 @@
+"""The discrete-event engine: per-chip compute streams and max-min fair flows on ports.
+
+The engine sees arrays, not hooks: :func:`compile_dag` asks the plugins for every compute
+op's duration and every communication op's lowering once, before the run, and the event
+loop then touches only lists of numbers.
+
+Model:
+- each chip has one compute stream: one op at a time; among ready ops it starts the one
+  that became ready first, ties broken by op key (a stable order);
+- a communication op starts when all its predecessors are done, waits its start latency,
+  then releases its flows; each flow crosses a send port and a receive port, and the
+  flows on a port share it max-min fairly; rates are recomputed (per connected set of
+  ports and flows) whenever a flow starts or ends; the op ends with its last flow;
+- the heap key ``(time, priority, sequence number)`` is the only event order; a negative
+  delay is an error.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Sequence
+
+import attrs
+import numpy as np
+
+from .collective import PORTS_PER_CHIP, Lowering, Topology
+from .dag import CommOp, ComputeOp, OpDag
+from .errors import DagError, G5Error, PluginError
+
+# Event priorities at equal time (lower first).
+_COMPUTE_DONE, _FLOW_DONE, _COMM_RELEASE = 0, 1, 2
+
+
+@attrs.frozen
+class CompiledDag:
+    """The DAG as the engine runs it. Lists, index = op id (same order as ``OpDag.ops``)."""
+
+    n_chips: int
+    keys: tuple
+    is_comm: tuple          # bool per op
+    chip: tuple             # chip of a compute op, -1 for comm
+    duration_s: tuple       # compute: duration; comm: start latency
+    flops: tuple            # compute FLOPs (0 for comm)
+    order: tuple            # rank of the op key in sorted order (stream tie-break)
+    succ: tuple             # tuple of tuples of successor ids
+    pred_count: tuple
+    edges_u: np.ndarray
+    edges_v: np.ndarray
+    flow_ptr: tuple         # per op: first flow index; flow_ptr[n] = total flows
+    flow_op: tuple          # per flow: the comm op it belongs to
+    flow_src: tuple         # chip
+    flow_dst: tuple
+    flow_src_port: tuple
+    flow_dst_port: tuple
+    flow_bytes: tuple
+    port_capacity: tuple
+
+
+def compile_dag(dag: OpDag, plan) -> CompiledDag:
+    """Ask the plugins once for durations and lowerings; validate; return arrays."""
+    ctx = plan.ctx
+    topo: Topology = ctx.topology
+    hooks = plan.hooks
+    n = len(dag.ops)
+    latency_cache: dict = {}
+    lowering_cache: dict = {}
+    is_comm, chip, dur, fl = [False] * n, [-1] * n, [0.0] * n, [0.0] * n
+    flow_ptr = [0] * (n + 1)
+    fsrc, fdst, fsp, fdp, fbytes, fop = [], [], [], [], [], []
+    for i, op in enumerate(dag.ops):
+        flow_ptr[i] = len(fbytes)
+        if isinstance(op, ComputeOp):
+            key = (op.op_class, op.flops, op.hbm_bytes, op.dtype)
+            d = latency_cache.get(key)
+            if d is None:
+                answer = hooks.call_first("g5_compute_latency", op=op, system=ctx.system, deployment=ctx.deployment)
+                if answer is None:
+                    raise DagError(f"no enabled plugin gives the compute latency of {op.key} "
+                                   f"(class {op.op_class}); enable the roofline plugin")
+                plugin, d = answer
+                if not (isinstance(d, (int, float)) and d >= 0 and math.isfinite(d)):
+                    raise PluginError(plugin, f"g5_compute_latency returned {d!r} for {op.key}; need seconds >= 0")
+                d = float(d)
+                latency_cache[key] = d
+            chip[i], dur[i], fl[i] = op.chip, d, float(op.flops)
+        else:
+            is_comm[i] = True
+            key = (op.primitive, op.group, op.bytes_per_rank)
+            low = lowering_cache.get(key)
+            if low is None:
+                plugin, lower = plan.primitives[op.primitive]
+                try:
+                    low = lower(op.group, op.bytes_per_rank, topo)
+                except G5Error:
+                    raise
+                except Exception as exc:
+                    raise PluginError(plugin, f"lowering {op.primitive} for {op.key} raised {type(exc).__name__}: {exc}") from exc
+                if not isinstance(low, Lowering):
+                    raise PluginError(plugin, f"lowering {op.primitive} must return a Lowering, got {low!r}")
+                members = set(op.group)
+                for s, t, b in low.flows:
+                    if s not in members or t not in members or s == t or b < 0:
+                        raise PluginError(plugin, f"lowering {op.primitive} of {op.key} made a bad flow {(s, t, b)}")
+                lowering_cache[key] = low
+            dur[i] = float(low.latency_s)
+            for s, t, b in low.flows:
+                sp, dp = topo.ports(s, t)
+                fsrc.append(s); fdst.append(t); fsp.append(sp); fdp.append(dp); fbytes.append(float(b)); fop.append(i)
+    flow_ptr[n] = len(fbytes)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    pred_count = [0] * n
+    seen = set()
+    eu, ev = [], []
+    for u, v in dag.edges:
+        if (u, v) in seen:
+            continue
+        seen.add((u, v))
+        succ[u].append(v)
+        pred_count[v] += 1
+        eu.append(u); ev.append(v)
+    keys = tuple(op.key for op in dag.ops)
+    order_idx = sorted(range(n), key=keys.__getitem__)
+    order = [0] * n
+    for rank, i in enumerate(order_idx):
+        order[i] = rank
+    _check_acyclic(dag, succ, pred_count)
+    n_ports = topo.chips * PORTS_PER_CHIP
+    return CompiledDag(
+        n_chips=topo.chips, keys=keys, is_comm=tuple(is_comm), chip=tuple(chip), duration_s=tuple(dur),
+        flops=tuple(fl), order=tuple(order), succ=tuple(tuple(sorted(s)) for s in succ),
+        pred_count=tuple(pred_count), edges_u=np.asarray(eu, dtype=np.int64), edges_v=np.asarray(ev, dtype=np.int64),
+        flow_ptr=tuple(flow_ptr), flow_op=tuple(fop), flow_src=tuple(fsrc), flow_dst=tuple(fdst), flow_src_port=tuple(fsp),
+        flow_dst_port=tuple(fdp), flow_bytes=tuple(fbytes),
+        port_capacity=tuple(topo.port_capacity(p) for p in range(n_ports)),
+    )
+
+
+def _check_acyclic(dag: OpDag, succ, pred_count) -> None:
+    remaining = list(pred_count)
+    stack = [i for i, c in enumerate(remaining) if c == 0]
+    seen = 0
+    while stack:
+        u = stack.pop()
+        seen += 1
+        for v in succ[u]:
+            remaining[v] -= 1
+            if remaining[v] == 0:
+                stack.append(v)
+    if seen != len(remaining):
+        import networkx as nx
+
+        cycle = nx.find_cycle(dag.graph)
+        key = cycle[0][0]
+        owner = dag.ops[dag.index[key]].owner
+        path = " -> ".join(u for u, _ in cycle[:6])
+        raise DagError(f"the op DAG has a cycle through {key!r} (made by plugin '{owner}'): {path} ...")
+
+
+@attrs.define(eq=False)
+class Engine:
+    """One simulation. All state lives on the instance; run it once."""
+
+    dag: CompiledDag
+    # results, filled by run()
+    start_s: list = attrs.field(factory=list)
+    end_s: list = attrs.field(factory=list)
+    executed: list = attrs.field(factory=list)
+    executed_flops: list = attrs.field(factory=list)
+    flow_start_s: list = attrs.field(factory=list)
+    flow_end_s: list = attrs.field(factory=list)
+    bytes_injected: float = 0.0
+    bytes_delivered: float = 0.0
+    port_excess_bytes: float = 0.0
+    events: int = 0
+    makespan_s: float = 0.0
+
+    # ---------------------------------------------------------------- overridable seams
+    # Tests subclass the engine and break one of these to show each KPI can fail.
+    def _allocate(self, flows: Sequence[int], ports: dict) -> dict:
+        """Max-min fair rates (progressive filling) for one connected set of flows."""
+        cap_rem = {p: self.dag.port_capacity[p] for p in ports}
+        count = {p: len(fs) for p, fs in ports.items()}
+        rate: dict = {}
+        src_port, dst_port = self.dag.flow_src_port, self.dag.flow_dst_port
+        while len(rate) < len(flows):
+            best_p, best_share = -1, math.inf
+            for p in sorted(count):
+                c = count[p]
+                if c:
+                    share = cap_rem[p] / c
+                    if share < best_share:
+                        best_p, best_share = p, share
+            for f in ports[best_p]:
+                if f in rate:
+                    continue
+                rate[f] = best_share
+                for q in (src_port[f], dst_port[f]):
+                    cap_rem[q] = max(cap_rem[q] - best_share, 0.0)
+                    count[q] -= 1
+        return rate
+
+    def _release_flows(self, op: int) -> range:
+        return range(self.dag.flow_ptr[op], self.dag.flow_ptr[op + 1])
+
+    def _may_start(self, op: int) -> bool:
+        return True
+
+    def _flops_of(self, op: int) -> float:
+        return self.dag.flops[op]
+
+    def _successors(self, op: int):
+        return self.dag.succ[op]
+
+    # ---------------------------------------------------------------------------- run
+    def run(self) -> "Engine":
+        d = self.dag
+        n = len(d.keys)
+        n_flows = len(d.flow_bytes)
+        n_ports = len(d.port_capacity)
+        self.start_s = [math.nan] * n
+        self.end_s = [math.nan] * n
+        self.executed = [0] * n
+        self.executed_flops = [0.0] * n
+        self.flow_start_s = [math.nan] * n_flows
+        self.flow_end_s = [math.nan] * n_flows
+        remaining_preds = list(d.pred_count)
+        heap: list = []
+        seq = 0
+        ready = [[] for _ in range(d.n_chips)]   # per chip heap of (ready_time, order, op)
+        busy = [False] * d.n_chips
+        dirty_chips: set = set()
+        # flow state
+        f_rem = list(d.flow_bytes)
+        f_rate = [0.0] * n_flows
+        f_last = [0.0] * n_flows
+        f_ver = [0] * n_flows
+        f_done = [False] * n_flows
+        op_flows_left = [0] * n
+        port_flows: list[set] = [set() for _ in range(n_ports)]
+        port_rate = [0.0] * n_ports
+        port_since = [0.0] * n_ports
+        dirty_ports: set = set()
+        src_port, dst_port, fbytes, flow_op = d.flow_src_port, d.flow_dst_port, d.flow_bytes, d.flow_op
+        is_comm, chip_of, dur, order = d.is_comm, d.chip, d.duration_s, d.order
+        cap = d.port_capacity
+        events = 0
+        now = 0.0
+
+        def push(t: float, prio: int, item: int, version: int = 0) -> None:
+            nonlocal seq
+            if t < now:
+                raise G5Error(f"engine: negative delay scheduling event at {t} < now {now}")
+            heapq.heappush(heap, (t, prio, seq, item, version))
+            seq += 1
+
+        def make_ready(op: int, t: float) -> None:
+            if is_comm[op]:
+                self.start_s[op] = t
+                push(t + dur[op], _COMM_RELEASE, op)
+            else:
+                heapq.heappush(ready[chip_of[op]], (t, order[op], op))
+                dirty_chips.add(chip_of[op])
+
+        def finish(op: int, t: float) -> None:
+            self.end_s[op] = t
+            self.executed[op] += 1
+            for v in self._successors(op):
+                remaining_preds[v] -= 1
+                if remaining_preds[v] == 0:
+                    make_ready(v, t)
+
+        for op in range(n):
+            if remaining_preds[op] == 0:
+                make_ready(op, 0.0)
+
+        while heap or dirty_chips:
+            if heap:
+                now = heap[0][0]
+            while heap and heap[0][0] == now:
+                t, prio, _, item, version = heapq.heappop(heap)
+                events += 1
+                if prio == _COMPUTE_DONE:
+                    busy[chip_of[item]] = False
+                    dirty_chips.add(chip_of[item])
+                    self.executed_flops[item] += self._flops_of(item)
+                    finish(item, t)
+                elif prio == _FLOW_DONE:
+                    f = item
+                    if version != f_ver[f] or f_done[f]:
+                        continue
+                    self._complete_flow(f, t, f_rate, f_last, f_rem, f_done)
+                    for p in (src_port[f], dst_port[f]):
+                        port_flows[p].discard(f)
+                        dirty_ports.add(p)
+                    op = flow_op[f]
+                    op_flows_left[op] -= 1
+                    if op_flows_left[op] == 0:
+                        finish(op, t)
+                else:  # _COMM_RELEASE
+                    op = item
+                    flows = [f for f in self._release_flows(op)]
+                    op_flows_left[op] = len(flows)
+                    if not flows:
+                        finish(op, t)
+                    for f in flows:
+                        self.flow_start_s[f] = t
+                        self.bytes_injected += fbytes[f]
+                        f_last[f] = t
+                        if fbytes[f] <= 0.0:
+                            push(t, _FLOW_DONE, f, f_ver[f])
+                            continue
+                        for p in (src_port[f], dst_port[f]):
+                            port_flows[p].add(f)
+                            dirty_ports.add(p)
+            # start compute on idle chips
+            for c in sorted(dirty_chips):
+                if not busy[c] and ready[c]:
+                    _, _, op = heapq.heappop(ready[c])
+                    if not self._may_start(op):
+                        continue
+                    busy[c] = True
+                    self.start_s[op] = now
+                    push(now + dur[op], _COMPUTE_DONE, op)
+            dirty_chips.clear()
+            # re-share the ports whose flow set changed
+            if dirty_ports:
+                self._reshare(now, dirty_ports, port_flows, port_rate, port_since, f_rate, f_last, f_rem, f_ver, push)
+                dirty_ports.clear()
+        # close the port-excess integral
+        for p in range(n_ports):
+            if port_rate[p] > cap[p]:
+                self.port_excess_bytes += (port_rate[p] - cap[p]) * (now - port_since[p])
+        self.events = events
+        ends = [e for e in self.end_s if e == e]
+        self.makespan_s = max(ends) if ends else 0.0
+        return self
+
+    # ----------------------------------------------------------------------- helpers
+    def _complete_flow(self, f, t, f_rate, f_last, f_rem, f_done) -> None:
+        moved = f_rate[f] * (t - f_last[f])
+        self.bytes_delivered += (self.dag.flow_bytes[f] - f_rem[f]) + moved
+        f_rem[f] = 0.0
+        f_done[f] = True
+        f_rate[f] = 0.0
+        self.flow_end_s[f] = t
+
+    def _reshare(self, now, dirty_ports, port_flows, port_rate, port_since, f_rate, f_last, f_rem, f_ver, push) -> None:
+        src_port, dst_port = self.dag.flow_src_port, self.dag.flow_dst_port
+        cap = self.dag.port_capacity
+        seen_ports: set = set()
+        for start in sorted(dirty_ports):
+            if start in seen_ports:
+                continue
+            # connected set of ports and active flows
+            comp_ports = {start: None}
+            stack = [start]
+            seen_ports.add(start)
+            comp_flows = set()
+            while stack:
+                p = stack.pop()
+                for f in port_flows[p]:
+                    if f in comp_flows:
+                        continue
+                    comp_flows.add(f)
+                    for q in (src_port[f], dst_port[f]):
+                        if q not in seen_ports:
+                            seen_ports.add(q)
+                            comp_ports[q] = None
+                            stack.append(q)
+            flows = sorted(comp_flows)
+            ports = {p: [f for f in sorted(port_flows[p])] for p in sorted(comp_ports)}
+            rates = self._allocate(flows, ports) if flows else {}
+            # settle progress at the old rates, then apply the new ones
+            for f in flows:
+                if f_rate[f]:
+                    f_rem[f] -= f_rate[f] * (now - f_last[f])
+                    if f_rem[f] < 0.0:
+                        f_rem[f] = 0.0
+                f_last[f] = now
+                new = rates[f]
+                if new != f_rate[f] or f_rate[f] == 0.0:
+                    f_rate[f] = new
+                    f_ver[f] += 1
+                    if new <= 0.0:
+                        raise G5Error(f"engine: flow {f} got no bandwidth")
+                    push(now + f_rem[f] / new, _FLOW_DONE, f, f_ver[f])
+            for p in ports:
+                if port_rate[p] > cap[p]:
+                    self.port_excess_bytes += (port_rate[p] - cap[p]) * (now - port_since[p])
+                port_rate[p] = sum(rates[f] for f in ports[p])
+                port_since[p] = now

@@ -1,0 +1,76 @@
+"""Work formulas: FLOPs and HBM bytes of every compute op class. The one place they live.
+
+Each function returns ``(flops, hbm_bytes)`` for the work one chip does. Conventions:
+
+- a GEMM of ``tokens x in_dim`` by ``in_dim x out_dim`` costs ``2 * tokens * in * out``
+  FLOPs and reads its weights once plus its input and output activations;
+- causal prefill attention counts half the score matrix: per sequence and head,
+  ``QK^T`` and ``PV`` cost ``2 * S^2 * d / 2`` each, so a layer costs
+  ``b * S^2 * n_heads * (d_qk + d_v)`` FLOPs;
+- decode attention is one query against ``kv_len`` keys: ``2 * kv_len * n_heads *
+  (d_qk + d_v)`` FLOPs per sequence; it reads the whole local KV cache;
+- an elementwise op (norm, residual, activation) costs ``ELEMENTWISE_FLOPS_PER_ELEMENT``
+  FLOPs per element and reads and writes each element once.
+"""
+from __future__ import annotations
+
+ELEMENTWISE_FLOPS_PER_ELEMENT = 5.0
+
+
+def gemm(tokens: float, in_dim: float, out_dim: float, weight_bytes: float, act_bytes: float) -> tuple[float, float]:
+    flops = 2.0 * tokens * in_dim * out_dim
+    hbm = in_dim * out_dim * weight_bytes + tokens * (in_dim + out_dim) * act_bytes
+    return flops, hbm
+
+
+def grouped_gemm(
+    tokens: float, in_dim: float, out_dim: float, n_weight_sets: float, weight_bytes: float, act_bytes: float
+) -> tuple[float, float]:
+    """``tokens`` routed through ``n_weight_sets`` distinct weight matrices (MoE experts)."""
+    flops = 2.0 * tokens * in_dim * out_dim
+    hbm = n_weight_sets * in_dim * out_dim * weight_bytes + tokens * (in_dim + out_dim) * act_bytes
+    return flops, hbm
+
+
+def elementwise(tokens: float, width: float, act_bytes: float) -> tuple[float, float]:
+    elements = tokens * width
+    return ELEMENTWISE_FLOPS_PER_ELEMENT * elements, 2.0 * elements * act_bytes
+
+
+def causal_attention_flops(batch: float, seq: float, n_heads: float, d_qk: float, d_v: float) -> float:
+    """F_attn: FLOPs of one layer's causal self-attention over ``seq`` tokens."""
+    return batch * seq * seq * n_heads * (d_qk + d_v)
+
+
+def attention_block_bytes(
+    batch: float, q_tokens: float, kv_tokens: float, n_heads: float, d_qk: float, d_v: float,
+    kv_bytes_per_token: float, act_bytes: float,
+) -> float:
+    """HBM bytes of a fused (flash) attention over one block: read Q and KV, write O."""
+    q_and_o = batch * q_tokens * n_heads * (d_qk + d_v) * act_bytes
+    return q_and_o + batch * kv_tokens * kv_bytes_per_token
+
+
+def prefill_attention(
+    batch: float, seq: float, n_heads: float, d_qk: float, d_v: float, kv_bytes_per_token: float, act_bytes: float
+) -> tuple[float, float]:
+    flops = causal_attention_flops(batch, seq, n_heads, d_qk, d_v)
+    return flops, attention_block_bytes(batch, seq, seq, n_heads, d_qk, d_v, kv_bytes_per_token, act_bytes)
+
+
+def decode_attention(
+    batch: float, kv_len: float, n_heads: float, d_qk: float, d_v: float, kv_bytes_per_token: float, act_bytes: float
+) -> tuple[float, float]:
+    flops = 2.0 * batch * kv_len * n_heads * (d_qk + d_v)
+    return flops, attention_block_bytes(batch, 1, kv_len, n_heads, d_qk, d_v, kv_bytes_per_token, act_bytes)
+
+
+def expected_active_experts(local_experts: float, total_experts: float, routed_token_slots: float) -> float:
+    """Expected number of a chip's experts that receive at least one token, uniform routing.
+
+    ``routed_token_slots`` is tokens x top-k routed over the whole expert set.
+    """
+    if routed_token_slots <= 0:
+        return 0.0
+    miss = (1.0 - 1.0 / total_experts) ** routed_token_slots
+    return local_experts * (1.0 - miss)

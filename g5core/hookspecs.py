@@ -1,0 +1,158 @@
+"""The G5 extension contract: every hook a plugin may implement, grouped by phase.
+
+All hooks are called while a run is being *built* (configuration, DAG, memory), never
+inside the engine's event loop. Calling modes:
+
+- registration hooks take a ``register`` callable owned by the core, which validates what
+  it is given; registering a name twice is an error;
+- contribution hooks are collect-all: every plugin may answer and the core merges the
+  answers (``None`` means "nothing to add");
+- guard hooks return ``None`` for "no objection" or a message explaining the refusal;
+- ``g5_compute_latency`` is ``firstresult``: the first plugin that answers wins (the
+  roofline plugin answers last, as the default).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional
+
+import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .config import Deployment
+    from .dag import ComputeOp, Fragment
+    from .layers import LogicalOp
+    from .memory import MemoryTerm
+    from .build import BuildContext
+    from .dimensions import Dimension
+    from .models import ModelSpec
+    from .systems import SystemSpec
+    from .collective import Lowering
+
+hookspec = pluggy.HookspecMarker("g5")
+
+# --------------------------------------------------------------------------------------
+# Family 1: parallel dimensions
+# --------------------------------------------------------------------------------------
+
+
+@hookspec
+def g5_register_dimensions(register: Callable[["Dimension"], None]) -> None:
+    """Register the parallel dimensions this plugin owns (registration hook).
+
+    Call ``register(Dimension(...))`` once per dimension. A dimension is a factor of the
+    chip count (dp, tp, pp, cp) or regroups factor dimensions (ep regroups dp x tp). A
+    ``parallel`` key that no enabled plugin registers is an unknown key. Registering a name
+    that another plugin registered is an error naming both plugins.
+    """
+
+
+@hookspec
+def g5_validate_deployment(
+    deployment: "Deployment", model: "ModelSpec", system: "SystemSpec"
+) -> None:
+    """Check a deployment against the rules this plugin owns (collect-all).
+
+    Raise :class:`g5core.errors.ConfigError` naming the field and the fix. Return ``None``.
+    """
+
+
+@hookspec
+def g5_shard_factors(
+    deployment: "Deployment", model: "ModelSpec"
+) -> Optional[Mapping[str, int]]:
+    """Divisors this plugin applies to one chip's share of the work (collect-all).
+
+    Keys are the shard axes of :class:`g5core.shape.LocalShape` (``tokens``, ``kv_len``,
+    ``q_heads``, ``kv_heads``, ``ffn_cols``, ``experts``, ``expert_cols``, ``moe_tokens``,
+    ``vocab``, ``norm_tokens``); values are positive integers. The core multiplies the
+    factors of every plugin per axis. Return ``None`` or ``{}`` to contribute nothing.
+    """
+
+
+# --------------------------------------------------------------------------------------
+# Family 2: op expansion
+# --------------------------------------------------------------------------------------
+
+
+@hookspec
+def g5_layer_chips(ctx: "BuildContext", layer: int) -> Optional[Iterable[int]]:
+    """Chips that hold ``layer`` (its weights and its work), or ``None`` for no opinion.
+
+    Collect-all; the core intersects every answer with the set of all chips. Layer ``-1`` is
+    the embedding, ``n_layers`` the final norm and LM head.
+    """
+
+
+@hookspec
+def g5_place_op(ctx: "BuildContext", lop: "LogicalOp") -> Optional[Iterable[int]]:
+    """Restrict which of the layer's chips run logical op ``lop`` (collect-all, intersected).
+
+    Return ``None`` for no restriction.
+    """
+
+
+@hookspec
+def g5_expand_op(ctx: "BuildContext", lop: "LogicalOp") -> Optional["Fragment"]:
+    """Claim logical op ``lop`` and return its fragment of concrete ops and edges.
+
+    Collect-all with exactly-one ownership: at most one plugin may return a fragment for a
+    given logical op (two claimants is an error naming both). When no plugin claims it the
+    core's default expansion runs one compute op per placed chip (or nothing for a pure
+    synchronisation point). Op keys must start with ``lop.prefix``.
+    """
+
+
+@hookspec
+def g5_require_owner(ctx: "BuildContext", lop: "LogicalOp") -> Optional[str]:
+    """Guard: object to the core's default expansion of an unclaimed ``lop``.
+
+    Return ``None`` for no objection, or a one-line message naming the fix (e.g. which
+    plugin to enable). Called only when no plugin claimed the op.
+    """
+
+
+# --------------------------------------------------------------------------------------
+# Family 3: memory
+# --------------------------------------------------------------------------------------
+
+
+@hookspec
+def g5_memory_terms(ctx: "BuildContext") -> Optional[Iterable["MemoryTerm"]]:
+    """Extra named per-chip memory terms (collect-all).
+
+    The core computes weights, KV cache and activations from the sharded shapes; plugins add
+    what only they know (ring buffers, all-to-all buffers...). Each term's ``bytes_per_chip``
+    is non-negative.
+    """
+
+
+# --------------------------------------------------------------------------------------
+# Family 4: communication primitives
+# --------------------------------------------------------------------------------------
+
+
+@hookspec
+def g5_register_primitives(
+    register: Callable[[str, Callable[..., "Lowering"]], None]
+) -> None:
+    """Register collective lowerings (registration hook).
+
+    ``register(name, lower)`` where ``lower(group, bytes_per_rank, topology) -> Lowering``
+    turns one communication op into flows between chips plus a start latency. Registering
+    a primitive name twice is an error naming both plugins.
+    """
+
+
+# --------------------------------------------------------------------------------------
+# Family 5: compute latency
+# --------------------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def g5_compute_latency(
+    op: "ComputeOp", system: "SystemSpec", deployment: "Deployment"
+) -> Optional[float]:
+    """Seconds a compute op takes on its chip (firstresult).
+
+    Return ``None`` to let the next plugin answer. The roofline plugin answers last.
+    """

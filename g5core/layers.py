@@ -1,0 +1,255 @@
+"""The model as a program of logical ops, and the work each logical op does on one chip.
+
+The core knows a transformer's structure (norms, projections, attention, FFN or MoE, and
+the points where partial results must be combined or sequence shards gathered) but not
+how any strategy shards it. Synchronisation points (``*_gather``, ``*_reduce``,
+``boundary``) do nothing by default; the plugin that shards something claims them.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import attrs
+
+from . import flops as F
+from .config import Deployment
+from .models import ModelSpec
+from .shape import LocalShape
+
+EMBED_LAYER = -1
+
+# Kinds whose default expansion creates no op: they exist so a plugin can claim them.
+SYNC_KINDS = frozenset({"boundary", "attn_in_gather", "attn_out_reduce", "ffn_in_gather", "ffn_out_reduce"})
+ATTENTION_KINDS = frozenset({"attention"})
+
+
+@attrs.frozen
+class LogicalOp:
+    """One logical op of the model program: ``kind`` in one ``layer``.
+
+    ``inputs`` are the ids of the logical ops whose output it consumes. ``layer`` is -1 for
+    the embedding and ``n_layers`` for the final norm and LM head.
+    """
+
+    kind: str
+    layer: int
+    inputs: tuple[str, ...] = attrs.field(converter=tuple, default=())
+
+    @property
+    def id(self) -> str:
+        return f"{layer_tag(self.layer)}.{self.kind}"
+
+    @property
+    def prefix(self) -> str:
+        """Every concrete op key of this logical op starts with this prefix."""
+        return self.id
+
+    def key(self, chip: int, part: str = "") -> str:
+        """Stable op key: ``L003.qkv_proj@c12`` or ``L003.attention.step02@c12``."""
+        return f"{self.id}{'.' + part if part else ''}@c{chip}"
+
+
+def layer_tag(layer: int) -> str:
+    if layer < 0:
+        return "E"
+    return f"L{layer:03d}"
+
+
+def build_program(model: ModelSpec) -> tuple[LogicalOp, ...]:
+    """The logical ops of one forward step, in order, with their data dependencies."""
+    ops: list[LogicalOp] = []
+
+    def add(kind: str, layer: int, *inputs: LogicalOp) -> LogicalOp:
+        op = LogicalOp(kind, layer, tuple(i.id for i in inputs))
+        ops.append(op)
+        return op
+
+    out = add("embedding", EMBED_LAYER)
+    for layer in range(model.n_layers):
+        x = add("boundary", layer, out)
+        x = add("attn_norm", layer, x)
+        x = add("attn_in_gather", layer, x)
+        x = add("qkv_proj", layer, x)
+        x = add("attention", layer, x)
+        x = add("o_proj", layer, x)
+        x = add("attn_out_reduce", layer, x)
+        x = add("ffn_norm", layer, x)
+        h = add("ffn_in_gather", layer, x)
+        if model.is_moe_layer(layer):
+            # router, shared expert, routed experts: the order a single stream runs them in
+            router = add("router", layer, h)
+            shared = (add("shared_expert", layer, h),) if model.moe.n_shared_experts else ()
+            routed = add("moe_experts", layer, router)
+            out = add("ffn_out_reduce", layer, routed, *shared)
+        else:
+            out = add("ffn_out_reduce", layer, add("ffn", layer, h))
+    head = model.n_layers
+    x = add("boundary", head, out)
+    x = add("final_norm", head, x)
+    add("lm_head", head, x)
+    return tuple(ops)
+
+
+# ----------------------------------------------------------------------------------------
+# Local matrices and work
+# ----------------------------------------------------------------------------------------
+
+
+def local_projections(model: ModelSpec, shape: LocalShape) -> tuple[tuple[str, float, float], ...]:
+    """Attention-block matrices on one chip: latent down-projections (``*_a_proj``) are
+    replicated, K/V split like the KV heads, the rest split like the query heads."""
+    out = []
+    for name, in_dim, out_dim in model.projection_shapes():
+        if name.endswith("_a_proj"):
+            out.append((name, in_dim, out_dim))
+        elif name in ("k_proj", "v_proj"):
+            out.append((name, in_dim, out_dim / shape.kv_shard))
+        elif name == "o_proj":
+            out.append((name, in_dim / shape.factor("q_heads"), out_dim))
+        else:
+            out.append((name, in_dim, out_dim / shape.factor("q_heads")))
+    return tuple(out)
+
+
+def attention_dims(model: ModelSpec, phase: str) -> tuple[int, int]:
+    """(d_qk, d_v) per head. MLA decode runs absorbed over the latent (DeepSeek's inference
+    path); MLA prefill runs on decompressed heads."""
+    a = model.attention
+    if a.kind == "gqa":
+        return a.head_dim, a.head_dim
+    if phase == "decode":
+        return a.kv_lora_rank + a.qk_rope_head_dim, a.kv_lora_rank
+    return a.qk_nope_head_dim + a.qk_rope_head_dim, a.v_head_dim
+
+
+def local_kv_bytes_per_token(model: ModelSpec, deployment: Deployment, shape: LocalShape) -> float:
+    """c_kv on one chip: the model's c_kv divided by the KV-head split (1 for MLA)."""
+    return model.kv_bytes_per_token_per_layer(deployment.dtypes.kv_cache_bytes) / shape.kv_shard
+
+
+@attrs.frozen
+class Work:
+    op_class: str        # gemm | attention | elementwise
+    flops: float
+    hbm_bytes: float
+    weight_class: str    # which dtypes.weights entry sets the compute dtype ("" = activations)
+    weight_elements: float  # weight elements resident on the chip for this op
+
+
+def weight_elements(kind: str, model: ModelSpec, shape: LocalShape) -> float:
+    """Weight elements one chip holds for one logical op (the one formula for weights)."""
+    d = model.hidden_size
+    if kind == "embedding" or kind == "lm_head":
+        if kind == "lm_head" and model.tie_word_embeddings:
+            return 0.0
+        return shape.vocab * d
+    if kind in ("attn_norm", "ffn_norm", "final_norm"):
+        return float(d)
+    projections = local_projections(model, shape)
+    if kind == "qkv_proj":
+        return sum(i * o for name, i, o in projections if name != "o_proj")
+    if kind == "o_proj":
+        return sum(i * o for name, i, o in projections if name == "o_proj")
+    if kind == "ffn":
+        return 3.0 * d * shape.ffn_cols
+    if kind == "router":
+        return float(d * model.moe.n_routed_experts)
+    if kind == "moe_experts":
+        return shape.experts * 3.0 * d * shape.expert_cols
+    if kind == "shared_expert":
+        m = model.moe
+        return 3.0 * d * m.n_shared_experts * m.shared_expert_ffn_dim / shape.factor("ffn_cols")
+    return 0.0
+
+
+WEIGHT_CLASS = {
+    "embedding": "embedding", "lm_head": "embedding", "qkv_proj": "attention", "o_proj": "attention",
+    "ffn": "ffn", "shared_expert": "ffn", "moe_experts": "experts", "router": "default",
+}
+
+
+def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalShape) -> Work | None:
+    """Work of one logical op on one chip when nothing but the shard factors changes it.
+
+    Returns ``None`` for synchronisation kinds (no compute).
+    """
+    if kind in SYNC_KINDS:
+        return None
+    d = model.hidden_size
+    act = deployment.dtypes.activation_bytes
+    wclass = WEIGHT_CLASS.get(kind, "")
+    wbytes = deployment.dtypes.weight_bytes(wclass) if wclass else 0
+    welems = weight_elements(kind, model, shape)
+    if kind == "embedding":
+        fl, hb = F.elementwise(shape.tokens, d, act)
+        return Work("elementwise", 0.0, hb, "", welems)
+    if kind in ("attn_norm", "ffn_norm"):
+        fl, hb = F.elementwise(shape.norm_tokens, d, act)
+        return Work("elementwise", fl, hb, "", welems)
+    if kind == "final_norm":
+        fl, hb = F.elementwise(_head_tokens(deployment, shape), d, act)
+        return Work("elementwise", fl, hb, "", welems)
+    if kind == "lm_head":
+        fl, hb = F.gemm(_head_tokens(deployment, shape), d, shape.vocab, wbytes, act)
+        return Work("gemm", fl, hb, wclass, welems)
+    if kind in ("qkv_proj", "o_proj"):
+        mats = [m for m in local_projections(model, shape) if (m[0] == "o_proj") == (kind == "o_proj")]
+        fl = hb = 0.0
+        for _, i, o in mats:
+            f1, h1 = F.gemm(shape.tokens, i, o, wbytes, act)
+            fl, hb = fl + f1, hb + h1
+        return Work("gemm", fl, hb, wclass, welems)
+    if kind == "attention":
+        fl, hb = attention_work(model, deployment, shape, shape.q_tokens, shape.kv_len)
+        return Work("attention", fl, hb, "", 0.0)
+    if kind == "ffn":
+        fl, hb = F.gemm(shape.tokens, d, 3.0 * shape.ffn_cols, wbytes, act)
+        return Work("gemm", fl, hb, wclass, welems)
+    if kind == "shared_expert":
+        cols = 3.0 * model.moe.n_shared_experts * model.moe.shared_expert_ffn_dim / shape.factor("ffn_cols")
+        fl, hb = F.gemm(shape.tokens, d, cols, wbytes, act)
+        return Work("gemm", fl, hb, wclass, welems)
+    if kind == "router":
+        fl, hb = F.gemm(shape.tokens, d, model.moe.n_routed_experts, wbytes, act)
+        return Work("gemm", fl, hb, wclass, welems)
+    if kind == "moe_experts":
+        return expert_work(model, deployment, shape, shape.moe_tokens * model.moe.n_active_experts,
+                           shape.moe_tokens * model.moe.n_active_experts * shape.factor("experts"))
+    raise ValueError(f"no default work for logical op kind {kind!r}")
+
+
+def expert_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
+                token_slots: float, group_token_slots: float) -> Work:
+    """Routed experts on one chip: ``token_slots`` (token, expert) pairs land here; the
+    experts read are those expected to receive a token under uniform routing."""
+    d = model.hidden_size
+    act = deployment.dtypes.activation_bytes
+    wbytes = deployment.dtypes.weight_bytes("experts")
+    active = F.expected_active_experts(shape.experts, model.moe.n_routed_experts, group_token_slots)
+    fl, hb = F.grouped_gemm(token_slots, d, 3.0 * shape.expert_cols, active, wbytes, act)
+    return Work("gemm", fl, hb, "experts", weight_elements("moe_experts", model, shape))
+
+
+def attention_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
+                   q_tokens: float, kv_len: float) -> tuple[float, float]:
+    """Attention of one chip's query tokens against ``kv_len`` keys per sequence."""
+    d_qk, d_v = attention_dims(model, deployment.phase)
+    c_kv = local_kv_bytes_per_token(model, deployment, shape)
+    act = deployment.dtypes.activation_bytes
+    if deployment.phase == "decode":
+        return F.decode_attention(shape.batch, kv_len, shape.q_heads, d_qk, d_v, c_kv, act)
+    if q_tokens == kv_len:
+        return F.prefill_attention(shape.batch, q_tokens, shape.q_heads, d_qk, d_v, c_kv, act)
+    raise ValueError("prefill attention with a sharded sequence needs a plugin that owns it")
+
+
+def _head_tokens(deployment: Deployment, shape: LocalShape) -> float:
+    """The LM head computes logits for the last token of each sequence (prefill) or the new
+    token (decode): ``batch`` tokens, wherever the sequence is sharded."""
+    return float(shape.batch)
+
+
+def iter_layers(model: ModelSpec) -> Iterator[int]:
+    yield EMBED_LAYER
+    yield from range(model.n_layers)
+    yield model.n_layers

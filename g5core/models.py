@@ -1,0 +1,360 @@
+"""Model shapes: attention, FFN/MoE, parameter counts and c_kv (KV bytes per token per layer).
+
+The catalog is written out in Python; any other model comes from a Hugging Face config.json
+(Llama, Qwen2, Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V3). Every size formula lives here, once.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import attrs
+from attrs.validators import ge, gt, in_, instance_of
+
+from .errors import ConfigError, suggest
+
+_POS = [instance_of(int), gt(0)]
+_NONNEG = [instance_of(int), ge(0)]
+
+
+@attrs.frozen
+class AttentionSpec:
+    kind: str = attrs.field(validator=in_(("gqa", "mla")))
+    n_heads: int = attrs.field(validator=_POS)
+    n_kv_heads: int = attrs.field(validator=_POS)  # MLA: equals n_heads (informational)
+    head_dim: int = attrs.field(validator=_POS)  # MLA: qk_nope_head_dim + qk_rope_head_dim
+    qkv_bias: bool = attrs.field(default=False, validator=instance_of(bool))
+    qk_norm: bool = attrs.field(default=False, validator=instance_of(bool))  # Qwen3 q_norm/k_norm
+    # MLA only (0 for GQA); q_lora_rank 0 = plain q_proj
+    q_lora_rank: int = attrs.field(default=0, validator=_NONNEG)
+    kv_lora_rank: int = attrs.field(default=0, validator=_NONNEG)
+    qk_nope_head_dim: int = attrs.field(default=0, validator=_NONNEG)
+    qk_rope_head_dim: int = attrs.field(default=0, validator=_NONNEG)
+    v_head_dim: int = attrs.field(default=0, validator=_NONNEG)
+
+    def __attrs_post_init__(self) -> None:
+        if self.kind == "gqa" and self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                "num_key_value_heads",
+                f"{self.n_kv_heads} does not divide num_attention_heads {self.n_heads}",
+            )
+        if self.kind == "mla":
+            for f in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+                if getattr(self, f) <= 0:
+                    raise ConfigError(f, "must be > 0 for MLA attention")
+            if self.head_dim != self.qk_nope_head_dim + self.qk_rope_head_dim:
+                raise ConfigError("head_dim", "MLA head_dim must be qk_nope_head_dim + qk_rope_head_dim")
+
+
+@attrs.frozen
+class MoESpec:
+    n_routed_experts: int = attrs.field(validator=_POS)
+    n_active_experts: int = attrs.field(validator=_POS)  # top-k
+    expert_ffn_dim: int = attrs.field(validator=_POS)
+    n_shared_experts: int = attrs.field(default=0, validator=_NONNEG)
+    shared_expert_ffn_dim: int = attrs.field(default=0, validator=_NONNEG)  # per shared expert
+    first_dense_layers: int = attrs.field(default=0, validator=_NONNEG)
+
+    def __attrs_post_init__(self) -> None:
+        if self.n_active_experts > self.n_routed_experts:
+            raise ConfigError(
+                "num_experts_per_tok",
+                f"{self.n_active_experts} active experts exceed {self.n_routed_experts} routed experts",
+            )
+        if (self.n_shared_experts > 0) != (self.shared_expert_ffn_dim > 0):
+            raise ConfigError("n_shared_experts", "shared experts need a shared expert FFN size and vice versa")
+
+
+@attrs.frozen
+class LayerParams:
+    """Parameter count of one decoder layer, by part."""
+
+    attention: int
+    attention_norms: int
+    dense_ffn: int = 0
+    router: int = 0
+    routed_experts: int = 0  # all routed experts
+    routed_experts_active: int = 0  # the top-k a token runs through
+    shared_experts: int = 0
+
+    @property
+    def total(self) -> int:
+        return (self.attention + self.attention_norms + self.dense_ffn + self.router
+                + self.routed_experts + self.shared_experts)
+
+    @property
+    def active(self) -> int:
+        return (self.attention + self.attention_norms + self.dense_ffn + self.router
+                + self.routed_experts_active + self.shared_experts)
+
+
+@attrs.frozen
+class ParamCounts:
+    total: int
+    active: int
+
+
+@attrs.frozen
+class ModelSpec:
+    name: str = attrs.field(validator=instance_of(str))
+    hidden_size: int = attrs.field(validator=_POS)
+    n_layers: int = attrs.field(validator=_POS)
+    vocab_size: int = attrs.field(validator=_POS)
+    ffn_dim: int = attrs.field(validator=_POS)  # dense FFN intermediate size
+    attention: AttentionSpec = attrs.field(validator=instance_of(AttentionSpec))
+    moe: MoESpec | None = attrs.field(default=None, validator=attrs.validators.optional(instance_of(MoESpec)))
+    tie_word_embeddings: bool = attrs.field(default=False, validator=instance_of(bool))
+
+    def __attrs_post_init__(self) -> None:
+        if self.moe is not None and self.moe.first_dense_layers >= self.n_layers:
+            raise ConfigError("first_k_dense_replace", f"must be < num_hidden_layers ({self.n_layers})")
+
+    # -- structure ---------------------------------------------------------------------------
+    def _check_layer(self, layer: int) -> None:
+        if not (isinstance(layer, int) and 0 <= layer < self.n_layers):
+            raise ValueError(f"layer {layer!r} out of range 0..{self.n_layers - 1} for {self.name}")
+
+    def is_moe_layer(self, layer: int) -> bool:
+        self._check_layer(layer)
+        return self.moe is not None and layer >= self.moe.first_dense_layers
+
+    def kv_bytes_per_token_per_layer(self, kv_dtype_bytes: int) -> int:
+        """c_kv: bytes of K and V cache one token adds to one layer (the one place for this)."""
+        if not (isinstance(kv_dtype_bytes, int) and kv_dtype_bytes > 0):
+            raise ValueError(f"kv_dtype_bytes must be a positive int, got {kv_dtype_bytes!r}")
+        a = self.attention
+        if a.kind == "mla":  # one compressed latent plus the shared rope key, not doubled
+            return (a.kv_lora_rank + a.qk_rope_head_dim) * kv_dtype_bytes
+        return 2 * a.n_kv_heads * a.head_dim * kv_dtype_bytes
+
+    def projection_shapes(self) -> tuple[tuple[str, int, int], ...]:
+        """Attention-block weight matrices of one layer as (name, in_dim, out_dim)."""
+        d, a = self.hidden_size, self.attention
+        if a.kind == "gqa":
+            return (
+                ("q_proj", d, a.n_heads * a.head_dim),
+                ("k_proj", d, a.n_kv_heads * a.head_dim),
+                ("v_proj", d, a.n_kv_heads * a.head_dim),
+                ("o_proj", a.n_heads * a.head_dim, d),
+            )
+        q_out = a.n_heads * (a.qk_nope_head_dim + a.qk_rope_head_dim)
+        q = ((("q_a_proj", d, a.q_lora_rank), ("q_b_proj", a.q_lora_rank, q_out))
+             if a.q_lora_rank else (("q_proj", d, q_out),))
+        return q + (
+            ("kv_a_proj", d, a.kv_lora_rank + a.qk_rope_head_dim),
+            ("kv_b_proj", a.kv_lora_rank, a.n_heads * (a.qk_nope_head_dim + a.v_head_dim)),
+            ("o_proj", a.n_heads * a.v_head_dim, d),
+        )
+
+    # -- parameter counts ----------------------------------------------------------------------
+    def ffn_params(self, ffn_dim: int) -> int:
+        """Gated (SwiGLU) FFN: gate, up and down projections."""
+        return 3 * self.hidden_size * ffn_dim
+
+    def layer_params(self, layer: int) -> LayerParams:
+        self._check_layer(layer)
+        d, a = self.hidden_size, self.attention
+        attention = sum(i * o for _, i, o in self.projection_shapes())
+        if a.qkv_bias:
+            attention += (a.n_heads + 2 * a.n_kv_heads) * a.head_dim
+        norms = 2 * d  # input and post-attention RMSNorm
+        if a.qk_norm:
+            norms += 2 * a.head_dim
+        if a.kind == "mla":
+            norms += a.q_lora_rank + a.kv_lora_rank  # q_a_layernorm, kv_a_layernorm
+        if not self.is_moe_layer(layer):
+            return LayerParams(attention, norms, dense_ffn=self.ffn_params(self.ffn_dim))
+        m = self.moe
+        expert = self.ffn_params(m.expert_ffn_dim)
+        return LayerParams(
+            attention,
+            norms,
+            router=d * m.n_routed_experts,
+            routed_experts=m.n_routed_experts * expert,
+            routed_experts_active=m.n_active_experts * expert,
+            shared_experts=m.n_shared_experts * self.ffn_params(m.shared_expert_ffn_dim),
+        )
+
+    def param_counts(self) -> ParamCounts:
+        """Embedding + all decoder layers + final norm + lm_head (unless tied)."""
+        outer = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        outer += self.hidden_size  # final norm
+        layers = [self.layer_params(i) for i in range(self.n_layers)]
+        return ParamCounts(
+            total=outer + sum(p.total for p in layers),
+            active=outer + sum(p.active for p in layers),
+        )
+
+    # -- Hugging Face config.json --------------------------------------------------------------
+    @classmethod
+    def from_hf_config(cls, data: Mapping, name: str) -> ModelSpec:
+        if not isinstance(data, Mapping):
+            raise ConfigError("model", f"{name}: a Hugging Face config must be a JSON object")
+        model_type = data.get("model_type")
+        if model_type not in _HF_PARSERS:
+            got = "missing" if model_type is None else f"unsupported model_type {model_type!r}"
+            raise ConfigError(
+                "model_type",
+                f"{name}: {got}{suggest(str(model_type), _HF_PARSERS)}; "
+                f"supported: {', '.join(sorted(_HF_PARSERS))}",
+            )
+        return _HF_PARSERS[model_type](_Fields(data, name), name)
+
+    @classmethod
+    def from_hf_file(cls, path: str | os.PathLike, name: str | None = None) -> ModelSpec:
+        p = Path(path)
+        if p.is_dir():
+            p = p / "config.json"
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except OSError as e:
+            raise ConfigError("model", f"cannot read Hugging Face config {str(p)!r}: {e.strerror or e}") from None
+        except ValueError as e:
+            raise ConfigError("model", f"{str(p)!r} is not valid JSON: {e}") from None
+        if name is None:
+            name = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
+        return cls.from_hf_config(data, name)
+
+
+# -- config.json parsing -------------------------------------------------------------------------
+class _Fields:
+    """Typed reads from a config dict; every error names the field."""
+
+    def __init__(self, data: Mapping, name: str):
+        self.data, self.name = data, name
+
+    def _bad(self, key: str, msg: str) -> ConfigError:
+        return ConfigError(key, f"{msg} in the Hugging Face config of {self.name!r}")
+
+    def integer(self, key: str, default: Any = None, minimum: int = 1) -> int:
+        v = self.data.get(key)
+        if v is None:
+            if default is None:
+                raise self._bad(key, "required field missing")
+            return default
+        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+            raise self._bad(key, f"must be an integer >= {minimum}, got {v!r}")
+        return v
+
+    def flag(self, key: str, default: bool) -> bool:
+        v = self.data.get(key, default)
+        if not isinstance(v, bool):
+            raise self._bad(key, f"must be true or false, got {v!r}")
+        return v
+
+    def common(self) -> dict:
+        return dict(
+            hidden_size=self.integer("hidden_size"),
+            n_layers=self.integer("num_hidden_layers"),
+            vocab_size=self.integer("vocab_size"),
+            ffn_dim=self.integer("intermediate_size"),
+            tie_word_embeddings=self.flag("tie_word_embeddings", False),
+        )
+
+    def gqa(self, qkv_bias: bool, qk_norm: bool = False) -> AttentionSpec:
+        heads, hidden = self.integer("num_attention_heads"), self.integer("hidden_size")
+        if "head_dim" not in self.data and hidden % heads:
+            raise self._bad("num_attention_heads", f"{heads} does not divide hidden_size {hidden}")
+        return AttentionSpec(
+            "gqa", heads, self.integer("num_key_value_heads", heads),
+            self.integer("head_dim", hidden // heads), qkv_bias=qkv_bias, qk_norm=qk_norm,
+        )
+
+
+def _parse_dense(qwen2: bool = False, qwen3: bool = False) -> Callable[[_Fields, str], ModelSpec]:
+    def parse(f: _Fields, name: str) -> ModelSpec:
+        bias = True if qwen2 else f.flag("attention_bias", False)  # Qwen2 always has q/k/v bias
+        return ModelSpec(name=name, attention=f.gqa(bias, qk_norm=qwen3), **f.common())
+    return parse
+
+
+def _parse_qwen3_moe(f: _Fields, name: str) -> ModelSpec:
+    if f.integer("decoder_sparse_step", 1) != 1:
+        raise f._bad("decoder_sparse_step", "only 1 (every layer MoE) is supported")
+    dense = f.data.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or dense != list(range(len(dense))):
+        raise f._bad("mlp_only_layers", "only a leading run of dense layers [0, 1, ..] is supported")
+    moe = MoESpec(f.integer("num_experts"), f.integer("num_experts_per_tok"),
+                  f.integer("moe_intermediate_size"), first_dense_layers=len(dense))
+    return ModelSpec(name=name, attention=f.gqa(f.flag("attention_bias", False), qk_norm=True),
+                     moe=moe, **f.common())
+
+
+def _parse_mixtral(f: _Fields, name: str) -> ModelSpec:
+    moe = MoESpec(f.integer("num_local_experts"), f.integer("num_experts_per_tok"),
+                  f.integer("intermediate_size"))  # every expert is a full-size FFN
+    return ModelSpec(name=name, attention=f.gqa(False), moe=moe, **f.common())
+
+
+def _parse_deepseek_v3(f: _Fields, name: str) -> ModelSpec:
+    if f.integer("moe_layer_freq", 1) != 1:
+        raise f._bad("moe_layer_freq", "only 1 (every layer after the dense ones is MoE) is supported")
+    heads = f.integer("num_attention_heads")
+    nope, rope = f.integer("qk_nope_head_dim"), f.integer("qk_rope_head_dim")
+    attention = AttentionSpec(
+        "mla", heads, heads, nope + rope,
+        q_lora_rank=f.integer("q_lora_rank", 0, minimum=0), kv_lora_rank=f.integer("kv_lora_rank"),
+        qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=f.integer("v_head_dim"),
+    )
+    expert = f.integer("moe_intermediate_size")
+    shared = f.integer("n_shared_experts", 0, minimum=0)
+    moe = MoESpec(f.integer("n_routed_experts"), f.integer("num_experts_per_tok"), expert,
+                  n_shared_experts=shared, shared_expert_ffn_dim=expert if shared else 0,
+                  first_dense_layers=f.integer("first_k_dense_replace", 0, minimum=0))
+    # num_nextn_predict_layers (the MTP module) is not part of the served model: ignored.
+    return ModelSpec(name=name, attention=attention, moe=moe, **f.common())
+
+
+_HF_PARSERS: dict[str, Callable[[_Fields, str], ModelSpec]] = {
+    "llama": _parse_dense(),
+    "qwen2": _parse_dense(qwen2=True),
+    "qwen3": _parse_dense(qwen3=True),
+    "qwen3_moe": _parse_qwen3_moe,
+    "mixtral": _parse_mixtral,
+    "deepseek_v3": _parse_deepseek_v3,
+}
+
+
+# -- catalog -------------------------------------------------------------------------------------
+def _gqa(heads: int, kv: int, head_dim: int = 128, **kw: Any) -> AttentionSpec:
+    return AttentionSpec("gqa", heads, kv, head_dim, **kw)
+
+
+_MODELS = (  # name, hidden_size, n_layers, vocab_size, ffn_dim, attention
+    ModelSpec("llama-3.1-8b", 4096, 32, 128256, 14336, _gqa(32, 8)),
+    ModelSpec("llama-3.1-70b", 8192, 80, 128256, 28672, _gqa(64, 8)),
+    ModelSpec("llama-3.1-405b", 16384, 126, 128256, 53248, _gqa(128, 8)),
+    ModelSpec("qwen2.5-72b", 8192, 80, 152064, 29568, _gqa(64, 8, qkv_bias=True)),
+    ModelSpec("qwen3-235b-a22b", 4096, 94, 151936, 12288, _gqa(64, 4, qk_norm=True),
+              moe=MoESpec(n_routed_experts=128, n_active_experts=8, expert_ffn_dim=1536)),
+    ModelSpec("mixtral-8x7b", 4096, 32, 32000, 14336, _gqa(32, 8),
+              moe=MoESpec(n_routed_experts=8, n_active_experts=2, expert_ffn_dim=14336)),
+    ModelSpec(
+        "deepseek-v3", 7168, 61, 129280, 18432,
+        AttentionSpec("mla", 128, 128, 192, q_lora_rank=1536, kv_lora_rank=512,
+                      qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
+        moe=MoESpec(n_routed_experts=256, n_active_experts=8, expert_ffn_dim=2048,
+                    n_shared_experts=1, shared_expert_ffn_dim=2048, first_dense_layers=3),
+    ),
+)
+CATALOG: Mapping[str, ModelSpec] = {m.name: m for m in _MODELS}
+
+
+def catalog_names() -> tuple[str, ...]:
+    return tuple(CATALOG)
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A catalog model by name, or a model read from a Hugging Face config.json path."""
+    if name_or_path in CATALOG:
+        return CATALOG[name_or_path]
+    s = str(name_or_path)
+    if s.endswith(".json") or os.path.exists(s):
+        return ModelSpec.from_hf_file(s)
+    raise ConfigError(
+        "model",
+        f"unknown model {s!r}{suggest(s, CATALOG)}; known: {', '.join(CATALOG)}; "
+        "or give a path to a Hugging Face config.json",
+    )

@@ -1,0 +1,168 @@
+"""Plugin manager factory and the typed facade through which the core calls hooks.
+
+There is no global plugin manager: :func:`make_plugin_manager` builds a fresh one per run
+(and per test). Built-in plugins are loaded from the ``g5.plugins`` entry-point group, the
+same way third-party plugins are. Disabled names are blocked *before* entry points load.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Any, Callable, Iterable, Sequence
+
+import attrs
+import pluggy
+
+from . import hookspecs
+from .errors import G5Error, PluginError, suggest
+
+ENTRY_POINT_GROUP = "g5.plugins"
+PROJECT_NAME = "g5"
+
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@attrs.frozen
+class PluginInfo:
+    name: str
+    enabled: bool
+    hooks: tuple[str, ...]
+    source: str  # "module:path" for loaded plugins, "" for disabled ones
+
+
+def _entry_points() -> list[importlib.metadata.EntryPoint]:
+    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    by_name: dict[str, importlib.metadata.EntryPoint] = {}
+    for ep in sorted(eps, key=lambda e: (e.name, e.value)):
+        if ep.name in by_name and by_name[ep.name].value != ep.value:
+            raise PluginError(
+                ep.name,
+                f"two installed distributions register this plugin name "
+                f"({by_name[ep.name].value} and {ep.value}); uninstall one",
+            )
+        by_name[ep.name] = ep
+    return [by_name[name] for name in sorted(by_name)]
+
+
+def available_plugin_names() -> tuple[str, ...]:
+    """Names of every installed plugin (entry points), whether or not enabled."""
+    return tuple(ep.name for ep in _entry_points())
+
+
+def make_plugin_manager(
+    disabled: Iterable[str] = (),
+    extra_plugins: Sequence[tuple[str, Any]] = (),
+    load_entry_points: bool = True,
+) -> pluggy.PluginManager:
+    """Build a fresh plugin manager.
+
+    ``disabled`` names are blocked before any entry point is loaded; a name that is not an
+    installed or extra plugin is an error (a typo must not silently keep a plugin on).
+    ``extra_plugins`` are ``(name, module_or_object)`` pairs registered after the entry
+    points (tests and embedding applications use them).
+    """
+    pm = pluggy.PluginManager(PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    eps = _entry_points() if load_entry_points else []
+    known = {ep.name for ep in eps} | {name for name, _ in extra_plugins}
+    disabled = tuple(disabled)
+    for name in disabled:
+        if name not in known:
+            raise PluginError(
+                name,
+                f"cannot disable an unknown plugin{suggest(name, known)}; "
+                f"installed plugins: {', '.join(sorted(known))}",
+            )
+        pm.set_blocked(name)
+    for ep in eps:
+        if pm.is_blocked(ep.name):
+            continue
+        try:
+            plugin = ep.load()
+        except Exception as exc:  # any import failure is reported by plugin name
+            raise PluginError(ep.name, f"failed to load ({ep.value}): {type(exc).__name__}: {exc}") from exc
+        _register(pm, ep.name, plugin)
+    for name, plugin in extra_plugins:
+        if pm.is_blocked(name):
+            continue
+        _register(pm, name, plugin)
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(getattr(exc, "plugin_name", "?") or "?", str(exc)) from exc
+    return pm
+
+
+def _register(pm: pluggy.PluginManager, name: str, plugin: Any) -> None:
+    if pm.get_plugin(name) is not None or pm.is_blocked(name) and pm.get_plugin(name):
+        raise PluginError(name, "a plugin with this name is already registered")
+    try:
+        pm.register(plugin, name=name)
+    except ValueError as exc:
+        raise PluginError(name, f"cannot register: {exc}") from exc
+    except pluggy.PluginValidationError as exc:
+        raise PluginError(name, f"invalid hook implementation: {exc}") from exc
+
+
+def describe_plugins(pm: pluggy.PluginManager) -> tuple[PluginInfo, ...]:
+    """Every installed or registered plugin, enabled or disabled, with the hooks it implements."""
+    infos = []
+    registered = dict(pm.list_name_plugin())
+    names = set(registered) | set(available_plugin_names())
+    for name in sorted(names):
+        plugin = registered.get(name)
+        if plugin is None:
+            infos.append(PluginInfo(name=name, enabled=False, hooks=(), source=""))
+            continue
+        hooks = tuple(sorted(h.name for h in pm.get_hookcallers(plugin) or ()))
+        source = getattr(plugin, "__name__", type(plugin).__name__)
+        infos.append(PluginInfo(name=name, enabled=True, hooks=hooks, source=source))
+    return tuple(infos)
+
+
+class Hooks:
+    """Typed facade over the plugin manager.
+
+    Calls each implementation separately so that an exception raised inside a plugin is
+    reported with that plugin's name, and so that contribution hooks return
+    ``(plugin_name, answer)`` pairs the core can validate. Called once per build step,
+    never inside the engine's event loop.
+    """
+
+    def __init__(self, pm: pluggy.PluginManager):
+        self.pm = pm
+
+    def _impls(self, hook_name: str):
+        caller = getattr(self.pm.hook, hook_name)
+        # pluggy calls the last registered implementation first; keep its order.
+        return list(reversed(caller.get_hookimpls()))
+
+    def call_each(self, hook_name: str, **kwargs) -> list[tuple[str, Any]]:
+        """Call every implementation; return ``(plugin_name, result)`` for non-None results."""
+        out = []
+        for impl in self._impls(hook_name):
+            result = self._call(impl, hook_name, kwargs)
+            if result is not None:
+                out.append((impl.plugin_name, result))
+        return out
+
+    def call_first(self, hook_name: str, **kwargs) -> tuple[str, Any] | None:
+        for impl in self._impls(hook_name):
+            result = self._call(impl, hook_name, kwargs)
+            if result is not None:
+                return impl.plugin_name, result
+        return None
+
+    @staticmethod
+    def _call(impl, hook_name: str, kwargs: dict) -> Any:
+        args = {name: kwargs[name] for name in impl.argnames}
+        try:
+            return impl.function(**args)
+        except G5Error:
+            raise
+        except Exception as exc:
+            raise PluginError(
+                impl.plugin_name, f"raised {type(exc).__name__} in {hook_name}: {exc}"
+            ) from exc
+
+    def compute_latency_impl(self) -> Callable[..., tuple[str, Any] | None]:
+        return lambda **kw: self.call_first("g5_compute_latency", **kw)

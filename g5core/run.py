@@ -1,0 +1,94 @@
+"""The programmatic API: configuration in, results out.
+
+    raw = load_raw("examples/llama-3.1-70b-prefill.yaml", overrides=["parallel.cp=1"])
+    out = run(raw, disabled=["cp_passkv"])
+    print(out.to_json_dict()["ttft_s"])
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import attrs
+
+from .build import Plan, build_dag, prepare
+from .config import Deployment, apply_overrides, disabled_from_config, load_config_file
+from .dag import OpDag
+from .engine import Engine, compile_dag
+from .mathpath import MathResult, math_estimate
+from .memory import MemoryReport, memory_report
+from .plugins import make_plugin_manager
+from .results import SimResult, check_conservation, summarize
+
+
+def load_raw(path, overrides: Iterable[str] = ()) -> dict:
+    """Read a configuration file and apply ``dotted.key=value`` overrides."""
+    return apply_overrides(load_config_file(path), overrides)
+
+
+def make_plan(raw: Mapping | Deployment, disabled: Iterable[str] = (), extra_plugins: Sequence = (),
+              source: str = "configuration") -> Plan:
+    """Plugin manager (CLI and config disables together) and a validated, prepared run."""
+    from_config = raw.disabled_plugins if isinstance(raw, Deployment) else disabled_from_config(raw)
+    names = tuple(dict.fromkeys(tuple(disabled) + tuple(from_config)))
+    pm = make_plugin_manager(disabled=names, extra_plugins=extra_plugins)
+    plan = prepare(raw, pm, source=source)
+    if names and not plan.ctx.deployment.disabled_plugins == names:
+        plan.ctx.deployment = attrs.evolve(plan.ctx.deployment, disabled_plugins=names)
+    return plan
+
+
+def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True) -> SimResult:
+    """Build the DAG, run the engine, and check the six conservation KPIs."""
+    t0 = time.perf_counter()
+    dag = build_dag(plan)
+    compiled = compile_dag(dag, plan)
+    engine = engine_cls(compiled).run()
+    result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0)
+    if check:
+        check_conservation(result.kpis)
+    return result
+
+
+@attrs.frozen(eq=False)
+class RunOutput:
+    deployment: Deployment
+    plan: Plan
+    memory: MemoryReport
+    sim: Optional[SimResult] = None
+    math: Optional[MathResult] = None
+
+    @property
+    def latency_s(self) -> float:
+        return self.sim.latency_s if self.sim is not None else self.math.latency_s
+
+    def to_json_dict(self) -> dict[str, Any]:
+        dep = self.deployment
+        if self.sim is not None:
+            out = self.sim.to_json_dict()
+        else:
+            out = self.math.to_json_dict()
+        out = {"path": dep.path, **out}
+        out["deployment"] = dep.to_dict()
+        out["memory"] = self.memory.to_json_dict()
+        if self.sim is not None and self.math is not None:
+            out["math"] = self.math.to_json_dict()
+        return out
+
+
+def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: bool = False,
+        extra_plugins: Sequence = ()) -> RunOutput:
+    plan = make_plan(raw, disabled, extra_plugins)
+    dep = plan.ctx.deployment
+    memory = memory_report(plan.ctx)
+    if dep.path == "math":
+        return RunOutput(dep, plan, memory, math=math_estimate(plan))
+    sim = simulate(plan)
+    mres = None
+    if compare_math:
+        # the Math path's own guards apply to the comparison (cp > 1 is refused there)
+        as_math = attrs.evolve(dep, path="math")
+        plan.hooks.call_each("g5_validate_deployment", deployment=as_math, model=plan.ctx.model,
+                             system=plan.ctx.system)
+        mres = math_estimate(plan)
+    return RunOutput(dep, plan, memory, sim=sim, math=mres)

@@ -1,0 +1,88 @@
+"""One chip's share of the work: the model's sizes divided by the plugins' shard factors."""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import attrs
+
+from .config import Deployment
+from .errors import PluginError
+from .models import ModelSpec
+
+# Shard axes a plugin may divide (g5_shard_factors). The core knows the model's structure,
+# not the strategies: "q_heads" is divided by whoever shards heads.
+SHARD_AXES = (
+    "tokens",       # tokens each chip runs non-attention ops on (prefill: b*S; decode: b)
+    "kv_len",       # context tokens of each sequence whose KV a chip holds
+    "q_heads",      # query heads (and the attention output width)
+    "kv_heads",     # KV heads (GQA); plugins keep the quotient whole (replicate when fewer)
+    "ffn_cols",     # dense-FFN and shared-expert intermediate columns
+    "experts",      # routed experts held per chip
+    "expert_cols",  # routed-expert intermediate columns
+    "moe_tokens",   # tokens a chip routes into the MoE (of its `tokens`)
+    "vocab",        # embedding / LM-head rows
+    "norm_tokens",  # tokens a chip runs norms on (of its `tokens`)
+)
+
+
+def merge_factors(answers: Iterable[tuple[str, Mapping[str, int]]]) -> dict[str, int]:
+    """Multiply the plugins' shard factors per axis; bad axes or values name the plugin."""
+    out = {axis: 1 for axis in SHARD_AXES}
+    for plugin, factors in answers:
+        for axis, value in dict(factors).items():
+            if axis not in SHARD_AXES:
+                raise PluginError(plugin, f"g5_shard_factors: unknown shard axis {axis!r}; valid: {', '.join(SHARD_AXES)}")
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise PluginError(plugin, f"g5_shard_factors: factor for {axis!r} must be a positive int, got {value!r}")
+            out[axis] *= value
+    return out
+
+
+@attrs.frozen
+class LocalShape:
+    """Sizes one chip works on. Floats where a quotient need not be whole (tokens in decode)."""
+
+    batch: int              # sequences per data-parallel replica
+    seq_len: int            # S: prompt length (prefill) or context length (decode)
+    tokens: float           # tokens per chip for non-attention ops
+    q_tokens: float         # query tokens per sequence per chip in attention (S/cp prefill, 1 decode)
+    kv_len: float           # context tokens per sequence whose KV this chip holds
+    q_heads: float
+    kv_heads: float
+    kv_shard: int           # divisor applied to c_kv (GQA kv heads split; 1 for MLA)
+    ffn_cols: float
+    experts: float
+    expert_cols: float
+    moe_tokens: float
+    vocab: float
+    norm_tokens: float
+    factors: tuple[tuple[str, int], ...]
+
+    @classmethod
+    def from_factors(cls, deployment: Deployment, model: ModelSpec, factors: Mapping[str, int]) -> "LocalShape":
+        b, s = deployment.batch, deployment.seq_len
+        a = model.attention
+        prefill = deployment.phase == "prefill"
+        total_tokens = b * s if prefill else b
+        tokens = total_tokens / factors["tokens"]
+        kv_shard = 1 if a.kind == "mla" else factors["kv_heads"]
+        return cls(
+            batch=b,
+            seq_len=s,
+            tokens=tokens,
+            q_tokens=(s / factors["tokens"]) if prefill else 1.0,
+            kv_len=s / factors["kv_len"],
+            q_heads=a.n_heads / factors["q_heads"],
+            kv_heads=a.n_kv_heads / kv_shard,
+            kv_shard=kv_shard,
+            ffn_cols=model.ffn_dim / factors["ffn_cols"],
+            experts=(model.moe.n_routed_experts / factors["experts"]) if model.moe else 0.0,
+            expert_cols=(model.moe.expert_ffn_dim / factors["expert_cols"]) if model.moe else 0.0,
+            moe_tokens=tokens / factors["moe_tokens"],
+            vocab=model.vocab_size / factors["vocab"],
+            norm_tokens=tokens / factors["norm_tokens"],
+            factors=tuple(sorted(factors.items())),
+        )
+
+    def factor(self, axis: str) -> int:
+        return dict(self.factors)[axis]

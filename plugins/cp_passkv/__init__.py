@@ -1,0 +1,88 @@
+"""Ring pass-KV for context-parallel prefill (spec v1.1.1).
+
+Per layer and per rank ``r`` of a CP group (ring order = cp rank), attention becomes
+``cp`` ring-step compute ops of ``F_attn / cp^2`` FLOPs each (balanced split: every rank
+does the same work in every step) and ``cp - 1`` P2P ops, each carrying one KV block of
+``b * (S/cp) * c_kv`` bytes to rank ``r+1`` (reason ``cp_passkv``).
+
+Dependency contract (step ``i`` on rank ``r``; ``p2p[r][i]`` sends from ``r`` to ``r+1``):
+
+- ``compute[r][0]`` and ``p2p[r][0]`` need the local Q/K/V (the fragment's heads);
+- ``compute[r][i] <- p2p[r-1][i-1]``: step ``i`` uses the block that just arrived;
+- ``p2p[r][i] <- p2p[r-1][i-1]``: step ``i`` forwards the block it received, and does
+  NOT wait for ``compute[r][i]`` (that edge would serialise the ring);
+- the attention output on ``r`` is ready when all its ``cp`` steps are done (tails).
+"""
+from __future__ import annotations
+
+from g5core import Fragment, hookimpl
+from g5core.flops import attention_block_bytes, causal_attention_flops
+from g5core.layers import Work, attention_dims
+from g5core.memory import MemoryTerm
+
+
+def passkv_bytes_per_rank_per_layer(seq_len: int, cp: int, kv_bytes_per_token: float, batch: int = 1) -> float:
+    """``M_passkv = (cp - 1) * (S / cp) * c_kv`` per sequence (times the batch)."""
+    return (cp - 1) * block_bytes(seq_len, cp, kv_bytes_per_token, batch)
+
+
+def block_bytes(seq_len: int, cp: int, kv_bytes_per_token: float, batch: int = 1) -> float:
+    """One KV block: ``b * (S / cp) * c_kv``."""
+    return batch * seq_len * kv_bytes_per_token / cp
+
+
+def ring_work(ctx):
+    """(FLOPs, HBM bytes) of one ring step on one rank."""
+    dep, s = ctx.deployment, ctx.shape
+    cp = ctx.size("cp")
+    d_qk, d_v = attention_dims(ctx.model, dep.phase)
+    f_attn = causal_attention_flops(s.batch, s.seq_len, s.q_heads, d_qk, d_v)
+    block = s.seq_len / cp
+    hbm = attention_block_bytes(s.batch, block, block, s.q_heads, d_qk, d_v, ctx.kv_bytes_per_token_local,
+                                dep.dtypes.activation_bytes)
+    return f_attn / (cp * cp), hbm
+
+
+@hookimpl
+def g5_expand_op(ctx, lop):
+    cp = ctx.size("cp")
+    if lop.kind != "attention" or ctx.phase != "prefill" or cp == 1:
+        return None
+    step_flops, step_bytes = ring_work(ctx)
+    work = Work("attention", step_flops, step_bytes, "", 0.0)
+    nbytes = block_bytes(ctx.deployment.seq_len, cp, ctx.kv_bytes_per_token_local, ctx.deployment.batch)
+    placed = set(ctx.place(lop))
+    ops, edges, heads, tails = [], [], {}, {}
+    for ring in ctx.rankmap.groups("cp"):
+        if not placed.issuperset(ring):
+            continue
+        compute = [[None] * cp for _ in ring]
+        p2p = [[None] * (cp - 1) for _ in ring]
+        for r, chip in enumerate(ring):
+            for i in range(cp):
+                compute[r][i] = ctx.compute_op(lop, chip, work, owner="cp_passkv", part=f"step{i:02d}")
+                ops.append(compute[r][i])
+            for i in range(cp - 1):
+                op = ctx.comm_op(lop, "p2p", (chip, ring[(r + 1) % cp]), nbytes, "cp_passkv",
+                                 owner="cp_passkv", part=f"p2p{i:02d}")
+                p2p[r][i] = op
+                ops.append(op)
+            heads[chip] = (compute[r][0].key, p2p[r][0].key)
+            tails[chip] = tuple(c.key for c in compute[r])
+        for r in range(cp):
+            prev = (r - 1) % cp
+            for i in range(1, cp):
+                edges.append((p2p[prev][i - 1].key, compute[r][i].key))
+                if i < cp - 1:
+                    edges.append((p2p[prev][i - 1].key, p2p[r][i].key))
+    return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)
+
+
+@hookimpl
+def g5_memory_terms(ctx):
+    cp = ctx.size("cp")
+    if cp == 1 or ctx.phase != "prefill":
+        return None
+    # two KV blocks in flight per chip (the one computed on, the one arriving), reused per layer
+    per_chip = 2.0 * block_bytes(ctx.deployment.seq_len, cp, ctx.kv_bytes_per_token_local, ctx.deployment.batch)
+    return [MemoryTerm("cp_ring_buffers", "workspace", {c: per_chip for c in ctx.all_chips})]

@@ -1,0 +1,61 @@
+"""Pass-Q for context-parallel decode (spec v1.1.1).
+
+Per layer and CP group (root = cp rank 0, which holds the batch's new tokens):
+
+- ``cp_passq_dispatch``: the root sends the queries, ``b * d * s_dtype`` bytes, to every
+  other rank (``d`` is the hidden size on one TP rank, ``hidden / tp``);
+- ``cp`` partial attentions, one per rank over its ``S/cp`` KV shard; the root's needs
+  its own Q/K/V, the others' need the dispatch;
+- ``cp_passq_reduce``: every other rank sends ``b * (d + 2 n_h) * s_dtype`` bytes (its
+  partial output plus the per-head running max and denominator of the online softmax) to
+  the root; the reduction depends on every partial.
+
+Neither message depends on ``S``.
+"""
+from __future__ import annotations
+
+from g5core import Fragment, hookimpl
+from g5core.layers import Work, attention_work
+
+
+def dispatch_bytes_per_rank(batch: int, hidden: float, act_bytes: int) -> float:
+    """``b * d * s_dtype``."""
+    return batch * hidden * act_bytes
+
+
+def reduce_bytes_per_rank(batch: int, hidden: float, n_heads: float, act_bytes: int) -> float:
+    """``b * (d + 2 n_h) * s_dtype``."""
+    return batch * (hidden + 2 * n_heads) * act_bytes
+
+
+@hookimpl
+def g5_expand_op(ctx, lop):
+    cp = ctx.size("cp")
+    if lop.kind != "attention" or ctx.phase != "decode" or cp == 1:
+        return None
+    dep, s = ctx.deployment, ctx.shape
+    act = dep.dtypes.activation_bytes
+    hidden_local = ctx.model.hidden_size / s.factor("q_heads")
+    q_bytes = dispatch_bytes_per_rank(dep.batch, hidden_local, act)
+    r_bytes = reduce_bytes_per_rank(dep.batch, hidden_local, s.q_heads, act)
+    flops, hbm = attention_work(ctx.model, dep, s, 1, s.kv_len)
+    work = Work("attention", flops, hbm, "", 0.0)
+    placed = set(ctx.place(lop))
+    ops, edges, heads, tails = [], [], {}, {}
+    for group in ctx.rankmap.groups("cp"):
+        if not placed.issuperset(group):
+            continue
+        root = group[0]
+        dispatch = ctx.comm_op(lop, "broadcast", group, q_bytes, "cp_passq_dispatch", owner="cp_passq", part="dispatch")
+        reduce = ctx.comm_op(lop, "gather", group, r_bytes, "cp_passq_reduce", owner="cp_passq", part="reduce")
+        ops += [dispatch, reduce]
+        for chip in group:
+            partial = ctx.compute_op(lop, chip, work, owner="cp_passq", part="partial")
+            ops.append(partial)
+            if chip == root:
+                heads[chip] = (dispatch.key, partial.key)
+            else:
+                edges.append((dispatch.key, partial.key))
+            edges.append((partial.key, reduce.key))
+        tails[root] = (reduce.key,)
+    return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)

@@ -1,0 +1,86 @@
+"""Expert parallelism: routed experts sharded over EP groups carved from the dp x tp chips.
+
+Routing is assumed uniform: every (token, expert) slot is equally likely to land on any
+expert, so each EP rank receives as many slots as it sends, ``tokens x top_k`` spread
+evenly over the group, and reads the weights of the local experts expected to receive at
+least one token. Dispatch and combine are all-to-alls (``ep_dispatch``, ``ep_combine``)
+with a buffer of ``moe_tokens x top_k x hidden x dtype`` per rank, of which the
+``(ep-1)/ep`` bound for other ranks crosses the links. Shared experts and dense layers are
+not affected.
+"""
+from __future__ import annotations
+
+from g5core import ConfigError, Dimension, Fragment, hookimpl
+from g5core.layers import expert_work
+from g5core.memory import MemoryTerm
+
+
+@hookimpl
+def g5_register_dimensions(register):
+    register(Dimension("ep", factor=False, regroups=("dp", "tp"), default=1,
+                       doc="expert parallelism: EP groups carved from the dp x tp chips (default 1)"))
+
+
+@hookimpl
+def g5_validate_deployment(deployment, model, system):
+    ep = deployment.size("ep")
+    if ep == 1:
+        return
+    space = deployment.size("dp") * deployment.size("tp")
+    if space % ep:
+        raise ConfigError("parallel.ep", f"ep={ep} does not divide dp x tp = {space}; EP groups are carved from the "
+                                         f"dp x tp chips, so ep must divide {space}")
+    if model.moe is None:
+        raise ConfigError("parallel.ep", f"{model.name} has no MoE layers; set ep: 1")
+    if model.moe.n_routed_experts % ep:
+        raise ConfigError("parallel.ep", f"{model.name} has {model.moe.n_routed_experts} routed experts, "
+                                         f"not divisible by ep={ep}")
+
+
+@hookimpl
+def g5_shard_factors(deployment, model):
+    ep = deployment.size("ep")
+    return {"experts": ep} if ep > 1 else None
+
+
+def a2a_bytes_per_rank(ctx) -> float:
+    m = ctx.model
+    return ctx.shape.moe_tokens * m.moe.n_active_experts * m.hidden_size * ctx.deployment.dtypes.activation_bytes
+
+
+@hookimpl
+def g5_expand_op(ctx, lop):
+    ep = ctx.size("ep")
+    if lop.kind != "moe_experts" or ep == 1:
+        return None
+    m = ctx.model
+    nbytes = a2a_bytes_per_rank(ctx)
+    slots = ctx.shape.moe_tokens * m.moe.n_active_experts
+    work = expert_work(m, ctx.deployment, ctx.shape, slots, slots * ep)
+    placed = set(ctx.place(lop))
+    ops, edges, heads, tails = [], [], {}, {}
+    seen = set()
+    for c in sorted(placed):
+        group = ctx.rankmap.group_of("ep", c)
+        if group in seen:
+            continue
+        seen.add(group)
+        dispatch = ctx.comm_op(lop, "all_to_all", group, nbytes, "ep_dispatch", owner="ep", part="dispatch")
+        combine = ctx.comm_op(lop, "all_to_all", group, nbytes, "ep_combine", owner="ep", part="combine")
+        ops += [dispatch, combine]
+        for chip in group:
+            expert = ctx.compute_op(lop, chip, work, owner="ep", part="experts")
+            ops.append(expert)
+            edges += [(dispatch.key, expert.key), (expert.key, combine.key)]
+            heads[chip] = (dispatch.key,)
+            tails[chip] = (combine.key,)
+    return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)
+
+
+@hookimpl
+def g5_memory_terms(ctx):
+    if ctx.size("ep") == 1 or ctx.model.moe is None:
+        return None
+    # send and receive buffers of one all-to-all, reused layer after layer
+    per_chip = 2.0 * a2a_bytes_per_rank(ctx)
+    return [MemoryTerm("ep_a2a_buffers", "workspace", {c: per_chip for c in ctx.all_chips})]

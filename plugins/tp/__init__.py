@@ -1,0 +1,96 @@
+"""Tensor parallelism: column/row sharding of projections and FFNs inside a TP group.
+
+- Query heads, the attention output, dense-FFN and shared-expert columns, and the
+  vocabulary are divided by ``tp``. GQA KV heads are divided when ``n_kv >= tp`` and
+  replicated otherwise (each chip keeps one); the MLA latent is replicated.
+- Routed experts are column-sharded by ``tp`` when ``ep = 1``. With ``ep > 1`` experts are
+  whole on their EP rank and each TP rank routes a disjoint ``1/tp`` of its tokens (the
+  tokens are replicated across the TP group after attention); the TP reduction after the
+  MoE block re-replicates them.
+- After each row-parallel op (output projection, FFN/MoE) the partial sums are combined
+  with an all-reduce (``tp_allreduce``) of ``tokens x hidden`` per rank. With
+  ``tp_sp: true`` the reduction is a reduce-scatter (``tp_reduce_scatter``), norms run on
+  ``1/tp`` of the tokens, and an all-gather (``tp_allgather``) restores the full sequence
+  before the next column-parallel op.
+"""
+from __future__ import annotations
+
+from g5core import ConfigError, Dimension, Fragment, hookimpl
+
+REDUCE_KINDS = ("attn_out_reduce", "ffn_out_reduce")
+GATHER_KINDS = ("attn_in_gather", "ffn_in_gather")
+
+
+@hookimpl
+def g5_register_dimensions(register):
+    register(Dimension("tp", factor=True, rank_order=30, doc="tensor parallelism (innermost: stays in a node)"))
+
+
+@hookimpl
+def g5_validate_deployment(deployment, model, system):
+    tp = deployment.size("tp")
+    a = model.attention
+    if a.n_heads % tp:
+        raise ConfigError("parallel.tp", f"{model.name} has {a.n_heads} attention heads, not divisible by tp={tp}; "
+                                         f"choose tp among {_divisors(a.n_heads)}")
+    if a.kind == "gqa" and tp > 1:
+        if a.n_kv_heads >= tp and a.n_kv_heads % tp:
+            raise ConfigError("parallel.tp", f"{model.name} has {a.n_kv_heads} KV heads, not divisible by tp={tp}")
+        if a.n_kv_heads < tp and tp % a.n_kv_heads:
+            raise ConfigError("parallel.tp", f"tp={tp} cannot replicate {a.n_kv_heads} KV heads evenly; "
+                                             f"use a multiple of {a.n_kv_heads}")
+    if deployment.tp_sp and tp == 1:
+        raise ConfigError("tp_sp", "TP sequence parallelism needs tp > 1; set tp_sp: false or raise parallel.tp")
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+@hookimpl
+def g5_shard_factors(deployment, model):
+    tp = deployment.size("tp")
+    if tp == 1:
+        return None
+    ep = deployment.size("ep")
+    kv = min(tp, model.attention.n_kv_heads) if model.attention.kind == "gqa" else 1
+    return {
+        "q_heads": tp,
+        "kv_heads": kv,
+        "ffn_cols": tp,
+        "expert_cols": tp if ep == 1 else 1,
+        "moe_tokens": tp if ep > 1 else 1,
+        "vocab": tp,
+        "norm_tokens": tp if deployment.tp_sp else 1,
+    }
+
+
+def _tp_groups(ctx, chips):
+    groups = {}
+    for c in chips:
+        g = ctx.rankmap.group_of("tp", c)
+        groups[g] = True
+    return list(groups)
+
+
+@hookimpl
+def g5_expand_op(ctx, lop):
+    tp = ctx.size("tp")
+    if tp == 1:
+        return None
+    sp = ctx.deployment.tp_sp
+    if lop.kind in REDUCE_KINDS:
+        primitive, reason = ("reduce_scatter", "tp_reduce_scatter") if sp else ("all_reduce", "tp_allreduce")
+    elif lop.kind in GATHER_KINDS and sp:
+        primitive, reason = "all_gather", "tp_allgather"
+    else:
+        return None
+    nbytes = ctx.shape.tokens * ctx.model.hidden_size * ctx.deployment.dtypes.activation_bytes
+    ops, heads, tails = [], {}, {}
+    for group in _tp_groups(ctx, ctx.place(lop)):
+        op = ctx.comm_op(lop, primitive, group, nbytes, reason, owner="tp", part=primitive)
+        ops.append(op)
+        for c in group:
+            heads[c] = (op.key,)
+            tails[c] = (op.key,)
+    return Fragment(ops=ops, heads=heads, tails=tails)
