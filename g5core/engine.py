@@ -27,6 +27,10 @@ from .collective import PORTS_PER_CHIP, Lowering, Topology
 from .dag import CommOp, ComputeOp, OpDag
 from .errors import DagError, G5Error, PluginError
 
+# A flow that ends with |bytes left| below this fraction of its size delivered everything:
+# the difference is floating-point rounding of the rate integral, not lost data.
+ROUNDING_BYTES_REL = 1e-9
+
 # Event priorities at equal time (lower first).
 _COMPUTE_DONE, _FLOW_DONE, _COMM_RELEASE = 0, 1, 2
 
@@ -168,8 +172,8 @@ class Engine:
     executed_flops: list = attrs.field(factory=list)
     flow_start_s: list = attrs.field(factory=list)
     flow_end_s: list = attrs.field(factory=list)
-    bytes_injected: float = 0.0
-    bytes_delivered: float = 0.0
+    flow_injected: list = attrs.field(factory=list)   # bytes per flow when it started
+    flow_delivered: list = attrs.field(factory=list)  # bytes per flow when it ended
     port_excess_bytes: float = 0.0
     events: int = 0
     makespan_s: float = 0.0
@@ -223,6 +227,8 @@ class Engine:
         self.executed_flops = [0.0] * n
         self.flow_start_s = [math.nan] * n_flows
         self.flow_end_s = [math.nan] * n_flows
+        self.flow_injected = [0.0] * n_flows
+        self.flow_delivered = [0.0] * n_flows
         remaining_preds = list(d.pred_count)
         heap: list = []
         seq = 0
@@ -304,7 +310,7 @@ class Engine:
                         finish(op, t)
                     for f in flows:
                         self.flow_start_s[f] = t
-                        self.bytes_injected += fbytes[f]
+                        self.flow_injected[f] = fbytes[f]
                         f_last[f] = t
                         if fbytes[f] <= 0.0:
                             push(t, _FLOW_DONE, f, f_ver[f])
@@ -337,8 +343,11 @@ class Engine:
 
     # ----------------------------------------------------------------------- helpers
     def _complete_flow(self, f, t, f_rate, f_last, f_rem, f_done) -> None:
-        moved = f_rate[f] * (t - f_last[f])
-        self.bytes_delivered += (self.dag.flow_bytes[f] - f_rem[f]) + moved
+        # what the integrated rate left undelivered; within rounding of the flow's size the
+        # flow delivered exactly its bytes
+        residual = f_rem[f] - f_rate[f] * (t - f_last[f])
+        nbytes = self.dag.flow_bytes[f]
+        self.flow_delivered[f] = nbytes if abs(residual) <= ROUNDING_BYTES_REL * nbytes + 1.0 else nbytes - residual
         f_rem[f] = 0.0
         f_done[f] = True
         f_rate[f] = 0.0

@@ -38,7 +38,7 @@ def conservation_kpis(engine: Engine) -> dict[str, float]:
         early = int(np.count_nonzero((s_v < e_u) | (np.isnan(s_v) != np.isnan(e_u))))
     else:
         early = 0
-    byte_gap = engine.bytes_injected - engine.bytes_delivered
+    byte_gap = math.fsum(engine.flow_injected) - math.fsum(engine.flow_delivered)
     bytes_kpi = int(math.floor(abs(byte_gap))) if math.isfinite(byte_gap) else -1
     flops_kpi = math.fsum(d.flops) - math.fsum(engine.executed_flops)
     port_kpi = int(math.floor(engine.port_excess_bytes))
