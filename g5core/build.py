@@ -188,8 +188,9 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None) -> OpDag
     for lop in program:
         owner, frag = expand(ctx, lop)
         own = set()
+        prefixes = (lop.prefix + ".", lop.prefix + "@")
         for op in frag.ops:
-            _check_op(op, lop, owner, chips, plan.primitives)
+            _check_op(op, prefixes, owner, chips, plan.primitives)
             dag.add_op(op)
             own.add(op.key)
         for a, b in frag.edges:
@@ -216,17 +217,22 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None) -> OpDag
     return dag
 
 
-def _check_op(op, lop: LogicalOp, owner: str, chips: int, primitives: Mapping) -> None:
-    if not isinstance(op, (ComputeOp, CommOp)):
-        raise PluginError(owner, f"{lop.id}: fragment holds {op!r}, not a ComputeOp or CommOp")
-    if not op.key.startswith(lop.prefix + ".") and not op.key.startswith(lop.prefix + "@"):
-        raise DagError(f"op {op.key!r} made by plugin '{owner}' does not start with its logical op's prefix {lop.prefix!r}")
-    for c in op.chips:
-        if not (isinstance(c, int) and 0 <= c < chips):
-            raise DagError(f"op {op.key!r} made by plugin '{owner}' is placed on chip {c!r}, outside 0..{chips - 1}")
-    if isinstance(op, CommOp):
+def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives: Mapping) -> None:
+    kind = type(op)
+    if kind is ComputeOp:
+        members = (op.chip,)
+    elif kind is CommOp:
+        members = op.group
         if op.primitive not in primitives:
             raise DagError(f"op {op.key!r} made by plugin '{owner}' uses primitive '{op.primitive}', which no enabled "
                            f"plugin lowers (registered: {', '.join(primitives) or 'none'}); enable the collectives plugin")
-        if len(set(op.group)) != len(op.group) or len(op.group) < 2:
-            raise DagError(f"op {op.key!r} made by plugin '{owner}' has a bad group {op.group}")
+        if len(set(members)) != len(members) or len(members) < 2:
+            raise DagError(f"op {op.key!r} made by plugin '{owner}' has a bad group {members}")
+    else:
+        raise PluginError(owner, f"fragment holds {op!r}, not a ComputeOp or CommOp")
+    if not op.key.startswith(prefixes):
+        raise DagError(f"op {op.key!r} made by plugin '{owner}' does not start with its logical op's prefix "
+                       f"{prefixes[0][:-1]!r}")
+    for c in members:
+        if not (type(c) is int and 0 <= c < chips):
+            raise DagError(f"op {op.key!r} made by plugin '{owner}' is placed on chip {c!r}, outside 0..{chips - 1}")

@@ -185,6 +185,48 @@ def render_explain(plan) -> str:
     return "\n".join(lines)
 
 
+def _int_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        return tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated whole numbers, got {value!r}") from None
+
+
+@main.command("scan")
+@config_options
+@click.option("--db", "db_path", required=True, type=click.Path(dir_okay=False),
+              help="SQLite database; each cell is committed as soon as it is computed.")
+@click.option("--cp", "cp_values", callback=_int_list, default="1,2,4,8,16", show_default=True,
+              help="Comma-separated cp values.")
+@click.option("--seq-len", "seq_lens", callback=_int_list,
+              default="32768,65536,131072,262144,524288,1048576", show_default=True,
+              help="Comma-separated sequence lengths.")
+@click.option("--hidden-threshold", default=0.9, show_default=True, type=float,
+              help="Ring traffic counts as hidden when at least this fraction of it overlaps compute.")
+def scan_cmd(config, overrides, disabled, db_path, cp_values, seq_lens, hidden_threshold):
+    """CP validation scan: a cp x seq_len grid with chips fixed (dp absorbs cp); checks that
+    TTFT does not rise with cp where the ring traffic is hidden. Exit 1 if it does."""
+    from .run import load_raw
+    from .scan import run_scan
+
+    raw = load_raw(config, overrides)
+    report = run_scan(raw, db_path, cp_values, seq_lens, disabled, hidden_threshold,
+                      progress=lambda line: click.echo(line, err=True))
+    ok = [c for c in report.cells if c.status == "ok"]
+    click.echo(f"scan {report.scan_id}: {len(ok)} of {len(report.cells)} cells ran; results in {db_path}")
+    if report.phase != "prefill":
+        click.echo("the TTFT trend check applies to prefill only; nothing checked")
+        return
+    if report.violations:
+        click.echo("TTFT rises with cp where the ring traffic is hidden:")
+        for v in report.violations:
+            click.echo(f"  {v}")
+        sys.exit(1)
+    click.echo("TTFT is non-increasing in cp wherever the ring traffic is hidden")
+
+
 @main.command("models")
 def models_cmd():
     """List the model catalog."""

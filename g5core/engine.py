@@ -73,7 +73,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     fsrc, fdst, fsp, fdp, fbytes, fop = [], [], [], [], [], []
     for i, op in enumerate(dag.ops):
         flow_ptr[i] = len(fbytes)
-        if isinstance(op, ComputeOp):
+        if type(op) is ComputeOp:
             key = (op.op_class, op.flops, op.hbm_bytes, op.dtype)
             d = latency_cache.get(key)
             if d is None:
@@ -183,13 +183,12 @@ class Engine:
     def _allocate(self, flows: Sequence[int], ports: dict) -> dict:
         """Max-min fair rates (progressive filling) for one connected set of flows."""
         cap_rem = {p: self.dag.port_capacity[p] for p in ports}
-        count = {p: len(fs) for p, fs in ports.items()}
+        count = {p: len(fs) for p, fs in ports.items()}  # insertion order = sorted port order
         rate: dict = {}
         src_port, dst_port = self.dag.flow_src_port, self.dag.flow_dst_port
         while len(rate) < len(flows):
             best_p, best_share = -1, math.inf
-            for p in sorted(count):
-                c = count[p]
+            for p, c in count.items():
                 if c:
                     share = cap_rem[p] / c
                     if share < best_share:
@@ -360,11 +359,11 @@ class Engine:
         for start in sorted(dirty_ports):
             if start in seen_ports:
                 continue
-            # connected set of ports and active flows
-            comp_ports = {start: None}
-            stack = [start]
+            # the connected set of ports and active flows around this port
             seen_ports.add(start)
-            comp_flows = set()
+            comp_ports = [start]
+            stack = [start]
+            comp_flows: set = set()
             while stack:
                 p = stack.pop()
                 for f in port_flows[p]:
@@ -374,27 +373,37 @@ class Engine:
                     for q in (src_port[f], dst_port[f]):
                         if q not in seen_ports:
                             seen_ports.add(q)
-                            comp_ports[q] = None
+                            comp_ports.append(q)
                             stack.append(q)
-            flows = sorted(comp_flows)
-            ports = {p: [f for f in sorted(port_flows[p])] for p in sorted(comp_ports)}
-            rates = self._allocate(flows, ports) if flows else {}
+            if len(comp_flows) == 1:
+                (f,) = comp_flows
+                flows = (f,)
+                rates = {f: min(cap[src_port[f]], cap[dst_port[f]])}
+            else:
+                flows = sorted(comp_flows)
+                comp_ports.sort()
+                ports = {p: sorted(port_flows[p]) for p in comp_ports}
+                rates = self._allocate(flows, ports) if flows else {}
             # settle progress at the old rates, then apply the new ones
             for f in flows:
-                if f_rate[f]:
-                    f_rem[f] -= f_rate[f] * (now - f_last[f])
+                old = f_rate[f]
+                if old:
+                    f_rem[f] -= old * (now - f_last[f])
                     if f_rem[f] < 0.0:
                         f_rem[f] = 0.0
                 f_last[f] = now
                 new = rates[f]
-                if new != f_rate[f] or f_rate[f] == 0.0:
-                    f_rate[f] = new
-                    f_ver[f] += 1
+                if new != old:
                     if new <= 0.0:
                         raise G5Error(f"engine: flow {f} got no bandwidth")
+                    f_rate[f] = new
+                    f_ver[f] += 1
                     push(now + f_rem[f] / new, _FLOW_DONE, f, f_ver[f])
-            for p in ports:
+            for p in comp_ports:
                 if port_rate[p] > cap[p]:
                     self.port_excess_bytes += (port_rate[p] - cap[p]) * (now - port_since[p])
-                port_rate[p] = sum(rates[f] for f in ports[p])
+                total = 0.0
+                for f in port_flows[p]:
+                    total += rates[f]
+                port_rate[p] = total
                 port_since[p] = now

@@ -34,10 +34,8 @@ class LogicalOp:
     kind: str
     layer: int
     inputs: tuple[str, ...] = attrs.field(converter=tuple, default=())
-
-    @property
-    def id(self) -> str:
-        return f"{layer_tag(self.layer)}.{self.kind}"
+    id: str = attrs.field(init=False, eq=False,
+                          default=attrs.Factory(lambda self: f"{layer_tag(self.layer)}.{self.kind}", takes_self=True))
 
     @property
     def prefix(self) -> str:
@@ -46,7 +44,7 @@ class LogicalOp:
 
     def key(self, chip: int, part: str = "") -> str:
         """Stable op key: ``L003.qkv_proj@c12`` or ``L003.attention.step02@c12``."""
-        return f"{self.id}{'.' + part if part else ''}@c{chip}"
+        return f"{self.id}.{part}@c{chip}" if part else f"{self.id}@c{chip}"
 
 
 def layer_tag(layer: int) -> str:
