@@ -11,6 +11,9 @@ from .dag import CommOp, OpDag
 from .engine import CompiledDag, Engine
 from .errors import ConservationError
 
+# Interval sums agree with one another to about this relative precision (float rounding).
+ROUNDING_TIME_REL = 1e-9
+
 KPI_NAMES = (
     "ops_not_executed_once",
     "ops_started_before_predecessor_finished",
@@ -70,42 +73,6 @@ def check_conservation(kpis: dict) -> None:
 # ----------------------------------------------------------------------------------------
 # Interval helpers
 # ----------------------------------------------------------------------------------------
-
-
-def _union(intervals: np.ndarray) -> np.ndarray:
-    """Merge ``(n, 2)`` intervals into disjoint sorted ones."""
-    if len(intervals) == 0:
-        return intervals.reshape(0, 2)
-    iv = intervals[np.argsort(intervals[:, 0], kind="stable")]
-    out = []
-    cs, ce = iv[0]
-    for s, e in iv[1:]:
-        if s <= ce:
-            if e > ce:
-                ce = e
-        else:
-            out.append((cs, ce))
-            cs, ce = s, e
-    out.append((cs, ce))
-    return np.asarray(out, dtype=float)
-
-
-def _length(u: np.ndarray) -> float:
-    return float(np.sum(u[:, 1] - u[:, 0])) if len(u) else 0.0
-
-
-def _intersection_length(a: np.ndarray, b: np.ndarray) -> float:
-    i = j = 0
-    total = 0.0
-    while i < len(a) and j < len(b):
-        lo, hi = max(a[i, 0], b[j, 0]), min(a[i, 1], b[j, 1])
-        if hi > lo:
-            total += hi - lo
-        if a[i, 1] < b[j, 1]:
-            i += 1
-        else:
-            j += 1
-    return total
 
 
 # ----------------------------------------------------------------------------------------
@@ -200,51 +167,77 @@ def comm_bytes_by_reason(dag: OpDag, d: CompiledDag) -> dict:
     return {"total_bytes": float(math.fsum(fbytes)), "by_reason": by_reason, "per_rank_by_reason": per_rank}
 
 
+def _union_length_by_chip(chip: np.ndarray, s: np.ndarray, e: np.ndarray, n_chips: int) -> tuple[np.ndarray, list]:
+    """Per chip: the length of the union of its intervals, and the merged intervals."""
+    lengths = np.zeros(n_chips)
+    merged: list = [np.zeros((0, 2))] * n_chips
+    if not len(chip):
+        return lengths, merged
+    order = np.lexsort((s, chip))
+    chip, s, e = chip[order], s[order], e[order]
+    bounds = np.flatnonzero(np.diff(chip)) + 1
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(chip)]):
+        cs, ce = s[lo:hi], e[lo:hi]
+        reach = np.maximum.accumulate(ce)
+        new = np.ones(len(cs), dtype=bool)
+        new[1:] = cs[1:] > reach[:-1]
+        starts = np.flatnonzero(new)
+        seg = np.column_stack((cs[starts], np.maximum.reduceat(ce, starts)))
+        c = int(chip[lo])
+        merged[c] = seg
+        lengths[c] = float(np.sum(seg[:, 1] - seg[:, 0]))
+    return lengths, merged
+
+
 def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarray) -> dict:
     """How much communication the compute streams hid.
 
     Per chip: ``comm_time`` is the union of the intervals of the communication ops it takes
     part in (start latency included); ``exposed`` is the part of that union during which its
-    compute stream was idle. Reported for the chip where exposure is largest, overall and
-    per reason.
+    compute stream was idle. Reported for the chip where exposure is largest (ties: more
+    communication, then the lower chip id), overall and per reason.
     """
     n_chips = d.n_chips
-    compute = [[] for _ in range(n_chips)]
-    comm: dict[str, list[list]] = {}
-    all_comm = [[] for _ in range(n_chips)]
-    for i, op in enumerate(dag.ops):
-        s, e = start[i], end[i]
-        if not (s == s and e == e):
-            continue
-        if d.is_comm[i]:
-            per = comm.setdefault(op.reason, [[] for _ in range(n_chips)])
-            for c in op.group:
-                per[c].append((s, e))
-                all_comm[c].append((s, e))
-        else:
-            compute[d.chip[i]].append((s, e))
-    comp_u = [_union(np.asarray(iv, dtype=float).reshape(-1, 2)) for iv in compute]
+    is_comm = np.asarray(d.is_comm, dtype=bool)
+    done = ~(np.isnan(start) | np.isnan(end))
+    comp = np.flatnonzero(~is_comm & done)
+    comp_chip = np.asarray(d.chip, dtype=np.int64)[comp]
+    comp_len, comp_merged = _union_length_by_chip(comp_chip, start[comp], end[comp], n_chips)
+    members, op_of, reason_of = [], [], []
+    reasons = _reasons(dag)
+    rindex = {r: i for i, r in enumerate(reasons)}
+    for i in np.flatnonzero(is_comm & done):
+        op = dag.ops[i]
+        members.extend(op.group)
+        op_of.extend([i] * len(op.group))
+        reason_of.extend([rindex[op.reason]] * len(op.group))
+    members = np.asarray(members, dtype=np.int64)
+    op_of = np.asarray(op_of, dtype=np.int64)
+    reason_of = np.asarray(reason_of, dtype=np.int64)
 
-    def worst(per_chip) -> dict:
-        best = {"comm_time_s": 0.0, "exposed_comm_s": 0.0, "hidden_fraction": 1.0, "chip": None}
-        best_key = (-1.0, -1.0)
-        for c in range(n_chips):
-            if not per_chip[c]:
-                continue
-            u = _union(np.asarray(per_chip[c], dtype=float))
-            total = _length(u)
-            exposed = total - _intersection_length(u, comp_u[c])
-            key = (exposed, total)
-            if key > best_key:
-                best_key = key
-                best = {
-                    "comm_time_s": total,
-                    "exposed_comm_s": max(exposed, 0.0),
-                    "hidden_fraction": (1.0 - exposed / total) if total > 0 else 1.0,
-                    "chip": c,
-                }
-        return best
+    def worst(mask) -> dict:
+        chips = members[mask]
+        ops = op_of[mask]
+        comm_len, comm_merged = _union_length_by_chip(chips, start[ops], end[ops], n_chips)
+        both_chip = np.concatenate([chips, comp_chip])
+        both_s = np.concatenate([start[ops], start[comp]])
+        both_e = np.concatenate([end[ops], end[comp]])
+        union_len, _ = _union_length_by_chip(both_chip, both_s, both_e, n_chips)
+        exposed = np.maximum(union_len - comp_len, 0.0)  # comm time outside compute
+        has = comm_len > 0
+        if not has.any():
+            return {"comm_time_s": 0.0, "exposed_comm_s": 0.0, "hidden_fraction": 1.0, "chip": None}
+        cand = np.flatnonzero(has)
+        best = cand[np.lexsort((cand, -comm_len[cand], -exposed[cand]))[0]]
+        total, exp = float(comm_len[best]), float(min(exposed[best], comm_len[best]))
+        # the union arithmetic rounds; snap differences below a nanosecond-per-second
+        if abs(total - exp) <= ROUNDING_TIME_REL * total:
+            exp = total
+        elif exp <= ROUNDING_TIME_REL * total:
+            exp = 0.0
+        return {"comm_time_s": total, "exposed_comm_s": exp,
+                "hidden_fraction": 1.0 - exp / total if total > 0 else 1.0, "chip": int(best)}
 
-    out = worst(all_comm)
-    out["by_reason"] = {r: worst(per) for r, per in sorted(comm.items())}
+    out = worst(np.ones(len(members), dtype=bool))
+    out["by_reason"] = {r: worst(reason_of == i) for i, r in enumerate(reasons)}
     return out

@@ -1,0 +1,685 @@
+"""The plugin contract suite: checks any G5 plugin, built-in or third-party, runs on itself.
+
+In the spirit of scikit-learn's ``parametrize_with_checks``: a plugin author gives the
+plugin's name and a few raw configurations that make it active, and gets back named
+checks of the extension contract (:mod:`g5core.hookspecs`)::
+
+    from g5core.testing import plugin_checks
+
+    CONFIGS = [{"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 4,
+                "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ulysses": 4},
+                "phase": "prefill", "batch": 1, "seq_len": 4096}]
+
+    @pytest.mark.parametrize("name, check", plugin_checks("ulysses", CONFIGS), ids=lambda x: getattr(x, "__name__", x))
+    def test_ulysses_contract(name, check):
+        check()
+
+or, in one call that raises one :class:`ContractError` listing every failure,
+``check_plugin("ulysses", CONFIGS)``. A plugin that is not installed through the
+``g5.plugins`` entry points is passed as ``extra_plugins=(("ulysses", module),)``.
+
+Every check has the signature ``check(plugin_name, configs, extra_plugins=())``, raises
+:class:`ContractError` (an ``AssertionError``) naming the plugin, the check and what is
+wrong, and returns ``None`` when the contract holds. ``HOOK_CHECKS`` maps every hook of
+:mod:`g5core.hookspecs` to the checks that test it; :func:`check_hook_coverage` (the
+meta-check) fails when a hook is added without a check or a docstring.
+
+The checks only call the build phase (:func:`g5core.build.prepare`, :func:`~g5core.build.expand`,
+:func:`~g5core.build.build_dag`), the plugins' own hook implementations through the
+:class:`~g5core.plugins.Hooks` facade, and, for communication primitives, the engine on a
+one-op DAG. Use small models (a Hugging Face ``config.json`` with two layers) to keep them fast.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import types
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import attrs
+import networkx as nx
+
+from . import hookspecs
+from .build import Plan, build_dag, expand, prepare
+from .collective import Lowering, Topology
+from .config import disabled_from_config
+from .dag import CommOp, ComputeOp, Fragment, OpDag
+from .dimensions import collect_dimensions
+from .errors import G5Error
+from .layers import SYNC_KINDS, build_program, iter_layers
+from .memory import CATEGORIES, MemoryTerm, memory_report
+from .plugins import Hooks, describe_plugins, make_plugin_manager
+from .shape import SHARD_AXES
+
+__all__ = [
+    "CHECKS", "ContractError", "GENERAL_CHECKS", "GUARD_HOOKS", "HOOK_CHECKS", "check_plugin",
+    "check_hook_coverage", "hook_names", "plugin_checks", "plugin_contributions",
+]
+
+# Hooks whose contract answer in a valid configuration is "no objection" (None): a
+# configuration cannot show them contributing anything.
+GUARD_HOOKS = frozenset({"g5_validate_deployment", "g5_require_owner"})
+
+# Byte sizes (multiples of a base payload) a primitive is lowered at to check that its cost
+# grows with the bytes; 0 checks that an empty message still lowers.
+_BYTE_SCALES = (0.0, 0.5, 1.0, 2.0, 4.0)
+_DEFAULT_PROBE_BYTES = float(2 ** 20)
+
+
+class ContractError(AssertionError):
+    """A plugin broke the extension contract; the message names the plugin and the check."""
+
+    def __init__(self, plugin: str, check: str, message: str):
+        self.plugin, self.check = plugin, check
+        super().__init__(f"plugin '{plugin}' fails {check}: {message}")
+
+
+# ----------------------------------------------------------------------------------------
+# Helpers
+# ----------------------------------------------------------------------------------------
+
+
+def hook_names() -> tuple[str, ...]:
+    """Every hook specification in :mod:`g5core.hookspecs`, in definition order."""
+    return tuple(name for name, f in vars(hookspecs).items()
+                 if callable(f) and hasattr(f, "g5_spec"))
+
+
+def _as_configs(configs) -> tuple[Mapping, ...]:
+    if isinstance(configs, Mapping):
+        configs = (configs,)
+    configs = tuple(configs)
+    if not configs:
+        raise ValueError("give at least one raw configuration that makes the plugin active")
+    for c in configs:
+        if not isinstance(c, Mapping):
+            raise TypeError(f"a configuration must be a raw mapping, got {type(c).__name__}")
+    return configs
+
+
+def _pm(extra_plugins: Sequence, disabled: Iterable[str] = (), raw: Mapping | None = None):
+    names = tuple(disabled) + (disabled_from_config(raw) if raw is not None else ())
+    return make_plugin_manager(disabled=tuple(dict.fromkeys(names)), extra_plugins=tuple(extra_plugins))
+
+
+def _plan(raw: Mapping, extra_plugins: Sequence, disabled: Iterable[str] = ()) -> Plan:
+    return prepare(raw, _pm(extra_plugins, disabled, raw))
+
+
+def _own_impls(hooks: Hooks, hook_name: str, plugin: str) -> list:
+    return [impl for impl in hooks._impls(hook_name) if impl.plugin_name == plugin]
+
+
+def _call_own(hooks: Hooks, hook_name: str, plugin: str, **kwargs) -> list:
+    """Answers of ``plugin``'s own implementations of ``hook_name`` (None included)."""
+    return [Hooks._call(impl, hook_name, kwargs) for impl in _own_impls(hooks, hook_name, plugin)]
+
+
+def _implemented_hooks(plugin: str, extra_plugins: Sequence) -> tuple[str, ...]:
+    pm = _pm(extra_plugins)
+    obj = pm.get_plugin(plugin)
+    if obj is None:
+        known = ", ".join(sorted(name for name, _ in pm.list_name_plugin()))
+        raise ValueError(f"no plugin named '{plugin}' is installed or given in extra_plugins (known: {known})")
+    return tuple(sorted(h.name for h in (pm.get_hookcallers(obj) or ())))
+
+
+def _fail(plugin: str, check: Callable | str, message: str) -> ContractError:
+    return ContractError(plugin, getattr(check, "__name__", str(check)), message)
+
+
+def _where(raw: Mapping) -> str:
+    par = raw.get("parallel", {})
+    par = " ".join(f"{k}={v}" for k, v in sorted(par.items())) if isinstance(par, Mapping) else str(par)
+    return f"[{raw.get('model')} {raw.get('phase')} {par}{' tp_sp' if raw.get('tp_sp') else ''}]"
+
+
+def _chips_ok(chips: Iterable, n: int) -> bool:
+    return all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < n for c in chips)
+
+
+# ----------------------------------------------------------------------------------------
+# Checks
+# ----------------------------------------------------------------------------------------
+
+
+def check_configs_exercise_plugin(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """The configurations make the plugin active, so the other checks are not vacuous.
+
+    For every hook the plugin implements, except the guard hooks (``GUARD_HOOKS``, whose
+    contract answer in a valid configuration is ``None``), at least one configuration must
+    show it contributing: a registered dimension or primitive, a shard factor, a layer or
+    op placement, a claimed logical op, a memory term, or a compute latency.
+    """
+    configs = _as_configs(configs)
+    implemented = set(_implemented_hooks(plugin, extra_plugins)) - GUARD_HOOKS
+    seen: dict[str, int] = {h: 0 for h in implemented}
+    for raw in configs:
+        for hook, count in plugin_contributions(plugin, raw, extra_plugins).items():
+            if hook in seen:
+                seen[hook] += count
+    idle = sorted(h for h, n in seen.items() if n == 0)
+    if idle:
+        raise _fail(plugin, check_configs_exercise_plugin,
+                    f"no configuration makes it contribute through {', '.join(idle)}; add one that does "
+                    f"(e.g. a parallel size > 1 of the dimension it owns)")
+
+
+def check_dimensions(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_register_dimensions``: what the plugin registers is owned by it and disappears with it.
+
+    Every dimension the plugin registers is recorded with ``owner == plugin``; registering
+    is deterministic (a second plugin manager registers the same dimensions); and with the
+    plugin disabled none of its dimensions is registered.
+    """
+    pm = _pm(extra_plugins)
+    dims = collect_dimensions(Hooks(pm))
+    own = [d for d in dims.dims if d.owner == plugin]
+    again = [d for d in collect_dimensions(Hooks(_pm(extra_plugins))).dims if d.owner == plugin]
+    if own != again:
+        raise _fail(plugin, check_dimensions, f"registers different dimensions on two calls: {own} vs {again}")
+    for d in own:
+        if not d.doc:
+            raise _fail(plugin, check_dimensions, f"dimension '{d.name}' has no doc string (shown by `g5 explain`)")
+    off = collect_dimensions(Hooks(_pm(extra_plugins, disabled=[plugin])))
+    left = sorted({d.name for d in own} & set(off.names))
+    if left:
+        raise _fail(plugin, check_dimensions, f"dimensions {left} are still registered with the plugin disabled")
+
+
+def check_validate_deployment(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_validate_deployment``: on a valid configuration the plugin's guard returns ``None``.
+
+    The hook's contract is to raise :class:`~g5core.errors.ConfigError` or return ``None``;
+    a plugin returning a value would be ignored silently. Called twice, it answers the same.
+    """
+    for raw in _as_configs(configs):
+        plan = _plan(raw, extra_plugins)
+        ctx = plan.ctx
+        for _ in range(2):
+            for answer in _call_own(plan.hooks, "g5_validate_deployment", plugin,
+                                    deployment=ctx.deployment, model=ctx.model, system=ctx.system):
+                if answer is not None:
+                    raise _fail(plugin, check_validate_deployment,
+                                f"{_where(raw)} returned {answer!r}; raise ConfigError or return None")
+
+
+def check_shard_factors(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_shard_factors``: ``None`` or a mapping of known shard axes to positive ints, stable.
+
+    Axes must be among :data:`g5core.shape.SHARD_AXES`, values positive ``int`` (not bool);
+    two calls on the same deployment give equal answers.
+    """
+    for raw in _as_configs(configs):
+        plan = _plan(raw, extra_plugins)
+        ctx = plan.ctx
+        first = _call_own(plan.hooks, "g5_shard_factors", plugin, deployment=ctx.deployment, model=ctx.model)
+        second = _call_own(plan.hooks, "g5_shard_factors", plugin, deployment=ctx.deployment, model=ctx.model)
+        if [dict(a) if a else a for a in first] != [dict(a) if a else a for a in second]:
+            raise _fail(plugin, check_shard_factors, f"{_where(raw)} answers differ between two calls")
+        for answer in first:
+            if answer is None:
+                continue
+            if not isinstance(answer, Mapping):
+                raise _fail(plugin, check_shard_factors, f"{_where(raw)} returned {answer!r}, not a mapping")
+            for axis, value in answer.items():
+                if axis not in SHARD_AXES:
+                    raise _fail(plugin, check_shard_factors, f"{_where(raw)} unknown shard axis {axis!r}")
+                if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                    raise _fail(plugin, check_shard_factors, f"{_where(raw)} factor {axis}={value!r} is not a positive int")
+
+
+def check_placement(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_layer_chips`` / ``g5_place_op``: answers are chip ids in range, and nothing is left unplaced.
+
+    Each answer of the plugin is ``None`` or chip ids in ``0..chips-1``; after every
+    plugin's answers are intersected, every layer (embedding, decoder layers, head) is held
+    by at least one chip and every logical op that does work runs on at least one chip.
+    """
+    for raw in _as_configs(configs):
+        plan = _plan(raw, extra_plugins)
+        ctx = plan.ctx
+        n = ctx.rankmap.chips
+        for layer in iter_layers(ctx.model):
+            for answer in _call_own(plan.hooks, "g5_layer_chips", plugin, ctx=ctx, layer=layer):
+                if answer is not None and not _chips_ok(list(answer), n):
+                    raise _fail(plugin, check_placement, f"{_where(raw)} layer {layer}: chips {answer!r} outside 0..{n - 1}")
+            if not ctx.layer_chips(layer):
+                raise _fail(plugin, check_placement, f"{_where(raw)} layer {layer} is held by no chip")
+        for lop in build_program(ctx.model):
+            for answer in _call_own(plan.hooks, "g5_place_op", plugin, ctx=ctx, lop=lop):
+                if answer is not None and not _chips_ok(list(answer), n):
+                    raise _fail(plugin, check_placement, f"{_where(raw)} {lop.id}: chips {answer!r} outside 0..{n - 1}")
+            if lop.kind not in SYNC_KINDS and not ctx.place(lop):
+                raise _fail(plugin, check_placement, f"{_where(raw)} {lop.id} is placed on no chip")
+
+
+def _check_fragment(plugin: str, raw: Mapping, lop, frag: Fragment, n_chips: int, primitives) -> None:
+    check = check_fragments
+    where = f"{_where(raw)} {lop.id}"
+    keys = [op.key for op in frag.ops]
+    if len(set(keys)) != len(keys):
+        raise _fail(plugin, check, f"{where}: op keys made twice: {sorted(k for k in set(keys) if keys.count(k) > 1)[:3]}")
+    own = set(keys)
+    by_key = {op.key: op for op in frag.ops}
+    for op in frag.ops:
+        if not isinstance(op, (ComputeOp, CommOp)):
+            raise _fail(plugin, check, f"{where}: {op!r} is not a ComputeOp or CommOp")
+        if not (op.key.startswith(lop.prefix + ".") or op.key.startswith(lop.prefix + "@")):
+            raise _fail(plugin, check, f"{where}: op key {op.key!r} does not start with the prefix {lop.prefix!r}")
+        if op.owner != plugin:
+            raise _fail(plugin, check, f"{where}: op {op.key!r} has owner {op.owner!r}, not the plugin that made it")
+        if not _chips_ok(op.chips, n_chips):
+            raise _fail(plugin, check, f"{where}: op {op.key!r} is on chips {op.chips} outside 0..{n_chips - 1}")
+        if isinstance(op, CommOp):
+            if len(op.group) < 2 or len(set(op.group)) != len(op.group):
+                raise _fail(plugin, check, f"{where}: comm op {op.key!r} has a bad group {op.group}")
+            if op.primitive not in primitives:
+                raise _fail(plugin, check, f"{where}: comm op {op.key!r} uses unregistered primitive {op.primitive!r}")
+    for a, b in frag.edges:
+        if a not in own or b not in own:
+            raise _fail(plugin, check, f"{where}: edge {a!r} -> {b!r} references an op outside its fragment")
+    g = nx.DiGraph()
+    g.add_nodes_from(keys)
+    g.add_edges_from(frag.edges)
+    if not nx.is_directed_acyclic_graph(g):
+        cycle = " -> ".join(u for u, _ in nx.find_cycle(g))
+        raise _fail(plugin, check, f"{where}: the fragment has a cycle: {cycle}")
+    for label, entries in (("head", frag.heads), ("tail", frag.tails)):
+        for chip, ks in entries:
+            if not (0 <= chip < n_chips):
+                raise _fail(plugin, check, f"{where}: {label} on chip {chip}, outside 0..{n_chips - 1}")
+            for k in ks:
+                if k not in own:
+                    raise _fail(plugin, check, f"{where}: {label} {k!r} on chip {chip} is not an op of the fragment")
+                if chip not in by_key[k].chips:
+                    raise _fail(plugin, check, f"{where}: {label} {k!r} is named on chip {chip}, which it does not run on")
+
+
+def check_fragments(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_expand_op``: every fragment the plugin returns is a well-formed, self-contained DAG piece.
+
+    For every logical op the plugin claims (:func:`g5core.build.expand` names it as owner):
+    the fragment's ops and edges form an acyclic graph (networkx); edges, heads and tails
+    name only the fragment's own ops; a head or tail on chip ``c`` names an op that runs on
+    ``c``; op keys are unique and start with the logical op's prefix (``lop.prefix`` then
+    ``.`` or ``@``); every op's ``owner`` is the plugin; chips are in range; a comm op has
+    a group of at least two distinct chips and a registered primitive. The whole DAG then
+    builds (:func:`g5core.build.build_dag`) and its ops owned by the plugin are exactly
+    those of its fragments.
+    """
+    for raw in _as_configs(configs):
+        plan = _plan(raw, extra_plugins)
+        ctx = plan.ctx
+        made: set[str] = set()
+        for lop in build_program(ctx.model):
+            owner, frag = expand(ctx, lop)
+            if owner != plugin:
+                continue
+            _check_fragment(plugin, raw, lop, frag, ctx.rankmap.chips, plan.primitives)
+            made.update(op.key for op in frag.ops)
+        dag = build_dag(plan)
+        in_dag = {op.key for op in dag.ops if op.owner == plugin}
+        if in_dag != made:
+            extra = sorted(in_dag ^ made)[:3]
+            raise _fail(plugin, check_fragments, f"{_where(raw)}: ops owned by the plugin in the DAG differ from its "
+                                                 f"fragments (e.g. {extra})")
+
+
+def check_require_owner(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_require_owner``: the guard answers ``None`` or a non-empty one-line message.
+
+    Asked for every logical op of each configuration; a message must name the fix in one
+    line (it becomes the CLI's one-line ``g5: error: ...``).
+    """
+    for raw in _as_configs(configs):
+        plan = _plan(raw, extra_plugins)
+        for lop in build_program(plan.ctx.model):
+            for answer in _call_own(plan.hooks, "g5_require_owner", plugin, ctx=plan.ctx, lop=lop):
+                if answer is None:
+                    continue
+                if not isinstance(answer, str) or not answer.strip() or "\n" in answer:
+                    raise _fail(plugin, check_require_owner,
+                                f"{_where(raw)} {lop.id}: answered {answer!r}; return None or a one-line message")
+
+
+def check_memory_terms(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_memory_terms``: named, categorised, non-negative per-chip terms the report accepts.
+
+    Every term is a :class:`~g5core.memory.MemoryTerm` with a category in
+    :data:`g5core.memory.CATEGORIES`, bytes ``>= 0`` and finite on chips in range, names
+    unique; :func:`g5core.memory.memory_report` accepts them and each chip's total is at
+    least the plugin's terms on it.
+    """
+    for raw in _as_configs(configs):
+        plan = _plan(raw, extra_plugins)
+        ctx = plan.ctx
+        n = ctx.rankmap.chips
+        names: list[str] = []
+        own: list[MemoryTerm] = []
+        for answer in _call_own(plan.hooks, "g5_memory_terms", plugin, ctx=ctx):
+            for term in answer or ():
+                if not isinstance(term, MemoryTerm):
+                    raise _fail(plugin, check_memory_terms, f"{_where(raw)} yielded {term!r}, not a MemoryTerm")
+                if term.category not in CATEGORIES:
+                    raise _fail(plugin, check_memory_terms, f"{_where(raw)} term {term.name!r}: bad category")
+                for chip, nbytes in term.bytes_per_chip:
+                    if not (0 <= chip < n):
+                        raise _fail(plugin, check_memory_terms, f"{_where(raw)} term {term.name!r} on chip {chip}")
+                    if not (math.isfinite(nbytes) and nbytes >= 0):
+                        raise _fail(plugin, check_memory_terms,
+                                    f"{_where(raw)} term {term.name!r} has {nbytes!r} bytes on chip {chip}")
+                names.append(term.name)
+                own.append(term)
+        if len(set(names)) != len(names):
+            raise _fail(plugin, check_memory_terms, f"{_where(raw)} term names repeat: {names}")
+        report = memory_report(ctx)
+        for cm in report.per_chip:
+            mine = sum(t.on(cm.chip) for t in own)
+            if cm.total_bytes < mine or cm.total_bytes < 0:
+                raise _fail(plugin, check_memory_terms, f"{_where(raw)} chip {cm.chip}: total {cm.total_bytes} < own {mine}")
+
+
+def _probe_plan(plan: Plan, chips_needed: int) -> Any:
+    """A stand-in for ``plan`` whose topology has at least two nodes and ``chips_needed`` chips."""
+    topo: Topology = plan.ctx.topology
+    chips = max(chips_needed, 2 * topo.chips_per_node, 2)
+    topo = attrs.evolve(topo, chips=chips)
+    ctx = types.SimpleNamespace(topology=topo, system=plan.ctx.system, deployment=plan.ctx.deployment)
+    return types.SimpleNamespace(ctx=ctx, hooks=plan.hooks, primitives=plan.primitives)
+
+
+def _lone_comm_time_s(probe, primitive: str, group: tuple, nbytes: float) -> tuple[float, dict]:
+    """Engine time of one comm op alone on idle ports, and the bytes each rank sends."""
+    from .engine import Engine, compile_dag
+
+    dag = OpDag()
+    dag.add_op(CommOp(key="contract.probe", primitive=primitive, group=group, bytes_per_rank=nbytes,
+                      reason="contract_probe", layer=0, name="probe", owner="contract"))
+    compiled = compile_dag(dag, probe)
+    engine = Engine(compiled).run()
+    sent: dict[int, float] = {}
+    for s, b in zip(compiled.flow_src, compiled.flow_bytes):
+        sent[s] = sent.get(s, 0.0) + b
+    return engine.makespan_s, sent
+
+
+def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_register_primitives``: a primitive's cost grows with the bytes it carries.
+
+    For every primitive the plugin registers, on the groups the configurations' DAGs use it
+    with (plus a two-chip group inside a node and one across two nodes), lowered at
+    ``{0, 0.5, 1, 2, 4} x`` a base payload: the lowering is a :class:`~g5core.collective.Lowering`
+    whose flows stay inside the group; the bytes each rank sends and the engine time of the
+    op alone never decrease as ``bytes_per_rank`` grows, and grow strictly between positive
+    sizes when the primitive moves any data.
+    """
+    configs = _as_configs(configs)
+    plans = [_plan(raw, extra_plugins) for raw in configs]
+    base = max(plans, key=lambda p: p.ctx.rankmap.chips)
+    mine = sorted(name for name, (owner, _) in base.primitives.items() if owner == plugin)
+    if not mine:
+        return
+    probes: dict[str, dict[tuple, float]] = {name: {} for name in mine}
+    for plan in plans:
+        for op in build_dag(plan).comm_ops():
+            if op.primitive in probes and len(probes[op.primitive]) < 4:
+                probes[op.primitive].setdefault(op.group, op.bytes_per_rank or _DEFAULT_PROBE_BYTES)
+    cpn = base.ctx.topology.chips_per_node
+    max_chip = max([c for p in probes.values() for g in p for c in g] + [0])
+    probe = _probe_plan(base, max_chip + 1)
+    for name in mine:
+        groups = dict(probes[name])
+        groups.setdefault((0, 1) if cpn >= 2 else (0, cpn), _DEFAULT_PROBE_BYTES)
+        groups.setdefault((cpn - 1, cpn), _DEFAULT_PROBE_BYTES)
+        _, lower = base.primitives[name]
+        for group, nbytes in sorted(groups.items()):
+            times, sent = [], []
+            for scale in _BYTE_SCALES:
+                low = lower(group, scale * nbytes, probe.ctx.topology)
+                if not isinstance(low, Lowering):
+                    raise _fail(plugin, check_comm_cost_monotone, f"{name} on {group} returned {low!r}, not a Lowering")
+                for s, t, b in low.flows:
+                    if s not in group or t not in group or s == t or not b >= 0:
+                        raise _fail(plugin, check_comm_cost_monotone, f"{name} on {group} made a bad flow {(s, t, b)}")
+                t_s, per_rank = _lone_comm_time_s(probe, name, group, scale * nbytes)
+                times.append(t_s)
+                sent.append(max(per_rank.values(), default=0.0))
+            moves = sent[-1] > 0
+            for i in range(1, len(_BYTE_SCALES)):
+                grew = _BYTE_SCALES[i - 1] > 0 and moves
+                for label, vals in (("time", times), ("bytes sent per rank", sent)):
+                    if vals[i] < vals[i - 1] or (grew and not vals[i] > vals[i - 1]):
+                        raise _fail(plugin, check_comm_cost_monotone,
+                                    f"{name} on group {group}: {label} {vals} is not increasing with bytes_per_rank "
+                                    f"{[s * nbytes for s in _BYTE_SCALES]}")
+
+
+def check_compute_latency(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_compute_latency``: ``None`` or finite seconds ``>= 0`` that never fall as work grows.
+
+    Asked for every compute op of each configuration's DAG: the plugin's answer is ``None``
+    (let the next plugin answer) or a finite number ``>= 0``; where it answers, doubling the
+    op's FLOPs and HBM bytes does not make it faster.
+    """
+    for raw in _as_configs(configs):
+        plan = _plan(raw, extra_plugins)
+        ctx = plan.ctx
+        seen = set()
+        for op in build_dag(plan).ops:
+            if not isinstance(op, ComputeOp):
+                continue
+            sig = (op.op_class, op.flops, op.hbm_bytes, op.dtype)
+            if sig in seen:
+                continue
+            seen.add(sig)
+            kw = dict(system=ctx.system, deployment=ctx.deployment)
+            for answer in _call_own(plan.hooks, "g5_compute_latency", plugin, op=op, **kw):
+                if answer is None:
+                    continue
+                if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not (
+                        math.isfinite(answer) and answer >= 0):
+                    raise _fail(plugin, check_compute_latency, f"{_where(raw)} {op.key}: answered {answer!r}")
+                bigger = attrs.evolve(op, flops=2 * op.flops, hbm_bytes=2 * op.hbm_bytes)
+                for more in _call_own(plan.hooks, "g5_compute_latency", plugin, op=bigger, **kw):
+                    if more is not None and more < answer:
+                        raise _fail(plugin, check_compute_latency,
+                                    f"{_where(raw)} {op.key}: {answer} s, but {more} s with twice the work")
+
+
+def check_disabled_contributes_nothing(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """A disabled plugin contributes nothing, and a configuration that needs it fails clearly.
+
+    With ``make_plugin_manager(disabled=[plugin])`` the plugin is not registered, no hook
+    has an implementation from it, and :func:`g5core.plugins.describe_plugins` lists it as
+    disabled with no hooks. For each configuration, either the build raises a
+    :class:`~g5core.errors.G5Error` (the configuration needs the plugin: a clear error,
+    never a silent fallback; any other exception is a failure), or the DAG has no op owned
+    by the plugin and no dimension or primitive is registered by it.
+    """
+    pm = _pm(extra_plugins, disabled=[plugin])
+    if pm.get_plugin(plugin) is not None:
+        raise _fail(plugin, check_disabled_contributes_nothing, "still registered when disabled")
+    for hook in hook_names():
+        if _own_impls(Hooks(pm), hook, plugin):
+            raise _fail(plugin, check_disabled_contributes_nothing, f"still implements {hook} when disabled")
+    info = {p.name: p for p in describe_plugins(pm)}.get(plugin)
+    if info is not None and (info.enabled or info.hooks):
+        raise _fail(plugin, check_disabled_contributes_nothing, f"described as {info} when disabled")
+    for raw in _as_configs(configs):
+        try:
+            plan = _plan(raw, extra_plugins, disabled=[plugin])
+            dag = build_dag(plan)
+        except G5Error:
+            continue
+        except Exception as exc:  # noqa: BLE001 - the contract is a G5Error, nothing else
+            raise _fail(plugin, check_disabled_contributes_nothing,
+                        f"{_where(raw)}: disabling it raised {type(exc).__name__}: {exc} instead of a G5Error") from exc
+        owned = [op.key for op in dag.ops if op.owner == plugin]
+        if owned:
+            raise _fail(plugin, check_disabled_contributes_nothing, f"{_where(raw)}: disabled, yet owns {owned[:3]}")
+        if any(d.owner == plugin for d in plan.ctx.dims.dims):
+            raise _fail(plugin, check_disabled_contributes_nothing, f"{_where(raw)}: disabled, yet registers a dimension")
+        if any(owner == plugin for owner, _ in plan.primitives.values()):
+            raise _fail(plugin, check_disabled_contributes_nothing, f"{_where(raw)}: disabled, yet registers a primitive")
+
+
+def check_deterministic(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """Equal inputs give equal outputs: two builds from fresh plugin managers are identical.
+
+    For each configuration, building twice gives equal op lists (every field of every op),
+    equal edge lists in the same order, equal compiled durations and flows, and an equal
+    memory report.
+    """
+    from .engine import compile_dag
+
+    for raw in _as_configs(configs):
+        outs = []
+        for _ in range(2):
+            plan = _plan(raw, extra_plugins)
+            dag = build_dag(plan)
+            c = compile_dag(dag, plan)
+            outs.append((list(dag.ops), list(dag.edges),
+                         (c.duration_s, c.flow_src, c.flow_dst, c.flow_bytes), memory_report(plan.ctx)))
+        for label, a, b in zip(("op list", "edge list", "compiled durations and flows", "memory report"), *outs):
+            if a != b:
+                raise _fail(plugin, check_deterministic, f"{_where(raw)}: the {label} differs between two builds")
+
+
+# ----------------------------------------------------------------------------------------
+# Registry, selection, meta-check
+# ----------------------------------------------------------------------------------------
+
+CheckFn = Callable[..., None]
+
+#: Checks every plugin runs, whatever hooks it implements.
+GENERAL_CHECKS: tuple[CheckFn, ...] = (
+    check_configs_exercise_plugin, check_disabled_contributes_nothing, check_deterministic,
+)
+
+#: Every hook of :mod:`g5core.hookspecs` -> the hook-specific checks that test it.
+HOOK_CHECKS: Mapping[str, tuple[CheckFn, ...]] = {
+    "g5_register_dimensions": (check_dimensions,),
+    "g5_validate_deployment": (check_validate_deployment,),
+    "g5_shard_factors": (check_shard_factors,),
+    "g5_layer_chips": (check_placement,),
+    "g5_place_op": (check_placement,),
+    "g5_expand_op": (check_fragments,),
+    "g5_require_owner": (check_require_owner,),
+    "g5_memory_terms": (check_memory_terms,),
+    "g5_register_primitives": (check_comm_cost_monotone,),
+    "g5_compute_latency": (check_compute_latency,),
+}
+
+#: Every check by name.
+CHECKS: Mapping[str, CheckFn] = {
+    f.__name__: f for f in GENERAL_CHECKS + tuple(f for fs in HOOK_CHECKS.values() for f in fs)
+}
+
+
+def plugin_contributions(plugin: str, raw: Mapping, extra_plugins: Sequence = ()) -> dict[str, int]:
+    """How many things ``plugin`` contributed through each hook it implements, for one configuration.
+
+    Registration hooks count what was registered; collect-all hooks count non-empty answers
+    (shard factors, layer chips per layer, place-op per logical op, claimed logical ops,
+    memory terms, compute latencies per distinct op); guard hooks count objections.
+    """
+    implemented = _implemented_hooks(plugin, extra_plugins)
+    plan = _plan(raw, extra_plugins)
+    ctx, hooks = plan.ctx, plan.hooks
+    out: dict[str, int] = {}
+    program = build_program(ctx.model)
+    for hook in implemented:
+        if hook == "g5_register_dimensions":
+            n = sum(d.owner == plugin for d in ctx.dims.dims)
+        elif hook == "g5_register_primitives":
+            n = sum(owner == plugin for owner, _ in plan.primitives.values())
+        elif hook == "g5_validate_deployment":
+            n = 0  # a valid configuration: the guard had no objection
+        elif hook == "g5_shard_factors":
+            n = sum(bool(a) for a in _call_own(hooks, hook, plugin, deployment=ctx.deployment, model=ctx.model))
+        elif hook == "g5_layer_chips":
+            n = sum(a is not None for layer in iter_layers(ctx.model)
+                    for a in _call_own(hooks, hook, plugin, ctx=ctx, layer=layer))
+        elif hook in ("g5_place_op", "g5_require_owner"):
+            n = sum(a is not None for lop in program for a in _call_own(hooks, hook, plugin, ctx=ctx, lop=lop))
+        elif hook == "g5_expand_op":
+            n = sum(expand(ctx, lop)[0] == plugin for lop in program)
+        elif hook == "g5_memory_terms":
+            n = sum(len(list(a)) for a in _call_own(hooks, hook, plugin, ctx=ctx) if a)
+        elif hook == "g5_compute_latency":
+            ops = {(o.op_class, o.flops, o.hbm_bytes, o.dtype): o for o in build_dag(plan).ops
+                   if isinstance(o, ComputeOp)}
+            n = sum(a is not None for o in ops.values()
+                    for a in _call_own(hooks, hook, plugin, op=o, system=ctx.system, deployment=ctx.deployment))
+        else:  # a hook added to hookspecs without a counter here: count implementations
+            n = len(_own_impls(hooks, hook, plugin))
+        out[hook] = n
+    return out
+
+
+def plugin_checks(plugin: str, configs, extra_plugins: Sequence = ()) -> list[tuple[str, Callable[[], None]]]:
+    """``[(check_name, check)]`` for ``plugin``: the general checks plus those of every hook it implements.
+
+    Each ``check`` takes no argument (it is bound to the plugin, the configurations and
+    ``extra_plugins``) and raises :class:`ContractError` on a breach. Meant for
+    ``pytest.mark.parametrize``; the names are stable test ids.
+    """
+    configs = _as_configs(configs)
+    implemented = _implemented_hooks(plugin, extra_plugins)
+    chosen: list[CheckFn] = list(GENERAL_CHECKS)
+    for hook in implemented:
+        for f in HOOK_CHECKS.get(hook, ()):
+            if f not in chosen:
+                chosen.append(f)
+    out = []
+    for f in chosen:
+        bound = functools.partial(f, plugin, configs, tuple(extra_plugins))
+        functools.update_wrapper(bound, f)
+        out.append((f.__name__, bound))
+    return out
+
+
+def check_plugin(plugin: str, configs, extra_plugins: Sequence = ()) -> list[str]:
+    """Run every check of :func:`plugin_checks`; raise one :class:`ContractError` listing all failures.
+
+    Returns the names of the checks that ran (all passed).
+    """
+    failures, ran = [], []
+    for name, check in plugin_checks(plugin, configs, extra_plugins):
+        ran.append(name)
+        try:
+            check()
+        except ContractError as exc:
+            failures.append(str(exc))
+    if failures:
+        raise ContractError(plugin, "check_plugin", f"{len(failures)} of {len(ran)} checks failed:\n  "
+                            + "\n  ".join(failures))
+    return ran
+
+
+def check_hook_coverage() -> dict[str, tuple[str, ...]]:
+    """The meta-check: every hook in :mod:`g5core.hookspecs` is documented and has a contract check.
+
+    Fails when a hook specification has no docstring, when a hook has no entry (or an
+    empty one) in ``HOOK_CHECKS``, when ``HOOK_CHECKS`` names a hook that does not exist,
+    or when a check has no docstring. Returns ``{hook: check names}``.
+    """
+    hooks = hook_names()
+    problems = []
+    for hook in hooks:
+        doc = inspect.getdoc(getattr(hookspecs, hook))
+        if not doc or not doc.strip():
+            problems.append(f"hook {hook} has no docstring")
+        if not HOOK_CHECKS.get(hook):
+            problems.append(f"hook {hook} has no contract check in g5core.testing.HOOK_CHECKS")
+    for hook in HOOK_CHECKS:
+        if hook not in hooks:
+            problems.append(f"HOOK_CHECKS names {hook}, which is not a hook in g5core.hookspecs")
+    for name, f in CHECKS.items():
+        if not (inspect.getdoc(f) or "").strip():
+            problems.append(f"check {name} has no docstring")
+    if problems:
+        raise AssertionError("; ".join(problems))
+    return {hook: tuple(f.__name__ for f in HOOK_CHECKS[hook]) for hook in hooks}

@@ -1,0 +1,112 @@
+"""The CP validation scan: rows land in SQLite one by one; the TTFT trend check can fail."""
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from click.testing import CliRunner
+
+from g5core.cli import main
+from g5core.run import run as run_one
+from g5core.scan import Cell, check_monotone, run_scan
+
+BASE = {
+    "model": "llama-3.1-8b",
+    "system": "h100-sxm",
+    "chips": 4,
+    "parallel": {"dp": 4, "tp": 1, "pp": 1, "cp": 1},
+    "phase": "prefill",
+    "batch": 1,
+    "seq_len": 8192,
+}
+
+
+def _rows(db):
+    con = sqlite3.connect(str(db))
+    try:
+        return con.execute("SELECT cp, seq_len, dp, status, latency_s, passkv_hidden_fraction FROM cells "
+                           "ORDER BY cell").fetchall()
+    except sqlite3.OperationalError:
+        return []
+    finally:
+        con.close()
+
+
+def test_rows_appear_one_by_one_and_trend_holds(tmp_path):
+    db = tmp_path / "scan.db"
+    seen_before_each_run = []
+
+    def runner(raw, disabled=()):
+        seen_before_each_run.append(len(_rows(db)))
+        return run_one(raw, disabled=disabled)
+
+    report = run_scan(BASE, db, cp_values=(1, 2, 4), seq_lens=(8192, 16384), runner=runner)
+    # before the n-th run, the n-1 earlier cells are already committed
+    assert seen_before_each_run == [0, 1, 2, 3, 4, 5]
+    rows = _rows(db)
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+        (1, 8192, 4, "ok"), (2, 8192, 2, "ok"), (4, 8192, 1, "ok"),
+        (1, 16384, 4, "ok"), (2, 16384, 2, "ok"), (4, 16384, 1, "ok"),
+    ]
+    assert report.ok, report.violations
+    for seq in (8192, 16384):
+        lat = [r[4] for r in rows if r[1] == seq]
+        assert lat == sorted(lat, reverse=True)
+    # ring traffic is reported for cp > 1 only
+    assert all((r[5] is None) == (r[0] == 1) for r in rows)
+
+
+def test_invalid_cells_are_recorded_not_adjusted(tmp_path):
+    db = tmp_path / "scan.db"
+    report = run_scan(BASE, db, cp_values=(1, 8), seq_lens=(8192,))
+    rows = _rows(db)
+    assert rows[1][3] == "error"
+    assert "not divisible by tp x pp x cp = 8" in report.cells[1].error
+    assert report.ok
+
+
+def test_scan_appends_a_new_scan_to_an_existing_database(tmp_path):
+    db = tmp_path / "scan.db"
+    first = run_scan(BASE, db, cp_values=(1,), seq_lens=(8192,))
+    second = run_scan(BASE, db, cp_values=(1,), seq_lens=(8192,))
+    assert second.scan_id == first.scan_id + 1
+    assert len(_rows(db)) == 2
+
+
+def test_monotone_check_names_the_offending_cell():
+    cells = [
+        Cell(cp=1, seq_len=1024, status="ok", latency_s=4.0),
+        Cell(cp=2, seq_len=1024, status="ok", latency_s=2.0, hidden_fraction=0.99),
+        Cell(cp=4, seq_len=1024, status="ok", latency_s=3.0, hidden_fraction=0.95),
+        # exposed ring: allowed to rise, not a violation
+        Cell(cp=8, seq_len=1024, status="ok", latency_s=9.0, hidden_fraction=0.2),
+    ]
+    violations = check_monotone(cells, hidden_threshold=0.9)
+    assert len(violations) == 1
+    assert "cp=2" in violations[0] and "cp=4" in violations[0] and "seq_len=1024" in violations[0]
+
+
+def test_cli_scan_reports_and_exits_nonzero_on_a_violation(tmp_path, monkeypatch):
+    import yaml
+
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(yaml.safe_dump(BASE))
+    db = tmp_path / "scan.db"
+    runner = CliRunner()
+    res = runner.invoke(main, ["scan", str(cfg), "--db", str(db), "--cp", "1,2", "--seq-len", "8192"])
+    assert res.exit_code == 0, res.output
+    assert "non-increasing" in res.output
+    assert "[2/2] cp=2 seq_len=8192" in res.stderr
+
+    import g5core.scan as scan_mod
+
+    monkeypatch.setattr(scan_mod, "check_monotone", lambda cells, thr: ("seq_len=8192: TTFT rises (forced)",))
+    res = runner.invoke(main, ["scan", str(cfg), "--db", str(db), "--cp", "1,2", "--seq-len", "8192"])
+    assert res.exit_code == 1
+    assert "TTFT rises (forced)" in res.output
+
+
+def test_bad_grid_values_are_errors(tmp_path):
+    with pytest.raises(Exception, match="--cp"):
+        run_scan(BASE, tmp_path / "x.db", cp_values=(0,), seq_lens=(8192,))
+    assert not (tmp_path / "x.db").exists()
