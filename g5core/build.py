@@ -137,8 +137,6 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
     factors = merge_factors(hooks.call_each("g5_shard_factors", deployment=deployment, model=model))
     shape = LocalShape.from_factors(deployment, model, factors)
     sizes = dict(deployment.parallel)
-    if deployment.chips % 1:
-        raise ConfigError("chips", "must be whole")
     try:
         rankmap = RankMap.build(sizes, dims, system.chips_per_node)
     except ValueError as exc:

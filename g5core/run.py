@@ -12,6 +12,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import attrs
 
 from .build import Plan, build_dag, prepare
+from .errors import ConfigError
 from .config import Deployment, apply_overrides, disabled_from_config, load_config_file
 from .dag import OpDag
 from .engine import Engine, compile_dag
@@ -88,7 +89,10 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
     if compare_math:
         # the Math path's own guards apply to the comparison (cp > 1 is refused there)
         as_math = attrs.evolve(dep, path="math")
-        plan.hooks.call_each("g5_validate_deployment", deployment=as_math, model=plan.ctx.model,
-                             system=plan.ctx.system)
+        try:
+            plan.hooks.call_each("g5_validate_deployment", deployment=as_math, model=plan.ctx.model,
+                                 system=plan.ctx.system)
+        except ConfigError as exc:
+            raise ConfigError("--compare-math", f"the Math path refuses this configuration: {exc}") from None
         mres = math_estimate(plan)
     return RunOutput(dep, plan, memory, sim=sim, math=mres)

@@ -53,7 +53,7 @@ from .plugins import Hooks, describe_plugins, make_plugin_manager
 from .shape import SHARD_AXES
 
 __all__ = [
-    "CHECKS", "ContractError", "GENERAL_CHECKS", "GUARD_HOOKS", "HOOK_CHECKS", "check_plugin",
+    "CHECKS", "ContractError", "applicable_checks", "GENERAL_CHECKS", "GUARD_HOOKS", "HOOK_CHECKS", "check_plugin",
     "check_hook_coverage", "hook_names", "plugin_checks", "plugin_contributions",
 ]
 
@@ -170,8 +170,9 @@ def check_dimensions(plugin: str, configs, extra_plugins: Sequence = ()) -> None
     """``g5_register_dimensions``: what the plugin registers is owned by it and disappears with it.
 
     Every dimension the plugin registers is recorded with ``owner == plugin``; registering
-    is deterministic (a second plugin manager registers the same dimensions); and with the
-    plugin disabled none of its dimensions is registered.
+    is deterministic (a second plugin manager registers the same dimensions); each has a
+    ``doc`` line; and with the plugin disabled none of its dimensions is registered (or a
+    plugin that regroups them refuses with a :class:`~g5core.errors.G5Error`).
     """
     pm = _pm(extra_plugins)
     dims = collect_dimensions(Hooks(pm))
@@ -182,7 +183,10 @@ def check_dimensions(plugin: str, configs, extra_plugins: Sequence = ()) -> None
     for d in own:
         if not d.doc:
             raise _fail(plugin, check_dimensions, f"dimension '{d.name}' has no doc string (shown by `g5 explain`)")
-    off = collect_dimensions(Hooks(_pm(extra_plugins, disabled=[plugin])))
+    try:
+        off = collect_dimensions(Hooks(_pm(extra_plugins, disabled=[plugin])))
+    except G5Error:
+        return  # another plugin needs these dimensions and says so: a clear error, not a fallback
     left = sorted({d.name for d in own} & set(off.names))
     if left:
         raise _fail(plugin, check_dimensions, f"dimensions {left} are still registered with the plugin disabled")
@@ -619,6 +623,19 @@ def plugin_contributions(plugin: str, raw: Mapping, extra_plugins: Sequence = ()
     return out
 
 
+def applicable_checks(plugin: str, extra_plugins: Sequence = ()) -> tuple[str, ...]:
+    """Names of the checks that apply to ``plugin``: ``GENERAL_CHECKS`` and those of each hook it implements.
+
+    Needs no configuration, so a test can parametrize over it at collection time.
+    """
+    chosen: list[CheckFn] = list(GENERAL_CHECKS)
+    for hook in _implemented_hooks(plugin, extra_plugins):
+        for f in HOOK_CHECKS.get(hook, ()):
+            if f not in chosen:
+                chosen.append(f)
+    return tuple(f.__name__ for f in chosen)
+
+
 def plugin_checks(plugin: str, configs, extra_plugins: Sequence = ()) -> list[tuple[str, Callable[[], None]]]:
     """``[(check_name, check)]`` for ``plugin``: the general checks plus those of every hook it implements.
 
@@ -627,14 +644,9 @@ def plugin_checks(plugin: str, configs, extra_plugins: Sequence = ()) -> list[tu
     ``pytest.mark.parametrize``; the names are stable test ids.
     """
     configs = _as_configs(configs)
-    implemented = _implemented_hooks(plugin, extra_plugins)
-    chosen: list[CheckFn] = list(GENERAL_CHECKS)
-    for hook in implemented:
-        for f in HOOK_CHECKS.get(hook, ()):
-            if f not in chosen:
-                chosen.append(f)
     out = []
-    for f in chosen:
+    for name in applicable_checks(plugin, extra_plugins):
+        f = CHECKS[name]
         bound = functools.partial(f, plugin, configs, tuple(extra_plugins))
         functools.update_wrapper(bound, f)
         out.append((f.__name__, bound))

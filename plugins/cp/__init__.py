@@ -4,6 +4,8 @@
   every configuration. A CP group is the cp chips sharing one (dp, pp, tp) coordinate.
 - Prefill: every chip runs non-attention ops on ``S/cp`` of each sequence's tokens and
   holds ``S/cp`` of its KV (balanced chunk split: ``S`` must divide by ``2 cp``).
+- The LM head computes the logits of each sequence's last token, on the CP root, which
+  holds the last chunk in the balanced split.
 - Decode: each chip holds ``S/cp`` of each sequence's KV. The new tokens live on the CP
   group's root (cp rank 0), which runs every non-attention op for the whole batch; the
   other ranks only hold KV shards and compute partial attention (pass-Q). Decode compute
@@ -52,11 +54,18 @@ def cp_roots(ctx):
     return [g[0] for g in ctx.rankmap.groups("cp")]
 
 
+HEAD_KINDS = ("final_norm", "lm_head")
+
+
 @hookimpl
 def g5_place_op(ctx, lop):
-    if ctx.size("cp") == 1 or ctx.phase != "decode" or lop.kind == "attention":
+    if ctx.size("cp") == 1 or lop.kind == "attention":
         return None
-    return cp_roots(ctx)
+    if ctx.phase == "decode" or lop.kind in HEAD_KINDS:
+        # decode: the root holds the new tokens; prefill: the root holds each sequence's
+        # last chunk (balanced split gives rank 0 chunks 0 and 2cp-1), whose logits are needed
+        return cp_roots(ctx)
+    return None
 
 
 @hookimpl
