@@ -80,6 +80,7 @@ def collect_dimensions(hooks: Hooks) -> DimensionRegistry:
     registry = DimensionRegistry(tuple(found[name] for name in sorted(found)))
     for d in registry.dims:
         for other in d.regroups:
-            if other not in found or not found[other].factor:
-                raise PluginError(d.owner, f"dimension '{d.name}' regroups '{other}', which is not a registered factor dimension")
+            # a regrouped dimension that no enabled plugin registers has size 1: nothing to carve
+            if other in found and not found[other].factor:
+                raise PluginError(d.owner, f"dimension '{d.name}' regroups '{other}', which is not a factor dimension")
     return registry

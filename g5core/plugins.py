@@ -88,19 +88,20 @@ def make_plugin_manager(
     try:
         pm.check_pending()
     except pluggy.PluginValidationError as exc:
-        raise PluginError(getattr(exc, "plugin_name", "?") or "?", str(exc)) from exc
+        name = pm.get_name(exc.plugin) if getattr(exc, "plugin", None) is not None else None
+        raise PluginError(name or "?", " ".join(str(exc).split())) from exc
     return pm
 
 
 def _register(pm: pluggy.PluginManager, name: str, plugin: Any) -> None:
-    if pm.get_plugin(name) is not None or pm.is_blocked(name) and pm.get_plugin(name):
+    if pm.get_plugin(name) is not None:
         raise PluginError(name, "a plugin with this name is already registered")
     try:
         pm.register(plugin, name=name)
     except ValueError as exc:
         raise PluginError(name, f"cannot register: {exc}") from exc
     except pluggy.PluginValidationError as exc:
-        raise PluginError(name, f"invalid hook implementation: {exc}") from exc
+        raise PluginError(name, f"invalid hook implementation: {' '.join(str(exc).split())}") from exc
 
 
 def describe_plugins(pm: pluggy.PluginManager) -> tuple[PluginInfo, ...]:

@@ -47,7 +47,7 @@ class RankMap:
             if d.factor:
                 continue
             size = int(sizes.get(d.name, 1))
-            over = {names.index(n) for n in d.regroups}
+            over = {names.index(n) for n in d.regroups if n in names}
             buckets = {}
             for chip, co in enumerate(all_coords):
                 key = tuple(v for i, v in enumerate(co) if i not in over)

@@ -46,7 +46,7 @@ from .collective import Lowering, Topology
 from .config import disabled_from_config
 from .dag import CommOp, ComputeOp, Fragment, OpDag
 from .dimensions import collect_dimensions
-from .errors import G5Error
+from .errors import DagError, G5Error, PluginError
 from .layers import SYNC_KINDS, build_program, iter_layers
 from .memory import CATEGORIES, MemoryTerm, memory_report
 from .plugins import Hooks, describe_plugins, make_plugin_manager
@@ -139,11 +139,34 @@ def _chips_ok(chips: Iterable, n: int) -> bool:
     return all(isinstance(c, int) and not isinstance(c, bool) and 0 <= c < n for c in chips)
 
 
+def _contract_check(f: Callable[..., None]) -> Callable[..., None]:
+    """Report the core's refusal of what the plugin made (a PluginError naming it, a DagError
+    quoting it) as a breach of the check, not as an unexplained error."""
+
+    @functools.wraps(f)
+    def wrapper(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+        try:
+            return f(plugin, configs, extra_plugins)
+        except ContractError:
+            raise
+        except PluginError as exc:
+            if exc.plugin != plugin:
+                raise
+            raise _fail(plugin, f, f"the core refused it: {exc}") from exc
+        except DagError as exc:
+            if f"plugin '{plugin}'" not in str(exc):
+                raise
+            raise _fail(plugin, f, f"the core refused its DAG: {exc}") from exc
+
+    return wrapper
+
+
 # ----------------------------------------------------------------------------------------
 # Checks
 # ----------------------------------------------------------------------------------------
 
 
+@_contract_check
 def check_configs_exercise_plugin(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """The configurations make the plugin active, so the other checks are not vacuous.
 
@@ -166,6 +189,7 @@ def check_configs_exercise_plugin(plugin: str, configs, extra_plugins: Sequence 
                     f"(e.g. a parallel size > 1 of the dimension it owns)")
 
 
+@_contract_check
 def check_dimensions(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_register_dimensions``: what the plugin registers is owned by it and disappears with it.
 
@@ -192,6 +216,7 @@ def check_dimensions(plugin: str, configs, extra_plugins: Sequence = ()) -> None
         raise _fail(plugin, check_dimensions, f"dimensions {left} are still registered with the plugin disabled")
 
 
+@_contract_check
 def check_validate_deployment(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_validate_deployment``: on a valid configuration the plugin's guard returns ``None``.
 
@@ -209,6 +234,7 @@ def check_validate_deployment(plugin: str, configs, extra_plugins: Sequence = ()
                                 f"{_where(raw)} returned {answer!r}; raise ConfigError or return None")
 
 
+@_contract_check
 def check_shard_factors(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_shard_factors``: ``None`` or a mapping of known shard axes to positive ints, stable.
 
@@ -234,6 +260,7 @@ def check_shard_factors(plugin: str, configs, extra_plugins: Sequence = ()) -> N
                     raise _fail(plugin, check_shard_factors, f"{_where(raw)} factor {axis}={value!r} is not a positive int")
 
 
+@_contract_check
 def check_placement(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_layer_chips`` / ``g5_place_op``: answers are chip ids in range, and nothing is left unplaced.
 
@@ -301,6 +328,7 @@ def _check_fragment(plugin: str, raw: Mapping, lop, frag: Fragment, n_chips: int
                     raise _fail(plugin, check, f"{where}: {label} {k!r} is named on chip {chip}, which it does not run on")
 
 
+@_contract_check
 def check_fragments(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_expand_op``: every fragment the plugin returns is a well-formed, self-contained DAG piece.
 
@@ -331,6 +359,7 @@ def check_fragments(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
                                                  f"fragments (e.g. {extra})")
 
 
+@_contract_check
 def check_require_owner(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_require_owner``: the guard answers ``None`` or a non-empty one-line message.
 
@@ -348,6 +377,7 @@ def check_require_owner(plugin: str, configs, extra_plugins: Sequence = ()) -> N
                                 f"{_where(raw)} {lop.id}: answered {answer!r}; return None or a one-line message")
 
 
+@_contract_check
 def check_memory_terms(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_memory_terms``: named, categorised, non-negative per-chip terms the report accepts.
 
@@ -409,6 +439,7 @@ def _lone_comm_time_s(probe, primitive: str, group: tuple, nbytes: float) -> tup
     return engine.makespan_s, sent
 
 
+@_contract_check
 def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_register_primitives``: a primitive's cost grows with the bytes it carries.
 
@@ -460,6 +491,7 @@ def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ())
                                     f"{[s * nbytes for s in _BYTE_SCALES]}")
 
 
+@_contract_check
 def check_compute_latency(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_compute_latency``: ``None`` or finite seconds ``>= 0`` that never fall as work grows.
 
@@ -492,6 +524,7 @@ def check_compute_latency(plugin: str, configs, extra_plugins: Sequence = ()) ->
                                     f"{_where(raw)} {op.key}: {answer} s, but {more} s with twice the work")
 
 
+@_contract_check
 def check_disabled_contributes_nothing(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """A disabled plugin contributes nothing, and a configuration that needs it fails clearly.
 
@@ -529,6 +562,7 @@ def check_disabled_contributes_nothing(plugin: str, configs, extra_plugins: Sequ
             raise _fail(plugin, check_disabled_contributes_nothing, f"{_where(raw)}: disabled, yet registers a primitive")
 
 
+@_contract_check
 def check_deterministic(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """Equal inputs give equal outputs: two builds from fresh plugin managers are identical.
 
@@ -656,6 +690,9 @@ def plugin_checks(plugin: str, configs, extra_plugins: Sequence = ()) -> list[tu
 def check_plugin(plugin: str, configs, extra_plugins: Sequence = ()) -> list[str]:
     """Run every check of :func:`plugin_checks`; raise one :class:`ContractError` listing all failures.
 
+    A check that raises anything else (e.g. the core's :class:`~g5core.errors.DagError` for
+    a cycle the plugin made) counts as a failure of that check.
+
     Returns the names of the checks that ran (all passed).
     """
     failures, ran = [], []
@@ -665,6 +702,8 @@ def check_plugin(plugin: str, configs, extra_plugins: Sequence = ()) -> list[str
             check()
         except ContractError as exc:
             failures.append(str(exc))
+        except Exception as exc:  # noqa: BLE001 - e.g. the core refusing the plugin's DAG
+            failures.append(f"{name} raised {type(exc).__name__}: {exc}")
     if failures:
         raise ContractError(plugin, "check_plugin", f"{len(failures)} of {len(ran)} checks failed:\n  "
                             + "\n  ".join(failures))
