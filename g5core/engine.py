@@ -92,6 +92,10 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
             key = (op.primitive, op.group, op.bytes_per_rank)
             low = lowering_cache.get(key)
             if low is None:
+                if op.primitive not in plan.primitives:
+                    raise DagError(f"op {op.key!r} made by plugin '{op.owner}' uses primitive '{op.primitive}', which "
+                                   f"no enabled plugin lowers (registered: {', '.join(plan.primitives) or 'none'}); "
+                                   "enable the collectives plugin")
                 plugin, lower = plan.primitives[op.primitive]
                 try:
                     low = lower(op.group, op.bytes_per_rank, topo)
@@ -208,6 +212,10 @@ class Engine:
     def _may_start(self, op: int) -> bool:
         return True
 
+    def _chip_free(self, chip: int, busy: bool) -> bool:
+        """Whether ``chip``'s compute stream may start another op now."""
+        return not busy
+
     def _flops_of(self, op: int) -> float:
         return self.dag.flops[op]
 
@@ -278,9 +286,24 @@ class Engine:
             if remaining_preds[op] == 0:
                 make_ready(op, 0.0)
 
-        while heap or dirty_chips:
-            if heap:
-                now = heap[0][0]
+        flow_ptr = d.flow_ptr
+        while True:
+            # start compute on idle chips, then re-share the ports whose flow set changed
+            for c in sorted(dirty_chips):
+                if self._chip_free(c, busy[c]) and ready[c]:
+                    _, _, op = heapq.heappop(ready[c])
+                    if not self._may_start(op):
+                        continue
+                    busy[c] = True
+                    self.start_s[op] = now
+                    push(now + dur[op], _COMPUTE_DONE, op)
+            dirty_chips.clear()
+            if dirty_ports:
+                self._reshare(now, dirty_ports, port_flows, port_rate, port_since, f_rate, f_last, f_rem, f_ver, push)
+                dirty_ports.clear()
+            if not heap:
+                break
+            now = heap[0][0]
             while heap and heap[0][0] == now:
                 t, prio, _, item, version = heapq.heappop(heap)
                 events += 1
@@ -301,15 +324,16 @@ class Engine:
                     op_flows_left[op] -= 1
                     if op_flows_left[op] == 0:
                         finish(op, t)
-                else:  # _COMM_RELEASE
+                else:  # _COMM_RELEASE: every flow of the op is injected; the op ends with the last
                     op = item
-                    flows = [f for f in self._release_flows(op)]
-                    op_flows_left[op] = len(flows)
-                    if not flows:
-                        finish(op, t)
-                    for f in flows:
-                        self.flow_start_s[f] = t
+                    first, last = flow_ptr[op], flow_ptr[op + 1]
+                    op_flows_left[op] = last - first
+                    for f in range(first, last):
                         self.flow_injected[f] = fbytes[f]
+                    if first == last:
+                        finish(op, t)
+                    for f in self._release_flows(op):
+                        self.flow_start_s[f] = t
                         f_last[f] = t
                         if fbytes[f] <= 0.0:
                             push(t, _FLOW_DONE, f, f_ver[f])
@@ -317,20 +341,6 @@ class Engine:
                         for p in (src_port[f], dst_port[f]):
                             port_flows[p].add(f)
                             dirty_ports.add(p)
-            # start compute on idle chips
-            for c in sorted(dirty_chips):
-                if not busy[c] and ready[c]:
-                    _, _, op = heapq.heappop(ready[c])
-                    if not self._may_start(op):
-                        continue
-                    busy[c] = True
-                    self.start_s[op] = now
-                    push(now + dur[op], _COMPUTE_DONE, op)
-            dirty_chips.clear()
-            # re-share the ports whose flow set changed
-            if dirty_ports:
-                self._reshare(now, dirty_ports, port_flows, port_rate, port_since, f_rate, f_last, f_rem, f_ver, push)
-                dirty_ports.clear()
         # close the port-excess integral
         for p in range(n_ports):
             if port_rate[p] > cap[p]:

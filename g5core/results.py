@@ -50,7 +50,7 @@ def conservation_kpis(engine: Engine) -> dict[str, float]:
     idx = np.nonzero(comp)[0]
     overlap = 0
     if len(idx):
-        o = np.lexsort((start[idx], chips[idx]))
+        o = np.lexsort((end[idx], start[idx], chips[idx]))
         c, s, e = chips[idx][o], start[idx][o], end[idx][o]
         same = c[1:] == c[:-1]
         overlap = int(np.count_nonzero(same & (s[1:] < e[:-1])))

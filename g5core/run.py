@@ -84,15 +84,15 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
     memory = memory_report(plan.ctx)
     if dep.path == "math":
         return RunOutput(dep, plan, memory, math=math_estimate(plan))
-    sim = simulate(plan)
-    mres = None
     if compare_math:
-        # the Math path's own guards apply to the comparison (cp > 1 is refused there)
+        # the Math path's own guards apply to the comparison (cp > 1 is refused there),
+        # checked before the simulation so a refused run costs nothing
         as_math = attrs.evolve(dep, path="math")
         try:
             plan.hooks.call_each("g5_validate_deployment", deployment=as_math, model=plan.ctx.model,
                                  system=plan.ctx.system)
         except ConfigError as exc:
             raise ConfigError("--compare-math", f"the Math path refuses this configuration: {exc}") from None
-        mres = math_estimate(plan)
+    sim = simulate(plan)
+    mres = math_estimate(plan) if compare_math else None
     return RunOutput(dep, plan, memory, sim=sim, math=mres)

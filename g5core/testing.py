@@ -4,16 +4,17 @@ In the spirit of scikit-learn's ``parametrize_with_checks``: a plugin author giv
 plugin's name and a few raw configurations that make it active, and gets back named
 checks of the extension contract (:mod:`g5core.hookspecs`)::
 
-    from g5core.testing import plugin_checks
+    from g5core.testing import CHECKS, applicable_checks
 
     CONFIGS = [{"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 4,
                 "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ulysses": 4},
                 "phase": "prefill", "batch": 1, "seq_len": 4096}]
 
-    @pytest.mark.parametrize("name, check", plugin_checks("ulysses", CONFIGS), ids=lambda x: getattr(x, "__name__", x))
-    def test_ulysses_contract(name, check):
-        check()
+    @pytest.mark.parametrize("check", applicable_checks("ulysses"))
+    def test_ulysses_contract(check):
+        CHECKS[check]("ulysses", CONFIGS)
 
+(``plugin_checks(name, configs)`` gives the same checks as ``(name, bound callable)`` pairs),
 or, in one call that raises one :class:`ContractError` listing every failure,
 ``check_plugin("ulysses", CONFIGS)``. A plugin that is not installed through the
 ``g5.plugins`` entry points is passed as ``extra_plugins=(("ulysses", module),)``.

@@ -1,0 +1,192 @@
+"""What a run hands back: the JSON report (API and `g5 run --json`), determinism, the trace."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from g5core.cli import main
+from g5core.collective import LINK_RX, LINK_TX, NIC_RX, NIC_TX, PORT_NAMES, PORTS_PER_CHIP
+from g5core.dag import CommOp, ComputeOp
+from g5core.results import KPI_NAMES
+from g5core.run import run
+
+from helpers_engine import raw_config, write_system, write_tiny_model
+
+CHIP_FIELDS = {"chip", "weights_bytes", "kv_cache_bytes", "activation_bytes", "total_bytes", "capacity_bytes", "fits"}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A tiny llama (2 layers) on 4 chips, 2 per node: TP inside a node, CP across nodes."""
+    d = tmp_path_factory.mktemp("run_output")
+    model = write_tiny_model(d, "llama-3.1-8b", layers=2)
+    system = write_system(d, chips_per_node=2)
+    raws = {
+        "prefill": raw_config(model, system, 4, phase="prefill", seq_len=4096, tp=2, cp=2, dp=1),
+        "decode": raw_config(model, system, 4, phase="decode", batch=4, seq_len=8192, tp=2, cp=2, dp=1),
+    }
+    paths = {}
+    for phase, raw in raws.items():
+        p = d / f"{phase}.yaml"
+        p.write_text(yaml.safe_dump(raw), encoding="utf-8")
+        paths[phase] = p
+    return d, raws, paths
+
+
+def _without_wall(out: dict) -> dict:
+    out = dict(out)
+    assert isinstance(out.pop("sim_wall_s"), float)
+    return out
+
+
+# -- determinism -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_same_config_twice_gives_identical_json_apart_from_wall_time(files, phase):
+    _, raws, _ = files
+    a, b = run(raws[phase]), run(raws[phase])
+    ja, jb = _without_wall(a.to_json_dict()), _without_wall(b.to_json_dict())
+    assert json.dumps(ja, sort_keys=True) == json.dumps(jb, sort_keys=True)
+    # bit for bit, the whole timeline
+    assert np.array_equal(a.sim.start_s, b.sim.start_s)
+    assert np.array_equal(a.sim.end_s, b.sim.end_s)
+    assert np.array_equal(a.sim.flow_end_s, b.sim.flow_end_s)
+
+
+# -- `g5 run --json` ---------------------------------------------------------------------
+
+
+def _cli(args):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, (result.output, result.exception)
+    return result
+
+
+@pytest.fixture(scope="module")
+def cli_json(files):
+    _, _, paths = files
+    return {phase: json.loads(_cli(["run", p, "--json"]).stdout) for phase, p in paths.items()}
+
+
+@pytest.mark.parametrize("phase,metric", [("prefill", "ttft_s"), ("decode", "tpot_s")])
+def test_cli_json_is_one_object_with_the_report(cli_json, files, phase, metric):
+    out = cli_json[phase]
+    assert isinstance(out, dict)
+    assert out["phase"] == phase
+    assert out[metric] == out["latency_s"] > 0
+    other = {"ttft_s": "tpot_s", "tpot_s": "ttft_s"}[metric]
+    assert other not in out
+    assert out["conservation"] == {name: 0 for name in KPI_NAMES}
+    comm = out["comm_bytes"]
+    assert set(comm["by_reason"]) == set(comm["per_rank_by_reason"])
+    assert "tp_allreduce" in comm["by_reason"]
+    assert ("cp_passkv" if phase == "prefill" else "cp_passq_dispatch") in comm["by_reason"]
+    for reason, total in comm["by_reason"].items():
+        assert 0 < comm["per_rank_by_reason"][reason] <= total
+    ov = out["overlap"]
+    assert 0 <= ov["exposed_comm_s"] <= ov["comm_time_s"]
+    assert ov["comm_time_s"] > 0
+    assert isinstance(out["ops"], int) and out["ops"] > 0
+    assert isinstance(out["events"], int) and out["events"] >= out["ops"]
+    assert isinstance(out["sim_wall_s"], float)
+    mem = out["memory"]
+    assert [c["chip"] for c in mem["per_chip"]] == [0, 1, 2, 3]
+    for c in mem["per_chip"]:
+        assert CHIP_FIELDS <= set(c)
+        assert c["total_bytes"] >= c["weights_bytes"] + c["kv_cache_bytes"] + c["activation_bytes"] - 1
+        assert c["fits"] == (c["total_bytes"] <= c["capacity_bytes"])
+    assert mem["max_total_bytes"] == max(c["total_bytes"] for c in mem["per_chip"])
+
+
+def test_cli_json_matches_the_api(cli_json, files):
+    _, raws, _ = files
+    api = _without_wall(run(raws["prefill"]).to_json_dict())
+    cli = _without_wall(cli_json["prefill"])
+    assert json.dumps(cli, sort_keys=True) == json.dumps(api, sort_keys=True)
+
+
+# -- `g5 run --trace` --------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trace(files):
+    d, raws, paths = files
+    path = d / "trace.json"
+    _cli(["run", paths["prefill"], "--trace", path])
+    return json.loads(path.read_text(encoding="utf-8")), run(raws["prefill"])
+
+
+def test_trace_is_valid_json_with_trace_events(trace):
+    payload, _ = trace
+    assert isinstance(payload["traceEvents"], list) and payload["traceEvents"]
+    for ev in payload["traceEvents"]:
+        assert {"ph", "name", "pid"} <= set(ev)
+
+
+def test_trace_has_one_compute_slice_per_compute_op_on_its_chip_track(trace):
+    payload, out = trace
+    sim = out.sim
+    slices = {ev["name"]: ev for ev in payload["traceEvents"] if ev["ph"] == "X"}
+    compute = [op for op in sim.dag.ops if isinstance(op, ComputeOp)]
+    assert len(slices) == len(compute)
+    tids = {ev["tid"] for ev in slices.values()}
+    assert len(tids) == 1
+    (compute_tid,) = tids
+    names = {(ev["pid"], ev["tid"]): ev["args"]["name"] for ev in payload["traceEvents"]
+             if ev["ph"] == "M" and ev["name"] == "thread_name"}
+    for op in compute:
+        ev = slices[op.key]
+        assert ev["pid"] == op.chip
+        assert names[(op.chip, compute_tid)] == "compute"
+        s, e = sim.op_times(op.key)
+        assert ev["ts"] == pytest.approx(s * 1e6, rel=1e-12)
+        assert ev["dur"] == pytest.approx((e - s) * 1e6, rel=1e-9, abs=1e-9)
+
+
+def test_trace_puts_each_flow_on_its_send_and_receive_port_tracks(trace):
+    payload, out = trace
+    sim = out.sim
+    c = sim.compiled
+    topo = out.plan.ctx.topology
+    names = {(ev["pid"], ev["tid"]): ev["args"]["name"] for ev in payload["traceEvents"]
+             if ev["ph"] == "M" and ev["name"] == "thread_name"}
+    begins = [ev for ev in payload["traceEvents"] if ev["ph"] == "b"
+              and names.get((ev["pid"], ev["tid"]), "").startswith("port ")]
+    ends = [ev for ev in payload["traceEvents"] if ev["ph"] == "e"
+            and names.get((ev["pid"], ev["tid"]), "").startswith("port ")]
+    n_flows = len(c.flow_bytes)
+    assert n_flows > 0
+    assert len(begins) == len(ends) == 2 * n_flows
+    seen_kinds = set()
+    by_track: dict = {}
+    for ev in begins:
+        by_track.setdefault((ev["pid"], names[(ev["pid"], ev["tid"])]), []).append(ev)
+    for f in range(n_flows):
+        src, dst = c.flow_src[f], c.flow_dst[f]
+        op = sim.dag.ops[c.flow_op[f]]
+        assert isinstance(op, CommOp)
+        tx, rx = (LINK_TX, LINK_RX) if topo.same_node(src, dst) else (NIC_TX, NIC_RX)
+        seen_kinds.add(tx)
+        for chip, kind in ((src, tx), (dst, rx)):
+            track = by_track[(chip, f"port {PORT_NAMES[kind]}")]
+            match = [ev for ev in track if ev["args"]["op"] == op.key
+                     and ev["args"]["bytes"] == c.flow_bytes[f]
+                     and ev["ts"] == pytest.approx(sim.flow_start_s[f] * 1e6, rel=1e-12)]
+            assert match, (f, chip, PORT_NAMES[kind])
+            assert all(op.reason in ev["name"] and ev["cat"] == op.reason for ev in match)
+    # the layout has both link (TP in a node) and network (CP across nodes) traffic
+    assert seen_kinds == {LINK_TX, NIC_TX}
+    assert PORTS_PER_CHIP == len(PORT_NAMES)
+
+
+def test_trace_written_with_json_output_too(files, tmp_path):
+    _, _, paths = files
+    path = tmp_path / "t.json"
+    out = json.loads(_cli(["run", paths["decode"], "--json", "--trace", path]).stdout)
+    assert out["phase"] == "decode"
+    assert json.loads(path.read_text(encoding="utf-8"))["traceEvents"]
