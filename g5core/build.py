@@ -16,6 +16,7 @@ from .config import Deployment
 from .dag import CommOp, ComputeOp, Fragment, OpDag
 from .dimensions import DimensionRegistry, collect_dimensions
 from .errors import ConfigError, DagError, PluginError
+from .flops import activation_tensor_bytes
 from .layers import (
     ATTENTION_KINDS, SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token,
 )
@@ -69,6 +70,10 @@ class BuildContext:
 
     def work(self, kind: str) -> Optional[Work]:
         return default_work(kind, self.model, self.deployment, self.shape)
+
+    def hidden_states_bytes(self, tokens: float) -> float:
+        """Bytes of ``tokens`` hidden-state rows (``tokens x hidden x activation dtype``)."""
+        return activation_tensor_bytes(tokens, self.model.hidden_size, self.deployment.dtypes.activation_element_bytes)
 
     @property
     def kv_bytes_per_token_local(self) -> float:

@@ -153,10 +153,12 @@ def render_explain(plan) -> str:
     ctx = plan.ctx
     dep, m, sysm, rm = ctx.deployment, ctx.model, ctx.system, ctx.rankmap
     counts = m.param_counts()
-    lines = [f"model   {m.name}: {m.n_layers} layers, hidden {m.hidden_size}, {m.attention.kind.upper()} "
-             f"({m.attention.n_heads} heads, {m.attention.n_kv_heads} KV heads), "
+    a = m.attention
+    kv_desc = (f"latent {a.kv_lora_rank}+{a.qk_rope_head_dim}" if a.kind == "mla" else f"{a.n_kv_heads} KV heads")
+    lines = [f"model   {m.name}: {m.n_layers} layers, hidden {m.hidden_size}, {a.kind.upper()} "
+             f"({a.n_heads} heads, {kv_desc}), "
              f"{counts.total / 1e9:.1f}B params ({counts.active / 1e9:.1f}B active), "
-             f"c_kv {m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_bytes)} B/token/layer ({dep.dtypes.kv_cache})",
+             f"c_kv {m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)} B/token/layer ({dep.dtypes.kv_cache})",
              f"system  {sysm.name}: {sysm.chips_per_node} chips/node, {sysm.hbm_capacity_bytes / GIB:.0f} GiB HBM, "
              f"link {sysm.intra_node_bw_bytes_per_s / 1e9:.0f} GB/s, network {sysm.network_bw_bytes_per_s / 1e9:.0f} GB/s "
              f"per chip per direction",
@@ -164,11 +166,12 @@ def render_explain(plan) -> str:
              + ", ".join(f"{n}={s}" for n, s in zip(rm.factor_names, rm.factor_sizes)),
              f"phase   {dep.phase}, batch {dep.batch} per replica, seq_len {dep.seq_len}, path {dep.path}, "
              f"tp_sp {str(dep.tp_sp).lower()}"]
-    defaults = [d.name for d in ctx.dims.dims if d.default is not None]
+    defaults = [d for d in ctx.dims.dims if d.default is not None]
     if defaults:
-        lines.append(f"defaults: {', '.join(f'{n}={dep.size(n)} when omitted' for n in defaults)}")
+        lines.append("defaults: " + ", ".join(f"parallel.{d.name} is {d.default} when omitted" for d in defaults))
     s = ctx.shape
-    lines.append(f"per chip: {s.tokens:g} tokens, {s.q_heads:g} query heads, {s.kv_heads:g} KV heads, "
+    kv_local = "the whole MLA latent" if a.kind == "mla" else f"{s.kv_heads:g} KV heads"
+    lines.append(f"per chip: {s.tokens:g} tokens in non-attention ops, {s.q_heads:g} query heads, {kv_local}, "
                  f"KV of {s.kv_len:g} tokens per sequence")
     for dim in rm.dims:
         groups = rm.groups(dim)

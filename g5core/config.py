@@ -54,15 +54,15 @@ class Dtypes:
         table = dict(self.weights)
         return table.get(weight_class, table["default"])
 
-    def weight_bytes(self, weight_class: str) -> int:
+    def weight_element_bytes(self, weight_class: str) -> int:
         return dtype_bytes(self.weight_dtype(weight_class))
 
     @property
-    def activation_bytes(self) -> int:
+    def activation_element_bytes(self) -> int:
         return dtype_bytes(self.activations)
 
     @property
-    def kv_cache_bytes(self) -> int:
+    def kv_cache_element_bytes(self) -> int:
         return dtype_bytes(self.kv_cache)
 
     @classmethod

@@ -17,6 +17,11 @@ from __future__ import annotations
 ELEMENTWISE_FLOPS_PER_ELEMENT = 5.0
 
 
+def activation_tensor_bytes(tokens: float, width: float, element_bytes: float) -> float:
+    """Bytes of a ``tokens x width`` activation tensor: what a layer hands on per token row."""
+    return tokens * width * element_bytes
+
+
 def gemm(tokens: float, in_dim: float, out_dim: float, weight_bytes: float, act_bytes: float) -> tuple[float, float]:
     flops = 2.0 * tokens * in_dim * out_dim
     hbm = in_dim * out_dim * weight_bytes + tokens * (in_dim + out_dim) * act_bytes

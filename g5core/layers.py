@@ -122,7 +122,7 @@ def attention_dims(model: ModelSpec, phase: str) -> tuple[int, int]:
 
 def local_kv_bytes_per_token(model: ModelSpec, deployment: Deployment, shape: LocalShape) -> float:
     """c_kv on one chip: the model's c_kv divided by the KV-head split (1 for MLA)."""
-    return model.kv_bytes_per_token_per_layer(deployment.dtypes.kv_cache_bytes) / shape.kv_shard
+    return model.kv_bytes_per_token_per_layer(deployment.dtypes.kv_cache_element_bytes) / shape.kv_shard
 
 
 @attrs.frozen
@@ -174,9 +174,9 @@ def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: Loc
     if kind in SYNC_KINDS:
         return None
     d = model.hidden_size
-    act = deployment.dtypes.activation_bytes
+    act = deployment.dtypes.activation_element_bytes
     wclass = WEIGHT_CLASS.get(kind, "")
-    wbytes = deployment.dtypes.weight_bytes(wclass) if wclass else 0
+    wbytes = deployment.dtypes.weight_element_bytes(wclass) if wclass else 0
     welems = weight_elements(kind, model, shape)
     if kind == "embedding":
         fl, hb = F.elementwise(shape.tokens, d, act)
@@ -221,8 +221,8 @@ def expert_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
     """Routed experts on one chip: ``token_slots`` (token, expert) pairs land here; the
     experts read are those expected to receive a token under uniform routing."""
     d = model.hidden_size
-    act = deployment.dtypes.activation_bytes
-    wbytes = deployment.dtypes.weight_bytes("experts")
+    act = deployment.dtypes.activation_element_bytes
+    wbytes = deployment.dtypes.weight_element_bytes("experts")
     active = F.expected_active_experts(shape.experts, model.moe.n_routed_experts, group_token_slots)
     fl, hb = F.grouped_gemm(token_slots, d, 3.0 * shape.expert_cols, active, wbytes, act)
     return Work("gemm", fl, hb, "experts", weight_elements("moe_experts", model, shape))
@@ -233,7 +233,7 @@ def attention_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
     """Attention of one chip's query tokens against ``kv_len`` keys per sequence."""
     d_qk, d_v = attention_dims(model, deployment.phase)
     c_kv = local_kv_bytes_per_token(model, deployment, shape)
-    act = deployment.dtypes.activation_bytes
+    act = deployment.dtypes.activation_element_bytes
     if deployment.phase == "decode":
         return F.decode_attention(shape.batch, kv_len, shape.q_heads, d_qk, d_v, c_kv, act)
     if q_tokens == kv_len:

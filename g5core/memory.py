@@ -69,7 +69,7 @@ def activation_peak_bytes(ctx, layers: list[int]) -> float:
         widths.append(2.0 * m.moe.n_shared_experts * m.moe.shared_expert_ffn_dim / s.factor("ffn_cols"))
         share = s.moe_tokens / s.tokens if s.tokens else 0.0
         widths.append(share * m.moe.n_active_experts * (d + 2.0 * s.expert_cols))
-    return ctx.deployment.dtypes.activation_bytes * s.tokens * (2.0 * d + max(widths))
+    return ctx.deployment.dtypes.activation_element_bytes * s.tokens * (2.0 * d + max(widths))
 
 
 @attrs.frozen
@@ -140,13 +140,13 @@ def core_terms(ctx) -> list[MemoryTerm]:
     for lop in build_program(m):
         wclass = WEIGHT_CLASS.get(lop.kind, "default")
         per_layer[lop.layer] = per_layer.get(lop.layer, 0.0) + (
-            weight_elements(lop.kind, m, s) * dep.dtypes.weight_bytes(wclass))
+            weight_elements(lop.kind, m, s) * dep.dtypes.weight_element_bytes(wclass))
     for layer, nbytes in per_layer.items():
         for c in ctx.layer_chips(layer):
             weights[c] += nbytes
             if 0 <= layer < m.n_layers:
                 layers_on[c].append(layer)
-    c_kv = m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_bytes)
+    c_kv = m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)
     kv = {c: kv_cache_bytes(dep.batch, dep.seq_len, c_kv, len(layers_on[c]), s.factor("kv_len"), s.kv_shard)
           for c in ctx.all_chips}
     acts = {c: activation_peak_bytes(ctx, layers_on[c]) for c in ctx.all_chips}

@@ -39,7 +39,7 @@ def ring_work(ctx):
     f_attn = causal_attention_flops(s.batch, s.seq_len, s.q_heads, d_qk, d_v)
     block = s.seq_len / cp
     hbm = attention_block_bytes(s.batch, block, block, s.q_heads, d_qk, d_v, ctx.kv_bytes_per_token_local,
-                                dep.dtypes.activation_bytes)
+                                dep.dtypes.activation_element_bytes)
     return f_attn / (cp * cp), hbm
 
 

@@ -15,17 +15,18 @@ Neither message depends on ``S``.
 from __future__ import annotations
 
 from g5core import Fragment, hookimpl
+from g5core.flops import activation_tensor_bytes
 from g5core.layers import Work, attention_work
 
 
 def dispatch_bytes_per_rank(batch: int, hidden: float, act_bytes: int) -> float:
     """``b * d * s_dtype``."""
-    return batch * hidden * act_bytes
+    return activation_tensor_bytes(batch, hidden, act_bytes)
 
 
 def reduce_bytes_per_rank(batch: int, hidden: float, n_heads: float, act_bytes: int) -> float:
     """``b * (d + 2 n_h) * s_dtype``."""
-    return batch * (hidden + 2 * n_heads) * act_bytes
+    return activation_tensor_bytes(batch, hidden + 2 * n_heads, act_bytes)
 
 
 @hookimpl
@@ -34,7 +35,7 @@ def g5_expand_op(ctx, lop):
     if lop.kind != "attention" or ctx.phase != "decode" or cp == 1:
         return None
     dep, s = ctx.deployment, ctx.shape
-    act = dep.dtypes.activation_bytes
+    act = dep.dtypes.activation_element_bytes
     hidden_local = ctx.model.hidden_size / s.factor("q_heads")
     q_bytes = dispatch_bytes_per_rank(dep.batch, hidden_local, act)
     r_bytes = reduce_bytes_per_rank(dep.batch, hidden_local, s.q_heads, act)

@@ -44,8 +44,8 @@ def g5_shard_factors(deployment, model):
 
 
 def a2a_bytes_per_rank(ctx) -> float:
-    m = ctx.model
-    return ctx.shape.moe_tokens * m.moe.n_active_experts * m.hidden_size * ctx.deployment.dtypes.activation_bytes
+    """Per-rank all-to-all buffer: ``moe_tokens x top_k`` hidden-state rows."""
+    return ctx.hidden_states_bytes(ctx.shape.moe_tokens * ctx.model.moe.n_active_experts)
 
 
 @hookimpl

@@ -62,7 +62,7 @@ def g5_expand_op(ctx, lop):
     stage = stage_of(lop.layer, n, pp)
     if stage == stage_of(lop.layer - 1, n, pp):
         return None
-    nbytes = ctx.shape.norm_tokens * ctx.model.hidden_size * ctx.deployment.dtypes.activation_bytes
+    nbytes = ctx.hidden_states_bytes(ctx.shape.norm_tokens)
     ops, heads, tails = [], {}, {}
     for dst in ctx.place(lop):
         coords = ctx.rankmap.coords(dst)

@@ -85,7 +85,7 @@ def g5_expand_op(ctx, lop):
         primitive, reason = "all_gather", "tp_allgather"
     else:
         return None
-    nbytes = ctx.shape.tokens * ctx.model.hidden_size * ctx.deployment.dtypes.activation_bytes
+    nbytes = ctx.hidden_states_bytes(ctx.shape.tokens)
     ops, heads, tails = [], {}, {}
     for group in _tp_groups(ctx, ctx.place(lop)):
         op = ctx.comm_op(lop, primitive, group, nbytes, reason, owner="tp", part=primitive)
