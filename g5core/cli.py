@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from typing import Any
 
 import click
@@ -56,6 +57,14 @@ def _table(rows: list[list[Any]], header: list[str]) -> str:
     return "\n".join(lines)
 
 
+def _progress():
+    """Phase lines on stderr when a person watches it; nothing when stderr is a file or pipe."""
+    if not sys.stderr.isatty():
+        return None
+    t0 = time.perf_counter()
+    return lambda line: click.echo(f"[{time.perf_counter() - t0:6.1f} s] {line}", err=True)
+
+
 _config_options = [
     click.argument("config", type=click.Path(dir_okay=False)),
     click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
@@ -81,7 +90,7 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, compare_math):
     from .run import load_raw, run
     from .trace import write_trace
 
-    out = run(load_raw(config, overrides), disabled=disabled, compare_math=compare_math)
+    out = run(load_raw(config, overrides), disabled=disabled, compare_math=compare_math, progress=_progress())
     if trace_path:
         if out.sim is None:
             raise G5Error("--trace needs the G5 path (path: g5); the Math path has no timeline")

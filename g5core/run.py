@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
@@ -39,12 +39,22 @@ def make_plan(raw: Mapping | Deployment, disabled: Iterable[str] = (), extra_plu
     return plan
 
 
-def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True) -> SimResult:
-    """Build the DAG, run the engine, and check the six conservation KPIs."""
+Progress = Optional[Callable[[str], None]]
+
+
+def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True, progress: Progress = None) -> SimResult:
+    """Build the DAG, run the engine, and check the six conservation KPIs.
+
+    ``progress``, when given, receives one line per phase (for long runs)."""
+    say = progress or (lambda line: None)
     t0 = time.perf_counter()
+    say("building the op DAG")
     dag = build_dag(plan)
+    say(f"compiling {len(dag.ops)} ops and {len(dag.edges)} edges")
     compiled = compile_dag(dag, plan)
+    say(f"simulating {len(compiled.keys)} ops and {len(compiled.flow_bytes)} flows")
     engine = engine_cls(compiled).run()
+    say(f"{engine.events} events; checking conservation")
     result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0)
     if check:
         check_conservation(result.kpis)
@@ -78,7 +88,7 @@ class RunOutput:
 
 
 def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: bool = False,
-        extra_plugins: Sequence = ()) -> RunOutput:
+        extra_plugins: Sequence = (), progress: Progress = None) -> RunOutput:
     plan = make_plan(raw, disabled, extra_plugins)
     dep = plan.ctx.deployment
     memory = memory_report(plan.ctx)
@@ -93,6 +103,6 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
                                  system=plan.ctx.system)
         except ConfigError as exc:
             raise ConfigError("--compare-math", f"the Math path refuses this configuration: {exc}") from None
-    sim = simulate(plan)
+    sim = simulate(plan, progress=progress)
     mres = math_estimate(plan) if compare_math else None
     return RunOutput(dep, plan, memory, sim=sim, math=mres)
