@@ -7,7 +7,6 @@ everything fails too.
 from __future__ import annotations
 
 import json
-import pathlib
 
 import pytest
 import yaml
@@ -18,33 +17,10 @@ from g5core.errors import ConfigError, G5Error
 from g5core.results import KPI_NAMES
 from g5core.run import make_plan, run
 
-HF_DIR = pathlib.Path(__file__).parent / "data" / "hf"
+from cp_helpers import assert_kpis_zero, raw_config, tiny_model_path_fixture
 
-
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
-    cfg = json.loads((HF_DIR / "llama-3.1-8b.json").read_text())
-    cfg["num_hidden_layers"] = 1
-    path = tmp_path_factory.mktemp("cp_config") / "llama1.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
-
-
-def raw_config(model: str, *, cp: int, dp: int = 1, tp: int = 1, pp: int = 1, chips: int | None = None,
-               phase: str = "prefill", seq_len: int = 4096, **extra) -> dict:
-    raw = {
-        "model": model, "system": "h100-sxm",
-        "chips": dp * tp * pp * cp if chips is None else chips,
-        "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": cp},
-        "phase": phase, "batch": 1, "seq_len": seq_len,
-    }
-    raw.update(extra)
-    return raw
-
-
-def assert_kpis_zero(sim) -> None:
-    for name in KPI_NAMES:
-        assert sim.kpis[name] == 0, f"conservation KPI {name} = {sim.kpis[name]}"
+# path to a 1-layer llama-3.1-8b HF config
+tiny_llama = tiny_model_path_fixture("gqa1")
 
 
 # ------------------------------------------------------------------------ chip product

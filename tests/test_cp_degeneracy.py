@@ -7,56 +7,24 @@ disabled, which the comparison drops explicitly (and checks is the only differen
 """
 from __future__ import annotations
 
+import functools
 import json
-import pathlib
 
 import numpy as np
 import pytest
 
 from g5core.dag import CommOp
-from g5core.results import KPI_NAMES
 from g5core.run import run
 
-HF_DIR = pathlib.Path(__file__).parent / "data" / "hf"
+from cp_helpers import assert_kpis_zero, tiny_models_fixture
+from cp_helpers import raw_config as _raw_config
+
 CP_PLUGINS = ("cp_passkv", "cp_passq")
 
-
-def _tiny_llama(n_layers: int) -> dict:
-    cfg = json.loads((HF_DIR / "llama-3.1-8b.json").read_text())
-    cfg["num_hidden_layers"] = n_layers
-    return cfg
-
-
-def _tiny_deepseek(n_layers: int) -> dict:
-    cfg = json.loads((HF_DIR / "deepseek-v3.json").read_text())
-    cfg.update(num_hidden_layers=n_layers, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2)
-    return cfg
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cp_degeneracy_models")
-    out = {}
-    for kind, cfg in (("gqa", _tiny_llama(2)), ("mla", _tiny_deepseek(2))):
-        path = d / f"{kind}.json"
-        path.write_text(json.dumps(cfg))
-        out[kind] = str(path)
-    return out
-
-
-def raw_config(model: str, *, phase: str, dp: int = 1, tp: int = 1, pp: int = 1, ep: int = 1,
-               batch: int = 1, seq_len: int = 4096) -> dict:
-    return {
-        "model": model, "system": "h100-sxm", "chips": dp * tp * pp,
-        "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": 1, "ep": ep},
-        "phase": phase, "batch": batch, "seq_len": seq_len,
-    }
-
-
-def assert_kpis_zero(sim) -> None:
-    assert set(sim.kpis) == set(KPI_NAMES)
-    for name in KPI_NAMES:
-        assert sim.kpis[name] == 0, f"conservation KPI {name} = {sim.kpis[name]}"
+# kind -> path to a tiny HF config (2 layers)
+models = tiny_models_fixture("gqa", "mla", paths_only=True)
+# cp = 1 unless a test changes it; ep is always written
+raw_config = functools.partial(_raw_config, ep=1)
 
 
 def comparable_json(out) -> dict:

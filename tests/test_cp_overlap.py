@@ -17,7 +17,7 @@ Measurements, per chip, in one layer:
 """
 from __future__ import annotations
 
-import json
+import functools
 import math
 import pathlib
 
@@ -27,11 +27,13 @@ import yaml
 from g5core.build import build_dag
 from g5core.dag import CommOp, ComputeOp
 from g5core.engine import Engine, compile_dag
-from g5core.results import KPI_NAMES, summarize
+from g5core.results import summarize
 from g5core.run import make_plan, simulate
 from g5plugins.cp_passkv import block_bytes
 
-HF_DIR = pathlib.Path(__file__).parent / "data" / "hf"
+from cp_helpers import assert_kpis_zero, tiny_model_path_fixture
+from cp_helpers import raw_config as _raw_config
+
 SYSTEM_YAML = pathlib.Path(__file__).parents[1] / "g5core" / "data" / "systems" / "h100-sxm.yaml"
 
 CP = 4
@@ -39,12 +41,6 @@ LAYER = 0
 # per-step comm time M = step compute time C / 1.1: with C >= M the ring is compute bound
 # (ring = cp * C) and compute / comm = cp * 1.1 / (cp - 1) = 1.47 for cp = 4
 STEP_COMPUTE_OVER_COMM = 1.1
-
-
-def assert_kpis_zero(kpis) -> None:
-    assert set(kpis) == set(KPI_NAMES)
-    for name in KPI_NAMES:
-        assert kpis[name] == 0, f"conservation KPI {name} = {kpis[name]}"
 
 
 def write_system(path: pathlib.Path, **fields) -> str:
@@ -55,9 +51,8 @@ def write_system(path: pathlib.Path, **fields) -> str:
     return str(path)
 
 
-def raw_config(model: str, system: str, seq_len: int) -> dict:
-    return {"model": model, "system": system, "chips": CP, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": CP},
-            "phase": "prefill", "batch": 1, "seq_len": seq_len}
+# prefill on CP chips, one CP ring
+raw_config = functools.partial(_raw_config, cp=CP)
 
 
 @pytest.fixture(scope="module")
@@ -65,13 +60,8 @@ def workdir(tmp_path_factory):
     return tmp_path_factory.mktemp("cp_overlap")
 
 
-@pytest.fixture(scope="module")
-def tiny_llama(workdir):
-    cfg = json.loads((HF_DIR / "llama-3.1-8b.json").read_text())
-    cfg["num_hidden_layers"] = 1
-    path = workdir / "llama1.json"
-    path.write_text(json.dumps(cfg))
-    return str(path)
+# path to a 1-layer llama-3.1-8b HF config
+tiny_llama = tiny_model_path_fixture("gqa1")
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -141,7 +131,7 @@ def middle(workdir, tiny_llama):
     """A plan whose per-chip ring compute/comm ratio is inside [0.5, 2.0] (zero latencies)."""
     seq_len = 8192
     zero = {"intra_node_latency_s": 0.0, "network_latency_s": 0.0, "launch_overhead_s": 0.0}
-    probe = make_plan(raw_config(tiny_llama, write_system(workdir / "probe.yaml", **zero), seq_len))
+    probe = make_plan(raw_config(tiny_llama, system=write_system(workdir / "probe.yaml", **zero), seq_len=seq_len))
     compiled = compile_dag(build_dag(probe), probe)
     step_key = f"L{LAYER:03d}.attention.step00@c0"
     step_compute_s = compiled.duration_s[compiled.keys.index(step_key)]
@@ -149,12 +139,12 @@ def middle(workdir, tiny_llama):
     nbytes = block_bytes(seq_len, CP, probe.ctx.kv_bytes_per_token_local)
     bw_bytes_per_s = nbytes / (step_compute_s / STEP_COMPUTE_OVER_COMM)
     system = write_system(workdir / "middle.yaml", intra_node_bw_bytes_per_s=bw_bytes_per_s, **zero)
-    return make_plan(raw_config(tiny_llama, system, seq_len))
+    return make_plan(raw_config(tiny_llama, system=system, seq_len=seq_len))
 
 
 def test_overlap_takes_effect_in_the_middle_region(middle):
     sim = simulate(middle, check=False)
-    assert_kpis_zero(sim.kpis)
+    assert_kpis_zero(sim)
     topo = middle.ctx.topology
     ms = measure_all(sim.dag, topo, sim.start_s, sim.end_s)
     for chip, m in ms.items():
@@ -187,7 +177,7 @@ def test_the_criterion_fails_when_the_ring_is_serialised(middle):
     assert added == CP * (CP - 1) * middle.ctx.model.n_layers
     engine = Engine(compile_dag(dag, middle)).run()
     sim = summarize(dag, engine, "prefill", 0.0)
-    assert_kpis_zero(sim.kpis)
+    assert_kpis_zero(sim)
     ms = measure_all(dag, middle.ctx.topology, sim.start_s, sim.end_s)
     for chip, m in ms.items():
         assert 0.5 <= m["compute_s"] / m["comm_s"] <= 2.0
@@ -207,9 +197,9 @@ def extremes(workdir, tiny_llama):
                           launch_overhead_s=1e-6)
     out = {}
     for name, seq_len in (("large", 65536 * CP), ("small", 128 * CP)):
-        plan = make_plan(raw_config(tiny_llama, system, seq_len))
+        plan = make_plan(raw_config(tiny_llama, system=system, seq_len=seq_len))
         sim = simulate(plan, check=False)
-        assert_kpis_zero(sim.kpis)
+        assert_kpis_zero(sim)
         out[name] = (plan, sim, measure_all(sim.dag, plan.ctx.topology, sim.start_s, sim.end_s))
     return out
 
@@ -244,6 +234,6 @@ def test_exposure_measure_sees_a_serial_ring(workdir, tiny_llama, extremes):
             dag.add_edge(sorted((dag.ops[s].key for s in steps))[k], dag.ops[i].key, owner="test")
     engine = Engine(compile_dag(dag, plan)).run()
     sim = summarize(dag, engine, "prefill", 0.0)
-    assert_kpis_zero(sim.kpis)
+    assert_kpis_zero(sim)
     ms = measure_all(dag, plan.ctx.topology, sim.start_s, sim.end_s)
     assert min(m["exposure"] for m in ms.values()) > 0.01

@@ -9,90 +9,26 @@ every run. Models are tiny Hugging Face configs (2-3 layers) derived from tests/
 """
 from __future__ import annotations
 
-import json
 import math
-import pathlib
 import re
 
 import pytest
 
 from g5core.dag import CommOp, ComputeOp
 from g5core.flops import causal_attention_flops
-from g5core.results import KPI_NAMES
-from g5core.run import make_plan, run, simulate
+from g5core.run import run
 from g5plugins.cp_passkv import passkv_bytes_per_rank_per_layer
 
-HF_DIR = pathlib.Path(__file__).parent / "data" / "hf"
-BF16_BYTES = 2
+from cp_helpers import (
+    assert_kpis_zero, literal_c_kv_bytes, literal_head_dims, raw_config, simulate_raw, single_compute_key,
+    tiny_models_fixture,
+)
 
 STEP_RE = re.compile(r"^L(\d{3})\.attention\.step(\d+)@c(\d+)$")
 P2P_RE = re.compile(r"^L(\d{3})\.attention\.p2p(\d+)@c(\d+)->c(\d+)$")
 
-
-# ------------------------------------------------------------------------------ fixtures
-
-
-def _tiny_llama(n_layers: int) -> dict:
-    cfg = json.loads((HF_DIR / "llama-3.1-8b.json").read_text())
-    cfg["num_hidden_layers"] = n_layers
-    return cfg
-
-
-def _tiny_deepseek(n_layers: int) -> dict:
-    cfg = json.loads((HF_DIR / "deepseek-v3.json").read_text())
-    cfg.update(num_hidden_layers=n_layers, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2)
-    return cfg
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    """kind -> (path to a tiny HF config, the config dict). ``*3`` variants have 3 layers."""
-    d = tmp_path_factory.mktemp("cp_passkv_models")
-    out = {}
-    for kind, cfg in (("gqa", _tiny_llama(2)), ("mla", _tiny_deepseek(2)),
-                      ("gqa3", _tiny_llama(3)), ("mla3", _tiny_deepseek(3))):
-        path = d / f"{kind}.json"
-        path.write_text(json.dumps(cfg))
-        out[kind] = (str(path), cfg)
-    return out
-
-
-def literal_c_kv_bytes(cfg: dict) -> int:
-    """c_kv written out from the HF fields (bf16 KV cache), independent of g5core."""
-    if "kv_lora_rank" in cfg:  # MLA: one compressed latent plus the shared rope key
-        return (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * BF16_BYTES
-    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
-    return 2 * cfg["num_key_value_heads"] * head_dim * BF16_BYTES
-
-
-def literal_prefill_head_dims(cfg: dict) -> tuple[int, int]:
-    """(d_qk, d_v) of prefill attention: MLA runs on decompressed heads."""
-    if "kv_lora_rank" in cfg:
-        return cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"], cfg["v_head_dim"]
-    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
-    return head_dim, head_dim
-
-
-def raw_config(model_path: str, *, cp: int, seq_len: int, dp: int = 1, tp: int = 1, pp: int = 1,
-               batch: int = 1, phase: str = "prefill", system: str = "h100-sxm") -> dict:
-    return {
-        "model": model_path, "system": system, "chips": dp * tp * pp * cp,
-        "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": cp},
-        "phase": phase, "batch": batch, "seq_len": seq_len,
-    }
-
-
-def assert_kpis_zero(sim) -> None:
-    assert set(sim.kpis) == set(KPI_NAMES)
-    for name in KPI_NAMES:
-        assert sim.kpis[name] == 0, f"conservation KPI {name} = {sim.kpis[name]}"
-
-
-def simulate_raw(raw: dict):
-    plan = make_plan(raw)
-    sim = simulate(plan, check=False)
-    assert_kpis_zero(sim)
-    return plan, sim
+# kind -> (path to a tiny HF config, the config dict). ``*3`` variants have 3 layers.
+models = tiny_models_fixture("gqa", "mla", "gqa3", "mla3")
 
 
 # ------------------------------------------------------------------------ byte conservation
@@ -181,13 +117,6 @@ def _ring_ops(dag, layer: int):
     return compute, p2p
 
 
-def _single(dag, name: str, layer: int, chip: int) -> str:
-    keys = [op.key for op in dag.ops if isinstance(op, ComputeOp) and op.name == name
-            and op.layer == layer and op.chip == chip]
-    assert len(keys) == 1, (name, layer, chip, keys)
-    return keys[0]
-
-
 @pytest.mark.parametrize("kind,cp,dp,tp,seq_len", [
     ("gqa", 4, 1, 1, 8192),
     ("gqa", 3, 1, 1, 6144),
@@ -200,7 +129,7 @@ def test_prefill_ring_structure_matches_the_contract(models, kind, cp, dp, tp, s
     plan, sim = simulate_raw(raw_config(path, cp=cp, dp=dp, tp=tp, seq_len=seq_len))
     dag = sim.dag
     rankmap = plan.ctx.rankmap
-    d_qk, d_v = literal_prefill_head_dims(cfg)
+    d_qk, d_v = literal_head_dims(cfg, "prefill")
     n_heads_local = cfg["num_attention_heads"] / tp
     f_attn = causal_attention_flops(1, seq_len, n_heads_local, d_qk, d_v)
     step_flops = f_attn / cp ** 2
@@ -240,8 +169,8 @@ def test_prefill_ring_structure_matches_the_contract(models, kind, cp, dp, tp, s
                     expected_edges.add((p2p[(prev, i - 1)].key, p2p[(chip, i)].key))
                 # external dependencies: the ring's heads need the local Q/K/V, the next
                 # op needs every step of the chip
-                qkv = _single(dag, "qkv_proj", layer, chip)
-                o_proj = _single(dag, "o_proj", layer, chip)
+                qkv = single_compute_key(dag, "qkv_proj", layer, chip)
+                o_proj = single_compute_key(dag, "o_proj", layer, chip)
                 assert dag.predecessors(compute[(chip, 0)].key) == [qkv]
                 assert dag.predecessors(p2p[(chip, 0)].key) == [qkv]
                 for i in range(1, cp):
@@ -266,7 +195,7 @@ def test_ring_step_flops_add_up_to_one_cp_share_of_f_attn(models):
     path, cfg = models["gqa"]
     cp, seq_len = 4, 8192
     plan, sim = simulate_raw(raw_config(path, cp=cp, seq_len=seq_len))
-    d_qk, d_v = literal_prefill_head_dims(cfg)
+    d_qk, d_v = literal_head_dims(cfg, "prefill")
     # F_attn written out: b * S^2 * n_h * (d_qk + d_v) (causal: half the score matrix, x2 FLOPs/MAC)
     f_attn_literal = 1 * seq_len * seq_len * cfg["num_attention_heads"] * (d_qk + d_v)
     assert causal_attention_flops(1, seq_len, cfg["num_attention_heads"], d_qk, d_v) == f_attn_literal

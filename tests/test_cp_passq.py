@@ -8,86 +8,25 @@ dominate, KV per chip exactly cp times smaller), and the six conservation KPIs o
 """
 from __future__ import annotations
 
-import json
-import pathlib
+import functools
 
 import pytest
 
 from g5core.dag import CommOp, ComputeOp
-from g5core.results import KPI_NAMES
-from g5core.run import make_plan, run, simulate
+from g5core.run import run
 from g5plugins.cp_passq import dispatch_bytes_per_rank, reduce_bytes_per_rank
 
-HF_DIR = pathlib.Path(__file__).parent / "data" / "hf"
-BF16_BYTES = 2
+from cp_helpers import (
+    BF16_BYTES, assert_kpis_zero, literal_c_kv_bytes, literal_head_dims, simulate_raw, single_compute_key,
+    tiny_models_fixture,
+)
+from cp_helpers import raw_config as _raw_config
 
+# decode is this file's default phase
+raw_config = functools.partial(_raw_config, phase="decode")
 
-def _tiny_llama(n_layers: int) -> dict:
-    cfg = json.loads((HF_DIR / "llama-3.1-8b.json").read_text())
-    cfg["num_hidden_layers"] = n_layers
-    return cfg
-
-
-def _tiny_deepseek(n_layers: int) -> dict:
-    cfg = json.loads((HF_DIR / "deepseek-v3.json").read_text())
-    cfg.update(num_hidden_layers=n_layers, first_k_dense_replace=1, n_routed_experts=8, num_experts_per_tok=2)
-    return cfg
-
-
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    d = tmp_path_factory.mktemp("cp_passq_models")
-    out = {}
-    for kind, cfg in (("gqa", _tiny_llama(2)), ("mla", _tiny_deepseek(2)),
-                      ("gqa3", _tiny_llama(3)), ("mla3", _tiny_deepseek(3))):
-        path = d / f"{kind}.json"
-        path.write_text(json.dumps(cfg))
-        out[kind] = (str(path), cfg)
-    return out
-
-
-def literal_c_kv_bytes(cfg: dict) -> int:
-    if "kv_lora_rank" in cfg:
-        return (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * BF16_BYTES
-    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
-    return 2 * cfg["num_key_value_heads"] * head_dim * BF16_BYTES
-
-
-def literal_decode_head_dims(cfg: dict) -> tuple[int, int]:
-    """(d_qk, d_v) of decode attention: MLA decode runs absorbed over the latent."""
-    if "kv_lora_rank" in cfg:
-        return cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"], cfg["kv_lora_rank"]
-    head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
-    return head_dim, head_dim
-
-
-def raw_config(model_path: str, *, cp: int, seq_len: int, dp: int = 1, tp: int = 1, pp: int = 1,
-               batch: int = 1, phase: str = "decode", system: str = "h100-sxm") -> dict:
-    return {
-        "model": model_path, "system": system, "chips": dp * tp * pp * cp,
-        "parallel": {"dp": dp, "tp": tp, "pp": pp, "cp": cp},
-        "phase": phase, "batch": batch, "seq_len": seq_len,
-    }
-
-
-def assert_kpis_zero(sim) -> None:
-    assert set(sim.kpis) == set(KPI_NAMES)
-    for name in KPI_NAMES:
-        assert sim.kpis[name] == 0, f"conservation KPI {name} = {sim.kpis[name]}"
-
-
-def simulate_raw(raw: dict):
-    plan = make_plan(raw)
-    sim = simulate(plan, check=False)
-    assert_kpis_zero(sim)
-    return plan, sim
-
-
-def _single(dag, name: str, layer: int, chip: int) -> str:
-    keys = [op.key for op in dag.ops if isinstance(op, ComputeOp) and op.name == name
-            and op.layer == layer and op.chip == chip]
-    assert len(keys) == 1, (name, layer, chip, keys)
-    return keys[0]
+# kind -> (path to a tiny HF config, the config dict). ``*3`` variants have 3 layers.
+models = tiny_models_fixture("gqa", "mla", "gqa3", "mla3")
 
 
 def _flows_of(sim, op_key: str) -> list[tuple[int, int, float]]:
@@ -124,7 +63,7 @@ def test_decode_passq_structure_and_bytes(models, kind, cp, dp, tp, batch):
     reduce_literal_bytes = batch * (d_local + 2 * n_heads_local) * BF16_BYTES
     assert dispatch_bytes_per_rank(batch, d_local, BF16_BYTES) == dispatch_literal_bytes
     assert reduce_bytes_per_rank(batch, d_local, n_heads_local, BF16_BYTES) == reduce_literal_bytes
-    d_qk, d_v = literal_decode_head_dims(cfg)
+    d_qk, d_v = literal_head_dims(cfg, "decode")
     partial_literal_flops = 2 * batch * (seq_len // cp) * n_heads_local * (d_qk + d_v)
 
     for layer in range(cfg["num_hidden_layers"]):
@@ -163,12 +102,12 @@ def test_decode_passq_structure_and_bytes(models, kind, cp, dp, tp, batch):
             assert internal == expected
             # external: the root's Q/K/V feed the dispatch and the root's partial; the
             # reduction feeds the root's output projection
-            qkv = _single(dag, "qkv_proj", layer, root)
+            qkv = single_compute_key(dag, "qkv_proj", layer, root)
             assert dag.predecessors(dispatch.key) == [qkv]
             assert dag.predecessors(partials[root].key) == [qkv]
             for c in group[1:]:
                 assert dag.predecessors(partials[c].key) == [dispatch.key]
-            assert dag.successors(reduce.key) == [_single(dag, "o_proj", layer, root)]
+            assert dag.successors(reduce.key) == [single_compute_key(dag, "o_proj", layer, root)]
 
     # non-root ranks hold KV shards only: their compute stream runs nothing but partials
     roots = {g[0] for g in groups}

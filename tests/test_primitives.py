@@ -98,26 +98,21 @@ def test_ring_all_reduce_in_a_node_matches_the_textbook_time(one_node_plan, n):
 # -- port sharing ------------------------------------------------------------------------
 
 
-def test_two_flows_out_of_one_port_each_get_half_and_finish_together(one_node_plan):
+@pytest.mark.parametrize("flows", [
+    (("to1", 0, 1), ("to2", 0, 2)),         # out of chip 0's send port
+    (("from1", 1, 0), ("from2", 2, 0)),     # into chip 0's receive port
+], ids=["out_of_one_port", "into_one_port"])
+def test_two_flows_through_one_port_each_get_half_and_finish_together(one_node_plan, flows):
     b = DagBuilder()
-    b.p2p("to1", 0, 1, N_BYTES)
-    b.p2p("to2", 0, 2, N_BYTES)
+    for key, src, dst in flows:
+        b.p2p(key, src, dst, N_BYTES)
     run = b.run(one_node_plan)
     expected_s = LINK_LATENCY_S + 2 * N_BYTES / LINK_BW_BYTES_PER_S
-    assert run.end_s("to1") == pytest.approx(expected_s, rel=REL)
-    assert run.end_s("to2") == pytest.approx(expected_s, rel=REL)
-    assert run.end_s("to1") == run.end_s("to2")
+    (first, _, _), (second, _, _) = flows
+    assert run.end_s(first) == pytest.approx(expected_s, rel=REL)
+    assert run.end_s(second) == pytest.approx(expected_s, rel=REL)
+    assert run.end_s(first) == run.end_s(second)
     assert all_zero(run.kpis)
-
-
-def test_two_flows_into_one_port_each_get_half(one_node_plan):
-    b = DagBuilder()
-    b.p2p("from1", 1, 0, N_BYTES)
-    b.p2p("from2", 2, 0, N_BYTES)
-    run = b.run(one_node_plan)
-    expected_s = LINK_LATENCY_S + 2 * N_BYTES / LINK_BW_BYTES_PER_S
-    assert run.end_s("from1") == pytest.approx(expected_s, rel=REL)
-    assert run.end_s("from2") == pytest.approx(expected_s, rel=REL)
 
 
 def test_a_second_flow_that_joins_late_slows_the_first_only_while_both_run(one_node_plan):
