@@ -11,14 +11,14 @@ from typing import Iterable, Mapping, Optional
 import attrs
 import pluggy
 
-from .collective import Lowering, Topology, collect_primitives
+from .collective import Topology, collect_primitives
 from .config import Deployment
 from .dag import CommOp, ComputeOp, Fragment, OpDag
 from .dimensions import DimensionRegistry, collect_dimensions
 from .errors import ConfigError, DagError, PluginError
 from .flops import activation_tensor_bytes
 from .layers import (
-    ATTENTION_KINDS, SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token,
+    SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token,
 )
 from .models import ModelSpec, get_model
 from .plugins import Hooks

@@ -10,7 +10,7 @@ import copy
 import json
 import pathlib
 import sys
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, Iterable, Mapping
 
 import attrs
 import yaml

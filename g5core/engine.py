@@ -24,7 +24,7 @@ import attrs
 import numpy as np
 
 from .collective import PORTS_PER_CHIP, Lowering, Topology
-from .dag import CommOp, ComputeOp, OpDag
+from .dag import ComputeOp, OpDag
 from .errors import DagError, G5Error, PluginError
 
 # A flow that ends with |bytes left| below this fraction of its size delivered everything:

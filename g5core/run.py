@@ -14,7 +14,6 @@ import attrs
 from .build import Plan, build_dag, prepare
 from .errors import ConfigError
 from .config import Deployment, apply_overrides, disabled_from_config, load_config_file
-from .dag import OpDag
 from .engine import Engine, compile_dag
 from .mathpath import MathResult, math_estimate
 from .memory import MemoryReport, memory_report

@@ -17,7 +17,7 @@ from g5core.build import build_dag, prepare
 from g5core.cli import main
 from g5core.config import Deployment, apply_overrides, load_config_file
 from g5core.dimensions import collect_dimensions
-from g5core.errors import ConfigError, G5Error, PluginError
+from g5core.errors import ConfigError, PluginError
 from g5core.plugins import Hooks, make_plugin_manager
 from g5core.run import load_raw, make_plan
 
