@@ -278,7 +278,8 @@ def plugins_cmd(disabled):
     from .plugins import describe_plugins, make_plugin_manager
 
     pm = make_plugin_manager(disabled=disabled)
-    rows = [[p.name, "enabled" if p.enabled else "disabled", ", ".join(p.hooks) or "-"]
+    rows = [[p.name, "enabled" if p.enabled else "disabled",
+             (", ".join(p.hooks) or "-") if p.enabled else "(not loaded while disabled)"]
             for p in describe_plugins(pm)]
     click.echo(_table(rows, ["plugin", "state", "hooks"]))
 

@@ -111,7 +111,7 @@ def test_plugins_lists_every_builtin_with_its_hooks():
 
 def test_plugins_disable_shows_disabled():
     rows = _table_rows(ok("plugins", "--disable", "tp"))
-    assert rows["tp"] == ["disabled", "-"]
+    assert rows["tp"] == ["disabled", "(not loaded while disabled)"]
     for name in set(BUILTIN) - {"tp"}:
         assert rows[name][0] == "enabled", name
 
