@@ -90,7 +90,8 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, compare_math):
     from .run import load_raw, run
     from .trace import write_trace
 
-    out = run(load_raw(config, overrides), disabled=disabled, compare_math=compare_math, progress=_progress())
+    out = run(load_raw(config, overrides), disabled=disabled, compare_math=compare_math, progress=_progress(),
+              record_port_rates=bool(trace_path))
     if trace_path:
         if out.sim is None:
             raise G5Error("--trace needs the G5 path (path: g5); the Math path has no timeline")

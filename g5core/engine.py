@@ -169,6 +169,7 @@ class Engine:
     """One simulation. All state lives on the instance; run it once."""
 
     dag: CompiledDag
+    record_port_rates: bool = False   # keep (time, port, bytes/s) for every rate change (traces)
     # results, filled by run()
     start_s: list = attrs.field(factory=list)
     end_s: list = attrs.field(factory=list)
@@ -179,6 +180,7 @@ class Engine:
     flow_injected: list = attrs.field(factory=list)   # bytes per flow when it started
     flow_delivered: list = attrs.field(factory=list)  # bytes per flow when it ended
     port_excess_bytes: float = 0.0
+    port_rate_log: list = attrs.field(factory=list)
     events: int = 0
     makespan_s: float = 0.0
 
@@ -236,6 +238,7 @@ class Engine:
         self.flow_end_s = [math.nan] * n_flows
         self.flow_injected = [0.0] * n_flows
         self.flow_delivered = [0.0] * n_flows
+        self.port_rate_log = []
         remaining_preds = list(d.pred_count)
         heap: list = []
         seq = 0
@@ -415,5 +418,7 @@ class Engine:
                 total = 0.0
                 for f in port_flows[p]:
                     total += rates[f]
+                if self.record_port_rates and total != port_rate[p]:
+                    self.port_rate_log.append((now, p, total))
                 port_rate[p] = total
                 port_since[p] = now

@@ -97,6 +97,7 @@ class SimResult:
     end_s: np.ndarray = attrs.field(repr=False)
     flow_start_s: np.ndarray = attrs.field(repr=False)
     flow_end_s: np.ndarray = attrs.field(repr=False)
+    port_rate_log: tuple = attrs.field(repr=False, default=())  # (time_s, port, bytes_per_s)
 
     def op_times(self, key: str) -> tuple[float, float]:
         i = self.dag.index[key]
@@ -139,6 +140,7 @@ def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float) -> SimR
         end_s=end,
         flow_start_s=np.asarray(engine.flow_start_s, dtype=float),
         flow_end_s=np.asarray(engine.flow_end_s, dtype=float),
+        port_rate_log=tuple(engine.port_rate_log),
     )
 
 

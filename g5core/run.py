@@ -41,10 +41,12 @@ def make_plan(raw: Mapping | Deployment, disabled: Iterable[str] = (), extra_plu
 Progress = Optional[Callable[[str], None]]
 
 
-def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True, progress: Progress = None) -> SimResult:
+def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True, progress: Progress = None,
+             record_port_rates: bool = False) -> SimResult:
     """Build the DAG, run the engine, and check the six conservation KPIs.
 
-    ``progress``, when given, receives one line per phase (for long runs)."""
+    ``progress``, when given, receives one line per phase (for long runs);
+    ``record_port_rates`` keeps every port's bandwidth over time (for traces)."""
     say = progress or (lambda line: None)
     t0 = time.perf_counter()
     say("building the op DAG")
@@ -52,7 +54,7 @@ def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True, progress
     say(f"compiling {len(dag.ops)} ops and {len(dag.edges)} edges")
     compiled = compile_dag(dag, plan)
     say(f"simulating {len(compiled.keys)} ops and {len(compiled.flow_bytes)} flows")
-    engine = engine_cls(compiled).run()
+    engine = engine_cls(compiled, record_port_rates=record_port_rates).run()
     say(f"{engine.events} events; checking conservation")
     result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0)
     if check:
@@ -87,7 +89,7 @@ class RunOutput:
 
 
 def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: bool = False,
-        extra_plugins: Sequence = (), progress: Progress = None) -> RunOutput:
+        extra_plugins: Sequence = (), progress: Progress = None, record_port_rates: bool = False) -> RunOutput:
     plan = make_plan(raw, disabled, extra_plugins)
     dep = plan.ctx.deployment
     memory = memory_report(plan.ctx)
@@ -102,6 +104,6 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
                                  system=plan.ctx.system)
         except ConfigError as exc:
             raise ConfigError("--compare-math", f"the Math path refuses this configuration: {exc}") from None
-    sim = simulate(plan, progress=progress)
+    sim = simulate(plan, progress=progress, record_port_rates=record_port_rates)
     mres = math_estimate(plan) if compare_math else None
     return RunOutput(dep, plan, memory, sim=sim, math=mres)

@@ -1,13 +1,23 @@
 """Chrome / Perfetto trace of a run: one track per chip compute stream and per port.
 
-Compute ops are complete ("X") slices on their chip's ``compute`` track. Flows are async
-slices ("b"/"e", which may overlap) on the ports they cross, and communication ops are
-async slices on a per-chip ``comm`` track, each with its reason and bytes. Times are in
-microseconds, as the format wants. The file is written to a temporary name and renamed,
-so a failed write never leaves a partial trace behind.
+Each chip is a process ("chip N (node M)") with these threads:
+
+- ``compute``: its compute ops, complete ("X") slices with FLOPs, HBM bytes and owner;
+- ``comm ops``: the communication ops it takes part in, with reason, primitive, bytes per
+  rank and group;
+- ``port link_tx`` / ``link_rx`` / ``nic_tx`` / ``nic_rx``: the flows crossing that port,
+  with reason, bytes and op;
+- a counter per port (``chipN.link_tx GB/s``): the bandwidth the port carries over time.
+
+Perfetto draws the slices of one thread only when they nest, and flows on a port (and
+communication ops on a chip) overlap freely, so such a track is split into as many lanes
+as it needs (``port nic_tx``, ``port nic_tx #2``, ...), each lane holding slices that do
+not overlap. Times are in microseconds, as the format wants. The file is written to a
+temporary name and renamed, so a failed write never leaves a partial trace behind.
 """
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import pathlib
@@ -17,44 +27,97 @@ from .collective import PORT_NAMES, PORTS_PER_CHIP, Topology
 from .dag import CommOp, ComputeOp
 from .results import SimResult
 
-_COMPUTE_TID = 0
-_COMM_TID = 1
+COMPUTE_TID = 0
+COMM_TID_BASE = 1000          # + lane
+PORT_TID_BASE = 2000          # + port kind * PORT_TID_STRIDE + lane
+PORT_TID_STRIDE = 1000
+
+
+def assign_lanes(intervals: list[tuple[float, float]]) -> list[int]:
+    """Lane of each interval so that the intervals of one lane never overlap (fewest lanes,
+    greedy by start time; deterministic)."""
+    order = sorted(range(len(intervals)), key=lambda i: (intervals[i][0], intervals[i][1], i))
+    free: list[tuple[float, int]] = []  # (end of the lane's last interval, lane)
+    lanes = [0] * len(intervals)
+    n_lanes = 0
+    for i in order:
+        start, end = intervals[i]
+        if free and free[0][0] <= start:
+            _, lane = heapq.heappop(free)
+        else:
+            lane = n_lanes
+            n_lanes += 1
+        lanes[i] = lane
+        heapq.heappush(free, (end, lane))
+    return lanes
+
+
+def _lane_name(base: str, lane: int) -> str:
+    return base if lane == 0 else f"{base} #{lane + 1}"
 
 
 def trace_events(sim: SimResult, topo: Topology) -> list[dict]:
     d = sim.compiled
+    ops = sim.dag.ops
     events: list[dict] = []
-    chips = d.n_chips
-    for c in range(chips):
+    threads: dict[tuple[int, int], str] = {}
+    for c in range(d.n_chips):
         events.append({"ph": "M", "name": "process_name", "pid": c, "args": {"name": f"chip {c} (node {topo.node_of(c)})"}})
-        events.append({"ph": "M", "name": "thread_name", "pid": c, "tid": _COMPUTE_TID, "args": {"name": "compute"}})
-        events.append({"ph": "M", "name": "thread_name", "pid": c, "tid": _COMM_TID, "args": {"name": "comm ops"}})
-        for k, pname in enumerate(PORT_NAMES):
-            events.append({"ph": "M", "name": "thread_name", "pid": c, "tid": 2 + k, "args": {"name": f"port {pname}"}})
-    for i, op in enumerate(sim.dag.ops):
-        s, e = sim.start_s[i], sim.end_s[i]
+        events.append({"ph": "M", "name": "process_sort_index", "pid": c, "args": {"sort_index": c}})
+        threads[(c, COMPUTE_TID)] = "compute"
+
+    # compute streams: never overlap (a conservation KPI), one track each
+    for i, op in enumerate(ops):
         if isinstance(op, ComputeOp):
-            events.append({"ph": "X", "name": op.key, "cat": op.op_class, "pid": op.chip, "tid": _COMPUTE_TID,
+            s, e = sim.start_s[i], sim.end_s[i]
+            events.append({"ph": "X", "name": op.key, "cat": op.op_class, "pid": op.chip, "tid": COMPUTE_TID,
                            "ts": s * 1e6, "dur": (e - s) * 1e6,
                            "args": {"flops": op.flops, "hbm_bytes": op.hbm_bytes, "owner": op.owner}})
-        elif isinstance(op, CommOp):
+
+    # communication ops, per chip, in lanes
+    per_chip: dict[int, list[int]] = {}
+    for i, op in enumerate(ops):
+        if isinstance(op, CommOp):
             for c in op.group:
-                args = {"reason": op.reason, "primitive": op.primitive, "bytes_per_rank": op.bytes_per_rank,
-                        "group": list(op.group)}
-                events.append({"ph": "b", "name": op.key, "cat": op.reason, "id": f"op{i}", "pid": c,
-                               "tid": _COMM_TID, "ts": s * 1e6, "args": args})
-                events.append({"ph": "e", "name": op.key, "cat": op.reason, "id": f"op{i}", "pid": c,
-                               "tid": _COMM_TID, "ts": e * 1e6})
+                per_chip.setdefault(c, []).append(i)
+    for c, idx in sorted(per_chip.items()):
+        lanes = assign_lanes([(sim.start_s[i], sim.end_s[i]) for i in idx])
+        for i, lane in zip(idx, lanes):
+            op = ops[i]
+            tid = COMM_TID_BASE + lane
+            threads[(c, tid)] = _lane_name("comm ops", lane)
+            s, e = sim.start_s[i], sim.end_s[i]
+            events.append({"ph": "X", "name": op.key, "cat": op.reason, "pid": c, "tid": tid, "ts": s * 1e6,
+                           "dur": (e - s) * 1e6,
+                           "args": {"reason": op.reason, "primitive": op.primitive,
+                                    "bytes_per_rank": op.bytes_per_rank, "group": list(op.group)}})
+
+    # flows, per port, in lanes
+    per_port: dict[int, list[int]] = {}
     for f in range(len(d.flow_bytes)):
-        s, e = sim.flow_start_s[f], sim.flow_end_s[f]
-        op = sim.dag.ops[d.flow_op[f]]
-        for port in (d.flow_src_port[f], d.flow_dst_port[f]):
-            pid, tid = port // PORTS_PER_CHIP, 2 + port % PORTS_PER_CHIP
-            name = f"{op.reason} c{d.flow_src[f]}->c{d.flow_dst[f]}"
-            events.append({"ph": "b", "name": name, "cat": op.reason, "id": f"f{f}p{port}", "pid": pid, "tid": tid,
-                           "ts": s * 1e6, "args": {"bytes": d.flow_bytes[f], "op": op.key}})
-            events.append({"ph": "e", "name": name, "cat": op.reason, "id": f"f{f}p{port}", "pid": pid, "tid": tid,
-                           "ts": e * 1e6})
+        per_port.setdefault(d.flow_src_port[f], []).append(f)
+        per_port.setdefault(d.flow_dst_port[f], []).append(f)
+    for port, flows in sorted(per_port.items()):
+        chip, kind = divmod(port, PORTS_PER_CHIP)
+        lanes = assign_lanes([(sim.flow_start_s[f], sim.flow_end_s[f]) for f in flows])
+        for f, lane in zip(flows, lanes):
+            op = ops[d.flow_op[f]]
+            tid = PORT_TID_BASE + kind * PORT_TID_STRIDE + lane
+            threads[(chip, tid)] = _lane_name(f"port {PORT_NAMES[kind]}", lane)
+            s, e = sim.flow_start_s[f], sim.flow_end_s[f]
+            events.append({"ph": "X", "name": f"{op.reason} c{d.flow_src[f]}->c{d.flow_dst[f]}", "cat": op.reason,
+                           "pid": chip, "tid": tid, "ts": s * 1e6, "dur": (e - s) * 1e6,
+                           "args": {"reason": op.reason, "bytes": d.flow_bytes[f], "op": op.key}})
+
+    # port bandwidth counters
+    for t, port, rate in sim.port_rate_log:
+        chip, kind = divmod(port, PORTS_PER_CHIP)
+        events.append({"ph": "C", "name": f"chip{chip}.{PORT_NAMES[kind]} GB/s", "pid": chip, "ts": t * 1e6,
+                       "args": {"GB/s": rate / 1e9}})
+
+    for (pid, tid), name in sorted(threads.items()):
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
     return events
 
 

@@ -13,6 +13,9 @@ from g5core.collective import LINK_RX, LINK_TX, NIC_RX, NIC_TX, PORT_NAMES, PORT
 from g5core.dag import CommOp, ComputeOp
 from g5core.results import KPI_NAMES
 from g5core.run import run
+from g5core.trace import assign_lanes
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from helpers_engine import raw_config, write_system, write_tiny_model
 
@@ -128,24 +131,45 @@ def test_trace_is_valid_json_with_trace_events(trace):
         assert {"ph", "name", "pid"} <= set(ev)
 
 
+def _thread_names(payload) -> dict:
+    return {(ev["pid"], ev["tid"]): ev["args"]["name"] for ev in payload["traceEvents"]
+            if ev["ph"] == "M" and ev["name"] == "thread_name"}
+
+
 def test_trace_has_one_compute_slice_per_compute_op_on_its_chip_track(trace):
     payload, out = trace
     sim = out.sim
-    slices = {ev["name"]: ev for ev in payload["traceEvents"] if ev["ph"] == "X"}
+    names = _thread_names(payload)
+    slices = {ev["name"]: ev for ev in payload["traceEvents"]
+              if ev["ph"] == "X" and names[(ev["pid"], ev["tid"])] == "compute"}
     compute = [op for op in sim.dag.ops if isinstance(op, ComputeOp)]
     assert len(slices) == len(compute)
-    tids = {ev["tid"] for ev in slices.values()}
-    assert len(tids) == 1
-    (compute_tid,) = tids
-    names = {(ev["pid"], ev["tid"]): ev["args"]["name"] for ev in payload["traceEvents"]
-             if ev["ph"] == "M" and ev["name"] == "thread_name"}
+    assert len({ev["tid"] for ev in slices.values()}) == 1
     for op in compute:
         ev = slices[op.key]
         assert ev["pid"] == op.chip
-        assert names[(op.chip, compute_tid)] == "compute"
         s, e = sim.op_times(op.key)
         assert ev["ts"] == pytest.approx(s * 1e6, rel=1e-12)
         assert ev["dur"] == pytest.approx((e - s) * 1e6, rel=1e-9, abs=1e-9)
+
+
+def _track(name: str) -> str:
+    """'port nic_tx #2' -> 'port nic_tx': the track a lane belongs to."""
+    return name.split(" #")[0]
+
+
+def test_slices_of_one_lane_never_overlap(trace):
+    """Perfetto only draws nested slices on a thread: every lane must be overlap-free."""
+    payload, _ = trace
+    by_thread: dict = {}
+    for ev in payload["traceEvents"]:
+        if ev["ph"] == "X":
+            by_thread.setdefault((ev["pid"], ev["tid"]), []).append((ev["ts"], ev["ts"] + ev["dur"]))
+    assert by_thread
+    for spans in by_thread.values():
+        spans.sort()
+        for (s0, e0), (s1, e1) in zip(spans, spans[1:]):
+            assert s1 >= e0 - 1e-6 * max(1.0, abs(e0))
 
 
 def test_trace_puts_each_flow_on_its_send_and_receive_port_tracks(trace):
@@ -153,19 +177,16 @@ def test_trace_puts_each_flow_on_its_send_and_receive_port_tracks(trace):
     sim = out.sim
     c = sim.compiled
     topo = out.plan.ctx.topology
-    names = {(ev["pid"], ev["tid"]): ev["args"]["name"] for ev in payload["traceEvents"]
-             if ev["ph"] == "M" and ev["name"] == "thread_name"}
-    begins = [ev for ev in payload["traceEvents"] if ev["ph"] == "b"
-              and names.get((ev["pid"], ev["tid"]), "").startswith("port ")]
-    ends = [ev for ev in payload["traceEvents"] if ev["ph"] == "e"
-            and names.get((ev["pid"], ev["tid"]), "").startswith("port ")]
+    names = _thread_names(payload)
+    flows = [ev for ev in payload["traceEvents"] if ev["ph"] == "X"
+             and names[(ev["pid"], ev["tid"])].startswith("port ")]
     n_flows = len(c.flow_bytes)
     assert n_flows > 0
-    assert len(begins) == len(ends) == 2 * n_flows
+    assert len(flows) == 2 * n_flows
     seen_kinds = set()
     by_track: dict = {}
-    for ev in begins:
-        by_track.setdefault((ev["pid"], names[(ev["pid"], ev["tid"])]), []).append(ev)
+    for ev in flows:
+        by_track.setdefault((ev["pid"], _track(names[(ev["pid"], ev["tid"])])), []).append(ev)
     for f in range(n_flows):
         src, dst = c.flow_src[f], c.flow_dst[f]
         op = sim.dag.ops[c.flow_op[f]]
@@ -176,12 +197,47 @@ def test_trace_puts_each_flow_on_its_send_and_receive_port_tracks(trace):
             track = by_track[(chip, f"port {PORT_NAMES[kind]}")]
             match = [ev for ev in track if ev["args"]["op"] == op.key
                      and ev["args"]["bytes"] == c.flow_bytes[f]
-                     and ev["ts"] == pytest.approx(sim.flow_start_s[f] * 1e6, rel=1e-12)]
+                     and ev["ts"] == pytest.approx(sim.flow_start_s[f] * 1e6, rel=1e-12)
+                     and ev["dur"] == pytest.approx((sim.flow_end_s[f] - sim.flow_start_s[f]) * 1e6,
+                                                    rel=1e-9, abs=1e-9)]
             assert match, (f, chip, PORT_NAMES[kind])
             assert all(op.reason in ev["name"] and ev["cat"] == op.reason for ev in match)
     # the layout has both link (TP in a node) and network (CP across nodes) traffic
     assert seen_kinds == {LINK_TX, NIC_TX}
     assert PORTS_PER_CHIP == len(PORT_NAMES)
+
+
+def test_port_counters_carry_the_bandwidth_and_never_exceed_capacity(trace):
+    payload, out = trace
+    topo = out.plan.ctx.topology
+    counters = [ev for ev in payload["traceEvents"] if ev["ph"] == "C"]
+    assert counters
+    seen_nonzero = False
+    for ev in counters:
+        chip = ev["pid"]
+        port_name = ev["name"].split(".")[1].split(" ")[0]
+        kind = PORT_NAMES.index(port_name)
+        cap_gb_s = topo.port_capacity(chip * PORTS_PER_CHIP + kind) / 1e9
+        assert 0.0 <= ev["args"]["GB/s"] <= cap_gb_s * (1 + 1e-9)
+        seen_nonzero |= ev["args"]["GB/s"] > 0
+    assert seen_nonzero
+    # every port's counter falls back to zero when its last flow ends
+    last: dict = {}
+    for ev in sorted(counters, key=lambda e: e["ts"]):
+        last[ev["name"]] = ev["args"]["GB/s"]
+    assert all(v == 0.0 for v in last.values())
+
+
+def test_comm_ops_appear_on_every_member_chip(trace):
+    payload, out = trace
+    names = _thread_names(payload)
+    on_chip = {(ev["pid"], ev["name"]) for ev in payload["traceEvents"]
+               if ev["ph"] == "X" and _track(names[(ev["pid"], ev["tid"])]) == "comm ops"}
+    comm = [op for op in out.sim.dag.ops if isinstance(op, CommOp)]
+    assert comm
+    for op in comm:
+        for chip in op.group:
+            assert (chip, op.key) in on_chip
 
 
 def test_trace_written_with_json_output_too(files, tmp_path):
@@ -190,3 +246,20 @@ def test_trace_written_with_json_output_too(files, tmp_path):
     out = json.loads(_cli(["run", paths["decode"], "--json", "--trace", path]).stdout)
     assert out["phase"] == "decode"
     assert json.loads(path.read_text(encoding="utf-8"))["traceEvents"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 20)), max_size=40))
+def test_assign_lanes_uses_the_fewest_overlap_free_lanes(spans):
+    intervals = [(float(s), float(s + w)) for s, w in spans]
+    lanes = assign_lanes(intervals)
+    for lane in set(lanes):
+        mine = sorted(iv for iv, ln in zip(intervals, lanes) if ln == lane)
+        assert all(b[0] >= a[1] for a, b in zip(mine, mine[1:]))
+    # the fewest possible: the most intervals that pairwise conflict at one instant; a
+    # zero-length slice conflicts with the slices strictly around it
+    points = sorted({p for iv in intervals for p in iv})
+    depth = max((max(sum(1 for s, e in intervals if s <= p < e),
+                     sum(1 for s, e in intervals if s < p < e) + any(s == e == p for s, e in intervals))
+                 for p in points), default=0)
+    assert len(set(lanes)) == max(depth, 1 if intervals else 0)
