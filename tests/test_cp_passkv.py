@@ -16,7 +16,7 @@ import pytest
 
 from g5core.dag import CommOp, ComputeOp
 from g5core.flops import causal_attention_flops
-from g5core.run import run
+from g5core.run import make_plan, run
 from g5plugins.cp_passkv import passkv_bytes_per_rank_per_layer
 
 from cp_helpers import (
@@ -232,3 +232,18 @@ def test_prefill_kv_per_rank_is_split_by_cp(models, kind, cp, pp, batch):
         by_stage[ref.plan.ctx.rankmap.coords(chip_mem.chip)["pp"]] = chip_mem.kv_cache_bytes
     for chip_mem in out.memory.per_chip:
         assert chip_mem.kv_cache_bytes * cp == by_stage[rankmap.coords(chip_mem.chip)["pp"]]
+
+
+def test_ring_buffer_workspace_is_the_received_blocks_of_one_layer(models):
+    """The ring may run ahead of compute, so all cp-1 received blocks can be resident."""
+    from g5core.memory import memory_report
+
+    path, cfg = models["gqa"]
+    cp, seq_len = 4, 8192
+    plan = make_plan(raw_config(path, cp=cp, seq_len=seq_len, batch=2))
+    terms = {t.name: t for t in memory_report(plan.ctx).terms}
+    expected = (cp - 1) * 2 * (seq_len // cp) * literal_c_kv_bytes(cfg)
+    assert {b for _, b in terms["cp_ring_buffers"].bytes_per_chip} == {expected}
+    assert terms["cp_ring_buffers"].category == "workspace"
+    decode = make_plan(raw_config(path, cp=cp, seq_len=seq_len, phase="decode"))
+    assert "cp_ring_buffers" not in {t.name for t in memory_report(decode.ctx).terms}

@@ -12,6 +12,10 @@ Dependency contract (step ``i`` on rank ``r``; ``p2p[r][i]`` sends from ``r`` to
 - ``p2p[r][i] <- p2p[r-1][i-1]``: step ``i`` forwards the block it received, and does
   NOT wait for ``compute[r][i]`` (that edge would serialise the ring);
 - the attention output on ``r`` is ready when all its ``cp`` steps are done (tails).
+
+Memory: because the ring may run ahead of compute, a rank can hold all ``cp - 1``
+received blocks of a layer at once; the ``cp_ring_buffers`` workspace term is that worst
+case, ``M_passkv`` bytes.
 """
 from __future__ import annotations
 
@@ -83,6 +87,9 @@ def g5_memory_terms(ctx):
     cp = ctx.size("cp")
     if cp == 1 or ctx.phase != "prefill":
         return None
-    # two KV blocks in flight per chip (the one computed on, the one arriving), reused per layer
-    per_chip = 2.0 * block_bytes(ctx.deployment.seq_len, cp, ctx.kv_bytes_per_token_local, ctx.deployment.batch)
+    # The contract lets the ring run ahead of compute (a P2P never waits for a step), so all
+    # cp - 1 received blocks of a layer may be resident at once: M_passkv bytes per chip,
+    # reused layer after layer. The rank's own block is already in its KV cache.
+    per_chip = passkv_bytes_per_rank_per_layer(ctx.deployment.seq_len, cp, ctx.kv_bytes_per_token_local,
+                                               ctx.deployment.batch)
     return [MemoryTerm("cp_ring_buffers", "workspace", {c: per_chip for c in ctx.all_chips})]
