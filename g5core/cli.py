@@ -84,25 +84,29 @@ def config_options(f):
 @config_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Perfetto/Chrome trace here.")
+@click.option("--timeline", "timeline_path", type=click.Path(dir_okay=False),
+              help="Write every op's start and end (and chips, owner, reason, bytes) as CSV here.")
 @click.option("--compare-math", is_flag=True, help="Also compute the closed-form Math path and show both.")
-def run_cmd(config, overrides, disabled, as_json, trace_path, compare_math):
+def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, compare_math):
     """Simulate one configuration (prefill: TTFT; decode: TPOT)."""
     from .run import load_raw, run
-    from .trace import write_trace
+    from .trace import write_timeline, write_trace
 
     out = run(load_raw(config, overrides), disabled=disabled, compare_math=compare_math, progress=_progress(),
               record_port_rates=bool(trace_path))
+    if out.sim is None and (trace_path or timeline_path):
+        raise G5Error("--trace and --timeline need the G5 path (path: g5); the Math path has no timeline")
     if trace_path:
-        if out.sim is None:
-            raise G5Error("--trace needs the G5 path (path: g5); the Math path has no timeline")
         write_trace(out.sim, out.plan.ctx.topology, trace_path)
+    if timeline_path:
+        write_timeline(out.sim, timeline_path)
     if as_json:
         click.echo(json.dumps(out.to_json_dict(), indent=2, sort_keys=True))
         return
-    click.echo(render_summary(out, trace_path))
+    click.echo(render_summary(out, trace_path, timeline_path))
 
 
-def render_summary(out, trace_path=None) -> str:
+def render_summary(out, trace_path=None, timeline_path=None) -> str:
     dep = out.deployment
     lines = []
     par = " ".join(f"{k}={v}" for k, v in dep.parallel)
@@ -146,6 +150,8 @@ def render_summary(out, trace_path=None) -> str:
     lines.append(f"DOES NOT FIT: {short}" if short else "fits on every chip")
     if trace_path:
         lines.append(f"trace written to {trace_path} (open in https://ui.perfetto.dev)")
+    if timeline_path:
+        lines.append(f"per-op timeline written to {timeline_path} (CSV)")
     return "\n".join(lines)
 
 

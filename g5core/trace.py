@@ -121,15 +121,48 @@ def trace_events(sim: SimResult, topo: Topology) -> list[dict]:
     return events
 
 
+TIMELINE_COLUMNS = ("key", "kind", "name", "layer", "owner", "chips", "op_class", "reason", "primitive",
+                    "flops", "hbm_bytes", "bytes_per_rank", "start_s", "end_s")
+
+
+def timeline_rows(sim: SimResult):
+    """One row per op, in op order: what ran where, when, and how much."""
+    for i, op in enumerate(sim.dag.ops):
+        start, end = repr(float(sim.start_s[i])), repr(float(sim.end_s[i]))
+        if isinstance(op, ComputeOp):
+            yield (op.key, "compute", op.name, op.layer, op.owner, str(op.chip), op.op_class, "", "",
+                   repr(op.flops), repr(op.hbm_bytes), "", start, end)
+        else:
+            yield (op.key, "comm", op.name, op.layer, op.owner, " ".join(map(str, op.group)), "", op.reason,
+                   op.primitive, "", "", repr(op.bytes_per_rank), start, end)
+
+
+def write_timeline(sim: SimResult, path) -> None:
+    """Per-op start and end times as CSV (one header line, then one row per op)."""
+    import csv
+
+    def dump(fh):
+        w = csv.writer(fh, lineterminator="\n")
+        w.writerow(TIMELINE_COLUMNS)
+        w.writerows(timeline_rows(sim))
+
+    _write_atomically(path, dump)
+
+
 def write_trace(sim: SimResult, topo: Topology, path) -> None:
-    path = pathlib.Path(path)
     payload = {"traceEvents": trace_events(sim, topo), "displayTimeUnit": "ns",
                "otherData": {"latency_s": sim.latency_s, "phase": sim.phase}}
+    _write_atomically(path, lambda fh: json.dump(payload, fh, separators=(",", ":")))
+
+
+def _write_atomically(path, dump) -> None:
+    """Write through a temporary file in the same folder and rename: never a partial file."""
+    path = pathlib.Path(path)
     directory = path.parent if str(path.parent) else pathlib.Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(payload, fh, separators=(",", ":"))
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
+            dump(fh)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode

@@ -281,3 +281,27 @@ def test_same_output_across_processes_and_hash_seeds(files, tmp_path):
         data.pop("sim_wall_s")
         outs.append(json.dumps(data, sort_keys=True))
     assert outs[0] == outs[1]
+
+
+def test_timeline_csv_has_every_op_with_its_times(files, tmp_path):
+    import csv
+
+    _, raws, paths = files
+    path = tmp_path / "ops.csv"
+    _cli(["run", paths["prefill"], "--timeline", path])
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    sim = run(raws["prefill"]).sim
+    assert len(rows) == len(sim.dag.ops)
+    for row, op in zip(rows, sim.dag.ops):
+        assert row["key"] == op.key
+        s, e = sim.op_times(op.key)
+        assert float(row["start_s"]) == s and float(row["end_s"]) == e
+        if isinstance(op, CommOp):
+            assert row["kind"] == "comm" and row["reason"] == op.reason
+            assert [int(c) for c in row["chips"].split()] == list(op.group)
+            assert float(row["bytes_per_rank"]) == op.bytes_per_rank
+        else:
+            assert row["kind"] == "compute" and int(row["chips"]) == op.chip
+            assert float(row["flops"]) == op.flops
+    assert max(float(r["end_s"]) for r in rows) == sim.latency_s
