@@ -123,7 +123,7 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
         lines.append(f"simulated {sim.ops} ops, {sim.flows} flows, {sim.events} events in {sim.sim_wall_s:.2f} s; "
                      f"conservation KPIs all 0")
         lines.append("")
-        lines.append("communication (busiest chip)")
+        lines.append("communication by reason (times on the chip where it is most exposed)")
         rows = []
         for reason in sorted(sim.comm_bytes["by_reason"]):
             o = ov["by_reason"].get(reason, {})
