@@ -150,9 +150,14 @@ class Deployment:
             product *= parallel[d.name]
         if product != chips:
             expr = " x ".join(f"{d.name}={parallel[d.name]}" for d in dims.factors)
+            hint = ""
+            outer = dims.factors[0].name if dims.factors else ""
+            rest = product // parallel.get(outer, 1) if outer else product
+            if outer and chips % rest == 0:
+                hint = f" (e.g. {outer}={chips // rest})"
             raise ConfigError(
                 "parallel",
-                f"{expr} = {product}, but chips = {chips}; the product of the parallel sizes must equal chips",
+                f"{expr} = {product}, but chips = {chips}; the product of the parallel sizes must equal chips{hint}",
             )
         phase = data["phase"]
         if phase not in PHASES:

@@ -150,6 +150,12 @@ def test_chip_product_mismatch_shows_the_product():
     assert "= 8, but chips = 16" in msg
     for part in ("dp=2", "tp=2", "pp=1", "cp=2"):
         assert part in msg
+    assert msg.endswith("(e.g. dp=4)")
+
+
+def test_chip_product_mismatch_without_a_whole_dp_gives_no_hint():
+    err = config_error(raw(chips=6, parallel={"dp": 1, "tp": 4, "pp": 1, "cp": 1}))
+    assert "e.g." not in str(err)
 
 
 def test_chip_product_is_checked_with_ep_outside_it():
