@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from .errors import ConservationError, G5Error
+from .memory import GIB
 
-GIB = float(2 ** 30)
 
 
 def _fail(exc: Exception) -> None:

@@ -16,7 +16,7 @@ import attrs
 import yaml
 
 from .dimensions import DimensionRegistry
-from .dtypes import BYTES_PER_ELEMENT, dtype_bytes
+from .dtypes import dtype_bytes
 from .errors import ConfigError, suggest
 
 if sys.version_info >= (3, 11):
@@ -304,7 +304,3 @@ def apply_overrides(data: Mapping, overrides: Iterable[str]) -> dict:
             node = child
         node[keys[-1]] = value
     return out
-
-
-def dtype_names() -> tuple[str, ...]:
-    return tuple(BYTES_PER_ELEMENT)

@@ -8,9 +8,6 @@ import networkx as nx
 
 from .errors import DagError
 
-OP_CLASSES = ("gemm", "attention", "elementwise")
-
-
 @attrs.frozen
 class ComputeOp:
     """Work on one chip's compute stream."""

@@ -20,7 +20,6 @@ EMBED_LAYER = -1
 
 # Kinds whose default expansion creates no op: they exist so a plugin can claim them.
 SYNC_KINDS = frozenset({"boundary", "attn_in_gather", "attn_out_reduce", "ffn_in_gather", "ffn_out_reduce"})
-ATTENTION_KINDS = frozenset({"attention"})
 
 
 @attrs.frozen

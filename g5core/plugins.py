@@ -7,7 +7,7 @@ same way third-party plugins are. Disabled names are blocked *before* entry poin
 from __future__ import annotations
 
 import importlib.metadata
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import attrs
 import pluggy
@@ -164,6 +164,3 @@ class Hooks:
             raise PluginError(
                 impl.plugin_name, f"raised {type(exc).__name__} in {hook_name}: {exc}"
             ) from exc
-
-    def compute_latency_impl(self) -> Callable[..., tuple[str, Any] | None]:
-        return lambda **kw: self.call_first("g5_compute_latency", **kw)

@@ -168,7 +168,7 @@ def test_slices_of_one_lane_never_overlap(trace):
     assert by_thread
     for spans in by_thread.values():
         spans.sort()
-        for (s0, e0), (s1, e1) in zip(spans, spans[1:]):
+        for (_, e0), (s1, _) in zip(spans, spans[1:]):
             assert s1 >= e0 - 1e-6 * max(1.0, abs(e0))
 
 
