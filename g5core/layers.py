@@ -13,6 +13,7 @@ import attrs
 
 from . import flops as F
 from .config import Deployment
+from .errors import DagError
 from .models import ModelSpec
 from .shape import LocalShape
 
@@ -237,7 +238,8 @@ def attention_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
         return F.decode_attention(shape.batch, kv_len, shape.q_heads, d_qk, d_v, c_kv, act)
     if q_tokens == kv_len:
         return F.prefill_attention(shape.batch, q_tokens, shape.q_heads, d_qk, d_v, c_kv, act)
-    raise ValueError("prefill attention with a sharded sequence needs a plugin that owns it")
+    raise DagError(f"prefill attention over {q_tokens:g} of {kv_len:g} tokens (a sharded sequence) needs a plugin "
+                   "that owns it; enable the plugin for the dimension that shards the sequence")
 
 
 def _head_tokens(deployment: Deployment, shape: LocalShape) -> float:
