@@ -27,6 +27,8 @@ CASES = {
     "deepseek-v3-1m-cp8": ("examples/deepseek-v3-1m-prefill-cp8.yaml", []),
     "deepseek-v3-1m-cp16": ("examples/deepseek-v3-1m-prefill-cp16.yaml", []),
     "deepseek-v3-1m-decode-cp8": ("examples/deepseek-v3-1m-decode-cp8.yaml", []),
+    # Meta's CP paper setting per replica (128 H100s, TP8 x CP16, 1M tokens), two replicas
+    "llama-3.1-405b-1m-cp16-256chips": ("examples/llama-3.1-405b-1m-prefill-cp16.yaml", []),
 }
 
 

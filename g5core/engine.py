@@ -45,7 +45,6 @@ class CompiledDag:
     chip: tuple             # chip of a compute op, -1 for comm
     duration_s: tuple       # compute: duration; comm: start latency
     flops: tuple            # compute FLOPs (0 for comm)
-    order: tuple            # rank of the op key in sorted order (stream tie-break)
     succ: tuple             # tuple of tuples of successor ids
     pred_count: tuple
     edges_u: np.ndarray
@@ -127,15 +126,11 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
         pred_count[v] += 1
         eu.append(u); ev.append(v)
     keys = tuple(op.key for op in dag.ops)
-    order_idx = sorted(range(n), key=keys.__getitem__)
-    order = [0] * n
-    for rank, i in enumerate(order_idx):
-        order[i] = rank
     _check_acyclic(dag, succ, pred_count)
     n_ports = topo.chips * PORTS_PER_CHIP
     return CompiledDag(
         n_chips=topo.chips, keys=keys, is_comm=tuple(is_comm), chip=tuple(chip), duration_s=tuple(dur),
-        flops=tuple(fl), order=tuple(order), succ=tuple(tuple(sorted(s)) for s in succ),
+        flops=tuple(fl), succ=tuple(map(tuple, succ)),
         pred_count=tuple(pred_count), edges_u=np.asarray(eu, dtype=np.int64), edges_v=np.asarray(ev, dtype=np.int64),
         flow_ptr=tuple(flow_ptr), flow_op=tuple(fop), flow_src=tuple(fsrc), flow_dst=tuple(fdst), flow_src_port=tuple(fsp),
         flow_dst_port=tuple(fdp), flow_bytes=tuple(fbytes),
@@ -242,7 +237,7 @@ class Engine:
         remaining_preds = list(d.pred_count)
         heap: list = []
         seq = 0
-        ready = [[] for _ in range(d.n_chips)]   # per chip heap of (ready_time, order, op)
+        ready = [[] for _ in range(d.n_chips)]   # per chip heap of (ready_time, op key, op)
         busy = [False] * d.n_chips
         dirty_chips: set = set()
         # flow state
@@ -257,7 +252,7 @@ class Engine:
         port_since = [0.0] * n_ports
         dirty_ports: set = set()
         src_port, dst_port, fbytes, flow_op = d.flow_src_port, d.flow_dst_port, d.flow_bytes, d.flow_op
-        is_comm, chip_of, dur, order = d.is_comm, d.chip, d.duration_s, d.order
+        is_comm, chip_of, dur, keys = d.is_comm, d.chip, d.duration_s, d.keys
         cap = d.port_capacity
         events = 0
         now = 0.0
@@ -274,7 +269,7 @@ class Engine:
                 self.start_s[op] = t
                 push(t + dur[op], _COMM_RELEASE, op)
             else:
-                heapq.heappush(ready[chip_of[op]], (t, order[op], op))
+                heapq.heappush(ready[chip_of[op]], (t, keys[op], op))
                 dirty_chips.add(chip_of[op])
 
         def finish(op: int, t: float) -> None:
