@@ -114,6 +114,9 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
                  f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}, path {dep.path}")
     metric = "TTFT" if dep.phase == "prefill" else "TPOT"
     lines.append(f"{metric}: {_fmt_s(out.latency_s)}")
+    if out.sim is None:
+        lines.append(f"closed form: compute {_fmt_s(out.math.compute_s)} + communication {_fmt_s(out.math.comm_s)} "
+                     "(alpha-beta), no overlap, no contention")
     if out.sim is not None:
         sim = out.sim
         if out.math is not None:
