@@ -95,6 +95,7 @@ class OpDag:
     index: dict = attrs.field(factory=dict)
     edges: list = attrs.field(factory=list)     # (pred_index, succ_index)
     _graph: nx.DiGraph | None = attrs.field(default=None, repr=False)
+    _graph_size: tuple = attrs.field(default=(-1, -1), repr=False)  # (ops, edges) it was built from
 
     def add_op(self, op: Op) -> int:
         if op.key in self.index:
@@ -110,16 +111,17 @@ class OpDag:
             self.edges.append((self.index[before], self.index[after]))
         except KeyError as exc:
             raise DagError(f"plugin '{owner}' made an edge to unknown op {exc.args[0]!r}") from None
-        self._graph = None
 
     @property
     def graph(self) -> nx.DiGraph:
-        if self._graph is None:
+        """The networkx view, rebuilt when ops or edges were added since it was made."""
+        size = (len(self.ops), len(self.edges))
+        if self._graph is None or self._graph_size != size:
             g = nx.DiGraph()
             g.add_nodes_from((op.key, {"op": op}) for op in self.ops)
             keys = [op.key for op in self.ops]
             g.add_edges_from((keys[u], keys[v]) for u, v in self.edges)
-            self._graph = g
+            self._graph, self._graph_size = g, size
         return self._graph
 
     def predecessors(self, key: str) -> list[str]:

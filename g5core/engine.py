@@ -67,6 +67,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     n = len(dag.ops)
     latency_cache: dict = {}
     lowering_cache: dict = {}
+    port_cache: dict = {}
     is_comm, chip, dur, fl = [False] * n, [-1] * n, [0.0] * n, [0.0] * n
     flow_ptr = [0] * (n + 1)
     fsrc, fdst, fsp, fdp, fbytes, fop = [], [], [], [], [], []
@@ -110,8 +111,10 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
                         raise PluginError(plugin, f"lowering {op.primitive} of {op.key} made a bad flow {(s, t, b)}")
                 lowering_cache[key] = low
             dur[i] = float(low.latency_s)
-            for s, t, b in low.flows:
-                sp, dp = topo.ports(s, t)
+            ports = port_cache.get(key)
+            if ports is None:
+                ports = port_cache[key] = [topo.ports(s, t) for s, t, _ in low.flows]
+            for (s, t, b), (sp, dp) in zip(low.flows, ports):
                 fsrc.append(s); fdst.append(t); fsp.append(sp); fdp.append(dp); fbytes.append(float(b)); fop.append(i)
     flow_ptr[n] = len(fbytes)
     succ: list[list[int]] = [[] for _ in range(n)]
@@ -119,9 +122,10 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     seen = set()
     eu, ev = [], []
     for u, v in dag.edges:
-        if (u, v) in seen:
+        uv = u * n + v
+        if uv in seen:
             continue
-        seen.add((u, v))
+        seen.add(uv)
         succ[u].append(v)
         pred_count[v] += 1
         eu.append(u); ev.append(v)
