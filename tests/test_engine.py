@@ -237,3 +237,19 @@ def test_same_dag_twice_gives_identical_times(plan4):
         return run.engine.start_s, run.engine.end_s, run.engine.flow_end_s, run.engine.events
 
     assert once() == once()
+
+
+def test_networkx_view_follows_ops_and_edges_added_after_it_was_built():
+    from g5core.dag import ComputeOp, OpDag
+
+    def op(key, chip=0):
+        return ComputeOp(key=key, chip=chip, op_class="gemm", flops=1.0, hbm_bytes=1.0, layer=0, name="x", dtype="bf16")
+
+    dag = OpDag()
+    dag.add_op(op("a@c0"))
+    assert set(dag.graph.nodes) == {"a@c0"}
+    dag.add_op(op("b@c0"))
+    assert set(dag.graph.nodes) == {"a@c0", "b@c0"}
+    dag.add_edge("a@c0", "b@c0")
+    assert list(dag.graph.edges) == [("a@c0", "b@c0")]
+    assert dag.graph.nodes["b@c0"]["op"].key == "b@c0"
