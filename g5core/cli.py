@@ -110,7 +110,8 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
     dep = out.deployment
     lines = []
     par = " ".join(f"{k}={v}" for k, v in dep.parallel)
-    lines.append(f"{dep.model} on {dep.chips} x {dep.system}  [{par}{' tp_sp' if dep.tp_sp else ''}]  "
+    model, system = out.plan.ctx.model.name, out.plan.ctx.system.name
+    lines.append(f"{model} on {dep.chips} x {system}  [{par}{' tp_sp' if dep.tp_sp else ''}]  "
                  f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}, path {dep.path}")
     metric = "TTFT" if dep.phase == "prefill" else "TPOT"
     lines.append(f"{metric}: {_fmt_s(out.latency_s)}")
