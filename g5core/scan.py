@@ -4,7 +4,9 @@ For a base configuration, every cell sets ``parallel.cp`` and ``seq_len``; the c
 stays fixed and ``dp`` absorbs the change (``dp = chips / (tp * pp * cp)``). A cell whose
 layout is invalid (dp not whole, ep not dividing dp x tp, seq_len not divisible by 2 cp...)
 is recorded with its error, not silently adjusted. Each row is committed as soon as its
-run ends, so a crash loses at most the run in flight.
+run ends, so a crash loses at most the run in flight; the scan's row in ``scans`` says
+``running`` until its last cell is written and ``complete`` after, so an interrupted scan
+is never mistaken for a finished one.
 
 The check (spec: "TTFT does not increase with cp where communication is hidden"): for each
 S, over the successful cells in increasing cp, TTFT must not increase between two cells
@@ -28,7 +30,9 @@ CREATE TABLE IF NOT EXISTS scans (
     base_config TEXT NOT NULL,
     cp_values TEXT NOT NULL,
     seq_lens TEXT NOT NULL,
-    hidden_threshold REAL NOT NULL
+    hidden_threshold REAL NOT NULL,
+    cells_planned INTEGER NOT NULL,
+    status TEXT NOT NULL             -- 'running' until the last cell is written, then 'complete'
 );
 CREATE TABLE IF NOT EXISTS cells (
     scan_id INTEGER NOT NULL REFERENCES scans(scan_id),
@@ -112,8 +116,10 @@ def run_scan(raw: dict, db_path, cp_values: Sequence[int] = DEFAULT_CP_VALUES,
     try:
         con.executescript(SCHEMA)
         cur = con.execute(
-            "INSERT INTO scans (base_config, cp_values, seq_lens, hidden_threshold) VALUES (?, ?, ?, ?)",
-            (json.dumps(raw, sort_keys=True), json.dumps(cp_values), json.dumps(seq_lens), hidden_threshold))
+            "INSERT INTO scans (base_config, cp_values, seq_lens, hidden_threshold, cells_planned, status) "
+            "VALUES (?, ?, ?, ?, ?, 'running')",
+            (json.dumps(raw, sort_keys=True), json.dumps(cp_values), json.dumps(seq_lens), hidden_threshold,
+             len(cp_values) * len(seq_lens)))
         scan_id = cur.lastrowid
         con.commit()
         cells = []
@@ -139,6 +145,8 @@ def run_scan(raw: dict, db_path, cp_values: Sequence[int] = DEFAULT_CP_VALUES,
                                  f"ring hidden {'-' if hid is None else f'{100 * hid:.1f}%'}")
                     else:
                         progress(f"[{n}/{total}] cp={cp} seq_len={seq_len}: skipped: {row['error']}")
+        con.execute("UPDATE scans SET status = 'complete' WHERE scan_id = ?", (scan_id,))
+        con.commit()
     finally:
         con.close()
     phase = raw.get("phase", "")

@@ -56,6 +56,34 @@ def test_rows_appear_one_by_one_and_trend_holds(tmp_path):
     assert all((r[5] is None) == (r[0] == 1) for r in rows)
 
 
+def _scan_status(db):
+    con = sqlite3.connect(str(db))
+    try:
+        return con.execute("SELECT scan_id, status, cells_planned FROM scans ORDER BY scan_id").fetchall()
+    finally:
+        con.close()
+
+
+def test_a_finished_scan_is_marked_complete_and_an_interrupted_one_is_not(tmp_path):
+    db = tmp_path / "scan.db"
+    run_scan(BASE, db, cp_values=(1, 2), seq_lens=(8192,))
+    assert _scan_status(db) == [(1, "complete", 2)]
+
+    calls = []
+
+    def dies_on_the_second_cell(raw, disabled=()):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return run_one(raw, disabled=disabled)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_scan(BASE, db, cp_values=(1, 2), seq_lens=(8192,), runner=dies_on_the_second_cell)
+    assert _scan_status(db) == [(1, "complete", 2), (2, "running", 2)]
+    # the cell that finished before the interruption is kept
+    assert len(_rows(db)) == 3
+
+
 def test_invalid_cells_are_recorded_not_adjusted(tmp_path):
     db = tmp_path / "scan.db"
     report = run_scan(BASE, db, cp_values=(1, 8), seq_lens=(8192,))
