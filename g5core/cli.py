@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .errors import ConservationError, G5Error
+from .errors import G5Error
 from .memory import GIB
 
 
@@ -22,9 +22,7 @@ class _G5Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except ConservationError as exc:
-            _fail(exc)
-        except G5Error as exc:
+        except G5Error as exc:  # configuration, plugin, DAG and conservation errors alike
             _fail(exc)
 
 

@@ -109,27 +109,27 @@ def run_scan(raw: dict, db_path, cp_values: Sequence[int] = DEFAULT_CP_VALUES,
         raise ConfigError("--hidden-threshold", f"must be in (0, 1], got {hidden_threshold}")
     par = dict(raw.get("parallel") or {})
     chips = raw.get("chips")
+    # a non-integer size fails each cell's own validation with its clear message
     per_replica = 1
     for dim in ("tp", "pp"):
-        per_replica *= int(par.get(dim, 1)) if isinstance(par.get(dim, 1), int) else 1
+        size = par.get(dim, 1)
+        per_replica *= size if isinstance(size, int) else 1
+    total = len(cp_values) * len(seq_lens)
     con = sqlite3.connect(str(db_path))
     try:
         con.executescript(SCHEMA)
         cur = con.execute(
             "INSERT INTO scans (base_config, cp_values, seq_lens, hidden_threshold, cells_planned, status) "
             "VALUES (?, ?, ?, ?, ?, 'running')",
-            (json.dumps(raw, sort_keys=True), json.dumps(cp_values), json.dumps(seq_lens), hidden_threshold,
-             len(cp_values) * len(seq_lens)))
+            (json.dumps(raw, sort_keys=True), json.dumps(cp_values), json.dumps(seq_lens), hidden_threshold, total))
         scan_id = cur.lastrowid
         con.commit()
         cells = []
-        total = len(cp_values) * len(seq_lens)
         n = 0
         for seq_len in seq_lens:
             for cp in cp_values:
                 n += 1
-                cell = _run_cell(raw, chips, per_replica, cp, seq_len, disabled, runner)
-                row, out = cell
+                row = _run_cell(raw, chips, per_replica, cp, seq_len, disabled, runner)
                 con.execute(
                     "INSERT INTO cells VALUES (:scan_id, :cell, :cp, :seq_len, :dp, :status, :error, :latency_s, "
                     ":passkv_bytes_per_rank, :passkv_comm_s, :passkv_exposed_s, :passkv_hidden_fraction, "
@@ -154,14 +154,15 @@ def run_scan(raw: dict, db_path, cp_values: Sequence[int] = DEFAULT_CP_VALUES,
                       violations=check_monotone(cells, hidden_threshold) if phase == "prefill" else ())
 
 
-def _run_cell(raw, chips, per_replica, cp, seq_len, disabled, runner):
+def _run_cell(raw, chips, per_replica, cp, seq_len, disabled, runner) -> dict:
+    """One grid cell as a database row (status 'ok', or 'error' with the reason)."""
     row = {"cp": cp, "seq_len": seq_len, "dp": None, "status": "error", "error": None, "latency_s": None,
            "passkv_bytes_per_rank": None, "passkv_comm_s": None, "passkv_exposed_s": None,
            "passkv_hidden_fraction": None, "max_memory_bytes": None, "kv_cache_bytes_per_chip": None,
            "fits": None, "ops": None, "events": None, "result_json": None}
     if not isinstance(chips, int) or chips % (per_replica * cp):
         row["error"] = f"chips={chips} is not divisible by tp x pp x cp = {per_replica * cp}"
-        return row, None
+        return row
     dp = chips // (per_replica * cp)
     row["dp"] = dp
     cell_raw = apply_overrides(raw, [f"parallel.cp={cp}", f"parallel.dp={dp}", f"seq_len={seq_len}"])
@@ -169,7 +170,7 @@ def _run_cell(raw, chips, per_replica, cp, seq_len, disabled, runner):
         out = runner(cell_raw, disabled=disabled)
     except G5Error as exc:
         row["error"] = str(exc)
-        return row, None
+        return row
     data = out.to_json_dict()
     data.pop("sim_wall_s", None)
     row.update(status="ok", latency_s=out.latency_s, max_memory_bytes=out.memory.max_total_bytes,
@@ -182,7 +183,7 @@ def _run_cell(raw, chips, per_replica, cp, seq_len, disabled, runner):
         if ring is not None:
             row.update(passkv_comm_s=ring["comm_time_s"], passkv_exposed_s=ring["exposed_comm_s"],
                        passkv_hidden_fraction=ring["hidden_fraction"])
-    return row, out
+    return row
 
 
 def check_monotone(cells: Sequence[Cell], hidden_threshold: float) -> tuple[str, ...]:

@@ -94,6 +94,14 @@ def literal_c_kv_bytes(cfg: dict) -> int:
     return 2 * cfg["num_key_value_heads"] * head_dim * BF16_BYTES
 
 
+def literal_kv_cache_bytes(cfg: dict, *, batch: int, seq_len: int, cp: int, pp: int, stage: int) -> float:
+    """Per-chip KV cache ``b * S * c_kv * L_local / cp`` written out, with the PP split rule
+    (the first ``L mod pp`` stages hold one more layer)."""
+    base, extra = divmod(cfg["num_hidden_layers"], pp)
+    layers_local = base + (1 if stage < extra else 0)
+    return batch * seq_len * literal_c_kv_bytes(cfg) * layers_local / cp
+
+
 def literal_head_dims(cfg: dict, phase: str) -> tuple[int, int]:
     """(d_qk, d_v) of attention in ``phase``: MLA prefill runs on decompressed heads, MLA
     decode runs absorbed over the latent; GQA uses hidden / heads for both."""

@@ -20,7 +20,7 @@ from g5core.run import make_plan, run
 from g5plugins.cp_passkv import passkv_bytes_per_rank_per_layer
 
 from cp_helpers import (
-    assert_kpis_zero, literal_c_kv_bytes, literal_head_dims, raw_config, simulate_raw, single_compute_key,
+    assert_kpis_zero, literal_c_kv_bytes, literal_kv_cache_bytes, literal_head_dims, raw_config, simulate_raw, single_compute_key,
     tiny_models_fixture,
 )
 
@@ -215,15 +215,10 @@ def test_prefill_kv_per_rank_is_split_by_cp(models, kind, cp, pp, batch):
     seq_len = 8192
     out = run(raw_config(path, cp=cp, pp=pp, batch=batch, seq_len=seq_len))
     assert_kpis_zero(out.sim)
-    c_kv_bytes = literal_c_kv_bytes(cfg)
     rankmap = out.plan.ctx.rankmap
-    n_layers = cfg["num_hidden_layers"]
-    # pp split rule: the first L mod pp stages get one more layer
-    base, extra = divmod(n_layers, pp)
     for chip_mem in out.memory.per_chip:
-        stage = rankmap.coords(chip_mem.chip)["pp"]
-        layers_local = base + (1 if stage < extra else 0)
-        expected_bytes = batch * seq_len * c_kv_bytes * layers_local / cp
+        expected_bytes = literal_kv_cache_bytes(cfg, batch=batch, seq_len=seq_len, cp=cp, pp=pp,
+                                                stage=rankmap.coords(chip_mem.chip)["pp"])
         assert chip_mem.kv_cache_bytes == expected_bytes, chip_mem
     # and the cp=1 ledger holds exactly cp times as much on every chip
     ref = run(raw_config(path, cp=1, pp=pp, batch=batch, seq_len=seq_len))

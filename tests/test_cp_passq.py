@@ -17,7 +17,7 @@ from g5core.run import run
 from g5plugins.cp_passq import dispatch_bytes_per_rank, reduce_bytes_per_rank
 
 from cp_helpers import (
-    BF16_BYTES, assert_kpis_zero, literal_c_kv_bytes, literal_head_dims, simulate_raw, single_compute_key,
+    BF16_BYTES, assert_kpis_zero, literal_head_dims, literal_kv_cache_bytes, simulate_raw, single_compute_key,
     tiny_models_fixture,
 )
 from cp_helpers import raw_config as _raw_config
@@ -156,13 +156,11 @@ def test_decode_kv_per_rank_is_split_by_cp(models, kind, cp, pp, batch):
     seq_len = 16384
     out = run(raw_config(path, cp=cp, pp=pp, batch=batch, seq_len=seq_len))
     assert_kpis_zero(out.sim)
-    c_kv_bytes = literal_c_kv_bytes(cfg)
     rankmap = out.plan.ctx.rankmap
-    base, extra = divmod(cfg["num_hidden_layers"], pp)
     for chip_mem in out.memory.per_chip:
-        stage = rankmap.coords(chip_mem.chip)["pp"]
-        layers_local = base + (1 if stage < extra else 0)
-        assert chip_mem.kv_cache_bytes == batch * seq_len * c_kv_bytes * layers_local / cp, chip_mem
+        expected_bytes = literal_kv_cache_bytes(cfg, batch=batch, seq_len=seq_len, cp=cp, pp=pp,
+                                                stage=rankmap.coords(chip_mem.chip)["pp"])
+        assert chip_mem.kv_cache_bytes == expected_bytes, chip_mem
 
 
 # ---------------------------------------------------------------------------- decode trend
