@@ -3,7 +3,8 @@
 Plugins import what they need from here: ``hookimpl`` (the marker), the value types they
 return, and the errors they raise.
 """
-from .collective import Lowering, Topology
+from .collective import Lowering
+from .topology import Topology
 from .dag import CommOp, ComputeOp, Fragment
 from .dimensions import Dimension
 from .errors import ConfigError, DagError, G5Error, PluginError

@@ -11,7 +11,8 @@ from typing import Iterable, Mapping, Optional
 import attrs
 import pluggy
 
-from .collective import Topology, collect_primitives
+from .collective import collect_primitives, missing_primitive_error
+from .topology import Topology
 from .config import Deployment
 from .dag import CommOp, ComputeOp, Fragment, OpDag
 from .dimensions import DimensionRegistry, collect_dimensions
@@ -146,9 +147,20 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
         rankmap = RankMap.build(sizes, dims, system.chips_per_node)
     except ValueError as exc:
         raise ConfigError("parallel", str(exc)) from None
-    topology = Topology.from_system(system, rankmap)
+    topology = make_topology(hooks, system, rankmap.chips)
     ctx = BuildContext(deployment, model, system, dims, rankmap, shape, topology, hooks)
     return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks))
+
+
+def make_topology(hooks: Hooks, system: SystemSpec, chips: int) -> Topology:
+    """The topology a plugin provides (``g5_topology``), else the system file's."""
+    answer = hooks.call_first("g5_topology", system=system, chips=chips)
+    if answer is None:
+        return Topology.from_system(system, chips)
+    plugin, topo = answer
+    if not isinstance(topo, Topology) or topo.chips != chips:
+        raise PluginError(plugin, f"g5_topology must return a Topology of {chips} chips, got {topo!r}")
+    return topo
 
 
 # ----------------------------------------------------------------------------------------
@@ -227,8 +239,7 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
     elif kind is CommOp:
         members = op.group
         if op.primitive not in primitives:
-            raise DagError(f"op {op.key!r} made by plugin '{owner}' uses primitive '{op.primitive}', which no enabled "
-                           f"plugin lowers (registered: {', '.join(primitives) or 'none'}); enable the collectives plugin")
+            raise missing_primitive_error(op.key, owner, op.primitive, primitives)
         if len(set(members)) != len(members) or len(members) < 2:
             raise DagError(f"op {op.key!r} made by plugin '{owner}' has a bad group {members}")
     else:

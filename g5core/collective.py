@@ -1,102 +1,115 @@
-"""Topology and the contract between communication ops and the engine: flows over ports.
+"""The contract between communication ops and the engine: a lowering into flows.
 
-Each chip has four ports: its intra-node link port (send side, receive side) and its
-network interface (send side, receive side). A flow inside a node crosses the sender's
-link send port and the receiver's link receive port; a flow between nodes crosses the
-sender's NIC send port and the receiver's NIC receive port. The switch fabric between
-ports is assumed non-blocking.
+A plugin registers, per primitive name, a function ``lower(group, bytes_per_rank, topology)``
+that returns a :class:`Lowering`: a start latency, then flows that start together, each
+over a route of resources of the :class:`~g5core.topology.Topology`. The engine shares
+every resource max-min fairly among the flows on it, so contention between collectives
+comes from the engine, never from the lowering.
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Mapping
 
 import attrs
 
-from .errors import PluginError
+from .errors import DagError, G5Error, PluginError
 from .plugins import Hooks
-from .rankmap import RankMap
-from .systems import SystemSpec
-
-LINK_TX, LINK_RX, NIC_TX, NIC_RX = range(4)
-PORTS_PER_CHIP = 4
-PORT_NAMES = ("link_tx", "link_rx", "nic_tx", "nic_rx")
+from .topology import Topology
 
 
-@attrs.frozen
-class Topology:
-    chips: int
-    chips_per_node: int
-    intra_node_bw_bytes_per_s: float
-    intra_node_latency_s: float
-    network_bw_bytes_per_s: float
-    network_latency_s: float
-
-    @classmethod
-    def from_system(cls, system: SystemSpec, rankmap: RankMap) -> "Topology":
-        return cls(
-            chips=rankmap.chips,
-            chips_per_node=system.chips_per_node,
-            intra_node_bw_bytes_per_s=system.intra_node_bw_bytes_per_s,
-            intra_node_latency_s=system.intra_node_latency_s,
-            network_bw_bytes_per_s=system.network_bw_bytes_per_s,
-            network_latency_s=system.network_latency_s,
-        )
-
-    def node_of(self, chip: int) -> int:
-        return chip // self.chips_per_node
-
-    def same_node(self, a: int, b: int) -> bool:
-        return a // self.chips_per_node == b // self.chips_per_node
-
-    def ports(self, src: int, dst: int) -> tuple[int, int]:
-        """(send port, receive port) a flow from ``src`` to ``dst`` crosses."""
-        if self.same_node(src, dst):
-            return src * PORTS_PER_CHIP + LINK_TX, dst * PORTS_PER_CHIP + LINK_RX
-        return src * PORTS_PER_CHIP + NIC_TX, dst * PORTS_PER_CHIP + NIC_RX
-
-    def port_capacity(self, port: int) -> float:
-        kind = port % PORTS_PER_CHIP
-        return self.intra_node_bw_bytes_per_s if kind in (LINK_TX, LINK_RX) else self.network_bw_bytes_per_s
-
-    def message_latency_s(self, group) -> float:
-        """Start latency of one message step among ``group``: the network's if it spans nodes."""
-        nodes = {c // self.chips_per_node for c in group}
-        return self.network_latency_s if len(nodes) > 1 else self.intra_node_latency_s
-
-    @staticmethod
-    def port_name(port: int) -> str:
-        return f"chip{port // PORTS_PER_CHIP}.{PORT_NAMES[port % PORTS_PER_CHIP]}"
+def _flows(fs) -> tuple:
+    return tuple(tuple(f) for f in fs)
 
 
 @attrs.frozen
 class Lowering:
     """A communication op as the engine runs it: after ``latency_s`` all ``flows`` start
-    together and share the ports they cross; the op ends when the last flow ends.
-    ``flows`` are ``(src_chip, dst_chip, bytes)``."""
+    together and share the resources they cross; the op ends when the last flow ends.
 
-    flows: tuple[tuple[int, int, float], ...] = attrs.field(converter=lambda fs: tuple(tuple(f) for f in fs))
+    A flow is ``(src_chip, dst_chip, bytes)``, routed by :meth:`Topology.route`, or
+    ``(src_chip, dst_chip, bytes, route)`` with an explicit tuple of resource ids (a ring
+    channel's NIC, or a chip's traffic to an in-switch reduction, where ``src == dst``).
+    ``algorithm``, ``protocol`` and ``channels`` say how the op runs (shown in the
+    timeline, the trace and the JSON)."""
+
+    flows: tuple = attrs.field(converter=_flows)
     latency_s: float = attrs.field(validator=attrs.validators.ge(0))
-
-    @property
-    def total_bytes(self) -> float:
-        return sum(f[2] for f in self.flows)
+    algorithm: str = "direct"
+    protocol: str = ""
+    channels: int = 1
+    #: wire bytes per payload byte: a protocol that reaches only a fraction f of a link's
+    #: bandwidth (NCCL's LL, LL128) is modelled as occupying its links for 1/f of the time
+    #: the payload alone needs, so its flows carry payload / f bytes; the run reports payload.
+    wire_bytes_per_payload_byte: float = attrs.field(default=1.0, validator=attrs.validators.ge(1.0))
 
 
 LowerFn = Callable[[tuple, float, Topology], Lowering]
 
 
+def missing_primitive_error(key: str, owner: str, primitive: str, primitives) -> DagError:
+    return DagError(f"op {key!r} made by plugin '{owner}' uses primitive '{primitive}', which no enabled "
+                    f"plugin lowers (registered: {', '.join(primitives) or 'none'}); enable the collectives plugin")
+
+
 def collect_primitives(hooks: Hooks) -> Mapping[str, tuple[str, LowerFn]]:
     """Primitive name -> (plugin, lowering function); a name registered twice is an error."""
     found: dict[str, tuple[str, LowerFn]] = {}
-    for impl in hooks._impls("g5_register_primitives"):
-        plugin = impl.plugin_name
 
-        def register(name: str, lower: LowerFn, _plugin: str = plugin) -> None:
-            if not isinstance(name, str) or not callable(lower):
-                raise PluginError(_plugin, f"g5_register_primitives: register(name, callable) got {name!r}, {lower!r}")
-            if name in found:
-                raise PluginError(_plugin, f"primitive '{name}' is already registered by plugin '{found[name][0]}'")
-            found[name] = (_plugin, lower)
+    def check(plugin: str, name: str, lower: LowerFn) -> None:
+        if not isinstance(name, str) or not callable(lower):
+            raise PluginError(plugin, f"g5_register_primitives: register(name, callable) got {name!r}, {lower!r}")
+        if name in found:
+            raise PluginError(plugin, f"primitive '{name}' is already registered by plugin '{found[name][0]}'")
+        found[name] = (plugin, lower)
 
-        hooks._call(impl, "g5_register_primitives", {"register": register})
+    hooks.call_registration("g5_register_primitives", check)
     return dict(sorted(found.items()))
+
+
+def lower_op(op, primitives: Mapping, topo: Topology) -> tuple[Lowering, tuple]:
+    """``(lowering, flows)`` of one comm op, checked; every error names the plugin.
+
+    Flows are ``(src, dst, bytes, route)``; flows of one op with the same source,
+    destination and route (e.g. the channels of a ring that share a NIC) are merged into one.
+    """
+    if op.primitive not in primitives:
+        raise missing_primitive_error(op.key, op.owner, op.primitive, primitives)
+    plugin, lower = primitives[op.primitive]
+    try:
+        low = lower(op.group, op.bytes_per_rank, topo)
+    except G5Error:
+        raise
+    except Exception as exc:
+        raise PluginError(plugin, f"lowering {op.primitive} for {op.key} raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(low, Lowering):
+        raise PluginError(plugin, f"lowering {op.primitive} must return a Lowering, got {low!r}")
+    members = set(op.group)
+    n_res = topo.n_resources
+    merged: dict = {}
+    for flow in low.flows:
+        s, t, b = flow[0], flow[1], flow[2]
+        route = tuple(flow[3]) if len(flow) > 3 else None
+        bad = s not in members or t not in members or not (b >= 0 and math.isfinite(b))
+        if route is None:
+            bad = bad or s == t
+            route = topo.route(s, t) if not bad else ()
+        elif not route or any(not (type(r) is int and 0 <= r < n_res) for r in route) or len(set(route)) != len(route):
+            bad = True
+        if bad:
+            raise PluginError(plugin, f"lowering {op.primitive} of {op.key} made a bad flow {tuple(flow)}")
+        k = (s, t, route)
+        merged[k] = merged.get(k, 0.0) + float(b)
+    flows = tuple((s, t, b, route) for (s, t, route), b in merged.items())
+    return low, flows
+
+
+def idle_time_s(latency_s: float, flows, capacities) -> float:
+    """The time of a lowering alone on idle resources: its start latency, then its flows at
+    max-min fair rates, which on idle resources end when the busiest resource has carried
+    its bytes. ``flows`` are ``(src, dst, bytes, route)``."""
+    load: dict[int, float] = {}
+    for _s, _t, b, route in flows:
+        for r in route:
+            load[r] = load.get(r, 0.0) + b
+    return latency_s + max((b / capacities[r] for r, b in load.items()), default=0.0)

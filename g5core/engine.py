@@ -8,9 +8,10 @@ Model:
 - each chip has one compute stream: one op at a time; among ready ops it starts the one
   that became ready first, ties broken by op key (a stable order);
 - a communication op starts when all its predecessors are done, waits its start latency,
-  then releases its flows; each flow crosses a send port and a receive port, and the
-  flows on a port share it max-min fairly; rates are recomputed (per connected set of
-  ports and flows) whenever a flow starts or ends; the op ends with its last flow;
+  then releases its flows; each flow crosses the resources (ports) of its route (a chip's
+  link send or receive side, a NIC's, a fabric tier's: :mod:`g5core.topology`), and the
+  flows on a resource share it max-min fairly; rates are recomputed (per connected set of
+  resources and flows) whenever a flow starts or ends; the op ends with its last flow;
 - the heap key ``(time, priority, sequence number)`` is the only event order; a negative
   delay is an error.
 """
@@ -23,7 +24,8 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from .collective import PORTS_PER_CHIP, Lowering, Topology
+from .collective import lower_op
+from .topology import Topology
 from .dag import ComputeOp, OpDag
 from .errors import DagError, G5Error, PluginError
 
@@ -53,10 +55,11 @@ class CompiledDag:
     flow_op: tuple          # per flow: the comm op it belongs to
     flow_src: tuple         # chip
     flow_dst: tuple
-    flow_src_port: tuple
-    flow_dst_port: tuple
+    flow_ports: tuple       # per flow: the resource ids (ports) of its route
     flow_bytes: tuple
-    port_capacity: tuple
+    port_capacity: tuple    # per resource id: bytes per second
+    comm_algo: tuple = ()   # per op: (algorithm, protocol, channels) of a comm op, () for compute
+    wire_factor: tuple = () # per op: wire bytes per payload byte of a comm op (1.0 for compute)
 
 
 def compile_dag(dag: OpDag, plan) -> CompiledDag:
@@ -67,10 +70,11 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     n = len(dag.ops)
     latency_cache: dict = {}
     lowering_cache: dict = {}
-    port_cache: dict = {}
     is_comm, chip, dur, fl = [False] * n, [-1] * n, [0.0] * n, [0.0] * n
     flow_ptr = [0] * (n + 1)
-    fsrc, fdst, fsp, fdp, fbytes, fop = [], [], [], [], [], []
+    fsrc, fdst, fports, fbytes, fop = [], [], [], [], []
+    algo: list = [()] * n
+    wire: list = [1.0] * n
     for i, op in enumerate(dag.ops):
         flow_ptr[i] = len(fbytes)
         if type(op) is ComputeOp:
@@ -92,30 +96,12 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
             key = (op.primitive, op.group, op.bytes_per_rank)
             low = lowering_cache.get(key)
             if low is None:
-                if op.primitive not in plan.primitives:
-                    raise DagError(f"op {op.key!r} made by plugin '{op.owner}' uses primitive '{op.primitive}', which "
-                                   f"no enabled plugin lowers (registered: {', '.join(plan.primitives) or 'none'}); "
-                                   "enable the collectives plugin")
-                plugin, lower = plan.primitives[op.primitive]
-                try:
-                    low = lower(op.group, op.bytes_per_rank, topo)
-                except G5Error:
-                    raise
-                except Exception as exc:
-                    raise PluginError(plugin, f"lowering {op.primitive} for {op.key} raised {type(exc).__name__}: {exc}") from exc
-                if not isinstance(low, Lowering):
-                    raise PluginError(plugin, f"lowering {op.primitive} must return a Lowering, got {low!r}")
-                members = set(op.group)
-                for s, t, b in low.flows:
-                    if s not in members or t not in members or s == t or b < 0:
-                        raise PluginError(plugin, f"lowering {op.primitive} of {op.key} made a bad flow {(s, t, b)}")
-                lowering_cache[key] = low
-            dur[i] = float(low.latency_s)
-            ports = port_cache.get(key)
-            if ports is None:
-                ports = port_cache[key] = [topo.ports(s, t) for s, t, _ in low.flows]
-            for (s, t, b), (sp, dp) in zip(low.flows, ports):
-                fsrc.append(s); fdst.append(t); fsp.append(sp); fdp.append(dp); fbytes.append(float(b)); fop.append(i)
+                low = lowering_cache[key] = lower_op(op, plan.primitives, topo)
+            dur[i] = float(low[0].latency_s)
+            algo[i] = (low[0].algorithm, low[0].protocol, low[0].channels)
+            wire[i] = float(low[0].wire_bytes_per_payload_byte)
+            for s, t, b, route in low[1]:
+                fsrc.append(s); fdst.append(t); fports.append(route); fbytes.append(b); fop.append(i)
     flow_ptr[n] = len(fbytes)
     succ: list[list[int]] = [[] for _ in range(n)]
     pred_count = [0] * n
@@ -131,14 +117,13 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
         eu.append(u); ev.append(v)
     keys = tuple(op.key for op in dag.ops)
     _check_acyclic(dag, succ, pred_count)
-    n_ports = topo.chips * PORTS_PER_CHIP
     return CompiledDag(
         n_chips=topo.chips, keys=keys, is_comm=tuple(is_comm), chip=tuple(chip), duration_s=tuple(dur),
         flops=tuple(fl), succ=tuple(map(tuple, succ)),
         pred_count=tuple(pred_count), edges_u=np.asarray(eu, dtype=np.int64), edges_v=np.asarray(ev, dtype=np.int64),
-        flow_ptr=tuple(flow_ptr), flow_op=tuple(fop), flow_src=tuple(fsrc), flow_dst=tuple(fdst), flow_src_port=tuple(fsp),
-        flow_dst_port=tuple(fdp), flow_bytes=tuple(fbytes),
-        port_capacity=tuple(topo.port_capacity(p) for p in range(n_ports)),
+        flow_ptr=tuple(flow_ptr), flow_op=tuple(fop), flow_src=tuple(fsrc), flow_dst=tuple(fdst),
+        flow_ports=tuple(fports), flow_bytes=tuple(fbytes), port_capacity=topo.capacities(), comm_algo=tuple(algo),
+        wire_factor=tuple(wire),
     )
 
 
@@ -190,7 +175,7 @@ class Engine:
         cap_rem = {p: self.dag.port_capacity[p] for p in ports}
         count = {p: len(fs) for p, fs in ports.items()}  # insertion order = sorted port order
         rate: dict = {}
-        src_port, dst_port = self.dag.flow_src_port, self.dag.flow_dst_port
+        flow_ports = self.dag.flow_ports
         while len(rate) < len(flows):
             best_p, best_share = -1, math.inf
             for p, c in count.items():
@@ -202,7 +187,7 @@ class Engine:
                 if f in rate:
                     continue
                 rate[f] = best_share
-                for q in (src_port[f], dst_port[f]):
+                for q in flow_ports[f]:
                     cap_rem[q] = max(cap_rem[q] - best_share, 0.0)
                     count[q] -= 1
         return rate
@@ -255,7 +240,7 @@ class Engine:
         port_rate = [0.0] * n_ports
         port_since = [0.0] * n_ports
         dirty_ports: set = set()
-        src_port, dst_port, fbytes, flow_op = d.flow_src_port, d.flow_dst_port, d.flow_bytes, d.flow_op
+        flow_ports, fbytes, flow_op = d.flow_ports, d.flow_bytes, d.flow_op
         is_comm, chip_of, dur, keys = d.is_comm, d.chip, d.duration_s, d.keys
         cap = d.port_capacity
         events = 0
@@ -319,7 +304,7 @@ class Engine:
                     if version != f_ver[f] or f_done[f]:
                         continue
                     self._complete_flow(f, t, f_rate, f_last, f_rem, f_done)
-                    for p in (src_port[f], dst_port[f]):
+                    for p in flow_ports[f]:
                         port_flows[p].discard(f)
                         dirty_ports.add(p)
                     op = flow_op[f]
@@ -340,7 +325,7 @@ class Engine:
                         if fbytes[f] <= 0.0:
                             push(t, _FLOW_DONE, f, f_ver[f])
                             continue
-                        for p in (src_port[f], dst_port[f]):
+                        for p in flow_ports[f]:
                             port_flows[p].add(f)
                             dirty_ports.add(p)
         # close the port-excess integral
@@ -365,7 +350,7 @@ class Engine:
         self.flow_end_s[f] = t
 
     def _reshare(self, now, dirty_ports, port_flows, port_rate, port_since, f_rate, f_last, f_rem, f_ver, push) -> None:
-        src_port, dst_port = self.dag.flow_src_port, self.dag.flow_dst_port
+        flow_ports = self.dag.flow_ports
         cap = self.dag.port_capacity
         seen_ports: set = set()
         for start in sorted(dirty_ports):
@@ -382,7 +367,7 @@ class Engine:
                     if f in comp_flows:
                         continue
                     comp_flows.add(f)
-                    for q in (src_port[f], dst_port[f]):
+                    for q in flow_ports[f]:
                         if q not in seen_ports:
                             seen_ports.add(q)
                             comp_ports.append(q)
@@ -390,7 +375,7 @@ class Engine:
             if len(comp_flows) == 1:
                 (f,) = comp_flows
                 flows = (f,)
-                rates = {f: min(cap[src_port[f]], cap[dst_port[f]])}
+                rates = {f: min(cap[q] for q in flow_ports[f])}
             else:
                 flows = sorted(comp_flows)
                 comp_ports.sort()

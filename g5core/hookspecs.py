@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from .models import ModelSpec
     from .systems import SystemSpec
     from .collective import Lowering
+    from .topology import Topology
 
 hookspec = pluggy.HookspecMarker("g5")
 
@@ -140,6 +141,15 @@ def g5_register_primitives(
     ``register(name, lower)`` where ``lower(group, bytes_per_rank, topology) -> Lowering``
     turns one communication op into flows between chips plus a start latency. Registering
     a primitive name twice is an error naming both plugins.
+    """
+
+
+@hookspec(firstresult=True)
+def g5_topology(system: "SystemSpec", chips: int) -> Optional["Topology"]:
+    """The network of ``chips`` chips on ``system`` (firstresult).
+
+    Return a :class:`g5core.topology.Topology`, or ``None`` to let the core build it from
+    the system file (scale-up links, NICs, and an optional oversubscribed fabric tier).
     """
 
 

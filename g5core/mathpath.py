@@ -14,7 +14,8 @@ import math
 import attrs
 
 from .build import Plan, expand
-from .collective import Topology
+from .collective import idle_time_s, lower_op
+from .topology import Topology
 from .dag import CommOp, ComputeOp
 from .errors import DagError
 from .layers import build_program
@@ -34,16 +35,12 @@ class MathResult:
 
 
 def alpha_beta_s(op: CommOp, plan: Plan, cache: dict) -> float:
+    """The comm op alone on idle links: start latency, then its bytes on its busiest resource."""
     key = (op.primitive, op.group, op.bytes_per_rank)
     if key not in cache:
         topo: Topology = plan.ctx.topology
-        _, lower = plan.primitives[op.primitive]
-        low = lower(op.group, op.bytes_per_rank, topo)
-        on_port: dict[int, float] = {}
-        for s, t, b in low.flows:
-            for p in topo.ports(s, t):
-                on_port[p] = on_port.get(p, 0.0) + b
-        cache[key] = low.latency_s + max((b / topo.port_capacity(p) for p, b in on_port.items()), default=0.0)
+        low, flows = lower_op(op, plan.primitives, topo)
+        cache[key] = idle_time_s(low.latency_s, flows, topo.capacities())
     return cache[key]
 
 

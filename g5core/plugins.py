@@ -164,3 +164,12 @@ class Hooks:
             raise PluginError(
                 impl.plugin_name, f"raised {type(exc).__name__} in {hook_name}: {exc}"
             ) from exc
+
+    def call_registration(self, hook_name: str, check) -> None:
+        """Call a registration hook: each plugin gets its own ``register(*args)``, which
+        passes ``(plugin_name, *args)`` to ``check`` (the core's validator)."""
+        for impl in self._impls(hook_name):
+            def register(*args, _plugin: str = impl.plugin_name) -> None:
+                check(_plugin, *args)
+
+            self._call(impl, hook_name, {"register": register})

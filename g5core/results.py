@@ -149,7 +149,7 @@ def _reasons(dag: OpDag) -> list[str]:
 
 
 def comm_bytes_by_reason(dag: OpDag, d: CompiledDag) -> dict:
-    """Total bytes on the wire per reason, and bytes sent by the busiest rank per reason."""
+    """Total payload bytes per reason, and payload bytes sent by the busiest rank per reason."""
     reasons = _reasons(dag)
     if not len(d.flow_bytes):
         return {"total_bytes": 0.0, "by_reason": {}, "per_rank_by_reason": {}}
@@ -158,7 +158,8 @@ def comm_bytes_by_reason(dag: OpDag, d: CompiledDag) -> dict:
         if isinstance(op, CommOp):
             reason_of_op[i] = reasons.index(op.reason)
     flow_reason = np.asarray([reason_of_op[o] for o in d.flow_op], dtype=np.int64)
-    fbytes = np.asarray(d.flow_bytes, dtype=float)
+    # payload bytes: the wire bytes of a flow over its op's protocol overhead
+    fbytes = np.asarray(d.flow_bytes, dtype=float) / np.asarray(d.wire_factor, dtype=float)[np.asarray(d.flow_op)]
     fsrc = np.asarray(d.flow_src, dtype=np.int64)
     by_reason, per_rank = {}, {}
     for r, name in enumerate(reasons):

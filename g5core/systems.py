@@ -176,6 +176,77 @@ def _efficiency_map(instance, attribute, value) -> None:
             raise ConfigError(f"{field}.{key}", f"expected a fraction in (0, 1], got {_describe(v)}")
 
 
+def _optional_nics(instance, attribute, value) -> None:
+    if value is not None:
+        _positive_int(instance, attribute, value)
+
+
+def _boolean(instance, attribute, value) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(_field(attribute), f"expected true or false, got {_describe(value)}")
+
+
+FABRIC_KEYS = ("nodes_per_leaf", "oversubscription")
+
+
+def _fabric_map(instance, attribute, value) -> None:
+    field = _field(attribute)
+    if not isinstance(value, Mapping):
+        raise ConfigError(field, f"expected a mapping {{nodes_per_leaf: N, oversubscription: X}}, got {_describe(value)}")
+    if not value:
+        return
+    for key in value:
+        if key not in FABRIC_KEYS:
+            raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), FABRIC_KEYS)}; "
+                                                f"valid keys: {', '.join(FABRIC_KEYS)}")
+    for key in FABRIC_KEYS:
+        if key not in value:
+            raise ConfigError(f"{field}.{key}", f"missing; a fabric tier needs both {' and '.join(FABRIC_KEYS)}")
+    n = value["nodes_per_leaf"]
+    if not _is_number(n) or not math.isfinite(n) or n != int(n) or n < 1:
+        raise ConfigError(f"{field}.nodes_per_leaf", f"expected a positive integer, got {_describe(n)}")
+    o = value["oversubscription"]
+    if not _is_number(o) or not math.isfinite(o) or o < 1:
+        raise ConfigError(f"{field}.oversubscription",
+                          f"expected a number >= 1 (1: full bisection, 2: 2:1 oversubscribed), got {_describe(o)}")
+
+
+#: what a system file may force, per collective (the NCCL plugin checks the rest)
+NCCL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+NCCL_ALGORITHMS = ("ring", "tree", "nvls")
+NCCL_PROTOCOLS = ("ll", "ll128", "simple")
+
+
+def _to_frozen_nested_map(value: Any) -> Any:
+    if isinstance(value, Mapping) and not isinstance(value, FrozenMap):
+        return FrozenMap({k: FrozenMap(v) if isinstance(v, Mapping) else v for k, v in value.items()})
+    return value
+
+
+def _nccl_map(instance, attribute, value) -> None:
+    field = _field(attribute)
+    if not isinstance(value, Mapping):
+        raise ConfigError(field, f"expected a mapping like {{all_reduce: {{algorithm: ring, protocol: simple}}}}, "
+                                 f"got {_describe(value)}")
+    for coll, choice in value.items():
+        if coll not in NCCL_COLLECTIVES:
+            raise ConfigError(f"{field}.{coll}", f"unknown collective{suggest(str(coll), NCCL_COLLECTIVES)}; "
+                                                 f"NCCL's choice can be forced for {', '.join(NCCL_COLLECTIVES)}")
+        if not isinstance(choice, Mapping) or not choice:
+            raise ConfigError(f"{field}.{coll}", f"expected a mapping with algorithm and/or protocol, got {_describe(choice)}")
+        for key, v in choice.items():
+            allowed = {"algorithm": NCCL_ALGORITHMS, "protocol": NCCL_PROTOCOLS}.get(key)
+            if allowed is None:
+                raise ConfigError(f"{field}.{coll}.{key}", f"unknown key{suggest(str(key), ('algorithm', 'protocol'))}; "
+                                                           "valid keys: algorithm, protocol")
+            if v not in allowed:
+                raise ConfigError(f"{field}.{coll}.{key}", f"unknown {key} {v!r}{suggest(str(v), allowed)}; "
+                                                           f"choose one of {', '.join(allowed)}")
+        if choice.get("algorithm") == "tree" and coll != "all_reduce":
+            raise ConfigError(f"{field}.{coll}.algorithm", f"NCCL runs tree only for all_reduce, not {coll}; "
+                                                           "choose ring (or nvls)")
+
+
 # ---------------------------------------------------------------------------------------
 # The spec
 # ---------------------------------------------------------------------------------------
@@ -205,6 +276,35 @@ class SystemSpec:
     efficiency: Mapping[str, float] = attrs.field(
         converter=_to_frozen_float_map, validator=_efficiency_map
     )
+    # -- network topology (optional; see docs/design-notes.md, "Network") ----------------
+    #: NICs per node (scale-up domain); None: one per chip. Must divide chips_per_node.
+    #: ``network_bw_bytes_per_s`` is per NIC.
+    nics_per_node: int | None = attrs.field(default=None, converter=_to_int, validator=_optional_nics)
+    #: the scale-up switch reduces in place (NVLink SHARP, "NVLS")
+    nvls: bool = attrs.field(default=False, validator=_boolean)
+    #: the tier above the NICs: {nodes_per_leaf: int, oversubscription: number >= 1};
+    #: empty: full bisection
+    fabric: Mapping[str, float] = attrs.field(factory=FrozenMap, converter=_to_frozen_float_map,
+                                              validator=_fabric_map)
+    #: forced NCCL choices per collective, e.g. {all_reduce: {algorithm: ring, protocol: simple}}
+    nccl: Mapping[str, Mapping[str, str]] = attrs.field(factory=FrozenMap, converter=_to_frozen_nested_map,
+                                                        validator=_nccl_map)
+
+    def __attrs_post_init__(self) -> None:
+        if self.chips_per_node % self.nics > 0:
+            raise ConfigError("system.nics_per_node",
+                              f"{self.nics} NICs do not divide the {self.chips_per_node} chips of a node; "
+                              f"give a divisor of chips_per_node (e.g. {self.chips_per_node})")
+        if self.nccl:
+            for coll, choice in self.nccl.items():
+                if choice.get("algorithm") == "nvls" and not self.nvls:
+                    raise ConfigError(f"system.nccl.{coll}.algorithm",
+                                      "nvls needs a switch that reduces in place; set nvls: true or choose ring/tree")
+
+    @property
+    def nics(self) -> int:
+        """NICs per node (one per chip when the file does not say)."""
+        return self.chips_per_node if self.nics_per_node is None else self.nics_per_node
 
     # -- lookups ---------------------------------------------------------------------
 
@@ -239,6 +339,10 @@ class SystemSpec:
         out = attrs.asdict(self, recurse=False)
         out["peak_flops_per_s"] = dict(self.peak_flops_per_s)
         out["efficiency"] = dict(self.efficiency)
+        out["fabric"] = dict(self.fabric)
+        if out["fabric"]:
+            out["fabric"]["nodes_per_leaf"] = int(out["fabric"]["nodes_per_leaf"])
+        out["nccl"] = {k: dict(v) for k, v in self.nccl.items()}
         return out
 
     # -- loading ---------------------------------------------------------------------
@@ -258,7 +362,8 @@ class SystemSpec:
                     f"system.{key}",
                     f"unknown key{suggest(str(key), valid)}{where}; valid keys: {', '.join(valid)}",
                 )
-        missing = [k for k in valid if k not in data]
+        required = [f.name for f in attrs.fields(cls) if f.default is attrs.NOTHING]
+        missing = [k for k in required if k not in data]
         if missing:
             raise ConfigError(
                 f"system.{missing[0]}",
@@ -266,7 +371,7 @@ class SystemSpec:
                 + (f" (also missing: {', '.join(missing[1:])})" if len(missing) > 1 else ""),
             )
         try:
-            return cls(**{k: data[k] for k in valid})
+            return cls(**{k: data[k] for k in valid if k in data})
         except ConfigError as exc:
             if not where:
                 raise

@@ -5,9 +5,14 @@ Each chip is a process ("chip N (node M)") with these threads:
 - ``compute``: its compute ops, complete ("X") slices with FLOPs, HBM bytes and owner;
 - ``comm ops``: the communication ops it takes part in, with reason, primitive, bytes per
   rank and group;
-- ``port link_tx`` / ``link_rx`` / ``nic_tx`` / ``nic_rx``: the flows crossing that port,
-  with reason, bytes and op;
-- a counter per port (``chipN.link_tx GB/s``): the bandwidth the port carries over time.
+- ``port link_tx`` / ``link_rx``: the flows crossing its scale-up link ports, with reason,
+  bytes and op; ``port nic_tx`` / ``nic_rx``: the same for the NIC whose rail it heads
+  (the first chip that uses a NIC draws it);
+- a counter per port (``chipN.link_tx GB/s``, ``nodeN.nicK.tx GB/s``): the bandwidth the
+  port carries over time.
+
+Fabric tiers (``leafL.up`` / ``down``) are processes of their own after the chips. A
+communication op's slice names its algorithm, protocol and channels.
 
 Perfetto draws the slices of one thread only when they nest, and flows on a port (and
 communication ops on a chip) overlap freely, so such a track is split into as many lanes
@@ -23,7 +28,7 @@ import os
 import pathlib
 import tempfile
 
-from .collective import PORT_NAMES, PORTS_PER_CHIP, Topology
+from .topology import KIND_NAMES, Topology
 from .dag import CommOp, ComputeOp
 from .results import SimResult
 
@@ -87,32 +92,36 @@ def trace_events(sim: SimResult, topo: Topology) -> list[dict]:
             tid = COMM_TID_BASE + lane
             threads[(c, tid)] = _lane_name("comm ops", lane)
             s, e = sim.start_s[i], sim.end_s[i]
+            algorithm, protocol, channels = d.comm_algo[i]
             events.append({"ph": "X", "name": op.key, "cat": op.reason, "pid": c, "tid": tid, "ts": s * 1e6,
                            "dur": (e - s) * 1e6,
                            "args": {"reason": op.reason, "primitive": op.primitive,
-                                    "bytes_per_rank": op.bytes_per_rank, "group": list(op.group)}})
+                                    "bytes_per_rank": op.bytes_per_rank, "group": list(op.group),
+                                    "algorithm": algorithm, "protocol": protocol, "channels": channels}})
 
     # flows, per port, in lanes
     per_port: dict[int, list[int]] = {}
     for f in range(len(d.flow_bytes)):
-        per_port.setdefault(d.flow_src_port[f], []).append(f)
-        per_port.setdefault(d.flow_dst_port[f], []).append(f)
+        for r in d.flow_ports[f]:
+            per_port.setdefault(r, []).append(f)
+    leaf_pid = d.n_chips
     for port, flows in sorted(per_port.items()):
-        chip, kind = divmod(port, PORTS_PER_CHIP)
+        pid, kind = _port_pid(topo, port, leaf_pid, events)
         lanes = assign_lanes([(sim.flow_start_s[f], sim.flow_end_s[f]) for f in flows])
         for f, lane in zip(flows, lanes):
             op = ops[d.flow_op[f]]
             tid = PORT_TID_BASE + kind * PORT_TID_STRIDE + lane
-            threads[(chip, tid)] = _lane_name(f"port {PORT_NAMES[kind]}", lane)
+            threads[(pid, tid)] = _lane_name(f"port {KIND_NAMES[kind]}", lane)
             s, e = sim.flow_start_s[f], sim.flow_end_s[f]
             events.append({"ph": "X", "name": f"{op.reason} c{d.flow_src[f]}->c{d.flow_dst[f]}", "cat": op.reason,
-                           "pid": chip, "tid": tid, "ts": s * 1e6, "dur": (e - s) * 1e6,
-                           "args": {"reason": op.reason, "bytes": d.flow_bytes[f], "op": op.key}})
+                           "pid": pid, "tid": tid, "ts": s * 1e6, "dur": (e - s) * 1e6,
+                           "args": {"reason": op.reason, "bytes": d.flow_bytes[f], "op": op.key,
+                                    "port": topo.resource_name(port)}})
 
     # port bandwidth counters
     for t, port, rate in sim.port_rate_log:
-        chip, kind = divmod(port, PORTS_PER_CHIP)
-        events.append({"ph": "C", "name": f"chip{chip}.{PORT_NAMES[kind]} GB/s", "pid": chip, "ts": t * 1e6,
+        pid, _ = _port_pid(topo, port, leaf_pid, None)
+        events.append({"ph": "C", "name": f"{topo.resource_name(port)} GB/s", "pid": pid, "ts": t * 1e6,
                        "args": {"GB/s": rate / 1e9}})
 
     for (pid, tid), name in sorted(threads.items()):
@@ -121,8 +130,22 @@ def trace_events(sim: SimResult, topo: Topology) -> list[dict]:
     return events
 
 
+def _port_pid(topo: Topology, port: int, leaf_pid: int, events) -> tuple[int, int]:
+    """(process, resource kind) a port is drawn in; fabric tiers get processes of their own
+    (named once, when ``events`` is given)."""
+    kind = topo.resource_kind(port)
+    chip = topo.resource_owner_chip(port)
+    if chip >= 0:
+        return chip, kind
+    pid = leaf_pid + topo.leaf_of_resource(port)
+    if events is not None and kind == KIND_NAMES.index("leaf_up"):
+        events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"fabric {topo.resource_name(port).split('.')[0]}"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
+    return pid, kind
+
+
 TIMELINE_COLUMNS = ("key", "kind", "name", "layer", "owner", "chips", "op_class", "reason", "primitive",
-                    "flops", "hbm_bytes", "bytes_per_rank", "start_s", "end_s")
+                    "algorithm", "protocol", "channels", "flops", "hbm_bytes", "bytes_per_rank", "start_s", "end_s")
 
 
 def timeline_rows(sim: SimResult):
@@ -130,11 +153,12 @@ def timeline_rows(sim: SimResult):
     for i, op in enumerate(sim.dag.ops):
         start, end = repr(float(sim.start_s[i])), repr(float(sim.end_s[i]))
         if isinstance(op, ComputeOp):
-            yield (op.key, "compute", op.name, op.layer, op.owner, str(op.chip), op.op_class, "", "",
+            yield (op.key, "compute", op.name, op.layer, op.owner, str(op.chip), op.op_class, "", "", "", "", "",
                    repr(op.flops), repr(op.hbm_bytes), "", start, end)
         else:
+            algorithm, protocol, channels = sim.compiled.comm_algo[i]
             yield (op.key, "comm", op.name, op.layer, op.owner, " ".join(map(str, op.group)), "", op.reason,
-                   op.primitive, "", "", repr(op.bytes_per_rank), start, end)
+                   op.primitive, algorithm, protocol, channels, "", "", repr(op.bytes_per_rank), start, end)
 
 
 def write_timeline(sim: SimResult, path) -> None:

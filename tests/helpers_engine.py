@@ -202,7 +202,7 @@ class GreedyPorts(Engine):
 
     def _allocate(self, flows, ports) -> dict:
         cap = self.dag.port_capacity
-        return {f: min(cap[self.dag.flow_src_port[f]], cap[self.dag.flow_dst_port[f]]) for f in flows}
+        return {f: min(cap[p] for p in self.dag.flow_ports[f]) for f in flows}
 
 
 class ParallelStreams(Engine):

@@ -100,8 +100,8 @@ def measure(dag, topology, start, end, layer: int, chip: int) -> dict:
     for i in sent:
         op = dag.ops[i]
         src, dst = op.group
-        bw = topology.intra_node_bw_bytes_per_s if topology.same_node(src, dst) else topology.network_bw_bytes_per_s
-        comm_s += topology.message_latency_s(op.group) + op.bytes_per_rank / bw
+        bw = min(topology.capacities()[r] for r in topology.route(src, dst))
+        comm_s += topology.p2p_latency_s(src, dst) + op.bytes_per_rank / bw
     ring_start = min(start[i] for i in steps + sent)
     ring_end = max(end[i] for i in steps)
     ring_s = ring_end - ring_start
@@ -153,7 +153,7 @@ def test_overlap_takes_effect_in_the_middle_region(middle):
         # each P2P ran at the speed it has alone (nothing else shares its ports)
         for i in m["sent"]:
             op = sim.dag.ops[i]
-            alone_s = op.bytes_per_rank / topo.intra_node_bw_bytes_per_s
+            alone_s = op.bytes_per_rank / topo.link_bw_bytes_per_s
             assert sim.end_s[i] - sim.start_s[i] == pytest.approx(alone_s, rel=1e-9)
         assert m["ring_s"] <= 1.1 * max(m["compute_s"], m["comm_s"]), (chip, m)
         assert m["ring_s"] <= 0.7 * (m["compute_s"] + m["comm_s"]), (chip, m)
