@@ -161,11 +161,14 @@ def comm_bytes_by_reason(dag: OpDag, d: CompiledDag) -> dict:
     # payload bytes: the wire bytes of a flow over its op's protocol overhead
     fbytes = np.asarray(d.flow_bytes, dtype=float) / np.asarray(d.wire_factor, dtype=float)[np.asarray(d.flow_op)]
     fsrc = np.asarray(d.flow_src, dtype=np.int64)
+    # a flow whose first resource is a receive side (a chip's traffic down from an in-switch
+    # reduction) is received, not sent (send sides have even resource ids: g5core.topology)
+    sends = np.asarray([ports[0] % 2 == 0 for ports in d.flow_ports], dtype=bool)
     by_reason, per_rank = {}, {}
     for r, name in enumerate(reasons):
         m = flow_reason == r
         by_reason[name] = float(math.fsum(fbytes[m]))
-        sent = np.bincount(fsrc[m], weights=fbytes[m], minlength=d.n_chips)
+        sent = np.bincount(fsrc[m & sends], weights=fbytes[m & sends], minlength=d.n_chips)
         per_rank[name] = float(sent.max())
     return {"total_bytes": float(math.fsum(fbytes)), "by_reason": by_reason, "per_rank_by_reason": per_rank}
 

@@ -181,6 +181,11 @@ def _optional_nics(instance, attribute, value) -> None:
         _positive_int(instance, attribute, value)
 
 
+def _optional_positive(instance, attribute, value) -> None:
+    if value is not None:
+        _positive(instance, attribute, value)
+
+
 def _boolean(instance, attribute, value) -> None:
     if not isinstance(value, bool):
         raise ConfigError(_field(attribute), f"expected true or false, got {_describe(value)}")
@@ -286,6 +291,9 @@ class SystemSpec:
     #: empty: full bisection
     fabric: Mapping[str, float] = attrs.field(factory=FrozenMap, converter=_to_frozen_float_map,
                                               validator=_fabric_map)
+    #: the GPU's CUDA compute capability (9.0 Hopper, 10.0 Blackwell, 8.0 Ampere): NCCL's
+    #: tables depend on it; the collectives plugin asks for it
+    compute_capability: float | None = attrs.field(default=None, converter=_to_float, validator=_optional_positive)
     #: forced NCCL choices per collective, e.g. {all_reduce: {algorithm: ring, protocol: simple}}
     nccl: Mapping[str, Mapping[str, str]] = attrs.field(factory=FrozenMap, converter=_to_frozen_nested_map,
                                                         validator=_nccl_map)

@@ -14,7 +14,8 @@ DGX H100, 72 in a GB200 NVL72 rack). Resources, all per direction:
   ``nodes_per_leaf x nics_per_node x nic bandwidth / oversubscription``. A full-bisection
   fabric (no ``fabric`` block, or oversubscription 1) has no such tier: it never limits.
 
-A *route* is the tuple of resources a byte crosses. The switch inside a node and the
+Every send side (``link_tx``, ``tx``, ``up``) has an even id and its receive side the next,
+odd, id. A *route* is the tuple of resources a byte crosses. The switch inside a node and the
 fabric's spine are otherwise non-blocking. Flows on a resource share it max-min fairly
 (the engine). Collective lowerings choose routes (which NIC a channel uses); point-to-point
 traffic takes :meth:`Topology.route` (one NIC on each side).

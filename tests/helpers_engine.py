@@ -43,6 +43,7 @@ SYSTEM_FIELDS: dict[str, Any] = {
     "network_latency_s": 5.0e-6,
     "launch_overhead_s": 0.0,
     "efficiency": {"gemm": 1.0, "attention": 1.0, "elementwise": 1.0, "hbm": 1.0},
+    "compute_capability": 9.0,
 }
 
 

@@ -1,7 +1,9 @@
 """Link contention: a TP all-reduce and an EP all-to-all on shared ports slow each other down.
 
 Hand-built DAGs (``OpDag`` + ``compile_dag`` + ``Engine``) on a synthetic system with zero
-start latencies, so the expected times have a closed form. Four chips in one node, link
+start latencies, so the expected times have a closed form. The engine's sharing is what is
+tested here, so the collectives are the textbook ones (a plain ring all-reduce and direct
+all-to-all, no start latency) of a small stand-in plugin, not NCCL's (tests/test_nccl.py). Four chips in one node, link
 bandwidth ``B`` per port and direction, payload ``N`` bytes per rank:
 
 - ring all-reduce alone: each rank sends ``2 (n-1)/n N = 1.5 N`` to the next; one flow per
@@ -17,6 +19,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from g5core import Lowering, hookimpl
 from g5core.build import prepare
 from g5core.dag import CommOp, OpDag
 from g5core.engine import Engine, compile_dag
@@ -34,6 +37,7 @@ SYSTEM = {
     "intra_node_bw_bytes_per_s": LINK_BYTES_PER_S, "intra_node_latency_s": 0.0,
     "network_bw_bytes_per_s": NIC_BYTES_PER_S, "network_latency_s": 0.0, "launch_overhead_s": 0.0,
     "efficiency": {"gemm": 1.0, "attention": 1.0, "elementwise": 1.0, "hbm": 1.0},
+    "compute_capability": 9.0,
 }
 
 
@@ -43,7 +47,24 @@ def plan(tmp_path_factory):
     path.write_text(yaml.safe_dump(SYSTEM))
     raw = {"model": "llama-3.1-8b", "system": str(path), "chips": 8,
            "parallel": {"dp": 1, "tp": 8, "pp": 1, "cp": 1}, "phase": "decode", "batch": 1, "seq_len": 128}
-    return prepare(raw, make_plugin_manager())
+    return prepare(raw, make_plugin_manager(disabled=["collectives"], extra_plugins=[("textbook", Textbook)]))
+
+
+class Textbook:
+    """A ring all-reduce and a direct all-to-all with no start latency."""
+
+    @staticmethod
+    @hookimpl
+    def g5_register_primitives(register):
+        def all_reduce(group, nbytes, topo):
+            n = len(group)
+            return Lowering(tuple((group[i], group[(i + 1) % n], 2 * (n - 1) / n * nbytes) for i in range(n)), 0.0)
+
+        def all_to_all(group, nbytes, topo):
+            return Lowering(tuple((s, t, nbytes / len(group)) for s in group for t in group if s != t), 0.0)
+
+        register("all_reduce", all_reduce)
+        register("all_to_all", all_to_all)
 
 
 def _allreduce(group, key="tp.allreduce"):

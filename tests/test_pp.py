@@ -135,9 +135,10 @@ def test_ttft_with_pp2_is_the_sum_of_both_stages(pp_runs):
 
 def test_ttft_with_pp2_is_no_faster_than_one_chip(pp_runs):
     one, two = pp_runs[1].latency_s, pp_runs[2].latency_s
-    # the same work in turn, plus one activation transfer (2 MiB on NVLink: a few microseconds)
+    # the same work in turn, plus one activation transfer (2 MiB on NVLink: 6.5 us of start
+    # latency and 5.7 us at 370.8 GB/s, about 0.13% of the run)
     assert two > one
-    assert two == pytest.approx(one, rel=1e-3)
+    assert two == pytest.approx(one, rel=2e-3)
 
 
 # ------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from g5core.systems import (
     get_system,
 )
 
-EXPECTED = {"h100-sxm", "h200", "h800", "b200", "a100-80gb"}
+EXPECTED = {"h100-sxm", "h200", "h800", "b200", "a100-80gb", "gb200-nvl72"}
 
 GOOD = {
     "name": "my-cluster",
@@ -58,7 +58,7 @@ def test_every_catalog_system_loads(name):
     spec = get_system(name)
     assert isinstance(spec, SystemSpec)
     assert spec.name == name
-    assert spec.chips_per_node == 8
+    assert spec.chips_per_node == (72 if name == "gb200-nvl72" else 8)
     assert set(spec.efficiency) == set(EFFICIENCY_KEYS)
     for op in OP_CLASSES + ("hbm",):
         assert 0 < spec.op_efficiency(op) <= 1
@@ -75,7 +75,7 @@ def test_unknown_system_name_suggests_and_lists():
     msg = str(info.value)
     assert msg.startswith("system: unknown system 'h100'")
     assert "did you mean" in msg
-    assert "known: a100-80gb, b200, h100-sxm, h200, h800" in msg
+    assert "known: a100-80gb, b200, gb200-nvl72, h100-sxm, h200, h800" in msg
     assert "path to a system YAML file" in msg
 
 
@@ -304,12 +304,20 @@ def test_figures_sanity():
     assert b200.hbm_capacity_bytes > h200.hbm_capacity_bytes
     assert a100.hbm_bw_bytes_per_s < h100.hbm_bw_bytes_per_s == h800.hbm_bw_bytes_per_s
     assert h100.hbm_bw_bytes_per_s < h200.hbm_bw_bytes_per_s < b200.hbm_bw_bytes_per_s
-    # NVLink per direction: H800 cut to 400 GB/s bidirectional.
+    # NVLink per direction as NCCL models it (links x per-link GB/s of src/graph/topo.h):
+    # H100/H200 18 x 20.6, H800 cut to 8 links, A100 12 x 20.0, B200 18 x 40.1
     assert h800.intra_node_bw_bytes_per_s < h100.intra_node_bw_bytes_per_s
-    assert h800.intra_node_bw_bytes_per_s == 200e9
-    assert h100.intra_node_bw_bytes_per_s == h200.intra_node_bw_bytes_per_s == 450e9
-    assert b200.intra_node_bw_bytes_per_s == 2 * h100.intra_node_bw_bytes_per_s
-    assert a100.intra_node_bw_bytes_per_s == 300e9
+    assert h800.intra_node_bw_bytes_per_s == pytest.approx(8 * 20.6e9)
+    assert h100.intra_node_bw_bytes_per_s == h200.intra_node_bw_bytes_per_s == pytest.approx(18 * 20.6e9)
+    assert b200.intra_node_bw_bytes_per_s == pytest.approx(18 * 40.1e9)
+    assert a100.intra_node_bw_bytes_per_s == pytest.approx(12 * 20.0e9)
+    gb200 = get_system("gb200-nvl72")
+    assert gb200.chips_per_node == gb200.nics == 72 and gb200.nvls
+    assert gb200.intra_node_bw_bytes_per_s == b200.intra_node_bw_bytes_per_s
+    # one NIC per GPU everywhere; NVLS from Hopper on; compute capabilities for NCCL's tables
+    assert all(s.nics == s.chips_per_node for s in (a100, h100, h200, h800, b200))
+    assert not a100.nvls and h100.nvls and b200.nvls
+    assert (a100.compute_capability, h100.compute_capability, b200.compute_capability) == (8.0, 9.0, 10.0)
     # Hopper parts share one die: same compute.
     assert h100.peak_flops_per_s == h200.peak_flops_per_s == h800.peak_flops_per_s
     assert "fp8" not in a100.peak_flops_per_s

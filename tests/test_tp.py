@@ -23,9 +23,13 @@ def _raw(model="llama-3.1-8b", tp=1, dp=1, pp=1, cp=1, phase="prefill", batch=2,
 
 
 def _sent_per_rank(compiled, op_index: int) -> dict[int, float]:
+    """Payload bytes each rank's flows carry (wire bytes over the protocol's overhead)."""
     sent: dict[int, float] = {}
     for f in range(compiled.flow_ptr[op_index], compiled.flow_ptr[op_index + 1]):
-        sent[compiled.flow_src[f]] = sent.get(compiled.flow_src[f], 0.0) + compiled.flow_bytes[f]
+        if compiled.flow_ports[f][0] % 2:   # a receive side: the switch's multicast down to the chip
+            continue
+        payload = compiled.flow_bytes[f] / compiled.wire_factor[op_index]
+        sent[compiled.flow_src[f]] = sent.get(compiled.flow_src[f], 0.0) + payload
     return sent
 
 
@@ -35,7 +39,7 @@ def _sent_per_rank(compiled, op_index: int) -> dict[int, float]:
 
 
 @pytest.mark.parametrize("tp, phase", [(2, "prefill"), (4, "prefill"), (8, "decode"), (4, "decode")])
-def test_every_tp_allreduce_carries_tokens_x_hidden_and_each_rank_sends_the_ring_share(tp, phase):
+def test_every_tp_allreduce_carries_tokens_x_hidden_and_each_rank_sends_its_algorithms_share(tp, phase):
     batch, seq_len = 2, 512
     plan = make_plan(_raw(tp=tp, phase=phase, batch=batch, seq_len=seq_len))
     model = plan.ctx.model
@@ -53,8 +57,12 @@ def test_every_tp_allreduce_carries_tokens_x_hidden_and_each_rank_sends_the_ring
         assert sorted(op.group) == list(range(tp))
         sent = _sent_per_rank(compiled, i)
         assert sorted(sent) == list(range(tp))
+        algorithm = compiled.comm_algo[i][0]
+        # a ring sends the ring share to the next rank; with NVLS each chip sends its buffer to
+        # the switch and its reduced slice back (an all-gather by multicast): N (1 + 1/n)
+        share = {"ring": ring_bytes_per_rank, "nvls": buffer_bytes * (1 + 1 / tp)}[algorithm]
         for rank, nbytes in sent.items():
-            assert nbytes == pytest.approx(ring_bytes_per_rank, rel=1e-12), (op.key, rank)
+            assert nbytes == pytest.approx(share, rel=1e-12), (op.key, rank, algorithm)
 
 
 def test_tp1_has_no_tp_communication():
@@ -138,23 +146,27 @@ def test_ttft_drops_with_tp_inside_one_node(ttft_70b):
     assert ttft_s[1] / ttft_s[8] < 8.0
 
 
-def test_tp_group_across_two_nodes_is_slowed_by_the_network_interface(ttft_70b):
+def test_tp_group_across_two_nodes_exchanges_data_over_every_nic(ttft_70b):
     plan16, sim16 = ttft_70b[16]
     plan8, sim8 = ttft_70b[8]
+    topo = plan16.ctx.topology
     assert plan16.ctx.rankmap.crosses_nodes(plan16.ctx.rankmap.groups("tp")[0])
     assert not plan8.ctx.rankmap.crosses_nodes(plan8.ctx.rankmap.groups("tp")[0])
-    # Twice the chips, but each ring all-reduce now has two hops on the 50 GB/s network
-    # interface instead of 450 GB/s NVLink; a ring runs at its slowest hop, so every
-    # all-reduce gets ~9x slower per byte while compute only halves: far from 2x.
-    speedup = sim8.latency_s / sim16.latency_s
-    assert speedup < 1.5
-
+    c = sim16.compiled
+    big = max((i for i, op in enumerate(sim16.dag.ops) if isinstance(op, CommOp) and op.reason == "tp_allreduce"),
+              key=lambda i: sim16.dag.ops[i].bytes_per_rank)
+    nic_ports = {topo.resource_name(p) for f in range(c.flow_ptr[big], c.flow_ptr[big + 1]) for p in c.flow_ports[f]
+                 if ".nic" in topo.resource_name(p)}
+    # NCCL binds each channel's node-crossing hop to another NIC: all 8 NICs of both nodes send
+    assert {n for n in nic_ports if n.endswith(".tx")} == {f"node{k}.nic{r}.tx" for k in (0, 1) for r in range(8)}
+    # so crossing nodes costs a TP16 all-reduce little bandwidth: per byte it is no slower than
+    # 1.6x TP8's (eight 48 GB/s NICs against one 370.8 GB/s NVLink port), and TP16 is faster
     def mean_allreduce_s(sim):
         idx = [i for i, op in enumerate(sim.dag.ops) if isinstance(op, CommOp) and op.reason == "tp_allreduce"]
         return float(np.mean(sim.end_s[idx] - sim.start_s[idx]))
 
-    # the per-op all-reduce time itself is what grew (bytes per rank are nearly equal: 2*15/16 vs 2*7/8)
-    assert mean_allreduce_s(sim16) > 5 * mean_allreduce_s(sim8)
+    assert mean_allreduce_s(sim16) < 1.6 * mean_allreduce_s(sim8)
+    assert sim16.latency_s < sim8.latency_s
 
 
 # ------------------------------------------------------------------------------------------

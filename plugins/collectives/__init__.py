@@ -1,67 +1,269 @@
-"""Communication primitives lowered into flows.
+"""Communication primitives lowered into flows the way NCCL runs them.
 
-Every collective lowers into one set of concurrent flows plus a start latency, the
-bandwidth-optimal form of its algorithm: the flows carry exactly the bytes each rank sends
-under that algorithm, and the latency counts its message steps. ``bytes_per_rank`` is the
-buffer each rank contributes (N). With ``n`` ranks and step latency ``a`` (the network's
-when the group spans nodes):
+``bytes_per_rank`` (N) is the buffer size nccl-tests reports: each rank's buffer for
+all_reduce, the gathered output for all_gather, the full input for reduce_scatter, each
+rank's send buffer for all_to_all, the message for p2p / broadcast / gather.
 
-| primitive      | flows                                   | bytes per flow      | latency      |
-|----------------|-----------------------------------------|---------------------|--------------|
-| p2p            | src -> dst                              | N                   | a            |
-| all_reduce     | ring: rank i -> rank i+1                | 2 (n-1)/n N         | 2 (n-1) a    |
-| all_gather     | ring: rank i -> rank i+1                | (n-1)/n N           | (n-1) a      |
-| reduce_scatter | ring: rank i -> rank i+1                | (n-1)/n N           | (n-1) a      |
-| all_to_all     | every rank to every other rank          | N / n               | a            |
-| broadcast      | root -> every other rank (small message)| N                   | a            |
-| gather         | every other rank -> root (small message)| N                   | a            |
+**all_reduce, all_gather, reduce_scatter.** NCCL's tuner (:mod:`.nccl`) predicts every
+enabled (algorithm, protocol) pair with NCCL's time formula and picks the fastest, unless
+the system file forces a choice (``nccl: {all_reduce: {algorithm: ring, protocol: simple}}``).
+The chosen algorithm becomes flows on the topology's resources:
 
-On an idle ring of link bandwidth B this gives the textbook all-reduce time
-``2 (n-1) a + 2 (n-1)/n N / B``; under contention the flows slow down with everything else
-on their ports.
+- ring: ranks ordered by node, each rank sends ``2 (n-1)/n N`` (all_reduce) or
+  ``(n-1)/n N`` to the next; a hop inside a node crosses the two chips' scale-up links;
+  a hop between nodes is split over the op's channels, channel ``c`` crossing NIC
+  ``c mod k`` of the ``k`` NICs the group's chips use on that node (rail-aligned, as
+  NCCL's search binds each channel to a NIC), so two nodes exchange data over all their
+  NICs at once;
+- tree (all_reduce): a chain inside each node (``N`` each way per hop: reduce up,
+  broadcast down) and NCCL's double binary tree across nodes (each tree carries ``N/2``
+  up and down its edges), the node-crossing edges spread over the NICs like ring hops;
+- nvls (all_reduce in one node, where the switch reduces in place): each chip sends
+  ``N (1 + 1/n)`` to the switch and receives as much (reduce-scatter by in-switch loads,
+  all-gather by multicast stores);
+- nvls_tree (all_reduce across nodes): nvls inside each node, a double binary tree between
+  nodes, each chip carrying its ``N/ppn`` slice over its own NIC.
+
+Its flows carry the payload times the protocol's own wire overhead (LL 2: a flag per data
+word; LL128 128/120; NVLS 1/nvlsEfficiency). Its start latency is NCCL's latency of the
+pair plus whatever NCCL's bandwidth model adds beyond those wires (LL's polling, a tree's
+pipeline): time that holds the op but not its links. So an op alone takes NCCL's predicted
+time, or longer where its wires are the limit, and a busy one slows down with everything
+else on its links.
+
+**all_to_all** is NCCL's grouped send/receive: ``N/n`` to every other rank at once; a
+message to another node leaves through the sender's NIC and enters through the
+receiver's, so the pairs of a node spread over all its NICs (one per chip when rails are
+one to one). **p2p** is one flow
+over one NIC on each side; **broadcast** and **gather** are direct flows from or to the
+root. Their start latency is the system's point-to-point latency (NCCL's tuner has no
+send/receive model).
 """
 from __future__ import annotations
 
-from g5core import Lowering, Topology, hookimpl
+from g5core import ConfigError, Lowering, Topology, hookimpl
+
+from . import nccl
 
 
-def ring_flows(group, bytes_each):
+# ------------------------------------------------------------------------------ helpers
+def _by_node(group, topo: Topology) -> dict[int, list[int]]:
+    nodes: dict[int, list[int]] = {}
+    for c in sorted(group, key=lambda c: (topo.node_of(c), c)):
+        nodes.setdefault(topo.node_of(c), []).append(c)
+    return nodes
+
+
+def _rails(members, topo: Topology) -> list[int]:
+    return sorted({topo.rail_of(c) for c in members})
+
+
+def _nccl_group(coll: str, group, topo: Topology) -> nccl.Group:
+    system = topo.system
+    cc = getattr(system, "compute_capability", None)
+    if cc is None:
+        raise ConfigError("system.compute_capability",
+                          f"system '{getattr(system, 'name', '?')}' does not give the GPU's compute capability, which "
+                          "NCCL's tables depend on; add e.g. 'compute_capability: 9.0' (Hopper) to the system file")
+    nodes = _by_node(group, topo)
+    ppn = max(len(m) for m in nodes.values())
+    rails = min(len(_rails(m, topo)) for m in nodes.values())
+    return nccl.Group(coll=coll, n_ranks=len(group), n_nodes=len(nodes), ppn=ppn,
+                      link_bw_gbps=topo.link_bw_bytes_per_s / 1e9,
+                      net_bw_gbps=rails * topo.nic_bw_bytes_per_s / 1e9,
+                      compute_capability=float(cc), nvls=topo.nvls)
+
+
+def _cross(flows: list, a: int, b: int, nbytes: float, channels: int, topo: Topology, rails_a, rails_b) -> None:
+    """A node-crossing hop a -> b split over ``channels``, channel c on the c-th NIC (mod)."""
+    na, nb = topo.node_of(a), topo.node_of(b)
+    per = nbytes / channels
+    for c in range(channels):
+        ra, rb = rails_a[c % len(rails_a)], rails_b[c % len(rails_b)]
+        flows.append((a, b, per, topo.network_route(na, ra, nb, rb)))
+
+
+def ring_flows(group, nbytes: float, channels: int, topo: Topology) -> list:
+    nodes = _by_node(group, topo)
+    order = [c for members in nodes.values() for c in members]
+    rails = {n: _rails(m, topo) for n, m in nodes.items()}
+    flows: list = []
+    n = len(order)
+    for i in range(n):
+        a, b = order[i], order[(i + 1) % n]
+        if topo.same_node(a, b):
+            flows.append((a, b, nbytes))
+        else:
+            _cross(flows, a, b, nbytes, channels, topo, rails[topo.node_of(a)], rails[topo.node_of(b)])
+    return flows
+
+
+def btree(nranks: int, rank: int) -> tuple[int, int, int]:
+    """(parent, child0, child1) of ``rank`` in NCCL's binary tree (src/graph/trees.cc
+    ncclGetBtree); -1 for none."""
+    bit = 1
+    while bit < nranks:
+        if bit & rank:
+            break
+        bit <<= 1
+    if rank == 0:
+        return -1, -1, (bit >> 1) if nranks > 1 else -1
+    up = (rank ^ bit) | (bit << 1)
+    if up >= nranks:
+        up = rank ^ bit
+    lowbit = bit >> 1
+    down0 = -1 if lowbit == 0 else rank - lowbit
+    down1 = -1 if lowbit == 0 else rank + lowbit
+    while down1 >= nranks:
+        lowbit >>= 1
+        down1 = -1 if lowbit == 0 else rank + lowbit
+    return up, down0, down1
+
+
+def dtree_edges(nranks: int) -> list[list[tuple[int, int]]]:
+    """(child, parent) edges of NCCL's two complementary trees (trees.cc ncclGetDtree): the
+    second tree mirrors the first for an even count and shifts it by one for an odd count."""
+    trees: list[list[tuple[int, int]]] = [[], []]
+    for r in range(nranks):
+        up, _, _ = btree(nranks, r)
+        if up >= 0:
+            trees[0].append((r, up))
+        if nranks % 2 == 1:
+            up1, _, _ = btree(nranks, (r - 1) % nranks)
+            parent = (up1 + 1) % nranks if up1 >= 0 else -1
+        else:
+            up1, _, _ = btree(nranks, nranks - 1 - r)
+            parent = nranks - 1 - up1 if up1 >= 0 else -1
+        if parent >= 0:
+            trees[1].append((r, parent))
+    return trees
+
+
+def tree_flows(group, nbytes: float, channels: int, topo: Topology) -> list:
+    nodes = _by_node(group, topo)
+    heads = [m[0] for m in nodes.values()]
+    rails = {n: _rails(m, topo) for n, m in nodes.items()}
+    flows: list = []
+    for members in nodes.values():               # chain: reduce up, broadcast down
+        for a, b in zip(members, members[1:]):
+            flows.append((b, a, nbytes))
+            flows.append((a, b, nbytes))
+    node_ids = list(nodes)
+    for edges in dtree_edges(len(heads)):
+        for child, parent in edges:
+            c, p = heads[child], heads[parent]
+            rc, rp = rails[node_ids[child]], rails[node_ids[parent]]
+            _cross(flows, c, p, nbytes / 2, channels, topo, rc, rp)   # reduce
+            _cross(flows, p, c, nbytes / 2, channels, topo, rp, rc)   # broadcast
+    return flows
+
+
+def nvls_flows(group, nbytes: float, topo: Topology) -> list:
+    """Each chip's traffic to and from the reducing switch (``src == dst``: the switch)."""
+    flows: list = []
+    for members in _by_node(group, topo).values():
+        k = len(members)
+        for c in members:
+            each = nbytes * (1.0 + 1.0 / k)
+            flows.append((c, c, each, (topo.link_tx(c),)))
+            flows.append((c, c, each, (topo.link_rx(c),)))
+    return flows
+
+
+def nvls_tree_flows(group, nbytes: float, topo: Topology) -> list:
+    nodes = _by_node(group, topo)
+    flows = nvls_flows(group, nbytes, topo)
+    members = list(nodes.values())
+    for edges in dtree_edges(len(members)):
+        for child, parent in edges:
+            mc, mp = members[child], members[parent]
+            k = min(len(mc), len(mp))
+            for j in range(k):                     # slice j crosses on chip j's rail
+                a, b = mc[j], mp[j]
+                na, nb = topo.node_of(a), topo.node_of(b)
+                ra, rb = topo.rail_of(a), topo.rail_of(b)
+                flows.append((a, b, nbytes / (2 * k), topo.network_route(na, ra, nb, rb)))
+                flows.append((b, a, nbytes / (2 * k), topo.network_route(nb, rb, na, ra)))
+    return flows
+
+
+def _idle_transfer_s(flows, topo: Topology) -> float:
+    caps = topo.capacities()
+    load: dict[int, float] = {}
+    for f in flows:
+        route = f[3] if len(f) > 3 else topo.route(f[0], f[1])
+        for r in route:
+            load[r] = load.get(r, 0.0) + f[2]
+    return max((b / caps[r] for r, b in load.items()), default=0.0)
+
+
+def lower_collective(coll: str, group, nbytes: float, topo: Topology) -> Lowering:
+    g = _nccl_group(coll, group, topo)
+    forced = dict(topo.system.nccl.get(coll, {})) if topo.system is not None else {}
+    choice = nccl.choose(g, nbytes, forced)
+    if choice is None:
+        raise ConfigError(f"system.nccl.{coll}",
+                          f"the forced choice {forced} does not apply to {coll} over {g.n_ranks} chips on "
+                          f"{g.n_nodes} node(s) (nvls runs in one node, nvls_tree across nodes, both only with "
+                          "protocol simple and nvls: true); change or remove it")
+    algorithm, protocol, latency_us, transfer_us = choice
     n = len(group)
-    return tuple((group[i], group[(i + 1) % n], bytes_each) for i in range(n))
+    nc = nccl.op_channels(nbytes, 2 * g.channels, protocol, algorithm, n)
+    if algorithm == "ring":
+        per_rank = (2.0 * (n - 1) / n if coll == "all_reduce" else (n - 1) / n) * nbytes
+        flows = ring_flows(group, per_rank, nc, topo)
+    elif algorithm == "tree":
+        flows = tree_flows(group, nbytes, nc, topo)
+    elif algorithm == "nvls":
+        flows = nvls_flows(group, nbytes, topo)
+    else:
+        flows = nvls_tree_flows(group, nbytes, topo)
+    own = nccl.PROTOCOL_WIRE_FACTOR[protocol]
+    if algorithm in ("nvls", "nvls_tree"):
+        own = 1.0 / nccl.NVLS_EFFICIENCY[nccl.comp_cap_index(g.compute_capability)]
+    flows = [(f[0], f[1], f[2] * own) + tuple(f[3:]) for f in flows]
+    # what NCCL's model adds beyond the wires (a protocol's polling, a tree's pipeline) holds
+    # the op but not its links: it joins the start latency
+    extra_s = max(0.0, transfer_us * 1e-6 - _idle_transfer_s(flows, topo))
+    return Lowering(flows=flows, latency_s=latency_us * 1e-6 + extra_s, algorithm=algorithm, protocol=protocol,
+                    channels=nc, wire_bytes_per_payload_byte=own)
+
+
+# ------------------------------------------------------------------------------ primitives
+def all_reduce(group, nbytes, topo: Topology) -> Lowering:
+    return lower_collective("all_reduce", group, nbytes, topo)
+
+
+def all_gather(group, nbytes, topo: Topology) -> Lowering:
+    return lower_collective("all_gather", group, nbytes, topo)
+
+
+def reduce_scatter(group, nbytes, topo: Topology) -> Lowering:
+    return lower_collective("reduce_scatter", group, nbytes, topo)
 
 
 def p2p(group, nbytes, topo: Topology) -> Lowering:
     src, dst = group
-    return Lowering(flows=((src, dst, nbytes),), latency_s=topo.message_latency_s(group))
-
-
-def all_reduce(group, nbytes, topo: Topology) -> Lowering:
-    n = len(group)
-    return Lowering(ring_flows(group, 2.0 * (n - 1) / n * nbytes), 2 * (n - 1) * topo.message_latency_s(group))
-
-
-def all_gather(group, nbytes, topo: Topology) -> Lowering:
-    n = len(group)
-    return Lowering(ring_flows(group, (n - 1) / n * nbytes), (n - 1) * topo.message_latency_s(group))
-
-
-reduce_scatter = all_gather  # same ring traffic, opposite data movement
+    return Lowering(flows=((src, dst, nbytes),), latency_s=topo.p2p_latency_s(src, dst), algorithm="p2p",
+                    protocol="simple")
 
 
 def all_to_all(group, nbytes, topo: Topology) -> Lowering:
     n = len(group)
     flows = tuple((s, t, nbytes / n) for s in group for t in group if s != t)
-    return Lowering(flows, topo.message_latency_s(group))
+    return Lowering(flows, topo.message_latency_s(group), algorithm="p2p", protocol="simple")
 
 
 def broadcast(group, nbytes, topo: Topology) -> Lowering:
     root = group[0]
-    return Lowering(tuple((root, t, nbytes) for t in group[1:]), topo.message_latency_s(group))
+    return Lowering(tuple((root, t, nbytes) for t in group[1:]), topo.message_latency_s(group), algorithm="direct",
+                    protocol="simple")
 
 
 def gather(group, nbytes, topo: Topology) -> Lowering:
     root = group[0]
-    return Lowering(tuple((s, root, nbytes) for s in group[1:]), topo.message_latency_s(group))
+    return Lowering(tuple((s, root, nbytes) for s in group[1:]), topo.message_latency_s(group), algorithm="direct",
+                    protocol="simple")
 
 
 PRIMITIVES = {

@@ -1,0 +1,243 @@
+"""NCCL's cost model: its latency and bandwidth tables, its time formula and its tuner.
+
+Every table and formula here is NCCL 2.29.2's (NVIDIA/nccl commit ebd1e929285881cb4df02c3459588a2e12b2d8c0):
+``src/graph/tuning.cc`` (``ncclTunerConstantsDefaults``, ``ncclTopoTuneModel``,
+``ncclTopoGetAlgoTime``), ``src/enqueue.cc`` (``topoGetAlgoInfo``: channels for one op),
+``src/graph/search.cc`` (speed arrays, ``ncclTopoDupChannels``) and ``src/graph/topo.h``.
+Units as in NCCL: latencies in microseconds, bandwidths in GB/s (1e9 bytes/s).
+
+What G5 substitutes: NCCL's graph search measures the bandwidth a ring or tree gets per
+channel on the real machine; G5 takes it from its topology instead (the chip's scale-up
+link bandwidth inside a node, the group's NICs on a node across nodes). Everything the
+tuner then does with it -- protocol factors, per-channel caps, latencies, the choice -- is
+NCCL's.
+"""
+from __future__ import annotations
+
+import math
+
+import attrs
+
+ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree")
+PROTOCOLS = ("ll", "ll128", "simple")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+
+# tuning.cc ncclTunerConstantsDefaults.baseLatencies [algorithm][protocol], us
+BASE_LAT_US = {
+    "tree": {"ll": 6.8, "ll128": 14.0, "simple": 8.4},
+    "ring": {"ll": 6.6, "ll128": 14.0, "simple": 8.4},
+    "nvls": {"ll": 0.0, "ll128": 0.0, "simple": 0.0},
+    "nvls_tree": {"ll": 0.0, "ll128": 0.0, "simple": 0.0},
+}
+# tuning.cc ncclTunerConstantsDefaults.hwLatencies [NVLINK | NET][algorithm][protocol], us
+HW_LAT_US = {
+    "nvlink": {
+        "tree": {"ll": 0.6, "ll128": 1.25, "simple": 4.0},
+        "ring": {"ll": 0.6, "ll128": 1.9, "simple": 3.4},
+        "nvls": {"ll": 0.0, "ll128": 0.0, "simple": 25.0},
+        "nvls_tree": {"ll": 0.0, "ll128": 0.0, "simple": 25.0},
+    },
+    "net": {
+        "tree": {"ll": 5.0, "ll128": 8.5, "simple": 14.0},
+        "ring": {"ll": 2.7, "ll128": 4.0, "simple": 14.0},
+        "nvls": {"ll": 0.0, "ll128": 0.0, "simple": 18.0},
+        "nvls_tree": {"ll": 0.0, "ll128": 0.0, "simple": 20.9},
+    },
+}
+# tuning.cc: compCapIndex = cc >= 10 Blackwell(3), >= 9 Hopper(2), >= 8 Ampere(1), else Volta(0);
+# nodes index = 0 (1 node), 1 (2 nodes), 2 (more)
+LL_MAX_BW_GBPS = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0), (282.0, 90.0, 70.0))
+PER_CH_MAX_RING_LL128_GBPS = ((20, 20, 20), (20, 20, 20), (36.7, 36.7, 36.7), (34.5, 34.6, 34.5))
+PER_CH_MAX_TREE_LL128_GBPS = ((20, 20, 20), (20, 20, 20), (36.7, 36.7, 29.0), (55.6, 31.67, 20.0))
+PER_CH_MAX_TREE_GBPS = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (70.0, 42.8, 24.0))
+PER_CH_MAX_NVLS_TREE_GBPS = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (0.0, 57.7, 45.5), (0.0, 96.0, 43.8))
+NVLS_EFFICIENCY = (0.0, 0.0, 0.85, 0.74)
+# tuning.cc treeCorrectionFactor[protocol][log2(nBytes / 64)], applied to tree all-reduce bandwidth
+TREE_CORRECTION = {
+    "ll": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
+    "ll128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0),
+    "simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
+}
+# tuning.cc getNetOverhead(): 1 us on Intel hosts (DGX/HGX H100 and B200 nodes); tripled for Simple
+NET_OVERHEAD_US = 1.0
+# ring Simple all-reduce across nodes, "plateau effect of ring" (ncclTopoGetAlgoTime), cc >= 8.0
+RING_PLATEAU_LAT_FACTOR = 1.4
+# enqueue.cc topoGetAlgoInfo: thread thresholds (tuning.cc/comm.h) and threads per protocol (device.h)
+THREAD_THRESHOLD = {"ll": 8, "ll128": 8, "simple": 64}
+MAX_THREADS = {"ll": 512, "ll128": 640, "simple": 512}
+MAX_CHANNELS = 32     # NCCL's MAXCHANNELS
+NVLS_CHANNELS = 16    # NCCL's default nvlsChannels on Hopper (an 8xH100 log prints "16 nvls channels")
+# search.cc per-channel speed candidates (GB/s) for one node, by compute capability
+SPEED_ARRAY_INTRA = {
+    10: (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0),
+    9: (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+    0: (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
+}
+# the wire overhead of the protocols themselves: LL sends a 4-byte flag with every 4 data bytes,
+# LL128 8 flag bytes per 128-byte line (device.h); a lowering never runs faster than its wires
+PROTOCOL_WIRE_FACTOR = {"ll": 2.0, "ll128": 128.0 / 120.0, "simple": 1.0}
+
+
+def comp_cap_index(compute_capability: float) -> int:
+    if compute_capability >= 10:
+        return 3
+    if compute_capability >= 9:
+        return 2
+    if compute_capability >= 8:
+        return 1
+    return 0
+
+
+def log2i(n: int) -> int:
+    return max(int(n).bit_length() - 1, 0)
+
+
+def graph_channels(link_bw_gbps: float, compute_capability: float) -> int:
+    """Runtime ring/tree channels of one node, as NCCL's search finds them: the first speed
+    of the speed array that fits the link gives floor(link / speed) channels; channels of
+    >= 25 GB/s are duplicated (ncclTopoDupChannels, not for cc > 8 below 50 GB/s with more
+    than 4 channels); ncclTopoPostset doubles them again. An 8xH100 node: 370.8 GB/s ->
+    6 at 60 -> 12 at 30 -> 24 channels (the log of an 8xH100 node prints 24)."""
+    speeds = SPEED_ARRAY_INTRA[10 if compute_capability >= 10 else 9 if compute_capability >= 9 else 0]
+    speed = next((s for s in speeds if s <= link_bw_gbps), speeds[-1])
+    n = max(1, int(link_bw_gbps // speed))
+    if speed >= 25.0 and not (compute_capability > 8.0 and speed < 50.0 and n > 4):
+        n *= 2
+    return min(MAX_CHANNELS, 2 * n)
+
+
+def op_channels(n_bytes: float, channels: int, protocol: str, algorithm: str, n_ranks: int) -> int:
+    """Channels one op of ``n_bytes`` runs on (enqueue.cc topoGetAlgoInfo): fewer for small
+    messages, until each channel's threads have enough bytes."""
+    if algorithm in ("nvls", "nvls_tree"):
+        return NVLS_CHANNELS
+    threshold = THREAD_THRESHOLD[protocol] * (n_ranks if (algorithm == "ring" and protocol == "ll") else 1)
+    nt = MAX_THREADS[protocol]
+    nc = channels
+    while n_bytes < nc * nt * threshold and nc >= 2:
+        nc -= 1
+    return nc
+
+
+@attrs.frozen
+class Group:
+    """What NCCL's tuner knows of one communicator."""
+
+    coll: str
+    n_ranks: int
+    n_nodes: int
+    ppn: int                       # ranks per node (the largest)
+    link_bw_gbps: float            # one chip's scale-up bandwidth, per direction
+    net_bw_gbps: float             # the group's NIC bandwidth on one node, per direction
+    compute_capability: float
+    nvls: bool
+
+    @property
+    def nsteps(self) -> int:
+        n = self.n_ranks
+        return 2 * (n - 1) if self.coll == "all_reduce" else n - 1
+
+    @property
+    def graph_busbw_gbps(self) -> float:
+        """nChannels x bw of NCCL's ring/tree graph: the link inside a node; across nodes the
+        slower of the link and the group's NICs on a node (``bwIntra`` up to two nodes,
+        ``bwInter`` beyond, as ncclTopoTuneModel reads them)."""
+        if self.n_nodes == 1:
+            return self.link_bw_gbps
+        return self.link_bw_gbps if self.n_nodes <= 2 else min(self.link_bw_gbps, self.net_bw_gbps)
+
+    @property
+    def channels(self) -> int:
+        return graph_channels(self.link_bw_gbps, self.compute_capability) // 2   # graph (search) channels
+
+
+def enabled(group: Group, algorithm: str, protocol: str) -> bool:
+    """Whether NCCL would consider (algorithm, protocol) for this communicator."""
+    if algorithm == "tree":
+        return group.coll == "all_reduce" and group.n_ranks > 1
+    if algorithm == "nvls":
+        return (group.nvls and protocol == "simple" and group.coll == "all_reduce" and group.n_nodes == 1
+                and group.n_ranks > 1)
+    if algorithm == "nvls_tree":
+        return group.nvls and protocol == "simple" and group.coll == "all_reduce" and group.n_nodes > 1
+    return True
+
+
+def latency_us(group: Group, algorithm: str, protocol: str) -> float:
+    """ncclTopoTuneModel's latency of one op (before the ring plateau factor)."""
+    lat = BASE_LAT_US[algorithm][protocol]
+    intra = HW_LAT_US["nvlink"][algorithm][protocol]
+    inter = HW_LAT_US["net"]["tree" if group.ppn == 1 else algorithm][protocol]
+    nodes = group.n_nodes
+    if algorithm == "ring":
+        if nodes > 1:
+            intra = max(intra, NET_OVERHEAD_US * (3 if protocol == "simple" else 1))
+        n_inter = 0 if nodes == 1 else (2 * (nodes - 1) if group.coll == "all_reduce" else nodes - 1)
+        return lat + (group.nsteps - n_inter) * intra + n_inter * inter
+    if algorithm == "tree":
+        return lat + 2 * ((group.n_ranks // nodes - 1) * intra + log2i(nodes) * inter)
+    if algorithm == "nvls":
+        return intra + (inter if nodes > 1 else 0.0)
+    return lat + intra + 2 * log2i(nodes) * inter    # nvls_tree
+
+
+def algbw_gbps(group: Group, algorithm: str, protocol: str) -> float:
+    """ncclTopoTuneModel's algorithm bandwidth (``comm->bandwidths``), GB/s."""
+    cc = comp_cap_index(group.compute_capability)
+    nodes_index = min(group.n_nodes, 3) - 1
+    n_ch = group.channels
+    ll_max = LL_MAX_BW_GBPS[cc if group.n_nodes == 1 else 0][nodes_index]
+    bus = group.graph_busbw_gbps
+    if algorithm in ("nvls", "nvls_tree"):
+        n_ch = NVLS_CHANNELS
+        intra = group.link_bw_gbps / n_ch * NVLS_EFFICIENCY[cc] * (n_ch - 1) / n_ch * 2.0
+        inter = group.net_bw_gbps / n_ch * (2 if group.n_nodes <= 2 and algorithm == "nvls_tree" else 1)
+        per_ch = min(intra, inter if group.n_nodes > 1 else math.inf,
+                     PER_CH_MAX_NVLS_TREE_GBPS[cc][nodes_index] if algorithm == "nvls_tree" else math.inf)
+        bus = n_ch * per_ch
+    if algorithm == "ring" and protocol == "ll":
+        bus = min(ll_max, bus * 0.5)
+    if algorithm == "ring" and protocol == "ll128":
+        bus = min(bus * 0.92, n_ch * PER_CH_MAX_RING_LL128_GBPS[cc][nodes_index])
+    if algorithm == "tree":
+        bus = min(bus * 0.92, n_ch * PER_CH_MAX_TREE_GBPS[cc][nodes_index])
+        if protocol == "ll":
+            bus = min(bus / 3.8, ll_max)
+        elif protocol == "ll128":
+            bus = min(bus * (7.0 / 9.0 if group.n_nodes == 1 else 120.0 / 128.0),
+                      n_ch * PER_CH_MAX_TREE_LL128_GBPS[cc][nodes_index])
+    ratio = 0.5 if algorithm == "tree" else group.n_ranks / group.nsteps
+    return bus * ratio
+
+
+def cost_us(group: Group, algorithm: str, protocol: str, n_bytes: float) -> tuple[float, float]:
+    """ncclTopoGetAlgoTime for one op, as (latency, transfer): the time is
+    ``lat + nBytes / (1000 * bw)``, with the tree correction factor on ``bw`` and the ring
+    plateau factor on ``lat``."""
+    bw = algbw_gbps(group, algorithm, protocol)
+    lat = latency_us(group, algorithm, protocol)
+    log_size = log2i(int(n_bytes) >> 6) if n_bytes >= 64 else -1
+    if algorithm == "tree" and 0 <= log_size < 23:
+        bw *= TREE_CORRECTION[protocol][log_size]
+    if (algorithm == "ring" and protocol == "simple" and group.n_nodes > 1 and group.coll == "all_reduce"
+            and n_bytes / (2 * group.channels * group.n_ranks) >= 64):
+        lat *= RING_PLATEAU_LAT_FACTOR
+    return lat, n_bytes / (1000.0 * bw)
+
+
+def choose(group: Group, n_bytes: float, forced=None) -> tuple[str, str, float, float] | None:
+    """The (algorithm, protocol) NCCL's tuner picks, with its latency and transfer time in
+    us: the fastest enabled pair (ties: NCCL's index order, tree before ring, LL before
+    Simple). ``forced`` narrows the pairs to a system file's choice; None if none is left."""
+    forced = forced or {}
+    best = None
+    for a in ALGORITHMS:
+        if forced.get("algorithm", a) != a:
+            continue
+        for p in PROTOCOLS:
+            if forced.get("protocol", p) != p or not enabled(group, a, p):
+                continue
+            lat, transfer = cost_us(group, a, p, n_bytes)
+            if best is None or lat + transfer < best[2] + best[3]:
+                best = (a, p, lat, transfer)
+    return best
