@@ -140,6 +140,14 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
                                        "hidden"]))
         else:
             lines.append("  none")
+        how: dict = {}
+        for c in sim.collectives:
+            label = f"{c['algorithm']}/{c['protocol']}" if c["protocol"] else c["algorithm"]
+            per = how.setdefault(c["reason"], {})
+            per[label] = per.get(label, 0) + c["ops"]
+        if how:
+            lines.append("how they ran (ops by algorithm/protocol): " + "; ".join(
+                f"{reason} " + ", ".join(f"{n} {label}" for label, n in sorted(per.items())) for reason, per in sorted(how.items())))
     mem = out.memory
     lines.append("")
     worst = max(mem.per_chip, key=lambda c: (c.total_bytes, -c.chip))
@@ -273,11 +281,36 @@ def systems_cmd():
     for name in CATALOG_NAMES:
         s = get_system(name)
         rows.append([name, s.chips_per_node, f"{s.hbm_capacity_bytes / GIB:.0f}", f"{s.hbm_bw_bytes_per_s / 1e12:.2f}",
-                     f"{s.peak_flops_per_s['bf16'] / 1e12:.0f}", f"{s.intra_node_bw_bytes_per_s / 1e9:.0f}",
-                     f"{s.network_bw_bytes_per_s / 1e9:.0f}"])
+                     f"{s.peak_flops_per_s['bf16'] / 1e12:.0f}", f"{s.intra_node_bw_bytes_per_s / 1e9:.1f}",
+                     f"{s.nics} x {s.network_bw_bytes_per_s / 1e9:.0f}", "yes" if s.nvls else "no"])
     click.echo(_table(rows, ["system", "chips/node", "HBM GiB", "HBM TB/s", "bf16 TFLOP/s", "link GB/s",
-                             "network GB/s"]))
+                             "NICs x GB/s", "NVLS"]))
     click.echo("\nA system can also be a path to a YAML file with the same fields.")
+
+
+@main.command("collective")
+@click.argument("op")
+@click.option("--system", "system_name", required=True, help="Catalog name or system YAML file.")
+@click.option("--chips", type=int, required=True, help="Chips in the group (chips 0..N-1; a node fills first).")
+@click.option("--sizes", default="8B:8GiB", show_default=True, help="MIN:MAX bytes, e.g. 1K:1G.")
+@click.option("--factor", type=int, default=2, show_default=True, help="Each size is FACTOR times the last.")
+@click.option("--disable", "disabled", multiple=True, metavar="NAME", help="Disable a plugin (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows instead of the table.")
+def collective_cmd(op, system_name, chips, sizes, factor, disabled, as_json):
+    """One collective alone on SYSTEM, size by size, shaped like nccl-tests output.
+
+    OP is all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, gather or p2p
+    (nccl-tests names such as allreduce and alltoall work too)."""
+    from .collbench import collective_rows, render_rows, size_range
+    from .systems import get_system
+
+    sizes_list = size_range(sizes, factor)
+    rows = collective_rows(op, system_name, chips, sizes_list, disabled)
+    if as_json:
+        click.echo(json.dumps(rows, indent=1, allow_nan=False))
+        return
+    system = get_system(system_name)
+    click.echo(render_rows(op, system.name, chips, -(-chips // system.chips_per_node), rows))
 
 
 @main.command("plugins")

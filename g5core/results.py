@@ -87,6 +87,7 @@ class SimResult:
     kpis: dict
     comm_bytes: dict
     overlap: dict
+    collectives: list     # how the comm ops ran: one entry per (reason, primitive, algorithm, protocol, channels)
     ops: int
     flows: int
     events: int
@@ -111,6 +112,7 @@ class SimResult:
             "conservation": dict(self.kpis),
             "comm_bytes": self.comm_bytes,
             "overlap": self.overlap,
+            "collectives": self.collectives,
             "ops": self.ops,
             "flows": self.flows,
             "events": self.events,
@@ -130,6 +132,7 @@ def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float) -> SimR
         kpis=kpis,
         comm_bytes=comm_bytes_by_reason(dag, d),
         overlap=overlap_report(dag, d, start, end),
+        collectives=collectives_report(dag, d),
         ops=len(d.keys),
         flows=len(d.flow_bytes),
         events=engine.events,
@@ -142,6 +145,20 @@ def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float) -> SimR
         flow_end_s=np.asarray(engine.flow_end_s, dtype=float),
         port_rate_log=tuple(engine.port_rate_log),
     )
+
+
+def collectives_report(dag: OpDag, d: CompiledDag) -> list[dict]:
+    """How the communication ops ran: per reason, primitive, algorithm, protocol and channel
+    count, the number of ops and their payload bytes per rank."""
+    groups: dict[tuple, list] = {}
+    for i, op in enumerate(dag.ops):
+        if isinstance(op, CommOp):
+            key = (op.reason, op.primitive) + tuple(d.comm_algo[i])
+            entry = groups.setdefault(key, [0, 0.0])
+            entry[0] += 1
+            entry[1] += op.bytes_per_rank
+    return [{"reason": r, "primitive": p, "algorithm": a, "protocol": pr, "channels": ch, "ops": n,
+             "bytes_per_rank": b} for (r, p, a, pr, ch), (n, b) in sorted(groups.items())]
 
 
 def _reasons(dag: OpDag) -> list[str]:

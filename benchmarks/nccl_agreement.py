@@ -1,0 +1,80 @@
+"""G5's collective times against published NCCL measurements (tests/data/nccl/*.csv).
+
+    python benchmarks/nccl_agreement.py [--markdown]
+
+For every measured row of the default algorithm (collectives named exactly all_reduce,
+all_gather, reduce_scatter, alltoall) on H100 systems, G5's time for the same op alone
+(``g5 collective``'s engine path) beside the measurement, and the error of G5's bus
+bandwidth. The README's agreement table is this script's --markdown output.
+"""
+from __future__ import annotations
+
+import csv
+import pathlib
+import sys
+
+import attrs
+
+from g5core.collbench import collective_rows
+from g5core.systems import get_system
+
+DATA = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / "nccl"
+FILES = {  # data file -> (G5 system, NCCL choice the measurement forced)
+    "aiconfigurator-h100-sxm-nccl2.29.2.csv": ("h100-sxm", {}),
+    "azure-nd-h100-v5.csv": ("h100-sxm", {"all_reduce": {"algorithm": "nvls"}}),   # run with NCCL_ALGO=NVLS
+    "nccl-issue-1221.csv": ("h100-sxm", {}),
+}
+OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+       "alltoall": "all_to_all"}
+
+
+def _system(name: str, forced: dict):
+    spec = get_system(name)
+    return attrs.evolve(spec, nccl=forced) if forced else spec
+
+
+def measured_rows():
+    for name, (system, forced) in FILES.items():
+        system = _system(system, forced)
+        with open(DATA / name, encoding="utf-8") as fh:
+            for row in csv.DictReader(line for line in fh if not line.startswith("#")):
+                if row["collective"] in OPS:
+                    yield name, system, row
+
+
+def agreement():
+    out = []
+    cache: dict = {}
+    for name, system, row in measured_rows():
+        op, gpus, size = OPS[row["collective"]], int(row["gpus"]), int(row["size_bytes"])
+        key = (system.name, bool(system.nccl), op, gpus, size)
+        if key not in cache:
+            cache[key] = collective_rows(op, system, gpus, [size])[0]
+        g5 = cache[key]
+        measured_us = float(row["time_us"])
+        out.append({"source": name, "op": op, "gpus": gpus, "nodes": int(row["nodes"]), "size_bytes": size,
+                    "measured_us": measured_us, "g5_us": g5["time_s"] * 1e6,
+                    "measured_busbw_gbps": float(row["busbw_gbps"]), "g5_busbw_gbps": g5["busbw_bytes_per_s"] / 1e9,
+                    "error": measured_us / (g5["time_s"] * 1e6) - 1.0,   # busbw error = time ratio - 1
+                    "algorithm": g5["algorithm"], "protocol": g5["protocol"]})
+    return out
+
+
+def main(argv):
+    rows = agreement()
+    if "--markdown" in argv:
+        print("| source | op | GPUs | size | measured busbw GB/s | G5 busbw GB/s | error | G5 algorithm |")
+        print("|---|---|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['source'].split('.csv')[0]} | {r['op']} | {r['gpus']} | {r['size_bytes']} | "
+                  f"{r['measured_busbw_gbps']:.1f} | {r['g5_busbw_gbps']:.1f} | {r['error'] * 100:+.0f}% | "
+                  f"{r['algorithm']}/{r['protocol']} |")
+        return
+    for r in rows:
+        print(f"{r['source'][:28]:28} {r['op']:>14} {r['gpus']:>3} {r['size_bytes']:>11} meas {r['measured_us']:>10.1f}us "
+              f"g5 {r['g5_us']:>10.1f}us busbw {r['measured_busbw_gbps']:7.1f} vs {r['g5_busbw_gbps']:7.1f} "
+              f"{r['error'] * 100:+6.1f}% {r['algorithm']}/{r['protocol']}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

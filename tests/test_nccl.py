@@ -1,0 +1,303 @@
+"""The network model: topology resources, NCCL's algorithms, protocols and tuner, the
+agreement with published NCCL measurements, and the layout trends that must follow."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+
+import attrs
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from g5core.cli import main
+from g5core.collbench import collective_rows, size_range
+from g5core.dag import CommOp
+from g5core.errors import ConfigError
+from g5core.run import run
+from g5core.systems import SystemSpec, get_system
+from g5core.topology import Topology
+from g5plugins.collectives import dtree_edges, lower_collective
+from g5plugins.collectives import nccl
+
+from helpers_engine import SYSTEM_FIELDS
+
+H100 = get_system("h100-sxm")
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _group(coll="all_reduce", n=8, nodes=1, system=H100):
+    topo = Topology.from_system(system, n)
+    from g5plugins.collectives import _nccl_group
+
+    return _nccl_group(coll, tuple(range(n)), topo)
+
+
+# ------------------------------------------------------------------------------ NCCL's formulas
+def test_ring_latency_is_nccls_base_plus_one_hop_latency_per_step():
+    g = _group(n=8)
+    # tuning.cc: baseLat[Ring][LL] 6.6 + 2 (n-1) steps x hwLat[NVLINK][Ring][LL] 0.6
+    assert nccl.latency_us(g, "ring", "ll") == pytest.approx(6.6 + 14 * 0.6)
+    ag = _group("all_gather", n=8)
+    assert nccl.latency_us(ag, "ring", "simple") == pytest.approx(8.4 + 7 * 3.4)
+
+
+def test_ring_across_nodes_pays_the_network_latency_on_its_inter_node_steps():
+    g = _group(n=16)   # 2 nodes, 8 per node
+    # 2 (nodes-1) = 2 network steps (hwLat[NET][Ring][Simple] 14), the other 28 at
+    # max(NVLink 3.4, 3 x 1 us net overhead)
+    assert nccl.latency_us(g, "ring", "simple") == pytest.approx(8.4 + 28 * 3.4 + 2 * 14.0)
+    # tree: 2 x ((ppn-1) intra + log2(nodes) inter)
+    assert nccl.latency_us(g, "tree", "ll") == pytest.approx(6.8 + 2 * (7 * 0.6 + 1 * 5.0))
+
+
+def test_channels_on_an_8xh100_node_are_the_24_nccl_prints():
+    assert nccl.graph_channels(370.8, 9.0) == 24
+    # small messages use fewer channels (enqueue.cc): Simple needs 512 threads x 64 B per channel
+    assert nccl.op_channels(32 * 1024, 24, "simple", "ring", 8) == 1
+    assert nccl.op_channels(24 * 512 * 64, 24, "simple", "ring", 8) == 24
+
+
+@pytest.mark.parametrize("n", range(2, 33))
+def test_double_binary_tree_spans_every_rank_twice_and_no_rank_is_inner_in_both(n):
+    trees = dtree_edges(n)
+    for edges in trees:
+        assert len(edges) == n - 1                   # a spanning tree: every rank but the root has a parent
+        assert len({c for c, _ in edges}) == n - 1
+        children: dict = {}
+        for c, p in edges:
+            children.setdefault(p, []).append(c)
+        assert all(len(cs) <= 2 for cs in children.values())
+    if n % 2 == 0 and n > 2:
+        inner = [{p for _, p in edges} for edges in trees]
+        assert not (inner[0] & inner[1])
+
+
+def test_tuner_picks_ll_for_small_nvls_for_large_and_ring_where_the_switch_cannot_reduce():
+    g = _group(n=8)
+    assert nccl.choose(g, 1024)[:2] == ("ring", "ll")
+    assert nccl.choose(g, 2 ** 30)[:2] == ("nvls", "simple")
+    a100 = _group(n=8, system=get_system("a100-80gb"))
+    assert nccl.choose(a100, 2 ** 30)[:2] == ("ring", "simple")
+    # across nodes the switch reduces inside each node and a tree joins the nodes
+    assert nccl.choose(_group(n=16), 2 ** 30)[:2] == ("nvls_tree", "simple")
+    # the choice is the fastest by NCCL's own formula
+    a, p, lat, transfer = nccl.choose(g, 2 ** 20)
+    for alg in nccl.ALGORITHMS:
+        for proto in nccl.PROTOCOLS:
+            if nccl.enabled(g, alg, proto):
+                assert sum(nccl.cost_us(g, alg, proto, 2 ** 20)) >= lat + transfer
+
+
+def test_a_forced_choice_is_honoured_and_one_that_does_not_apply_is_a_clear_error():
+    forced = attrs.evolve(H100, nccl={"all_reduce": {"algorithm": "ring", "protocol": "simple"}})
+    low = lower_collective("all_reduce", tuple(range(8)), 2 ** 30, Topology.from_system(forced, 8))
+    assert (low.algorithm, low.protocol) == ("ring", "simple")
+    nvls_only = attrs.evolve(H100, nccl={"all_reduce": {"algorithm": "nvls"}})
+    with pytest.raises(ConfigError, match=r"system\.nccl\.all_reduce: the forced choice .* does not apply"):
+        lower_collective("all_reduce", tuple(range(16)), 2 ** 30, Topology.from_system(nvls_only, 16))
+
+
+# ------------------------------------------------------------------------------ flows on resources
+def _nic_ports(low, topo, side="tx"):
+    return {topo.resource_name(r) for f in low.flows if len(f) > 3 for r in f[3]
+            if ".nic" in topo.resource_name(r) and topo.resource_name(r).endswith(side)}
+
+
+def test_a_ring_across_two_nodes_crosses_through_every_nic_and_a_small_one_through_few():
+    ring = attrs.evolve(H100, nccl={"all_gather": {"protocol": "simple"}})
+    topo = Topology.from_system(ring, 16)
+    big = lower_collective("all_gather", tuple(range(16)), 2 ** 30, topo)
+    assert big.algorithm == "ring" and big.channels == 24
+    assert _nic_ports(big, topo) == {f"node{n}.nic{r}.tx" for n in (0, 1) for r in range(8)}
+    small = lower_collective("all_gather", tuple(range(16)), 64 * 1024, topo)
+    assert small.channels < 8
+    assert len(_nic_ports(small, topo)) == 2 * small.channels
+    # payload conservation: the node-crossing hop carries the ring share in total
+    cross = sum(f[2] for f in big.flows if len(f) > 3 and topo.node_of(f[0]) == 0 and topo.node_of(f[1]) == 1)
+    assert cross == pytest.approx(15 / 16 * 2 ** 30)
+
+
+def test_a_p2p_between_nodes_uses_one_nic_on_each_side():
+    topo = Topology.from_system(H100, 16)
+    route = topo.route(3, 11)
+    assert [topo.resource_name(r) for r in route] == ["node0.nic3.tx", "node1.nic3.rx"]
+    assert [topo.resource_name(r) for r in topo.route(3, 5)] == ["chip3.link_tx", "chip5.link_rx"]
+
+
+def test_protocol_overhead_occupies_the_wire_but_the_run_reports_payload():
+    topo = Topology.from_system(H100, 8)
+    low = lower_collective("all_reduce", tuple(range(8)), 4096, topo)
+    assert low.protocol == "ll" and low.wire_bytes_per_payload_byte == 2.0
+    sent = sum(f[2] for f in low.flows if f[0] == 0)
+    assert sent == pytest.approx(2 * 2 * 7 / 8 * 4096)
+
+
+def test_an_oversubscribed_fabric_slows_cross_node_traffic_that_a_full_bisection_one_carries():
+    sizes = [2 ** 30]
+    full = collective_rows("all_to_all", "h100-sxm", 32, sizes)[0]["time_s"]
+    path = None
+    fields = H100.to_dict()
+    fields["fabric"] = {"nodes_per_leaf": 1, "oversubscription": 2.0}
+    fields["name"] = "h100-2to1"
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = pathlib.Path(d) / "h100-2to1.yaml"
+        path.write_text(yaml.safe_dump(fields))
+        over = collective_rows("all_to_all", str(path), 32, sizes)[0]["time_s"]
+        one_leaf = dict(fields, fabric={"nodes_per_leaf": 4, "oversubscription": 2.0})
+        path.write_text(yaml.safe_dump(one_leaf))
+        same_leaf = collective_rows("all_to_all", str(path), 32, sizes)[0]["time_s"]
+    assert over > 1.5 * full
+    assert same_leaf == pytest.approx(full, rel=1e-12)    # no traffic leaves the leaf
+
+
+# ------------------------------------------------------------------------------ system files
+@pytest.mark.parametrize("change, field, message", [
+    ({"nics_per_node": 3}, "system.nics_per_node", "3 NICs do not divide the 4 chips"),
+    ({"network_bw_bytes_per_s": 0}, "system.network_bw_bytes_per_s", "positive"),
+    ({"intra_node_bw_bytes_per_s": -1.0}, "system.intra_node_bw_bytes_per_s", "positive"),
+    ({"fabric": {"nodes_per_leaf": 2, "oversubscription": 0.5}}, "system.fabric.oversubscription", ">= 1"),
+    ({"fabric": {"nodes_per_leaf": 2}}, "system.fabric.oversubscription", "missing"),
+    ({"nccl": {"all_reduce": {"algorithm": "butterfly"}}}, "system.nccl.all_reduce.algorithm", "ring, tree, nvls"),
+    ({"nccl": {"all_gather": {"algorithm": "tree"}}}, "system.nccl.all_gather.algorithm", "only for all_reduce"),
+    ({"nccl": {"all_reduce": {"algorithm": "nvls"}}}, "system.nccl.all_reduce.algorithm", "set nvls: true"),
+    ({"nccl": {"all_reduce": {"protocol": "ll256"}}}, "system.nccl.all_reduce.protocol", "ll, ll128, simple"),
+    ({"nvls": "yes"}, "system.nvls", "true or false"),
+])
+def test_an_impossible_topology_is_a_one_line_error_naming_the_field(change, field, message):
+    with pytest.raises(ConfigError) as info:
+        SystemSpec.from_dict(dict(SYSTEM_FIELDS, **change))
+    text = str(info.value)
+    assert text.startswith(field) and message in text and "\n" not in text
+
+
+def test_an_old_system_file_keeps_working_with_one_nic_per_chip_and_asks_only_for_the_gpu_generation(tmp_path):
+    old = {k: v for k, v in SYSTEM_FIELDS.items() if k != "compute_capability"}
+    spec = SystemSpec.from_dict(old)
+    assert spec.nics == spec.chips_per_node and not spec.nvls and not spec.fabric
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(old))
+    result = CliRunner().invoke(main, ["collective", "all_reduce", "--system", str(path), "--chips", "4"])
+    assert result.exit_code == 2
+    assert "add e.g. 'compute_capability: 9.0'" in result.output and result.output.count("\n") == 1
+    # p2p needs no NCCL table: it still runs
+    ok = CliRunner().invoke(main, ["collective", "sendrecv", "--system", str(path), "--chips", "2", "--sizes", "1K:1K"])
+    assert ok.exit_code == 0, ok.output
+
+
+# ------------------------------------------------------------------------------ g5 collective
+def test_g5_collective_prints_an_nccl_tests_table_and_json_rows():
+    result = CliRunner().invoke(main, ["collective", "all_reduce", "--system", "h100-sxm", "--chips", "16",
+                                       "--sizes", "8B:8GiB", "--factor", "64"])
+    assert result.exit_code == 0, result.output
+    lines = [ln for ln in result.output.splitlines() if ln and not ln.startswith("#")]
+    assert [int(ln.split()[0]) for ln in lines] == size_range("8B:8GiB", 64)
+    assert "time(us)" in result.output and "busbw" in result.output
+    js = CliRunner().invoke(main, ["collective", "allgather", "--system", "h100-sxm", "--chips", "8",
+                                   "--sizes", "1K:1M", "--json"])
+    rows = json.loads(js.output)
+    assert len(rows) == 11
+    for r in rows:
+        assert {"size_bytes", "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s", "algorithm", "protocol"} <= set(r)
+        assert r["busbw_bytes_per_s"] == pytest.approx(r["algbw_bytes_per_s"] * 7 / 8)
+    assert rows[0]["time_s"] < rows[-1]["time_s"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["all_reduce", "--system", "h100-sxm", "--chips", "1"], "--chips: a collective needs at least 2 chips"),
+    (["all_reduse", "--system", "h100-sxm", "--chips", "8"], "did you mean 'all_reduce'"),
+    (["all_reduce", "--system", "h100-sxm", "--chips", "8", "--sizes", "8GiB:1K"], "--sizes: need 0 < MIN <= MAX"),
+    (["all_reduce", "--system", "h100-sxm", "--chips", "8", "--sizes", "1Q:2K"], "cannot read size '1Q'"),
+])
+def test_g5_collective_bad_input_is_one_line(args, message):
+    result = CliRunner().invoke(main, ["collective"] + args)
+    assert result.exit_code == 2 and message in result.output and result.output.count("\n") == 1
+
+
+# ------------------------------------------------------------------------------ published measurements
+def _agreement():
+    spec = importlib.util.spec_from_file_location("nccl_agreement", REPO / "benchmarks" / "nccl_agreement.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.agreement()
+
+
+@pytest.fixture(scope="module")
+def agreement():
+    return [r for r in _agreement() if r["op"] in ("all_reduce", "all_gather", "reduce_scatter")]
+
+
+def test_published_nccl_bandwidths_of_large_messages_within_15_percent(agreement):
+    """Bus bandwidth from 64 MiB up, where ring collectives run at their link's rate, and from
+    256 MiB up for NVLS all-reduce (its mid sizes are a known gap: README, "Network")."""
+    checked = 0
+    for r in agreement:
+        nvls = r["algorithm"].startswith("nvls")
+        if r["size_bytes"] >= (256 if nvls else 64) * 2 ** 20 and r["gpus"] >= 8:
+            checked += 1
+            if r["source"].startswith("nccl-issue-1221") and r["gpus"] == 16:
+                continue   # a known gap, reported below and in the README
+            assert abs(r["error"]) <= 0.15, r
+    assert checked >= 15
+
+
+def test_published_nccl_times_of_latency_bound_messages_within_25_percent(agreement):
+    """Messages whose measured time is within 1.25x of the smallest message's: at least 80% of
+    the op's time is its fixed latency."""
+    floor: dict = {}
+    for r in agreement:
+        k = (r["source"], r["op"], r["gpus"])
+        floor[k] = min(floor.get(k, r["measured_us"]), r["measured_us"])
+    checked = 0
+    for r in agreement:
+        if r["gpus"] == 8 and r["measured_us"] <= 1.25 * floor[(r["source"], r["op"], r["gpus"])]:
+            checked += 1
+            assert abs(r["error"]) <= 0.25, r
+    assert checked >= 30
+
+
+def test_two_and_four_node_all_reduce_against_nccl_issue_1221(agreement):
+    rows = {(r["gpus"]): r for r in agreement if r["source"].startswith("nccl-issue-1221")}
+    assert abs(rows[32]["error"]) <= 0.15
+    # two nodes with NVLS: G5 is optimistic by about a fifth (README: a known gap)
+    assert 0 < rows[16]["error"] <= 0.25
+
+
+# ------------------------------------------------------------------------------ trends
+def _405b(tp, cp=1, phase="prefill", seq_len=131072):
+    return {"model": "llama-3.1-405b", "system": "h100-sxm", "chips": tp * cp,
+            "parallel": {"dp": 1, "tp": tp, "pp": 1, "cp": cp}, "phase": phase, "batch": 1, "seq_len": seq_len}
+
+
+def test_long_context_prefill_gets_faster_when_tp_spans_two_and_four_nodes():
+    ttft = {tp: run(_405b(tp)).latency_s for tp in (8, 16, 32)}
+    assert ttft[16] < ttft[8]
+    assert ttft[32] < ttft[16]
+
+
+@pytest.mark.parametrize("seq_len", [8192, 32768, 131072])
+def test_cross_node_pass_q_decode_costs_more_per_token_than_no_cp(seq_len):
+    cp1 = run(_405b(8, 1, "decode", seq_len))
+    cp2 = run(_405b(8, 2, "decode", seq_len))
+    assert cp2.plan.ctx.rankmap.crosses_nodes(cp2.plan.ctx.rankmap.groups("cp")[0])
+    assert cp2.latency_s > cp1.latency_s
+
+
+def test_million_token_cp16_prefill_still_hides_the_pass_kv_ring():
+    out = run({"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 16,
+               "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 16}, "phase": "prefill", "batch": 1,
+               "seq_len": 1048576})
+    ring = out.sim.overlap["by_reason"]["cp_passkv"]
+    assert ring["comm_time_s"] > 0 and ring["hidden_fraction"] >= 0.99
+
+
+def test_the_run_json_and_timeline_say_how_each_collective_ran(tmp_path):
+    raw = _405b(16, seq_len=4096)
+    out = run(raw)
+    entries = out.to_json_dict()["collectives"]
+    assert entries and all({"algorithm", "protocol", "channels", "ops"} <= set(e) for e in entries)
+    assert sum(e["ops"] for e in entries) == sum(1 for op in out.sim.dag.ops if isinstance(op, CommOp))
+    assert {e["algorithm"] for e in entries} <= {"ring", "tree", "nvls", "nvls_tree"}
