@@ -1,11 +1,12 @@
 """G5's collective times against published NCCL measurements (tests/data/nccl/*.csv).
 
-    python benchmarks/nccl_agreement.py [--markdown]
+    python benchmarks/nccl_agreement.py [--markdown | --summary]
 
 For every measured row of the default algorithm (collectives named exactly all_reduce,
 all_gather, reduce_scatter, alltoall) on H100 systems, G5's time for the same op alone
 (``g5 collective``'s engine path) beside the measurement, and the error of G5's bus
-bandwidth. The README's agreement table is this script's --markdown output.
+bandwidth. The README's agreement table is this script's --summary output (every row:
+--markdown).
 """
 from __future__ import annotations
 
@@ -62,6 +63,11 @@ def agreement():
 
 def main(argv):
     rows = agreement()
+    if "--summary" in argv:
+        keep = {2 ** 10, 2 ** 16, 2 ** 20, 2 ** 24, 2 ** 26, 2 ** 28, 2 ** 30, 2 ** 33}
+        rows = [r for r in rows if r["gpus"] >= 8 and r["op"] != "all_to_all"
+                and (r["size_bytes"] in keep or r["source"].startswith("nccl-issue"))]
+        argv = ["--markdown"]
     if "--markdown" in argv:
         print("| source | op | GPUs | size | measured busbw GB/s | G5 busbw GB/s | error | G5 algorithm |")
         print("|---|---|---|---|---|---|---|---|")
