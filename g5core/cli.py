@@ -186,8 +186,12 @@ def render_explain(plan) -> str:
              f"{counts.total / 1e9:.1f}B params ({counts.active / 1e9:.1f}B active), "
              f"c_kv {m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)} B/token/layer ({dep.dtypes.kv_cache})",
              f"system  {sysm.name}: {sysm.chips_per_node} chips/node, {sysm.hbm_capacity_bytes / GIB:.0f} GiB HBM, "
-             f"link {sysm.intra_node_bw_bytes_per_s / 1e9:.0f} GB/s, network {sysm.network_bw_bytes_per_s / 1e9:.0f} GB/s "
-             f"per chip per direction",
+             f"link {sysm.intra_node_bw_bytes_per_s / 1e9:.1f} GB/s per chip, {sysm.nics} NICs of "
+             f"{sysm.network_bw_bytes_per_s / 1e9:.0f} GB/s per node (per direction), "
+             f"NVLS {'yes' if sysm.nvls else 'no'}, "
+             + (f"fabric {sysm.fabric['oversubscription']:g}:1 oversubscribed above every "
+                f"{int(sysm.fabric['nodes_per_leaf'])} node(s)" if sysm.fabric and sysm.fabric['oversubscription'] > 1
+                else "full-bisection fabric"),
              f"layout  {dep.chips} chips on {rm.nodes} node(s); rank order (outer to inner): "
              + ", ".join(f"{n}={s}" for n, s in zip(rm.factor_names, rm.factor_sizes)),
              f"phase   {dep.phase}, batch {dep.batch} per replica, seq_len {dep.seq_len}, path {dep.path}, "

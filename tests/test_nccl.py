@@ -301,3 +301,22 @@ def test_the_run_json_and_timeline_say_how_each_collective_ran(tmp_path):
     assert entries and all({"algorithm", "protocol", "channels", "ops"} <= set(e) for e in entries)
     assert sum(e["ops"] for e in entries) == sum(1 for op in out.sim.dag.ops if isinstance(op, CommOp))
     assert {e["algorithm"] for e in entries} <= {"ring", "tree", "nvls", "nvls_tree"}
+
+
+def test_the_trace_draws_nic_and_fabric_tier_ports_with_their_names(tmp_path):
+    from g5core.trace import trace_events
+
+    fields = H100.to_dict()
+    fields.update(name="h100-2to1", fabric={"nodes_per_leaf": 1, "oversubscription": 2.0})
+    path = tmp_path / "h100-2to1.yaml"
+    path.write_text(yaml.safe_dump(fields))
+    out = run({"model": "llama-3.1-8b", "system": str(path), "chips": 16,
+               "parallel": {"dp": 1, "tp": 16, "pp": 1, "cp": 1}, "phase": "prefill", "batch": 1, "seq_len": 8192},
+              record_port_rates=True)
+    events = trace_events(out.sim, out.plan.ctx.topology)
+    procs = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert {procs[16], procs[17]} == {"fabric leaf0", "fabric leaf1"}
+    ports = {e["args"]["port"] for e in events if e["ph"] == "X" and "port" in e.get("args", {})}
+    assert {"leaf0.up", "leaf1.down", "node0.nic7.tx", "node1.nic0.rx"} <= ports
+    counters = {e["name"] for e in events if e["ph"] == "C"}
+    assert "leaf0.up GB/s" in counters
