@@ -104,12 +104,22 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, com
     click.echo(render_summary(out, trace_path, timeline_path))
 
 
+def _option_items(dep) -> list[str]:
+    """``plugin.option=value`` for every plugin option of a deployment (set or default)."""
+    return [f"{plugin}.{name}={json.dumps(value)}" for plugin, values in dep.options for name, value in values]
+
+
+def _options_note(dep) -> str:
+    """Plugin options switched on (boolean true), for the one-line header: `` tp.sp``."""
+    return "".join(f" {plugin}.{name}" for plugin, values in dep.options for name, value in values if value is True)
+
+
 def render_summary(out, trace_path=None, timeline_path=None) -> str:
     dep = out.deployment
     lines = []
     par = " ".join(f"{k}={v}" for k, v in dep.parallel)
     model, system = out.plan.ctx.model.name, out.plan.ctx.system.name
-    lines.append(f"{model} on {dep.chips} x {system}  [{par}{' tp_sp' if dep.tp_sp else ''}]  "
+    lines.append(f"{model} on {dep.chips} x {system}  [{par}{_options_note(dep)}]  "
                  f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}, path {dep.path}")
     metric = "TTFT" if dep.phase == "prefill" else "TPOT"
     lines.append(f"{metric}: {_fmt_s(out.latency_s)}")
@@ -182,8 +192,8 @@ def render_explain(plan) -> str:
              f"per chip per direction",
              f"layout  {dep.chips} chips on {rm.nodes} node(s); rank order (outer to inner): "
              + ", ".join(f"{n}={s}" for n, s in zip(rm.factor_names, rm.factor_sizes)),
-             f"phase   {dep.phase}, batch {dep.batch} per replica, seq_len {dep.seq_len}, path {dep.path}, "
-             f"tp_sp {str(dep.tp_sp).lower()}"]
+             f"phase   {dep.phase}, batch {dep.batch} per replica, seq_len {dep.seq_len}, path {dep.path}"
+             + (", options " + ", ".join(_option_items(dep)) if dep.options else "")]
     defaults = [d for d in ctx.dims.dims if d.default is not None]
     if defaults:
         lines.append("defaults: " + ", ".join(f"parallel.{d.name} is {d.default} when omitted" for d in defaults))
