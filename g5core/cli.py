@@ -104,9 +104,15 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, com
     click.echo(render_summary(out, trace_path, timeline_path))
 
 
-def _option_items(dep) -> list[str]:
-    """``plugin.option=value`` for every plugin option of a deployment (set or default)."""
-    return [f"{plugin}.{name}={json.dumps(value)}" for plugin, values in dep.options for name, value in values]
+def _option_items(dep, given: bool) -> list[str]:
+    """``plugin.option=value`` for the plugin options a deployment sets (``given``) or defaults."""
+    return [f"{plugin}.{name}={json.dumps(value)}" for plugin, values in dep.options for name, value in values
+            if (f"{plugin}.{name}" not in dep.implicit) == given]
+
+
+def _unused(dep, dim: str) -> bool:
+    """A dimension the configuration left out and that has size 1: not shown."""
+    return dim in dep.implicit and dep.size(dim) == 1
 
 
 def _options_note(dep) -> str:
@@ -117,7 +123,7 @@ def _options_note(dep) -> str:
 def render_summary(out, trace_path=None, timeline_path=None) -> str:
     dep = out.deployment
     lines = []
-    par = " ".join(f"{k}={v}" for k, v in dep.parallel)
+    par = " ".join(f"{k}={v}" for k, v in dep.parallel if not _unused(dep, k))
     model, system = out.plan.ctx.model.name, out.plan.ctx.system.name
     lines.append(f"{model} on {dep.chips} x {system}  [{par}{_options_note(dep)}]  "
                  f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}, path {dep.path}")
@@ -191,17 +197,21 @@ def render_explain(plan) -> str:
              f"link {sysm.intra_node_bw_bytes_per_s / 1e9:.0f} GB/s, network {sysm.network_bw_bytes_per_s / 1e9:.0f} GB/s "
              f"per chip per direction",
              f"layout  {dep.chips} chips on {rm.nodes} node(s); rank order (outer to inner): "
-             + ", ".join(f"{n}={s}" for n, s in zip(rm.factor_names, rm.factor_sizes)),
+             + ", ".join(f"{n}={s}" for n, s in zip(rm.factor_names, rm.factor_sizes) if not _unused(dep, n)),
              f"phase   {dep.phase}, batch {dep.batch} per replica, seq_len {dep.seq_len}, path {dep.path}"
-             + (", options " + ", ".join(_option_items(dep)) if dep.options else "")]
-    defaults = [d for d in ctx.dims.dims if d.default is not None]
+             + "".join(f", {item}" for item in _option_items(dep, given=True))]
+    # what the installed plugins default (like `g5 plugins`, this line lists what is installed)
+    defaults = [f"parallel.{d.name} is {d.default} when omitted" for d in ctx.dims.dims if d.default is not None]
+    defaults += [f"plugins.{item.replace('=', ' is ', 1)} when omitted" for item in _option_items(dep, given=False)]
     if defaults:
-        lines.append("defaults: " + ", ".join(f"parallel.{d.name} is {d.default} when omitted" for d in defaults))
+        lines.append("defaults: " + ", ".join(defaults))
     s = ctx.shape
     kv_local = "the whole MLA latent" if a.kind == "mla" else f"{s.kv_heads:g} KV heads"
     lines.append(f"per chip: {s.tokens:g} tokens in non-attention ops, {s.q_heads:g} query heads, {kv_local}, "
                  f"KV of {s.kv_len:g} tokens per sequence")
     for dim in rm.dims:
+        if _unused(dep, dim):
+            continue
         groups = rm.groups(dim)
         size = len(groups[0])
         crossing = [g for g in groups if rm.crosses_nodes(g)]

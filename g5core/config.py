@@ -128,6 +128,10 @@ class Deployment:
     path: str
     name: str = ""
     disabled_plugins: tuple[str, ...] = ()
+    # Parallel dimensions (``"sp"``) and plugin options (``"tp.sp"``) the configuration left out,
+    # filled from their registered defaults. Not part of equality; ``to_dict`` leaves them out,
+    # so installing a plugin whose dimension defaults to 1 does not change the echo of a run.
+    implicit: tuple[str, ...] = attrs.field(default=(), eq=False)
 
     def size(self, dim: str) -> int:
         """Size of a parallel dimension; 1 for a dimension no enabled plugin registers."""
@@ -154,12 +158,13 @@ class Deployment:
             if not isinstance(data[key], str) or not data[key]:
                 raise ConfigError(key, f"must be a name or a file path, got {data[key]!r}")
         chips = _positive_int(data["chips"], "chips")
-        parallel = _parse_parallel(data["parallel"], dims)
+        parallel, implicit_dims = _parse_parallel(data["parallel"], dims)
         product = 1
         for d in dims.factors:
             product *= parallel[d.name]
         if product != chips:
-            expr = " x ".join(f"{d.name}={parallel[d.name]}" for d in dims.factors)
+            expr = " x ".join(f"{d.name}={parallel[d.name]}" for d in dims.factors
+                              if d.name not in implicit_dims or parallel[d.name] != 1)
             hint = ""
             outer = dims.factors[0].name if dims.factors else ""
             rest = product // parallel.get(outer, 1) if outer else product
@@ -176,7 +181,7 @@ class Deployment:
         if path not in PATHS:
             raise ConfigError("path", f"unknown path {path!r}{suggest(str(path), PATHS)}; use g5 or math")
         disabled = disabled_from_config(data)
-        resolved = options.resolve(data, disabled)
+        resolved, implicit_options = options.resolve(data, disabled)
         name = data.get("name", "")
         if not isinstance(name, str):
             raise ConfigError("name", f"must be a string, got {name!r}")
@@ -193,6 +198,7 @@ class Deployment:
             path=path,
             name=name,
             disabled_plugins=disabled,
+            implicit=implicit_dims + implicit_options,
         )
 
     def to_dict(self) -> dict:
@@ -200,7 +206,7 @@ class Deployment:
             "model": self.model,
             "system": self.system,
             "chips": self.chips,
-            "parallel": dict(self.parallel),
+            "parallel": {k: v for k, v in self.parallel if k not in self.implicit},
             "phase": self.phase,
             "batch": self.batch,
             "seq_len": self.seq_len,
@@ -209,7 +215,11 @@ class Deployment:
         }
         if self.name:
             out["name"] = self.name
-        plugins: dict[str, Any] = {plugin: dict(values) for plugin, values in self.options}
+        plugins: dict[str, Any] = {}
+        for plugin, values in self.options:
+            given = {k: v for k, v in values if f"{plugin}.{k}" not in self.implicit}
+            if given:
+                plugins[plugin] = given
         if self.disabled_plugins:
             plugins["disable"] = list(self.disabled_plugins)
         if plugins:
@@ -217,7 +227,8 @@ class Deployment:
         return out
 
 
-def _parse_parallel(data: Any, dims: DimensionRegistry) -> dict[str, int]:
+def _parse_parallel(data: Any, dims: DimensionRegistry) -> tuple[dict[str, int], tuple[str, ...]]:
+    """Sizes of every registered dimension, and the names filled from a default."""
     if not isinstance(data, Mapping):
         raise ConfigError("parallel", f"must be a mapping like {{dp: 1, tp: 8, pp: 1, cp: 1}}, got {data!r}")
     known = dims.names
@@ -229,6 +240,7 @@ def _parse_parallel(data: Any, dims: DimensionRegistry) -> dict[str, int]:
                 f"is the plugin that provides it installed and enabled? registered: {', '.join(known)}",
             )
     out: dict[str, int] = {}
+    implicit = []
     for d in dims.dims:
         if d.name in data:
             out[d.name] = _positive_int(data[d.name], f"parallel.{d.name}")
@@ -242,7 +254,8 @@ def _parse_parallel(data: Any, dims: DimensionRegistry) -> dict[str, int]:
             raise ConfigError(f"parallel.{d.name}", f"is required (registered by plugin '{d.owner}'); add `{d.name}: 1` for none")
         else:
             out[d.name] = d.default
-    return out
+            implicit.append(d.name)
+    return out, tuple(implicit)
 
 
 def disabled_from_config(data: Mapping) -> tuple[str, ...]:

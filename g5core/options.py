@@ -79,11 +79,12 @@ class OptionRegistry:
     def legacy_keys(self) -> dict[str, PluginOption]:
         return {o.legacy_key: o for o in self.options if o.legacy_key}
 
-    def resolve(self, data: Mapping, disabled: tuple[str, ...] = ()) -> tuple[tuple[str, tuple[tuple[str, Any], ...]], ...]:
+    def resolve(self, data: Mapping, disabled: tuple[str, ...] = ()) -> tuple[tuple, tuple[str, ...]]:
         """Validated values of every declared option from a raw configuration mapping.
 
         ``data`` is the whole configuration (the ``plugins`` mapping and legacy top-level
-        keys are read from it). Returns ``((plugin, ((option, value), ...)), ...)`` sorted.
+        keys are read from it). Returns ``((plugin, ((option, value), ...)), ...)`` sorted, and
+        the ``plugin.option`` names that took their default.
         """
         section = data.get("plugins") or {}
         given: dict[str, dict[str, Any]] = {}
@@ -115,13 +116,14 @@ class OptionRegistry:
                 raise ConfigError(key, f"{key}: {value!r} disagrees with {new_field}: "
                                        f"{given[opt.owner][opt.name]!r}; keep only {new_field}")
             given.setdefault(opt.owner, {})[opt.name] = value
-        out = []
+        out, implicit = [], []
         for plugin in sorted(self.plugins):
             values = given.get(plugin, {})
+            implicit += [f"{plugin}.{o.name}" for o in self.of(plugin) if o.name not in values]
             out.append((plugin, tuple(sorted(
                 (o.name, o.check(values[o.name], f"plugins.{plugin}.{o.name}") if o.name in values else o.default)
                 for o in self.of(plugin)))))
-        return tuple(out)
+        return tuple(out), tuple(sorted(implicit))
 
 
 def collect_options(hooks) -> OptionRegistry:

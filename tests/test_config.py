@@ -21,6 +21,7 @@ from g5core.options import collect_options
 from g5core.errors import ConfigError, PluginError
 from g5core.plugins import Hooks, make_plugin_manager
 from g5core.run import load_raw, make_plan
+from plugin_sets import THIRD_PARTY
 
 BASE = {
     "model": "llama-3.1-8b",
@@ -49,6 +50,10 @@ def config_error(data, disabled=()) -> ConfigError:
     return info.value
 
 
+THIRD_PARTY_DIMS = tuple(d.name for d in collect_dimensions(Hooks(make_plugin_manager())).dims
+                         if d.owner in THIRD_PARTY)
+
+
 def dims(disabled=()):
     return collect_dimensions(Hooks(make_plugin_manager(disabled=disabled)))
 
@@ -66,7 +71,9 @@ def test_base_config_is_valid_and_fills_defaults():
     plan = make_plan(raw())
     dep = plan.ctx.deployment
     assert dep.chips == 1
-    assert dict(dep.parallel) == {"cp": 1, "dp": 1, "ep": 1, "pp": 1, "tp": 1}
+    # every registered dimension (a third-party one such as Ulysses' sp at its default)
+    assert {k: v for k, v in dep.parallel if k not in THIRD_PARTY_DIMS} == {"cp": 1, "dp": 1, "ep": 1, "pp": 1, "tp": 1}
+    assert all(dep.size(k) == 1 for k in THIRD_PARTY_DIMS)
     assert dep.path == "g5" and dep.option("tp", "sp") is False
     assert dep.dtypes.kv_cache == dep.dtypes.activations == "bf16"
 
@@ -307,10 +314,10 @@ def test_model_and_system_must_be_names(key, value):
 
 
 def test_unregistered_parallel_key_asks_for_plugin():
-    err = config_error(raw(parallel={"sp": 2}))
+    err = config_error(raw(parallel={"xsp": 2}))
     msg = str(err)
-    assert err.field == "parallel.sp"
-    assert "no enabled plugin registers the dimension 'sp'" in msg
+    assert err.field == "parallel.xsp"
+    assert "no enabled plugin registers the dimension 'xsp'" in msg
     assert "plugin that provides it installed" in msg
 
 
