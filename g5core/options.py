@@ -93,8 +93,11 @@ class OptionRegistry:
                 continue
             field = f"plugins.{plugin}"
             if plugin not in self.plugins:
-                if plugin in disabled:
-                    raise ConfigError(field, f"plugin '{plugin}' is disabled; remove {field} or enable the plugin")
+                from .plugins import available_plugin_names
+
+                if plugin in disabled or plugin in available_plugin_names():
+                    raise ConfigError(field, f"plugin '{plugin}' is disabled or declares no options; remove {field} "
+                                             f"or enable the plugin")
                 known = self.plugins
                 raise ConfigError(field, f"no enabled plugin named '{plugin}' declares options"
                                          f"{suggest(str(plugin), known)}; plugins with options: "

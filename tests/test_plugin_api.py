@@ -54,7 +54,7 @@ def test_bad_plugin_options_are_one_line_errors_naming_the_field(plugins, field,
 
 
 def test_options_of_a_disabled_plugin_are_an_error_not_ignored():
-    with pytest.raises(ConfigError, match="plugin 'tp' is disabled; remove plugins.tp"):
+    with pytest.raises(ConfigError, match="plugin 'tp' is disabled or declares no options; remove plugins.tp"):
         make_plan(raw(parallel={"dp": 1, "pp": 1, "cp": 1}, chips=1, plugins={"tp": {"sp": True}, "disable": ["tp"]}))
     with pytest.raises(ConfigError, match="tp_sp: unknown key"):
         make_plan(raw(parallel={"dp": 1, "pp": 1, "cp": 1}, chips=1, tp_sp=True, plugins={"disable": ["tp"]}))
