@@ -237,3 +237,21 @@ def test_installing_changes_g5_plugins_and_nothing_else(tmp_path):
     diff = [(a, b) for a, b in zip(*explain) if a != b]
     assert len(explain[0]) == len(explain[1]) and len(diff) == 1 and diff[0][0].startswith("defaults:")
     assert "parallel.sp is 1 when omitted" in diff[0][1]
+
+
+# ------------------------------------------------------------------------- the comparison example
+
+
+def test_comparison_example_reports_the_largest_batch_that_fits():
+    import importlib.util
+
+    path = pathlib.Path(__file__).resolve().parents[3] / "examples" / "ulysses_tp_sp.py"
+    spec = importlib.util.spec_from_file_location("ulysses_tp_sp", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    for tp, sp in ((8, 1), (4, 2)):
+        raw = example.config("llama-3.1-70b", "h100-sxm", tp, sp, 32768, 1, "bf16")
+        best = example.largest_batch(raw)
+        assert best >= 1 and example.fits(dict(raw, batch=best)) and not example.fits(dict(raw, batch=best + 1))
+    # 1 x 8 holds the whole bf16 model on every chip: one sequence does not fit in 80 GiB
+    assert example.largest_batch(example.config("llama-3.1-70b", "h100-sxm", 1, 8, 32768, 1, "bf16")) == 0
