@@ -207,6 +207,8 @@ def render_explain(plan) -> str:
         lines.append("defaults: " + ", ".join(defaults))
     s = ctx.shape
     kv_local = "the whole MLA latent" if a.kind == "mla" else f"{s.kv_heads:g} KV heads"
+    if s.kv_cache_shard > 1:
+        kv_local += f" ({s.kv_heads / s.kv_cache_shard:g} of them in its KV cache)"
     lines.append(f"per chip: {s.tokens:g} tokens in non-attention ops, {s.q_heads:g} query heads, {kv_local}, "
                  f"KV of {s.kv_len:g} tokens per sequence")
     for dim in rm.dims:

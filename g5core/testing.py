@@ -7,7 +7,7 @@ checks of the extension contract (:mod:`g5core.hookspecs`)::
     from g5core.testing import CHECKS, applicable_checks
 
     CONFIGS = [{"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 4,
-                "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ulysses": 4},
+                "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "sp": 4},
                 "phase": "prefill", "batch": 1, "seq_len": 4096}]
 
     @pytest.mark.parametrize("check", applicable_checks("ulysses"))

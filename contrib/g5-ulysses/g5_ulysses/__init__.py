@@ -31,6 +31,12 @@ head-sharded (refused, or replicated with ``replicate_kv``); ``sp > 1`` with ``c
 refused (2D sequence parallelism is not modelled); prefill needs ``S`` divisible by ``sp``,
 decode ``b`` divisible by ``sp``.
 
+The LM head: in prefill it runs on the last SP rank (which holds every sequence's last
+token); in decode every chip keeps the core's default (logits of all ``b`` tokens), an
+overcount of the logits GEMM by ``sp`` that costs little because a decode LM head is bound
+by its weight read, which is the same either way. The all-to-all before attention is on
+the critical path (no double buffering of sequence chunks is modelled).
+
 Memory: the KV cache is stored head-sharded (divided by the KV-head split above, the
 ``kv_cache_heads`` axis); activations outside attention divide by ``sp`` (``tokens``);
 ``ulysses_a2a_buffers`` is the receive workspace of one layer's two all-to-alls.
@@ -200,20 +206,12 @@ def g5_expand_op(ctx, lop):
     qkv_bytes, out_bytes = _bytes(ctx)
     work = attention_op_work(ctx)
     placed = set(ctx.place(lop))
-    ops, edges, heads, tails = [], [], {}, {}
-    for group in ctx.rankmap.groups(DIM):
-        if not placed.issuperset(group):
-            continue
-        a2a_in = ctx.comm_op(lop, "all_to_all", group, qkv_bytes, REASON, owner=NAME, part="a2a_qkv")
-        a2a_out = ctx.comm_op(lop, "all_to_all", group, out_bytes, REASON, owner=NAME, part="a2a_out")
-        ops += [a2a_in, a2a_out]
-        for chip in group:
-            op = ctx.compute_op(lop, chip, work, owner=NAME, part="heads")
-            ops.append(op)
-            edges += [(a2a_in.key, op.key), (op.key, a2a_out.key)]
-            heads[chip] = (a2a_in.key,)
-            tails[chip] = (a2a_out.key,)
-    return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)
+    return Fragment.combine(
+        Fragment.exchange_around(
+            ctx.comm_op(lop, "all_to_all", group, qkv_bytes, REASON, owner=NAME, part="a2a_qkv"),
+            [ctx.compute_op(lop, chip, work, owner=NAME, part="heads") for chip in group],
+            ctx.comm_op(lop, "all_to_all", group, out_bytes, REASON, owner=NAME, part="a2a_out"))
+        for group in ctx.rankmap.groups(DIM) if placed.issuperset(group))
 
 
 @hookimpl

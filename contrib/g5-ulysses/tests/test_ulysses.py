@@ -255,3 +255,27 @@ def test_comparison_example_reports_the_largest_batch_that_fits():
         assert best >= 1 and example.fits(dict(raw, batch=best)) and not example.fits(dict(raw, batch=best + 1))
     # 1 x 8 holds the whole bf16 model on every chip: one sequence does not fit in 80 GiB
     assert example.largest_batch(example.config("llama-3.1-70b", "h100-sxm", 1, 8, 32768, 1, "bf16")) == 0
+
+
+@pytest.mark.parametrize("model,sp", [(GQA, 2), (GQA, 4), (GQA, 8), (MHA, 4)])
+def test_a2a_bytes_match_what_the_numerical_reference_exchanges(model, sp):
+    """The plugin's all-to-all widths against the elements g5core.reference.ulysses_attention
+    really sends to other ranks (tp = 1; sp = 8 on 4 KV heads replicates them)."""
+    import numpy as np
+
+    from g5_ulysses import a2a_widths
+    from g5core import reference as R
+
+    spec = make_plan(cfg(model=model, sp=sp, seq_len=64, **(REPLICATE if sp == 8 else {}))).ctx.model
+    a = spec.attention
+    rng = np.random.default_rng(sp)
+    seq = 64
+    q = rng.standard_normal((seq, a.n_heads, a.head_dim))
+    k = rng.standard_normal((seq, a.n_kv_heads, a.head_dim))
+    v = rng.standard_normal((seq, a.n_kv_heads, a.head_dim))
+    out, sent = R.ulysses_attention(q, k, v, sp)
+    assert np.max(np.abs(out - R.causal_attention(q, k, v))) < 1e-9
+    q_w, kv_w, out_w = a2a_widths(spec, "prefill", 1, sp)
+    leaves = (seq / sp) * (sp - 1) / sp
+    assert sent["q"] + sent["k"] + sent["v"] == (q_w + kv_w) * leaves
+    assert sent["out"] == out_w * leaves
