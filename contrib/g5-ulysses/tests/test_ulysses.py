@@ -194,7 +194,7 @@ def test_sp_one_is_identical_to_a_run_without_the_plugin():
 # --------------------------------------------------------------------- installing changes nothing else
 
 HIDE = """
-import importlib.metadata as md, sys
+import contextlib, importlib.metadata as md, io, json, sys
 _orig = md.entry_points
 def entry_points(**kw):
     eps = _orig(**kw)
@@ -203,16 +203,23 @@ def entry_points(**kw):
     return eps
 md.entry_points = entry_points
 from g5core.cli import main
-sys.argv = ["g5"] + sys.argv[1:]
-main()
+outputs = []
+for args in json.loads(sys.argv[1]):
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        main(args, standalone_mode=False)
+    outputs.append(buf.getvalue())
+print(json.dumps(outputs))
 """
 
 
-def _g5(tmp_path, hidden: bool, *args) -> str:
+def _g5(tmp_path, hidden: bool, *commands) -> list[str]:
+    """Outputs of ``g5 COMMAND`` for each command, in one fresh process."""
     script = tmp_path / f"g5_{hidden}.py"
     script.write_text(f"HIDE = {hidden}\n" + HIDE)
-    done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, check=True)
-    return done.stdout
+    done = subprocess.run([sys.executable, str(script), json.dumps(commands)], capture_output=True, text=True,
+                          check=True)
+    return json.loads(done.stdout)
 
 
 def test_installing_changes_g5_plugins_and_nothing_else(tmp_path):
@@ -221,18 +228,21 @@ def test_installing_changes_g5_plugins_and_nothing_else(tmp_path):
     raw = cfg(tp=2)
     del raw["parallel"]["sp"]
     config.write_text(yaml.safe_dump(raw))
+    commands = (["plugins"], ["run", str(config), "--json"], ["explain", str(config)])
+    (plugins_without, run_without, explain_without), (plugins_with, run_with, explain_with) = (
+        _g5(tmp_path, h, *commands) for h in (True, False))
     # rows as words (the table's column widths follow its widest row)
-    without, with_ = ([" ".join(line.split()) for line in _g5(tmp_path, h, "plugins").splitlines()
-                       if line.strip("- ")] for h in (True, False))
+    without, with_ = ([" ".join(line.split()) for line in out.splitlines() if line.strip("- ")]
+                      for out in (plugins_without, plugins_with))
     added = [line for line in with_ if line not in without]
     assert len(added) == 1 and added[0].split()[:2] == ["ulysses", "enabled"]
     assert [line for line in without if line not in with_] == []
 
-    runs = [json.loads(_g5(tmp_path, h, "run", str(config), "--json")) for h in (True, False)]
+    runs = [json.loads(out) for out in (run_without, run_with)]
     for r in runs:
         r.pop("sim_wall_s")
     assert runs[0] == runs[1]
-    explain = [_g5(tmp_path, h, "explain", str(config)).splitlines() for h in (True, False)]
+    explain = [out.splitlines() for out in (explain_without, explain_with)]
     # only the line listing what the installed plugins default differs
     diff = [(a, b) for a, b in zip(*explain) if a != b]
     assert len(explain[0]) == len(explain[1]) and len(diff) == 1 and diff[0][0].startswith("defaults:")
