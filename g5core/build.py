@@ -24,7 +24,8 @@ from .layers import (
 from .models import ModelSpec, get_model
 from .plugins import Hooks
 from .rankmap import RankMap
-from .shape import LocalShape, merge_factors
+from .options import collect_options
+from .shape import LocalShape, collect_shard_axes, merge_factors
 from .systems import SystemSpec, get_system
 
 
@@ -132,15 +133,17 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
     """Validate a raw configuration mapping (or a Deployment) against the enabled plugins."""
     hooks = Hooks(pm)
     dims = collect_dimensions(hooks)
+    options = collect_options(hooks)
+    axes = collect_shard_axes(hooks)
     if isinstance(raw_or_deployment, Deployment):
         deployment = raw_or_deployment
     else:
-        deployment = Deployment.from_dict(raw_or_deployment, dims, source)
+        deployment = Deployment.from_dict(raw_or_deployment, dims, source, options)
     model = get_model(deployment.model)
     system = get_system(deployment.system)
     for _plugin, _ in hooks.call_each("g5_validate_deployment", deployment=deployment, model=model, system=system):
         pass
-    factors = merge_factors(hooks.call_each("g5_shard_factors", deployment=deployment, model=model))
+    factors = merge_factors(hooks.call_each("g5_shard_factors", deployment=deployment, model=model), axes)
     shape = LocalShape.from_factors(deployment, model, factors)
     sizes = dict(deployment.parallel)
     try:

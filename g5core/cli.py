@@ -104,12 +104,28 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, com
     click.echo(render_summary(out, trace_path, timeline_path))
 
 
+def _option_items(dep, given: bool) -> list[str]:
+    """``plugin.option=value`` for the plugin options a deployment sets (``given``) or defaults."""
+    return [f"{plugin}.{name}={json.dumps(value)}" for plugin, values in dep.options for name, value in values
+            if (f"{plugin}.{name}" not in dep.implicit) == given]
+
+
+def _unused(dep, dim: str) -> bool:
+    """A dimension the configuration left out and that has size 1: not shown."""
+    return dim in dep.implicit and dep.size(dim) == 1
+
+
+def _options_note(dep) -> str:
+    """Plugin options switched on (boolean true), for the one-line header: `` tp.sp``."""
+    return "".join(f" {plugin}.{name}" for plugin, values in dep.options for name, value in values if value is True)
+
+
 def render_summary(out, trace_path=None, timeline_path=None) -> str:
     dep = out.deployment
     lines = []
-    par = " ".join(f"{k}={v}" for k, v in dep.parallel)
+    par = " ".join(f"{k}={v}" for k, v in dep.parallel if not _unused(dep, k))
     model, system = out.plan.ctx.model.name, out.plan.ctx.system.name
-    lines.append(f"{model} on {dep.chips} x {system}  [{par}{' tp_sp' if dep.tp_sp else ''}]  "
+    lines.append(f"{model} on {dep.chips} x {system}  [{par}{_options_note(dep)}]  "
                  f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}, path {dep.path}")
     metric = "TTFT" if dep.phase == "prefill" else "TPOT"
     lines.append(f"{metric}: {_fmt_s(out.latency_s)}")
@@ -193,17 +209,23 @@ def render_explain(plan) -> str:
                 f"{int(sysm.fabric['nodes_per_leaf'])} node(s)" if sysm.fabric and sysm.fabric['oversubscription'] > 1
                 else "full-bisection fabric"),
              f"layout  {dep.chips} chips on {rm.nodes} node(s); rank order (outer to inner): "
-             + ", ".join(f"{n}={s}" for n, s in zip(rm.factor_names, rm.factor_sizes)),
-             f"phase   {dep.phase}, batch {dep.batch} per replica, seq_len {dep.seq_len}, path {dep.path}, "
-             f"tp_sp {str(dep.tp_sp).lower()}"]
-    defaults = [d for d in ctx.dims.dims if d.default is not None]
+             + ", ".join(f"{n}={s}" for n, s in zip(rm.factor_names, rm.factor_sizes) if not _unused(dep, n)),
+             f"phase   {dep.phase}, batch {dep.batch} per replica, seq_len {dep.seq_len}, path {dep.path}"
+             + "".join(f", {item}" for item in _option_items(dep, given=True))]
+    # what the installed plugins default (like `g5 plugins`, this line lists what is installed)
+    defaults = [f"parallel.{d.name} is {d.default} when omitted" for d in ctx.dims.dims if d.default is not None]
+    defaults += [f"plugins.{item.replace('=', ' is ', 1)} when omitted" for item in _option_items(dep, given=False)]
     if defaults:
-        lines.append("defaults: " + ", ".join(f"parallel.{d.name} is {d.default} when omitted" for d in defaults))
+        lines.append("defaults: " + ", ".join(defaults))
     s = ctx.shape
     kv_local = "the whole MLA latent" if a.kind == "mla" else f"{s.kv_heads:g} KV heads"
+    if s.kv_cache_shard > 1:
+        kv_local += f" ({s.kv_heads / s.kv_cache_shard:g} of them in its KV cache)"
     lines.append(f"per chip: {s.tokens:g} tokens in non-attention ops, {s.q_heads:g} query heads, {kv_local}, "
                  f"KV of {s.kv_len:g} tokens per sequence")
     for dim in rm.dims:
+        if _unused(dep, dim):
+            continue
         groups = rm.groups(dim)
         size = len(groups[0])
         crossing = [g for g in groups if rm.crosses_nodes(g)]

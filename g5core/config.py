@@ -2,7 +2,8 @@
 
 A configuration names the model, the system, the chip count, one size per registered
 parallel dimension, the phase, the batch and sequence length, dtypes and the path. The
-``parallel`` keys are whatever the enabled plugins register; ``cp`` is required.
+``parallel`` keys are whatever the enabled plugins register; ``cp`` is required. Plugin
+options live under ``plugins: {NAME: {option: value}}`` (:mod:`g5core.options`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import attrs
 import yaml
 
 from .dimensions import DimensionRegistry
+from .options import OptionRegistry, option_value
 from .dtypes import dtype_bytes
 from .errors import ConfigError, suggest
 
@@ -29,9 +31,10 @@ PATHS = ("g5", "math")
 # Weight classes a `dtypes.weights` mapping may name; `default` is required in a mapping.
 WEIGHT_CLASSES = ("default", "attention", "ffn", "experts", "embedding")
 TOP_LEVEL_KEYS = (
-    "name", "model", "system", "chips", "parallel", "tp_sp", "phase", "batch", "seq_len",
+    "name", "model", "system", "chips", "parallel", "phase", "batch", "seq_len",
     "dtypes", "path", "plugins",
 )
+NO_OPTIONS = OptionRegistry()
 REQUIRED_KEYS = ("model", "system", "chips", "parallel", "phase", "batch", "seq_len")
 DEFAULT_DTYPE = "bf16"
 
@@ -117,7 +120,7 @@ class Deployment:
     system: str
     chips: int
     parallel: tuple[tuple[str, int], ...]  # every registered dimension, sorted by name
-    tp_sp: bool
+    options: tuple[tuple[str, tuple[tuple[str, object], ...]], ...]  # (plugin, ((option, value), ...)), sorted
     phase: str
     batch: int
     seq_len: int
@@ -125,18 +128,29 @@ class Deployment:
     path: str
     name: str = ""
     disabled_plugins: tuple[str, ...] = ()
+    # Parallel dimensions (``"sp"``) and plugin options (``"tp.sp"``) the configuration left out,
+    # filled from their registered defaults. Not part of equality; ``to_dict`` leaves them out,
+    # so installing a plugin whose dimension defaults to 1 does not change the echo of a run.
+    implicit: tuple[str, ...] = attrs.field(default=(), eq=False)
 
     def size(self, dim: str) -> int:
         """Size of a parallel dimension; 1 for a dimension no enabled plugin registers."""
         return dict(self.parallel).get(dim, 1)
 
+    def option(self, plugin: str, name: str, default: Any = None) -> Any:
+        """Value of ``plugins.<plugin>.<name>`` (set or the plugin's default); ``default``
+        when ``plugin`` is not enabled."""
+        return option_value(self.options, plugin, name, default)
+
     @classmethod
-    def from_dict(cls, data: Any, dims: DimensionRegistry, source: str = "configuration") -> "Deployment":
+    def from_dict(cls, data: Any, dims: DimensionRegistry, source: str = "configuration",
+                  options: OptionRegistry = NO_OPTIONS) -> "Deployment":
         if not isinstance(data, Mapping):
             raise ConfigError("", f"{source}: the top level must be a mapping of keys to values")
+        keys = TOP_LEVEL_KEYS + tuple(options.legacy_keys)
         for key in data:
-            if key not in TOP_LEVEL_KEYS:
-                raise ConfigError(str(key), f"unknown key{suggest(str(key), TOP_LEVEL_KEYS)}; valid keys: {', '.join(TOP_LEVEL_KEYS)}")
+            if key not in keys:
+                raise ConfigError(str(key), f"unknown key{suggest(str(key), keys)}; valid keys: {', '.join(keys)}")
         for key in REQUIRED_KEYS:
             if key not in data:
                 raise ConfigError(key, "is required")
@@ -144,12 +158,13 @@ class Deployment:
             if not isinstance(data[key], str) or not data[key]:
                 raise ConfigError(key, f"must be a name or a file path, got {data[key]!r}")
         chips = _positive_int(data["chips"], "chips")
-        parallel = _parse_parallel(data["parallel"], dims)
+        parallel, implicit_dims = _parse_parallel(data["parallel"], dims)
         product = 1
         for d in dims.factors:
             product *= parallel[d.name]
         if product != chips:
-            expr = " x ".join(f"{d.name}={parallel[d.name]}" for d in dims.factors)
+            expr = " x ".join(f"{d.name}={parallel[d.name]}" for d in dims.factors
+                              if d.name not in implicit_dims or parallel[d.name] != 1)
             hint = ""
             outer = dims.factors[0].name if dims.factors else ""
             rest = product // parallel.get(outer, 1) if outer else product
@@ -165,9 +180,8 @@ class Deployment:
         path = data.get("path", "g5")
         if path not in PATHS:
             raise ConfigError("path", f"unknown path {path!r}{suggest(str(path), PATHS)}; use g5 or math")
-        tp_sp = data.get("tp_sp", False)
-        if not isinstance(tp_sp, bool):
-            raise ConfigError("tp_sp", f"must be true or false, got {tp_sp!r}")
+        disabled = disabled_from_config(data)
+        resolved, implicit_options = options.resolve(data, disabled)
         name = data.get("name", "")
         if not isinstance(name, str):
             raise ConfigError("name", f"must be a string, got {name!r}")
@@ -176,14 +190,15 @@ class Deployment:
             system=data["system"],
             chips=chips,
             parallel=tuple(sorted(parallel.items())),
-            tp_sp=tp_sp,
+            options=resolved,
             phase=phase,
             batch=_positive_int(data["batch"], "batch"),
             seq_len=_positive_int(data["seq_len"], "seq_len"),
             dtypes=Dtypes.from_dict(data.get("dtypes")),
             path=path,
             name=name,
-            disabled_plugins=disabled_from_config(data),
+            disabled_plugins=disabled,
+            implicit=implicit_dims + implicit_options,
         )
 
     def to_dict(self) -> dict:
@@ -191,8 +206,7 @@ class Deployment:
             "model": self.model,
             "system": self.system,
             "chips": self.chips,
-            "parallel": dict(self.parallel),
-            "tp_sp": self.tp_sp,
+            "parallel": {k: v for k, v in self.parallel if k not in self.implicit},
             "phase": self.phase,
             "batch": self.batch,
             "seq_len": self.seq_len,
@@ -201,12 +215,20 @@ class Deployment:
         }
         if self.name:
             out["name"] = self.name
+        plugins: dict[str, Any] = {}
+        for plugin, values in self.options:
+            given = {k: v for k, v in values if f"{plugin}.{k}" not in self.implicit}
+            if given:
+                plugins[plugin] = given
         if self.disabled_plugins:
-            out["plugins"] = {"disable": list(self.disabled_plugins)}
+            plugins["disable"] = list(self.disabled_plugins)
+        if plugins:
+            out["plugins"] = plugins
         return out
 
 
-def _parse_parallel(data: Any, dims: DimensionRegistry) -> dict[str, int]:
+def _parse_parallel(data: Any, dims: DimensionRegistry) -> tuple[dict[str, int], tuple[str, ...]]:
+    """Sizes of every registered dimension, and the names filled from a default."""
     if not isinstance(data, Mapping):
         raise ConfigError("parallel", f"must be a mapping like {{dp: 1, tp: 8, pp: 1, cp: 1}}, got {data!r}")
     known = dims.names
@@ -218,6 +240,7 @@ def _parse_parallel(data: Any, dims: DimensionRegistry) -> dict[str, int]:
                 f"is the plugin that provides it installed and enabled? registered: {', '.join(known)}",
             )
     out: dict[str, int] = {}
+    implicit = []
     for d in dims.dims:
         if d.name in data:
             out[d.name] = _positive_int(data[d.name], f"parallel.{d.name}")
@@ -231,19 +254,20 @@ def _parse_parallel(data: Any, dims: DimensionRegistry) -> dict[str, int]:
             raise ConfigError(f"parallel.{d.name}", f"is required (registered by plugin '{d.owner}'); add `{d.name}: 1` for none")
         else:
             out[d.name] = d.default
-    return out
+            implicit.append(d.name)
+    return out, tuple(implicit)
 
 
 def disabled_from_config(data: Mapping) -> tuple[str, ...]:
-    """The ``plugins: {disable: [...]}`` list of a raw configuration mapping."""
+    """The ``plugins: {disable: [...]}`` list of a raw configuration mapping.
+
+    The other keys of ``plugins`` are plugin names with their options, validated by
+    :meth:`OptionRegistry.resolve` once the enabled plugins are known."""
     plugins = data.get("plugins") if isinstance(data, Mapping) else None
     if plugins is None:
         return ()
     if not isinstance(plugins, Mapping):
-        raise ConfigError("plugins", "must be a mapping like {disable: [name, ...]}")
-    for key in plugins:
-        if key != "disable":
-            raise ConfigError(f"plugins.{key}", f"unknown key{suggest(str(key), ('disable',))}; valid keys: disable")
+        raise ConfigError("plugins", "must be a mapping like {disable: [name, ...], PLUGIN: {option: value}}")
     names = plugins.get("disable", [])
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise ConfigError("plugins.disable", "must be a list of plugin names")

@@ -81,6 +81,23 @@ class Fragment:
         return cls(ops=ops, heads={o.chip: (o.key,) for o in ops}, tails={o.chip: (o.key,) for o in ops})
 
     @classmethod
+    def exchange_around(cls, before: CommOp, computes: Iterable[ComputeOp], after: CommOp) -> "Fragment":
+        """A collective, one compute op per member that waits for it, and a collective back
+        that waits for every compute op (EP dispatch/experts/combine, Ulysses a2a/heads/a2a).
+        ``before`` is each member's head, ``after`` its tail."""
+        computes = tuple(computes)
+        edges = [e for op in computes for e in ((before.key, op.key), (op.key, after.key))]
+        return cls(ops=(before, after) + computes, edges=edges, heads={c: (before.key,) for c in before.group},
+                   tails={c: (after.key,) for c in after.group})
+
+    @classmethod
+    def combine(cls, fragments: Iterable["Fragment"]) -> "Fragment":
+        """Fragments on disjoint chips as one (ops and edges in order)."""
+        fragments = tuple(fragments)
+        return cls(ops=[op for f in fragments for op in f.ops], edges=[e for f in fragments for e in f.edges],
+                   heads=[h for f in fragments for h in f.heads], tails=[t for f in fragments for t in f.tails])
+
+    @classmethod
     def collective(cls, op: CommOp) -> "Fragment":
         """A communication op that every member consumes and produces on."""
         return cls(ops=(op,), heads={c: (op.key,) for c in op.group}, tails={c: (op.key,) for c in op.group})

@@ -63,20 +63,20 @@ class DimensionRegistry:
 def collect_dimensions(hooks: Hooks) -> DimensionRegistry:
     """Ask every plugin to register its dimensions; duplicates and bad specs are errors."""
     found: dict[str, Dimension] = {}
-    for impl in hooks._impls("g5_register_dimensions"):
-        plugin = impl.plugin_name
 
-        def register(dim: Dimension, _plugin: str = plugin) -> None:
+    def make_register(plugin: str):
+        def register(dim: Dimension) -> None:
             if not isinstance(dim, Dimension):
-                raise PluginError(_plugin, f"g5_register_dimensions: expected a Dimension, got {dim!r}")
+                raise PluginError(plugin, f"g5_register_dimensions: expected a Dimension, got {dim!r}")
             if dim.name in found:
                 raise PluginError(
-                    _plugin,
+                    plugin,
                     f"dimension '{dim.name}' is already registered by plugin '{found[dim.name].owner}'",
                 )
-            found[dim.name] = attrs.evolve(dim, owner=_plugin)
+            found[dim.name] = attrs.evolve(dim, owner=plugin)
+        return register
 
-        hooks._call(impl, "g5_register_dimensions", {"register": register})
+    hooks.call_registration("g5_register_dimensions", make_register)
     registry = DimensionRegistry(tuple(found[name] for name in sorted(found)))
     for d in registry.dims:
         for other in d.regroups:

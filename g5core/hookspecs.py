@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from .systems import SystemSpec
     from .collective import Lowering
     from .topology import Topology
+    from .options import PluginOption
 
 hookspec = pluggy.HookspecMarker("g5")
 
@@ -48,6 +49,28 @@ def g5_register_dimensions(register: Callable[["Dimension"], None]) -> None:
 
 
 @hookspec
+def g5_register_options(register: Callable[["PluginOption"], None]) -> None:
+    """Declare this plugin's configuration options (registration hook).
+
+    Call ``register(PluginOption(name, default, doc, kind=...))`` once per option. A
+    configuration sets them under ``plugins: {PLUGIN_NAME: {option: value}}``; the core
+    validates them (unknown option, wrong type: a one-line ConfigError naming the field) and
+    plugins read them with ``deployment.option(PLUGIN_NAME, option)``. Declaring a name twice
+    is an error.
+    """
+
+
+@hookspec
+def g5_register_shard_axes(register: Callable[[str, str], None]) -> None:
+    """Add shard axes beyond the core's (registration hook).
+
+    Call ``register(name, doc)`` once per axis. Any plugin may then divide the axis in
+    ``g5_shard_factors`` and read the product with ``ctx.shape.factor(name)``. Registering a
+    core axis or another plugin's axis is an error naming both.
+    """
+
+
+@hookspec
 def g5_validate_deployment(
     deployment: "Deployment", model: "ModelSpec", system: "SystemSpec"
 ) -> None:
@@ -64,8 +87,9 @@ def g5_shard_factors(
     """Divisors this plugin applies to one chip's share of the work (collect-all).
 
     Keys are the shard axes of :class:`g5core.shape.LocalShape` (``tokens``, ``kv_len``,
-    ``q_heads``, ``kv_heads``, ``ffn_cols``, ``experts``, ``expert_cols``, ``moe_tokens``,
-    ``vocab``, ``norm_tokens``); values are positive integers. The core multiplies the
+    ``q_heads``, ``kv_heads``, ``kv_cache_heads``, ``ffn_cols``, ``experts``, ``expert_cols``,
+    ``moe_tokens``, ``vocab``, ``norm_tokens``) or axes a plugin registered through
+    ``g5_register_shard_axes``; values are positive integers. The core multiplies the
     factors of every plugin per axis. Return ``None`` or ``{}`` to contribute nothing.
     """
 

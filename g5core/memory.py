@@ -39,7 +39,8 @@ def kv_cache_bytes(batch: int, seq_len: int, kv_bytes_per_token_per_layer: int, 
     """Per-chip KV cache: ``b * S * c_kv * L_local / (seq_shards * head_shards)``.
 
     ``seq_shards`` is cp (the spec's formula ``b * S * c_kv * L_local / cp``); ``head_shards``
-    divides GQA KV heads across TP (1 for MLA's latent).
+    divides GQA KV heads across TP, times any further head split of the stored cache
+    (``kv_cache_heads``, e.g. Ulysses); 1 for MLA's latent unless a plugin splits it.
     """
     return batch * seq_len * kv_bytes_per_token_per_layer * layers / (seq_shards * head_shards)
 
@@ -147,7 +148,8 @@ def core_terms(ctx) -> list[MemoryTerm]:
             if 0 <= layer < m.n_layers:
                 layers_on[c].append(layer)
     c_kv = m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)
-    kv = {c: kv_cache_bytes(dep.batch, dep.seq_len, c_kv, len(layers_on[c]), s.factor("kv_len"), s.kv_shard)
+    kv = {c: kv_cache_bytes(dep.batch, dep.seq_len, c_kv, len(layers_on[c]), s.factor("kv_len"),
+                            s.kv_shard * s.kv_cache_shard)
           for c in ctx.all_chips}
     acts = {c: activation_peak_bytes(ctx, layers_on[c]) for c in ctx.all_chips}
     return [

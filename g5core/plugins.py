@@ -7,7 +7,7 @@ same way third-party plugins are. Disabled names are blocked *before* entry poin
 from __future__ import annotations
 
 import importlib.metadata
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import attrs
 import pluggy
@@ -102,6 +102,17 @@ def _register(pm: pluggy.PluginManager, name: str, plugin: Any) -> None:
         raise PluginError(name, f"cannot register: {exc}") from exc
     except pluggy.PluginValidationError as exc:
         raise PluginError(name, f"invalid hook implementation: {' '.join(str(exc).split())}") from exc
+    # The core calls each implementation on its own (to name the plugin that failed and to
+    # validate each answer), so a wrapper would never wrap anything: refuse it here rather
+    # than hand the core a generator where it expects an answer.
+    wrappers = sorted(caller.name for caller in pm.get_hookcallers(plugin) or ()
+                      for impl in caller.get_hookimpls()
+                      if impl.plugin is plugin and (impl.hookwrapper or getattr(impl, "wrapper", False)))
+    if wrappers:
+        pm.unregister(plugin)
+        raise PluginError(name, f"implements {', '.join(wrappers)} as a wrapper (wrapper=True or hookwrapper=True); "
+                                "G5 calls every implementation on its own, so wrappers are not supported: "
+                                "implement the hook plainly")
 
 
 def describe_plugins(pm: pluggy.PluginManager) -> tuple[PluginInfo, ...]:
@@ -132,29 +143,43 @@ class Hooks:
     def __init__(self, pm: pluggy.PluginManager):
         self.pm = pm
 
-    def _impls(self, hook_name: str):
+    def implementations(self, hook_name: str) -> list:
+        """Every implementation of ``hook_name`` (pluggy ``HookImpl``; ``.plugin_name`` names
+        its plugin), in the order the core calls them: pluggy's (last registered first,
+        ``tryfirst``/``trylast`` honoured)."""
         caller = getattr(self.pm.hook, hook_name)
-        # pluggy calls the last registered implementation first; keep its order.
         return list(reversed(caller.get_hookimpls()))
+
+    def plugin_implementations(self, hook_name: str, plugin: str) -> list:
+        """The implementations of ``hook_name`` that ``plugin`` provides (none when disabled)."""
+        return [impl for impl in self.implementations(hook_name) if impl.plugin_name == plugin]
 
     def call_each(self, hook_name: str, **kwargs) -> list[tuple[str, Any]]:
         """Call every implementation; return ``(plugin_name, result)`` for non-None results."""
         out = []
-        for impl in self._impls(hook_name):
-            result = self._call(impl, hook_name, kwargs)
+        for impl in self.implementations(hook_name):
+            result = self.call_impl(impl, hook_name, kwargs)
             if result is not None:
                 out.append((impl.plugin_name, result))
         return out
 
     def call_first(self, hook_name: str, **kwargs) -> tuple[str, Any] | None:
-        for impl in self._impls(hook_name):
-            result = self._call(impl, hook_name, kwargs)
+        for impl in self.implementations(hook_name):
+            result = self.call_impl(impl, hook_name, kwargs)
             if result is not None:
                 return impl.plugin_name, result
         return None
 
+    def call_registration(self, hook_name: str, make_register: Callable[[str], Callable[..., None]]) -> None:
+        """Call a registration hook: each implementation gets ``register = make_register(plugin_name)``,
+        so what it registers is recorded under its own plugin's name."""
+        for impl in self.implementations(hook_name):
+            self.call_impl(impl, hook_name, {"register": make_register(impl.plugin_name)})
+
     @staticmethod
-    def _call(impl, hook_name: str, kwargs: dict) -> Any:
+    def call_impl(impl, hook_name: str, kwargs: dict) -> Any:
+        """Call one implementation with the arguments it asks for; an exception other than a
+        :class:`~g5core.errors.G5Error` becomes a :class:`PluginError` naming its plugin."""
         args = {name: kwargs[name] for name in impl.argnames}
         try:
             return impl.function(**args)
@@ -164,12 +189,3 @@ class Hooks:
             raise PluginError(
                 impl.plugin_name, f"raised {type(exc).__name__} in {hook_name}: {exc}"
             ) from exc
-
-    def call_registration(self, hook_name: str, check) -> None:
-        """Call a registration hook: each plugin gets its own ``register(*args)``, which
-        passes ``(plugin_name, *args)`` to ``check`` (the core's validator)."""
-        for impl in self._impls(hook_name):
-            def register(*args, _plugin: str = impl.plugin_name) -> None:
-                check(_plugin, *args)
-
-            self._call(impl, hook_name, {"register": register})

@@ -1,6 +1,7 @@
 """One chip's share of the work: the model's sizes divided by the plugins' shard factors."""
 from __future__ import annotations
 
+import re
 from typing import Iterable, Mapping
 
 import attrs
@@ -16,6 +17,8 @@ SHARD_AXES = (
     "kv_len",       # context tokens of each sequence whose KV a chip holds
     "q_heads",      # query heads (and the attention output width)
     "kv_heads",     # KV heads (GQA); plugins keep the quotient whole (replicate when fewer)
+    "kv_cache_heads",  # further split of the *stored* KV heads, beyond kv_heads, by a strategy that
+                       # shards heads only inside attention (Ulysses); divides the KV cache, not K/V projections
     "ffn_cols",     # dense-FFN and shared-expert intermediate columns
     "experts",      # routed experts held per chip
     "expert_cols",  # routed-expert intermediate columns
@@ -25,13 +28,36 @@ SHARD_AXES = (
 )
 
 
-def merge_factors(answers: Iterable[tuple[str, Mapping[str, int]]]) -> dict[str, int]:
+_AXIS_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def collect_shard_axes(hooks) -> tuple[str, ...]:
+    """The core's axes followed by those plugins register (in registration order)."""
+    found: dict[str, str] = {}
+
+    def make_register(plugin: str):
+        def register(name: str, doc: str) -> None:
+            if not isinstance(name, str) or not _AXIS_NAME.match(name) or not isinstance(doc, str) or not doc:
+                raise PluginError(plugin, f"g5_register_shard_axes: register(name, doc) needs a lower-case name "
+                                          f"and a doc line, got {name!r}, {doc!r}")
+            if name in SHARD_AXES:
+                raise PluginError(plugin, f"shard axis '{name}' is one of the core's axes")
+            if name in found:
+                raise PluginError(plugin, f"shard axis '{name}' is already registered by plugin '{found[name]}'")
+            found[name] = plugin
+        return register
+
+    hooks.call_registration("g5_register_shard_axes", make_register)
+    return SHARD_AXES + tuple(found)
+
+
+def merge_factors(answers: Iterable[tuple[str, Mapping[str, int]]], axes: tuple[str, ...] = SHARD_AXES) -> dict[str, int]:
     """Multiply the plugins' shard factors per axis; bad axes or values name the plugin."""
-    out = {axis: 1 for axis in SHARD_AXES}
+    out = {axis: 1 for axis in axes}
     for plugin, factors in answers:
         for axis, value in dict(factors).items():
-            if axis not in SHARD_AXES:
-                raise PluginError(plugin, f"g5_shard_factors: unknown shard axis {axis!r}; valid: {', '.join(SHARD_AXES)}")
+            if axis not in out:
+                raise PluginError(plugin, f"g5_shard_factors: unknown shard axis {axis!r}; valid: {', '.join(axes)}")
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise PluginError(plugin, f"g5_shard_factors: factor for {axis!r} must be a positive int, got {value!r}")
             out[axis] *= value
@@ -50,6 +76,7 @@ class LocalShape:
     q_heads: float
     kv_heads: float
     kv_shard: int           # divisor applied to c_kv (GQA kv heads split; 1 for MLA)
+    kv_cache_shard: int     # divisor of the stored KV cache beyond kv_shard (kv_cache_heads)
     ffn_cols: float
     experts: float
     expert_cols: float
@@ -75,6 +102,7 @@ class LocalShape:
             q_heads=a.n_heads / factors["q_heads"],
             kv_heads=a.n_kv_heads / kv_shard,
             kv_shard=kv_shard,
+            kv_cache_shard=factors["kv_cache_heads"],
             ffn_cols=model.ffn_dim / factors["ffn_cols"],
             experts=(model.moe.n_routed_experts / factors["experts"]) if model.moe else 0.0,
             expert_cols=(model.moe.expert_ffn_dim / factors["expert_cols"]) if model.moe else 0.0,

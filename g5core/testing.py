@@ -7,7 +7,7 @@ checks of the extension contract (:mod:`g5core.hookspecs`)::
     from g5core.testing import CHECKS, applicable_checks
 
     CONFIGS = [{"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 4,
-                "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "ulysses": 4},
+                "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "sp": 4},
                 "phase": "prefill", "batch": 1, "seq_len": 4096}]
 
     @pytest.mark.parametrize("check", applicable_checks("ulysses"))
@@ -45,7 +45,7 @@ from . import hookspecs
 from .build import Plan, build_dag, expand, prepare
 from .collective import Lowering
 from .topology import Topology
-from .config import disabled_from_config
+from .config import TOP_LEVEL_KEYS, disabled_from_config
 from .dag import CommOp, ComputeOp, Fragment, OpDag
 from .dimensions import collect_dimensions
 from .errors import DagError, G5Error, PluginError
@@ -110,12 +110,12 @@ def _plan(raw: Mapping, extra_plugins: Sequence, disabled: Iterable[str] = ()) -
 
 
 def _own_impls(hooks: Hooks, hook_name: str, plugin: str) -> list:
-    return [impl for impl in hooks._impls(hook_name) if impl.plugin_name == plugin]
+    return hooks.plugin_implementations(hook_name, plugin)
 
 
 def _call_own(hooks: Hooks, hook_name: str, plugin: str, **kwargs) -> list:
     """Answers of ``plugin``'s own implementations of ``hook_name`` (None included)."""
-    return [Hooks._call(impl, hook_name, kwargs) for impl in _own_impls(hooks, hook_name, plugin)]
+    return [Hooks.call_impl(impl, hook_name, kwargs) for impl in _own_impls(hooks, hook_name, plugin)]
 
 
 def _implemented_hooks(plugin: str, extra_plugins: Sequence) -> tuple[str, ...]:
@@ -134,7 +134,9 @@ def _fail(plugin: str, check: Callable | str, message: str) -> ContractError:
 def _where(raw: Mapping) -> str:
     par = raw.get("parallel", {})
     par = " ".join(f"{k}={v}" for k, v in sorted(par.items())) if isinstance(par, Mapping) else str(par)
-    return f"[{raw.get('model')} {raw.get('phase')} {par}{' tp_sp' if raw.get('tp_sp') else ''}]"
+    opts = {k: v for k, v in (raw.get("plugins") or {}).items() if k != "disable"} if isinstance(raw.get("plugins"), Mapping) else {}
+    legacy = " ".join(f"{k}={v}" for k, v in sorted(raw.items()) if k not in TOP_LEVEL_KEYS)  # e.g. tp_sp
+    return f"[{raw.get('model')} {raw.get('phase')} {par}{' ' + str(opts) if opts else ''}{' ' + legacy if legacy else ''}]"
 
 
 def _chips_ok(chips: Iterable, n: int) -> bool:
@@ -219,6 +221,73 @@ def check_dimensions(plugin: str, configs, extra_plugins: Sequence = ()) -> None
 
 
 @_contract_check
+def check_options(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_register_options``: the plugin's options are its own, documented, stable and validated.
+
+    Every declared option is recorded with ``owner == plugin`` and has a doc line; declaring
+    is deterministic; each configuration's deployment holds a value for every option; an
+    unknown option under ``plugins.<plugin>`` is a :class:`~g5core.errors.ConfigError` naming
+    that field; and with the plugin disabled none of its options is declared.
+    """
+    from .options import collect_options
+
+    own = collect_options(Hooks(_pm(extra_plugins))).of(plugin)
+    if own != collect_options(Hooks(_pm(extra_plugins))).of(plugin):
+        raise _fail(plugin, check_options, "declares different options on two calls")
+    for o in own:
+        if not o.doc:
+            raise _fail(plugin, check_options, f"option '{o.name}' has no doc string")
+    for raw in _as_configs(configs):
+        dep = _plan(raw, extra_plugins).ctx.deployment
+        for o in own:
+            if dep.option(plugin, o.name, _MISSING) is _MISSING:
+                raise _fail(plugin, check_options, f"{_where(raw)}: the deployment has no value for option '{o.name}'")
+        bad = dict(raw)
+        section = dict(bad.get("plugins") or {})
+        section[plugin] = dict(section.get(plugin) or {}, no_such_option_x=True)
+        bad["plugins"] = section
+        try:
+            _plan(bad, extra_plugins)
+        except G5Error as exc:
+            if getattr(exc, "field", "") != f"plugins.{plugin}.no_such_option_x":
+                raise _fail(plugin, check_options, f"an unknown option is refused naming {exc}, not the option") from exc
+        else:
+            raise _fail(plugin, check_options, f"{_where(raw)}: an unknown option under plugins.{plugin} is accepted")
+    if collect_options(Hooks(_pm(extra_plugins, disabled=[plugin]))).of(plugin):
+        raise _fail(plugin, check_options, "its options are still declared with the plugin disabled")
+
+
+_MISSING = object()
+
+
+@_contract_check
+def check_shard_axes(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_register_shard_axes``: the plugin's axes reach the local shape and leave with it.
+
+    Each configuration's local shape has a factor for every registered axis (1 when nobody
+    divides it); registering is deterministic; with the plugin disabled the axes are gone.
+    """
+    from .shape import collect_shard_axes
+
+    axes = collect_shard_axes(Hooks(_pm(extra_plugins)))
+    if axes != collect_shard_axes(Hooks(_pm(extra_plugins))):
+        raise _fail(plugin, check_shard_axes, "registers different axes on two calls")
+    own = tuple(a for a in axes if a not in SHARD_AXES)
+    try:
+        off = collect_shard_axes(Hooks(_pm(extra_plugins, disabled=[plugin])))
+    except G5Error:
+        off = SHARD_AXES
+    mine = tuple(a for a in own if a not in off)
+    if not mine:
+        raise _fail(plugin, check_shard_axes, "registers no axis of its own (or they stay registered when disabled)")
+    for raw in _as_configs(configs):
+        factors = dict(_plan(raw, extra_plugins).ctx.shape.factors)
+        missing = [a for a in mine if a not in factors]
+        if missing:
+            raise _fail(plugin, check_shard_axes, f"{_where(raw)}: axes {missing} are not in the local shape")
+
+
+@_contract_check
 def check_validate_deployment(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_validate_deployment``: on a valid configuration the plugin's guard returns ``None``.
 
@@ -240,7 +309,7 @@ def check_validate_deployment(plugin: str, configs, extra_plugins: Sequence = ()
 def check_shard_factors(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_shard_factors``: ``None`` or a mapping of known shard axes to positive ints, stable.
 
-    Axes must be among :data:`g5core.shape.SHARD_AXES`, values positive ``int`` (not bool);
+    Axes must be among :data:`g5core.shape.SHARD_AXES` or the registered ones, values positive ``int`` (not bool);
     two calls on the same deployment give equal answers.
     """
     for raw in _as_configs(configs):
@@ -256,7 +325,7 @@ def check_shard_factors(plugin: str, configs, extra_plugins: Sequence = ()) -> N
             if not isinstance(answer, Mapping):
                 raise _fail(plugin, check_shard_factors, f"{_where(raw)} returned {answer!r}, not a mapping")
             for axis, value in answer.items():
-                if axis not in SHARD_AXES:
+                if axis not in dict(ctx.shape.factors):
                     raise _fail(plugin, check_shard_factors, f"{_where(raw)} unknown shard axis {axis!r}")
                 if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                     raise _fail(plugin, check_shard_factors, f"{_where(raw)} factor {axis}={value!r} is not a positive int")
@@ -623,6 +692,8 @@ GENERAL_CHECKS: tuple[CheckFn, ...] = (
 #: Every hook of :mod:`g5core.hookspecs` -> the hook-specific checks that test it.
 HOOK_CHECKS: Mapping[str, tuple[CheckFn, ...]] = {
     "g5_register_dimensions": (check_dimensions,),
+    "g5_register_options": (check_options,),
+    "g5_register_shard_axes": (check_shard_axes,),
     "g5_validate_deployment": (check_validate_deployment,),
     "g5_shard_factors": (check_shard_factors,),
     "g5_layer_chips": (check_placement,),
@@ -656,6 +727,12 @@ def plugin_contributions(plugin: str, raw: Mapping, extra_plugins: Sequence = ()
     for hook in implemented:
         if hook == "g5_register_dimensions":
             n = sum(d.owner == plugin for d in ctx.dims.dims)
+        elif hook == "g5_register_options":
+            from .options import collect_options
+            n = len(collect_options(hooks).of(plugin))
+        elif hook == "g5_register_shard_axes":
+            from .shape import collect_shard_axes
+            n = len(collect_shard_axes(hooks)) - len(collect_shard_axes(Hooks(_pm(extra_plugins, disabled=[plugin]))))
         elif hook == "g5_register_primitives":
             n = sum(owner == plugin for owner, _ in plan.primitives.values())
         elif hook == "g5_validate_deployment":

@@ -17,9 +17,11 @@ from g5core.build import build_dag, prepare
 from g5core.cli import main
 from g5core.config import Deployment, apply_overrides, load_config_file
 from g5core.dimensions import collect_dimensions
+from g5core.options import collect_options
 from g5core.errors import ConfigError, PluginError
 from g5core.plugins import Hooks, make_plugin_manager
 from g5core.run import load_raw, make_plan
+from plugin_sets import THIRD_PARTY
 
 BASE = {
     "model": "llama-3.1-8b",
@@ -48,8 +50,16 @@ def config_error(data, disabled=()) -> ConfigError:
     return info.value
 
 
+THIRD_PARTY_DIMS = tuple(d.name for d in collect_dimensions(Hooks(make_plugin_manager())).dims
+                         if d.owner in THIRD_PARTY)
+
+
 def dims(disabled=()):
     return collect_dimensions(Hooks(make_plugin_manager(disabled=disabled)))
+
+
+def options(disabled=()):
+    return collect_options(Hooks(make_plugin_manager(disabled=disabled)))
 
 
 # ----------------------------------------------------------------------------------------
@@ -61,8 +71,10 @@ def test_base_config_is_valid_and_fills_defaults():
     plan = make_plan(raw())
     dep = plan.ctx.deployment
     assert dep.chips == 1
-    assert dict(dep.parallel) == {"cp": 1, "dp": 1, "ep": 1, "pp": 1, "tp": 1}
-    assert dep.path == "g5" and dep.tp_sp is False
+    # every registered dimension (a third-party one such as Ulysses' sp at its default)
+    assert {k: v for k, v in dep.parallel if k not in THIRD_PARTY_DIMS} == {"cp": 1, "dp": 1, "ep": 1, "pp": 1, "tp": 1}
+    assert all(dep.size(k) == 1 for k in THIRD_PARTY_DIMS)
+    assert dep.path == "g5" and dep.option("tp", "sp") is False
     assert dep.dtypes.kv_cache == dep.dtypes.activations == "bf16"
 
 
@@ -206,8 +218,9 @@ def test_odd_seq_len_is_fine_without_cp():
 
 
 def test_cp_with_tp_sp_is_refused():
-    err = config_error(raw(chips=4, tp_sp=True, parallel={"tp": 2, "cp": 2}))
-    assert err.field == "tp_sp"
+    for spelling in ({"tp_sp": True}, {"plugins": {"tp": {"sp": True}}}):
+        err = config_error(raw(chips=4, parallel={"tp": 2, "cp": 2}, **spelling))
+        assert err.field == "plugins.tp.sp"
 
 
 def test_cp_on_math_path_is_refused():
@@ -301,10 +314,10 @@ def test_model_and_system_must_be_names(key, value):
 
 
 def test_unregistered_parallel_key_asks_for_plugin():
-    err = config_error(raw(parallel={"sp": 2}))
+    err = config_error(raw(parallel={"xsp": 2}))
     msg = str(err)
-    assert err.field == "parallel.sp"
-    assert "no enabled plugin registers the dimension 'sp'" in msg
+    assert err.field == "parallel.xsp"
+    assert "no enabled plugin registers the dimension 'xsp'" in msg
     assert "plugin that provides it installed" in msg
 
 
@@ -380,19 +393,21 @@ def test_yaml_toml_json_give_equal_deployments(tmp_path):
     (tmp_path / "c.yml").write_text(yaml.safe_dump(RICH))
     (tmp_path / "c.toml").write_text(RICH_TOML)
     (tmp_path / "c.json").write_text(json.dumps(RICH))
-    registry = dims()
-    deps = [Deployment.from_dict(load_config_file(tmp_path / f"c.{ext}"), registry)
+    registry, opts = dims(), options()
+    deps = [Deployment.from_dict(load_config_file(tmp_path / f"c.{ext}"), registry, options=opts)
             for ext in ("yaml", "yml", "toml", "json")]
-    assert deps[0] == Deployment.from_dict(RICH, registry)
+    assert deps[0] == Deployment.from_dict(RICH, registry, options=opts)
     assert all(d == deps[0] for d in deps)
     assert deps[0].dtypes.weight_dtype("ffn") == "fp8"
     assert deps[0].dtypes.weight_dtype("attention") == "bf16"
 
 
 def test_deployment_round_trips_through_to_dict():
-    registry = dims()
-    dep = Deployment.from_dict(RICH, registry)
-    assert Deployment.from_dict(dep.to_dict(), registry) == dep
+    registry, opts = dims(), options()
+    dep = Deployment.from_dict(RICH, registry, options=opts)
+    assert Deployment.from_dict(dep.to_dict(), registry, options=opts) == dep
+    # the legacy top-level key is written back in its new place
+    assert "tp_sp" not in dep.to_dict() and dep.to_dict()["plugins"]["tp"] == {"sp": False}
 
 
 def test_missing_config_file(tmp_path):

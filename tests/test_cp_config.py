@@ -101,9 +101,9 @@ def test_tp_sp_with_cp_is_refused_naming_the_fix(tiny_llama, phase):
     with pytest.raises(ConfigError) as info:
         make_plan(raw_config(tiny_llama, cp=2, tp=2, phase=phase, tp_sp=True))
     msg = str(info.value)
-    assert info.value.field == "tp_sp"
+    assert info.value.field == "plugins.tp.sp"
     assert "cp=2" in msg
-    assert "tp_sp: false" in msg and "cp: 1" in msg
+    assert "plugins.tp.sp: false" in msg and "tp_sp: false" in msg and "cp: 1" in msg
 
 
 def test_tp_sp_without_cp_and_cp_without_tp_sp_are_accepted(tiny_llama):

@@ -2,7 +2,7 @@
 
 Rows covered: the decode DAG structure (per layer and CP group: one query dispatch, cp
 partial attentions, one reduction; dispatch -> non-root partials, every partial ->
-reduction), the pass-Q bytes per rank (``b*d*s`` and ``b*(d+2 n_h)*s``, independent of S),
+reduction), the pass-Q bytes per rank (``b*d*s`` and ``b*(n_h*d_v+2 n_h)*s``, independent of S),
 the decode memory split, the decode trend (TPOT does not fall with cp where weights
 dominate, KV per chip exactly cp times smaller), and the six conservation KPIs on every run.
 """
@@ -60,9 +60,13 @@ def test_decode_passq_structure_and_bytes(models, kind, cp, dp, tp, batch):
     d_local = cfg["hidden_size"] / tp
     n_heads_local = cfg["num_attention_heads"] / tp
     dispatch_literal_bytes = batch * d_local * BF16_BYTES
-    reduce_literal_bytes = batch * (d_local + 2 * n_heads_local) * BF16_BYTES
+    # per head: the value vector (v_head_dim for MLA, up-projected before sending) + max + denominator
+    d_v_sent = cfg["v_head_dim"] if kind == "mla" else cfg["hidden_size"] // cfg["num_attention_heads"]
+    reduce_literal_bytes = batch * (n_heads_local * d_v_sent + 2 * n_heads_local) * BF16_BYTES
+    if kind == "gqa":   # the spec's reading b * (d + 2 n_h) holds where n_h * head_dim = d
+        assert reduce_literal_bytes == batch * (d_local + 2 * n_heads_local) * BF16_BYTES
     assert dispatch_bytes_per_rank(batch, d_local, BF16_BYTES) == dispatch_literal_bytes
-    assert reduce_bytes_per_rank(batch, d_local, n_heads_local, BF16_BYTES) == reduce_literal_bytes
+    assert reduce_bytes_per_rank(batch, n_heads_local, d_v_sent, BF16_BYTES) == reduce_literal_bytes
     d_qk, d_v = literal_head_dims(cfg, "decode")
     partial_literal_flops = 2 * batch * (seq_len // cp) * n_heads_local * (d_qk + d_v)
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import pytest
+
+from plugin_sets import builtin_plugin_manager
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,7 +16,7 @@ FACTORS = ("dp", "pp", "cp", "tp")  # rank order of the built-in plugins, outerm
 
 @pytest.fixture(scope="module")
 def dims():
-    return collect_dimensions(Hooks(make_plugin_manager()))
+    return collect_dimensions(Hooks(builtin_plugin_manager()))
 
 
 @st.composite

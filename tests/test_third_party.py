@@ -1,4 +1,6 @@
-"""A third-party plugin adds a parallel dimension without touching the core (Ulysses' `sp`)."""
+"""A third-party plugin adds a parallel dimension without touching the core (Ulysses' `sp`).
+
+The real Ulysses plugin (contrib/g5-ulysses) is disabled here when installed: this one stands in for it."""
 from __future__ import annotations
 
 import types
@@ -8,6 +10,7 @@ import pytest
 from g5core import ConfigError, DagError, Dimension, hookimpl
 from g5core.cli import render_explain
 from g5core.run import make_plan, run
+from plugin_sets import THIRD_PARTY
 
 
 def _sp_plugin():
@@ -28,7 +31,7 @@ RAW = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8,
 
 
 def test_a_plugin_dimension_joins_the_chip_product_and_the_rank_order():
-    plan = make_plan(RAW, extra_plugins=[("ulysses_like", _sp_plugin())])
+    plan = make_plan(RAW, extra_plugins=[("ulysses_like", _sp_plugin())], disabled=THIRD_PARTY)
     rm = plan.ctx.rankmap
     assert rm.factor_names == ("dp", "pp", "cp", "sp", "tp")
     assert rm.groups("sp")[0] == (0, 2, 4, 6)       # tp innermost, then sp
@@ -38,17 +41,17 @@ def test_a_plugin_dimension_joins_the_chip_product_and_the_rank_order():
 
 def test_the_product_counts_the_new_dimension():
     with pytest.raises(ConfigError, match=r"sp=4 x tp=2 = 8, but chips = 4"):
-        make_plan(dict(RAW, chips=4), extra_plugins=[("ulysses_like", _sp_plugin())])
+        make_plan(dict(RAW, chips=4), extra_plugins=[("ulysses_like", _sp_plugin())], disabled=THIRD_PARTY)
 
 
 def test_without_the_plugin_the_key_is_unknown():
     with pytest.raises(ConfigError, match="is the plugin that provides it installed"):
-        make_plan(RAW)
+        make_plan(RAW, disabled=THIRD_PARTY)
 
 
 def test_its_shard_factors_reach_the_local_shape():
     raw = dict(RAW, phase="prefill")
-    plan = make_plan(raw, extra_plugins=[("ulysses_like", _sp_plugin())])
+    plan = make_plan(raw, extra_plugins=[("ulysses_like", _sp_plugin())], disabled=THIRD_PARTY)
     assert plan.ctx.shape.tokens == 4 * 4096 / 4
     assert plan.ctx.shape.factor("tokens") == 4
 
@@ -56,10 +59,10 @@ def test_its_shard_factors_reach_the_local_shape():
 def test_sharding_the_sequence_without_owning_attention_is_refused_not_guessed():
     """The core's single-chip attention cannot run on a sequence shard: an error, not a number."""
     with pytest.raises(DagError, match="needs a plugin that owns it"):
-        run(dict(RAW, phase="prefill"), extra_plugins=[("ulysses_like", _sp_plugin())])
+        run(dict(RAW, phase="prefill"), extra_plugins=[("ulysses_like", _sp_plugin())], disabled=THIRD_PARTY)
 
 
 def test_a_run_with_the_new_dimension_conserves():
-    out = run(RAW, extra_plugins=[("ulysses_like", _sp_plugin())])
+    out = run(RAW, extra_plugins=[("ulysses_like", _sp_plugin())], disabled=THIRD_PARTY)
     assert all(v == 0 for v in out.sim.kpis.values())
     assert len(out.memory.per_chip) == 8

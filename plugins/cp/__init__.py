@@ -10,7 +10,8 @@
   group's root (cp rank 0), which runs every non-attention op for the whole batch; the
   other ranks only hold KV shards and compute partial attention (pass-Q). Decode compute
   on the root does not shrink with cp beyond the KV read: cp buys capacity, not speed.
-- ``cp > 1`` with ``tp_sp`` is refused (both cut the sequence), and attention at
+- ``cp > 1`` with TP sequence parallelism is refused by the TP plugin, which owns that
+  switch (``plugins.tp.sp``; both cut the sequence), and attention at
   ``cp > 1`` must be claimed by a pass-KV (prefill) or pass-Q (decode) plugin: the core's
   single-chip attention would silently be wrong.
 """
@@ -35,9 +36,6 @@ def g5_validate_deployment(deployment, model, system):
     if deployment.seq_len % (2 * cp):
         raise ConfigError("seq_len", f"seq_len={deployment.seq_len} is not divisible by 2 x cp = {2 * cp} "
                                      f"(balanced chunk split); use a multiple of {2 * cp}")
-    if deployment.tp_sp:
-        raise ConfigError("tp_sp", f"cp={cp} cannot be combined with TP sequence parallelism (both cut the sequence "
-                                   "dimension; not supported in v1); set tp_sp: false or cp: 1")
 
 
 @hookimpl

@@ -6,9 +6,14 @@ Per layer and CP group (root = cp rank 0, which holds the batch's new tokens):
   other rank (``d`` is the hidden size on one TP rank, ``hidden / tp``);
 - ``cp`` partial attentions, one per rank over its ``S/cp`` KV shard; the root's needs
   its own Q/K/V, the others' need the dispatch;
-- ``cp_passq_reduce``: every other rank sends ``b * (d + 2 n_h) * s_dtype`` bytes (its
-  partial output plus the per-head running max and denominator of the online softmax) to
-  the root; the reduction depends on every partial.
+- ``cp_passq_reduce``: every other rank sends ``b * (n_h * d_v + 2 n_h) * s_dtype`` bytes
+  (its partial output per head plus the per-head running max and denominator of the online
+  softmax) to the root; the reduction depends on every partial. ``d_v`` is the value head
+  dim for GQA and ``v_head_dim`` for MLA: a rank up-projects its latent partial with the
+  per-head ``W_UV`` before sending (linear, so it commutes with the merge; checked by
+  :mod:`g5core.reference`). The spec's ``d + 2 n_h`` is the GQA case where
+  ``n_h * d_v = d``; for MLA it undercounts (DeepSeek-V3: ``128 * 128 = 16384`` against
+  ``d = 7168``).
 
 Neither message depends on ``S``.
 """
@@ -17,6 +22,7 @@ from __future__ import annotations
 from g5core import Fragment, hookimpl
 from g5core.flops import activation_tensor_bytes
 from g5core.layers import Work, attention_work
+from g5core.reference import passq_reduce_elements
 
 
 def dispatch_bytes_per_rank(batch: int, hidden: float, act_bytes: int) -> float:
@@ -24,9 +30,15 @@ def dispatch_bytes_per_rank(batch: int, hidden: float, act_bytes: int) -> float:
     return activation_tensor_bytes(batch, hidden, act_bytes)
 
 
-def reduce_bytes_per_rank(batch: int, hidden: float, n_heads: float, act_bytes: int) -> float:
-    """``b * (d + 2 n_h) * s_dtype``."""
-    return activation_tensor_bytes(batch, hidden + 2 * n_heads, act_bytes)
+def reduce_bytes_per_rank(batch: int, n_heads: float, d_v: float, act_bytes: int) -> float:
+    """``b * (n_h * d_v + 2 n_h) * s_dtype``."""
+    return activation_tensor_bytes(batch, passq_reduce_elements(n_heads, d_v), act_bytes)
+
+
+def partial_value_dim(model) -> int:
+    """Value width per head a pass-Q partial carries: head_dim (GQA), v_head_dim (MLA)."""
+    a = model.attention
+    return a.v_head_dim if a.kind == "mla" else a.head_dim
 
 
 @hookimpl
@@ -38,7 +50,7 @@ def g5_expand_op(ctx, lop):
     act = dep.dtypes.activation_element_bytes
     hidden_local = ctx.model.hidden_size / s.factor("q_heads")
     q_bytes = dispatch_bytes_per_rank(dep.batch, hidden_local, act)
-    r_bytes = reduce_bytes_per_rank(dep.batch, hidden_local, s.q_heads, act)
+    r_bytes = reduce_bytes_per_rank(dep.batch, s.q_heads, partial_value_dim(ctx.model), act)
     flops, hbm = attention_work(ctx.model, dep, s, 1, s.kv_len)
     work = Work("attention", flops, hbm, "", 0.0)
     placed = set(ctx.place(lop))

@@ -58,23 +58,13 @@ def g5_expand_op(ctx, lop):
     slots = ctx.shape.moe_tokens * m.moe.n_active_experts
     work = expert_work(m, ctx.deployment, ctx.shape, slots, slots * ep)
     placed = set(ctx.place(lop))
-    ops, edges, heads, tails = [], [], {}, {}
-    seen = set()
-    for c in sorted(placed):
-        group = ctx.rankmap.group_of("ep", c)
-        if group in seen:
-            continue
-        seen.add(group)
-        dispatch = ctx.comm_op(lop, "all_to_all", group, nbytes, "ep_dispatch", owner="ep", part="dispatch")
-        combine = ctx.comm_op(lop, "all_to_all", group, nbytes, "ep_combine", owner="ep", part="combine")
-        ops += [dispatch, combine]
-        for chip in group:
-            expert = ctx.compute_op(lop, chip, work, owner="ep", part="experts")
-            ops.append(expert)
-            edges += [(dispatch.key, expert.key), (expert.key, combine.key)]
-            heads[chip] = (dispatch.key,)
-            tails[chip] = (combine.key,)
-    return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)
+    groups = dict.fromkeys(ctx.rankmap.group_of("ep", c) for c in sorted(placed))
+    return Fragment.combine(
+        Fragment.exchange_around(
+            ctx.comm_op(lop, "all_to_all", group, nbytes, "ep_dispatch", owner="ep", part="dispatch"),
+            [ctx.compute_op(lop, chip, work, owner="ep", part="experts") for chip in group],
+            ctx.comm_op(lop, "all_to_all", group, nbytes, "ep_combine", owner="ep", part="combine"))
+        for group in groups)
 
 
 @hookimpl

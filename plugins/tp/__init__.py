@@ -8,14 +8,16 @@
   tokens are replicated across the TP group after attention); the TP reduction after the
   MoE block re-replicates them.
 - After each row-parallel op (output projection, FFN/MoE) the partial sums are combined
-  with an all-reduce (``tp_allreduce``) of ``tokens x hidden`` per rank. With
-  ``tp_sp: true`` the reduction is a reduce-scatter (``tp_reduce_scatter``), norms run on
+  with an all-reduce (``tp_allreduce``) of ``tokens x hidden`` per rank. With the option
+  ``plugins: {tp: {sp: true}}`` (TP sequence parallelism; the former top-level key
+  ``tp_sp: true`` still sets it) the reduction is a reduce-scatter (``tp_reduce_scatter``), norms run on
   ``1/tp`` of the tokens, and an all-gather (``tp_allgather``) restores the full sequence
-  before the next column-parallel op.
+  before the next column-parallel op. TP sequence parallelism with ``cp > 1`` is refused
+  (both cut the sequence dimension; spec v1).
 """
 from __future__ import annotations
 
-from g5core import ConfigError, Dimension, Fragment, hookimpl
+from g5core import ConfigError, Dimension, Fragment, PluginOption, hookimpl
 
 REDUCE_KINDS = ("attn_out_reduce", "ffn_out_reduce")
 GATHER_KINDS = ("attn_in_gather", "ffn_in_gather")
@@ -24,6 +26,17 @@ GATHER_KINDS = ("attn_in_gather", "ffn_in_gather")
 @hookimpl
 def g5_register_dimensions(register):
     register(Dimension("tp", factor=True, rank_order=30, doc="tensor parallelism (innermost: stays in a node)"))
+
+
+@hookimpl
+def g5_register_options(register):
+    register(PluginOption("sp", False, "TP sequence parallelism: reduce-scatter + all-gather instead of all-reduce, "
+                                       "norms on 1/tp of the tokens", legacy_key="tp_sp"))
+
+
+def tp_sp(deployment) -> bool:
+    """Whether TP sequence parallelism is on (``plugins.tp.sp``; False when TP is disabled)."""
+    return deployment.option("tp", "sp", False)
 
 
 @hookimpl
@@ -39,8 +52,14 @@ def g5_validate_deployment(deployment, model, system):
         if a.n_kv_heads < tp and tp % a.n_kv_heads:
             raise ConfigError("parallel.tp", f"tp={tp} cannot replicate {a.n_kv_heads} KV heads evenly; "
                                              f"use a multiple of {a.n_kv_heads}")
-    if deployment.tp_sp and tp == 1:
-        raise ConfigError("tp_sp", "TP sequence parallelism needs tp > 1; set tp_sp: false or raise parallel.tp")
+    if tp_sp(deployment) and tp == 1:
+        raise ConfigError("plugins.tp.sp", "TP sequence parallelism needs tp > 1; set plugins.tp.sp: false "
+                                           "(or the former tp_sp: false) or raise parallel.tp")
+    cp = deployment.size("cp")
+    if tp_sp(deployment) and cp > 1:
+        raise ConfigError("plugins.tp.sp", f"cp={cp} cannot be combined with TP sequence parallelism (both cut the "
+                                           "sequence dimension; not supported in v1); set plugins.tp.sp: false "
+                                           "(or the former tp_sp: false) or cp: 1")
 
 
 def _divisors(n: int) -> str:
@@ -61,7 +80,7 @@ def g5_shard_factors(deployment, model):
         "expert_cols": tp if ep == 1 else 1,
         "moe_tokens": tp if ep > 1 else 1,
         "vocab": tp,
-        "norm_tokens": tp if deployment.tp_sp else 1,
+        "norm_tokens": tp if tp_sp(deployment) else 1,
     }
 
 
@@ -78,7 +97,7 @@ def g5_expand_op(ctx, lop):
     tp = ctx.size("tp")
     if tp == 1:
         return None
-    sp = ctx.deployment.tp_sp
+    sp = tp_sp(ctx.deployment)
     if lop.kind in REDUCE_KINDS:
         primitive, reason = ("reduce_scatter", "tp_reduce_scatter") if sp else ("all_reduce", "tp_allreduce")
     elif lop.kind in GATHER_KINDS and sp:
