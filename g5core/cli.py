@@ -210,42 +210,91 @@ def _int_list(ctx, param, value):
     if value is None:
         return None
     try:
-        return tuple(int(v) for v in value.split(",") if v.strip())
+        values = tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated whole numbers, got {value!r}") from None
+        values = ()
+    if not values or any(v <= 0 for v in values):
+        raise click.BadParameter(f"expected comma-separated positive whole numbers, got {value!r}")
+    return values
+
+
+_sweep_options = [
+    click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+                 help="Cells simulated at once (worker processes, or Dask workers)."),
+    click.option("--executor", default="local", show_default=True, metavar="local|dask|dask:ADDRESS",
+                 help="local worker processes; dask starts a local Dask cluster; dask:tcp://HOST:PORT uses a "
+                      "running scheduler's workers (needs g5[distributed])."),
+]
+
+
+def sweep_options(f):
+    for opt in reversed(_sweep_options):
+        f = opt(f)
+    return f
 
 
 @main.command("scan")
 @config_options
 @click.option("--db", "db_path", required=True, type=click.Path(dir_okay=False),
               help="SQLite database; each cell is committed as soon as it is computed.")
-@click.option("--cp", "cp_values", callback=_int_list, default="1,2,4,8,16", show_default=True,
-              help="Comma-separated cp values.")
-@click.option("--seq-len", "seq_lens", callback=_int_list,
-              default="32768,65536,131072,262144,524288,1048576", show_default=True,
-              help="Comma-separated sequence lengths.")
-@click.option("--hidden-threshold", default=0.9, show_default=True, type=float,
-              help="Ring traffic counts as hidden when at least this fraction of it overlaps compute.")
-def scan_cmd(config, overrides, disabled, db_path, cp_values, seq_lens, hidden_threshold):
-    """CP validation scan: a cp x seq_len grid with chips fixed (dp absorbs cp); checks that
-    TTFT does not rise with cp where the ring traffic is hidden. Exit 1 if it does."""
+@click.option("--cp", "cp_values", callback=_int_list, default=None,
+              help="Comma-separated cp values [default: 1,2,4,8,16].")
+@click.option("--seq-len", "seq_lens", callback=_int_list, default=None,
+              help="Comma-separated sequence lengths [default: 32768,...,1048576].")
+@click.option("--hidden-threshold", default=None, type=click.FloatRange(0.0, 1.0, min_open=True),
+              help="Ring traffic counts as hidden when at least this fraction of it overlaps compute [default: 0.9].")
+@sweep_options
+def scan_cmd(config, overrides, disabled, db_path, cp_values, seq_lens, hidden_threshold, workers, executor):
+    """CP validation scan (the cp plugin's sweep preset): a cp x seq_len grid with chips fixed (dp
+    auto); checks that TTFT does not rise with cp where the ring traffic is hidden. Exit 1 if it
+    does, or if no cell ran."""
     from .run import load_raw
-    from .scan import run_scan
+    from .sweep import default_progress, run_preset
 
     raw = load_raw(config, overrides)
-    report = run_scan(raw, db_path, cp_values, seq_lens, disabled, hidden_threshold,
-                      progress=lambda line: click.echo(line, err=True))
-    ok = [c for c in report.cells if c.status == "ok"]
-    click.echo(f"scan {report.scan_id}: {len(ok)} of {len(report.cells)} cells ran; results in {db_path}")
-    if report.phase != "prefill":
+    report = run_preset("cp", raw, db_path, axes={"parallel.cp": cp_values, "seq_len": seq_lens},
+                        options={"hidden_threshold": hidden_threshold}, disabled=disabled, workers=workers,
+                        executor=executor, progress=default_progress(), inputs=[config])
+    _finish_sweep_output(report.sweep)
+    if not report.preset.check_phases or raw.get("phase") in report.preset.check_phases:
+        if report.violations:
+            click.echo("TTFT rises with cp where the ring traffic is hidden:")
+            for v in report.violations:
+                click.echo(f"  {v}")
+            sys.exit(1)
+        click.echo("TTFT is non-increasing in cp wherever the ring traffic is hidden")
+    else:
         click.echo("the TTFT trend check applies to prefill only; nothing checked")
-        return
-    if report.violations:
-        click.echo("TTFT rises with cp where the ring traffic is hidden:")
-        for v in report.violations:
-            click.echo(f"  {v}")
+
+
+def _finish_sweep_output(sweep) -> None:
+    """The summary line; exit 1 when no cell ran (a sweep of failures never reports success)."""
+    click.echo(sweep.summary())
+    if not sweep.ok_rows:
+        click.echo(f"g5: error: no cell ran; every grid point is invalid (the reasons are in {sweep.db_path}; "
+                   f"first: {sweep.failed_rows[0]['error']})", err=True)
         sys.exit(1)
-    click.echo("TTFT is non-increasing in cp wherever the ring traffic is hidden")
+
+
+@main.command("sweep")
+@config_options
+@click.option("--grid", "grid", multiple=True, required=True, metavar="KEY=V1,V2,...",
+              help="One axis of the grid, e.g. --grid parallel.cp=1,2,4 (repeatable; the first is outermost).")
+@click.option("--db", "db_path", default="g5-sweep.db", show_default=True, type=click.Path(dir_okay=False),
+              help="SQLite results database; finished configurations in it are skipped (resume).")
+@sweep_options
+def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
+    """Run a cartesian grid over any configuration keys; one database row per configuration.
+
+    Use --set parallel.dp=auto to keep the chip count fixed while other dimensions change.
+    Invalid points are recorded with their error and skipped. Exit 1 when no cell ran."""
+    from .run import load_raw
+    from .sweep import default_progress, parse_grid, run_sweep
+
+    raw = load_raw(config, overrides)
+    report = run_sweep(raw, parse_grid(grid), db_path, disabled=disabled, workers=workers, executor=executor,
+                       progress=default_progress(), inputs=[config])
+    _finish_sweep_output(report)
 
 
 @main.command("models")
