@@ -258,7 +258,7 @@ class DaskExecutor:
                 raise ConfigError("--executor", f"cannot reach the Dask scheduler at {self.address}: {exc}") from None
         else:
             self.cluster = distributed.LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
-                                                    dashboard_address=None)
+                                                    dashboard_address=":0")
             self.client = distributed.Client(self.cluster)
         return self
 
