@@ -297,6 +297,31 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
     _finish_sweep_output(report)
 
 
+@main.command("best")
+@config_options
+@click.option("--objective", type=click.Choice(["ttft", "tpot", "tokens_per_s_per_chip"]), default=None,
+              help="What to rank by [default: ttft for prefill, tpot for decode].")
+@click.option("--top", "top", default=10, show_default=True, type=click.IntRange(min=1), help="How many to show.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes.")
+@click.option("--db", "db_path", default=None, type=click.Path(dir_okay=False),
+              help="Keep the simulated layouts in this results database (and reuse what it holds).")
+@sweep_options
+def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, workers, executor):
+    """Layout search: every split of chips over the registered dimensions; those that are invalid or
+    do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked."""
+    from .run import load_raw
+    from .search import best_layouts, render_best
+    from .sweep import default_progress
+
+    result = best_layouts(load_raw(config, overrides), objective, db_path, disabled, workers, executor,
+                          progress=default_progress(), inputs=[config])
+    if as_json:
+        click.echo(json.dumps([c.to_json_dict() for c in result.ranked[:top]], indent=2))
+        return
+    click.echo(render_best(result, top, _fmt_s, _fmt_bytes, _table))
+
+
 @main.command("models")
 def models_cmd():
     """List the model catalog."""

@@ -90,8 +90,14 @@ def grid_points(grid: Grid) -> list[dict]:
 
 
 def point_label(point: Mapping) -> str:
-    """``cp=2 seq_len=8192``: keys sorted, ``parallel.`` dropped."""
-    return " ".join(f"{k.removeprefix('parallel.')}={v}" for k, v in sorted(point.items()))
+    """``cp=2 seq_len=8192``: keys sorted, ``parallel.`` dropped, a mapping value spelled out."""
+    parts = []
+    for k, v in sorted(point.items()):
+        if isinstance(v, Mapping):
+            parts.extend(f"{kk}={vv}" for kk, vv in sorted(v.items()))
+        else:
+            parts.append(f"{k.removeprefix('parallel.')}={v}")
+    return " ".join(parts)
 
 
 def apply_point(base: Mapping, point: Mapping) -> dict:
