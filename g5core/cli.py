@@ -322,6 +322,53 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     click.echo(render_best(result, top, _fmt_s, _fmt_bytes, _table))
 
 
+@main.command("plot")
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", "output", default=None, type=click.Path(dir_okay=False),
+              help="Image file, .png or .svg [default: g5-KIND.png].")
+@click.option("--kind", type=click.Choice(["latency", "memory", "pareto", "timeline"]), default="latency",
+              show_default=True, help="latency: TTFT/TPOT against --x, one line per S; memory: stacked per-chip "
+                                      "memory against capacity; pareto: latency against memory; timeline: one layer "
+                                      "across the chips of a group, compute against communication.")
+@click.option("--sweep", "sweep_id", type=int, default=None, help="Only this sweep's rows [default: every row].")
+@click.option("--x", "x_dim", default="cp", show_default=True,
+              help="The parallel dimension on the x axis (latency) or whose group the timeline shows.")
+@click.option("--layer", type=int, default=None, help="Timeline: the layer to show [default: the middle one].")
+@click.option("--row", "row_key", default=None, help="Timeline: the row (a prefix of its config_hash) to re-simulate.")
+def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key):
+    """Plot a results database (PNG or SVG)."""
+    from .plots import figure_bytes, image_format, make_figure
+    from .report import load_rows
+    from .sweepfiles import check_output_path, write_atomically
+
+    output = output or f"g5-{kind}.png"
+    fmt = image_format(output)
+    target = check_output_path(output, "-o", inputs=[db])
+    fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key)
+    write_atomically(target, figure_bytes(fig, fmt))
+    click.echo(f"{kind} plot written to {output}")
+
+
+@main.command("report")
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["csv", "json", "markdown"]), default="markdown",
+              show_default=True, help="csv and json hold every column; markdown the ones a person reads.")
+@click.option("--sweep", "sweep_id", type=int, default=None, help="Only this sweep's rows [default: every row].")
+@click.option("-o", "--output", "output", default=None, type=click.Path(dir_okay=False),
+              help="Write to this file instead of standard output.")
+def report_cmd(db, fmt, sweep_id, output):
+    """The rows of a results database as a table."""
+    from .report import load_rows, render
+    from .sweepfiles import check_output_path, write_atomically
+
+    target = check_output_path(output, "-o", inputs=[db]) if output else None
+    text = render(load_rows(db, sweep_id), fmt)
+    if target is None:
+        click.echo(text, nl=False)
+    else:
+        write_atomically(target, text.encode("utf-8"))
+
+
 @main.command("models")
 def models_cmd():
     """List the model catalog."""
