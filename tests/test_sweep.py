@@ -313,3 +313,27 @@ def test_a_relative_db_path_is_fine(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     report = run_sweep(BASE, parse_grid(["parallel.cp=1"]), "plain.db")
     assert os.path.isfile(tmp_path / "plain.db") and len(report.ok_rows) == 1
+
+
+def test_progress_is_a_bar_on_a_terminal_and_plain_lines_otherwise(tmp_path):
+    import io
+
+    from g5core.sweep import BarProgress, LineProgress, default_progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    bar = default_progress(term)
+    assert isinstance(bar, BarProgress)
+    run_sweep(BASE, parse_grid(["parallel.cp=1,16"]), tmp_path / "bar.db", progress=bar)
+    text = term.getvalue()
+    assert "2/2" in text and "failed=1" in text and "cell" in text
+
+    pipe = io.StringIO()
+    lines = default_progress(pipe)
+    assert isinstance(lines, LineProgress)
+    run_sweep(BASE, parse_grid(["parallel.cp=1,16"]), tmp_path / "lines.db", progress=lines)
+    out = pipe.getvalue().splitlines()
+    assert out[0].startswith("[1/2] cp=1: latency ") and out[1].startswith("[2/2] cp=16: skipped: ")
