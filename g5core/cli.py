@@ -339,13 +339,13 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key):
     """Plot a results database (PNG or SVG)."""
     from .plots import figure_bytes, image_format, make_figure
     from .report import load_rows
-    from .sweepfiles import check_output_path, write_atomically
+    from .outputfiles import check_output_path, write_atomically
 
     output = output or f"g5-{kind}.png"
     fmt = image_format(output)
     target = check_output_path(output, "-o", inputs=[db])
     fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key)
-    write_atomically(target, figure_bytes(fig, fmt))
+    write_atomically(target, lambda fh: fh.write(figure_bytes(fig, fmt)), binary=True)
     click.echo(f"{kind} plot written to {output}")
 
 
@@ -359,14 +359,14 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key):
 def report_cmd(db, fmt, sweep_id, output):
     """The rows of a results database as a table."""
     from .report import load_rows, render
-    from .sweepfiles import check_output_path, write_atomically
+    from .outputfiles import check_output_path, write_atomically
 
     target = check_output_path(output, "-o", inputs=[db]) if output else None
     text = render(load_rows(db, sweep_id), fmt)
     if target is None:
         click.echo(text, nl=False)
     else:
-        write_atomically(target, text.encode("utf-8"))
+        write_atomically(target, lambda fh: fh.write(text))
 
 
 @main.command("models")

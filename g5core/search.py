@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Sequence
 
 import attrs
 
-from .config import apply_overrides, disabled_from_config
+from .config import disabled_from_config
 from .dimensions import DimensionRegistry, collect_dimensions
 from .errors import ConfigError, G5Error, PluginError
 from .memory import GIB

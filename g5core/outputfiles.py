@@ -9,7 +9,7 @@ import os
 import pathlib
 import stat
 import tempfile
-from typing import Iterable
+from typing import Callable, Iterable
 
 from .errors import ConfigError
 
@@ -46,14 +46,17 @@ def check_output_path(path, option: str, inputs: Iterable = ()) -> pathlib.Path:
     return target
 
 
-def write_atomically(path, data: bytes) -> None:
-    """Write ``data`` through a temporary file in the same folder, then rename: never a partial file."""
+def write_atomically(path, dump: Callable, binary: bool = False) -> None:
+    """Write through a temporary file in the same folder, then rename: never a partial file.
+
+    ``dump(fh)`` writes the content to an open file (UTF-8 text, or bytes when ``binary``).
+    """
     path = pathlib.Path(path)
     directory = path.parent if str(path.parent) else pathlib.Path(".")
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+        with (os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8", newline="")) as fh:
+            dump(fh)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
