@@ -144,7 +144,7 @@ def test_cli_sweep_with_an_invalid_base_writes_nothing(tmp_path):
 
 def _count(db) -> int:
     try:
-        con = sqlite3.connect(str(db), timeout=5)
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5)  # never creates the file
         try:
             return con.execute("SELECT COUNT(*) FROM results").fetchone()[0]
         finally:
@@ -224,13 +224,21 @@ def test_worker_processes_give_the_in_process_values(tmp_path):
 
 
 def test_the_dask_executor_gives_the_local_executor_values(tmp_path):
-    pytest.importorskip("distributed", reason="the distributed extra (g5[distributed]) is part of the test install")
+    distributed = pytest.importorskip("distributed", reason="the distributed extra (g5[distributed]) is part of "
+                                                            "the test install")
     grid = parse_grid(["parallel.cp=1,2", "seq_len=4096,8192", "batch=1,2"])
     local = run_sweep(BASE, grid, tmp_path / "local.db")
-    dask = run_sweep(BASE, grid, tmp_path / "dask.db", executor="dask", workers=2)
+    # an existing cluster, reached by its scheduler's address
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as cluster:
+        dask = run_sweep(BASE, grid, tmp_path / "dask.db", executor=f"dask:{cluster.scheduler_address}")
     assert dask.computed == 8
     assert _values(dask.rows) == _values(local.rows)
     assert [r["point"] for r in dask.rows] == [r["point"] for r in local.rows]
+    # a local cluster that the executor starts itself
+    own = run_sweep(BASE, parse_grid(["parallel.cp=1,2"]), tmp_path / "own.db", executor="dask", workers=1)
+    assert len(own.ok_rows) == 2 and set(_values(own.rows)) <= set(_values(local.rows))
+    assert _values(own.rows) == {k: v for k, v in _values(local.rows).items() if k in _values(own.rows)}
 
 
 # ---------------------------------------------------------------------------------------
