@@ -97,7 +97,7 @@ def utc_now() -> str:
 
 
 @contextlib.contextmanager
-def sqlite_errors(path) -> Iterator[None]:
+def sqlite_errors(path, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Iterator[None]:
     """Turn SQLite failures into one-line G5 errors naming the file."""
     try:
         yield
@@ -105,7 +105,7 @@ def sqlite_errors(path) -> Iterator[None]:
         text = str(exc)
         if "locked" in text or "busy" in text:
             raise G5Error(f"--db {path}: the database stayed locked by another writer for more than "
-                          f"{BUSY_TIMEOUT_S:g} s; try again when it finishes, or use another file") from None
+                          f"{busy_timeout_s:g} s; try again when it finishes, or use another file") from None
         raise G5Error(f"--db {path}: SQLite error: {text}") from None
     except sqlite3.DatabaseError as exc:
         raise G5Error(f"--db {path}: not a usable SQLite database ({exc}); choose another file") from None
@@ -114,9 +114,10 @@ def sqlite_errors(path) -> Iterator[None]:
 class ResultsDB:
     """A connection to one results file. Use :meth:`open` (creates it) or :meth:`open_existing`."""
 
-    def __init__(self, con: sqlite3.Connection, path: pathlib.Path):
+    def __init__(self, con: sqlite3.Connection, path: pathlib.Path, busy_timeout_s: float = BUSY_TIMEOUT_S):
         self.con = con
         self.path = path
+        self.busy_timeout_s = busy_timeout_s
 
     # -- opening ---------------------------------------------------------------------
 
@@ -138,7 +139,7 @@ class ResultsDB:
 
     @classmethod
     def _connect(cls, target: pathlib.Path, shown, busy_timeout_s: float, create: bool) -> "ResultsDB":
-        with sqlite_errors(shown):
+        with sqlite_errors(shown, busy_timeout_s):
             con = sqlite3.connect(str(target), timeout=busy_timeout_s, isolation_level=None)
             try:
                 tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -163,7 +164,7 @@ class ResultsDB:
             except BaseException:
                 con.close()
                 raise
-        return cls(con, pathlib.Path(shown))
+        return cls(con, pathlib.Path(shown), busy_timeout_s)
 
     def close(self) -> None:
         self.con.close()
@@ -179,7 +180,7 @@ class ResultsDB:
     def start_sweep(self, kind: str, base: Mapping, grid: Sequence, options: Mapping,
                     cells: Sequence[tuple[Mapping, str]], g5_version: str) -> int:
         """Record a sweep and its planned cells ``(point, config_hash)`` in one transaction."""
-        with sqlite_errors(self.path):
+        with sqlite_errors(self.path, self.busy_timeout_s):
             self.con.execute("BEGIN IMMEDIATE")
             try:
                 cur = self.con.execute(
@@ -198,14 +199,14 @@ class ResultsDB:
         return sweep_id
 
     def finish_sweep(self, sweep_id: int) -> None:
-        with sqlite_errors(self.path):
+        with sqlite_errors(self.path, self.busy_timeout_s):
             self.con.execute("UPDATE sweeps SET status = 'complete' WHERE sweep_id = ?", (sweep_id,))
 
     def insert(self, row: Mapping) -> bool:
         """Store one finished configuration; False when its key was already stored."""
         values = [canonical_json(row[c]) if c in JSON_COLUMNS and row.get(c) is not None else row.get(c)
                   for c in RESULT_COLUMNS]
-        with sqlite_errors(self.path):
+        with sqlite_errors(self.path, self.busy_timeout_s):
             cur = self.con.execute(
                 f"INSERT OR IGNORE INTO results ({', '.join(RESULT_COLUMNS)}) "
                 f"VALUES ({', '.join('?' for _ in RESULT_COLUMNS)})", values)
@@ -214,7 +215,7 @@ class ResultsDB:
     # -- reading ---------------------------------------------------------------------
 
     def has(self, key: str) -> bool:
-        with sqlite_errors(self.path):
+        with sqlite_errors(self.path, self.busy_timeout_s):
             return self.con.execute("SELECT 1 FROM results WHERE config_hash = ?", (key,)).fetchone() is not None
 
     def get(self, key: str) -> Optional[dict]:
@@ -230,19 +231,19 @@ class ResultsDB:
         return self._select("JOIN sweep_cells USING (config_hash) WHERE sweep_id = ? ORDER BY cell", (sweep_id,))
 
     def sweeps(self) -> list[dict]:
-        with sqlite_errors(self.path):
+        with sqlite_errors(self.path, self.busy_timeout_s):
             cur = self.con.execute("SELECT * FROM sweeps ORDER BY sweep_id")
             names = [d[0] for d in cur.description]
             return [dict(zip(names, r)) for r in cur.fetchall()]
 
     def sweep_keys(self, sweep_id: int) -> list[str]:
-        with sqlite_errors(self.path):
+        with sqlite_errors(self.path, self.busy_timeout_s):
             return [r[0] for r in self.con.execute(
                 "SELECT config_hash FROM sweep_cells WHERE sweep_id = ? ORDER BY cell", (sweep_id,))]
 
     def _select(self, tail: str, params: tuple) -> list[dict]:
         cols = ", ".join(f"results.{c}" for c in RESULT_COLUMNS)
-        with sqlite_errors(self.path):
+        with sqlite_errors(self.path, self.busy_timeout_s):
             rows = self.con.execute(f"SELECT {cols} FROM results {tail}", params).fetchall()
         return [decode_row(r) for r in rows]
 

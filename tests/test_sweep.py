@@ -305,7 +305,7 @@ def test_a_locked_database_is_waited_for_then_a_one_line_error(tmp_path):
     grid = parse_grid(["parallel.cp=1"])
     holder = _hold_write_lock(db, 1.0)
     try:
-        with pytest.raises(G5Error, match="locked by another writer") as err:
+        with pytest.raises(G5Error, match="locked by another writer for more than 0.1 s") as err:
             run_sweep(BASE, grid, db, busy_timeout_s=0.1)
         assert "\n" not in str(err.value)
     finally:
