@@ -97,6 +97,12 @@ def _ok(rows: Sequence[Mapping]) -> list[Mapping]:
     return ok
 
 
+def _latency_scale(ax, values: Sequence[float]) -> None:
+    """A log axis where latencies span a decade or more, a linear one otherwise."""
+    if min(values) > 0 and max(values) / min(values) >= 10:
+        ax.set_yscale("log")
+
+
 def latency_figure(rows: Sequence[Mapping], x_dim: str = "cp"):
     plt = _pyplot()
     ok = _ok(rows)
@@ -118,7 +124,7 @@ def latency_figure(rows: Sequence[Mapping], x_dim: str = "cp"):
     if len(xs) > 1 and min(xs) > 0 and max(xs) / min(xs) >= 4:
         ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [str(x) for x in xs])
-    ax.set_yscale("log")
+    _latency_scale(ax, [r["latency_s"] for r in ok])
     ax.set_xlabel(f"{x_dim} (parallel degree, chips)")
     ax.set_ylabel(f"{metric} (s)")
     ax.set_title(f"{metric} against {x_dim}")
@@ -181,7 +187,7 @@ def pareto_figure(rows: Sequence[Mapping]):
                     xytext=(6, 6), fontsize=FONT_PT - 4)
     ax.set_xlabel("memory on the fullest chip (GiB)")
     ax.set_ylabel(f"{metric} (s)")
-    ax.set_yscale("log")
+    _latency_scale(ax, [c.latency_s for c in cands])
     ax.set_title(f"{metric} against per-chip memory")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
