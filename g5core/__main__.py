@@ -1,4 +1,5 @@
 """``python -m g5core`` is the ``g5`` command (for when the console script is not on PATH)."""
 from .cli import main
 
-main(prog_name="g5")
+if __name__ == "__main__":  # worker processes that re-import the main module must not run the command
+    main(prog_name="g5")

@@ -244,42 +244,163 @@ def _int_list(ctx, param, value):
     if value is None:
         return None
     try:
-        return tuple(int(v) for v in value.split(",") if v.strip())
+        values = tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated whole numbers, got {value!r}") from None
+        values = ()
+    if not values or any(v <= 0 for v in values):
+        raise click.BadParameter(f"expected comma-separated positive whole numbers, got {value!r}")
+    return values
+
+
+_sweep_options = [
+    click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
+                 help="Cells simulated at once (worker processes, or Dask workers)."),
+    click.option("--executor", default="local", show_default=True, metavar="local|dask|dask:ADDRESS",
+                 help="local worker processes; dask starts a local Dask cluster; dask:tcp://HOST:PORT uses a "
+                      "running scheduler's workers (needs g5[distributed])."),
+]
+
+
+def sweep_options(f):
+    for opt in reversed(_sweep_options):
+        f = opt(f)
+    return f
 
 
 @main.command("scan")
 @config_options
 @click.option("--db", "db_path", required=True, type=click.Path(dir_okay=False),
               help="SQLite database; each cell is committed as soon as it is computed.")
-@click.option("--cp", "cp_values", callback=_int_list, default="1,2,4,8,16", show_default=True,
-              help="Comma-separated cp values.")
-@click.option("--seq-len", "seq_lens", callback=_int_list,
-              default="32768,65536,131072,262144,524288,1048576", show_default=True,
-              help="Comma-separated sequence lengths.")
-@click.option("--hidden-threshold", default=0.9, show_default=True, type=float,
-              help="Ring traffic counts as hidden when at least this fraction of it overlaps compute.")
-def scan_cmd(config, overrides, disabled, db_path, cp_values, seq_lens, hidden_threshold):
-    """CP validation scan: a cp x seq_len grid with chips fixed (dp absorbs cp); checks that
-    TTFT does not rise with cp where the ring traffic is hidden. Exit 1 if it does."""
+@click.option("--cp", "cp_values", callback=_int_list, default=None,
+              help="Comma-separated cp values [default: 1,2,4,8,16].")
+@click.option("--seq-len", "seq_lens", callback=_int_list, default=None,
+              help="Comma-separated sequence lengths [default: 32768,...,1048576].")
+@click.option("--hidden-threshold", default=None, type=click.FloatRange(0.0, 1.0, min_open=True),
+              help="Ring traffic counts as hidden when at least this fraction of it overlaps compute [default: 0.9].")
+@sweep_options
+def scan_cmd(config, overrides, disabled, db_path, cp_values, seq_lens, hidden_threshold, workers, executor):
+    """CP validation scan (the cp plugin's sweep preset): a cp x seq_len grid with chips fixed (dp
+    auto); checks that TTFT does not rise with cp where the ring traffic is hidden. Exit 1 if it
+    does, or if no cell ran."""
     from .run import load_raw
-    from .scan import run_scan
+    from .sweep import default_progress, run_preset
 
     raw = load_raw(config, overrides)
-    report = run_scan(raw, db_path, cp_values, seq_lens, disabled, hidden_threshold,
-                      progress=lambda line: click.echo(line, err=True))
-    ok = [c for c in report.cells if c.status == "ok"]
-    click.echo(f"scan {report.scan_id}: {len(ok)} of {len(report.cells)} cells ran; results in {db_path}")
-    if report.phase != "prefill":
+    report = run_preset("cp", raw, db_path, axes={"parallel.cp": cp_values, "seq_len": seq_lens},
+                        options={"hidden_threshold": hidden_threshold}, disabled=disabled, workers=workers,
+                        executor=executor, progress=default_progress(), inputs=[config])
+    _finish_sweep_output(report.sweep)
+    if not report.preset.check_phases or raw.get("phase") in report.preset.check_phases:
+        if report.violations:
+            click.echo("TTFT rises with cp where the ring traffic is hidden:")
+            for v in report.violations:
+                click.echo(f"  {v}")
+            sys.exit(1)
+        click.echo("TTFT is non-increasing in cp wherever the ring traffic is hidden")
+    else:
         click.echo("the TTFT trend check applies to prefill only; nothing checked")
-        return
-    if report.violations:
-        click.echo("TTFT rises with cp where the ring traffic is hidden:")
-        for v in report.violations:
-            click.echo(f"  {v}")
+
+
+def _finish_sweep_output(sweep) -> None:
+    """The summary line; exit 1 when no cell ran (a sweep of failures never reports success)."""
+    click.echo(sweep.summary())
+    if not sweep.ok_rows:
+        click.echo(f"g5: error: no cell ran; every grid point is invalid (the reasons are in {sweep.db_path}; "
+                   f"first: {sweep.failed_rows[0]['error']})", err=True)
         sys.exit(1)
-    click.echo("TTFT is non-increasing in cp wherever the ring traffic is hidden")
+
+
+@main.command("sweep")
+@config_options
+@click.option("--grid", "grid", multiple=True, required=True, metavar="KEY=V1,V2,...",
+              help="One axis of the grid, e.g. --grid parallel.cp=1,2,4 (repeatable; the first is outermost).")
+@click.option("--db", "db_path", default="g5-sweep.db", show_default=True, type=click.Path(dir_okay=False),
+              help="SQLite results database; finished configurations in it are skipped (resume).")
+@sweep_options
+def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
+    """Run a cartesian grid over any configuration keys; one database row per configuration.
+
+    Use --set parallel.dp=auto to keep the chip count fixed while other dimensions change.
+    Invalid points are recorded with their error and skipped. Exit 1 when no cell ran."""
+    from .run import load_raw
+    from .sweep import default_progress, parse_grid, run_sweep
+
+    raw = load_raw(config, overrides)
+    report = run_sweep(raw, parse_grid(grid), db_path, disabled=disabled, workers=workers, executor=executor,
+                       progress=default_progress(), inputs=[config])
+    _finish_sweep_output(report)
+
+
+@main.command("best")
+@config_options
+@click.option("--objective", type=click.Choice(["ttft", "tpot", "tokens_per_s_per_chip"]), default=None,
+              help="What to rank by [default: ttft for prefill, tpot for decode].")
+@click.option("--top", "top", default=10, show_default=True, type=click.IntRange(min=1), help="How many to show.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes.")
+@click.option("--db", "db_path", default=None, type=click.Path(dir_okay=False),
+              help="Keep the simulated layouts in this results database (and reuse what it holds).")
+@sweep_options
+def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, workers, executor):
+    """Layout search: every split of chips over the registered dimensions; those that are invalid or
+    do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked."""
+    from .run import load_raw
+    from .search import best_layouts, render_best
+    from .sweep import default_progress
+
+    result = best_layouts(load_raw(config, overrides), objective, db_path, disabled, workers, executor,
+                          progress=default_progress(), inputs=[config])
+    if as_json:
+        click.echo(json.dumps([c.to_json_dict() for c in result.ranked[:top]], indent=2))
+        return
+    click.echo(render_best(result, top, _fmt_s, _fmt_bytes, _table))
+
+
+@main.command("plot")
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", "output", default=None, type=click.Path(dir_okay=False),
+              help="Image file, .png or .svg [default: g5-KIND.png].")
+@click.option("--kind", type=click.Choice(["latency", "memory", "pareto", "timeline"]), default="latency",
+              show_default=True, help="latency: TTFT/TPOT against --x, one line per S; memory: stacked per-chip "
+                                      "memory against capacity; pareto: latency against memory; timeline: one layer "
+                                      "across the chips of a group, compute against communication.")
+@click.option("--sweep", "sweep_id", type=int, default=None, help="Only this sweep's rows [default: every row].")
+@click.option("--x", "x_dim", default="cp", show_default=True,
+              help="The parallel dimension on the x axis (latency) or whose group the timeline shows.")
+@click.option("--layer", type=int, default=None, help="Timeline: the layer to show [default: the middle one].")
+@click.option("--row", "row_key", default=None, help="Timeline: the row (a prefix of its config_hash) to re-simulate.")
+def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key):
+    """Plot a results database (PNG or SVG)."""
+    from .plots import figure_bytes, image_format, make_figure
+    from .report import load_rows
+    from .outputfiles import check_output_path, write_atomically
+
+    output = output or f"g5-{kind}.png"
+    fmt = image_format(output)
+    target = check_output_path(output, "-o", inputs=[db])
+    fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key)
+    write_atomically(target, lambda fh: fh.write(figure_bytes(fig, fmt)), binary=True)
+    click.echo(f"{kind} plot written to {output}")
+
+
+@main.command("report")
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["csv", "json", "markdown"]), default="markdown",
+              show_default=True, help="csv and json hold every column; markdown the ones a person reads.")
+@click.option("--sweep", "sweep_id", type=int, default=None, help="Only this sweep's rows [default: every row].")
+@click.option("-o", "--output", "output", default=None, type=click.Path(dir_okay=False),
+              help="Write to this file instead of standard output.")
+def report_cmd(db, fmt, sweep_id, output):
+    """The rows of a results database as a table."""
+    from .report import load_rows, render
+    from .outputfiles import check_output_path, write_atomically
+
+    target = check_output_path(output, "-o", inputs=[db]) if output else None
+    text = render(load_rows(db, sweep_id), fmt)
+    if target is None:
+        click.echo(text, nl=False)
+    else:
+        write_atomically(target, lambda fh: fh.write(text))
 
 
 @main.command("models")

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from .collective import Lowering
     from .topology import Topology
     from .options import PluginOption
+    from .sweep import SweepPreset
 
 hookspec = pluggy.HookspecMarker("g5")
 
@@ -189,4 +190,20 @@ def g5_compute_latency(
     """Seconds a compute op takes on its chip (firstresult).
 
     Return ``None`` to let the next plugin answer. The roofline plugin answers last.
+    """
+
+
+# --------------------------------------------------------------------------------------
+# Family 6: sweeps
+# --------------------------------------------------------------------------------------
+
+
+@hookspec
+def g5_register_sweep_presets(register: Callable[["SweepPreset"], None]) -> None:
+    """Register named sweep presets (registration hook).
+
+    ``register(SweepPreset(...))`` once per preset: a default grid over configuration keys,
+    fixed overrides, and an optional check over the sweep's rows that returns the
+    violations (``g5 scan`` runs the ``cp`` plugin's preset). Registering a name that
+    another plugin registered is an error naming both plugins.
     """

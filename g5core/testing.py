@@ -678,6 +678,37 @@ def check_deterministic(plugin: str, configs, extra_plugins: Sequence = ()) -> N
                 raise _fail(plugin, check_deterministic, f"{_where(raw)}: the {label} differs between two builds")
 
 
+@_contract_check
+def check_sweep_presets(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_register_sweep_presets``: presets owned by the plugin, documented, stable, and gone with it.
+
+    Every preset the plugin registers is recorded with ``owner == plugin`` and is equal on a
+    second registration; it has a ``doc`` line and a grid whose every axis has values; its
+    check (if any) answers an empty sequence of rows with no violation; and with the plugin
+    disabled none of its presets is registered.
+    """
+    from .sweep import collect_presets
+
+    own = {n: p for n, p in collect_presets(Hooks(_pm(extra_plugins))).items() if p.owner == plugin}
+    again = {n: p for n, p in collect_presets(Hooks(_pm(extra_plugins))).items() if p.owner == plugin}
+    if own != again:
+        raise _fail(plugin, check_sweep_presets, f"registers different presets on two calls: {own} vs {again}")
+    for name, preset in own.items():
+        if not preset.doc:
+            raise _fail(plugin, check_sweep_presets, f"preset '{name}' has no doc string")
+        if not preset.grid or any(not values for _, values in preset.grid):
+            raise _fail(plugin, check_sweep_presets, f"preset '{name}' has an empty grid or axis: {preset.grid}")
+        if preset.check is not None and tuple(preset.check((), dict(preset.options))):
+            raise _fail(plugin, check_sweep_presets, f"preset '{name}' reports violations for an empty sweep")
+    try:
+        off = collect_presets(Hooks(_pm(extra_plugins, disabled=[plugin])))
+    except G5Error:
+        return
+    left = sorted(set(own) & {n for n, p in off.items() if p.owner == plugin})
+    if left:
+        raise _fail(plugin, check_sweep_presets, f"presets {left} are still registered with the plugin disabled")
+
+
 # ----------------------------------------------------------------------------------------
 # Registry, selection, meta-check
 # ----------------------------------------------------------------------------------------
@@ -704,6 +735,7 @@ HOOK_CHECKS: Mapping[str, tuple[CheckFn, ...]] = {
     "g5_register_primitives": (check_comm_cost_monotone,),
     "g5_topology": (check_topology,),
     "g5_compute_latency": (check_compute_latency,),
+    "g5_register_sweep_presets": (check_sweep_presets,),
 }
 
 #: Every check by name.

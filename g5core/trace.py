@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import heapq
 import json
-import os
-import pathlib
-import tempfile
 
 from .topology import KIND_NAMES, Topology
 from .dag import CommOp, ComputeOp
+from .outputfiles import write_atomically
 from .results import SimResult
 
 COMPUTE_TID = 0
@@ -170,28 +168,10 @@ def write_timeline(sim: SimResult, path) -> None:
         w.writerow(TIMELINE_COLUMNS)
         w.writerows(timeline_rows(sim))
 
-    _write_atomically(path, dump)
+    write_atomically(path, dump)
 
 
 def write_trace(sim: SimResult, topo: Topology, path) -> None:
     payload = {"traceEvents": trace_events(sim, topo), "displayTimeUnit": "ns",
                "otherData": {"latency_s": sim.latency_s, "phase": sim.phase}}
-    _write_atomically(path, lambda fh: json.dump(payload, fh, separators=(",", ":")))
-
-
-def _write_atomically(path, dump) -> None:
-    """Write through a temporary file in the same folder and rename: never a partial file."""
-    path = pathlib.Path(path)
-    directory = path.parent if str(path.parent) else pathlib.Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            dump(fh)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    write_atomically(path, lambda fh: json.dump(payload, fh, separators=(",", ":")))

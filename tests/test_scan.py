@@ -1,6 +1,9 @@
 """The CP validation scan: rows land in SQLite one by one; the TTFT trend check can fail."""
 from __future__ import annotations
 
+import re
+
+import json
 import sqlite3
 
 import pytest
@@ -8,7 +11,7 @@ from click.testing import CliRunner
 
 from g5core.cli import main
 from g5core.run import run as run_one
-from g5core.scan import Cell, check_monotone, run_scan
+from g5plugins.cp.scan import Cell, check_monotone, run_scan
 
 BASE = {
     "model": "llama-3.1-8b",
@@ -22,14 +25,22 @@ BASE = {
 
 
 def _rows(db):
+    """(cp, seq_len, dp, status, latency_s, ring hidden fraction) of every stored cell, in scan order."""
     con = sqlite3.connect(str(db))
     try:
-        return con.execute("SELECT cp, seq_len, dp, status, latency_s, passkv_hidden_fraction FROM cells "
-                           "ORDER BY cell").fetchall()
+        rows = con.execute("SELECT c.point, r.parallel, r.status, r.latency_s, r.overlap FROM sweep_cells c "
+                           "JOIN results r USING (config_hash) ORDER BY c.sweep_id, c.cell").fetchall()
     except sqlite3.OperationalError:
         return []
     finally:
         con.close()
+    out = []
+    for point, parallel, status, latency, overlap in rows:
+        point = json.loads(point)
+        ring = json.loads(overlap)["by_reason"].get("cp_passkv") if overlap else None
+        out.append((point["parallel.cp"], point["seq_len"], json.loads(parallel)["dp"], status, latency,
+                    ring["hidden_fraction"] if ring else None))
+    return out
 
 
 def test_rows_appear_one_by_one_and_trend_holds(tmp_path):
@@ -59,7 +70,7 @@ def test_rows_appear_one_by_one_and_trend_holds(tmp_path):
 def _scan_status(db):
     con = sqlite3.connect(str(db))
     try:
-        return con.execute("SELECT scan_id, status, cells_planned FROM scans ORDER BY scan_id").fetchall()
+        return con.execute("SELECT sweep_id, status, cells_planned FROM sweeps ORDER BY sweep_id").fetchall()
     finally:
         con.close()
 
@@ -77,8 +88,9 @@ def test_a_finished_scan_is_marked_complete_and_an_interrupted_one_is_not(tmp_pa
             raise KeyboardInterrupt
         return run_one(raw, disabled=disabled)
 
+    # new cells (another seq_len): cells already in the database would be reused, not run
     with pytest.raises(KeyboardInterrupt):
-        run_scan(BASE, db, cp_values=(1, 2), seq_lens=(8192,), runner=dies_on_the_second_cell)
+        run_scan(BASE, db, cp_values=(1, 2), seq_lens=(16384,), runner=dies_on_the_second_cell)
     assert _scan_status(db) == [(1, "complete", 2), (2, "running", 2)]
     # the cell that finished before the interruption is kept
     assert len(_rows(db)) == 3
@@ -89,16 +101,25 @@ def test_invalid_cells_are_recorded_not_adjusted(tmp_path):
     report = run_scan(BASE, db, cp_values=(1, 8), seq_lens=(8192,))
     rows = _rows(db)
     assert rows[1][3] == "error"
-    assert "not divisible by tp x pp x cp = 8" in report.cells[1].error
+    # (an installed third-party factor dimension, such as Ulysses' sp, is named too)
+    assert re.search(r"parallel\.dp: auto: chips=4 is not divisible by pp x cp x (sp x )?tp = 8", report.cells[1].error)
     assert report.ok
 
 
-def test_scan_appends_a_new_scan_to_an_existing_database(tmp_path):
+def test_scan_appends_a_new_scan_to_an_existing_database_and_reuses_its_rows(tmp_path):
     db = tmp_path / "scan.db"
     first = run_scan(BASE, db, cp_values=(1,), seq_lens=(8192,))
-    second = run_scan(BASE, db, cp_values=(1,), seq_lens=(8192,))
+
+    def must_not_run(raw, disabled=()):
+        raise AssertionError("a configuration already in the database was simulated again")
+
+    second = run_scan(BASE, db, cp_values=(1,), seq_lens=(8192,), runner=must_not_run)
     assert second.scan_id == first.scan_id + 1
-    assert len(_rows(db)) == 2
+    assert second.cells == first.cells
+    assert len(_rows(db)) == 2  # one cell per scan, both the same stored row
+    con = sqlite3.connect(str(db))
+    assert con.execute("SELECT COUNT(*) FROM results").fetchone() == (1,)
+    con.close()
 
 
 def test_monotone_check_names_the_offending_cell():
@@ -126,7 +147,7 @@ def test_cli_scan_reports_and_exits_nonzero_on_a_violation(tmp_path, monkeypatch
     assert "non-increasing" in res.output
     assert "[2/2] cp=2 seq_len=8192" in res.stderr
 
-    import g5core.scan as scan_mod
+    import g5plugins.cp.scan as scan_mod
 
     monkeypatch.setattr(scan_mod, "check_monotone", lambda cells, thr: ("seq_len=8192: TTFT rises (forced)",))
     res = runner.invoke(main, ["scan", str(cfg), "--db", str(db), "--cp", "1,2", "--seq-len", "8192"])
@@ -138,3 +159,35 @@ def test_bad_grid_values_are_errors(tmp_path):
     with pytest.raises(Exception, match="--cp"):
         run_scan(BASE, tmp_path / "x.db", cp_values=(0,), seq_lens=(8192,))
     assert not (tmp_path / "x.db").exists()
+
+
+def test_an_invalid_base_configuration_is_an_error_before_anything_is_written(tmp_path):
+    db = tmp_path / "scan.db"
+    with pytest.raises(Exception, match="batch"):
+        run_scan(dict(BASE, batch=0), db, cp_values=(1, 2), seq_lens=(8192,))
+    assert not db.exists()
+    import yaml
+
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(yaml.safe_dump(dict(BASE, batch=0)))
+    res = CliRunner().invoke(main, ["scan", str(cfg), "--db", str(db), "--cp", "1,2", "--seq-len", "8192"])
+    assert res.exit_code == 2
+    assert res.stderr.strip().count("\n") == 0 and "batch" in res.stderr
+    assert "non-increasing" not in res.output
+    assert not db.exists()
+
+
+def test_a_scan_where_every_cell_failed_never_reports_success(tmp_path):
+    import yaml
+
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(yaml.safe_dump(BASE))
+    db = tmp_path / "scan.db"
+    # 4 chips: cp 8 and 16 leave no whole dp
+    res = CliRunner().invoke(main, ["scan", str(cfg), "--db", str(db), "--cp", "8,16", "--seq-len", "8192"])
+    assert res.exit_code == 1
+    assert "0 of 2 cells ran" in res.output
+    assert "no cell ran" in res.stderr
+    assert "non-increasing" not in res.output
+    report = run_scan(BASE, db, cp_values=(8, 16), seq_lens=(8192,))
+    assert not report.ok and not report.violations

@@ -74,3 +74,10 @@ def g5_require_owner(ctx, lop):
     plugin = PHASE_PLUGIN[ctx.phase]
     return (f"attention at cp={cp} in {ctx.phase} needs the {plugin} plugin, which is disabled; "
             f"enable it (drop --disable {plugin}) or set parallel.cp: 1")
+
+
+@hookimpl
+def g5_register_sweep_presets(register):
+    from .scan import PRESET
+
+    register(PRESET)

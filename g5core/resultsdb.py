@@ -1,0 +1,264 @@
+"""The results database: one SQLite row per configuration, committed the moment it finishes.
+
+- ``results`` holds one row per resolved configuration, keyed by :func:`config_hash`; the
+  key is the primary key and rows are added with ``INSERT OR IGNORE``, so a configuration
+  is never stored twice, whoever computes it (worker processes, two sweeps on one file).
+- Each insert is its own transaction (autocommit): a crash, ``kill -9`` included, loses at
+  most the rows still being computed. The file is in WAL mode, so readers never block the
+  writer and a killed writer leaves a consistent file.
+- ``sweeps`` and ``sweep_cells`` record what each sweep planned (every grid point with its
+  key, in grid order) and whether it finished (``running`` until its last cell is in).
+- A writer that finds the file locked waits up to ``BUSY_TIMEOUT_S`` and then fails with a
+  one-line :class:`G5Error`; any other SQLite failure is one line too.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import pathlib
+import sqlite3
+from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
+
+from .errors import ConfigError, G5Error
+from .outputfiles import check_output_path
+
+SCHEMA_VERSION = "1"
+# sqlite3's default is 5 s; a sweep shares its file with other sweeps and readers, so it
+# waits longer for the write lock before giving up.
+BUSY_TIMEOUT_S = 60.0
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS g5_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sweeps (
+    sweep_id INTEGER PRIMARY KEY,
+    kind TEXT NOT NULL,              -- 'sweep', 'best' or a preset name
+    base_config TEXT NOT NULL,       -- JSON
+    grid TEXT NOT NULL,              -- JSON [[key, [values...]], ...]
+    options TEXT NOT NULL,           -- JSON
+    cells_planned INTEGER NOT NULL,
+    status TEXT NOT NULL,            -- 'running' until the last cell is in, then 'complete'
+    g5_version TEXT NOT NULL,
+    started_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS sweep_cells (
+    sweep_id INTEGER NOT NULL REFERENCES sweeps(sweep_id),
+    cell INTEGER NOT NULL,           -- 1-based, in grid order
+    point TEXT NOT NULL,             -- JSON {key: value} of the grid point
+    config_hash TEXT NOT NULL,
+    PRIMARY KEY (sweep_id, cell)
+);
+CREATE TABLE IF NOT EXISTS results (
+    config_hash TEXT PRIMARY KEY,
+    config TEXT NOT NULL,            -- JSON, the resolved configuration
+    disabled TEXT NOT NULL,          -- JSON list of disabled plugins
+    status TEXT NOT NULL,            -- 'ok' or 'error'
+    error TEXT,
+    model TEXT, system TEXT, phase TEXT, chips INTEGER, batch INTEGER, seq_len INTEGER,
+    parallel TEXT,                   -- JSON {dimension: size}
+    latency_s REAL, ttft_s REAL, tpot_s REAL, tokens_per_s_per_chip REAL,
+    max_total_bytes REAL, capacity_bytes REAL, fits INTEGER,
+    weights_bytes REAL, kv_cache_bytes REAL, activation_bytes REAL, workspace_bytes REAL,  -- fullest chip
+    comm_bytes TEXT, overlap TEXT, conservation TEXT, memory TEXT,                        -- JSON
+    ops INTEGER, flows INTEGER, events INTEGER,
+    g5_version TEXT NOT NULL,
+    wall_s REAL NOT NULL,
+    finished_at TEXT NOT NULL
+);
+"""
+
+#: Columns of ``results`` in table order; those holding JSON are decoded when read.
+RESULT_COLUMNS = (
+    "config_hash", "config", "disabled", "status", "error", "model", "system", "phase", "chips", "batch", "seq_len",
+    "parallel", "latency_s", "ttft_s", "tpot_s", "tokens_per_s_per_chip", "max_total_bytes", "capacity_bytes", "fits",
+    "weights_bytes", "kv_cache_bytes", "activation_bytes", "workspace_bytes", "comm_bytes", "overlap", "conservation",
+    "memory", "ops", "flows", "events", "g5_version", "wall_s", "finished_at",
+)
+JSON_COLUMNS = frozenset({"config", "disabled", "parallel", "comm_bytes", "overlap", "conservation", "memory"})
+#: Columns that describe how and when a row was computed rather than what it computed.
+RUN_COLUMNS = frozenset({"g5_version", "wall_s", "finished_at"})
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def config_hash(resolved: Mapping, disabled: Iterable[str] = ()) -> str:
+    """Stable key of a resolved configuration: SHA-256 of its canonical JSON and the disabled plugins."""
+    payload = canonical_json({"config": resolved, "disabled": sorted(disabled)})
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+@contextlib.contextmanager
+def sqlite_errors(path, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Iterator[None]:
+    """Turn SQLite failures into one-line G5 errors naming the file."""
+    try:
+        yield
+    except sqlite3.OperationalError as exc:
+        text = str(exc)
+        if "locked" in text or "busy" in text:
+            raise G5Error(f"--db {path}: the database stayed locked by another writer for more than "
+                          f"{busy_timeout_s:g} s; try again when it finishes, or use another file") from None
+        raise G5Error(f"--db {path}: SQLite error: {text}") from None
+    except sqlite3.DatabaseError as exc:
+        raise G5Error(f"--db {path}: not a usable SQLite database ({exc}); choose another file") from None
+
+
+class ResultsDB:
+    """A connection to one results file. Use :meth:`open` (creates it) or :meth:`open_existing`."""
+
+    def __init__(self, con: sqlite3.Connection, path: pathlib.Path, busy_timeout_s: float = BUSY_TIMEOUT_S):
+        self.con = con
+        self.path = path
+        self.busy_timeout_s = busy_timeout_s
+
+    # -- opening ---------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path, busy_timeout_s: float = BUSY_TIMEOUT_S, inputs: Sequence = ()) -> "ResultsDB":
+        """Open ``path`` for writing, creating the file and its tables if needed."""
+        target = check_output_path(path, "--db", inputs)
+        _check_header(target, path)
+        return cls._connect(target, path, busy_timeout_s, create=True)
+
+    @classmethod
+    def open_existing(cls, path, busy_timeout_s: float = BUSY_TIMEOUT_S) -> "ResultsDB":
+        """Open an existing results file (for reading)."""
+        p = pathlib.Path(path)
+        if not p.is_file():
+            raise ConfigError("DB", f"no results database at {p}; run `g5 sweep ... --db {p}` first")
+        _check_header(p, path)
+        return cls._connect(p, path, busy_timeout_s, create=False)
+
+    @classmethod
+    def _connect(cls, target: pathlib.Path, shown, busy_timeout_s: float, create: bool) -> "ResultsDB":
+        with sqlite_errors(shown, busy_timeout_s):
+            con = sqlite3.connect(str(target), timeout=busy_timeout_s, isolation_level=None)
+            try:
+                tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if tables and "g5_meta" not in tables:
+                    raise ConfigError("--db", f"{shown} is a SQLite database of another program (or of a G5 "
+                                              "before the results database); choose another file")
+                if create:
+                    con.execute("PRAGMA journal_mode=WAL")
+                    con.execute("BEGIN IMMEDIATE")
+                    for statement in SCHEMA.split(";"):
+                        if statement.strip():
+                            con.execute(statement)
+                    con.execute("INSERT OR IGNORE INTO g5_meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+                    con.execute("COMMIT")
+                elif not tables:
+                    raise ConfigError("DB", f"{shown} holds no G5 results")
+                version = con.execute("SELECT value FROM g5_meta WHERE key = 'schema_version'").fetchone()
+                if version is None or version[0] != SCHEMA_VERSION:
+                    raise ConfigError("--db", f"{shown} was written by another G5 version (schema "
+                                              f"{version[0] if version else '?'}, this one writes {SCHEMA_VERSION}); "
+                                              "choose another file")
+            except BaseException:
+                con.close()
+                raise
+        return cls(con, pathlib.Path(shown), busy_timeout_s)
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> "ResultsDB":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- writing ---------------------------------------------------------------------
+
+    def start_sweep(self, kind: str, base: Mapping, grid: Sequence, options: Mapping,
+                    cells: Sequence[tuple[Mapping, str]], g5_version: str) -> int:
+        """Record a sweep and its planned cells ``(point, config_hash)`` in one transaction."""
+        with sqlite_errors(self.path, self.busy_timeout_s):
+            self.con.execute("BEGIN IMMEDIATE")
+            try:
+                cur = self.con.execute(
+                    "INSERT INTO sweeps (kind, base_config, grid, options, cells_planned, status, g5_version, "
+                    "started_at) VALUES (?, ?, ?, ?, ?, 'running', ?, ?)",
+                    (kind, canonical_json(base), canonical_json(grid), canonical_json(options), len(cells),
+                     g5_version, utc_now()))
+                sweep_id = cur.lastrowid
+                self.con.executemany("INSERT INTO sweep_cells VALUES (?, ?, ?, ?)",
+                                     [(sweep_id, i + 1, canonical_json(point), h) for i, (point, h) in enumerate(cells)])
+                self.con.execute("COMMIT")
+            except BaseException:
+                if self.con.in_transaction:
+                    self.con.execute("ROLLBACK")
+                raise
+        return sweep_id
+
+    def finish_sweep(self, sweep_id: int) -> None:
+        with sqlite_errors(self.path, self.busy_timeout_s):
+            self.con.execute("UPDATE sweeps SET status = 'complete' WHERE sweep_id = ?", (sweep_id,))
+
+    def insert(self, row: Mapping) -> bool:
+        """Store one finished configuration; False when its key was already stored."""
+        values = [canonical_json(row[c]) if c in JSON_COLUMNS and row.get(c) is not None else row.get(c)
+                  for c in RESULT_COLUMNS]
+        with sqlite_errors(self.path, self.busy_timeout_s):
+            cur = self.con.execute(
+                f"INSERT OR IGNORE INTO results ({', '.join(RESULT_COLUMNS)}) "
+                f"VALUES ({', '.join('?' for _ in RESULT_COLUMNS)})", values)
+        return cur.rowcount == 1
+
+    # -- reading ---------------------------------------------------------------------
+
+    def has(self, key: str) -> bool:
+        with sqlite_errors(self.path, self.busy_timeout_s):
+            return self.con.execute("SELECT 1 FROM results WHERE config_hash = ?", (key,)).fetchone() is not None
+
+    def get(self, key: str) -> Optional[dict]:
+        rows = self._select("WHERE config_hash = ?", (key,))
+        return rows[0] if rows else None
+
+    def results(self, sweep_id: Optional[int] = None) -> list[dict]:
+        """Result rows, in the order their sweeps planned them (first sweep first, then grid order)."""
+        if sweep_id is None:
+            return self._select(
+                "LEFT JOIN (SELECT config_hash AS h, MIN(sweep_id) AS s, MIN(cell) AS c FROM sweep_cells "
+                "GROUP BY config_hash) ON h = config_hash ORDER BY s, c, config_hash", ())
+        return self._select("JOIN sweep_cells USING (config_hash) WHERE sweep_id = ? ORDER BY cell", (sweep_id,))
+
+    def sweeps(self) -> list[dict]:
+        with sqlite_errors(self.path, self.busy_timeout_s):
+            cur = self.con.execute("SELECT * FROM sweeps ORDER BY sweep_id")
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, r)) for r in cur.fetchall()]
+
+    def sweep_keys(self, sweep_id: int) -> list[str]:
+        with sqlite_errors(self.path, self.busy_timeout_s):
+            return [r[0] for r in self.con.execute(
+                "SELECT config_hash FROM sweep_cells WHERE sweep_id = ? ORDER BY cell", (sweep_id,))]
+
+    def _select(self, tail: str, params: tuple) -> list[dict]:
+        cols = ", ".join(f"results.{c}" for c in RESULT_COLUMNS)
+        with sqlite_errors(self.path, self.busy_timeout_s):
+            rows = self.con.execute(f"SELECT {cols} FROM results {tail}", params).fetchall()
+        return [decode_row(r) for r in rows]
+
+
+def decode_row(values: Sequence) -> dict:
+    return {c: (json.loads(v) if c in JSON_COLUMNS and v is not None else v) for c, v in zip(RESULT_COLUMNS, values)}
+
+
+def _check_header(target: pathlib.Path, shown) -> None:
+    """A file that exists and is not SQLite is refused (and left untouched)."""
+    try:
+        if target.is_file() and os.path.getsize(target) > 0:
+            with open(target, "rb") as fh:
+                head = fh.read(len(SQLITE_MAGIC))
+            if head != SQLITE_MAGIC:
+                raise ConfigError("--db", f"{shown} exists and is not a SQLite database; choose another file")
+    except OSError as exc:
+        raise ConfigError("--db", f"cannot read {shown}: {exc.strerror}") from None

@@ -1,0 +1,226 @@
+"""Layout search (``g5 best``): which split of the chips is best for this model, context and system?
+
+1. Enumerate every split of ``chips`` over the registered dimensions (:func:`enumerate_layouts`):
+   every ordered factorisation over the factor dimensions (dp, pp, cp, tp and any a
+   third-party plugin adds), and for each non-factor dimension (ep) every divisor of the
+   rank space it regroups. Nothing here names a strategy: the registry says what exists.
+2. Validate each layout and compute its memory ledger without simulating; a layout that
+   the plugins refuse (head limit, divisibility...) or that does not fit is excluded, with
+   its reason, grouped into families (the field or cause that excluded it).
+3. Simulate the rest through the sweep machinery and the results database, in parallel.
+4. Rank by the objective, and give the Pareto front of latency against per-chip memory.
+"""
+from __future__ import annotations
+
+import itertools
+import tempfile
+from typing import Mapping, Optional, Sequence
+
+import attrs
+
+from .config import disabled_from_config
+from .dimensions import DimensionRegistry, collect_dimensions
+from .errors import ConfigError, G5Error, PluginError
+from .memory import GIB
+from .plugins import Hooks, make_plugin_manager
+
+#: objective -> (column, best is the largest)
+OBJECTIVES = {"ttft": ("ttft_s", False), "tpot": ("tpot_s", False), "tokens_per_s_per_chip": ("tokens_per_s_per_chip", True)}
+OBJECTIVE_PHASE = {"ttft": "prefill", "tpot": "decode"}
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def factorizations(n: int, slots: int) -> list[tuple[int, ...]]:
+    """Every ordered tuple of ``slots`` positive integers whose product is ``n``."""
+    if slots == 0:
+        return [()] if n == 1 else []
+    if slots == 1:
+        return [(n,)]
+    return [(d,) + rest for d in divisors(n) for rest in factorizations(n // d, slots - 1)]
+
+
+def enumerate_layouts(chips: int, dims: DimensionRegistry) -> list[dict[str, int]]:
+    """Every split of ``chips`` over the registered dimensions, in a fixed order."""
+    factor_names = [d.name for d in dims.factors]
+    others = [d for d in dims.dims if not d.factor]
+    out = []
+    for split in factorizations(chips, len(factor_names)):
+        sizes = dict(zip(factor_names, split))
+        choices = []
+        for d in others:
+            space = 1
+            for r in d.regroups:
+                space *= sizes.get(r, 1)
+            choices.append([(d.name, v) for v in divisors(space)])
+        for combo in itertools.product(*choices):
+            out.append({**sizes, **dict(combo)})
+    return out
+
+
+def layout_label(parallel: Mapping[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in sorted(parallel.items()))
+
+
+@attrs.frozen
+class Exclusion:
+    parallel: dict
+    family: str            # "memory", a configuration field, or "plugin '<name>'"
+    reason: str
+    shortfall_bytes: float = 0.0
+
+
+@attrs.frozen
+class Candidate:
+    parallel: dict
+    latency_s: float
+    objective_value: float
+    fits: bool
+    max_total_bytes: float
+    tokens_per_s_per_chip: float
+
+    def to_json_dict(self) -> dict:
+        return {"parallel": dict(sorted(self.parallel.items())), "latency_s": self.latency_s, "fits": self.fits,
+                "max_total_bytes": self.max_total_bytes}
+
+
+@attrs.frozen
+class SearchResult:
+    objective: str
+    layouts: int
+    ranked: tuple[Candidate, ...]      # best first
+    pareto: tuple[Candidate, ...]      # by latency
+    excluded: tuple[Exclusion, ...]
+    sweep_id: int
+
+    def families(self) -> list[tuple[str, list[Exclusion]]]:
+        """Exclusions grouped by family, largest family first (then by name)."""
+        groups: dict[str, list[Exclusion]] = {}
+        for e in self.excluded:
+            groups.setdefault(e.family, []).append(e)
+        return sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+
+
+def _objective(objective: Optional[str], phase: str) -> str:
+    if objective is None:
+        return "ttft" if phase == "prefill" else "tpot"
+    if objective not in OBJECTIVES:
+        raise ConfigError("--objective", f"unknown objective {objective!r}; use {', '.join(OBJECTIVES)}")
+    need = OBJECTIVE_PHASE.get(objective)
+    if need and need != phase:
+        raise ConfigError("--objective", f"{objective} is a {need} metric but the configuration is {phase}; "
+                                         f"use {'ttft' if phase == 'prefill' else 'tpot'} or tokens_per_s_per_chip")
+    return objective
+
+
+def pareto_front(cands: Sequence[Candidate]) -> tuple[Candidate, ...]:
+    """Candidates no other beats on both latency and per-chip memory, by increasing latency."""
+    front = []
+    best_mem = float("inf")
+    for c in sorted(cands, key=lambda c: (c.latency_s, c.max_total_bytes, layout_label(c.parallel))):
+        if c.max_total_bytes < best_mem:
+            front.append(c)
+            best_mem = c.max_total_bytes
+    return tuple(front)
+
+
+def prefilter(raw: Mapping, layouts: Sequence[dict], disabled: Sequence[str] = (),
+              extra_plugins: Sequence = ()) -> tuple[list[dict], list[Exclusion]]:
+    """Split layouts into those to simulate and those excluded (invalid, or not fitting by the ledger)."""
+    from .memory import memory_report
+    from .run import make_plan
+
+    keep, excluded = [], []
+    for par in layouts:
+        try:
+            plan = make_plan(dict(raw, parallel=par), disabled, extra_plugins)
+        except ConfigError as exc:
+            excluded.append(Exclusion(par, exc.field or "configuration", str(exc)))
+            continue
+        except PluginError as exc:
+            excluded.append(Exclusion(par, f"plugin '{exc.plugin}'", str(exc)))
+            continue
+        mem = memory_report(plan.ctx)
+        if not mem.fits:
+            short = max(c.total_bytes - c.capacity_bytes for c in mem.per_chip)
+            excluded.append(Exclusion(par, "memory", mem.shortfall_summary(), shortfall_bytes=short))
+            continue
+        keep.append(par)
+    return keep, excluded
+
+
+def best_layouts(raw: Mapping, objective: Optional[str] = None, db_path=None, disabled: Sequence[str] = (),
+                 workers: int = 1, executor: str = "local", progress=None, extra_plugins: Sequence = (),
+                 inputs: Sequence = ()) -> SearchResult:
+    """Enumerate, pre-filter, simulate (through the sweep machinery) and rank every layout."""
+    from .sweep import run_sweep
+
+    phase = raw.get("phase")
+    objective = _objective(objective, phase)
+    names = tuple(dict.fromkeys(tuple(disabled) + disabled_from_config(raw)))
+    dims = collect_dimensions(Hooks(make_plugin_manager(disabled=names, extra_plugins=extra_plugins)))
+    chips = raw.get("chips")
+    if isinstance(chips, bool) or not isinstance(chips, int) or chips <= 0:
+        raise ConfigError("chips", f"must be a positive whole number, got {chips!r}")
+    layouts = enumerate_layouts(chips, dims)
+    keep, excluded = prefilter(raw, layouts, disabled, extra_plugins)
+    if not keep:
+        mem = [e for e in excluded if e.family == "memory"]
+        hint = (f"; the closest, {layout_label(min(mem, key=lambda e: e.shortfall_bytes).parallel)}, "
+                f"{min(mem, key=lambda e: e.shortfall_bytes).reason}") if mem else ""
+        raise G5Error(f"no layout of {chips} chips is valid and fits ({len(layouts)} tried){hint}")
+    base = dict(raw, parallel=keep[0])
+    grid = (("parallel", tuple(keep)),)
+    kwargs = dict(disabled=disabled, workers=workers, executor=executor, kind="best",
+                  options={"objective": objective}, progress=progress, extra_plugins=extra_plugins, inputs=inputs)
+    if db_path is None:
+        with tempfile.TemporaryDirectory(prefix="g5-best-") as tmp:
+            report = run_sweep(base, grid, f"{tmp}/best.db", **kwargs)
+    else:
+        report = run_sweep(base, grid, db_path, **kwargs)
+    column, largest = OBJECTIVES[objective]
+    cands = []
+    for row in report.rows:
+        if row["status"] != "ok":
+            excluded.append(Exclusion(row["point"]["parallel"], "simulation", row["error"]))
+            continue
+        cands.append(Candidate(parallel=row["point"]["parallel"], latency_s=row["latency_s"],
+                               objective_value=row[column], fits=bool(row["fits"]),
+                               max_total_bytes=row["max_total_bytes"],
+                               tokens_per_s_per_chip=row["tokens_per_s_per_chip"]))
+    sign = -1.0 if largest else 1.0
+    ranked = sorted(cands, key=lambda c: (sign * c.objective_value, c.max_total_bytes, layout_label(c.parallel)))
+    return SearchResult(objective=objective, layouts=len(layouts), ranked=tuple(ranked), pareto=pareto_front(cands),
+                        excluded=tuple(excluded), sweep_id=report.sweep_id)
+
+
+def render_best(result: SearchResult, top: int, fmt_s, fmt_bytes, table) -> str:
+    """The text of ``g5 best``: top K, the Pareto front, and why the others were excluded."""
+    obj_col = {"ttft": "TTFT", "tpot": "TPOT", "tokens_per_s_per_chip": "tokens/s/chip"}[result.objective]
+
+    def rows(cands, rank=True):
+        return [([i + 1] if rank else []) + [layout_label(c.parallel), fmt_s(c.latency_s),
+                                              f"{c.tokens_per_s_per_chip:.4g}", fmt_bytes(c.max_total_bytes)]
+                for i, c in enumerate(cands)]
+
+    head = ["parallel", "latency", "tokens/s/chip", "max memory per chip"]
+    simulated = len(result.ranked)
+    lines = [f"{result.layouts} layouts: {simulated} simulated, {len(result.excluded)} excluded; "
+             f"ranked by {obj_col} (best first)", table(rows(result.ranked[:top]), ["rank"] + head)]
+    lines += ["", "Pareto front (no other layout is both faster and lighter per chip):",
+              table(rows(result.pareto, rank=False), head)]
+    if result.excluded:
+        lines += ["", "excluded:"]
+        for family, members in result.families():
+            examples = ", ".join(f"[{layout_label(e.parallel)}]" for e in members[:3])
+            more = f" and {len(members) - 3} more" if len(members) > 3 else ""
+            if family == "memory":
+                lo = min(e.shortfall_bytes for e in members) / GIB
+                hi = max(e.shortfall_bytes for e in members) / GIB
+                by = f"{lo:.2f} GiB" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f} to {hi:.2f} GiB"
+                lines.append(f"  does not fit: {len(members)} layout(s), short by {by}: {examples}{more}")
+            else:
+                lines.append(f"  {family}: {len(members)} layout(s) ({examples}{more}); e.g. {members[0].reason}")
+    return "\n".join(lines)
