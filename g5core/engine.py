@@ -24,6 +24,7 @@ import attrs
 import numpy as np
 
 from .collective import PORTS_PER_CHIP, Lowering, Topology
+from .compute import LatencyLookup
 from .dag import ComputeOp, OpDag
 from .errors import DagError, G5Error, PluginError
 
@@ -57,6 +58,7 @@ class CompiledDag:
     flow_dst_port: tuple
     flow_bytes: tuple
     port_capacity: tuple
+    compute: LatencyLookup = attrs.field(default=None, repr=False)  # where each compute time came from
 
 
 def compile_dag(dag: OpDag, plan) -> CompiledDag:
@@ -65,7 +67,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     topo: Topology = ctx.topology
     hooks = plan.hooks
     n = len(dag.ops)
-    latency_cache: dict = {}
+    compute = LatencyLookup(hooks, ctx.system, ctx.deployment)
     lowering_cache: dict = {}
     port_cache: dict = {}
     is_comm, chip, dur, fl = [False] * n, [-1] * n, [0.0] * n, [0.0] * n
@@ -74,18 +76,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     for i, op in enumerate(dag.ops):
         flow_ptr[i] = len(fbytes)
         if type(op) is ComputeOp:
-            key = (op.op_class, op.flops, op.hbm_bytes, op.dtype)
-            d = latency_cache.get(key)
-            if d is None:
-                answer = hooks.call_first("g5_compute_latency", op=op, system=ctx.system, deployment=ctx.deployment)
-                if answer is None:
-                    raise DagError(f"no enabled plugin gives the compute latency of {op.key} "
-                                   f"(class {op.op_class}); enable the roofline plugin")
-                plugin, d = answer
-                if not (isinstance(d, (int, float)) and d >= 0 and math.isfinite(d)):
-                    raise PluginError(plugin, f"g5_compute_latency returned {d!r} for {op.key}; need seconds >= 0")
-                d = float(d)
-                latency_cache[key] = d
+            d = compute.seconds(op)
             chip[i], dur[i], fl[i] = op.chip, d, float(op.flops)
         else:
             is_comm[i] = True
@@ -138,7 +129,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
         pred_count=tuple(pred_count), edges_u=np.asarray(eu, dtype=np.int64), edges_v=np.asarray(ev, dtype=np.int64),
         flow_ptr=tuple(flow_ptr), flow_op=tuple(fop), flow_src=tuple(fsrc), flow_dst=tuple(fdst), flow_src_port=tuple(fsp),
         flow_dst_port=tuple(fdp), flow_bytes=tuple(fbytes),
-        port_capacity=tuple(topo.port_capacity(p) for p in range(n_ports)),
+        port_capacity=tuple(topo.port_capacity(p) for p in range(n_ports)), compute=compute,
     )
 
 

@@ -63,10 +63,15 @@ def prefill_attention(
     return flops, attention_block_bytes(batch, seq, seq, n_heads, d_qk, d_v, kv_bytes_per_token, act_bytes)
 
 
+def block_attention_flops(batch: float, q_len: float, kv_len: float, n_heads: float, d_qk: float, d_v: float) -> float:
+    """FLOPs of an unmasked ``q_len x kv_len`` attention block (``QK^T`` and ``PV``)."""
+    return 2.0 * batch * q_len * kv_len * n_heads * (d_qk + d_v)
+
+
 def decode_attention(
     batch: float, kv_len: float, n_heads: float, d_qk: float, d_v: float, kv_bytes_per_token: float, act_bytes: float
 ) -> tuple[float, float]:
-    flops = 2.0 * batch * kv_len * n_heads * (d_qk + d_v)
+    flops = block_attention_flops(batch, 1, kv_len, n_heads, d_qk, d_v)
     return flops, attention_block_bytes(batch, 1, kv_len, n_heads, d_qk, d_v, kv_bytes_per_token, act_bytes)
 
 

@@ -15,6 +15,7 @@ import attrs
 
 from .build import Plan, expand
 from .collective import Topology
+from .compute import LatencyLookup
 from .dag import CommOp, ComputeOp
 from .errors import DagError
 from .layers import build_program
@@ -49,7 +50,7 @@ def alpha_beta_s(op: CommOp, plan: Plan, cache: dict) -> float:
 
 def math_estimate(plan: Plan) -> MathResult:
     ctx = plan.ctx
-    latency_cache: dict = {}
+    lookup = LatencyLookup(plan.hooks, ctx.system, ctx.deployment)
     comm_cache: dict = {}
     total = compute_total = comm_total = 0.0
     for lop in build_program(ctx.model):
@@ -58,14 +59,7 @@ def math_estimate(plan: Plan) -> MathResult:
         comm: dict[int, float] = {}
         for op in frag.ops:
             if isinstance(op, ComputeOp):
-                key = (op.op_class, op.flops, op.hbm_bytes, op.dtype)
-                if key not in latency_cache:
-                    answer = plan.hooks.call_first("g5_compute_latency", op=op, system=ctx.system,
-                                                   deployment=ctx.deployment)
-                    if answer is None:
-                        raise DagError(f"no enabled plugin gives the compute latency of {op.key}; enable the roofline plugin")
-                    latency_cache[key] = float(answer[1])
-                compute[op.chip] = compute.get(op.chip, 0.0) + latency_cache[key]
+                compute[op.chip] = compute.get(op.chip, 0.0) + lookup.seconds(op)
             else:
                 t = alpha_beta_s(op, plan, comm_cache)
                 for c in op.group:

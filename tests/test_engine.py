@@ -243,7 +243,7 @@ def test_networkx_view_follows_ops_and_edges_added_after_it_was_built():
     from g5core.dag import ComputeOp, OpDag
 
     def op(key, chip=0):
-        return ComputeOp(key=key, chip=chip, op_class="gemm", flops=1.0, hbm_bytes=1.0, layer=0, name="x", dtype="bf16")
+        return ComputeOp(key=key, chip=chip, op_class="gemm", flops=1.0, hbm_bytes=1.0, layer=0, name="x", dtype="bf16", kernels=())
 
     dag = OpDag()
     dag.add_op(op("a@c0"))
