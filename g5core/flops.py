@@ -42,6 +42,12 @@ def elementwise(tokens: float, width: float, act_bytes: float) -> tuple[float, f
     return ELEMENTWISE_FLOPS_PER_ELEMENT * elements, 2.0 * elements * act_bytes
 
 
+def residual_add(tokens: float, width: float, act_bytes: float) -> tuple[float, float]:
+    """``x + residual``: one FLOP per element; reads two tensors, writes one."""
+    elements = tokens * width
+    return elements, 3.0 * elements * act_bytes
+
+
 def causal_attention_flops(batch: float, seq: float, n_heads: float, d_qk: float, d_v: float) -> float:
     """F_attn: FLOPs of one layer's causal self-attention over ``seq`` tokens."""
     return batch * seq * seq * n_heads * (d_qk + d_v)

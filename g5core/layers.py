@@ -180,6 +180,17 @@ def projection_kernels(model: ModelSpec, shape: LocalShape, kind: str, tokens: f
     return tuple(out)
 
 
+def rotary_kernel(model: ModelSpec, shape: LocalShape, act_bytes: float) -> Elementwise:
+    """Rotary embedding of the local queries and keys (MLA: the rope part of each query head
+    and the one shared rope key), a memory-bound kernel after the QKV projection."""
+    a = model.attention
+    if a.kind == "mla":
+        width = (shape.q_heads + 1) * a.qk_rope_head_dim
+    else:
+        width = (shape.q_heads + shape.kv_heads) * a.head_dim
+    return Elementwise(tokens=shape.tokens, width=width, kind="rotary", act_bytes=act_bytes)
+
+
 def ffn_kernels(tokens: float, hidden: float, cols: float, weight_bytes: float, act_bytes: float,
                 groups: float = 1.0) -> tuple[Gemm, ...]:
     """A gated FFN (or ``groups`` experts of one): the fused gate/up GEMM, then the down GEMM."""
@@ -206,8 +217,11 @@ def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: Loc
     if kind in ("attn_norm", "ffn_norm", "final_norm"):
         tokens = _head_tokens(deployment, shape) if kind == "final_norm" else shape.norm_tokens
         fl, hb = F.elementwise(tokens, d, act)
+        # the residual add of the block before the norm runs as its own kernel (layer 0's
+        # attn_norm has none in the model; it is counted there too, one small kernel)
         return Work(op_class="elementwise", flops=fl, hbm_bytes=hb, weight_class="", weight_elements=welems,
-                    kernels=(Elementwise(tokens=tokens, width=d, kind="rmsnorm", act_bytes=act),))
+                    kernels=(Elementwise(tokens=tokens, width=d, kind="residual_add", act_bytes=act),
+                             Elementwise(tokens=tokens, width=d, kind="rmsnorm", act_bytes=act)))
     if kind == "lm_head":
         tokens = _head_tokens(deployment, shape)
         fl, hb = F.gemm(tokens, d, shape.vocab, wbytes, act)
@@ -220,7 +234,8 @@ def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: Loc
             f1, h1 = F.gemm(shape.tokens, i, o, wbytes, act)
             fl, hb = fl + f1, hb + h1
         return Work(op_class="gemm", flops=fl, hbm_bytes=hb, weight_class=wclass, weight_elements=welems,
-                    kernels=projection_kernels(model, shape, kind, shape.tokens, wbytes, act))
+                    kernels=projection_kernels(model, shape, kind, shape.tokens, wbytes, act)
+                    + ((rotary_kernel(model, shape, act),) if kind == "qkv_proj" else ()))
     if kind == "attention":
         block = "decode" if deployment.phase == "decode" else "causal"
         fl, hb = attention_work(model, deployment, shape, shape.q_tokens, shape.kv_len)

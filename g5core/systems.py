@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping
 import attrs
 import yaml
 
+from .compute import ComputeModel, Profile
 from .dtypes import BYTES_PER_ELEMENT
 from .errors import ConfigError, suggest
 
@@ -176,6 +177,18 @@ def _efficiency_map(instance, attribute, value) -> None:
             raise ConfigError(f"{field}.{key}", f"expected a fraction in (0, 1], got {_describe(v)}")
 
 
+def _to_compute_model(value: Any) -> Any:
+    return value if value is None or isinstance(value, ComputeModel) else ComputeModel.from_mapping(value)
+
+
+def _to_profile(value: Any) -> Any:
+    return value if value is None or isinstance(value, Profile) else Profile.from_mapping(value)
+
+
+#: Fields a system file may leave out (each documented on SystemSpec).
+OPTIONAL_KEYS: tuple[str, ...] = ("compute_model", "profile")
+
+
 # ---------------------------------------------------------------------------------------
 # The spec
 # ---------------------------------------------------------------------------------------
@@ -205,6 +218,10 @@ class SystemSpec:
     efficiency: Mapping[str, float] = attrs.field(
         converter=_to_frozen_float_map, validator=_efficiency_map
     )
+    #: optional: the size-aware roofline's parameters (without it: the flat roofline)
+    compute_model: ComputeModel | None = attrs.field(default=None, converter=_to_compute_model)
+    #: optional: a measured per-op table set, e.g. {source: aiconfigurator, gpu: h100_sxm, framework: trtllm}
+    profile: Profile | None = attrs.field(default=None, converter=_to_profile)
 
     # -- lookups ---------------------------------------------------------------------
 
@@ -239,6 +256,10 @@ class SystemSpec:
         out = attrs.asdict(self, recurse=False)
         out["peak_flops_per_s"] = dict(self.peak_flops_per_s)
         out["efficiency"] = dict(self.efficiency)
+        for key in OPTIONAL_KEYS:
+            value = out.pop(key)
+            if value is not None:
+                out[key] = value.to_dict()
         return out
 
     # -- loading ---------------------------------------------------------------------
@@ -258,7 +279,7 @@ class SystemSpec:
                     f"system.{key}",
                     f"unknown key{suggest(str(key), valid)}{where}; valid keys: {', '.join(valid)}",
                 )
-        missing = [k for k in valid if k not in data]
+        missing = [k for k in valid if k not in data and k not in OPTIONAL_KEYS]
         if missing:
             raise ConfigError(
                 f"system.{missing[0]}",
@@ -266,7 +287,7 @@ class SystemSpec:
                 + (f" (also missing: {', '.join(missing[1:])})" if len(missing) > 1 else ""),
             )
         try:
-            return cls(**{k: data[k] for k in valid})
+            return cls(**{k: data[k] for k in valid if k in data})
         except ConfigError as exc:
             if not where:
                 raise
