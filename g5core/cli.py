@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from .compute import render_compute
 from .errors import G5Error
 from .memory import GIB
 
@@ -140,6 +141,10 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
                                        "hidden"]))
         else:
             lines.append("  none")
+    report = out.sim.compute if out.sim is not None else out.math.compute
+    if report:
+        lines.append("")
+        lines.extend(render_compute(report))
     mem = out.memory
     lines.append("")
     worst = max(mem.per_chip, key=lambda c: (c.total_bytes, -c.chip))

@@ -195,22 +195,23 @@ class LatencyLookup:
         return source, measured
 
 
-def coverage_report(ops, duration_s, lookup: LatencyLookup, system, latency_s: float, n_chips: int) -> dict:
+def coverage_report(timed_ops, system, latency_s: float, n_chips: int, lookup: LatencyLookup) -> dict:
     """Where the compute time came from, and what the chips achieved.
 
-    ``coverage``: per op class and overall, the share of compute time (summed over every
-    chip's ops) answered from measurements and from the roofline (or another plugin).
-    ``per_chip``: each chip's executed FLOPs over the run's latency (achieved TFLOP/s) and
-    its MFU, ``sum(op FLOPs / dense peak of the op's dtype) / latency``.
+    ``timed_ops``: (compute op, seconds) for every compute op run. ``coverage``: per op class
+    and overall (``all``), the share of compute time (summed over every chip's ops) answered
+    from measurements and from the roofline (or another plugin, by name), and the seconds.
+    ``per_chip``: each chip's FLOPs over the run's latency (achieved TFLOP/s) and its MFU,
+    ``sum(op FLOPs / dense peak of the op's dtype) / latency``.
     """
     by_class: dict[str, dict[str, float]] = {}
     chip_flops = [0.0] * n_chips
     chip_peak_s = [0.0] * n_chips
-    for op, d in zip(ops, duration_s):
+    for op, seconds in timed_ops:
         source, measured = lookup.source(op)
         row = by_class.setdefault(op.op_class, {})
         row[MEASURED] = row.get(MEASURED, 0.0) + measured
-        row[source] = row.get(source, 0.0) + (d - measured)
+        row[source] = row.get(source, 0.0) + (seconds - measured)
         chip_flops[op.chip] += op.flops
         if op.flops:
             chip_peak_s[op.chip] += op.flops / system.peak_flops(op.dtype)
@@ -223,6 +224,7 @@ def coverage_report(ops, duration_s, lookup: LatencyLookup, system, latency_s: f
         s = math.fsum(row.values())
         out = {k: (v / s if s > 0 else 0.0) for k, v in sorted(row.items())}
         out.setdefault(MEASURED, 0.0)
+        out.setdefault(ROOFLINE, 0.0)
         out["compute_s"] = s
         return out
 
@@ -230,8 +232,30 @@ def coverage_report(ops, duration_s, lookup: LatencyLookup, system, latency_s: f
                  "achieved_tflops": (chip_flops[c] / latency_s / 1e12) if latency_s > 0 else 0.0,
                  "mfu": (chip_peak_s[c] / latency_s) if latency_s > 0 else 0.0}
                 for c in range(n_chips)]
-    return {"coverage": {"all": shares(total), **{k: shares(v) for k, v in sorted(by_class.items())}},
+    model = "size-aware roofline" if system.compute_model is not None else \
+        "flat roofline (the system file has no compute_model block)"
+    return {"model": model,
+            "profile": system.profile.to_dict() if system.profile is not None else None,
+            "coverage": {"all": shares(total), **{k: shares(v) for k, v in sorted(by_class.items())}},
             "per_chip": per_chip}
+
+
+def render_compute(report: dict) -> list[str]:
+    """Summary lines of a :func:`coverage_report`."""
+    cov = report["coverage"]
+    prof = report["profile"]
+    where = f"profile {prof['source']}/{prof['gpu']}/{prof['framework']}" if prof else "no measured profile"
+    parts = ", ".join(f"{k} {100 * v[MEASURED]:.0f}%" for k, v in cov.items() if k != "all")
+    lines = [f"compute time: {100 * cov['all'][MEASURED]:.1f}% measured ({where}), "
+             f"{100 * (1 - cov['all'][MEASURED]):.1f}% {report['model']}; measured by class: {parts or 'none'}"]
+    chips = report["per_chip"]
+    if chips:
+        best = max(chips, key=lambda c: (c["mfu"], -c["chip"]))
+        low = min(chips, key=lambda c: (c["mfu"], c["chip"]))
+        lines.append(f"achieved per chip: {best['achieved_tflops']:.1f} TFLOP/s, MFU {100 * best['mfu']:.1f}% "
+                     f"(chip {best['chip']}; lowest: chip {low['chip']}, {low['achieved_tflops']:.1f} TFLOP/s, "
+                     f"MFU {100 * low['mfu']:.1f}%)")
+    return lines
 
 
 def scaled_kernel(kernel: Kernel, factor: float) -> Kernel:

@@ -15,7 +15,7 @@ import attrs
 
 from .build import Plan, expand
 from .collective import Topology
-from .compute import LatencyLookup
+from .compute import LatencyLookup, coverage_report
 from .dag import CommOp, ComputeOp
 from .errors import DagError
 from .layers import build_program
@@ -27,11 +27,12 @@ class MathResult:
     latency_s: float
     compute_s: float
     comm_s: float
+    compute: dict = attrs.field(factory=dict)  # g5core.compute.coverage_report
 
     def to_json_dict(self) -> dict:
         key = "ttft_s" if self.phase == "prefill" else "tpot_s"
         return {"phase": self.phase, "latency_s": self.latency_s, key: self.latency_s,
-                "compute_s": self.compute_s, "comm_s": self.comm_s}
+                "compute_s": self.compute_s, "comm_s": self.comm_s, "compute": self.compute}
 
 
 def alpha_beta_s(op: CommOp, plan: Plan, cache: dict) -> float:
@@ -53,13 +54,16 @@ def math_estimate(plan: Plan) -> MathResult:
     lookup = LatencyLookup(plan.hooks, ctx.system, ctx.deployment)
     comm_cache: dict = {}
     total = compute_total = comm_total = 0.0
+    timed = []
     for lop in build_program(ctx.model):
         _, frag = expand(ctx, lop)
         compute: dict[int, float] = {}
         comm: dict[int, float] = {}
         for op in frag.ops:
             if isinstance(op, ComputeOp):
-                compute[op.chip] = compute.get(op.chip, 0.0) + lookup.seconds(op)
+                seconds = lookup.seconds(op)
+                timed.append((op, seconds))
+                compute[op.chip] = compute.get(op.chip, 0.0) + seconds
             else:
                 t = alpha_beta_s(op, plan, comm_cache)
                 for c in op.group:
@@ -73,4 +77,5 @@ def math_estimate(plan: Plan) -> MathResult:
         comm_total += m_s
     if not math.isfinite(total):
         raise DagError("the Math path produced a non-finite latency")
-    return MathResult(phase=ctx.deployment.phase, latency_s=total, compute_s=compute_total, comm_s=comm_total)
+    return MathResult(phase=ctx.deployment.phase, latency_s=total, compute_s=compute_total, comm_s=comm_total,
+                      compute=coverage_report(timed, ctx.system, total, ctx.rankmap.chips, lookup))

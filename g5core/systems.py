@@ -320,7 +320,24 @@ class SystemSpec:
                 f"'{source}' must hold one system as a mapping of fields "
                 f"(name, chips_per_node, ...), got {_describe(data)}",
             )
+        if "base" in data:
+            data = _with_base(data, source)
         return cls.from_dict(data, source=source)
+
+
+def _with_base(data: Mapping, source: str) -> dict:
+    """``base: NAME-OR-PATH``: every field of that system, then this file's own keys over
+    it (a path is relative to this file). Lets a file add a ``profile`` or change a few
+    figures of a shipped system without copying the rest."""
+    base = data["base"]
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError("system.base", f"expected a system name or a path to a system file, got "
+                                         f"{_describe(base)} (in {source})")
+    if base not in CATALOG_NAMES and not os.path.isabs(base) and not source.startswith("<"):
+        base = str(Path(source).parent / base)
+    merged = get_system(base).to_dict()
+    merged.update({k: v for k, v in data.items() if k != "base"})
+    return merged
 
 
 class _Loader(yaml.SafeLoader):

@@ -116,8 +116,9 @@ class Grid:
         logs = np.log(frame[value].to_numpy(dtype=float))
         sums = np.bincount(flat, weights=logs, minlength=int(np.prod(shape)))
         counts = np.bincount(flat, minlength=int(np.prod(shape)))
+        raw = np.bincount(flat, weights=frame[value].to_numpy(dtype=float), minlength=int(np.prod(shape)))
         with np.errstate(invalid="ignore", divide="ignore"):
-            values = np.exp(sums / counts)
+            values = np.where(counts == 1, raw, np.exp(sums / counts))
         values[counts == 0] = np.nan
         return cls(tuple(coords), values.reshape(shape))
 
