@@ -300,3 +300,30 @@ def plugins_cmd(disabled):
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+@main.command("validate")
+@click.argument("measured", type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a configuration value in every row, e.g. --set system=h100-sxm (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+def validate_cmd(measured, overrides, as_json):
+    """Compare G5 with measured TTFT/TPOT rows of MEASURED.csv (config, set, metric, measured_ms, source)."""
+    from .validate import render_validate, validate
+    report = validate(measured, overrides)
+    click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_validate(report))
+
+
+@main.command("calibrate")
+@click.argument("measured", type=click.Path(dir_okay=False))
+@click.option("--fit", "fit", required=True, metavar="KEY[,KEY...]",
+              help="System parameters to fit (dotted keys), e.g. compute_model.hbm_fraction,launch_overhead_s.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="System file to write (never overwritten).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
+def calibrate_cmd(measured, fit, output, as_json):
+    """Fit system parameters to MEASURED.csv by bounded least squares on log error."""
+    from .validate import calibrate, render_calibrate
+    report = calibrate(measured, fit.split(","), output, say=lambda line: click.echo(line, err=True)
+                       if sys.stderr.isatty() else None)
+    click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_calibrate(report))
