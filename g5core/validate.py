@@ -160,8 +160,8 @@ def render_validate(report: dict) -> str:
 # calibrate
 # ----------------------------------------------------------------------------------------
 
-# A fitted parameter has no effect when no row's log prediction moves by more than this
-# when the parameter moves by its own scale (finite-difference Jacobian column).
+# A parameter is not identifiable from the rows when no row's log prediction moves by more
+# than this when the parameter moves by 1% of itself; it is left out of the fit and reported.
 UNIDENTIFIABLE_SENSITIVITY = 1e-6
 
 
@@ -273,34 +273,48 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
             cache[key] = [predict_ms(r, csv_path, path) for r in rows]
         return cache[key]
 
-    def residuals(x, use) -> list[float]:
+    def residuals(x, use) -> list[float]:  # log error of the rows in use
         pred = predictions(x)
         return [math.log(pred[i] / rows[i].measured_ms) for i in use]
 
-    def fit(use):
-        res = least_squares(residuals, x0, args=(use,), bounds=(lo, hi), x_scale=scale, diff_step=1e-3,
-                            xtol=1e-10, ftol=1e-10, gtol=1e-10, max_nfev=200)
-        return res
+    def with_free(free_x, free):
+        x = list(x0)
+        for j, v in zip(free, free_x):
+            x[j] = v
+        return x
+
+    def fit(use, free):
+        res = least_squares(lambda fx: residuals(with_free(fx, free), use), [x0[j] for j in free],
+                            bounds=([lo[j] for j in free], [hi[j] for j in free]), x_scale=[scale[j] for j in free],
+                            diff_step=1e-3, xtol=1e-10, ftol=1e-10, gtol=1e-10, max_nfev=200)
+        return with_free(res.x, free)
+
+    def moves(j) -> bool:
+        """Does any row's prediction change when parameter j moves by 1% of itself?"""
+        x = list(x0)
+        x[j] = x0[j] * 0.99 if x0[j] * 0.99 >= lo[j] else x0[j] * 1.01
+        if x[j] == x0[j]:
+            x[j] = (lo[j] + hi[j]) / 2
+        base, moved = predictions(x0), predictions(x)
+        return any(abs(math.log(m / b)) > UNIDENTIFIABLE_SENSITIVITY for m, b in zip(moved, base))
 
     try:
         everything = list(range(len(rows)))
-        res = fit(everything)
-        pred = predictions(res.x)
-        jac = res.jac
-        unidentifiable = [k for j, k in enumerate(keys)
-                          if max((abs(jac[i][j]) * scale[j] for i in range(len(rows))), default=0.0)
-                          <= UNIDENTIFIABLE_SENSITIVITY]
+        free = [j for j in range(len(keys)) if moves(j)]
+        unidentifiable = [keys[j] for j in range(len(keys)) if j not in free]
+        x_fit = fit(everything, free) if free else list(x0)
+        pred = predictions(x_fit)
         loo = []
         if leave_one_out and len(rows) > 1:
             for i in everything:
                 say(f"leave-one-out: refitting without row {rows[i].number}")
-                r = fit([j for j in everything if j != i])
-                loo.append(error_pct(predictions(r.x)[i], rows[i].measured_ms))
+                x_i = fit([j for j in everything if j != i], free) if free else list(x0)
+                loo.append(error_pct(predictions(x_i)[i], rows[i].measured_ms))
     finally:
         for f in pathlib.Path(workdir).glob("*.yaml"):
             f.unlink()
         os.rmdir(workdir)
-    fitted = {k: float(v) for k, v in zip(keys, res.x)}
+    fitted = {k: float(v) for k, v in zip(keys, x_fit)}
     out_rows = [{"row": r.number, "config": r.label, "measured_ms": r.measured_ms, "predicted_ms": p,
                  "error_pct": error_pct(p, r.measured_ms), "log_residual": math.log(p / r.measured_ms),
                  **({"loo_error_pct": loo[i]} if loo else {})}
