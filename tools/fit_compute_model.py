@@ -2,6 +2,7 @@
 per-op tables (kernel microbenchmarks). Prints, per GPU, the figures cited in the files.
 
     python tools/fit_compute_model.py            # needs the g5[measured] extra
+    python tools/fit_compute_model.py --check    # the size-aware roofline's error against the tables
 
 Figures: best achieved fraction of dense peak of large GEMMs per dtype; best achieved
 fraction of HBM bandwidth of weight-bound GEMMs (m <= 16) and of decode attention; the
@@ -60,5 +61,34 @@ def main() -> int:
     return 0
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and "--check" not in sys.argv:
     sys.exit(main())
+
+
+def roofline_vs_tables(system_name: str = "h100-sxm", gpu: str = "h100_sxm") -> dict:
+    """Median and 90th-percentile |error| of the size-aware roofline against the tables'
+    bf16 GEMMs and bf16 context attentions (head_dim 128, no window)."""
+    from g5core.compute import Attention, Gemm
+    from g5core.systems import get_system
+    from g5plugins.roofline import kernel_latency_s
+    system = get_system(system_name)
+    g = table_frame(gpu, "trtllm", "gemm")
+    g = g[g.gemm_dtype == "bfloat16"]
+    err = [kernel_latency_s(Gemm(m=m, n=n, k=k, weight_bytes=2, act_bytes=2), "bf16", system) * 1e3 / lat - 1
+           for m, n, k, lat in zip(g.m, g.n, g.k, g.latency)]
+    c = table_frame(gpu, "trtllm", "context_attention")
+    c = c[(c.attn_dtype == "bfloat16") & (c.kv_cache_dtype == "bfloat16") & (c.window_size == 0) & (c.head_dim == 128)]
+    aerr = [kernel_latency_s(Attention(batch=b, q_len=s, kv_len=s, heads=h, kv_heads=hk, d_qk=128, d_v=128,
+                                       block="causal", kv_bytes_per_token=hk * 512, act_bytes=2), "bf16", system)
+            * 1e3 / lat - 1 for b, s, h, hk, lat in zip(c.batch_size, c.isl, c.num_heads, c.num_key_value_heads,
+                                                        c.latency)]
+    out = {}
+    for name, e in (("gemm", err), ("context_attention", aerr)):
+        a = np.abs(np.asarray(e))
+        out[name] = {"rows": len(a), "median_abs_error": round(float(np.median(a)), 3),
+                     "p90_abs_error": round(float(np.percentile(a, 90)), 3)}
+    return out
+
+
+if __name__ == "__main__" and "--check" in sys.argv:
+    print("size-aware roofline vs h100_sxm tables:", roofline_vs_tables())
