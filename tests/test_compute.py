@@ -270,3 +270,15 @@ def test_math_path_reports_the_same_coverage(aic_system_file):
     sim = run(raw).sim.compute["coverage"]["all"]
     math_cov = run(dict(raw, path="math")).math.compute["coverage"]["all"]
     assert math_cov["measured"] == pytest.approx(sim["measured"], rel=1e-12)
+
+
+def test_run_summary_reports_coverage_and_achieved_flops(tmp_path, aic_system_file):
+    from click.testing import CliRunner
+    from g5core.cli import main
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(_cfg(system=aic_system_file)))
+    out = CliRunner().invoke(main, ["run", str(cfg)])
+    assert out.exit_code == 0, out.output
+    line = next(x for x in out.output.splitlines() if x.startswith("compute time:"))
+    assert "measured (profile aiconfigurator/h100_sxm/trtllm)" in line and "elementwise 0%" in line
+    assert any(x.startswith("achieved per chip:") and "MFU" in x for x in out.output.splitlines())
