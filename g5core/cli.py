@@ -309,7 +309,7 @@ if __name__ == "__main__":  # pragma: no cover
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def validate_cmd(measured, overrides, as_json):
     """Compare G5 with measured TTFT/TPOT rows of MEASURED.csv (config, set, metric, measured_ms, source)."""
-    from .validate import render_validate, validate
+    from .validate import validate
     report = validate(measured, overrides)
     click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_validate(report))
 
@@ -323,7 +323,32 @@ def validate_cmd(measured, overrides, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
 def calibrate_cmd(measured, fit, output, as_json):
     """Fit system parameters to MEASURED.csv by bounded least squares on log error."""
-    from .validate import calibrate, render_calibrate
+    from .validate import calibrate
     report = calibrate(measured, fit.split(","), output, say=lambda line: click.echo(line, err=True)
                        if sys.stderr.isatty() else None)
     click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_calibrate(report))
+
+
+def render_validate(report: dict) -> str:
+    rows = [[r["row"], r["config"], r["metric"], f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}",
+             f"{r['error_pct']:+.1f}%", r["source"][:60]] for r in report["rows"]]
+    lines = [_table(rows, ["row", "config", "metric", "measured ms", "predicted ms", "error", "source"]), "",
+             f"MAPE {report['mape_pct']:.1f}% over {len(rows)} rows; worst: row {report['worst_row']} "
+             f"({report['worst_error_pct']:+.1f}%)"]
+    return "\n".join(lines)
+
+
+def render_calibrate(report: dict) -> str:
+    lines = [f"fitted on system {report['system']} (bounded least squares on log error):"]
+    for k, v in report["fitted"].items():
+        note = "  NOT identifiable from these rows (no row depends on it)" if k in report["unidentifiable"] else ""
+        lines.append(f"  {k}: {report['start'][k]:.6g} -> {v:.6g}{note}")
+    has_loo = report["loo_mape_pct"] is not None
+    rows = [[r["row"], r["config"], f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}", f"{r['error_pct']:+.2f}%"]
+            + ([f"{r['loo_error_pct']:+.2f}%"] if has_loo else []) for r in report["rows"]]
+    lines += ["", _table(rows, ["row", "config", "measured ms", "fitted ms", "residual"]
+                         + (["leave-one-out"] if has_loo else [])), ""]
+    lines.append(f"rms log error {report['rms_log_error']:.4f}"
+                 + (f"; leave-one-out MAPE {report['loo_mape_pct']:.2f}%" if has_loo else ""))
+    lines.append(f"written to {report['output']}")
+    return "\n".join(lines)

@@ -304,7 +304,7 @@ def _cm_positive(field: str, v, integer: bool = False) -> float:
 
 @attrs.frozen(kw_only=True)
 class ComputeModel:
-    """Parameters of the size-aware roofline (``plugins/roofline`` documents the formulas).
+    """Parameters of the size-aware roofline (:mod:`g5core.roofline` documents the formulas).
 
     All required when the block is given; a system file without the block runs the flat
     roofline (``efficiency`` per op class) and the run output says so.

@@ -146,16 +146,6 @@ def validate(csv_path, overrides: Sequence[str] = ()) -> dict:
     return {"rows": out, "mape_pct": mape, "worst_row": worst["row"], "worst_error_pct": worst["error_pct"]}
 
 
-def render_validate(report: dict) -> str:
-    from .cli import _table  # one table renderer for the whole command line
-    rows = [[r["row"], r["config"], r["metric"], f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}",
-             f"{r['error_pct']:+.1f}%", r["source"][:60]] for r in report["rows"]]
-    lines = [_table(rows, ["row", "config", "metric", "measured ms", "predicted ms", "error", "source"]), "",
-             f"MAPE {report['mape_pct']:.1f}% over {len(rows)} rows; worst: row {report['worst_row']} "
-             f"({report['worst_error_pct']:+.1f}%)"]
-    return "\n".join(lines)
-
-
 # ----------------------------------------------------------------------------------------
 # calibrate
 # ----------------------------------------------------------------------------------------
@@ -337,20 +327,3 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
             "rms_log_error": rms, "unidentifiable": unidentifiable,
             "loo_mape_pct": (math.fsum(abs(e) for e in loo) / len(loo)) if loo else None,
             "output": str(out_path)}
-
-
-def render_calibrate(report: dict) -> str:
-    from .cli import _table
-    lines = [f"fitted on system {report['system']} (bounded least squares on log error):"]
-    for k, v in report["fitted"].items():
-        note = "  NOT identifiable from these rows (no row depends on it)" if k in report["unidentifiable"] else ""
-        lines.append(f"  {k}: {report['start'][k]:.6g} -> {v:.6g}{note}")
-    has_loo = report["loo_mape_pct"] is not None
-    rows = [[r["row"], r["config"], f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}", f"{r['error_pct']:+.2f}%"]
-            + ([f"{r['loo_error_pct']:+.2f}%"] if has_loo else []) for r in report["rows"]]
-    lines += ["", _table(rows, ["row", "config", "measured ms", "fitted ms", "residual"]
-                         + (["leave-one-out"] if has_loo else [])), ""]
-    lines.append(f"rms log error {report['rms_log_error']:.4f}"
-                 + (f"; leave-one-out MAPE {report['loo_mape_pct']:.2f}%" if has_loo else ""))
-    lines.append(f"written to {report['output']}")
-    return "\n".join(lines)

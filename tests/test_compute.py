@@ -16,7 +16,7 @@ from g5core.run import make_plan, run, simulate
 from g5core.systems import SystemSpec, get_system
 from g5plugins import measured as M
 from g5plugins.measured import tables as T
-from g5plugins.roofline import gemm_padded_flops, kernel_latency_s, op_latency_s
+from g5core.roofline import gemm_padded_flops, kernel_latency_s, op_latency_s
 
 H100 = get_system("h100-sxm")
 PROFILE = Profile(source="aiconfigurator", gpu="h100_sxm", framework="trtllm")
@@ -246,8 +246,8 @@ def test_measured_run_reports_coverage_and_achieved_flops(aic_system_file):
 def test_without_the_extra_a_clear_warning_and_the_roofline(aic_system_file, monkeypatch):
     real = T.find_spec
     monkeypatch.setattr(T, "find_spec", lambda name: None if name == "aiconfigurator_core" else real(name))
-    M._warn_missing.cache_clear()
-    M._check_profile.cache_clear()
+    M.warn_missing.cache_clear()
+    M.check_profile.cache_clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = run(_cfg(system=aic_system_file))
@@ -255,7 +255,7 @@ def test_without_the_extra_a_clear_warning_and_the_roofline(aic_system_file, mon
     assert any("g5[measured]" in m and "aiconfigurator_core not installed" in m for m in msgs), msgs
     assert out.sim.compute["coverage"]["all"]["measured"] == 0.0
     assert out.latency_s == run(_cfg()).latency_s
-    M._check_profile.cache_clear()
+    M.check_profile.cache_clear()
 
 
 def test_unknown_profile_gpu_is_a_config_error(tmp_path):

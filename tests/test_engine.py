@@ -8,7 +8,7 @@ from g5core.dag import Fragment
 from g5core.engine import compile_dag
 from g5core.errors import DagError
 from g5core.run import make_plan, simulate
-from g5plugins.roofline import op_latency_s, roofline_latency_s
+from g5core.roofline import op_latency_s, roofline_latency_s
 
 from helpers_engine import DagBuilder, all_zero, raw_config, synthetic_plan, write_system, write_tiny_model
 

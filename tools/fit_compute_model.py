@@ -70,7 +70,7 @@ def roofline_vs_tables(system_name: str = "h100-sxm", gpu: str = "h100_sxm") -> 
     bf16 GEMMs and bf16 context attentions (head_dim 128, no window)."""
     from g5core.compute import Attention, Gemm
     from g5core.systems import get_system
-    from g5plugins.roofline import kernel_latency_s
+    from g5core.roofline import kernel_latency_s
     system = get_system(system_name)
     g = table_frame(gpu, "trtllm", "gemm")
     g = g[g.gemm_dtype == "bfloat16"]

@@ -3,7 +3,7 @@
 Chosen in the system file, e.g. ``profile: {source: aiconfigurator, gpu: h100_sxm,
 framework: trtllm}`` (optionally ``version``). It answers ``g5_compute_latency`` first: an
 op's time is the sum of its kernels' times, each from the tables where they cover it and
-from the roofline (``plugins/roofline``) where they do not, plus the system's
+from the roofline (``g5core.roofline``) where they do not, plus the system's
 ``launch_overhead_s`` once, as the roofline adds it. It answers with a ``ComputeTime`` so the
 run reports the measured share; an op with no measured kernel is left to the roofline.
 
@@ -19,6 +19,7 @@ from functools import lru_cache
 
 from g5core import ConfigError, hookimpl
 from g5core.compute import Attention, ComputeTime, Gemm
+from g5core.roofline import kernel_latency_s, roofline_latency_s
 
 from . import tables as T
 
@@ -30,7 +31,7 @@ MLA_DECODE_DIMS = (576.0, 512.0)
 
 
 @lru_cache(maxsize=None)
-def _warn_missing(message: str) -> None:
+def warn_missing(message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
@@ -46,7 +47,7 @@ def _grid(gpu: str, framework: str, version: str, table: str, exact: tuple, axes
 
 
 @lru_cache(maxsize=None)
-def _check_profile(profile) -> None:
+def check_profile(profile) -> None:
     """ConfigError for a GPU or framework the tables do not have (once per profile)."""
     try:
         T.table_path(profile.gpu, profile.framework, "gemm", profile.version)
@@ -58,7 +59,6 @@ def _check_profile(profile) -> None:
 
 def _roofline_s(kernel, dtype: str, system) -> float:
     """A kernel's time without the table (size-aware, or flat without compute_model)."""
-    from g5plugins.roofline import kernel_latency_s, roofline_latency_s
     if system.compute_model is not None:
         return kernel_latency_s(kernel, dtype, system)
     return roofline_latency_s(kernel.op_class, kernel.flops, kernel.hbm_bytes, dtype, system) - system.launch_overhead_s
@@ -171,9 +171,9 @@ def kernel_ms(profile, kernel, dtype: str, deployment, system):
 def profile_available(profile) -> bool:
     """True when the tables can be read; otherwise warns once and returns False."""
     try:
-        _check_profile(profile)
+        check_profile(profile)
     except T.MissingExtra as exc:
-        _warn_missing(f"system profile {profile.source}/{profile.gpu}/{profile.framework} needs the g5[measured] "
+        warn_missing(f"system profile {profile.source}/{profile.gpu}/{profile.framework} needs the g5[measured] "
                       f"extra ({exc}); compute times come from the roofline (measured coverage 0%)")
         return False
     return True
