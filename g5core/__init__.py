@@ -11,7 +11,7 @@ from .dag import CommOp, ComputeOp, Fragment
 from .dimensions import Dimension
 from .errors import ConfigError, DagError, G5Error, PluginError
 from .flops import activation_tensor_bytes, causal_attention_flops
-from .layers import Work, attention_dims, attention_work, default_work, local_kv_bytes_per_token
+from .layers import Work, attention_dims, attention_kernel, attention_work, default_work, local_kv_bytes_per_token
 from .memory import MemoryTerm
 from .options import PluginOption
 from .plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_manager
@@ -19,7 +19,7 @@ from .plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_
 __all__ = [
     "CommOp", "ComputeOp", "ConfigError", "DagError", "Dimension", "Fragment", "G5Error", "Hooks", "Lowering",
     "MemoryTerm", "PluginError", "PluginInfo", "PluginOption", "Topology", "Work", "activation_tensor_bytes",
-    "attention_dims", "attention_work", "causal_attention_flops", "default_work", "describe_plugins", "hookimpl",
+    "attention_dims", "attention_kernel", "attention_work", "causal_attention_flops", "default_work", "describe_plugins", "hookimpl",
     "local_kv_bytes_per_token", "make_plugin_manager",
 ]
 __version__ = "0.1.0"

@@ -94,7 +94,7 @@ class BuildContext:
             key=lop.key(chip, part), chip=chip, op_class=work.op_class,
             flops=work.flops if flops is None else flops,
             hbm_bytes=work.hbm_bytes if hbm_bytes is None else hbm_bytes,
-            layer=lop.layer, name=lop.kind, dtype=self.compute_dtype(work), owner=owner,
+            layer=lop.layer, name=lop.kind, dtype=self.compute_dtype(work), owner=owner, kernels=work.kernels,
         )
 
     def comm_op(self, lop: LogicalOp, primitive: str, group: Iterable[int], bytes_per_rank: float,

@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from .compute import render_compute
 from .errors import G5Error
 from .memory import GIB
 
@@ -164,6 +165,10 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
         if how:
             lines.append("how they ran (ops by algorithm/protocol): " + "; ".join(
                 f"{reason} " + ", ".join(f"{n} {label}" for label, n in sorted(per.items())) for reason, per in sorted(how.items())))
+    report = out.sim.compute if out.sim is not None else out.math.compute
+    if report:
+        lines.append("")
+        lines.extend(render_compute(report))
     mem = out.memory
     lines.append("")
     worst = max(mem.per_chip, key=lambda c: (c.total_bytes, -c.chip))
@@ -475,3 +480,55 @@ def plugins_cmd(disabled):
 
 if __name__ == "__main__":  # pragma: no cover
     main()
+
+
+@main.command("validate")
+@click.argument("measured", type=click.Path(dir_okay=False))
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a configuration value in every row, e.g. --set system=h100-sxm (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
+def validate_cmd(measured, overrides, as_json):
+    """Compare G5 with measured TTFT/TPOT rows of MEASURED.csv (config, set, metric, measured_ms, source)."""
+    from .validate import validate
+    report = validate(measured, overrides)
+    click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_validate(report))
+
+
+@main.command("calibrate")
+@click.argument("measured", type=click.Path(dir_okay=False))
+@click.option("--fit", "fit", required=True, metavar="KEY[,KEY...]",
+              help="System parameters to fit (dotted keys), e.g. compute_model.hbm_fraction,launch_overhead_s.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
+              help="System file to write (never overwritten).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
+def calibrate_cmd(measured, fit, output, as_json):
+    """Fit system parameters to MEASURED.csv by bounded least squares on log error."""
+    from .validate import calibrate
+    report = calibrate(measured, fit.split(","), output, say=lambda line: click.echo(line, err=True)
+                       if sys.stderr.isatty() else None)
+    click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_calibrate(report))
+
+
+def render_validate(report: dict) -> str:
+    rows = [[r["row"], r["config"], r["metric"], f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}",
+             f"{r['error_pct']:+.1f}%", r["source"][:60]] for r in report["rows"]]
+    lines = [_table(rows, ["row", "config", "metric", "measured ms", "predicted ms", "error", "source"]), "",
+             f"MAPE {report['mape_pct']:.1f}% over {len(rows)} rows; worst: row {report['worst_row']} "
+             f"({report['worst_error_pct']:+.1f}%)"]
+    return "\n".join(lines)
+
+
+def render_calibrate(report: dict) -> str:
+    lines = [f"fitted on system {report['system']} (bounded least squares on log error):"]
+    for k, v in report["fitted"].items():
+        note = "  NOT identifiable from these rows (no row depends on it)" if k in report["unidentifiable"] else ""
+        lines.append(f"  {k}: {report['start'][k]:.6g} -> {v:.6g}{note}")
+    has_loo = report["loo_mape_pct"] is not None
+    rows = [[r["row"], r["config"], f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}", f"{r['error_pct']:+.2f}%"]
+            + ([f"{r['loo_error_pct']:+.2f}%"] if has_loo else []) for r in report["rows"]]
+    lines += ["", _table(rows, ["row", "config", "measured ms", "fitted ms", "residual"]
+                         + (["leave-one-out"] if has_loo else [])), ""]
+    lines.append(f"rms log error {report['rms_log_error']:.4f}"
+                 + (f"; leave-one-out MAPE {report['loo_mape_pct']:.2f}%" if has_loo else ""))
+    lines.append(f"written to {report['output']}")
+    return "\n".join(lines)

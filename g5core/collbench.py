@@ -82,7 +82,8 @@ def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterabl
                                 f"the enabled plugins lower {', '.join(primitives) or 'none'}")
     system = get_system(system_name)
     topo = make_topology(hooks, system, chips)
-    plan = types.SimpleNamespace(ctx=types.SimpleNamespace(topology=topo), hooks=hooks, primitives=primitives)
+    plan = types.SimpleNamespace(ctx=types.SimpleNamespace(topology=topo, system=system, deployment=None), hooks=hooks,
+                                 primitives=primitives)
     group = tuple(range(chips))
     rows = []
     for size in sizes:

@@ -8,9 +8,10 @@ import networkx as nx
 
 from .errors import DagError
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ComputeOp:
-    """Work on one chip's compute stream."""
+    """Work on one chip's compute stream: its totals and the kernels (with their shapes) it
+    runs (:mod:`g5core.compute`)."""
 
     key: str
     chip: int
@@ -21,6 +22,7 @@ class ComputeOp:
     name: str                 # logical op kind (qkv_proj, attention, ...)
     dtype: str                # dtype that sets the peak FLOP/s
     owner: str = "core"       # plugin that made it
+    kernels: tuple = attrs.field(converter=tuple)  # Gemm / Attention / Elementwise shapes
 
     @property
     def chips(self) -> tuple[int, ...]:

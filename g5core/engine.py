@@ -25,6 +25,7 @@ import attrs
 import numpy as np
 
 from .collective import lower_op
+from .compute import LatencyLookup
 from .topology import Topology
 from .dag import ComputeOp, OpDag
 from .errors import DagError, G5Error, PluginError
@@ -60,6 +61,7 @@ class CompiledDag:
     port_capacity: tuple    # per resource id: bytes per second
     comm_algo: tuple = ()   # per op: (algorithm, protocol, channels) of a comm op, () for compute
     wire_factor: tuple = () # per op: wire bytes per payload byte of a comm op (1.0 for compute)
+    compute: LatencyLookup = attrs.field(default=None, repr=False)  # where each compute time came from
 
 
 def compile_dag(dag: OpDag, plan) -> CompiledDag:
@@ -68,7 +70,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     topo: Topology = ctx.topology
     hooks = plan.hooks
     n = len(dag.ops)
-    latency_cache: dict = {}
+    compute = LatencyLookup(hooks, ctx.system, ctx.deployment)
     lowering_cache: dict = {}
     is_comm, chip, dur, fl = [False] * n, [-1] * n, [0.0] * n, [0.0] * n
     flow_ptr = [0] * (n + 1)
@@ -78,18 +80,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     for i, op in enumerate(dag.ops):
         flow_ptr[i] = len(fbytes)
         if type(op) is ComputeOp:
-            key = (op.op_class, op.flops, op.hbm_bytes, op.dtype)
-            d = latency_cache.get(key)
-            if d is None:
-                answer = hooks.call_first("g5_compute_latency", op=op, system=ctx.system, deployment=ctx.deployment)
-                if answer is None:
-                    raise DagError(f"no enabled plugin gives the compute latency of {op.key} "
-                                   f"(class {op.op_class}); enable the roofline plugin")
-                plugin, d = answer
-                if not (isinstance(d, (int, float)) and d >= 0 and math.isfinite(d)):
-                    raise PluginError(plugin, f"g5_compute_latency returned {d!r} for {op.key}; need seconds >= 0")
-                d = float(d)
-                latency_cache[key] = d
+            d = compute.seconds(op)
             chip[i], dur[i], fl[i] = op.chip, d, float(op.flops)
         else:
             is_comm[i] = True
@@ -123,7 +114,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
         pred_count=tuple(pred_count), edges_u=np.asarray(eu, dtype=np.int64), edges_v=np.asarray(ev, dtype=np.int64),
         flow_ptr=tuple(flow_ptr), flow_op=tuple(fop), flow_src=tuple(fsrc), flow_dst=tuple(fdst),
         flow_ports=tuple(fports), flow_bytes=tuple(fbytes), port_capacity=topo.capacities(), comm_algo=tuple(algo),
-        wire_factor=tuple(wire),
+        wire_factor=tuple(wire), compute=compute,
     )
 
 

@@ -42,6 +42,12 @@ def elementwise(tokens: float, width: float, act_bytes: float) -> tuple[float, f
     return ELEMENTWISE_FLOPS_PER_ELEMENT * elements, 2.0 * elements * act_bytes
 
 
+def residual_add(tokens: float, width: float, act_bytes: float) -> tuple[float, float]:
+    """``x + residual``: one FLOP per element; reads two tensors, writes one."""
+    elements = tokens * width
+    return elements, 3.0 * elements * act_bytes
+
+
 def causal_attention_flops(batch: float, seq: float, n_heads: float, d_qk: float, d_v: float) -> float:
     """F_attn: FLOPs of one layer's causal self-attention over ``seq`` tokens."""
     return batch * seq * seq * n_heads * (d_qk + d_v)
@@ -63,10 +69,15 @@ def prefill_attention(
     return flops, attention_block_bytes(batch, seq, seq, n_heads, d_qk, d_v, kv_bytes_per_token, act_bytes)
 
 
+def block_attention_flops(batch: float, q_len: float, kv_len: float, n_heads: float, d_qk: float, d_v: float) -> float:
+    """FLOPs of an unmasked ``q_len x kv_len`` attention block (``QK^T`` and ``PV``)."""
+    return 2.0 * batch * q_len * kv_len * n_heads * (d_qk + d_v)
+
+
 def decode_attention(
     batch: float, kv_len: float, n_heads: float, d_qk: float, d_v: float, kv_bytes_per_token: float, act_bytes: float
 ) -> tuple[float, float]:
-    flops = 2.0 * batch * kv_len * n_heads * (d_qk + d_v)
+    flops = block_attention_flops(batch, 1, kv_len, n_heads, d_qk, d_v)
     return flops, attention_block_bytes(batch, 1, kv_len, n_heads, d_qk, d_v, kv_bytes_per_token, act_bytes)
 
 

@@ -189,7 +189,10 @@ def g5_compute_latency(
 ) -> Optional[float]:
     """Seconds a compute op takes on its chip (firstresult).
 
-    Return ``None`` to let the next plugin answer. The roofline plugin answers last.
+    Return ``None`` to let the next plugin answer, seconds, or a
+    ``g5core.compute.ComputeTime(seconds, measured_s)`` saying how much of the time came
+    from measurements (reported as coverage). ``op.kernels`` gives the shapes of the kernels
+    the op runs. The roofline plugin answers last.
     """
 
 

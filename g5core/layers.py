@@ -12,6 +12,7 @@ from typing import Iterator
 import attrs
 
 from . import flops as F
+from .compute import Attention, Elementwise, Gemm
 from .config import Deployment
 from .errors import DagError
 from .models import ModelSpec
@@ -125,13 +126,14 @@ def local_kv_bytes_per_token(model: ModelSpec, deployment: Deployment, shape: Lo
     return model.kv_bytes_per_token_per_layer(deployment.dtypes.kv_cache_element_bytes) / shape.kv_shard
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Work:
     op_class: str        # gemm | attention | elementwise
     flops: float
     hbm_bytes: float
     weight_class: str    # which dtypes.weights entry sets the compute dtype ("" = activations)
     weight_elements: float  # weight elements resident on the chip for this op
+    kernels: tuple = attrs.field(converter=tuple)  # the kernels it runs, with shapes (g5core.compute)
 
 
 def weight_elements(kind: str, model: ModelSpec, shape: LocalShape) -> float:
@@ -166,6 +168,36 @@ WEIGHT_CLASS = {
 }
 
 
+def projection_kernels(model: ModelSpec, shape: LocalShape, kind: str, tokens: float,
+                       weight_bytes: float, act_bytes: float) -> tuple[Gemm, ...]:
+    """GEMMs of ``qkv_proj`` or ``o_proj``: the matrices that read the hidden state run as
+    one fused GEMM (QKV fusion; MLA's q_a and kv_a), each other matrix on its own."""
+    mats = [m for m in local_projections(model, shape) if (m[0] == "o_proj") == (kind == "o_proj")]
+    fused = [o for name, i, o in mats if i == model.hidden_size and name != "o_proj"]
+    out = [Gemm(m=tokens, n=sum(fused), k=model.hidden_size, weight_bytes=weight_bytes, act_bytes=act_bytes)] if fused else []
+    out += [Gemm(m=tokens, n=o, k=i, weight_bytes=weight_bytes, act_bytes=act_bytes)
+            for name, i, o in mats if not (i == model.hidden_size and name != "o_proj")]
+    return tuple(out)
+
+
+def rotary_kernel(model: ModelSpec, shape: LocalShape, act_bytes: float) -> Elementwise:
+    """Rotary embedding of the local queries and keys (MLA: the rope part of each query head
+    and the one shared rope key), a memory-bound kernel after the QKV projection."""
+    a = model.attention
+    if a.kind == "mla":
+        width = (shape.q_heads + 1) * a.qk_rope_head_dim
+    else:
+        width = (shape.q_heads + shape.kv_heads) * a.head_dim
+    return Elementwise(tokens=shape.tokens, width=width, kind="rotary", act_bytes=act_bytes)
+
+
+def ffn_kernels(tokens: float, hidden: float, cols: float, weight_bytes: float, act_bytes: float,
+                groups: float = 1.0) -> tuple[Gemm, ...]:
+    """A gated FFN (or ``groups`` experts of one): the fused gate/up GEMM, then the down GEMM."""
+    return (Gemm(m=tokens, n=2.0 * cols, k=hidden, groups=groups, weight_bytes=weight_bytes, act_bytes=act_bytes),
+            Gemm(m=tokens, n=hidden, k=cols, groups=groups, weight_bytes=weight_bytes, act_bytes=act_bytes))
+
+
 def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalShape) -> Work | None:
     """Work of one logical op on one chip when nothing but the shard factors changes it.
 
@@ -180,36 +212,50 @@ def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: Loc
     welems = weight_elements(kind, model, shape)
     if kind == "embedding":
         fl, hb = F.elementwise(shape.tokens, d, act)
-        return Work("elementwise", 0.0, hb, "", welems)
-    if kind in ("attn_norm", "ffn_norm"):
-        fl, hb = F.elementwise(shape.norm_tokens, d, act)
-        return Work("elementwise", fl, hb, "", welems)
-    if kind == "final_norm":
-        fl, hb = F.elementwise(_head_tokens(deployment, shape), d, act)
-        return Work("elementwise", fl, hb, "", welems)
+        return Work(op_class="elementwise", flops=0.0, hbm_bytes=hb, weight_class="", weight_elements=welems,
+                    kernels=(Elementwise(tokens=shape.tokens, width=d, kind="embedding", act_bytes=act),))
+    if kind in ("attn_norm", "ffn_norm", "final_norm"):
+        tokens = _head_tokens(deployment, shape) if kind == "final_norm" else shape.norm_tokens
+        fl, hb = F.elementwise(tokens, d, act)
+        # the residual add of the block before the norm runs as its own kernel (layer 0's
+        # attn_norm has none in the model; it is counted there too, one small kernel)
+        return Work(op_class="elementwise", flops=fl, hbm_bytes=hb, weight_class="", weight_elements=welems,
+                    kernels=(Elementwise(tokens=tokens, width=d, kind="residual_add", act_bytes=act),
+                             Elementwise(tokens=tokens, width=d, kind="rmsnorm", act_bytes=act)))
     if kind == "lm_head":
-        fl, hb = F.gemm(_head_tokens(deployment, shape), d, shape.vocab, wbytes, act)
-        return Work("gemm", fl, hb, wclass, welems)
+        tokens = _head_tokens(deployment, shape)
+        fl, hb = F.gemm(tokens, d, shape.vocab, wbytes, act)
+        return Work(op_class="gemm", flops=fl, hbm_bytes=hb, weight_class=wclass, weight_elements=welems,
+                    kernels=(Gemm(m=tokens, n=shape.vocab, k=d, weight_bytes=wbytes, act_bytes=act),))
     if kind in ("qkv_proj", "o_proj"):
         mats = [m for m in local_projections(model, shape) if (m[0] == "o_proj") == (kind == "o_proj")]
         fl = hb = 0.0
         for _, i, o in mats:
             f1, h1 = F.gemm(shape.tokens, i, o, wbytes, act)
             fl, hb = fl + f1, hb + h1
-        return Work("gemm", fl, hb, wclass, welems)
+        return Work(op_class="gemm", flops=fl, hbm_bytes=hb, weight_class=wclass, weight_elements=welems,
+                    kernels=projection_kernels(model, shape, kind, shape.tokens, wbytes, act)
+                    + ((rotary_kernel(model, shape, act),) if kind == "qkv_proj" else ()))
     if kind == "attention":
+        block = "decode" if deployment.phase == "decode" else "causal"
         fl, hb = attention_work(model, deployment, shape, shape.q_tokens, shape.kv_len)
-        return Work("attention", fl, hb, "", 0.0)
-    if kind == "ffn":
-        fl, hb = F.gemm(shape.tokens, d, 3.0 * shape.ffn_cols, wbytes, act)
-        return Work("gemm", fl, hb, wclass, welems)
-    if kind == "shared_expert":
-        cols = 3.0 * model.moe.n_shared_experts * model.moe.shared_expert_ffn_dim / shape.factor("ffn_cols")
-        fl, hb = F.gemm(shape.tokens, d, cols, wbytes, act)
-        return Work("gemm", fl, hb, wclass, welems)
+        return Work(op_class="attention", flops=fl, hbm_bytes=hb, weight_class="", weight_elements=0.0,
+                    kernels=(attention_kernel(model, deployment, shape, shape.q_tokens, shape.kv_len, block),))
+    if kind in ("ffn", "shared_expert"):
+        if kind == "ffn":
+            cols = shape.ffn_cols
+            fl, hb = F.gemm(shape.tokens, d, 3.0 * cols, wbytes, act)
+        else:
+            shared = model.moe.n_shared_experts * model.moe.shared_expert_ffn_dim
+            cols = shared / shape.factor("ffn_cols")
+            fl, hb = F.gemm(shape.tokens, d, 3.0 * shared / shape.factor("ffn_cols"), wbytes, act)
+        return Work(op_class="gemm", flops=fl, hbm_bytes=hb, weight_class=wclass, weight_elements=welems,
+                    kernels=ffn_kernels(shape.tokens, d, cols, wbytes, act))
     if kind == "router":
         fl, hb = F.gemm(shape.tokens, d, model.moe.n_routed_experts, wbytes, act)
-        return Work("gemm", fl, hb, wclass, welems)
+        return Work(op_class="gemm", flops=fl, hbm_bytes=hb, weight_class=wclass, weight_elements=welems,
+                    kernels=(Gemm(m=shape.tokens, n=model.moe.n_routed_experts, k=d, weight_bytes=wbytes,
+                                  act_bytes=act),))
     if kind == "moe_experts":
         return expert_work(model, deployment, shape, shape.moe_tokens * model.moe.n_active_experts,
                            shape.moe_tokens * model.moe.n_active_experts * shape.factor("experts"))
@@ -225,7 +271,19 @@ def expert_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
     wbytes = deployment.dtypes.weight_element_bytes("experts")
     active = F.expected_active_experts(shape.experts, model.moe.n_routed_experts, group_token_slots)
     fl, hb = F.grouped_gemm(token_slots, d, 3.0 * shape.expert_cols, active, wbytes, act)
-    return Work("gemm", fl, hb, "experts", weight_elements("moe_experts", model, shape))
+    return Work(op_class="gemm", flops=fl, hbm_bytes=hb, weight_class="experts",
+                weight_elements=weight_elements("moe_experts", model, shape),
+                kernels=ffn_kernels(token_slots, d, shape.expert_cols, wbytes, act, groups=active))
+
+
+def attention_kernel(model: ModelSpec, deployment: Deployment, shape: LocalShape,
+                     q_len: float, kv_len: float, block: str) -> Attention:
+    """The attention kernel of one chip over a ``q_len x kv_len`` block per sequence."""
+    d_qk, d_v = attention_dims(model, deployment.phase)
+    return Attention(batch=shape.batch, q_len=q_len, kv_len=kv_len, heads=shape.q_heads, kv_heads=shape.kv_heads,
+                     d_qk=d_qk, d_v=d_v, block=block, mla=model.attention.kind == "mla",
+                     kv_bytes_per_token=local_kv_bytes_per_token(model, deployment, shape),
+                     act_bytes=deployment.dtypes.activation_element_bytes)
 
 
 def attention_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,

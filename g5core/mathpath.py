@@ -15,6 +15,7 @@ import attrs
 
 from .build import Plan, expand
 from .collective import idle_time_s, lower_op
+from .compute import LatencyLookup, coverage_report
 from .topology import Topology
 from .dag import CommOp, ComputeOp
 from .errors import DagError
@@ -27,11 +28,12 @@ class MathResult:
     latency_s: float
     compute_s: float
     comm_s: float
+    compute: dict = attrs.field(factory=dict)  # g5core.compute.coverage_report
 
     def to_json_dict(self) -> dict:
         key = "ttft_s" if self.phase == "prefill" else "tpot_s"
         return {"phase": self.phase, "latency_s": self.latency_s, key: self.latency_s,
-                "compute_s": self.compute_s, "comm_s": self.comm_s}
+                "compute_s": self.compute_s, "comm_s": self.comm_s, "compute": self.compute}
 
 
 def alpha_beta_s(op: CommOp, plan: Plan, cache: dict) -> float:
@@ -46,23 +48,19 @@ def alpha_beta_s(op: CommOp, plan: Plan, cache: dict) -> float:
 
 def math_estimate(plan: Plan) -> MathResult:
     ctx = plan.ctx
-    latency_cache: dict = {}
+    lookup = LatencyLookup(plan.hooks, ctx.system, ctx.deployment)
     comm_cache: dict = {}
     total = compute_total = comm_total = 0.0
+    timed = []
     for lop in build_program(ctx.model):
         _, frag = expand(ctx, lop)
         compute: dict[int, float] = {}
         comm: dict[int, float] = {}
         for op in frag.ops:
             if isinstance(op, ComputeOp):
-                key = (op.op_class, op.flops, op.hbm_bytes, op.dtype)
-                if key not in latency_cache:
-                    answer = plan.hooks.call_first("g5_compute_latency", op=op, system=ctx.system,
-                                                   deployment=ctx.deployment)
-                    if answer is None:
-                        raise DagError(f"no enabled plugin gives the compute latency of {op.key}; enable the roofline plugin")
-                    latency_cache[key] = float(answer[1])
-                compute[op.chip] = compute.get(op.chip, 0.0) + latency_cache[key]
+                seconds = lookup.seconds(op)
+                timed.append((op, seconds))
+                compute[op.chip] = compute.get(op.chip, 0.0) + seconds
             else:
                 t = alpha_beta_s(op, plan, comm_cache)
                 for c in op.group:
@@ -76,4 +74,5 @@ def math_estimate(plan: Plan) -> MathResult:
         comm_total += m_s
     if not math.isfinite(total):
         raise DagError("the Math path produced a non-finite latency")
-    return MathResult(phase=ctx.deployment.phase, latency_s=total, compute_s=compute_total, comm_s=comm_total)
+    return MathResult(phase=ctx.deployment.phase, latency_s=total, compute_s=compute_total, comm_s=comm_total,
+                      compute=coverage_report(timed, ctx.system, total, ctx.rankmap.chips, lookup))

@@ -7,6 +7,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from .compute import coverage_report
 from .dag import CommOp, OpDag
 from .engine import CompiledDag, Engine
 from .errors import ConservationError
@@ -99,6 +100,7 @@ class SimResult:
     flow_start_s: np.ndarray = attrs.field(repr=False)
     flow_end_s: np.ndarray = attrs.field(repr=False)
     port_rate_log: tuple = attrs.field(repr=False, default=())  # (time_s, port, bytes_per_s)
+    compute: dict = attrs.field(repr=False, factory=dict)  # g5core.compute.coverage_report
 
     def op_times(self, key: str) -> tuple[float, float]:
         i = self.dag.index[key]
@@ -117,6 +119,7 @@ class SimResult:
             "flows": self.flows,
             "events": self.events,
             "sim_wall_s": self.sim_wall_s,
+            "compute": self.compute,
         }
         return out
 
@@ -144,6 +147,7 @@ def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float) -> SimR
         flow_start_s=np.asarray(engine.flow_start_s, dtype=float),
         flow_end_s=np.asarray(engine.flow_end_s, dtype=float),
         port_rate_log=tuple(engine.port_rate_log),
+        compute=compute_report(dag, d, engine.makespan_s),
     )
 
 
@@ -159,6 +163,14 @@ def collectives_report(dag: OpDag, d: CompiledDag) -> list[dict]:
             entry[1] += op.bytes_per_rank
     return [{"reason": r, "primitive": p, "algorithm": a, "protocol": pr, "channels": ch, "ops": n,
              "bytes_per_rank": b} for (r, p, a, pr, ch), (n, b) in sorted(groups.items())]
+
+
+def compute_report(dag: OpDag, d: CompiledDag, latency_s: float) -> dict:
+    """Measured/roofline coverage and achieved FLOP/s per chip (g5core.compute)."""
+    if d.compute is None:
+        return {}
+    timed = [(op, d.duration_s[i]) for i, op in enumerate(dag.ops) if not d.is_comm[i]]
+    return coverage_report(timed, d.compute.system, float(latency_s), d.n_chips, d.compute)
 
 
 def _reasons(dag: OpDag) -> list[str]:

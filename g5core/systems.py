@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping
 import attrs
 import yaml
 
+from .compute import ComputeModel, Profile
 from .dtypes import BYTES_PER_ELEMENT
 from .errors import ConfigError, suggest
 
@@ -252,6 +253,18 @@ def _nccl_map(instance, attribute, value) -> None:
                                                            "choose ring (or nvls)")
 
 
+def _to_compute_model(value: Any) -> Any:
+    return value if value is None or isinstance(value, ComputeModel) else ComputeModel.from_mapping(value)
+
+
+def _to_profile(value: Any) -> Any:
+    return value if value is None or isinstance(value, Profile) else Profile.from_mapping(value)
+
+
+#: Fields a system file may leave out (each documented on SystemSpec).
+OPTIONAL_KEYS: tuple[str, ...] = ("compute_model", "profile")
+
+
 # ---------------------------------------------------------------------------------------
 # The spec
 # ---------------------------------------------------------------------------------------
@@ -281,6 +294,10 @@ class SystemSpec:
     efficiency: Mapping[str, float] = attrs.field(
         converter=_to_frozen_float_map, validator=_efficiency_map
     )
+    #: optional: the size-aware roofline's parameters (without it: the flat roofline)
+    compute_model: ComputeModel | None = attrs.field(default=None, converter=_to_compute_model)
+    #: optional: a measured per-op table set, e.g. {source: aiconfigurator, gpu: h100_sxm, framework: trtllm}
+    profile: Profile | None = attrs.field(default=None, converter=_to_profile)
     # -- network topology (optional; see docs/design-notes.md, "Network") ----------------
     #: NICs per node (scale-up domain); None: one per chip. Must divide chips_per_node.
     #: ``network_bw_bytes_per_s`` is per NIC.
@@ -347,6 +364,10 @@ class SystemSpec:
         out = attrs.asdict(self, recurse=False)
         out["peak_flops_per_s"] = dict(self.peak_flops_per_s)
         out["efficiency"] = dict(self.efficiency)
+        for key in OPTIONAL_KEYS:
+            value = out.pop(key)
+            if value is not None:
+                out[key] = value.to_dict()
         out["fabric"] = dict(self.fabric)
         if out["fabric"]:
             out["fabric"]["nodes_per_leaf"] = int(out["fabric"]["nodes_per_leaf"])
@@ -412,7 +433,24 @@ class SystemSpec:
                 f"'{source}' must hold one system as a mapping of fields "
                 f"(name, chips_per_node, ...), got {_describe(data)}",
             )
+        if "base" in data:
+            data = _with_base(data, source)
         return cls.from_dict(data, source=source)
+
+
+def _with_base(data: Mapping, source: str) -> dict:
+    """``base: NAME-OR-PATH``: every field of that system, then this file's own keys over
+    it (a path is relative to this file). Lets a file add a ``profile`` or change a few
+    figures of a shipped system without copying the rest."""
+    base = data["base"]
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError("system.base", f"expected a system name or a path to a system file, got "
+                                         f"{_describe(base)} (in {source})")
+    if base not in CATALOG_NAMES and not os.path.isabs(base) and not source.startswith("<"):
+        base = str(Path(source).parent / base)
+    merged = get_system(base).to_dict()
+    merged.update({k: v for k, v in data.items() if k != "base"})
+    return merged
 
 
 class _Loader(yaml.SafeLoader):

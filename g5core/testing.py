@@ -46,6 +46,7 @@ from .build import Plan, build_dag, expand, prepare
 from .collective import Lowering
 from .topology import Topology
 from .config import TOP_LEVEL_KEYS, disabled_from_config
+from .compute import answer_seconds, scaled_kernel
 from .dag import CommOp, ComputeOp, Fragment, OpDag
 from .dimensions import collect_dimensions
 from .errors import DagError, G5Error, PluginError
@@ -599,7 +600,7 @@ def check_compute_latency(plugin: str, configs, extra_plugins: Sequence = ()) ->
         for op in build_dag(plan).ops:
             if not isinstance(op, ComputeOp):
                 continue
-            sig = (op.op_class, op.flops, op.hbm_bytes, op.dtype)
+            sig = (op.op_class, op.flops, op.hbm_bytes, op.dtype, op.kernels)
             if sig in seen:
                 continue
             seen.add(sig)
@@ -607,11 +608,14 @@ def check_compute_latency(plugin: str, configs, extra_plugins: Sequence = ()) ->
             for answer in _call_own(plan.hooks, "g5_compute_latency", plugin, op=op, **kw):
                 if answer is None:
                     continue
+                answer = answer_seconds(answer)
                 if isinstance(answer, bool) or not isinstance(answer, (int, float)) or not (
                         math.isfinite(answer) and answer >= 0):
                     raise _fail(plugin, check_compute_latency, f"{_where(raw)} {op.key}: answered {answer!r}")
-                bigger = attrs.evolve(op, flops=2 * op.flops, hbm_bytes=2 * op.hbm_bytes)
+                bigger = attrs.evolve(op, flops=2 * op.flops, hbm_bytes=2 * op.hbm_bytes,
+                                      kernels=tuple(scaled_kernel(k, 2.0) for k in op.kernels))
                 for more in _call_own(plan.hooks, "g5_compute_latency", plugin, op=bigger, **kw):
+                    more = answer_seconds(more)
                     if more is not None and more < answer:
                         raise _fail(plugin, check_compute_latency,
                                     f"{_where(raw)} {op.key}: {answer} s, but {more} s with twice the work")
@@ -781,7 +785,7 @@ def plugin_contributions(plugin: str, raw: Mapping, extra_plugins: Sequence = ()
         elif hook == "g5_memory_terms":
             n = sum(len(list(a)) for a in _call_own(hooks, hook, plugin, ctx=ctx) if a)
         elif hook == "g5_compute_latency":
-            ops = {(o.op_class, o.flops, o.hbm_bytes, o.dtype): o for o in build_dag(plan).ops
+            ops = {(o.op_class, o.flops, o.hbm_bytes, o.dtype, o.kernels): o for o in build_dag(plan).ops
                    if isinstance(o, ComputeOp)}
             n = sum(a is not None for o in ops.values()
                     for a in _call_own(hooks, hook, plugin, op=o, system=ctx.system, deployment=ctx.deployment))

@@ -133,7 +133,7 @@ class DagBuilder:
     def compute(self, key: str, chip: int, flops: float, hbm_bytes: float = 0.0, op_class: str = "gemm",
                 dtype: str = "bf16") -> str:
         self.dag.add_op(ComputeOp(key=key, chip=chip, op_class=op_class, flops=flops, hbm_bytes=hbm_bytes,
-                                  layer=0, name="test", dtype=dtype, owner="test"))
+                                  layer=0, name="test", dtype=dtype, owner="test", kernels=()))
         return key
 
     def comm(self, key: str, primitive: str, group: Iterable[int], bytes_per_rank: float,

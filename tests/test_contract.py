@@ -11,11 +11,13 @@ import itertools
 import json
 
 import pytest
+import yaml
 
 from g5core import Fragment, Lowering, MemoryTerm, hookimpl
 from g5core import testing as contract
 from g5core.plugins import available_plugin_names
 from plugin_sets import BUILTIN
+from g5core.systems import get_system
 from g5core.testing import (
     CHECKS, ContractError, applicable_checks, check_hook_coverage, check_plugin, hook_names, plugin_checks,
     plugin_contributions,
@@ -36,14 +38,20 @@ def models(tmp_path_factory):
         p = d / f"{name}.json"
         p.write_text(json.dumps(data))
         out[name] = str(p)
+    # a system with a measured profile (the measured plugin answers only there)
+    system = dict(get_system("h100-sxm").to_dict(), profile={"source": "aiconfigurator", "gpu": "h100_sxm",
+                                                              "framework": "trtllm"})
+    p = d / "h100-aic.yaml"
+    p.write_text(yaml.safe_dump(system))
+    out["h100-aic"] = str(p)
     return out
 
 
-def _cfg(models, model="tiny-dense", phase="prefill", tp_sp=False, path="g5", **par):
+def _cfg(models, model="tiny-dense", phase="prefill", tp_sp=False, path="g5", system="h100-sxm", **par):
     p = {"dp": 1, "tp": 1, "pp": 1, "cp": 1}
     p.update(par)
     chips = p["dp"] * p["tp"] * p["pp"] * p["cp"]
-    raw = {"model": models[model], "system": "h100-sxm", "chips": chips, "parallel": p, "phase": phase,
+    raw = {"model": models[model], "system": models.get(system, system), "chips": chips, "parallel": p, "phase": phase,
            "batch": 2, "seq_len": 256, "path": path}
     if tp_sp:
         raw["tp_sp"] = True
@@ -65,6 +73,7 @@ def _configs(models) -> dict[str, list[dict]]:
         "collectives": [c(tp=2), c(pp=2), c(model="tiny-moe", tp=2, ep=2), c(cp=2), c(cp=2, phase="decode"),
                         c(tp=2, tp_sp=True)],
         "roofline": [c(), c(model="tiny-moe", phase="decode")],
+        "measured": [c(system="h100-aic"), c(system="h100-aic", model="tiny-moe", phase="decode")],
     }
 
 

@@ -8,7 +8,7 @@ from g5core.dag import Fragment
 from g5core.engine import compile_dag
 from g5core.errors import DagError
 from g5core.run import make_plan, simulate
-from g5plugins.roofline import roofline_latency_s
+from g5core.roofline import op_latency_s, roofline_latency_s
 
 from helpers_engine import DagBuilder, all_zero, raw_config, synthetic_plan, write_system, write_tiny_model
 
@@ -36,7 +36,7 @@ def test_single_chip_ttft_is_the_sum_of_roofline_op_times(model, seq_len):
     dag = sim.dag
     assert not dag.comm_ops()
     system = plan.ctx.system
-    times_s = [roofline_latency_s(op.op_class, op.flops, op.hbm_bytes, op.dtype, system) for op in dag.ops]
+    times_s = [op_latency_s(op, system) for op in dag.ops]
     order = sorted(range(len(dag.ops)), key=lambda i: (sim.start_s[i], i))
     total_s = 0.0
     for i in order:
@@ -243,7 +243,7 @@ def test_networkx_view_follows_ops_and_edges_added_after_it_was_built():
     from g5core.dag import ComputeOp, OpDag
 
     def op(key, chip=0):
-        return ComputeOp(key=key, chip=chip, op_class="gemm", flops=1.0, hbm_bytes=1.0, layer=0, name="x", dtype="bf16")
+        return ComputeOp(key=key, chip=chip, op_class="gemm", flops=1.0, hbm_bytes=1.0, layer=0, name="x", dtype="bf16", kernels=())
 
     dag = OpDag()
     dag.add_op(op("a@c0"))

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from g5core import Fragment, hookimpl
 from g5core.flops import attention_block_bytes, causal_attention_flops
-from g5core.layers import Work, attention_dims
+from g5core.layers import Work, attention_dims, attention_kernel
 from g5core.memory import MemoryTerm
 
 
@@ -47,13 +47,26 @@ def ring_work(ctx):
     return f_attn / (cp * cp), hbm
 
 
+def ring_step_kernels(ctx):
+    """The kernels of ring step 0 and of every later step, under the balanced (zig-zag)
+    split: each rank holds chunks ``r`` and ``2cp-1-r`` (``L = S/cp`` tokens). Step 0 is the
+    causal block of the rank's own ``L`` tokens (the diagonal); every later step is an
+    unmasked rectangle of ``L`` queries against half a block (``L/2`` keys) -- or, by
+    symmetry, half the queries against the whole block; both do ``F_attn / cp^2`` FLOPs."""
+    block = ctx.deployment.seq_len / ctx.size("cp")
+    diagonal = attention_kernel(ctx.model, ctx.deployment, ctx.shape, block, block, "causal")
+    off = attention_kernel(ctx.model, ctx.deployment, ctx.shape, block, block / 2, "full")
+    return diagonal, off
+
+
 @hookimpl
 def g5_expand_op(ctx, lop):
     cp = ctx.size("cp")
     if lop.kind != "attention" or ctx.phase != "prefill" or cp == 1:
         return None
     step_flops, step_bytes = ring_work(ctx)
-    work = Work("attention", step_flops, step_bytes, "", 0.0)
+    work = [Work(op_class="attention", flops=step_flops, hbm_bytes=step_bytes, weight_class="", weight_elements=0.0,
+                 kernels=(k,)) for k in ring_step_kernels(ctx)]
     nbytes = block_bytes(ctx.deployment.seq_len, cp, ctx.kv_bytes_per_token_local, ctx.deployment.batch)
     placed = set(ctx.place(lop))
     ops, edges, heads, tails = [], [], {}, {}
@@ -64,7 +77,7 @@ def g5_expand_op(ctx, lop):
         p2p = [[None] * (cp - 1) for _ in ring]
         for r, chip in enumerate(ring):
             for i in range(cp):
-                compute[r][i] = ctx.compute_op(lop, chip, work, owner="cp_passkv", part=f"step{i:02d}")
+                compute[r][i] = ctx.compute_op(lop, chip, work[min(i, 1)], owner="cp_passkv", part=f"step{i:02d}")
                 ops.append(compute[r][i])
             for i in range(cp - 1):
                 op = ctx.comm_op(lop, "p2p", (chip, ring[(r + 1) % cp]), nbytes, "cp_passkv",

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from g5core import Fragment, hookimpl
 from g5core.flops import activation_tensor_bytes
-from g5core.layers import Work, attention_work
+from g5core.layers import Work, attention_kernel, attention_work
 from g5core.reference import passq_reduce_elements
 
 
@@ -52,7 +52,8 @@ def g5_expand_op(ctx, lop):
     q_bytes = dispatch_bytes_per_rank(dep.batch, hidden_local, act)
     r_bytes = reduce_bytes_per_rank(dep.batch, s.q_heads, partial_value_dim(ctx.model), act)
     flops, hbm = attention_work(ctx.model, dep, s, 1, s.kv_len)
-    work = Work("attention", flops, hbm, "", 0.0)
+    work = Work(op_class="attention", flops=flops, hbm_bytes=hbm, weight_class="", weight_elements=0.0,
+                kernels=(attention_kernel(ctx.model, dep, s, 1, s.kv_len, "decode"),))
     placed = set(ctx.place(lop))
     ops, edges, heads, tails = [], [], {}, {}
     for group in ctx.rankmap.groups("cp"):

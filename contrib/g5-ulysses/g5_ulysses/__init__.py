@@ -47,7 +47,7 @@ import attrs
 
 from g5core import (
     ConfigError, Dimension, Fragment, MemoryTerm, PluginOption, Work, activation_tensor_bytes, attention_dims,
-    attention_work, hookimpl,
+    attention_kernel, attention_work, hookimpl,
 )
 
 NAME = "ulysses"
@@ -189,8 +189,11 @@ def _attention_shape(ctx):
 def attention_op_work(ctx) -> Work:
     dep, s = ctx.deployment, ctx.shape
     q_tokens = 1 if dep.phase == "decode" else s.seq_len
-    flops, hbm = attention_work(ctx.model, dep, _attention_shape(ctx), q_tokens, s.kv_len)
-    return Work("attention", flops, hbm, "", 0.0)
+    shape = _attention_shape(ctx)
+    flops, hbm = attention_work(ctx.model, dep, shape, q_tokens, s.kv_len)
+    block = "decode" if dep.phase == "decode" else "causal"
+    return Work(op_class="attention", flops=flops, hbm_bytes=hbm, weight_class="", weight_elements=0.0,
+                kernels=(attention_kernel(ctx.model, dep, shape, q_tokens, s.kv_len, block),))
 
 
 def _bytes(ctx) -> tuple[float, float]:

@@ -1,0 +1,428 @@
+"""Compute kernels: the shapes a compute op is made of, and the one latency lookup.
+
+A compute op (``ComputeOp``) carries, besides its total FLOPs and HBM bytes, the tuple of
+kernels it runs, each with its shape:
+
+- :class:`Gemm` ``C[m x n] = A[m x k] @ B[k x n]``; ``groups`` distinct weight matrices
+  (a grouped expert GEMM: ``m`` token slots spread over ``groups`` experts);
+- :class:`Attention`: ``batch`` sequences, ``q_len`` query and ``kv_len`` key tokens each,
+  ``heads`` query and ``kv_heads`` KV heads, head dims ``d_qk`` / ``d_v``; ``block`` is
+  ``causal`` (a prefill diagonal block, ``q_len == kv_len``), ``full`` (a rectangular block
+  with no mask, a CP ring step off the diagonal) or ``decode`` (one new token per
+  sequence); ``mla`` marks DeepSeek multi-head latent attention;
+- :class:`Elementwise`: a memory-bound kernel over ``tokens x width`` elements (``kind``
+  names it: rmsnorm, residual_add, rotary, embedding).
+
+Two ops with equal FLOPs and bytes but different shapes are different ops: the latency
+lookup (:class:`LatencyLookup`, used by the engine and by the Math path alike) is keyed
+on ``(op class, dtype, kernels, FLOPs, bytes)`` and asks ``g5_compute_latency`` once per
+distinct key. Each kernel's FLOPs and bytes come from :mod:`g5core.flops` (the one place
+those formulas live).
+
+A latency plugin answers with seconds, or with a :class:`ComputeTime` that also says how
+many of those seconds come from measurements; the lookup keeps, per op, which source gave
+its time, so the run can report measured versus roofline coverage.
+"""
+from __future__ import annotations
+
+import math
+from typing import Union
+
+import attrs
+
+from . import flops as F
+from .errors import DagError, PluginError
+
+ATTENTION_BLOCKS = ("causal", "full", "decode")
+ELEMENTWISE_KINDS = ("rmsnorm", "residual_add", "rotary", "embedding")
+
+
+def _nonneg(instance, attribute, value) -> None:
+    if not (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 and math.isfinite(value)):
+        raise ValueError(f"{type(instance).__name__}.{attribute.name} must be a finite number >= 0, got {value!r}")
+
+
+def _num():
+    return attrs.field(converter=float, validator=_nonneg)
+
+
+@attrs.frozen(kw_only=True, cache_hash=True)
+class Gemm:
+    """``m x k`` activations times ``groups`` weight matrices of ``k x n`` (``m`` rows in all)."""
+
+    m: float = _num()
+    n: float = _num()
+    k: float = _num()
+    groups: float = attrs.field(converter=float, default=1.0, validator=_nonneg)
+    weight_bytes: float = _num()   # bytes per weight element
+    act_bytes: float = _num()      # bytes per activation element
+
+    op_class = "gemm"
+
+    @property
+    def flops(self) -> float:
+        return F.grouped_gemm(self.m, self.k, self.n, self.groups, self.weight_bytes, self.act_bytes)[0]
+
+    @property
+    def hbm_bytes(self) -> float:
+        return F.grouped_gemm(self.m, self.k, self.n, self.groups, self.weight_bytes, self.act_bytes)[1]
+
+
+@attrs.frozen(kw_only=True, cache_hash=True)
+class Attention:
+    """A fused (flash) attention over one block of ``q_len x kv_len`` per sequence and head."""
+
+    batch: float = _num()
+    q_len: float = _num()
+    kv_len: float = _num()
+    heads: float = _num()
+    kv_heads: float = _num()
+    d_qk: float = _num()
+    d_v: float = _num()
+    block: str = attrs.field(validator=attrs.validators.in_(ATTENTION_BLOCKS))
+    mla: bool = attrs.field(default=False)
+    kv_bytes_per_token: float = _num()   # K and V of one token on this chip (all its KV heads)
+    act_bytes: float = _num()
+
+    op_class = "attention"
+
+    @property
+    def flops(self) -> float:
+        if self.block == "causal":
+            return F.causal_attention_flops(self.batch, self.q_len, self.heads, self.d_qk, self.d_v)
+        return F.block_attention_flops(self.batch, self.q_len, self.kv_len, self.heads, self.d_qk, self.d_v)
+
+    @property
+    def hbm_bytes(self) -> float:
+        return F.attention_block_bytes(self.batch, self.q_len, self.kv_len, self.heads, self.d_qk, self.d_v,
+                                       self.kv_bytes_per_token, self.act_bytes)
+
+    @property
+    def length_tokens(self) -> float:
+        """The block length that sets a flash kernel's efficiency: its KV length."""
+        return self.kv_len
+
+
+@attrs.frozen(kw_only=True, cache_hash=True)
+class Elementwise:
+    """A memory-bound kernel over ``tokens x width`` elements."""
+
+    tokens: float = _num()
+    width: float = _num()
+    kind: str = attrs.field(validator=attrs.validators.in_(ELEMENTWISE_KINDS))
+    act_bytes: float = _num()
+
+    op_class = "elementwise"
+
+    def _work(self) -> tuple[float, float]:
+        if self.kind == "residual_add":
+            return F.residual_add(self.tokens, self.width, self.act_bytes)
+        return F.elementwise(self.tokens, self.width, self.act_bytes)
+
+    @property
+    def flops(self) -> float:
+        return 0.0 if self.kind == "embedding" else self._work()[0]
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self._work()[1]
+
+
+Kernel = Union[Gemm, Attention, Elementwise]
+KERNEL_TYPES = (Gemm, Attention, Elementwise)
+
+
+@attrs.frozen
+class ComputeTime:
+    """A latency plugin's answer with its provenance: ``measured_s`` of ``seconds`` came
+    from measurements (a profile table), the rest from a model."""
+
+    seconds: float
+    measured_s: float = 0.0
+
+
+# The coverage sources. A plain float from a plugin other than these counts under the
+# plugin's own name.
+MEASURED, ROOFLINE = "measured", "roofline"
+
+
+@attrs.define(eq=False)
+class LatencyLookup:
+    """The one compute-latency lookup of a run (engine and Math path).
+
+    ``seconds(op)`` validates the answering plugin's value and caches it per distinct
+    ``(op class, dtype, kernels, FLOPs, bytes)``; ``source(op)`` says which source gave it
+    and how much of it was measured.
+    """
+
+    hooks: object
+    system: object
+    deployment: object
+    _cache: dict = attrs.field(factory=dict)
+    _by_op: dict = attrs.field(factory=dict)   # id(op) -> (op, answer): no re-hashing per op
+
+    def _answer(self, op) -> tuple[float, str, float]:
+        seen = self._by_op.get(id(op))
+        if seen is not None and seen[0] is op:
+            return seen[1]
+        key = (op.op_class, op.dtype, op.kernels, op.flops, op.hbm_bytes)
+        hit = self._cache.get(key)
+        if hit is None:
+            answer = self.hooks.call_first("g5_compute_latency", op=op, system=self.system, deployment=self.deployment)
+            if answer is None:
+                raise DagError(f"no enabled plugin gives the compute latency of {op.key} "
+                               f"(class {op.op_class}); enable the roofline plugin")
+            plugin, value = answer
+            if isinstance(value, ComputeTime):
+                seconds, measured = value.seconds, value.measured_s
+            else:
+                seconds, measured = value, None
+            if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                    and seconds >= 0 and math.isfinite(seconds)):
+                raise PluginError(plugin, f"g5_compute_latency returned {value!r} for {op.key}; need seconds >= 0")
+            seconds = float(seconds)
+            if measured is None:
+                measured = seconds if plugin == MEASURED else 0.0
+            if not (0 <= measured <= seconds):
+                raise PluginError(plugin, f"g5_compute_latency for {op.key}: measured_s {measured!r} is not within "
+                                          f"0..{seconds!r}")
+            source = ROOFLINE if plugin in (ROOFLINE, MEASURED) else plugin
+            hit = self._cache[key] = (seconds, source, float(measured))
+        self._by_op[id(op)] = (op, hit)
+        return hit
+
+    def seconds(self, op) -> float:
+        return self._answer(op)[0]
+
+    def source(self, op) -> tuple[str, float]:
+        """(source of the unmeasured part, measured seconds) of ``op``'s time."""
+        _, source, measured = self._answer(op)
+        return source, measured
+
+
+def coverage_report(timed_ops, system, latency_s: float, n_chips: int, lookup: LatencyLookup) -> dict:
+    """Where the compute time came from, and what the chips achieved.
+
+    ``timed_ops``: (compute op, seconds) for every compute op run. ``coverage``: per op class
+    and overall (``all``), the share of compute time (summed over every chip's ops) answered
+    from measurements and from the roofline (or another plugin, by name), and the seconds.
+    ``per_chip``: each chip's FLOPs over the run's latency (achieved TFLOP/s) and its MFU,
+    ``sum(op FLOPs / dense peak of the op's dtype) / latency``.
+    """
+    by_class: dict[str, dict[str, float]] = {}
+    chip_flops = [0.0] * n_chips
+    chip_peak_s = [0.0] * n_chips
+    for op, seconds in timed_ops:
+        source, measured = lookup.source(op)
+        row = by_class.setdefault(op.op_class, {})
+        row[MEASURED] = row.get(MEASURED, 0.0) + measured
+        row[source] = row.get(source, 0.0) + (seconds - measured)
+        chip_flops[op.chip] += op.flops
+        if op.flops:
+            chip_peak_s[op.chip] += op.flops / system.peak_flops(op.dtype)
+    total: dict[str, float] = {}
+    for row in by_class.values():
+        for k, v in row.items():
+            total[k] = total.get(k, 0.0) + v
+
+    def shares(row: dict) -> dict:
+        s = math.fsum(row.values())
+        out = {k: (v / s if s > 0 else 0.0) for k, v in sorted(row.items())}
+        out.setdefault(MEASURED, 0.0)
+        out.setdefault(ROOFLINE, 0.0)
+        out["compute_s"] = s
+        return out
+
+    per_chip = [{"chip": c,
+                 "achieved_tflops": (chip_flops[c] / latency_s / 1e12) if latency_s > 0 else 0.0,
+                 "mfu": (chip_peak_s[c] / latency_s) if latency_s > 0 else 0.0}
+                for c in range(n_chips)]
+    model = "size-aware roofline" if system.compute_model is not None else \
+        "flat roofline (the system file has no compute_model block)"
+    return {"model": model,
+            "profile": system.profile.to_dict() if system.profile is not None else None,
+            "coverage": {"all": shares(total), **{k: shares(v) for k, v in sorted(by_class.items())}},
+            "per_chip": per_chip}
+
+
+def render_compute(report: dict) -> list[str]:
+    """Summary lines of a :func:`coverage_report`."""
+    cov = report["coverage"]
+    prof = report["profile"]
+    where = f"profile {prof['source']}/{prof['gpu']}/{prof['framework']}" if prof else "no measured profile"
+    parts = ", ".join(f"{k} {100 * v[MEASURED]:.0f}%" for k, v in cov.items() if k != "all")
+    lines = [f"compute time: {100 * cov['all'][MEASURED]:.1f}% measured ({where}), "
+             f"{100 * (1 - cov['all'][MEASURED]):.1f}% {report['model']}; measured by class: {parts or 'none'}"]
+    chips = report["per_chip"]
+    if chips:
+        best = max(chips, key=lambda c: (c["mfu"], -c["chip"]))
+        low = min(chips, key=lambda c: (c["mfu"], c["chip"]))
+        lines.append(f"achieved per chip: {best['achieved_tflops']:.1f} TFLOP/s, MFU {100 * best['mfu']:.1f}% "
+                     f"(chip {best['chip']}; lowest: chip {low['chip']}, {low['achieved_tflops']:.1f} TFLOP/s, "
+                     f"MFU {100 * low['mfu']:.1f}%)")
+    return lines
+
+
+def scaled_kernel(kernel: Kernel, factor: float) -> Kernel:
+    """The same kernel over ``factor`` times the rows (GEMM ``m``, attention ``batch``,
+    elementwise ``tokens``): ``factor`` times the work, same weights per row."""
+    if isinstance(kernel, Gemm):
+        return attrs.evolve(kernel, m=kernel.m * factor)
+    if isinstance(kernel, Attention):
+        return attrs.evolve(kernel, batch=kernel.batch * factor)
+    return attrs.evolve(kernel, tokens=kernel.tokens * factor)
+
+
+def answer_seconds(answer) -> object:
+    """The seconds of a ``g5_compute_latency`` answer (a number or a :class:`ComputeTime`)."""
+    return answer.seconds if isinstance(answer, ComputeTime) else answer
+
+
+# ----------------------------------------------------------------------------------------
+# The size-aware roofline's parameters (the ``compute_model`` block of a system file)
+# ----------------------------------------------------------------------------------------
+
+FLOOR_KEYS = ("gemm", "attention", "decode_attention", "elementwise")
+
+
+def _cm_fraction(field: str, v) -> float:
+    from .errors import ConfigError
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1:
+        raise ConfigError(field, f"expected a fraction in (0, 1], got {v!r}")
+    return float(v)
+
+
+def _cm_positive(field: str, v, integer: bool = False) -> float:
+    from .errors import ConfigError
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    if ok and integer and float(v) != int(v):
+        ok = False
+    if not ok:
+        raise ConfigError(field, f"expected a positive {'integer' if integer else 'number'}, got {v!r}")
+    return int(v) if integer else float(v)
+
+
+@attrs.frozen(kw_only=True)
+class ComputeModel:
+    """Parameters of the size-aware roofline (:mod:`g5core.roofline` documents the formulas).
+
+    All required when the block is given; a system file without the block runs the flat
+    roofline (``efficiency`` per op class) and the run output says so.
+    """
+
+    gemm_peak_fraction: tuple        # ((dtype, fraction), ...): large-GEMM fraction of dense peak
+    gemm_tile_m: int
+    gemm_tile_n: int
+    gemm_tile_k: int
+    sm_count: int                    # streaming multiprocessors: one GEMM tile per SM per wave
+    attention_peak_fraction: float   # flash attention's asymptotic fraction of peak (long blocks)
+    attention_half_length_tokens: float  # block length at which it reaches half that fraction
+    hbm_fraction: float              # achieved fraction of HBM bandwidth of a streaming kernel
+    kernel_floor_s: tuple            # ((kernel kind, seconds), ...) for FLOOR_KEYS
+
+    KEYS = ("gemm_peak_fraction", "gemm_tile_m", "gemm_tile_n", "gemm_tile_k", "sm_count",
+            "attention_peak_fraction", "attention_half_length_tokens", "hbm_fraction", "kernel_floor_s")
+
+    @classmethod
+    def from_mapping(cls, data, field: str = "system.compute_model") -> "ComputeModel":
+        from .errors import ConfigError, suggest
+        if not hasattr(data, "items"):
+            raise ConfigError(field, f"expected a mapping with keys {', '.join(cls.KEYS)}, got {data!r}")
+        for key in data:
+            if key not in cls.KEYS:
+                raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), cls.KEYS)}; "
+                                                    f"valid keys: {', '.join(cls.KEYS)}")
+        for key in cls.KEYS:
+            if key not in data:
+                raise ConfigError(f"{field}.{key}", f"missing; the compute_model block needs all of "
+                                                    f"{', '.join(cls.KEYS)} (see the shipped system files)")
+        peaks = data["gemm_peak_fraction"]
+        if not hasattr(peaks, "items") or not peaks:
+            raise ConfigError(f"{field}.gemm_peak_fraction", f"expected a mapping of dtype to fraction, got {peaks!r}")
+        floors = data["kernel_floor_s"]
+        if not hasattr(floors, "items"):
+            raise ConfigError(f"{field}.kernel_floor_s", f"expected a mapping with keys {', '.join(FLOOR_KEYS)}")
+        for key in floors:
+            if key not in FLOOR_KEYS:
+                raise ConfigError(f"{field}.kernel_floor_s.{key}", f"unknown kernel kind; valid: {', '.join(FLOOR_KEYS)}")
+        out = {}
+        for key in FLOOR_KEYS:
+            if key not in floors:
+                raise ConfigError(f"{field}.kernel_floor_s.{key}", f"missing; give all of {', '.join(FLOOR_KEYS)}")
+            v = floors[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"{field}.kernel_floor_s.{key}", f"expected seconds >= 0, got {v!r}")
+            out[key] = float(v)
+        return cls(
+            gemm_peak_fraction=tuple(sorted((str(k), _cm_fraction(f"{field}.gemm_peak_fraction.{k}", v))
+                                            for k, v in peaks.items())),
+            gemm_tile_m=_cm_positive(f"{field}.gemm_tile_m", data["gemm_tile_m"], True),
+            gemm_tile_n=_cm_positive(f"{field}.gemm_tile_n", data["gemm_tile_n"], True),
+            gemm_tile_k=_cm_positive(f"{field}.gemm_tile_k", data["gemm_tile_k"], True),
+            sm_count=_cm_positive(f"{field}.sm_count", data["sm_count"], True),
+            attention_peak_fraction=_cm_fraction(f"{field}.attention_peak_fraction", data["attention_peak_fraction"]),
+            attention_half_length_tokens=_cm_positive(f"{field}.attention_half_length_tokens",
+                                                      data["attention_half_length_tokens"]),
+            hbm_fraction=_cm_fraction(f"{field}.hbm_fraction", data["hbm_fraction"]),
+            kernel_floor_s=tuple((k, out[k]) for k in FLOOR_KEYS),
+        )
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in self.KEYS}
+        out["gemm_peak_fraction"] = dict(self.gemm_peak_fraction)
+        out["kernel_floor_s"] = dict(self.kernel_floor_s)
+        return out
+
+    def gemm_fraction(self, dtype: str) -> float:
+        from .errors import ConfigError
+        table = dict(self.gemm_peak_fraction)
+        if dtype not in table:
+            raise ConfigError("system.compute_model.gemm_peak_fraction",
+                              f"no GEMM peak fraction for dtype '{dtype}' (it lists {', '.join(table)}); add it")
+        return table[dtype]
+
+    def floor_s(self, kind: str) -> float:
+        return dict(self.kernel_floor_s)[kind]
+
+
+PROFILE_SOURCES = ("aiconfigurator",)
+PROFILE_KEYS = ("source", "gpu", "framework", "version")
+
+
+@attrs.frozen(kw_only=True)
+class Profile:
+    """A measured per-op table set chosen in the system file (``profile:``)."""
+
+    source: str
+    gpu: str
+    framework: str
+    version: str = ""   # "" = the newest version the tables hold for each op
+
+    @classmethod
+    def from_mapping(cls, data, field: str = "system.profile") -> "Profile":
+        from .errors import ConfigError, suggest
+        if not hasattr(data, "items"):
+            raise ConfigError(field, "expected a mapping such as {source: aiconfigurator, gpu: h100_sxm, "
+                                     f"framework: trtllm}}, got {data!r}")
+        for key in data:
+            if key not in PROFILE_KEYS:
+                raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), PROFILE_KEYS)}; "
+                                                    f"valid keys: {', '.join(PROFILE_KEYS)}")
+        for key in PROFILE_KEYS[:3]:
+            v = data.get(key)
+            if not isinstance(v, str) or not v.strip():
+                raise ConfigError(f"{field}.{key}", f"missing or empty; give e.g. source: aiconfigurator, "
+                                                    "gpu: h100_sxm, framework: trtllm")
+        if data["source"] not in PROFILE_SOURCES:
+            raise ConfigError(f"{field}.source", f"unknown source {data['source']!r}; known: "
+                                                 f"{', '.join(PROFILE_SOURCES)}")
+        version = data.get("version", "")
+        if not isinstance(version, str):
+            raise ConfigError(f"{field}.version", f"expected a version string such as '1.3.0rc20', got {version!r}")
+        return cls(source=data["source"], gpu=data["gpu"], framework=data["framework"], version=version)
+
+    def to_dict(self) -> dict:
+        out = {"source": self.source, "gpu": self.gpu, "framework": self.framework}
+        if self.version:
+            out["version"] = self.version
+        return out

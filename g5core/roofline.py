@@ -1,0 +1,88 @@
+"""The roofline formulas, flat and size-aware: the one place they live.
+
+``plugins/roofline`` answers ``g5_compute_latency`` with :func:`op_latency_s`; the
+``measured`` plugin times the kernels its tables do not cover with :func:`kernel_latency_s`.
+
+**Flat** (a system file without ``compute_model``): per op,
+``max(flops / (peak[dtype] * efficiency[op_class]), hbm_bytes / (hbm_bw * efficiency["hbm"]))
++ launch_overhead_s``.
+
+**Size-aware** (the system file has a ``compute_model`` block): the op's time is the sum of
+its kernels' times (:mod:`g5core.compute` gives their shapes) plus ``launch_overhead_s`` once;
+each kernel takes ``max(compute_s, memory_s, floor_s)``, with
+``memory_s = kernel bytes / (hbm_bw * hbm_fraction)`` and ``floor_s`` the measured shortest
+kernel of its kind (``kernel_floor_s``), and:
+
+- GEMM: the output is cut into ``gemm_tile_m x gemm_tile_n`` tiles (per expert for a grouped
+  GEMM), ``k`` is rounded up to ``gemm_tile_k``; when there are fewer tiles than SMs, ``k``
+  is split so the tiles fill the SMs (split-K, as cuBLAS/CUTLASS heuristics do, bounded by
+  the ``k`` tiles); the tiles run in waves of ``sm_count``. ``compute_s = 2 * waves *
+  sm_count * tile_m * tile_n * k_per_split / (peak[dtype] * gemm_peak_fraction[dtype])``:
+  tile and wave quantisation of ``m``, ``n`` and ``k``.
+- attention: ``compute_s = flops / (peak * attention_peak_fraction * L / (L + L_half) *
+  wave_eff)`` with ``L`` the block's KV length, ``L_half`` =
+  ``attention_half_length_tokens``, and ``wave_eff`` the wave quantisation of the kernel's
+  ``batch x heads x ceil(q_len / gemm_tile_m)`` work units on ``sm_count`` SMs.
+- elementwise (norms, residual adds, rotary, embedding): memory-bound, ``compute_s = 0``.
+"""
+from __future__ import annotations
+
+import math
+
+from .compute import Attention, Gemm
+
+
+def roofline_latency_s(op_class, flops, hbm_bytes, dtype, system) -> float:
+    """The flat roofline of one op (no compute_model block)."""
+    compute_s = flops / (system.peak_flops(dtype) * system.op_efficiency(op_class)) if flops else 0.0
+    memory_s = hbm_bytes / (system.hbm_bw_bytes_per_s * system.op_efficiency("hbm")) if hbm_bytes else 0.0
+    return max(compute_s, memory_s) + system.launch_overhead_s
+
+
+def gemm_padded_flops(kernel: Gemm, cm) -> float:
+    """FLOPs the tiles of a GEMM occupy: tile, split-K and wave quantisation."""
+    tm, tn, tk, sms = cm.gemm_tile_m, cm.gemm_tile_n, cm.gemm_tile_k, cm.sm_count
+    groups = max(1, math.ceil(kernel.groups)) if kernel.groups > 0 else 1
+    m_per_group = kernel.m / groups
+    tiles = groups * math.ceil(m_per_group / tm) * math.ceil(kernel.n / tn)
+    k_tiles = math.ceil(kernel.k / tk)
+    if tiles == 0 or k_tiles == 0:
+        return 0.0
+    split = max(1, min(sms // tiles, k_tiles)) if tiles < sms else 1
+    k_per_split = math.ceil(k_tiles / split) * tk
+    waves = math.ceil(tiles * split / sms)
+    return 2.0 * waves * sms * tm * tn * k_per_split
+
+
+def attention_efficiency(kernel: Attention, cm) -> float:
+    """Fraction of peak a flash-attention kernel reaches on this block."""
+    length = kernel.length_tokens
+    units = kernel.batch * kernel.heads * math.ceil(kernel.q_len / cm.gemm_tile_m)
+    waves = math.ceil(units / cm.sm_count)
+    wave_eff = units / (waves * cm.sm_count) if waves else 1.0
+    return cm.attention_peak_fraction * length / (length + cm.attention_half_length_tokens) * wave_eff
+
+
+def kernel_latency_s(kernel, dtype: str, system) -> float:
+    """One kernel's time on the size-aware roofline (``system.compute_model`` must be set)."""
+    cm = system.compute_model
+    memory_s = kernel.hbm_bytes / (system.hbm_bw_bytes_per_s * cm.hbm_fraction)
+    if isinstance(kernel, Gemm):
+        compute_s = gemm_padded_flops(kernel, cm) / (system.peak_flops(dtype) * cm.gemm_fraction(dtype))
+        floor_s = cm.floor_s("gemm")
+    elif isinstance(kernel, Attention):
+        flops = kernel.flops
+        compute_s = flops / (system.peak_flops(dtype) * attention_efficiency(kernel, cm)) if flops else 0.0
+        floor_s = cm.floor_s("decode_attention" if kernel.block == "decode" else "attention")
+    else:
+        compute_s = 0.0
+        floor_s = cm.floor_s("elementwise")
+    return max(compute_s, memory_s, floor_s)
+
+
+def op_latency_s(op, system) -> float:
+    """An op's time: flat without a compute_model (or without kernel shapes), else the sum of
+    its kernels plus one launch overhead."""
+    if system.compute_model is None or not op.kernels:
+        return roofline_latency_s(op.op_class, op.flops, op.hbm_bytes, op.dtype, system)
+    return math.fsum(kernel_latency_s(k, op.dtype, system) for k in op.kernels) + system.launch_overhead_s

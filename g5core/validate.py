@@ -1,0 +1,329 @@
+"""``g5 validate`` and ``g5 calibrate``: G5 against measured end-to-end latencies.
+
+A measurement file is a CSV with a header and these columns:
+
+- ``config``: a configuration file, relative to the CSV's folder (its relative ``model``
+  and ``system`` paths are relative to the configuration's folder, when they exist there);
+- ``set``: ``--set`` style overrides, ``KEY=VALUE`` separated by spaces (may be empty);
+- ``metric``: ``ttft`` (prefill) or ``tpot`` (decode);
+- ``measured_ms``: the measured time in milliseconds (> 0);
+- ``source``: free text, where the figure comes from (required, may not be empty).
+
+Other columns (``name``, notes, ...) are kept and ignored. ``validate`` prints predicted
+beside measured, the error ``(predicted - measured) / measured``, the mean absolute
+percentage error and the worst row.
+
+``calibrate`` fits named system parameters (dotted keys of the system file, e.g.
+``compute_model.hbm_fraction``, ``launch_overhead_s``) by bounded least squares on the log
+error ``log(predicted / measured)`` (``scipy.optimize.least_squares``, the ``g5[measured]``
+extra), prints the fit, each row's residual, the leave-one-out error of every row, and the
+parameters the rows cannot identify (no row's prediction moves with them), and writes a
+normal system file.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import math
+import os
+import pathlib
+import shlex
+import tempfile
+from typing import Callable, Sequence
+
+import attrs
+import yaml
+
+from .config import apply_overrides, load_config_file
+from .errors import ConfigError, G5Error
+from .systems import SystemSpec, get_system
+
+COLUMNS = ("config", "set", "metric", "measured_ms", "source")
+METRICS = {"ttft": "prefill", "tpot": "decode"}
+
+
+@attrs.frozen
+class Row:
+    number: int              # 1-based data row number (the header is row 0)
+    config: str              # resolved path
+    overrides: tuple
+    metric: str
+    measured_ms: float
+    source: str
+    label: str               # config file name plus overrides, for tables
+
+    def where(self, csv_path) -> str:
+        return f"{csv_path} row {self.number}"
+
+
+def read_rows(csv_path) -> list[Row]:
+    """Parse and check the measurement file; a bad row is a one-line ConfigError naming it."""
+    path = pathlib.Path(csv_path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError("MEASURED.csv", f"cannot read '{path}': {exc.strerror or exc}") from None
+    reader = csv.DictReader(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    header = reader.fieldnames or []
+    missing = [c for c in COLUMNS if c not in header]
+    if missing:
+        raise ConfigError(str(path), f"missing column(s) {', '.join(missing)}; the header needs {', '.join(COLUMNS)}")
+    rows = []
+    for number, rec in enumerate(reader, start=1):
+        where = f"{path} row {number}"
+        cfg = (rec.get("config") or "").strip()
+        if not cfg:
+            raise ConfigError(where, "config is empty; name a configuration file")
+        cfg_path = (path.parent / cfg) if not os.path.isabs(cfg) else pathlib.Path(cfg)
+        if not cfg_path.is_file():
+            raise ConfigError(where, f"unknown config '{cfg}': no file at {cfg_path}")
+        metric = (rec.get("metric") or "").strip().lower()
+        if metric not in METRICS:
+            raise ConfigError(where, f"metric must be ttft or tpot, got {rec.get('metric')!r}")
+        raw_ms = (rec.get("measured_ms") or "").strip()
+        if not raw_ms:
+            raise ConfigError(where, "measured_ms is missing; give the measured time in milliseconds")
+        try:
+            ms = float(raw_ms)
+        except ValueError:
+            raise ConfigError(where, f"measured_ms must be a number of milliseconds, got {raw_ms!r}") from None
+        if not math.isfinite(ms) or ms <= 0:
+            raise ConfigError(where, f"measured_ms must be a time > 0 ms, got {raw_ms}")
+        source = (rec.get("source") or "").strip()
+        if not source:
+            raise ConfigError(where, "source is empty; say where the measurement comes from")
+        try:
+            overrides = tuple(shlex.split(rec.get("set") or ""))
+        except ValueError as exc:
+            raise ConfigError(where, f"bad set column: {exc}") from None
+        label = " ".join((cfg,) + overrides)
+        rows.append(Row(number, str(cfg_path), overrides, metric, ms, source, label))
+    if not rows:
+        raise ConfigError(str(path), "no measurement rows")
+    return rows
+
+
+def row_config(row: Row, system_override: str | None = None) -> dict:
+    """The row's configuration (overrides applied, relative paths resolved)."""
+    raw = apply_overrides(load_config_file(row.config), row.overrides)
+    base = pathlib.Path(row.config).parent
+    for key in ("model", "system"):
+        value = raw.get(key)
+        if isinstance(value, str) and not os.path.isabs(value) and (base / value).is_file():
+            raw[key] = str(base / value)
+    if system_override is not None:
+        raw["system"] = system_override
+    return raw
+
+
+def predict_ms(row: Row, csv_path, system_override: str | None = None) -> float:
+    from .run import run  # late import: run imports the engine
+    raw = row_config(row, system_override)
+    try:
+        out = run(raw)
+    except G5Error as exc:
+        raise ConfigError(row.where(csv_path), str(exc)) from None
+    if out.deployment.phase != METRICS[row.metric]:
+        raise ConfigError(row.where(csv_path), f"metric {row.metric} needs phase {METRICS[row.metric]}, "
+                                               f"but the config runs {out.deployment.phase}")
+    return out.latency_s * 1e3
+
+
+def error_pct(predicted_ms: float, measured_ms: float) -> float:
+    return 100.0 * (predicted_ms - measured_ms) / measured_ms
+
+
+def validate(csv_path, overrides: Sequence[str] = ()) -> dict:
+    """Predict every row (``overrides`` are applied to every row after its own)."""
+    rows = [attrs.evolve(r, overrides=r.overrides + tuple(overrides)) for r in read_rows(csv_path)]
+    out = []
+    for row in rows:
+        pred = predict_ms(row, csv_path)
+        out.append({"row": row.number, "config": row.label, "metric": row.metric, "measured_ms": row.measured_ms,
+                    "predicted_ms": pred, "error_pct": error_pct(pred, row.measured_ms), "source": row.source})
+    mape = math.fsum(abs(r["error_pct"]) for r in out) / len(out)
+    worst = max(out, key=lambda r: (abs(r["error_pct"]), -r["row"]))
+    return {"rows": out, "mape_pct": mape, "worst_row": worst["row"], "worst_error_pct": worst["error_pct"]}
+
+
+# ----------------------------------------------------------------------------------------
+# calibrate
+# ----------------------------------------------------------------------------------------
+
+# A parameter is not identifiable from the rows when no row's log prediction moves by more
+# than this when the parameter moves by 1% of itself; it is left out of the fit and reported.
+UNIDENTIFIABLE_SENSITIVITY = 1e-6
+
+
+def _get(data: dict, key: str):
+    node = data
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise ConfigError("--fit", f"system has no parameter {key!r} (no '{part}'); give dotted keys of the "
+                                       "system file, e.g. compute_model.hbm_fraction or launch_overhead_s")
+        node = node[part]
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
+        raise ConfigError("--fit", f"{key} is {node!r}, not a number; only numeric parameters can be fitted")
+    return float(node)
+
+
+def _set(data: dict, key: str, value: float) -> None:
+    """Set a dotted key; an integer field (tile sizes, SM count) gets the nearest integer."""
+    parts = key.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node[part]
+    old = node[parts[-1]]
+    node[parts[-1]] = int(round(value)) if isinstance(old, int) and not isinstance(old, bool) else float(value)
+
+
+def bounds_of(key: str, value: float) -> tuple[float, float]:
+    """Fractions (efficiency.*, *_fraction*) in (0, 1]; seconds in [0, 100 x]; any other
+    positive figure within a factor 100 of its starting value."""
+    last = key.split(".")
+    if last[0] == "efficiency" or any("fraction" in p for p in last):
+        return 1e-3, 1.0
+    if key.endswith("_s") or "floor_s" in key:
+        return 0.0, max(value, 1e-9) * 100.0
+    return value / 100.0, value * 100.0
+
+
+def _system_of(rows: Sequence[Row], csv_path) -> str:
+    systems = {}
+    for row in rows:
+        systems.setdefault(str(row_config(row)["system"]), row.number)
+    if len(systems) > 1:
+        listed = ", ".join(f"{s} (row {n})" for s, n in systems.items())
+        raise ConfigError(str(csv_path), f"rows use several systems ({listed}); calibrate one system at a time")
+    return next(iter(systems))
+
+
+def _write_system(path: pathlib.Path, data: dict, header: str) -> None:
+    directory = path.parent if str(path.parent) else pathlib.Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(header)
+            yaml.safe_dump(data, fh, sort_keys=False, default_flow_style=None)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        if path.exists():  # appeared while fitting: still never clobbered
+            raise ConfigError("-o", f"'{path}' exists; choose another output file or remove it")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] = lambda line: None,
+              leave_one_out: bool = True) -> dict:
+    """Fit ``keys`` of the rows' system; write the fitted system file to ``output``."""
+    try:
+        from scipy.optimize import least_squares
+    except ImportError:
+        raise ConfigError("calibrate", "needs scipy: python3 -m pip install -e '.[measured]'") from None
+    out_path = pathlib.Path(output)
+    if out_path.exists():
+        raise ConfigError("-o", f"'{out_path}' exists; choose another output file or remove it")
+    if not out_path.parent.is_dir() and str(out_path.parent):
+        raise ConfigError("-o", f"folder '{out_path.parent}' does not exist")
+    keys = [k.strip() for k in keys if k.strip()]
+    if not keys:
+        raise ConfigError("--fit", "name at least one parameter, e.g. --fit compute_model.hbm_fraction")
+    if len(set(keys)) != len(keys):
+        raise ConfigError("--fit", "a parameter is named twice")
+    rows = read_rows(csv_path)
+    system_ref = _system_of(rows, csv_path)
+    start = get_system(system_ref).to_dict()
+    x0 = [_get(start, k) for k in keys]
+    lo, hi = zip(*(bounds_of(k, v) for k, v in zip(keys, x0)))
+    x0 = [min(max(v, l), h) for v, l, h in zip(x0, lo, hi)]
+    scale = [max(abs(v), 1e-12) for v in x0]
+    workdir = tempfile.mkdtemp(prefix="g5-calibrate-")
+    cache: dict = {}
+
+    def system_file(x) -> str:
+        data = yaml.safe_load(yaml.safe_dump(start))
+        for k, v in zip(keys, x):
+            _set(data, k, v)
+        try:
+            SystemSpec.from_dict(data)
+        except ConfigError as exc:
+            raise ConfigError("--fit", f"the fitted values make an invalid system: {exc}") from None
+        p = pathlib.Path(workdir) / f"s{len(cache)}.yaml"
+        p.write_text(yaml.safe_dump(data), encoding="utf-8")
+        return str(p)
+
+    def predictions(x) -> list[float]:
+        key = tuple(float(v) for v in x)
+        if key not in cache:
+            path = system_file(x)
+            cache[key] = [predict_ms(r, csv_path, path) for r in rows]
+        return cache[key]
+
+    def residuals(x, use) -> list[float]:  # log error of the rows in use
+        pred = predictions(x)
+        return [math.log(pred[i] / rows[i].measured_ms) for i in use]
+
+    def with_free(free_x, free):
+        x = list(x0)
+        for j, v in zip(free, free_x):
+            x[j] = v
+        return x
+
+    def fit(use, free):
+        res = least_squares(lambda fx: residuals(with_free(fx, free), use), [x0[j] for j in free],
+                            bounds=([lo[j] for j in free], [hi[j] for j in free]), x_scale=[scale[j] for j in free],
+                            diff_step=1e-3, xtol=1e-10, ftol=1e-10, gtol=1e-10, max_nfev=200)
+        return with_free(res.x, free)
+
+    def moves(j) -> bool:
+        """Does any row's prediction change when parameter j moves by 1% of itself?"""
+        x = list(x0)
+        x[j] = x0[j] * 0.99 if x0[j] * 0.99 >= lo[j] else x0[j] * 1.01
+        if x[j] == x0[j]:
+            x[j] = (lo[j] + hi[j]) / 2
+        base, moved = predictions(x0), predictions(x)
+        return any(abs(math.log(m / b)) > UNIDENTIFIABLE_SENSITIVITY for m, b in zip(moved, base))
+
+    try:
+        everything = list(range(len(rows)))
+        free = [j for j in range(len(keys)) if moves(j)]
+        unidentifiable = [keys[j] for j in range(len(keys)) if j not in free]
+        x_fit = fit(everything, free) if free else list(x0)
+        pred = predictions(x_fit)
+        loo = []
+        if leave_one_out and len(rows) > 1:
+            for i in everything:
+                say(f"leave-one-out: refitting without row {rows[i].number}")
+                x_i = fit([j for j in everything if j != i], free) if free else list(x0)
+                loo.append(error_pct(predictions(x_i)[i], rows[i].measured_ms))
+    finally:
+        for f in pathlib.Path(workdir).glob("*.yaml"):
+            f.unlink()
+        os.rmdir(workdir)
+    fitted = {k: float(v) for k, v in zip(keys, x_fit)}
+    out_rows = [{"row": r.number, "config": r.label, "measured_ms": r.measured_ms, "predicted_ms": p,
+                 "error_pct": error_pct(p, r.measured_ms), "log_residual": math.log(p / r.measured_ms),
+                 **({"loo_error_pct": loo[i]} if loo else {})}
+                for i, (r, p) in enumerate(zip(rows, pred))]
+    rms = math.sqrt(math.fsum(r["log_residual"] ** 2 for r in out_rows) / len(out_rows))
+    data = yaml.safe_load(yaml.safe_dump(start))
+    for k, v in fitted.items():
+        _set(data, k, v)
+    data["name"] = f"{start['name']}-calibrated"
+    digest = hashlib.sha256(pathlib.Path(csv_path).read_bytes()).hexdigest()[:16]
+    header = (f"# Calibrated by `g5 calibrate` from system '{start['name']}' on {len(rows)} measured rows of\n"
+              f"# {pathlib.Path(csv_path).name} (sha256 {digest}...): bounded least squares on log error.\n"
+              + "".join(f"#   {k}: {x:.6g} -> {fitted[k]:.6g}\n" for k, x in zip(keys, x0))
+              + f"# rms log error {rms:.4f}"
+              + (f"; leave-one-out MAPE {math.fsum(abs(e) for e in loo) / len(loo):.2f}%" if loo else "")
+              + (f"; NOT identifiable from these rows (left at start): {', '.join(unidentifiable)}"
+                 if unidentifiable else "") + "\n")
+    _write_system(out_path, data, header)
+    return {"system": start["name"], "fitted": fitted, "start": dict(zip(keys, x0)), "rows": out_rows,
+            "rms_log_error": rms, "unidentifiable": unidentifiable,
+            "loo_mape_pct": (math.fsum(abs(e) for e in loo) / len(loo)) if loo else None,
+            "output": str(out_path)}

@@ -1,0 +1,130 @@
+"""`g5 validate` and `g5 calibrate`: round trip, bad rows, parameter recovery."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from g5core.cli import main
+from g5core.errors import ConfigError
+from g5core.systems import get_system
+from g5core.validate import calibrate, predict_ms, read_rows, validate
+
+MODEL = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 8192, "num_attention_heads": 32,
+         "num_key_value_heads": 8, "num_hidden_layers": 2, "vocab_size": 1000}
+HEADER = "config,set,metric,measured_ms,source\n"
+
+
+@pytest.fixture()
+def setup(tmp_path):
+    (tmp_path / "model.json").write_text(json.dumps(MODEL))
+    start = get_system("h100-sxm").to_dict()
+    (tmp_path / "start.yaml").write_text(yaml.safe_dump(dict(start, name="start")))
+    truth = yaml.safe_load(yaml.safe_dump(start))
+    truth["name"] = "truth"
+    truth["compute_model"]["gemm_peak_fraction"]["bf16"] = 0.6
+    truth["compute_model"]["hbm_fraction"] = 0.7
+    (tmp_path / "truth.yaml").write_text(yaml.safe_dump(truth))
+    for phase in ("prefill", "decode"):
+        (tmp_path / f"{phase}.yaml").write_text(yaml.safe_dump({
+            "model": "model.json", "system": "start.yaml", "chips": 1,
+            "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1}, "phase": phase, "batch": 1, "seq_len": 1024}))
+    return tmp_path
+
+
+ROWS = [("prefill", "seq_len=2048"), ("prefill", "seq_len=4096"), ("prefill", "seq_len=8192"),
+        ("decode", "batch=1"), ("decode", "batch=8"), ("decode", "batch=32")]
+
+
+def _write_csv(d, values, name="m.csv"):
+    lines = [HEADER] + [f"{ph}.yaml,{st},{'ttft' if ph == 'prefill' else 'tpot'},{v!r},synthetic\n"
+                        for (ph, st), v in zip(ROWS, values)]
+    p = d / name
+    p.write_text("".join(lines))
+    return p
+
+
+def test_validate_round_trip_on_a_small_csv(setup):
+    # measurements that are G5's own predictions (+10% and -5%) come back with those errors
+    exact = _write_csv(setup, [1.0] * len(ROWS), "probe.csv")
+    pred = [predict_ms(r, exact) for r in read_rows(exact)]
+    csv = _write_csv(setup, [p / 1.1 if i % 2 == 0 else p / 0.95 for i, p in enumerate(pred)])
+    report = validate(csv)
+    errors = [r["error_pct"] for r in report["rows"]]
+    assert errors == pytest.approx([10.0 if i % 2 == 0 else -5.0 for i in range(len(ROWS))], rel=1e-9)
+    assert report["mape_pct"] == pytest.approx(7.5, rel=1e-9)
+    assert report["worst_row"] == 1
+    result = CliRunner().invoke(main, ["validate", str(csv), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["mape_pct"] == pytest.approx(7.5, rel=1e-9)
+    text = CliRunner().invoke(main, ["validate", str(csv)]).output
+    assert "MAPE 7.5% over 6 rows; worst: row 1 (+10.0%)" in text
+
+
+@pytest.mark.parametrize("row, message", [
+    ("nowhere.yaml,,ttft,5,src", "row 1: unknown config 'nowhere.yaml'"),
+    ("prefill.yaml,,ttft,,src", "row 1: measured_ms is missing"),
+    ("prefill.yaml,,ttft,-3,src", "row 1: measured_ms must be a time > 0 ms, got -3"),
+    ("prefill.yaml,,speed,3,src", "row 1: metric must be ttft or tpot"),
+    ("prefill.yaml,,ttft,3,", "row 1: source is empty"),
+])
+def test_bad_rows_are_one_line_errors_naming_the_row(setup, row, message):
+    p = setup / "bad.csv"
+    p.write_text(HEADER + row + "\n")
+    with pytest.raises(ConfigError) as exc:
+        validate(p)
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+    result = CliRunner().invoke(main, ["validate", str(p)])
+    assert result.exit_code == 2 and message in result.output
+
+
+def test_a_row_whose_metric_does_not_match_the_phase_is_refused(setup):
+    p = setup / "bad.csv"
+    p.write_text(HEADER + "decode.yaml,,ttft,3,src\n")
+    with pytest.raises(ConfigError, match="row 1: metric ttft needs phase prefill"):
+        validate(p)
+
+
+def test_calibrate_recovers_known_parameters_and_reports_the_unidentifiable(setup):
+    probe = _write_csv(setup, [1.0] * len(ROWS), "probe.csv")
+    truth = str(setup / "truth.yaml")
+    noise = 1.0 + 0.002 * np.random.default_rng(7).standard_normal(len(ROWS))   # ~0.2% noise
+    measured = [predict_ms(r, probe, truth) * float(n) for r, n in zip(read_rows(probe), noise)]
+    csv = _write_csv(setup, measured)
+    out = setup / "calibrated.yaml"
+    keys = ["compute_model.gemm_peak_fraction.bf16", "compute_model.hbm_fraction", "network_bw_bytes_per_s"]
+    report = calibrate(csv, keys, out)
+    assert report["fitted"]["compute_model.gemm_peak_fraction.bf16"] == pytest.approx(0.6, rel=0.02)
+    assert report["fitted"]["compute_model.hbm_fraction"] == pytest.approx(0.7, rel=0.02)
+    assert report["unidentifiable"] == ["network_bw_bytes_per_s"]     # one chip: no row uses the network
+    assert len(report["rows"]) == len(ROWS) and all("loo_error_pct" in r for r in report["rows"])
+    assert all(abs(r["loo_error_pct"]) < 3 for r in report["rows"])
+    # a normal system file, with a comment on what it was fitted on
+    text = out.read_text()
+    assert text.startswith("# Calibrated by `g5 calibrate` from system 'start' on 6 measured rows")
+    assert "NOT identifiable from these rows (left at start): network_bw_bytes_per_s" in text
+    fitted = get_system(str(out))
+    assert fitted.compute_model.hbm_fraction == pytest.approx(0.7, rel=0.02)
+    assert fitted.network_bw_bytes_per_s == get_system(str(setup / "start.yaml")).network_bw_bytes_per_s
+    # never clobbered: a second run refuses before any work
+    with pytest.raises(ConfigError, match="exists; choose another output file"):
+        calibrate(csv, keys, out)
+
+
+def test_calibrate_command_line_and_bad_key(setup):
+    probe = _write_csv(setup, [1.0] * len(ROWS), "probe.csv")
+    measured = [predict_ms(r, probe) for r in read_rows(probe)]
+    csv = _write_csv(setup, measured)
+    out = setup / "c.yaml"
+    result = CliRunner().invoke(main, ["calibrate", str(csv), "--fit", "launch_overhead_s", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "leave-one-out" in result.output and out.exists()
+    assert math.isclose(get_system(str(out)).launch_overhead_s, get_system("h100-sxm").launch_overhead_s,
+                        rel_tol=0.02)
+    bad = CliRunner().invoke(main, ["calibrate", str(csv), "--fit", "compute_model.nope", "-o", str(setup / "d.yaml")])
+    assert bad.exit_code == 2 and "system has no parameter 'compute_model.nope'" in bad.output
+    assert not (setup / "d.yaml").exists()
