@@ -81,27 +81,35 @@ def config_options(f):
 @main.command("run")
 @config_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Perfetto/Chrome trace here.")
-@click.option("--timeline", "timeline_path", type=click.Path(dir_okay=False),
+@click.option("--trace", "trace_path", help="Write a Perfetto/Chrome trace here.")
+@click.option("--timeline", "timeline_path",
               help="Write every op's start and end (and chips, owner, reason, bytes) as CSV here.")
 @click.option("--compare-math", is_flag=True, help="Also compute the closed-form Math path and show both.")
 def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, compare_math):
     """Simulate one configuration (prefill: TTFT; decode: TPOT)."""
-    from .run import load_raw, run
-    from .trace import write_timeline, write_trace
+    from .outputs import check_outputs
+    from .run import input_files, load_raw, run
+    from .trace import dump_timeline, dump_trace
 
-    out = run(load_raw(config, overrides), disabled=disabled, compare_math=compare_math, progress=_progress(),
-              record_port_rates=bool(trace_path))
-    if out.sim is None and (trace_path or timeline_path):
+    raw = load_raw(config, overrides)
+    targets = check_outputs({"--trace": trace_path, "--timeline": timeline_path}, input_files(config, raw))
+    if targets and raw.get("path") == "math":
         raise G5Error("--trace and --timeline need the G5 path (path: g5); the Math path has no timeline")
-    if trace_path:
-        write_trace(out.sim, out.plan.ctx.topology, trace_path)
-    if timeline_path:
-        write_timeline(out.sim, timeline_path)
+    out = run(raw, disabled=disabled, compare_math=compare_math, progress=_progress(),
+              record_port_rates=bool(trace_path))
+    write_error = None
+    if targets:
+        try:
+            targets.write({"--trace": lambda fh: dump_trace(out.sim, out.plan.ctx.topology, fh),
+                           "--timeline": lambda fh: dump_timeline(out.sim, fh)})
+        except G5Error as exc:  # the run is done: show its result, then the failed write
+            write_error, trace_path, timeline_path = exc, None, None
     if as_json:
-        click.echo(json.dumps(out.to_json_dict(), indent=2, sort_keys=True))
-        return
-    click.echo(render_summary(out, trace_path, timeline_path))
+        click.echo(json.dumps(out.to_json_dict(), indent=2, sort_keys=True, allow_nan=False))
+    else:
+        click.echo(render_summary(out, trace_path, timeline_path))
+    if write_error is not None:
+        _fail(G5Error(f"{write_error}; nothing was written"))
 
 
 def render_summary(out, trace_path=None, timeline_path=None) -> str:

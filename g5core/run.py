@@ -38,6 +38,17 @@ def make_plan(raw: Mapping | Deployment, disabled: Iterable[str] = (), extra_plu
     return plan
 
 
+def input_files(config_path, raw: Mapping) -> list[tuple[str, Any]]:
+    """The files a run reads (configuration, and model or system when given as paths), as
+    ``(label, path)`` pairs; no output may overwrite one of them."""
+    out: list[tuple[str, Any]] = [("configuration", config_path)]
+    for key in ("model", "system"):
+        value = raw.get(key) if isinstance(raw, Mapping) else None
+        if isinstance(value, str) and value:
+            out.append((f"{key} file", value))
+    return out
+
+
 Progress = Optional[Callable[[str], None]]
 
 
