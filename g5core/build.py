@@ -13,7 +13,7 @@ import pluggy
 
 from .collective import Topology, collect_primitives
 from .config import Deployment
-from .dag import CommOp, ComputeOp, Fragment, OpDag
+from .dag import CommOp, ComputeOp, Fragment, OpDag, require_lowering
 from .dimensions import DimensionRegistry, collect_dimensions
 from .errors import ConfigError, DagError, PluginError
 from .flops import activation_tensor_bytes
@@ -226,9 +226,7 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
         members = (op.chip,)
     elif kind is CommOp:
         members = op.group
-        if op.primitive not in primitives:
-            raise DagError(f"op {op.key!r} made by plugin '{owner}' uses primitive '{op.primitive}', which no enabled "
-                           f"plugin lowers (registered: {', '.join(primitives) or 'none'}); enable the collectives plugin")
+        require_lowering(op, primitives)
         if len(set(members)) != len(members) or len(members) < 2:
             raise DagError(f"op {op.key!r} made by plugin '{owner}' has a bad group {members}")
     else:

@@ -185,10 +185,10 @@ def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: Loc
         fl, hb = F.elementwise(shape.norm_tokens, d, act)
         return Work("elementwise", fl, hb, "", welems)
     if kind == "final_norm":
-        fl, hb = F.elementwise(_head_tokens(deployment, shape), d, act)
+        fl, hb = F.elementwise(_head_tokens(shape), d, act)
         return Work("elementwise", fl, hb, "", welems)
     if kind == "lm_head":
-        fl, hb = F.gemm(_head_tokens(deployment, shape), d, shape.vocab, wbytes, act)
+        fl, hb = F.gemm(_head_tokens(shape), d, shape.vocab, wbytes, act)
         return Work("gemm", fl, hb, wclass, welems)
     if kind in ("qkv_proj", "o_proj"):
         mats = [m for m in local_projections(model, shape) if (m[0] == "o_proj") == (kind == "o_proj")]
@@ -242,7 +242,7 @@ def attention_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
                    "that owns it; enable the plugin for the dimension that shards the sequence")
 
 
-def _head_tokens(deployment: Deployment, shape: LocalShape) -> float:
+def _head_tokens(shape: LocalShape) -> float:
     """The LM head computes logits for the last token of each sequence (prefill) or the new
     token (decode): ``batch`` tokens, wherever the sequence is sharded."""
     return float(shape.batch)

@@ -15,7 +15,7 @@ import attrs
 
 from .build import Plan, expand
 from .collective import Topology
-from .dag import CommOp, ComputeOp
+from .dag import CommOp, ComputeOp, require_lowering
 from .errors import DagError
 from .layers import build_program
 
@@ -37,6 +37,7 @@ def alpha_beta_s(op: CommOp, plan: Plan, cache: dict) -> float:
     key = (op.primitive, op.group, op.bytes_per_rank)
     if key not in cache:
         topo: Topology = plan.ctx.topology
+        require_lowering(op, plan.primitives)
         _, lower = plan.primitives[op.primitive]
         low = lower(op.group, op.bytes_per_rank, topo)
         on_port: dict[int, float] = {}

@@ -6,13 +6,14 @@
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
 from .build import Plan, build_dag, prepare
-from .errors import ConfigError
+from .errors import ConfigError, G5Error
 from .config import Deployment, apply_overrides, disabled_from_config, load_config_file
 from .engine import Engine, compile_dag
 from .mathpath import MathResult, math_estimate
@@ -105,7 +106,7 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
     dep = plan.ctx.deployment
     memory = memory_report(plan.ctx)
     if dep.path == "math":
-        return RunOutput(dep, plan, memory, math=math_estimate(plan))
+        return _finite(RunOutput(dep, plan, memory, math=math_estimate(plan)))
     if compare_math:
         # the Math path's own guards apply to the comparison (cp > 1 is refused there),
         # checked before the simulation so a refused run costs nothing
@@ -117,4 +118,16 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
             raise ConfigError("--compare-math", f"the Math path refuses this configuration: {exc}") from None
     sim = simulate(plan, progress=progress, record_port_rates=record_port_rates)
     mres = math_estimate(plan) if compare_math else None
-    return RunOutput(dep, plan, memory, sim=sim, math=mres)
+    return _finite(RunOutput(dep, plan, memory, sim=sim, math=mres))
+
+
+def _finite(out: RunOutput) -> RunOutput:
+    """A result is finite or it is an error (the input limits keep it finite; this is the
+    last line of defence, so no summary or JSON ever shows inf or NaN)."""
+    values = [out.latency_s] + [c.total_bytes for c in out.memory.per_chip]
+    if out.math is not None:
+        values.append(out.math.latency_s)
+    if not all(math.isfinite(v) for v in values):
+        raise G5Error("the result is not a finite number; an input is out of range (check the magnitudes in the "
+                      "configuration, model and system files)")
+    return out

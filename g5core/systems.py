@@ -22,6 +22,7 @@ import yaml
 
 from .dtypes import BYTES_PER_ELEMENT
 from .errors import ConfigError, suggest
+from .inputs import DuplicateKeyError, UniqueKeyLoader, check_range, duplicate_key_error, read_text, safe_float
 
 __all__ = [
     "OP_CLASSES",
@@ -79,7 +80,7 @@ def _describe(value: Any) -> str:
 
 
 def _to_float(value: Any) -> Any:
-    return float(value) if _is_number(value) else value
+    return safe_float(value)  # a 401-digit integer becomes inf, which the validator refuses
 
 
 def _to_int(value: Any) -> Any:
@@ -98,11 +99,27 @@ def _field(attribute: attrs.Attribute) -> str:
     return f"system.{attribute.name}"
 
 
+def _unit_kind(field: str) -> str | None:
+    """The LIMITS kind of a field, from the unit its name ends with."""
+    for suffix in ("bytes_per_s", "flops_per_s", "bytes", "s"):
+        if field.endswith("_" + suffix) or field.split(".")[-1] == suffix:
+            return "seconds" if suffix == "s" else suffix
+    return None
+
+
+def _in_range(field: str, value: Any, kind: str | None = None) -> None:
+    """Refuse a magnitude no chip could have (inputs.LIMITS, by the unit the name ends with)."""
+    kind = kind or _unit_kind(field.split(".")[1])  # system.<name>[.<key>]
+    if kind is not None:
+        check_range(field, value, kind)
+
+
 def _check_positive_number(field: str, value: Any) -> None:
     if not _is_number(value) or not math.isfinite(value):
         raise ConfigError(field, f"expected a positive number, got {_describe(value)}")
     if value <= 0:
         raise ConfigError(field, f"expected a positive number (> 0), got {value!r}")
+    _in_range(field, value)
 
 
 def _positive_int(instance, attribute, value) -> None:
@@ -110,6 +127,7 @@ def _positive_int(instance, attribute, value) -> None:
         raise ConfigError(_field(attribute), f"expected a positive integer, got {_describe(value)}")
     if value <= 0:
         raise ConfigError(_field(attribute), f"expected a positive integer (> 0), got {value!r}")
+    _in_range(_field(attribute), value, "chips_per_node" if attribute.name == "chips_per_node" else None)
 
 
 def _positive(instance, attribute, value) -> None:
@@ -122,6 +140,7 @@ def _non_negative(instance, attribute, value) -> None:
         raise ConfigError(field, f"expected a number of seconds >= 0, got {_describe(value)}")
     if value < 0:
         raise ConfigError(field, f"expected a number of seconds >= 0, got {value!r}")
+    _in_range(field, value, "seconds")
 
 
 def _non_empty_name(instance, attribute, value) -> None:
@@ -174,6 +193,7 @@ def _efficiency_map(instance, attribute, value) -> None:
         v = value[key]
         if not _is_number(v) or not math.isfinite(v) or not (0 < v <= 1):
             raise ConfigError(f"{field}.{key}", f"expected a fraction in (0, 1], got {_describe(v)}")
+        check_range(f"{field}.{key}", v, "fraction")
 
 
 # ---------------------------------------------------------------------------------------
@@ -276,18 +296,14 @@ class SystemSpec:
     def from_yaml(cls, path) -> SystemSpec:
         """Load one system from a YAML file (shipped or user-written: same checks)."""
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(
-                "system", f"cannot read system file '{path}': {exc.strerror or exc}"
-            ) from None
-        return cls._from_text(text, str(path))
+        return cls._from_text(read_text(path, "system", "system file"), str(path))
 
     @classmethod
     def _from_text(cls, text: str, source: str) -> SystemSpec:
         try:
             data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        except DuplicateKeyError as exc:
+            raise duplicate_key_error("system", f"'{source}'", exc) from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -302,8 +318,8 @@ class SystemSpec:
         return cls.from_dict(data, source=source)
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads YAML 1.2 floats such as ``450e9`` and ``3.35e12``.
+class _Loader(UniqueKeyLoader):
+    """SafeLoader (refusing duplicate keys) that also reads YAML 1.2 floats such as ``450e9`` and ``3.35e12``.
 
     PyYAML follows YAML 1.1, where an exponent needs a dot and a sign (``4.5e+11``);
     without this, ``450e9`` would be read as a string.
