@@ -70,14 +70,14 @@ def short_repr(value: Any) -> str:
 
 
 def safe_float(value: Any) -> Any:
-    """``float(value)`` for a number, ``inf`` when it is too large for a double; other
-    values pass through unchanged (their validator names the problem)."""
+    """``float(value)`` for a number; anything else, or an integer too large for a double,
+    passes through unchanged (its validator names the problem)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return value
     try:
         return float(value)
     except OverflowError:
-        return math.copysign(math.inf, value)
+        return value  # too large for a double: stays an int, and the range check refuses it
 
 
 # ----------------------------------------------------------------------------------------

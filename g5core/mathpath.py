@@ -9,8 +9,6 @@ this is exactly the sum the engine's single stream produces.
 """
 from __future__ import annotations
 
-import math
-
 import attrs
 
 from .build import Plan, expand
@@ -78,6 +76,4 @@ def math_estimate(plan: Plan) -> MathResult:
             total += m_s
         compute_total += c_s
         comm_total += m_s
-    if not math.isfinite(total):
-        raise DagError("the Math path produced a non-finite latency")
     return MathResult(phase=ctx.deployment.phase, latency_s=total, compute_s=compute_total, comm_s=comm_total)

@@ -67,6 +67,7 @@ def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True, progress
     compiled = compile_dag(dag, plan)
     say(f"simulating {len(compiled.keys)} ops and {len(compiled.flow_bytes)} flows")
     engine = engine_cls(compiled, record_port_rates=record_port_rates).run()
+    _check_finite([engine.makespan_s])  # before the summary does arithmetic on it
     say(f"{engine.events} events; checking conservation")
     result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0)
     if check:
@@ -127,7 +128,11 @@ def _finite(out: RunOutput) -> RunOutput:
     values = [out.latency_s] + [c.total_bytes for c in out.memory.per_chip]
     if out.math is not None:
         values.append(out.math.latency_s)
+    _check_finite(values)
+    return out
+
+
+def _check_finite(values: Iterable[float]) -> None:
     if not all(math.isfinite(v) for v in values):
         raise G5Error("the result is not a finite number; an input is out of range (check the magnitudes in the "
                       "configuration, model and system files)")
-    return out

@@ -80,7 +80,7 @@ def _describe(value: Any) -> str:
 
 
 def _to_float(value: Any) -> Any:
-    return safe_float(value)  # a 401-digit integer becomes inf, which the validator refuses
+    return safe_float(value)
 
 
 def _to_int(value: Any) -> Any:
@@ -114,8 +114,14 @@ def _in_range(field: str, value: Any, kind: str | None = None) -> None:
         check_range(field, value, kind)
 
 
+def _finite_number(value: Any) -> bool:
+    """A number that is not inf or NaN (an int too large for a double counts: the range
+    check refuses it with its digits)."""
+    return _is_number(value) and (isinstance(value, int) or math.isfinite(value))
+
+
 def _check_positive_number(field: str, value: Any) -> None:
-    if not _is_number(value) or not math.isfinite(value):
+    if not _finite_number(value):
         raise ConfigError(field, f"expected a positive number, got {_describe(value)}")
     if value <= 0:
         raise ConfigError(field, f"expected a positive number (> 0), got {value!r}")
@@ -136,7 +142,7 @@ def _positive(instance, attribute, value) -> None:
 
 def _non_negative(instance, attribute, value) -> None:
     field = _field(attribute)
-    if not _is_number(value) or not math.isfinite(value):
+    if not _finite_number(value):
         raise ConfigError(field, f"expected a number of seconds >= 0, got {_describe(value)}")
     if value < 0:
         raise ConfigError(field, f"expected a number of seconds >= 0, got {value!r}")
