@@ -21,7 +21,7 @@ from .layers import (
     SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token,
 )
 from .models import ModelSpec, get_model
-from .plugins import Hooks
+from .plugins import Hooks, describe_plugins
 from .rankmap import RankMap
 from .shape import LocalShape, merge_factors
 from .systems import SystemSpec, get_system
@@ -134,7 +134,10 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
     if isinstance(raw_or_deployment, Deployment):
         deployment = raw_or_deployment
     else:
-        deployment = Deployment.from_dict(raw_or_deployment, dims, source)
+        try:
+            deployment = Deployment.from_dict(raw_or_deployment, dims, source)
+        except ConfigError as exc:
+            raise _name_disabled_plugins(exc, pm, dims) from None
     model = get_model(deployment.model)
     system = get_system(deployment.system)
     for _plugin, _ in hooks.call_each("g5_validate_deployment", deployment=deployment, model=model, system=system):
@@ -149,6 +152,21 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
     topology = Topology.from_system(system, rankmap)
     ctx = BuildContext(deployment, model, system, dims, rankmap, shape, topology, hooks)
     return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks))
+
+
+def _name_disabled_plugins(exc: ConfigError, pm: pluggy.PluginManager, dims: DimensionRegistry) -> ConfigError:
+    """An unknown ``parallel`` key while plugins are disabled: say which are disabled (one
+    of them likely registers it) instead of guessing a similar dimension name."""
+    key = exc.field[len("parallel."):] if exc.field.startswith("parallel.") else ""
+    if not key or key in dims.names:
+        return exc
+    disabled = [p.name for p in describe_plugins(pm) if not p.enabled]
+    if not disabled:
+        return exc
+    hint = (f"the plugin '{key}' is disabled" if key in disabled
+            else f"disabled plugins: {', '.join(disabled)}")
+    return ConfigError(exc.field, f"no enabled plugin registers the dimension '{key}' ({hint}); enable the plugin "
+                                  f"that provides it, or remove parallel.{key} (registered: {', '.join(dims.names)})")
 
 
 # ----------------------------------------------------------------------------------------
