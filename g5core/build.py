@@ -15,7 +15,7 @@ from .collective import Topology, collect_primitives
 from .config import Deployment
 from .dag import CommOp, ComputeOp, Fragment, OpDag, require_lowering
 from .dimensions import DimensionRegistry, collect_dimensions
-from .errors import ConfigError, DagError, PluginError
+from .errors import ConfigError, DagError, G5Error, PluginError, ResourceError
 from .flops import activation_tensor_bytes
 from .layers import (
     SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token,
@@ -127,8 +127,12 @@ class Plan:
     primitives: Mapping
 
 
-def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configuration") -> Plan:
-    """Validate a raw configuration mapping (or a Deployment) against the enabled plugins."""
+def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configuration",
+            max_ops: int | None = None) -> Plan:
+    """Validate a raw configuration mapping (or a Deployment) against the enabled plugins.
+
+    A deployment whose op count is certainly above ``max_ops`` (default DEFAULT_MAX_OPS)
+    is refused here, before the rank map of its chips is built."""
     hooks = Hooks(pm)
     dims = collect_dimensions(hooks)
     if isinstance(raw_or_deployment, Deployment):
@@ -144,6 +148,7 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
         pass
     factors = merge_factors(hooks.call_each("g5_shard_factors", deployment=deployment, model=model))
     shape = LocalShape.from_factors(deployment, model, factors)
+    _check_floor(deployment, model, max_ops)
     sizes = dict(deployment.parallel)
     try:
         rankmap = RankMap.build(sizes, dims, system.chips_per_node)
@@ -255,3 +260,130 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
     for c in members:
         if not (type(c) is int and 0 <= c < chips):
             raise DagError(f"op {op.key!r} made by plugin '{owner}' is placed on chip {c!r}, outside 0..{chips - 1}")
+
+
+# ----------------------------------------------------------------------------------------
+# Size guard: the op and flow count, estimated before the DAG is built
+# ----------------------------------------------------------------------------------------
+
+#: Ops plus flows a run may build unless ``--max-ops`` says otherwise: about 2.5 GiB of
+#: memory and 3 minutes on the 2-core development machine (the figures below).
+DEFAULT_MAX_OPS = 4_000_000
+#: Peak memory per op or flow: the llama-3.1-405b 1M-token benchmark (README, benchmarks/
+#: bench.py, 2026-11-29) peaks at 1,109 MiB for 1,169,568 ops + 548,352 flows = 677 B each.
+PEAK_BYTES_PER_OP = 680
+#: Wall time per op or flow on the same run: 51.4 s / 1,717,920 = 30 us.
+WALL_S_PER_OP = 30e-6
+
+
+@attrs.frozen
+class SizeEstimate:
+    ops: int
+    flows: int
+
+    @property
+    def total(self) -> int:
+        return self.ops + self.flows
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.total * PEAK_BYTES_PER_OP
+
+    @property
+    def wall_s(self) -> float:
+        return self.total * WALL_S_PER_OP
+
+    def describe(self) -> str:
+        flows = f" and {self.flows:,} flows" if self.flows else ""
+        mib = self.memory_bytes / 2 ** 20
+        memory = f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
+        return f"about {self.ops:,} ops{flows} (about {memory} of memory and {_fmt_duration(self.wall_s)} to simulate)"
+
+
+def _fmt_duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} minutes"
+    return f"{seconds / 3600:.0f} hours"
+
+
+def _check_floor(deployment: Deployment, model: ModelSpec, max_ops: int | None) -> None:
+    """Every chip runs the work ops of at least one layer, and every layer runs its work
+    ops at least once: ``max(chips, layers) x (fewest work ops of a layer)`` is a floor on
+    the op count that needs neither the rank map nor the full program."""
+    limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
+    first = model.moe.first_dense_layers if model.moe is not None else 0
+    sample = attrs.evolve(model, n_layers=min(model.n_layers, first + 1))  # one dense and one MoE layer
+    per_layer: dict[int, int] = {}
+    for lop in build_program(sample):
+        if lop.kind not in SYNC_KINDS and 0 <= lop.layer < sample.n_layers:
+            per_layer[lop.layer] = per_layer.get(lop.layer, 0) + 1
+    floor = max(deployment.chips, model.n_layers) * min(per_layer.values(), default=1)
+    if floor > limit:
+        _refuse(SizeEstimate(ops=floor, flows=0), limit, exact=False)
+
+
+def _refuse(est: "SizeEstimate", limit: int, exact: bool) -> None:
+    what = est.describe() if exact else est.describe().replace("about", "at least", 1)
+    raise ResourceError(f"this deployment would simulate {what}, above the limit of {limit:,} ops and flows; "
+                        f"use fewer chips or layers, or raise the limit with --max-ops {est.total}")
+
+
+def estimate_size(plan: Plan, program: tuple[LogicalOp, ...] | None = None) -> SizeEstimate:
+    """Ops and flows :func:`build_dag` would make, from the same expansion hooks and lowerings,
+    without building the DAG: one layer of each kind (the same sequence of logical ops, on
+    the same chips, after a layer on the same chips: so a pipeline stage's first layer is
+    a kind of its own) is expanded and counted, then multiplied by the number of such
+    layers. Exact as long as alike layers expand alike, which the tests check.
+
+    """
+    ctx = plan.ctx
+    program = program if program is not None else build_program(ctx.model)
+    layers: dict[int, list[LogicalOp]] = {}
+    for lop in program:
+        layers.setdefault(lop.layer, []).append(lop)
+    kinds: dict[tuple, list[int]] = {}
+    previous: tuple[int, ...] = ()
+    for layer, lops in layers.items():
+        chips = ctx.layer_chips(layer) if 0 <= layer < ctx.model.n_layers else ()
+        # layers alike: the same logical ops, on the same chips, after a layer on the same chips
+        kinds.setdefault((tuple(lop.kind for lop in lops), chips, previous), []).append(layer)
+        previous = chips
+    ops = flows = 0
+    flow_cache: dict = {}
+    for same in kinds.values():
+        n_ops = n_flows = 0
+        for lop in layers[same[0]]:
+            _, frag = expand(ctx, lop)
+            n_ops += len(frag.ops)
+            for op in frag.ops:
+                if type(op) is CommOp:
+                    n_flows += _flow_count(op, plan, flow_cache)
+        ops += n_ops * len(same)
+        flows += n_flows * len(same)
+    return SizeEstimate(ops=ops, flows=flows)
+
+
+def _flow_count(op: CommOp, plan: Plan, cache: dict) -> int:
+    key = (op.primitive, op.group, op.bytes_per_rank)
+    if key not in cache:
+        require_lowering(op, plan.primitives)
+        plugin, lower = plan.primitives[op.primitive]
+        try:
+            cache[key] = len(lower(op.group, op.bytes_per_rank, plan.ctx.topology).flows)
+        except G5Error:
+            raise
+        except Exception as exc:
+            raise PluginError(plugin, f"lowering {op.primitive} for {op.key} raised {type(exc).__name__}: {exc}") from exc
+    return cache[key]
+
+
+def check_size(plan: Plan, max_ops: int | None = None) -> SizeEstimate:
+    """Refuse, before building anything, a run above ``max_ops`` ops and flows together
+    (default :data:`DEFAULT_MAX_OPS`), stating the estimate and the memory it would need."""
+    limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
+    est = estimate_size(plan)
+    if est.total > limit:
+        _refuse(est, limit, exact=True)
+    return est

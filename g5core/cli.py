@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .errors import G5Error
+from .errors import ConfigError, G5Error
 from .memory import GIB
 
 
@@ -85,18 +85,22 @@ def config_options(f):
 @click.option("--timeline", "timeline_path",
               help="Write every op's start and end (and chips, owner, reason, bytes) as CSV here.")
 @click.option("--compare-math", is_flag=True, help="Also compute the closed-form Math path and show both.")
-def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, compare_math):
+@click.option("--max-ops", type=int, default=None, metavar="N",
+              help="Refuse runs estimated above N ops and flows together (default 4,000,000).")
+def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, compare_math, max_ops):
     """Simulate one configuration (prefill: TTFT; decode: TPOT)."""
     from .outputs import check_outputs
     from .run import input_files, load_raw, run
     from .trace import dump_timeline, dump_trace
 
+    if max_ops is not None and max_ops < 1:
+        raise ConfigError("--max-ops", f"must be a positive whole number, got {max_ops}")
     raw = load_raw(config, overrides)
     targets = check_outputs({"--trace": trace_path, "--timeline": timeline_path}, input_files(config, raw))
     if targets and raw.get("path") == "math":
         raise G5Error("--trace and --timeline need the G5 path (path: g5); the Math path has no timeline")
     out = run(raw, disabled=disabled, compare_math=compare_math, progress=_progress(),
-              record_port_rates=bool(trace_path))
+              record_port_rates=bool(trace_path), max_ops=max_ops)
     write_error = None
     if targets:
         try:

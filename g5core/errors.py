@@ -30,6 +30,10 @@ class DagError(G5Error):
     """The op DAG a plugin built is invalid (cycle, unplaced op, unlowered comm op)."""
 
 
+class ResourceError(G5Error):
+    """A run would need more ops, memory or time than the limit allows (``--max-ops``)."""
+
+
 class ConservationError(G5Error):
     """An engine invariant did not hold after a run; carries the KPIs."""
 

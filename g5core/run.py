@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
-from .build import Plan, build_dag, prepare
+from .build import Plan, build_dag, check_size, prepare
 from .errors import ConfigError, G5Error
 from .config import Deployment, apply_overrides, disabled_from_config, load_config_file
 from .engine import Engine, compile_dag
@@ -28,12 +28,12 @@ def load_raw(path, overrides: Iterable[str] = ()) -> dict:
 
 
 def make_plan(raw: Mapping | Deployment, disabled: Iterable[str] = (), extra_plugins: Sequence = (),
-              source: str = "configuration") -> Plan:
+              source: str = "configuration", max_ops: Optional[int] = None) -> Plan:
     """Plugin manager (CLI and config disables together) and a validated, prepared run."""
     from_config = raw.disabled_plugins if isinstance(raw, Deployment) else disabled_from_config(raw)
     names = tuple(dict.fromkeys(tuple(disabled) + tuple(from_config)))
     pm = make_plugin_manager(disabled=names, extra_plugins=extra_plugins)
-    plan = prepare(raw, pm, source=source)
+    plan = prepare(raw, pm, source=source, max_ops=max_ops)
     if names and not plan.ctx.deployment.disabled_plugins == names:
         plan.ctx.deployment = attrs.evolve(plan.ctx.deployment, disabled_plugins=names)
     return plan
@@ -102,9 +102,15 @@ class RunOutput:
 
 
 def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: bool = False,
-        extra_plugins: Sequence = (), progress: Progress = None, record_port_rates: bool = False) -> RunOutput:
-    plan = make_plan(raw, disabled, extra_plugins)
+        extra_plugins: Sequence = (), progress: Progress = None, record_port_rates: bool = False,
+        max_ops: Optional[int] = None) -> RunOutput:
+    """Validate, refuse a run above ``max_ops`` ops and flows (default
+    ``build.DEFAULT_MAX_OPS``) before building anything, then simulate or estimate."""
+    plan = make_plan(raw, disabled, extra_plugins, max_ops=max_ops)
     dep = plan.ctx.deployment
+    size = check_size(plan, max_ops)
+    if progress is not None:
+        progress(f"estimated {size.describe()}")
     memory = memory_report(plan.ctx)
     if dep.path == "math":
         return _finite(RunOutput(dep, plan, memory, math=math_estimate(plan)))
