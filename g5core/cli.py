@@ -89,6 +89,7 @@ def config_options(f):
               help="Refuse runs estimated above N ops and flows together (default 4,000,000).")
 def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, compare_math, max_ops):
     """Simulate one configuration (prefill: TTFT; decode: TPOT)."""
+    from .caveats import deployment_warnings
     from .outputs import check_outputs
     from .run import input_files, load_raw, run
     from .trace import dump_timeline, dump_trace
@@ -101,6 +102,8 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, com
         raise G5Error("--trace and --timeline need the G5 path (path: g5); the Math path has no timeline")
     out = run(raw, disabled=disabled, compare_math=compare_math, progress=_progress(),
               record_port_rates=bool(trace_path), max_ops=max_ops)
+    for line in deployment_warnings(out.plan.ctx, out.memory):
+        click.echo(f"g5: warning: {line}", err=True)
     write_error = None
     if targets:
         try:
