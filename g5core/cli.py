@@ -33,11 +33,12 @@ def main() -> None:
 
 
 def _fmt_s(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.3f} s"
+    """Four significant digits at any magnitude: 1.244 s, 83.72 s, 41.53 ms, 4.888e+09 s."""
+    if seconds >= 1 or seconds == 0:
+        return f"{seconds:.4g} s"
     if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f} ms"
-    return f"{seconds * 1e6:.1f} us"
+        return f"{seconds * 1e3:.4g} ms"
+    return f"{seconds * 1e6:.4g} us"
 
 
 def _fmt_bytes(n: float) -> str:
@@ -178,11 +179,21 @@ def explain_cmd(config, overrides, disabled):
     """Validate a configuration and explain its layout: groups, nodes, model, system."""
     from .run import load_raw, make_plan
 
-    plan = make_plan(load_raw(config, overrides), disabled)
-    click.echo(render_explain(plan))
+    from .caveats import deployment_warnings
+
+    raw = load_raw(config, overrides)
+    plan = make_plan(raw, disabled)
+    for line in deployment_warnings(plan.ctx):
+        click.echo(f"g5: warning: {line}", err=True)
+    given = raw.get("parallel") if isinstance(raw.get("parallel"), dict) else {}
+    click.echo(render_explain(plan, given_dims=tuple(given)))
 
 
-def render_explain(plan) -> str:
+def render_explain(plan, given_dims: tuple[str, ...] = ()) -> str:
+    """The layout of a prepared run; ``given_dims`` are the parallel keys the configuration
+    set (the others are reported as defaults)."""
+    from .caveats import plural
+
     ctx = plan.ctx
     dep, m, sysm, rm = ctx.deployment, ctx.model, ctx.system, ctx.rankmap
     counts = m.param_counts()
@@ -195,11 +206,12 @@ def render_explain(plan) -> str:
              f"system  {sysm.name}: {sysm.chips_per_node} chips/node, {sysm.hbm_capacity_bytes / GIB:.0f} GiB HBM, "
              f"link {sysm.intra_node_bw_bytes_per_s / 1e9:.0f} GB/s, network {sysm.network_bw_bytes_per_s / 1e9:.0f} GB/s "
              f"per chip per direction",
-             f"layout  {dep.chips} chips on {rm.nodes} node(s); rank order (outer to inner): "
+             f"layout  {plural(dep.chips, 'chip')} on {plural(rm.nodes, 'node')}; rank order (outer to inner): "
              + ", ".join(f"{n}={s}" for n, s in zip(rm.factor_names, rm.factor_sizes)),
              f"phase   {dep.phase}, batch {dep.batch} per replica, seq_len {dep.seq_len}, path {dep.path}, "
-             f"tp_sp {str(dep.tp_sp).lower()}"]
-    defaults = [d for d in ctx.dims.dims if d.default is not None]
+             f"tp_sp {str(dep.tp_sp).lower()}",
+             f"dtypes  {_describe_dtypes(dep.dtypes)}"]
+    defaults = [d for d in ctx.dims.dims if d.default is not None and d.name not in given_dims]
     if defaults:
         lines.append("defaults: " + ", ".join(f"parallel.{d.name} is {d.default} when omitted" for d in defaults))
     s = ctx.shape
@@ -219,6 +231,13 @@ def render_explain(plan) -> str:
         if len(groups) > 16:
             lines.append(f"  ... {len(groups) - 16} more")
     return "\n".join(lines)
+
+
+def _describe_dtypes(dtypes) -> str:
+    weights = dict(dtypes.weights)
+    others = ", ".join(f"{k} {v}" for k, v in weights.items() if k != "default")
+    return (f"weights {weights['default']}" + (f" ({others})" if others else "")
+            + f", activations {dtypes.activations}, kv_cache {dtypes.kv_cache}")
 
 
 def _int_list(ctx, param, value):
@@ -279,9 +298,12 @@ def models_cmd():
     click.echo("\nA model can also be a path to a Hugging Face config.json.")
 
 
-@main.command("systems")
-def systems_cmd():
-    """List the system catalog."""
+@main.group("systems", invoke_without_command=True)
+@click.pass_context
+def systems_cmd(ctx):
+    """List the system catalog (`g5 systems show NAME` for one system)."""
+    if ctx.invoked_subcommand is not None:
+        return
     from .systems import CATALOG_NAMES, get_system
 
     rows = []
@@ -292,7 +314,17 @@ def systems_cmd():
                      f"{s.network_bw_bytes_per_s / 1e9:.0f}"])
     click.echo(_table(rows, ["system", "chips/node", "HBM GiB", "HBM TB/s", "bf16 TFLOP/s", "link GB/s",
                              "network GB/s"]))
-    click.echo("\nA system can also be a path to a YAML file with the same fields.")
+    click.echo("\nA system can also be a path to a YAML file with the same fields (docs/system-file.md); "
+               "`g5 systems show NAME` prints one.")
+
+
+@systems_cmd.command("show")
+@click.argument("name")
+def systems_show_cmd(name):
+    """Print one system (a catalog name or a system file) with its sources, after checking it."""
+    from .systems import system_source
+
+    click.echo(system_source(name).rstrip("\n"))
 
 
 @main.command("plugins")

@@ -415,3 +415,13 @@ def get_system(name_or_path: str) -> SystemSpec:
         f"unknown system {text!r}{suggest(text, CATALOG_NAMES)}; "
         f"known: {', '.join(CATALOG_NAMES)}; or give a path to a system YAML file",
     )
+
+
+def system_source(name_or_path: str) -> str:
+    """The YAML text of a catalogue system or a system file (with its comments and cited
+    sources), after it passed every check; ConfigError otherwise."""
+    spec = get_system(name_or_path)
+    if name_or_path in CATALOG_NAMES:
+        return (_catalog_dir() / f"{name_or_path}.yaml").read_text(encoding="utf-8")
+    text = read_text(Path(os.fspath(name_or_path)).expanduser(), "system", "system file")
+    return f"# {spec.name}, from {os.fspath(name_or_path)}\n{text}"

@@ -184,7 +184,7 @@ def _group_sections(text: str) -> dict[str, tuple[str, list[str]]]:
 def test_explain_70b_decode_groups_and_node_crossing():
     text = ok("explain", EXAMPLE_70B_DECODE)
     assert "llama-3.1-70b" in text and "h100-sxm" in text
-    assert "16 chips on 2 node(s)" in text
+    assert "16 chips on 2 nodes" in text
     sections = _group_sections(text)
     assert {"tp", "pp", "cp", "dp"} <= set(sections)
 
