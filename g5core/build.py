@@ -267,7 +267,7 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
 # ----------------------------------------------------------------------------------------
 
 #: Ops plus flows a run may build unless ``--max-ops`` says otherwise: about 2.5 GiB of
-#: memory and 3 minutes on the 2-core development machine (the figures below).
+#: memory and 2 minutes on the 2-core development machine (the figures below).
 DEFAULT_MAX_OPS = 4_000_000
 #: Peak memory per op or flow: the llama-3.1-405b 1M-token benchmark (README, benchmarks/
 #: bench.py, 2026-11-29) peaks at 1,109 MiB for 1,169,568 ops + 548,352 flows = 677 B each.
