@@ -123,20 +123,21 @@ def test_every_outcome_is_a_result_or_a_g5_error(raw, hf, system):
     _check(raw, hf, system)
 
 
+def _plain(model: str, system: str, tp: int, phase: str) -> dict:
+    return {"model": model, "system": system, "chips": tp, "parallel": {"dp": 1, "tp": tp, "pp": 1, "cp": 1},
+            "phase": phase, "batch": 1, "seq_len": 1024}
+
+
 @SETTINGS
 @given(hf_configs())
 def test_hf_configs_give_a_model_or_a_g5_error(hf):
-    raw = {"model": "HF", "system": "h200", "chips": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1},
-           "phase": "decode", "batch": 1, "seq_len": 1024}
-    _check(raw, hf, H100)
+    _check(_plain("HF", "h200", 1, "decode"), hf, H100)
 
 
 @SETTINGS
 @given(systems())
 def test_system_files_give_a_system_or_a_g5_error(system):
-    raw = {"model": "llama-3.1-8b", "system": "FILE", "chips": 2, "parallel": {"dp": 1, "tp": 2, "pp": 1, "cp": 1},
-           "phase": "prefill", "batch": 1, "seq_len": 1024}
-    _check(raw, LLAMA_HF, system)
+    _check(_plain("llama-3.1-8b", "FILE", 2, "prefill"), LLAMA_HF, system)
 
 
 @st.composite
