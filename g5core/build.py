@@ -296,16 +296,19 @@ class SizeEstimate:
     def describe(self) -> str:
         flows = f" and {self.flows:,} flows" if self.flows else ""
         mib = self.memory_bytes / 2 ** 20
-        memory = f"{mib / 1024:.1f} GiB" if mib >= 1024 else f"{mib:.0f} MiB"
-        return f"about {self.ops:,} ops{flows} (about {memory} of memory and {_fmt_duration(self.wall_s)} to simulate)"
+        memory = (f"about {mib / 1024:.1f} GiB" if mib >= 1024 else f"about {mib:.0f} MiB" if mib >= 1
+                  else "under 1 MiB")
+        return f"about {self.ops:,} ops{flows} ({memory} of memory and {_fmt_duration(self.wall_s)} to simulate)"
 
 
 def _fmt_duration(seconds: float) -> str:
+    if seconds < 1:
+        return "under 1 s"
     if seconds < 120:
-        return f"{seconds:.0f} s"
+        return f"about {seconds:.0f} s"
     if seconds < 7200:
-        return f"{seconds / 60:.0f} minutes"
-    return f"{seconds / 3600:.0f} hours"
+        return f"about {seconds / 60:.0f} minutes"
+    return f"about {seconds / 3600:.0f} hours"
 
 
 def _check_floor(deployment: Deployment, model: ModelSpec, max_ops: int | None) -> None:

@@ -79,6 +79,16 @@ def config_options(f):
     return f
 
 
+_max_ops_option = click.option(
+    "--max-ops", type=int, default=None, metavar="N",
+    help="Refuse runs estimated above N ops and flows together (default 4,000,000).")
+
+
+def _check_max_ops(max_ops) -> None:
+    if max_ops is not None and max_ops < 1:
+        raise ConfigError("--max-ops", f"must be a positive whole number, got {max_ops}")
+
+
 @main.command("run")
 @config_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
@@ -86,8 +96,7 @@ def config_options(f):
 @click.option("--timeline", "timeline_path",
               help="Write every op's start and end (and chips, owner, reason, bytes) as CSV here.")
 @click.option("--compare-math", is_flag=True, help="Also compute the closed-form Math path and show both.")
-@click.option("--max-ops", type=int, default=None, metavar="N",
-              help="Refuse runs estimated above N ops and flows together (default 4,000,000).")
+@_max_ops_option
 def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, compare_math, max_ops):
     """Simulate one configuration (prefill: TTFT; decode: TPOT)."""
     from .caveats import deployment_warnings
@@ -95,8 +104,7 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, com
     from .run import input_files, load_raw, run
     from .trace import dump_timeline, dump_trace
 
-    if max_ops is not None and max_ops < 1:
-        raise ConfigError("--max-ops", f"must be a positive whole number, got {max_ops}")
+    _check_max_ops(max_ops)
     raw = load_raw(config, overrides)
     targets = check_outputs({"--trace": trace_path, "--timeline": timeline_path}, input_files(config, raw))
     if targets and raw.get("path") == "math":
@@ -175,14 +183,16 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
 
 @main.command("explain")
 @config_options
-def explain_cmd(config, overrides, disabled):
+@_max_ops_option
+def explain_cmd(config, overrides, disabled, max_ops):
     """Validate a configuration and explain its layout: groups, nodes, model, system."""
     from .run import load_raw, make_plan
 
     from .caveats import deployment_warnings
 
+    _check_max_ops(max_ops)
     raw = load_raw(config, overrides)
-    plan = make_plan(raw, disabled)
+    plan = make_plan(raw, disabled, max_ops=max_ops)
     for line in deployment_warnings(plan.ctx):
         click.echo(f"g5: warning: {line}", err=True)
     given = raw.get("parallel") if isinstance(raw.get("parallel"), dict) else {}

@@ -70,5 +70,12 @@ def test_max_ops_must_be_positive():
 def test_progress_reports_the_estimate_first():
     lines: list[str] = []
     run(load_raw(EX / "llama-3.1-8b-prefill.yaml", ["seq_len=1024"]), progress=lines.append)
-    assert lines[0].startswith("estimated about 195 ops (about ")
+    assert lines[0].startswith("estimated about 195 ops (under 1 MiB of memory")
     assert any(l.startswith("simulating 195 ops") for l in lines)
+
+
+def test_explain_is_guarded_and_takes_max_ops():
+    cfg = EX / "llama-3.1-8b-prefill.yaml"
+    line = error_line("explain", cfg, "--max-ops", "10")
+    assert "at least 192 ops (under 1 MiB of memory and under 1 s to simulate)" in line and "--max-ops 192" in line
+    assert "layout  1 chip on 1 node" in invoke("explain", cfg, "--max-ops", "192").stdout
