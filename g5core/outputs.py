@@ -22,7 +22,6 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional
 
 import attrs
@@ -128,7 +127,9 @@ class OutputTargets:
     def write(self, writers: Mapping[str, Callable]) -> None:
         """Call ``writers[option](fh)`` for every target (text mode, UTF-8), then rename all.
 
-        Either every file is replaced or none is; raises OutputError naming the option."""
+        The renames start only after every temporary file was written, so a failed write
+        replaces none of the files (a rename within one folder does not fail short of the
+        folder vanishing meanwhile); raises OutputError naming the option."""
         missing = [t.option for t in self.targets if t.option not in writers]
         if missing:
             raise ValueError(f"no writer for {', '.join(missing)}")

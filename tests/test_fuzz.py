@@ -19,7 +19,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from g5core.errors import G5Error
-from g5core.models import CATALOG
 from g5core.run import run
 from g5core.systems import CATALOG_NAMES, SystemSpec
 
