@@ -79,3 +79,32 @@ def test_explain_is_guarded_and_takes_max_ops():
     line = error_line("explain", cfg, "--max-ops", "10")
     assert "at least 192 ops (under 1 MiB of memory and under 1 s to simulate)" in line and "--max-ops 192" in line
     assert "layout  1 chip on 1 node" in invoke("explain", cfg, "--max-ops", "192").stdout
+
+
+def test_progress_appears_on_a_terminal_and_not_in_a_pipe():
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "g5core", "run", str(EX / "llama-3.1-8b-prefill.yaml"), "--set", "seq_len=1024"]
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=follower, timeout=60)
+        os.close(follower)
+        tty = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the terminal closed
+                break
+            if not chunk:
+                break
+            tty += chunk
+    finally:
+        os.close(leader)
+    assert done.returncode == 0
+    text = tty.decode()
+    assert "] estimated about 195 ops" in text and "] simulating 195 ops" in text
+    piped = subprocess.run(cmd, capture_output=True, timeout=60)
+    assert piped.returncode == 0 and piped.stderr == b""
