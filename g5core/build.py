@@ -11,18 +11,18 @@ from typing import Iterable, Mapping, Optional
 import attrs
 import pluggy
 
-from .collective import collect_primitives, missing_primitive_error
+from .collective import collect_primitives
 from .topology import Topology
 from .config import Deployment
-from .dag import CommOp, ComputeOp, Fragment, OpDag
+from .dag import CommOp, ComputeOp, Fragment, OpDag, require_lowering
 from .dimensions import DimensionRegistry, collect_dimensions
-from .errors import ConfigError, DagError, PluginError
+from .errors import ConfigError, DagError, G5Error, PluginError, ResourceError
 from .flops import activation_tensor_bytes
 from .layers import (
     SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token,
 )
 from .models import ModelSpec, get_model
-from .plugins import Hooks
+from .plugins import Hooks, describe_plugins
 from .rankmap import RankMap
 from .options import collect_options
 from .shape import LocalShape, collect_shard_axes, merge_factors
@@ -129,8 +129,12 @@ class Plan:
     primitives: Mapping
 
 
-def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configuration") -> Plan:
-    """Validate a raw configuration mapping (or a Deployment) against the enabled plugins."""
+def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configuration",
+            max_ops: int | None = None) -> Plan:
+    """Validate a raw configuration mapping (or a Deployment) against the enabled plugins.
+
+    A deployment whose op count is certainly above ``max_ops`` (default DEFAULT_MAX_OPS)
+    is refused here, before the rank map of its chips is built."""
     hooks = Hooks(pm)
     dims = collect_dimensions(hooks)
     options = collect_options(hooks)
@@ -138,13 +142,17 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
     if isinstance(raw_or_deployment, Deployment):
         deployment = raw_or_deployment
     else:
-        deployment = Deployment.from_dict(raw_or_deployment, dims, source, options)
+        try:
+            deployment = Deployment.from_dict(raw_or_deployment, dims, source, options)
+        except ConfigError as exc:
+            raise _name_disabled_plugins(exc, pm, dims) from None
     model = get_model(deployment.model)
     system = get_system(deployment.system)
     for _plugin, _ in hooks.call_each("g5_validate_deployment", deployment=deployment, model=model, system=system):
         pass
     factors = merge_factors(hooks.call_each("g5_shard_factors", deployment=deployment, model=model), axes)
     shape = LocalShape.from_factors(deployment, model, factors)
+    _check_floor(deployment, model, max_ops)
     sizes = dict(deployment.parallel)
     try:
         rankmap = RankMap.build(sizes, dims, system.chips_per_node)
@@ -164,6 +172,21 @@ def make_topology(hooks: Hooks, system: SystemSpec, chips: int) -> Topology:
     if not isinstance(topo, Topology) or topo.chips != chips:
         raise PluginError(plugin, f"g5_topology must return a Topology of {chips} chips, got {topo!r}")
     return topo
+
+
+def _name_disabled_plugins(exc: ConfigError, pm: pluggy.PluginManager, dims: DimensionRegistry) -> ConfigError:
+    """An unknown ``parallel`` key while plugins are disabled: say which are disabled (one
+    of them likely registers it) instead of guessing a similar dimension name."""
+    key = exc.field[len("parallel."):] if exc.field.startswith("parallel.") else ""
+    if not key or key in dims.names:
+        return exc
+    disabled = [p.name for p in describe_plugins(pm) if not p.enabled]
+    if not disabled:
+        return exc
+    hint = (f"the plugin '{key}' is disabled" if key in disabled
+            else f"disabled plugins: {', '.join(disabled)}")
+    return ConfigError(exc.field, f"no enabled plugin registers the dimension '{key}' ({hint}); enable the plugin "
+                                  f"that provides it, or remove parallel.{key} (registered: {', '.join(dims.names)})")
 
 
 # ----------------------------------------------------------------------------------------
@@ -241,8 +264,7 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
         members = (op.chip,)
     elif kind is CommOp:
         members = op.group
-        if op.primitive not in primitives:
-            raise missing_primitive_error(op.key, owner, op.primitive, primitives)
+        require_lowering(op, primitives)
         if len(set(members)) != len(members) or len(members) < 2:
             raise DagError(f"op {op.key!r} made by plugin '{owner}' has a bad group {members}")
     else:
@@ -253,3 +275,133 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
     for c in members:
         if not (type(c) is int and 0 <= c < chips):
             raise DagError(f"op {op.key!r} made by plugin '{owner}' is placed on chip {c!r}, outside 0..{chips - 1}")
+
+
+# ----------------------------------------------------------------------------------------
+# Size guard: the op and flow count, estimated before the DAG is built
+# ----------------------------------------------------------------------------------------
+
+#: Ops plus flows a run may build unless ``--max-ops`` says otherwise: about 2.5 GiB of
+#: memory and 2 minutes on the 2-core development machine (the figures below).
+DEFAULT_MAX_OPS = 4_000_000
+#: Peak memory per op or flow: the llama-3.1-405b 1M-token benchmark (README, benchmarks/
+#: bench.py, 2026-11-29) peaks at 1,109 MiB for 1,169,568 ops + 548,352 flows = 677 B each.
+PEAK_BYTES_PER_OP = 680
+#: Wall time per op or flow on the same run: 51.4 s / 1,717,920 = 30 us.
+WALL_S_PER_OP = 30e-6
+
+
+@attrs.frozen
+class SizeEstimate:
+    ops: int
+    flows: int
+
+    @property
+    def total(self) -> int:
+        return self.ops + self.flows
+
+    @property
+    def memory_bytes(self) -> int:
+        return self.total * PEAK_BYTES_PER_OP
+
+    @property
+    def wall_s(self) -> float:
+        return self.total * WALL_S_PER_OP
+
+    def describe(self) -> str:
+        flows = f" and {self.flows:,} flows" if self.flows else ""
+        mib = self.memory_bytes / 2 ** 20
+        memory = (f"about {mib / 1024:.1f} GiB" if mib >= 1024 else f"about {mib:.0f} MiB" if mib >= 1
+                  else "under 1 MiB")
+        return f"about {self.ops:,} ops{flows} ({memory} of memory and {_fmt_duration(self.wall_s)} to simulate)"
+
+
+def _fmt_duration(seconds: float) -> str:
+    if seconds < 1:
+        return "under 1 s"
+    if seconds < 120:
+        return f"about {seconds:.0f} s"
+    if seconds < 7200:
+        return f"about {seconds / 60:.0f} minutes"
+    return f"about {seconds / 3600:.0f} hours"
+
+
+def _check_floor(deployment: Deployment, model: ModelSpec, max_ops: int | None) -> None:
+    """Every chip runs the work ops of at least one layer, and every layer runs its work
+    ops at least once: ``max(chips, layers) x (fewest work ops of a layer)`` is a floor on
+    the op count that needs neither the rank map nor the full program."""
+    limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
+    first = model.moe.first_dense_layers if model.moe is not None else 0
+    sample = attrs.evolve(model, n_layers=min(model.n_layers, first + 1))  # one dense and one MoE layer
+    per_layer: dict[int, int] = {}
+    for lop in build_program(sample):
+        if lop.kind not in SYNC_KINDS and 0 <= lop.layer < sample.n_layers:
+            per_layer[lop.layer] = per_layer.get(lop.layer, 0) + 1
+    floor = max(deployment.chips, model.n_layers) * min(per_layer.values(), default=1)
+    if floor > limit:
+        _refuse(SizeEstimate(ops=floor, flows=0), limit, exact=False)
+
+
+def _refuse(est: "SizeEstimate", limit: int, exact: bool) -> None:
+    what = est.describe() if exact else est.describe().replace("about", "at least", 1)
+    raise ResourceError(f"this deployment would simulate {what}, above the limit of {limit:,} ops and flows; "
+                        f"use fewer chips or layers, or raise the limit with --max-ops {est.total}")
+
+
+def estimate_size(plan: Plan, program: tuple[LogicalOp, ...] | None = None) -> SizeEstimate:
+    """Ops and flows :func:`build_dag` would make, from the same expansion hooks and lowerings,
+    without building the DAG: one layer of each kind (the same sequence of logical ops, on
+    the same chips, after a layer on the same chips: so a pipeline stage's first layer is
+    a kind of its own) is expanded and counted, then multiplied by the number of such
+    layers. Exact as long as alike layers expand alike, which the tests check.
+
+    """
+    ctx = plan.ctx
+    program = program if program is not None else build_program(ctx.model)
+    layers: dict[int, list[LogicalOp]] = {}
+    for lop in program:
+        layers.setdefault(lop.layer, []).append(lop)
+    kinds: dict[tuple, list[int]] = {}
+    previous: tuple[int, ...] = ()
+    for layer, lops in layers.items():
+        chips = ctx.layer_chips(layer) if 0 <= layer < ctx.model.n_layers else ()
+        # layers alike: the same logical ops, on the same chips, after a layer on the same chips
+        kinds.setdefault((tuple(lop.kind for lop in lops), chips, previous), []).append(layer)
+        previous = chips
+    ops = flows = 0
+    flow_cache: dict = {}
+    for same in kinds.values():
+        n_ops = n_flows = 0
+        for lop in layers[same[0]]:
+            _, frag = expand(ctx, lop)
+            n_ops += len(frag.ops)
+            for op in frag.ops:
+                if type(op) is CommOp:
+                    n_flows += _flow_count(op, plan, flow_cache)
+        ops += n_ops * len(same)
+        flows += n_flows * len(same)
+    return SizeEstimate(ops=ops, flows=flows)
+
+
+def _flow_count(op: CommOp, plan: Plan, cache: dict) -> int:
+    key = (op.primitive, op.group, op.bytes_per_rank)
+    if key not in cache:
+        require_lowering(op, plan.primitives)
+        plugin, lower = plan.primitives[op.primitive]
+        try:
+            cache[key] = len(lower(op.group, op.bytes_per_rank, plan.ctx.topology).flows)
+        except G5Error:
+            raise
+        except Exception as exc:
+            raise PluginError(plugin, f"lowering {op.primitive} for {op.key} raised {type(exc).__name__}: {exc}") from exc
+    return cache[key]
+
+
+def check_size(plan: Plan, max_ops: int | None = None) -> SizeEstimate:
+    """Refuse, before building anything, a run above ``max_ops`` ops and flows together
+    (default :data:`DEFAULT_MAX_OPS`), stating the estimate and the memory it would need."""
+    limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
+    est = estimate_size(plan)
+    if est.total > limit:
+        _refuse(est, limit, exact=True)
+    return est

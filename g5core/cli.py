@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from .compute import render_compute
-from .errors import G5Error
+from .errors import ConfigError, G5Error
 from .memory import GIB
 
 
@@ -34,11 +34,12 @@ def main() -> None:
 
 
 def _fmt_s(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.3f} s"
+    """Four significant digits at any magnitude: 1.244 s, 83.72 s, 41.53 ms, 4.888e+09 s."""
+    if seconds >= 1 or seconds == 0:
+        return f"{seconds:.4g} s"
     if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f} ms"
-    return f"{seconds * 1e6:.1f} us"
+        return f"{seconds * 1e3:.4g} ms"
+    return f"{seconds * 1e6:.4g} us"
 
 
 def _fmt_bytes(n: float) -> str:
@@ -79,30 +80,53 @@ def config_options(f):
     return f
 
 
+_max_ops_option = click.option(
+    "--max-ops", type=int, default=None, metavar="N",
+    help="Refuse runs estimated above N ops and flows together (default 4,000,000).")
+
+
+def _check_max_ops(max_ops) -> None:
+    if max_ops is not None and max_ops < 1:
+        raise ConfigError("--max-ops", f"must be a positive whole number, got {max_ops}")
+
+
 @main.command("run")
 @config_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
-@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), help="Write a Perfetto/Chrome trace here.")
-@click.option("--timeline", "timeline_path", type=click.Path(dir_okay=False),
+@click.option("--trace", "trace_path", help="Write a Perfetto/Chrome trace here.")
+@click.option("--timeline", "timeline_path",
               help="Write every op's start and end (and chips, owner, reason, bytes) as CSV here.")
 @click.option("--compare-math", is_flag=True, help="Also compute the closed-form Math path and show both.")
-def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, compare_math):
+@_max_ops_option
+def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, compare_math, max_ops):
     """Simulate one configuration (prefill: TTFT; decode: TPOT)."""
-    from .run import load_raw, run
-    from .trace import write_timeline, write_trace
+    from .caveats import deployment_warnings
+    from .outputs import check_outputs
+    from .run import input_files, load_raw, run
+    from .trace import dump_timeline, dump_trace
 
-    out = run(load_raw(config, overrides), disabled=disabled, compare_math=compare_math, progress=_progress(),
-              record_port_rates=bool(trace_path))
-    if out.sim is None and (trace_path or timeline_path):
+    _check_max_ops(max_ops)
+    raw = load_raw(config, overrides)
+    targets = check_outputs({"--trace": trace_path, "--timeline": timeline_path}, input_files(config, raw))
+    if targets and raw.get("path") == "math":
         raise G5Error("--trace and --timeline need the G5 path (path: g5); the Math path has no timeline")
-    if trace_path:
-        write_trace(out.sim, out.plan.ctx.topology, trace_path)
-    if timeline_path:
-        write_timeline(out.sim, timeline_path)
+    out = run(raw, disabled=disabled, compare_math=compare_math, progress=_progress(),
+              record_port_rates=bool(trace_path), max_ops=max_ops)
+    for line in deployment_warnings(out.plan.ctx, out.memory):
+        click.echo(f"g5: warning: {line}", err=True)
+    write_error = None
+    if targets:
+        try:
+            targets.write({"--trace": lambda fh: dump_trace(out.sim, out.plan.ctx.topology, fh),
+                           "--timeline": lambda fh: dump_timeline(out.sim, fh)})
+        except G5Error as exc:  # the run is done: show its result, then the failed write
+            write_error, trace_path, timeline_path = exc, None, None
     if as_json:
-        click.echo(json.dumps(out.to_json_dict(), indent=2, sort_keys=True))
-        return
-    click.echo(render_summary(out, trace_path, timeline_path))
+        click.echo(json.dumps(out.to_json_dict(), indent=2, sort_keys=True, allow_nan=False))
+    else:
+        click.echo(render_summary(out, trace_path, timeline_path))
+    if write_error is not None:
+        _fail(G5Error(f"{write_error}; nothing was written"))
 
 
 def _option_items(dep, given: bool) -> list[str]:
@@ -188,15 +212,27 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
 
 @main.command("explain")
 @config_options
-def explain_cmd(config, overrides, disabled):
+@_max_ops_option
+def explain_cmd(config, overrides, disabled, max_ops):
     """Validate a configuration and explain its layout: groups, nodes, model, system."""
     from .run import load_raw, make_plan
 
-    plan = make_plan(load_raw(config, overrides), disabled)
-    click.echo(render_explain(plan))
+    from .caveats import deployment_warnings
+
+    _check_max_ops(max_ops)
+    raw = load_raw(config, overrides)
+    plan = make_plan(raw, disabled, max_ops=max_ops)
+    for line in deployment_warnings(plan.ctx):
+        click.echo(f"g5: warning: {line}", err=True)
+    given = raw.get("parallel") if isinstance(raw.get("parallel"), dict) else {}
+    click.echo(render_explain(plan, given_dims=tuple(given)))
 
 
-def render_explain(plan) -> str:
+def render_explain(plan, given_dims: tuple[str, ...] = ()) -> str:
+    """The layout of a prepared run; ``given_dims`` are the parallel keys the configuration
+    set (the others are reported as defaults)."""
+    from .caveats import plural
+
     ctx = plan.ctx
     dep, m, sysm, rm = ctx.deployment, ctx.model, ctx.system, ctx.rankmap
     counts = m.param_counts()
@@ -211,14 +247,17 @@ def render_explain(plan) -> str:
              f"{sysm.network_bw_bytes_per_s / 1e9:.0f} GB/s per node (per direction), "
              f"NVLS {'yes' if sysm.nvls else 'no'}, "
              + (f"fabric {sysm.fabric['oversubscription']:g}:1 oversubscribed above every "
-                f"{int(sysm.fabric['nodes_per_leaf'])} node(s)" if sysm.fabric and sysm.fabric['oversubscription'] > 1
+                f"{plural(int(sysm.fabric['nodes_per_leaf']), 'node')}" if sysm.fabric and sysm.fabric['oversubscription'] > 1
                 else "full-bisection fabric"),
-             f"layout  {dep.chips} chips on {rm.nodes} node(s); rank order (outer to inner): "
+             f"layout  {plural(dep.chips, 'chip')} on {plural(rm.nodes, 'node')}; rank order (outer to inner): "
              + ", ".join(f"{n}={s}" for n, s in zip(rm.factor_names, rm.factor_sizes) if not _unused(dep, n)),
              f"phase   {dep.phase}, batch {dep.batch} per replica, seq_len {dep.seq_len}, path {dep.path}"
-             + "".join(f", {item}" for item in _option_items(dep, given=True))]
-    # what the installed plugins default (like `g5 plugins`, this line lists what is installed)
-    defaults = [f"parallel.{d.name} is {d.default} when omitted" for d in ctx.dims.dims if d.default is not None]
+             + "".join(f", {item}" for item in _option_items(dep, given=True)),
+             f"dtypes  {_describe_dtypes(dep.dtypes)}"]
+    # the defaults this run used: dimensions the configuration left out (those of every
+    # installed plugin), plugin options it left unset
+    defaults = [f"parallel.{d.name} is {d.default} when omitted" for d in ctx.dims.dims
+                if d.default is not None and d.name not in given_dims]
     defaults += [f"plugins.{item.replace('=', ' is ', 1)} when omitted" for item in _option_items(dep, given=False)]
     if defaults:
         lines.append("defaults: " + ", ".join(defaults))
@@ -243,6 +282,13 @@ def render_explain(plan) -> str:
         if len(groups) > 16:
             lines.append(f"  ... {len(groups) - 16} more")
     return "\n".join(lines)
+
+
+def _describe_dtypes(dtypes) -> str:
+    weights = dict(dtypes.weights)
+    others = ", ".join(f"{k} {v}" for k, v in weights.items() if k != "default")
+    return (f"weights {weights['default']}" + (f" ({others})" if others else "")
+            + f", activations {dtypes.activations}, kv_cache {dtypes.kv_cache}")
 
 
 def _int_list(ctx, param, value):
@@ -378,13 +424,13 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key):
     """Plot a results database (PNG or SVG)."""
     from .plots import figure_bytes, image_format, make_figure
     from .report import load_rows
-    from .outputfiles import check_output_path, write_atomically
+    from .outputs import check_output_path, write_atomically
 
     output = output or f"g5-{kind}.png"
     fmt = image_format(output)
     target = check_output_path(output, "-o", inputs=[db])
     fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key)
-    write_atomically(target, lambda fh: fh.write(figure_bytes(fig, fmt)), binary=True)
+    write_atomically(target, lambda fh: fh.write(figure_bytes(fig, fmt)), "-o", binary=True)
     click.echo(f"{kind} plot written to {output}")
 
 
@@ -398,14 +444,14 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key):
 def report_cmd(db, fmt, sweep_id, output):
     """The rows of a results database as a table."""
     from .report import load_rows, render
-    from .outputfiles import check_output_path, write_atomically
+    from .outputs import check_output_path, write_atomically
 
     target = check_output_path(output, "-o", inputs=[db]) if output else None
     text = render(load_rows(db, sweep_id), fmt)
     if target is None:
         click.echo(text, nl=False)
     else:
-        write_atomically(target, lambda fh: fh.write(text))
+        write_atomically(target, lambda fh: fh.write(text), "-o")
 
 
 @main.command("models")
@@ -424,9 +470,12 @@ def models_cmd():
     click.echo("\nA model can also be a path to a Hugging Face config.json.")
 
 
-@main.command("systems")
-def systems_cmd():
-    """List the system catalog."""
+@main.group("systems", invoke_without_command=True)
+@click.pass_context
+def systems_cmd(ctx):
+    """List the system catalog (`g5 systems show NAME` for one system)."""
+    if ctx.invoked_subcommand is not None:
+        return
     from .systems import CATALOG_NAMES, get_system
 
     rows = []
@@ -437,7 +486,17 @@ def systems_cmd():
                      f"{s.nics} x {s.network_bw_bytes_per_s / 1e9:.0f}", "yes" if s.nvls else "no"])
     click.echo(_table(rows, ["system", "chips/node", "HBM GiB", "HBM TB/s", "bf16 TFLOP/s", "link GB/s",
                              "NICs x GB/s", "NVLS"]))
-    click.echo("\nA system can also be a path to a YAML file with the same fields.")
+    click.echo("\nA system can also be a path to a YAML file with the same fields (docs/system-file.md); "
+               "`g5 systems show NAME` prints one.")
+
+
+@systems_cmd.command("show")
+@click.argument("name")
+def systems_show_cmd(name):
+    """Print one system (a catalog name or a system file) with its sources, after checking it."""
+    from .systems import system_source
+
+    click.echo(system_source(name).rstrip("\n"))
 
 
 @main.command("collective")

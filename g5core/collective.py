@@ -13,7 +13,8 @@ from typing import Callable, Mapping
 
 import attrs
 
-from .errors import DagError, G5Error, PluginError
+from .dag import require_lowering
+from .errors import G5Error, PluginError
 from .plugins import Hooks
 from .topology import Topology
 
@@ -47,11 +48,6 @@ class Lowering:
 LowerFn = Callable[[tuple, float, Topology], Lowering]
 
 
-def missing_primitive_error(key: str, owner: str, primitive: str, primitives) -> DagError:
-    return DagError(f"op {key!r} made by plugin '{owner}' uses primitive '{primitive}', which no enabled "
-                    f"plugin lowers (registered: {', '.join(primitives) or 'none'}); enable the collectives plugin")
-
-
 def collect_primitives(hooks: Hooks) -> Mapping[str, tuple[str, LowerFn]]:
     """Primitive name -> (plugin, lowering function); a name registered twice is an error."""
     found: dict[str, tuple[str, LowerFn]] = {}
@@ -76,8 +72,7 @@ def lower_op(op, primitives: Mapping, topo: Topology) -> tuple[Lowering, tuple]:
     Flows are ``(src, dst, bytes, route)``; flows of one op with the same source,
     destination and route (e.g. the channels of a ring that share a NIC) are merged into one.
     """
-    if op.primitive not in primitives:
-        raise missing_primitive_error(op.key, op.owner, op.primitive, primitives)
+    require_lowering(op, primitives)
     plugin, lower = primitives[op.primitive]
     try:
         low = lower(op.group, op.bytes_per_rank, topo)

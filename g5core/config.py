@@ -8,7 +8,6 @@ options live under ``plugins: {NAME: {option: value}}`` (:mod:`g5core.options`).
 from __future__ import annotations
 
 import copy
-import json
 import pathlib
 import sys
 from typing import Any, Iterable, Mapping
@@ -20,6 +19,10 @@ from .dimensions import DimensionRegistry
 from .options import OptionRegistry, option_value
 from .dtypes import dtype_bytes
 from .errors import ConfigError, suggest
+from .inputs import (
+    MAX_BATCH, MAX_CHIPS, MAX_SEQ_LEN, MAX_TOKENS, DuplicateKeyError, check_size, duplicate_key_error, load_json,
+    load_yaml, read_text,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -158,6 +161,7 @@ class Deployment:
             if not isinstance(data[key], str) or not data[key]:
                 raise ConfigError(key, f"must be a name or a file path, got {data[key]!r}")
         chips = _positive_int(data["chips"], "chips")
+        check_size("chips", chips, MAX_CHIPS)
         parallel, implicit_dims = _parse_parallel(data["parallel"], dims)
         product = 1
         for d in dims.factors:
@@ -182,6 +186,13 @@ class Deployment:
             raise ConfigError("path", f"unknown path {path!r}{suggest(str(path), PATHS)}; use g5 or math")
         disabled = disabled_from_config(data)
         resolved, implicit_options = options.resolve(data, disabled)
+        batch = _positive_int(data["batch"], "batch")
+        check_size("batch", batch, MAX_BATCH)
+        seq_len = _positive_int(data["seq_len"], "seq_len")
+        check_size("seq_len", seq_len, MAX_SEQ_LEN, " for a sequence length")
+        if batch * seq_len > MAX_TOKENS:
+            raise ConfigError("batch", f"batch x seq_len = {batch * seq_len:,} tokens per replica is larger than G5 "
+                                       f"accepts (at most {MAX_TOKENS:,}); lower batch or seq_len")
         name = data.get("name", "")
         if not isinstance(name, str):
             raise ConfigError("name", f"must be a string, got {name!r}")
@@ -192,8 +203,8 @@ class Deployment:
             parallel=tuple(sorted(parallel.items())),
             options=resolved,
             phase=phase,
-            batch=_positive_int(data["batch"], "batch"),
-            seq_len=_positive_int(data["seq_len"], "seq_len"),
+            batch=batch,
+            seq_len=seq_len,
             dtypes=Dtypes.from_dict(data.get("dtypes")),
             path=path,
             name=name,
@@ -244,6 +255,7 @@ def _parse_parallel(data: Any, dims: DimensionRegistry) -> tuple[dict[str, int],
     for d in dims.dims:
         if d.name in data:
             out[d.name] = _positive_int(data[d.name], f"parallel.{d.name}")
+            check_size(f"parallel.{d.name}", out[d.name], MAX_CHIPS)
         elif d.name == "cp":
             raise ConfigError(
                 "parallel.cp",
@@ -284,16 +296,18 @@ def load_config_file(path: str | pathlib.Path) -> dict:
     p = pathlib.Path(path)
     if not p.is_file():
         raise ConfigError("", f"configuration file not found: {p}")
-    text = p.read_text(encoding="utf-8")
+    text = read_text(p, "", "configuration file")
     suffix = p.suffix.lower()
     try:
         if suffix == ".json":
-            data = json.loads(text)
+            data = load_json(text)
         elif suffix == ".toml":
             data = tomllib.loads(text)
         else:
-            data = yaml.safe_load(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+            data = load_yaml(text)
+    except DuplicateKeyError as exc:
+        raise duplicate_key_error("", str(p), exc) from None
+    except (ValueError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise ConfigError("", f"{p}: not valid {suffix.lstrip('.') or 'YAML'}: {exc}".replace("\n", " ")) from None
     if not isinstance(data, dict):
         raise ConfigError("", f"{p}: the top level must be a mapping of keys to values")

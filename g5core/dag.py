@@ -149,8 +149,13 @@ class OpDag:
     def successors(self, key: str) -> list[str]:
         return sorted(self.graph.successors(key))
 
-    def by_name(self, name: str, layer: int | None = None) -> list[Op]:
-        return [o for o in self.ops if o.name == name and (layer is None or o.layer == layer)]
-
     def comm_ops(self, reason: str | None = None) -> list[CommOp]:
         return [o for o in self.ops if isinstance(o, CommOp) and (reason is None or o.reason == reason)]
+
+
+def require_lowering(op: CommOp, primitives: Mapping) -> None:
+    """DagError unless an enabled plugin lowers ``op``'s primitive (build, engine and the
+    Math path all check it with this one message)."""
+    if op.primitive not in primitives:
+        raise DagError(f"op {op.key!r} made by plugin '{op.owner}' uses primitive '{op.primitive}', which no enabled "
+                       f"plugin lowers (registered: {', '.join(primitives) or 'none'}); enable the collectives plugin")

@@ -33,6 +33,10 @@ from .errors import DagError, G5Error, PluginError
 # A flow that ends with |bytes left| below this fraction of its size delivered everything:
 # the difference is floating-point rounding of the rate integral, not lost data.
 ROUNDING_BYTES_REL = 1e-9
+# ... or below what its rate carries in this fraction of the current time: late in a long
+# run the clock itself rounds (a double near 2e9 s steps by 5e-7 s), and a fast flow moves
+# many bytes in one step of the clock.
+ROUNDING_TIME_REL = 1e-12
 
 # Event priorities at equal time (lower first).
 _COMPUTE_DONE, _FLOW_DONE, _COMM_RELEASE = 0, 1, 2
@@ -189,10 +193,6 @@ class Engine:
     def _may_start(self, op: int) -> bool:
         return True
 
-    def _chip_free(self, chip: int, busy: bool) -> bool:
-        """Whether ``chip``'s compute stream may start another op now."""
-        return not busy
-
     def _flops_of(self, op: int) -> float:
         return self.dag.flops[op]
 
@@ -268,7 +268,7 @@ class Engine:
         while True:
             # start compute on idle chips, then re-share the ports whose flow set changed
             for c in sorted(dirty_chips):
-                if self._chip_free(c, busy[c]) and ready[c]:
+                if not busy[c] and ready[c]:
                     _, _, op = heapq.heappop(ready[c])
                     if not self._may_start(op):
                         continue
@@ -334,7 +334,8 @@ class Engine:
         # flow delivered exactly its bytes
         residual = f_rem[f] - f_rate[f] * (t - f_last[f])
         nbytes = self.dag.flow_bytes[f]
-        self.flow_delivered[f] = nbytes if abs(residual) <= ROUNDING_BYTES_REL * nbytes + 1.0 else nbytes - residual
+        tolerance = ROUNDING_BYTES_REL * nbytes + f_rate[f] * abs(t) * ROUNDING_TIME_REL + 1.0
+        self.flow_delivered[f] = nbytes if abs(residual) <= tolerance else nbytes - residual
         f_rem[f] = 0.0
         f_done[f] = True
         f_rate[f] = 0.0

@@ -215,7 +215,7 @@ def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: Loc
         return Work(op_class="elementwise", flops=0.0, hbm_bytes=hb, weight_class="", weight_elements=welems,
                     kernels=(Elementwise(tokens=shape.tokens, width=d, kind="embedding", act_bytes=act),))
     if kind in ("attn_norm", "ffn_norm", "final_norm"):
-        tokens = _head_tokens(deployment, shape) if kind == "final_norm" else shape.norm_tokens
+        tokens = _head_tokens(shape) if kind == "final_norm" else shape.norm_tokens
         fl, hb = F.elementwise(tokens, d, act)
         # the residual add of the block before the norm runs as its own kernel (layer 0's
         # attn_norm has none in the model; it is counted there too, one small kernel)
@@ -223,7 +223,7 @@ def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: Loc
                     kernels=(Elementwise(tokens=tokens, width=d, kind="residual_add", act_bytes=act),
                              Elementwise(tokens=tokens, width=d, kind="rmsnorm", act_bytes=act)))
     if kind == "lm_head":
-        tokens = _head_tokens(deployment, shape)
+        tokens = _head_tokens(shape)
         fl, hb = F.gemm(tokens, d, shape.vocab, wbytes, act)
         return Work(op_class="gemm", flops=fl, hbm_bytes=hb, weight_class=wclass, weight_elements=welems,
                     kernels=(Gemm(m=tokens, n=shape.vocab, k=d, weight_bytes=wbytes, act_bytes=act),))
@@ -300,7 +300,7 @@ def attention_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
                    "that owns it; enable the plugin for the dimension that shards the sequence")
 
 
-def _head_tokens(deployment: Deployment, shape: LocalShape) -> float:
+def _head_tokens(shape: LocalShape) -> float:
     """The LM head computes logits for the last token of each sequence (prefill) or the new
     token (decode): ``batch`` tokens, wherever the sequence is sharded."""
     return float(shape.batch)

@@ -105,7 +105,8 @@ class MemoryReport:
             return ""
         worst = max(c.total_bytes - c.capacity_bytes for c in over)
         chips = _ranges([c.chip for c in over])
-        return f"does not fit by {worst / GIB:.2f} GiB on chips {chips} (of {over[0].capacity_bytes / GIB:.1f} GiB each)"
+        where = f"chips {chips}" if len(over) > 1 else f"chip {chips}"
+        return f"does not fit by {worst / GIB:.2f} GiB on {where} (of {over[0].capacity_bytes / GIB:.1f} GiB each)"
 
     def to_json_dict(self) -> dict:
         return {

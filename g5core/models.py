@@ -5,7 +5,6 @@ The catalog is written out in Python; any other model comes from a Hugging Face 
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -14,6 +13,7 @@ import attrs
 from attrs.validators import ge, gt, in_, instance_of
 
 from .errors import ConfigError, suggest
+from .inputs import MAX_MODEL_DIM, check_size, short_repr, load_json, read_text
 
 _POS = [instance_of(int), gt(0)]
 _NONNEG = [instance_of(int), ge(0)]
@@ -106,6 +106,10 @@ class ModelSpec:
     attention: AttentionSpec = attrs.field(validator=instance_of(AttentionSpec))
     moe: MoESpec | None = attrs.field(default=None, validator=attrs.validators.optional(instance_of(MoESpec)))
     tie_word_embeddings: bool = attrs.field(default=False, validator=instance_of(bool))
+    #: the longest context the model was trained for (config.json max_position_embeddings);
+    #: longer sequences still run, with a warning
+    max_context_tokens: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional([instance_of(int), gt(0)]))
 
     def __attrs_post_init__(self) -> None:
         if self.moe is not None and self.moe.first_dense_layers >= self.n_layers:
@@ -193,7 +197,7 @@ class ModelSpec:
         if not isinstance(data, Mapping):
             raise ConfigError("model", f"{name}: a Hugging Face config must be a JSON object")
         model_type = data.get("model_type")
-        if model_type not in _HF_PARSERS:
+        if not isinstance(model_type, str) or model_type not in _HF_PARSERS:
             got = "missing" if model_type is None else f"unsupported model_type {model_type!r}"
             raise ConfigError(
                 "model_type",
@@ -207,10 +211,9 @@ class ModelSpec:
         p = Path(path)
         if p.is_dir():
             p = p / "config.json"
+        text = read_text(p, "model", "Hugging Face config")
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except OSError as e:
-            raise ConfigError("model", f"cannot read Hugging Face config {str(p)!r}: {e.strerror or e}") from None
+            data = load_json(text)
         except ValueError as e:
             raise ConfigError("model", f"{str(p)!r} is not valid JSON: {e}") from None
         if name is None:
@@ -235,7 +238,8 @@ class _Fields:
                 raise self._bad(key, "required field missing")
             return default
         if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise self._bad(key, f"must be an integer >= {minimum}, got {v!r}")
+            raise self._bad(key, f"must be an integer >= {minimum}, got {short_repr(v)}")
+        check_size(key, v, MAX_MODEL_DIM, f" for a model size (in the Hugging Face config of {self.name!r})")
         return v
 
     def flag(self, key: str, default: bool) -> bool:
@@ -251,6 +255,7 @@ class _Fields:
             vocab_size=self.integer("vocab_size"),
             ffn_dim=self.integer("intermediate_size"),
             tie_word_embeddings=self.flag("tie_word_embeddings", False),
+            max_context_tokens=self.integer("max_position_embeddings", 0, minimum=0) or None,
         )
 
     def gqa(self, qkv_bias: bool, qk_norm: bool = False) -> AttentionSpec:
@@ -322,21 +327,23 @@ def _gqa(heads: int, kv: int, head_dim: int = 128, **kw: Any) -> AttentionSpec:
     return AttentionSpec("gqa", heads, kv, head_dim, **kw)
 
 
+# max_context_tokens: max_position_embeddings of each model's published config.json
 _MODELS = (  # name, hidden_size, n_layers, vocab_size, ffn_dim, attention
-    ModelSpec("llama-3.1-8b", 4096, 32, 128256, 14336, _gqa(32, 8)),
-    ModelSpec("llama-3.1-70b", 8192, 80, 128256, 28672, _gqa(64, 8)),
-    ModelSpec("llama-3.1-405b", 16384, 126, 128256, 53248, _gqa(128, 8)),
-    ModelSpec("qwen2.5-72b", 8192, 80, 152064, 29568, _gqa(64, 8, qkv_bias=True)),
+    ModelSpec("llama-3.1-8b", 4096, 32, 128256, 14336, _gqa(32, 8), max_context_tokens=131072),
+    ModelSpec("llama-3.1-70b", 8192, 80, 128256, 28672, _gqa(64, 8), max_context_tokens=131072),
+    ModelSpec("llama-3.1-405b", 16384, 126, 128256, 53248, _gqa(128, 8), max_context_tokens=131072),
+    ModelSpec("qwen2.5-72b", 8192, 80, 152064, 29568, _gqa(64, 8, qkv_bias=True), max_context_tokens=32768),
     ModelSpec("qwen3-235b-a22b", 4096, 94, 151936, 12288, _gqa(64, 4, qk_norm=True),
-              moe=MoESpec(n_routed_experts=128, n_active_experts=8, expert_ffn_dim=1536)),
+              moe=MoESpec(n_routed_experts=128, n_active_experts=8, expert_ffn_dim=1536), max_context_tokens=40960),
     ModelSpec("mixtral-8x7b", 4096, 32, 32000, 14336, _gqa(32, 8),
-              moe=MoESpec(n_routed_experts=8, n_active_experts=2, expert_ffn_dim=14336)),
+              moe=MoESpec(n_routed_experts=8, n_active_experts=2, expert_ffn_dim=14336), max_context_tokens=32768),
     ModelSpec(
         "deepseek-v3", 7168, 61, 129280, 18432,
         AttentionSpec("mla", 128, 128, 192, q_lora_rank=1536, kv_lora_rank=512,
                       qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
         moe=MoESpec(n_routed_experts=256, n_active_experts=8, expert_ffn_dim=2048,
                     n_shared_experts=1, shared_expert_ffn_dim=2048, first_dense_layers=3),
+        max_context_tokens=163840,
     ),
 )
 CATALOG: Mapping[str, ModelSpec] = {m.name: m for m in _MODELS}

@@ -6,13 +6,14 @@
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
-from .build import Plan, build_dag, prepare
-from .errors import ConfigError
+from .build import Plan, build_dag, check_size, prepare
+from .errors import ConfigError, G5Error
 from .config import Deployment, apply_overrides, disabled_from_config, load_config_file
 from .engine import Engine, compile_dag
 from .mathpath import MathResult, math_estimate
@@ -27,15 +28,26 @@ def load_raw(path, overrides: Iterable[str] = ()) -> dict:
 
 
 def make_plan(raw: Mapping | Deployment, disabled: Iterable[str] = (), extra_plugins: Sequence = (),
-              source: str = "configuration") -> Plan:
+              source: str = "configuration", max_ops: Optional[int] = None) -> Plan:
     """Plugin manager (CLI and config disables together) and a validated, prepared run."""
     from_config = raw.disabled_plugins if isinstance(raw, Deployment) else disabled_from_config(raw)
     names = tuple(dict.fromkeys(tuple(disabled) + tuple(from_config)))
     pm = make_plugin_manager(disabled=names, extra_plugins=extra_plugins)
-    plan = prepare(raw, pm, source=source)
+    plan = prepare(raw, pm, source=source, max_ops=max_ops)
     if names and not plan.ctx.deployment.disabled_plugins == names:
         plan.ctx.deployment = attrs.evolve(plan.ctx.deployment, disabled_plugins=names)
     return plan
+
+
+def input_files(config_path, raw: Mapping) -> list[tuple[str, Any]]:
+    """The files a run reads (configuration, and model or system when given as paths), as
+    ``(label, path)`` pairs; no output may overwrite one of them."""
+    out: list[tuple[str, Any]] = [("configuration", config_path)]
+    for key in ("model", "system"):
+        value = raw.get(key) if isinstance(raw, Mapping) else None
+        if isinstance(value, str) and value:
+            out.append((f"{key} file", value))
+    return out
 
 
 Progress = Optional[Callable[[str], None]]
@@ -55,6 +67,7 @@ def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True, progress
     compiled = compile_dag(dag, plan)
     say(f"simulating {len(compiled.keys)} ops and {len(compiled.flow_bytes)} flows")
     engine = engine_cls(compiled, record_port_rates=record_port_rates).run()
+    _check_finite([engine.makespan_s])  # before the summary does arithmetic on it
     say(f"{engine.events} events; checking conservation")
     result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0)
     if check:
@@ -89,12 +102,18 @@ class RunOutput:
 
 
 def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: bool = False,
-        extra_plugins: Sequence = (), progress: Progress = None, record_port_rates: bool = False) -> RunOutput:
-    plan = make_plan(raw, disabled, extra_plugins)
+        extra_plugins: Sequence = (), progress: Progress = None, record_port_rates: bool = False,
+        max_ops: Optional[int] = None) -> RunOutput:
+    """Validate, refuse a run above ``max_ops`` ops and flows (default
+    ``build.DEFAULT_MAX_OPS``) before building anything, then simulate or estimate."""
+    plan = make_plan(raw, disabled, extra_plugins, max_ops=max_ops)
     dep = plan.ctx.deployment
+    size = check_size(plan, max_ops)
+    if progress is not None:
+        progress(f"estimated {size.describe()}")
     memory = memory_report(plan.ctx)
     if dep.path == "math":
-        return RunOutput(dep, plan, memory, math=math_estimate(plan))
+        return _finite(RunOutput(dep, plan, memory, math=math_estimate(plan)))
     if compare_math:
         # the Math path's own guards apply to the comparison (cp > 1 is refused there),
         # checked before the simulation so a refused run costs nothing
@@ -106,4 +125,20 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
             raise ConfigError("--compare-math", f"the Math path refuses this configuration: {exc}") from None
     sim = simulate(plan, progress=progress, record_port_rates=record_port_rates)
     mres = math_estimate(plan) if compare_math else None
-    return RunOutput(dep, plan, memory, sim=sim, math=mres)
+    return _finite(RunOutput(dep, plan, memory, sim=sim, math=mres))
+
+
+def _finite(out: RunOutput) -> RunOutput:
+    """A result is finite or it is an error (the input limits keep it finite; this is the
+    last line of defence, so no summary or JSON ever shows inf or NaN)."""
+    values = [out.latency_s] + [c.total_bytes for c in out.memory.per_chip]
+    if out.math is not None:
+        values.append(out.math.latency_s)
+    _check_finite(values)
+    return out
+
+
+def _check_finite(values: Iterable[float]) -> None:
+    if not all(math.isfinite(v) for v in values):
+        raise G5Error("the result is not a finite number; an input is out of range (check the magnitudes in the "
+                      "configuration, model and system files)")

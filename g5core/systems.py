@@ -23,6 +23,7 @@ import yaml
 from .compute import ComputeModel, Profile
 from .dtypes import BYTES_PER_ELEMENT
 from .errors import ConfigError, suggest
+from .inputs import DuplicateKeyError, UniqueKeyLoader, check_range, duplicate_key_error, read_text, safe_float
 
 __all__ = [
     "OP_CLASSES",
@@ -80,7 +81,7 @@ def _describe(value: Any) -> str:
 
 
 def _to_float(value: Any) -> Any:
-    return float(value) if _is_number(value) else value
+    return safe_float(value)
 
 
 def _to_int(value: Any) -> Any:
@@ -99,11 +100,33 @@ def _field(attribute: attrs.Attribute) -> str:
     return f"system.{attribute.name}"
 
 
+def _unit_kind(field: str) -> str | None:
+    """The LIMITS kind of a field, from the unit its name ends with."""
+    for suffix in ("bytes_per_s", "flops_per_s", "bytes", "s"):
+        if field.endswith("_" + suffix) or field.split(".")[-1] == suffix:
+            return "seconds" if suffix == "s" else suffix
+    return None
+
+
+def _in_range(field: str, value: Any, kind: str | None = None) -> None:
+    """Refuse a magnitude no chip could have (inputs.LIMITS, by the unit the name ends with)."""
+    kind = kind or _unit_kind(field.split(".")[1])  # system.<name>[.<key>]
+    if kind is not None:
+        check_range(field, value, kind)
+
+
+def _finite_number(value: Any) -> bool:
+    """A number that is not inf or NaN (an int too large for a double counts: the range
+    check refuses it with its digits)."""
+    return _is_number(value) and (isinstance(value, int) or math.isfinite(value))
+
+
 def _check_positive_number(field: str, value: Any) -> None:
-    if not _is_number(value) or not math.isfinite(value):
+    if not _finite_number(value):
         raise ConfigError(field, f"expected a positive number, got {_describe(value)}")
     if value <= 0:
         raise ConfigError(field, f"expected a positive number (> 0), got {value!r}")
+    _in_range(field, value)
 
 
 def _positive_int(instance, attribute, value) -> None:
@@ -111,6 +134,7 @@ def _positive_int(instance, attribute, value) -> None:
         raise ConfigError(_field(attribute), f"expected a positive integer, got {_describe(value)}")
     if value <= 0:
         raise ConfigError(_field(attribute), f"expected a positive integer (> 0), got {value!r}")
+    _in_range(_field(attribute), value, "chips_per_node" if attribute.name == "chips_per_node" else None)
 
 
 def _positive(instance, attribute, value) -> None:
@@ -119,10 +143,11 @@ def _positive(instance, attribute, value) -> None:
 
 def _non_negative(instance, attribute, value) -> None:
     field = _field(attribute)
-    if not _is_number(value) or not math.isfinite(value):
+    if not _finite_number(value):
         raise ConfigError(field, f"expected a number of seconds >= 0, got {_describe(value)}")
     if value < 0:
         raise ConfigError(field, f"expected a number of seconds >= 0, got {value!r}")
+    _in_range(field, value, "seconds")
 
 
 def _non_empty_name(instance, attribute, value) -> None:
@@ -175,6 +200,7 @@ def _efficiency_map(instance, attribute, value) -> None:
         v = value[key]
         if not _is_number(v) or not math.isfinite(v) or not (0 < v <= 1):
             raise ConfigError(f"{field}.{key}", f"expected a fraction in (0, 1], got {_describe(v)}")
+        check_range(f"{field}.{key}", v, "fraction")
 
 
 def _optional_nics(instance, attribute, value) -> None:
@@ -182,9 +208,9 @@ def _optional_nics(instance, attribute, value) -> None:
         _positive_int(instance, attribute, value)
 
 
-def _optional_positive(instance, attribute, value) -> None:
-    if value is not None:
-        _positive(instance, attribute, value)
+def _compute_capability(instance, attribute, value) -> None:
+    if value is not None and (not _is_number(value) or not 1.0 <= value <= 100.0):
+        raise ConfigError(_field(attribute), f"expected a CUDA compute capability such as 9.0, got {_describe(value)}")
 
 
 def _boolean(instance, attribute, value) -> None:
@@ -193,6 +219,8 @@ def _boolean(instance, attribute, value) -> None:
 
 
 FABRIC_KEYS = ("nodes_per_leaf", "oversubscription")
+#: no real fabric is oversubscribed more than this; beyond it a run's times lose meaning
+MAX_OVERSUBSCRIPTION = 1000.0
 
 
 def _fabric_map(instance, attribute, value) -> None:
@@ -209,12 +237,13 @@ def _fabric_map(instance, attribute, value) -> None:
         if key not in value:
             raise ConfigError(f"{field}.{key}", f"missing; a fabric tier needs both {' and '.join(FABRIC_KEYS)}")
     n = value["nodes_per_leaf"]
-    if not _is_number(n) or not math.isfinite(n) or n != int(n) or n < 1:
-        raise ConfigError(f"{field}.nodes_per_leaf", f"expected a positive integer, got {_describe(n)}")
+    if not _is_number(n) or not math.isfinite(n) or n != int(n) or not 1 <= n <= 2 ** 24:
+        raise ConfigError(f"{field}.nodes_per_leaf", f"expected a whole number of nodes in 1 .. 2^24, got {_describe(n)}")
     o = value["oversubscription"]
-    if not _is_number(o) or not math.isfinite(o) or o < 1:
+    if not _is_number(o) or not math.isfinite(o) or not 1 <= o <= MAX_OVERSUBSCRIPTION:
         raise ConfigError(f"{field}.oversubscription",
-                          f"expected a number >= 1 (1: full bisection, 2: 2:1 oversubscribed), got {_describe(o)}")
+                          f"expected a number in 1 .. {MAX_OVERSUBSCRIPTION:g} (1: full bisection, 2: 2:1 "
+                          f"oversubscribed), got {_describe(o)}")
 
 
 #: what a system file may force, per collective (the NCCL plugin checks the rest)
@@ -310,7 +339,7 @@ class SystemSpec:
                                               validator=_fabric_map)
     #: the GPU's CUDA compute capability (9.0 Hopper, 10.0 Blackwell, 8.0 Ampere): NCCL's
     #: tables depend on it; the collectives plugin asks for it
-    compute_capability: float | None = attrs.field(default=None, converter=_to_float, validator=_optional_positive)
+    compute_capability: float | None = attrs.field(default=None, converter=_to_float, validator=_compute_capability)
     #: forced NCCL choices per collective, e.g. {all_reduce: {algorithm: ring, protocol: simple}}
     nccl: Mapping[str, Mapping[str, str]] = attrs.field(factory=FrozenMap, converter=_to_frozen_nested_map,
                                                         validator=_nccl_map)
@@ -410,18 +439,14 @@ class SystemSpec:
     def from_yaml(cls, path) -> SystemSpec:
         """Load one system from a YAML file (shipped or user-written: same checks)."""
         path = Path(path)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(
-                "system", f"cannot read system file '{path}': {exc.strerror or exc}"
-            ) from None
-        return cls._from_text(text, str(path))
+        return cls._from_text(read_text(path, "system", "system file"), str(path))
 
     @classmethod
     def _from_text(cls, text: str, source: str) -> SystemSpec:
         try:
             data = yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        except DuplicateKeyError as exc:
+            raise duplicate_key_error("system", f"'{source}'", exc) from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -453,8 +478,8 @@ def _with_base(data: Mapping, source: str) -> dict:
     return merged
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that also reads YAML 1.2 floats such as ``450e9`` and ``3.35e12``.
+class _Loader(UniqueKeyLoader):
+    """SafeLoader (refusing duplicate keys) that also reads YAML 1.2 floats such as ``450e9`` and ``3.35e12``.
 
     PyYAML follows YAML 1.1, where an exponent needs a dot and a sign (``4.5e+11``);
     without this, ``450e9`` would be read as a string.
@@ -544,3 +569,13 @@ def get_system(name_or_path: str) -> SystemSpec:
         f"unknown system {text!r}{suggest(text, CATALOG_NAMES)}; "
         f"known: {', '.join(CATALOG_NAMES)}; or give a path to a system YAML file",
     )
+
+
+def system_source(name_or_path: str) -> str:
+    """The YAML text of a catalogue system or a system file (with its comments and cited
+    sources), after it passed every check; ConfigError otherwise."""
+    spec = get_system(name_or_path)
+    if name_or_path in CATALOG_NAMES:
+        return (_catalog_dir() / f"{name_or_path}.yaml").read_text(encoding="utf-8")
+    text = read_text(Path(os.fspath(name_or_path)).expanduser(), "system", "system file")
+    return f"# {spec.name}, from {os.fspath(name_or_path)}\n{text}"

@@ -18,7 +18,8 @@ Perfetto draws the slices of one thread only when they nest, and flows on a port
 communication ops on a chip) overlap freely, so such a track is split into as many lanes
 as it needs (``port nic_tx``, ``port nic_tx #2``, ...), each lane holding slices that do
 not overlap. Times are in microseconds, as the format wants. The file is written to a
-temporary name and renamed, so a failed write never leaves a partial trace behind.
+temporary name and renamed (``g5core.outputs``), so a failed write never leaves a partial
+trace behind.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ import json
 
 from .topology import KIND_NAMES, Topology
 from .dag import CommOp, ComputeOp
-from .outputfiles import write_atomically
+from .outputs import write_atomically
 from .results import SimResult
 
 COMPUTE_TID = 0
@@ -159,19 +160,25 @@ def timeline_rows(sim: SimResult):
                    op.primitive, algorithm, protocol, channels, "", "", repr(op.bytes_per_rank), start, end)
 
 
-def write_timeline(sim: SimResult, path) -> None:
+def dump_timeline(sim: SimResult, fh) -> None:
     """Per-op start and end times as CSV (one header line, then one row per op)."""
     import csv
 
-    def dump(fh):
-        w = csv.writer(fh, lineterminator="\n")
-        w.writerow(TIMELINE_COLUMNS)
-        w.writerows(timeline_rows(sim))
+    w = csv.writer(fh, lineterminator="\n")
+    w.writerow(TIMELINE_COLUMNS)
+    w.writerows(timeline_rows(sim))
 
-    write_atomically(path, dump)
+
+def write_timeline(sim: SimResult, path) -> None:
+    write_atomically(path, lambda fh: dump_timeline(sim, fh), "--timeline")
+
+
+def dump_trace(sim: SimResult, topo: Topology, fh) -> None:
+    """Write the trace JSON to an open text file."""
+    payload = {"traceEvents": trace_events(sim, topo), "displayTimeUnit": "ns",
+               "otherData": {"latency_s": sim.latency_s, "phase": sim.phase}}
+    json.dump(payload, fh, separators=(",", ":"), allow_nan=False)
 
 
 def write_trace(sim: SimResult, topo: Topology, path) -> None:
-    payload = {"traceEvents": trace_events(sim, topo), "displayTimeUnit": "ns",
-               "otherData": {"latency_s": sim.latency_s, "phase": sim.phase}}
-    write_atomically(path, lambda fh: json.dump(payload, fh, separators=(",", ":")))
+    write_atomically(path, lambda fh: dump_trace(sim, topo, fh), "--trace")

@@ -130,7 +130,7 @@ def test_cli_json_and_summary_report_the_same_ledger(tmp_path):
     runner = CliRunner()
     res = runner.invoke(main, ["run", str(cfg), "--json"])
     assert res.exit_code == 0, res.output
-    mem = json.loads(res.output)["memory"]
+    mem = json.loads(res.stdout)["memory"]
     weights, kv, acts = hand_ledger(LLAMA_70B, "prefill", 1, 256)
     assert mem["fits"] is False
     assert [c["fits"] for c in mem["per_chip"]] == [False, False]

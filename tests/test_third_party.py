@@ -45,7 +45,7 @@ def test_the_product_counts_the_new_dimension():
 
 
 def test_without_the_plugin_the_key_is_unknown():
-    with pytest.raises(ConfigError, match="is the plugin that provides it installed"):
+    with pytest.raises(ConfigError, match=r"no enabled plugin registers the dimension 'sp' \(disabled plugins: "):
         make_plan(RAW, disabled=THIRD_PARTY)
 
 

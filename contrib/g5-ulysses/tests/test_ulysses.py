@@ -173,7 +173,7 @@ def test_bad_layouts_name_the_fix(raw, field, needles):
 def test_disabling_it_with_sp_above_one_is_a_clear_error():
     with pytest.raises(ConfigError) as info:
         make_plan(cfg(tp=2, sp=2), disabled=["ulysses"])
-    assert info.value.field == "parallel.sp" and "installed and enabled" in str(info.value)
+    assert info.value.field == "parallel.sp" and "(disabled plugins: ulysses)" in str(info.value)
     with pytest.raises(ConfigError, match="plugin 'ulysses' is disabled or declares no options"):
         make_plan(dict(cfg(), parallel={"dp": 1, "pp": 1, "cp": 1, "tp": 1}, **REPLICATE), disabled=["ulysses"])
 

@@ -1,0 +1,47 @@
+"""Warnings about a deployment: one line each on stderr, never a change to the results.
+
+They point at layouts that run but that a deployment engineer would likely not want, or
+at results that rest on an assumption worth knowing:
+
+- the tensor-parallel group spans nodes (its all-reduces leave the NVLink domain);
+- heads are split more ways than the model has KV heads (KV heads are replicated);
+- the sequence is longer than the context the model was trained for;
+- the layout does not fit in memory (the summary says so too; a --json run only here).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .memory import MemoryReport
+
+
+def plural(n: int, word: str, many: Optional[str] = None) -> str:
+    """``1 chip``, ``2 chips``; ``many`` for irregular plurals."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def deployment_warnings(ctx, memory: Optional[MemoryReport] = None) -> list[str]:
+    """The warnings for a prepared run (``BuildContext``), in a fixed order."""
+    dep, model, rm = ctx.deployment, ctx.model, ctx.rankmap
+    out: list[str] = []
+    if "tp" in rm.dims and dep.size("tp") > 1:
+        crossing = [g for g in rm.groups("tp") if rm.crosses_nodes(g)]
+        if crossing:
+            out.append(f"tp={dep.size('tp')} spans nodes ({plural(ctx.system.chips_per_node, 'chip')} per node): "
+                       f"{len(crossing)} of {plural(len(rm.groups('tp')), 'TP group')} cross node boundaries, so "
+                       "their all-reduces use the network; keep tp within a node if you can")
+    a = model.attention
+    head_ways = ctx.shape.factor("q_heads")
+    if a.kind == "gqa" and head_ways > a.n_kv_heads:
+        out.append(f"heads are split {head_ways} ways but {model.name} has {plural(a.n_kv_heads, 'KV head')}: "
+                   f"each KV head is replicated on {head_ways // a.n_kv_heads} chips (KV cache and its reads "
+                   "do not shrink beyond that)")
+    limit = model.max_context_tokens
+    if limit is not None and dep.seq_len > limit:
+        out.append(f"seq_len {dep.seq_len:,} is beyond the {limit:,}-token context {model.name} was trained for "
+                   "(max_position_embeddings); the timing is still computed, the model's quality there is not known")
+    if memory is not None:
+        short = memory.shortfall_summary()
+        if short:
+            out.append(f"the layout {short}; the timing assumes it ran anyway")
+    return out

@@ -1,0 +1,111 @@
+"""Resource guard (issue 10): the op and flow count is estimated from the deployment before
+anything is built, and a run above the limit is refused with the estimate and its memory."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import g5core.build as build_mod
+from g5core.build import DEFAULT_MAX_OPS, estimate_size
+from g5core.errors import ResourceError
+from g5core.run import load_raw, make_plan, run, simulate
+
+from test_cli import error_line, invoke
+
+REPO = Path(__file__).resolve().parent.parent
+EX = REPO / "examples"
+
+
+@pytest.mark.parametrize("example,overrides", [
+    ("llama-3.1-70b-prefill", ["seq_len=4096"]),                                     # tp
+    ("deepseek-v3-1m-prefill-cp8", ["seq_len=16384"]),                               # tp, cp pass-KV, ep
+    ("deepseek-v3-1m-decode-cp8", ["seq_len=16384"]),                                # cp pass-Q
+    ("llama-3.1-8b-prefill", ["chips=4", "parallel.dp=4", "batch=2", "seq_len=1024"]),  # dp
+    ("llama-3.1-70b-decode", []),                                                    # pp=2
+    ("llama-3.1-70b-decode", ["parallel.pp=4", "parallel.tp=4"]),                    # pp=4
+])
+def test_estimate_equals_what_the_build_makes(example, overrides):
+    plan = make_plan(load_raw(EX / f"{example}.yaml", overrides))
+    est = estimate_size(plan)
+    sim = simulate(plan)
+    assert (est.ops, est.flows) == (sim.ops, sim.flows)
+
+
+def test_a_million_chips_is_refused_before_the_rank_map_is_built(monkeypatch):
+    monkeypatch.setattr(build_mod.RankMap, "build", lambda *a, **k: pytest.fail("built the rank map"))
+    line = error_line("run", EX / "llama-3.1-8b-prefill.yaml", "--set", "chips=1000000", "--set",
+                      "parallel.dp=1000000")
+    assert "at least 6,000,000 ops" in line and "GiB of memory" in line
+    assert f"limit of {DEFAULT_MAX_OPS:,}" in line and "--max-ops 6000000" in line
+
+
+def test_a_million_layers_is_refused(tmp_path):
+    hf = json.loads((REPO / "tests" / "data" / "hf" / "llama-3.1-8b.json").read_text())
+    model = tmp_path / "config.json"
+    model.write_text(json.dumps(dict(hf, num_hidden_layers=10 ** 6)))
+    with pytest.raises(ResourceError, match="at least 6,000,000 ops"):
+        run(load_raw(EX / "llama-3.1-8b-prefill.yaml", [f"model={model}", "seq_len=1024"]))
+
+
+def test_the_refined_estimate_refuses_with_the_exact_count_and_max_ops_lifts_it():
+    cfg = EX / "llama-3.1-70b-prefill.yaml"
+    sim = run(load_raw(cfg, ["seq_len=1024"])).sim          # what the build really makes
+    line = error_line("run", cfg, "--set", "seq_len=1024", "--max-ops", "5000")
+    assert f"about {sim.ops:,} ops and {sim.flows:,} flows" in line and f"--max-ops {sim.ops + sim.flows}" in line
+    result = invoke("run", cfg, "--set", "seq_len=1024", "--max-ops", str(sim.ops + sim.flows))
+    assert result.exit_code == 0, result.output
+
+
+def test_the_math_path_is_guarded_too():
+    with pytest.raises(ResourceError):
+        run(load_raw(EX / "llama-3.1-70b-prefill.yaml", ["path=math", "seq_len=1024"]), max_ops=100)
+
+
+def test_max_ops_must_be_positive():
+    assert "--max-ops: must be a positive whole number" in error_line(
+        "run", EX / "llama-3.1-8b-prefill.yaml", "--max-ops", "0")
+
+
+def test_progress_reports_the_estimate_first():
+    lines: list[str] = []
+    run(load_raw(EX / "llama-3.1-8b-prefill.yaml", ["seq_len=1024"]), progress=lines.append)
+    assert lines[0].startswith("estimated about 195 ops (under 1 MiB of memory")
+    assert any(l.startswith("simulating 195 ops") for l in lines)
+
+
+def test_explain_is_guarded_and_takes_max_ops():
+    cfg = EX / "llama-3.1-8b-prefill.yaml"
+    line = error_line("explain", cfg, "--max-ops", "10")
+    assert "at least 192 ops (under 1 MiB of memory and under 1 s to simulate)" in line and "--max-ops 192" in line
+    assert "layout  1 chip on 1 node" in invoke("explain", cfg, "--max-ops", "192").stdout
+
+
+def test_progress_appears_on_a_terminal_and_not_in_a_pipe():
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "g5core", "run", str(EX / "llama-3.1-8b-prefill.yaml"), "--set", "seq_len=1024"]
+    leader, follower = pty.openpty()
+    try:
+        done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=follower, timeout=60)
+        os.close(follower)
+        tty = b""
+        while True:
+            try:
+                chunk = os.read(leader, 4096)
+            except OSError:  # the terminal closed
+                break
+            if not chunk:
+                break
+            tty += chunk
+    finally:
+        os.close(leader)
+    assert done.returncode == 0
+    text = tty.decode()
+    assert "] estimated about 195 ops" in text and "] simulating 195 ops" in text
+    piped = subprocess.run(cmd, capture_output=True, timeout=60)
+    assert piped.returncode == 0 and piped.stderr == b""

@@ -1,0 +1,45 @@
+"""docs/system-file.md stays in step with the loader: every field documented, ranges as in
+g5core/inputs.py, and its example file loads."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import attrs
+
+from g5core.inputs import LIMITS
+from g5core.systems import SystemSpec
+
+DOC = (Path(__file__).resolve().parent.parent / "docs" / "system-file.md").read_text()
+
+
+def _rows() -> dict[str, str]:
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| [^|]+ \| ([^|]+) \|", DOC, re.M)}
+
+
+def test_every_field_has_a_row_and_no_row_is_stale():
+    assert set(_rows()) == {f.name for f in attrs.fields(SystemSpec)}
+
+
+def _range(text: str) -> tuple[float, float]:
+    def number(v: str) -> float:  # "1e3", "65536" or "2^20"
+        base, _, exp = v.strip().partition("^")
+        return float(base) ** int(exp) if exp else float(base)
+    lo, hi = text.replace("each", "").split("..")
+    return number(lo), number(hi)
+
+
+def test_documented_ranges_match_the_limits():
+    rows = _rows()
+    kinds = {"hbm_bw_bytes_per_s": "bytes_per_s", "intra_node_bw_bytes_per_s": "bytes_per_s",
+             "network_bw_bytes_per_s": "bytes_per_s", "peak_flops_per_s": "flops_per_s",
+             "launch_overhead_s": "seconds", "intra_node_latency_s": "seconds", "network_latency_s": "seconds",
+             "hbm_capacity_bytes": "bytes", "chips_per_node": "chips_per_node", "efficiency": "fraction"}
+    for field, kind in kinds.items():
+        assert _range(rows[field]) == LIMITS[kind][:2], field
+
+
+def test_the_example_file_loads():
+    block = DOC.split("```yaml\n", 1)[1].split("```", 1)[0]
+    spec = SystemSpec._from_text(block, "docs/system-file.md")
+    assert spec.name == "my-cluster" and spec.chips_per_node == 4
