@@ -233,17 +233,23 @@ def agreement():
 
 
 def test_published_nccl_bandwidths_of_large_messages_within_15_percent(agreement):
-    """Bus bandwidth from 64 MiB up, where ring collectives run at their link's rate, and from
-    256 MiB up for NVLS all-reduce (its mid sizes are a known gap: README, "Network")."""
+    """Bus bandwidth from 64 MiB up, 8 GPUs in a node and 32 over four nodes (the two-node
+    figure is a known gap, tested below)."""
     checked = 0
     for r in agreement:
-        nvls = r["algorithm"].startswith("nvls")
-        if r["size_bytes"] >= (256 if nvls else 64) * 2 ** 20 and r["gpus"] >= 8:
-            checked += 1
+        if r["size_bytes"] >= 64 * 2 ** 20 and r["gpus"] >= 8:
             if r["source"].startswith("nccl-issue-1221") and r["gpus"] == 16:
-                continue   # a known gap, reported below and in the README
+                continue
+            checked += 1
             assert abs(r["error"]) <= 0.15, r
-    assert checked >= 15
+    assert checked >= 20
+
+
+def test_nvls_all_reduce_on_8_gpus_from_2_mib_within_20_percent(agreement):
+    """Mid sizes of NVLS all-reduce, which its chunking slows down (NVLS_CHUNK_COST_BYTES)."""
+    rows = [r for r in agreement if r["algorithm"] == "nvls" and r["size_bytes"] >= 2 * 2 ** 20 and r["gpus"] == 8]
+    assert len(rows) >= 20
+    assert all(abs(r["error"]) <= 0.20 for r in rows), [r for r in rows if abs(r["error"]) > 0.20]
 
 
 def test_published_nccl_times_of_latency_bound_messages_within_25_percent(agreement):

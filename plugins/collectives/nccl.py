@@ -73,6 +73,33 @@ SPEED_ARRAY_INTRA = {
     9: (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
     0: (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
 }
+# enqueue.cc calcCollChunking, NVLS: chunks of at most 128 KiB, cut to 64, 32 and 16 KiB when
+# the message is below 64, 8 and 2 x (channels x NVLS heads x chunk) bytes
+NVLS_MAX_CHUNK_BYTES = 131072
+NVLS_CHUNK_STEPS = ((64, 65536), (8, 32768), (2, 16384))
+# the fixed cost of one NVLS chunk, in bytes of transfer it is worth: fitted by
+# `python tools/fit_nvls_chunk.py` to nccl-tests NVLS all-reduce on 8 x H100, 2 MiB .. 8 GiB
+# (tests/data/nccl/azure-nd-h100-v5.csv; rms log error 0.065), and within -11% .. +12% of the
+# same benchmark on 8 x H200 (azure-nd-h200-v5.csv), which the fit did not see
+NVLS_CHUNK_COST_BYTES = 27715.0
+
+
+def nvls_chunk_bytes(n_bytes: float, n_heads: int, channels: int = None) -> int:
+    """The chunk NCCL cuts an NVLS all-reduce of ``n_bytes`` into (calcCollChunking)."""
+    concurrent = (NVLS_CHANNELS if channels is None else channels) * n_heads
+    chunk = NVLS_MAX_CHUNK_BYTES
+    for times, smaller in NVLS_CHUNK_STEPS:
+        if n_bytes < times * concurrent * chunk and chunk > smaller:
+            chunk = smaller
+    return chunk
+
+
+def nvls_efficiency_of_chunk(chunk_bytes: float, cost_bytes: float = None) -> float:
+    """Fraction of the large-chunk NVLS rate a chunk of ``chunk_bytes`` reaches."""
+    cost = NVLS_CHUNK_COST_BYTES if cost_bytes is None else cost_bytes
+    return chunk_bytes / (chunk_bytes + cost)
+
+
 # the wire overhead of the protocols themselves: LL sends a 4-byte flag with every 4 data bytes,
 # LL128 8 flag bytes per 128-byte line (device.h); a lowering never runs faster than its wires
 PROTOCOL_WIRE_FACTOR = {"ll": 2.0, "ll128": 128.0 / 120.0, "simple": 1.0}
