@@ -29,7 +29,8 @@ def deployment_warnings(ctx, memory: Optional[MemoryReport] = None) -> list[str]
         if crossing:
             out.append(f"tp={dep.size('tp')} spans nodes ({plural(ctx.system.chips_per_node, 'chip')} per node): "
                        f"{len(crossing)} of {plural(len(rm.groups('tp')), 'TP group')} cross node boundaries, so "
-                       "their all-reduces use the network; keep tp within a node if you can")
+                       "their all-reduces also cross the network (over every NIC of the group); "
+                       "`g5 best` compares layouts")
     a = model.attention
     head_ways = ctx.shape.factor("q_heads")
     if a.kind == "gqa" and head_ways > a.n_kv_heads:

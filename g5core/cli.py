@@ -31,6 +31,13 @@ class _G5Group(click.Group):
 @click.version_option(package_name="g5")
 def main() -> None:
     """G5: simulate LLM inference on multi-chip clusters (TTFT, TPOT, memory, communication)."""
+    import warnings
+
+    # a plugin's warning (e.g. the measured tables' missing extra) is one line, like G5's own
+    def show(message, category, filename, lineno, file=None, line=None):
+        click.echo(f"g5: warning: {message}", err=True)
+
+    warnings.showwarning = show
 
 
 def _fmt_s(seconds: float) -> str:

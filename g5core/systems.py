@@ -213,6 +213,16 @@ def _compute_capability(instance, attribute, value) -> None:
         raise ConfigError(_field(attribute), f"expected a CUDA compute capability such as 9.0, got {_describe(value)}")
 
 
+def _to_tuple(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _int_list(instance, attribute, value) -> None:
+    if not isinstance(value, tuple) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ConfigError(_field(attribute), f"expected a list of NIC indices, one per chip of a node, "
+                                             f"got {_describe(value)}")
+
+
 def _boolean(instance, attribute, value) -> None:
     if not isinstance(value, bool):
         raise ConfigError(_field(attribute), f"expected true or false, got {_describe(value)}")
@@ -331,6 +341,9 @@ class SystemSpec:
     #: NICs per node (scale-up domain); None: one per chip. Must divide chips_per_node.
     #: ``network_bw_bytes_per_s`` is per NIC.
     nics_per_node: int | None = attrs.field(default=None, converter=_to_int, validator=_optional_nics)
+    #: which NIC (0 .. nics-1) each chip of a node uses, by its index in the node; empty:
+    #: rail-optimised, chip i on NIC i * nics / chips_per_node
+    nic_of_chip: tuple = attrs.field(factory=tuple, converter=_to_tuple, validator=_int_list)
     #: the scale-up switch reduces in place (NVLink SHARP, "NVLS")
     nvls: bool = attrs.field(default=False, validator=_boolean)
     #: the tier above the NICs: {nodes_per_leaf: int, oversubscription: number >= 1};
@@ -349,6 +362,18 @@ class SystemSpec:
             raise ConfigError("system.nics_per_node",
                               f"{self.nics} NICs do not divide the {self.chips_per_node} chips of a node; "
                               f"give a divisor of chips_per_node (e.g. {self.chips_per_node})")
+        if self.nic_of_chip:
+            if len(self.nic_of_chip) != self.chips_per_node:
+                raise ConfigError("system.nic_of_chip", f"lists {len(self.nic_of_chip)} chips, but a node has "
+                                                        f"{self.chips_per_node}; give one NIC index per chip")
+            bad = [v for v in self.nic_of_chip if not 0 <= v < self.nics]
+            if bad:
+                raise ConfigError("system.nic_of_chip", f"NIC index {bad[0]} is outside 0 .. {self.nics - 1} "
+                                                        f"(nics_per_node is {self.nics})")
+            unused = sorted(set(range(self.nics)) - set(self.nic_of_chip))
+            if unused:
+                raise ConfigError("system.nic_of_chip", f"no chip uses NIC {unused[0]}; every NIC of nics_per_node "
+                                                        "needs at least one chip (or lower nics_per_node)")
         if self.nccl:
             for coll, choice in self.nccl.items():
                 if choice.get("algorithm") == "nvls" and not self.nvls:
@@ -401,6 +426,7 @@ class SystemSpec:
         if out["fabric"]:
             out["fabric"]["nodes_per_leaf"] = int(out["fabric"]["nodes_per_leaf"])
         out["nccl"] = {k: dict(v) for k, v in self.nccl.items()}
+        out["nic_of_chip"] = list(self.nic_of_chip)
         return out
 
     # -- loading ---------------------------------------------------------------------

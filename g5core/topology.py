@@ -5,8 +5,8 @@ DGX H100, 72 in a GB200 NVL72 rack). Resources, all per direction:
 
 - every chip's scale-up link, send side and receive side (``chipC.link_tx`` / ``link_rx``);
 - every NIC, send side and receive side (``nodeN.nicK.tx`` / ``rx``). A node has
-  ``nics_per_node`` NICs; chip ``i`` of a node uses NIC ``i * nics_per_node // chips_per_node``
-  (rail-optimised: with one NIC per chip, chip i uses NIC i, and NIC k of every node sits
+  ``nics_per_node`` NICs; chip ``i`` of a node uses NIC ``nic_of_chip[i]`` when the system
+  file maps them, else NIC ``i * nics_per_node // chips_per_node`` (rail-optimised: with one NIC per chip, chip i uses NIC i, and NIC k of every node sits
   on the same rail, i.e. the same leaf switch plane);
 - with an oversubscribed fabric, every leaf's uplink and downlink (``leafL.up`` / ``down``):
   ``nodes_per_leaf`` nodes share a leaf, and traffic between leaves crosses the sending
@@ -47,6 +47,7 @@ class Topology:
     link_latency_s: float               # start latency of one point-to-point message in a node
     network_latency_s: float            # ... between nodes
     nvls: bool = False                  # the scale-up switch can reduce in place (NVLink SHARP)
+    nic_of_chip: tuple = ()             # NIC index of each chip of a node; () rail-optimised
     nodes_per_leaf: int = 0             # 0: full bisection, no leaf tier
     oversubscription: float = 1.0
     system: "SystemSpec | None" = attrs.field(default=None, eq=False, repr=False)
@@ -64,6 +65,7 @@ class Topology:
             link_latency_s=system.intra_node_latency_s,
             network_latency_s=system.network_latency_s,
             nvls=system.nvls,
+            nic_of_chip=tuple(system.nic_of_chip),
             nodes_per_leaf=int(fabric["nodes_per_leaf"]) if tiered else 0,
             oversubscription=float(fabric["oversubscription"]) if tiered else 1.0,
             system=system,
@@ -93,7 +95,9 @@ class Topology:
         return tuple(dict.fromkeys(c // self.chips_per_node for c in group))
 
     def rail_of(self, chip: int) -> int:
-        """Index, within its node, of the NIC ``chip`` uses (rail-optimised)."""
+        """Index, within its node, of the NIC ``chip`` uses (the system's map, else rail-optimised)."""
+        if self.nic_of_chip:
+            return self.nic_of_chip[chip % self.chips_per_node]
         return (chip % self.chips_per_node) * self.nics_per_node // self.chips_per_node
 
     def leaf_of(self, node: int) -> int:
@@ -140,8 +144,8 @@ class Topology:
             return r // 2
         if kind <= NIC_RX:
             node, rail = divmod((r - 2 * self.chips) // 2, self.nics_per_node)
-            return min(node * self.chips_per_node + -(-rail * self.chips_per_node // self.nics_per_node),
-                       self.chips - 1)
+            local = next(i for i in range(self.chips_per_node) if self.rail_of(i) == rail)
+            return min(node * self.chips_per_node + local, self.chips - 1)
         return -1
 
     def leaf_of_resource(self, r: int) -> int:

@@ -328,3 +328,16 @@ def test_the_trace_draws_nic_and_fabric_tier_ports_with_their_names(tmp_path):
     assert {"leaf0.up", "leaf1.down", "node0.nic7.tx", "node1.nic0.rx"} <= ports
     counters = {e["name"] for e in events if e["ph"] == "C"}
     assert "leaf0.up GB/s" in counters
+
+
+def test_a_system_may_map_chips_to_nics_and_a_bad_map_is_one_line():
+    fields = dict(SYSTEM_FIELDS, chips_per_node=4, nics_per_node=2, nic_of_chip=[1, 1, 0, 0])
+    spec = SystemSpec.from_dict(fields)
+    topo = Topology.from_system(spec, 8)
+    assert [topo.rail_of(c) for c in range(8)] == [1, 1, 0, 0, 1, 1, 0, 0]
+    assert [topo.resource_name(r) for r in topo.route(0, 4)] == ["node0.nic1.tx", "node1.nic1.rx"]
+    assert SystemSpec.from_dict(spec.to_dict()) == spec
+    for bad, message in (([0, 1], "lists 2 chips"), ([0, 0, 0, 2], "NIC index 2 is outside"),
+                         ([0, 0, 0, 0], "no chip uses NIC 1")):
+        with pytest.raises(ConfigError, match=message):
+            SystemSpec.from_dict(dict(fields, nic_of_chip=bad))
