@@ -411,7 +411,7 @@ class Profile:
         for key in PROFILE_KEYS[:3]:
             v = data.get(key)
             if not isinstance(v, str) or not v.strip():
-                raise ConfigError(f"{field}.{key}", f"missing or empty; give e.g. source: aiconfigurator, "
+                raise ConfigError(f"{field}.{key}", "missing or empty; give e.g. source: aiconfigurator, "
                                                     "gpu: h100_sxm, framework: trtllm")
         if data["source"] not in PROFILE_SOURCES:
             raise ConfigError(f"{field}.source", f"unknown source {data['source']!r}; known: "

@@ -12,11 +12,11 @@ import yaml
 
 from g5core.compute import Attention, ComputeModel, Elementwise, Gemm, Profile
 from g5core.errors import ConfigError
-from g5core.run import make_plan, run, simulate
+from g5core.run import make_plan, run
 from g5core.systems import SystemSpec, get_system
 from g5plugins import measured as M
 from g5plugins.measured import tables as T
-from g5core.roofline import gemm_padded_flops, kernel_latency_s, op_latency_s
+from g5core.roofline import gemm_padded_flops, kernel_latency_s
 
 H100 = get_system("h100-sxm")
 PROFILE = Profile(source="aiconfigurator", gpu="h100_sxm", framework="trtllm")

@@ -5,7 +5,6 @@ import ast
 import pathlib
 import types
 
-import pluggy
 import pytest
 
 import g5core

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from g5core.dimensions import collect_dimensions
-from g5core.plugins import Hooks, make_plugin_manager
+from g5core.plugins import Hooks
 from g5core.rankmap import RankMap
 
 FACTORS = ("dp", "pp", "cp", "tp")  # rank order of the built-in plugins, outermost first

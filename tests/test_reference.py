@@ -2,7 +2,6 @@
 commutative monoid, so pass-KV and pass-Q may merge partials in any order and grouping."""
 from __future__ import annotations
 
-import itertools
 
 import numpy as np
 import pytest

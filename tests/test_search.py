@@ -13,7 +13,7 @@ from g5core.cli import main
 from g5core.dimensions import collect_dimensions
 from g5core.errors import ConfigError
 from plugin_sets import THIRD_PARTY, builtin_plugin_manager
-from g5core.plugins import Hooks, make_plugin_manager
+from g5core.plugins import Hooks
 from g5core.run import make_plan, run
 from g5core.search import Candidate, best_layouts, enumerate_layouts, factorizations, pareto_front
 from g5core.memory import memory_report

@@ -20,7 +20,7 @@ from g5core.cli import main
 from g5core.errors import ConfigError, G5Error
 from g5core.dimensions import collect_dimensions
 from plugin_sets import builtin_plugin_manager
-from g5core.plugins import Hooks, make_plugin_manager
+from g5core.plugins import Hooks
 from g5core.resultsdb import RUN_COLUMNS, ResultsDB
 from g5core.sweep import grid_points, parse_grid, resolve_auto, run_sweep
 

@@ -103,7 +103,7 @@ def test_dag_structure_and_attention_work():
 
 
 def test_decode_shards_the_batch_and_reads_head_sharded_kv():
-    tp, sp, b, s = 1, 2, 4, 1024
+    sp, b, s = 2, 4, 1024
     out = run(cfg(sp=sp, phase="decode", batch=b, seq_len=s))
     assert out.plan.ctx.shape.tokens == b / sp
     heads = [op for op in _ops(out) if isinstance(op, ComputeOp)]
