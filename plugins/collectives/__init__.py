@@ -252,9 +252,29 @@ def p2p(group, nbytes, topo: Topology) -> Lowering:
                     protocol="simple")
 
 
+def nvlink_p2p(group, peer_bytes: float, pairs, topo: Topology) -> Lowering:
+    """NCCL's grouped send/receive of ``peer_bytes`` per pair inside one node (nccl.py,
+    "point to point"): the flows carry the payload over the NVLink efficiency (and LL's flags),
+    which occupies the links; the channels' copy time beyond what the links need joins the
+    start latency, like NCCL's own extra time in :func:`lower_collective`."""
+    g = _nccl_group("all_to_all", group, topo)
+    node_channels = nccl.p2p_node_channels(g.link_bw_gbps, g.compute_capability)
+    nc = nccl.p2p_peer_channels(peer_bytes, len(group), node_channels)
+    protocol = nccl.p2p_protocol(peer_bytes, nc)
+    own = (nccl.P2P_LL_WIRE_FACTOR if protocol == "ll" else 1.0) / nccl.P2P_NVLINK_EFFICIENCY
+    flows = [(s, t, peer_bytes * own) for s, t in pairs]
+    copy_s = nccl.p2p_copy_time_us(peer_bytes, len(group), node_channels) * 1e-6
+    extra_s = max(0.0, copy_s - _idle_transfer_s(flows, topo))
+    return Lowering(flows, topo.message_latency_s(group) + extra_s, algorithm="p2p", protocol=protocol,
+                    channels=nc, wire_bytes_per_payload_byte=own)
+
+
 def all_to_all(group, nbytes, topo: Topology) -> Lowering:
     n = len(group)
-    flows = tuple((s, t, nbytes / n) for s in group for t in group if s != t)
+    pairs = [(s, t) for s in group for t in group if s != t]
+    if len(topo.nodes_of(group)) == 1:
+        return nvlink_p2p(group, nbytes / n, pairs, topo)
+    flows = tuple((s, t, nbytes / n) for s, t in pairs)
     return Lowering(flows, topo.message_latency_s(group), algorithm="p2p", protocol="simple")
 
 
