@@ -337,7 +337,7 @@ def p2p_copy_time_us(peer_bytes: float, n_ranks: int, node_channels: int, rate_g
     if peer_bytes <= 0 or n_ranks < 2:
         return 0.0
     nc = p2p_peer_channels(peer_bytes, n_ranks, node_channels)
-    part = peer_bytes / nc
+    part = math.ceil(peer_bytes / nc)
     if p2p_protocol(peer_bytes, nc) == "ll":
         step, wire = part, P2P_LL_WIRE_FACTOR
     else:
