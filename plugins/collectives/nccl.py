@@ -282,9 +282,9 @@ P2P_LL_WIRE_FACTOR = 2.0          # LL: a 4-byte flag with every 4 data bytes (d
 # fraction of the link's bandwidth NVLink copies reach, in GB/s and as a fraction: fitted by
 # `python tools/fit_p2p.py` to nccl-tests alltoall on 2, 4 and 8 x H100 (aiconfigurator-core
 # nccl_perf, NCCL 2.29.2: tests/data/nccl/aiconfigurator-h100-sxm-nccl2.29.2.csv; rms log
-# error 0.108); the same constants are checked, unchanged, on H200, B200 and A100 tables
+# error 0.113); the same constants are checked, unchanged, on H200, B200 and A100 tables
 # (the script prints the errors; README "Network model" quotes them).
-P2P_CHANNEL_COPY_RATE_GBPS = 16.80
+P2P_CHANNEL_COPY_RATE_GBPS = 16.53
 P2P_NVLINK_EFFICIENCY = 0.772
 
 
@@ -331,15 +331,16 @@ def p2p_copy_time_us(peer_bytes: float, n_ranks: int, node_channels: int, rate_g
     ``n_ranks - 1`` peers, whatever the links allow: each channel carries a part of each op
     in Simple steps of at most one chunk through the peer's FIFO, the sender's copy of one
     step overlapping the receiver's copy of the step before (NCCL_STEPS slots), so a part
-    takes ``part + step`` bytes of copy time; ops sharing a channel (more ops than channels)
-    share its CTA."""
+    takes ``part + step`` bytes of copy time (LL: twice the part, its flags, and no step:
+    the receiver copies each line as it lands); ops sharing a channel (more ops than
+    channels) share its CTA."""
     rate = P2P_CHANNEL_COPY_RATE_GBPS if rate_gbps is None else rate_gbps
     if peer_bytes <= 0 or n_ranks < 2:
         return 0.0
     nc = p2p_peer_channels(peer_bytes, n_ranks, node_channels)
     part = math.ceil(peer_bytes / nc)
-    if p2p_protocol(peer_bytes, nc) == "ll":
-        step, wire = part, P2P_LL_WIRE_FACTOR
+    if p2p_protocol(peer_bytes, nc) == "ll":     # a flag per line: the receiver copies as lines land
+        step, wire = 0, P2P_LL_WIRE_FACTOR
     else:
         step, wire = min(part, P2P_NVL_CHUNK_BYTES), 1.0
     ops_per_channel = math.ceil((n_ranks - 1) * nc / node_channels)
