@@ -33,13 +33,16 @@ pipeline): time that holds the op but not its links. So an op alone takes NCCL's
 time, or longer where its wires are the limit, and a busy one slows down with everything
 else on its links.
 
-**all_to_all** is NCCL's grouped send/receive: ``N/n`` to every other rank at once; a
-message to another node leaves through the sender's NIC and enters through the
+**all_to_all** is NCCL's grouped send/receive: ``N/n`` to every other rank at once. Inside
+one node it follows NCCL's p2p schedule (:func:`nvlink_p2p`: channels per peer, LL or
+Simple steps, a measured copy rate per channel and NVLink efficiency); across nodes a
+message leaves through the sender's NIC and enters through the
 receiver's, so the pairs of a node spread over all its NICs (one per chip when rails are
 one to one). **p2p** is one flow
 over one NIC on each side; **broadcast** and **gather** are direct flows from or to the
 root. Their start latency is the system's point-to-point latency (NCCL's tuner has no
-send/receive model).
+send/receive model), to which an all_to_all in a node adds its channels' copy time beyond
+its links' time.
 """
 from __future__ import annotations
 
