@@ -26,8 +26,6 @@ import math
 import pathlib
 import sys
 
-from scipy.optimize import minimize
-
 from g5core.systems import get_system
 from g5plugins.collectives import nccl
 
@@ -71,6 +69,8 @@ def errors(system, data, rate, eff):
 
 
 def main(argv) -> None:
+    from scipy.optimize import minimize     # the measured extra
+
     name, sysname = FIT
     h100, system = rows(name), get_system(sysname)
     fit = minimize(loss, [20.0, 0.85], args=(system, h100), method="Nelder-Mead",
