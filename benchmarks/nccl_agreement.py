@@ -3,7 +3,8 @@
     python benchmarks/nccl_agreement.py [--markdown | --summary]
 
 For every measured row of the default algorithm (collectives named exactly all_reduce,
-all_gather, reduce_scatter, alltoall) on H100 systems, G5's time for the same op alone
+all_gather, reduce_scatter, alltoall) on H100 systems, and the alltoall rows of H200, B200
+and A100 (the tables the p2p constants were not fitted to), G5's time for the same op alone
 (``g5 collective``'s engine path) beside the measurement, and the error of G5's bus
 bandwidth. The README's agreement table is this script's --summary output (every row:
 --markdown).
@@ -24,7 +25,13 @@ FILES = {  # data file -> (G5 system, NCCL choice the measurement forced)
     "aiconfigurator-h100-sxm-nccl2.29.2.csv": ("h100-sxm", {}),
     "azure-nd-h100-v5.csv": ("h100-sxm", {"all_reduce": {"algorithm": "nvls"}}),   # run with NCCL_ALGO=NVLS
     "nccl-issue-1221.csv": ("h100-sxm", {}),
+    # alltoall only: the fitted table above and three it did not see (tools/fit_p2p.py)
+    "aiconfigurator-h200-sxm-nccl2.29.2.csv": ("h200", {}),
+    "aiconfigurator-b200-sxm-nccl2.29.2.csv": ("b200", {}),
+    "aiconfigurator-a100-sxm-nccl2.27.3.csv": ("a100-80gb", {}),
 }
+ONLY = {"aiconfigurator-h200-sxm-nccl2.29.2.csv": "alltoall", "aiconfigurator-b200-sxm-nccl2.29.2.csv": "alltoall",
+        "aiconfigurator-a100-sxm-nccl2.27.3.csv": "alltoall"}
 OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
        "alltoall": "all_to_all"}
 
@@ -39,7 +46,7 @@ def measured_rows():
         system = _system(system, forced)
         with open(DATA / name, encoding="utf-8") as fh:
             for row in csv.DictReader(line for line in fh if not line.startswith("#")):
-                if row["collective"] in OPS:
+                if row["collective"] in OPS and ONLY.get(name, row["collective"]) == row["collective"]:
                     yield name, system, row
 
 
@@ -65,8 +72,10 @@ def main(argv):
     rows = agreement()
     if "--summary" in argv:
         keep = {2 ** 10, 2 ** 16, 2 ** 20, 2 ** 24, 2 ** 26, 2 ** 28, 2 ** 30, 2 ** 33}
-        rows = [r for r in rows if r["gpus"] >= 8 and r["op"] != "all_to_all"
-                and (r["size_bytes"] in keep or r["source"].startswith("nccl-issue"))]
+        keep_a2a = {2 ** 10, 2 ** 20, 2 ** 24, 2 ** 29}     # alltoall tables end at 512 MiB
+        rows = [r for r in rows if r["gpus"] >= 8
+                and (r["size_bytes"] in (keep_a2a if r["op"] == "all_to_all" else keep)
+                     or r["source"].startswith("nccl-issue"))]
         argv = ["--markdown"]
     if "--markdown" in argv:
         print("| source | op | GPUs | size | measured busbw GB/s | G5 busbw GB/s | error | G5 algorithm |")

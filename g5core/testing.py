@@ -520,8 +520,10 @@ def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ())
     with (plus a two-chip group inside a node and one across two nodes), lowered at
     ``{0, 0.5, 1, 2, 4} x`` a base payload: the lowering is a :class:`~g5core.collective.Lowering`
     whose flows stay inside the group; the bytes each rank sends and the engine time of the
-    op alone never decrease as ``bytes_per_rank`` grows, and grow strictly between positive
-    sizes when the primitive moves any data.
+    op alone never decrease as ``bytes_per_rank`` grows, and the bytes grow strictly between
+    positive sizes when the primitive moves any data. (The time may stay level: NCCL spreads a
+    larger send over more channels, so a send limited by its channels' copy rate takes as
+    long at twice the size, as nccl-tests alltoall measures between 128 KiB and 2 MiB.)
     """
     configs = _as_configs(configs)
     plans = [_plan(raw, extra_plugins) for raw in configs]
@@ -555,7 +557,9 @@ def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ())
             for i in range(1, len(_BYTE_SCALES)):
                 grew = _BYTE_SCALES[i - 1] > 0 and moves
                 for label, vals in (("time", times), ("bytes sent per rank", sent)):
-                    if vals[i] < vals[i - 1] or (grew and not vals[i] > vals[i - 1]):
+                    # a level time may differ by rounding (latency + extra - link + link)
+                    fell = vals[i] < vals[i - 1] * (1.0 - 1e-12) if label == "time" else vals[i] < vals[i - 1]
+                    if fell or (grew and label != "time" and not vals[i] > vals[i - 1]):
                         raise _fail(plugin, check_comm_cost_monotone,
                                     f"{name} on group {group}: {label} {vals} is not increasing with bytes_per_rank "
                                     f"{[s * nbytes for s in _BYTE_SCALES]}")

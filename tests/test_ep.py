@@ -50,7 +50,8 @@ def test_dispatch_and_combine_bytes(dp, tp, ep, phase):
             assert op.bytes_per_rank == pytest.approx(buffer_bytes, rel=1e-12)
             sent, received = {}, {}
             for f in range(compiled.flow_ptr[i], compiled.flow_ptr[i + 1]):
-                s, t, b = compiled.flow_src[f], compiled.flow_dst[f], compiled.flow_bytes[f]
+                # payload: a flow carries wire bytes, the payload times the op's wire factor
+                s, t, b = compiled.flow_src[f], compiled.flow_dst[f], compiled.flow_bytes[f] / compiled.wire_factor[i]
                 sent[s] = sent.get(s, 0.0) + b
                 received[t] = received.get(t, 0.0) + b
             assert sorted(sent) == sorted(op.group) == sorted(received)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from g5plugins.collectives import nccl
 from helpers_engine import DagBuilder, all_zero, synthetic_plan
 
 LINK_BW_BYTES_PER_S = 100.0e9
@@ -176,13 +177,26 @@ def test_all_to_all_across_nodes_is_bound_by_the_network_interface(plan_factory,
     assert all_zero(run.kpis)
 
 
-def test_all_to_all_inside_a_node_is_bound_by_the_link(one_node_plan):
+def test_all_to_all_inside_a_node_takes_nccls_channel_copy_time_or_the_link_time(one_node_plan):
+    """NCCL's grouped send/receive (nccl.py, "point to point"). On a 100 GB/s link NCCL runs
+    4 channels (60 GB/s per search channel: 1, duplicated, doubled), so 4 ranks get one
+    channel per peer, and each 16 MiB send goes in 32 Simple steps of 512 KiB: one channel
+    copies 16 MiB + one step at r; the links would need ``3 x 16 MiB / (eta B)``."""
     n = 4
+    r = nccl.P2P_CHANNEL_COPY_RATE_GBPS * 1e9
+    eta = nccl.P2P_NVLINK_EFFICIENCY
     b = DagBuilder()
     b.comm("a2a", "all_to_all", tuple(range(n)), N_BYTES)
     run = b.run(one_node_plan)
-    expected_s = LINK_LATENCY_S + (n - 1) / n * N_BYTES / LINK_BW_BYTES_PER_S
-    assert run.end_s("a2a") == pytest.approx(expected_s, rel=REL)
+    copy_s = (N_BYTES / n + 2 ** 19) / r
+    link_s = (n - 1) / n * N_BYTES / (eta * LINK_BW_BYTES_PER_S)
+    assert copy_s > link_s
+    assert run.end_s("a2a") == pytest.approx(LINK_LATENCY_S + copy_s, rel=1e-9)
+    # the flows carry the payload over the links' efficiency for copies; the run reports payload
+    c = run.compiled
+    for f in run.flows_of("a2a"):
+        assert c.flow_bytes[f] == pytest.approx(N_BYTES / n / eta, rel=REL)
+    assert all_zero(run.kpis)
 
 
 # -- max-min fairness --------------------------------------------------------------------

@@ -33,13 +33,16 @@ pipeline): time that holds the op but not its links. So an op alone takes NCCL's
 time, or longer where its wires are the limit, and a busy one slows down with everything
 else on its links.
 
-**all_to_all** is NCCL's grouped send/receive: ``N/n`` to every other rank at once; a
-message to another node leaves through the sender's NIC and enters through the
+**all_to_all** is NCCL's grouped send/receive: ``N/n`` to every other rank at once. Inside
+one node it follows NCCL's p2p schedule (:func:`nvlink_p2p`: channels per peer, LL or
+Simple steps, a measured copy rate per channel and NVLink efficiency); across nodes a
+message leaves through the sender's NIC and enters through the
 receiver's, so the pairs of a node spread over all its NICs (one per chip when rails are
 one to one). **p2p** is one flow
 over one NIC on each side; **broadcast** and **gather** are direct flows from or to the
 root. Their start latency is the system's point-to-point latency (NCCL's tuner has no
-send/receive model).
+send/receive model), to which an all_to_all in a node adds its channels' copy time beyond
+its links' time.
 """
 from __future__ import annotations
 
@@ -252,9 +255,29 @@ def p2p(group, nbytes, topo: Topology) -> Lowering:
                     protocol="simple")
 
 
+def nvlink_p2p(group, peer_bytes: float, pairs, topo: Topology) -> Lowering:
+    """NCCL's grouped send/receive of ``peer_bytes`` per pair inside one node (nccl.py,
+    "point to point"): the flows carry the payload over the NVLink efficiency (and LL's flags),
+    which occupies the links; the channels' copy time beyond what the links need joins the
+    start latency, like NCCL's own extra time in :func:`lower_collective`."""
+    g = _nccl_group("all_to_all", group, topo)
+    node_channels = nccl.p2p_node_channels(g.link_bw_gbps, g.compute_capability)
+    nc = nccl.p2p_peer_channels(peer_bytes, len(group), node_channels)
+    protocol = nccl.p2p_protocol(peer_bytes, nc)
+    own = (nccl.P2P_LL_WIRE_FACTOR if protocol == "ll" else 1.0) / nccl.P2P_NVLINK_EFFICIENCY
+    flows = [(s, t, peer_bytes * own) for s, t in pairs]
+    copy_s = nccl.p2p_copy_time_us(peer_bytes, len(group), node_channels) * 1e-6
+    extra_s = max(0.0, copy_s - _idle_transfer_s(flows, topo))
+    return Lowering(flows, topo.message_latency_s(group) + extra_s, algorithm="p2p", protocol=protocol,
+                    channels=nc, wire_bytes_per_payload_byte=own)
+
+
 def all_to_all(group, nbytes, topo: Topology) -> Lowering:
     n = len(group)
-    flows = tuple((s, t, nbytes / n) for s in group for t in group if s != t)
+    pairs = [(s, t) for s in group for t in group if s != t]
+    if len(topo.nodes_of(group)) == 1:
+        return nvlink_p2p(group, nbytes / n, pairs, topo)
+    flows = tuple((s, t, nbytes / n) for s, t in pairs)
     return Lowering(flows, topo.message_latency_s(group), algorithm="p2p", protocol="simple")
 
 

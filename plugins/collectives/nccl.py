@@ -268,3 +268,80 @@ def choose(group: Group, n_bytes: float, forced=None) -> tuple[str, str, float, 
             if best is None or lat + transfer < best[2] + best[3]:
                 best = (a, p, lat, transfer)
     return best
+
+
+# ------------------------------------------------------------------------------ point to point
+# NCCL's send/receive (and so all-to-all, its grouped send/receive) inside one node, from
+# enqueue.cc (NCCL 2.29.2) addP2pToPlan / scheduleP2pTasksToPlan / calcP2pChannelCount and
+# init.cc / paths.cc. NCCL's tuner has no time model for them; what follows is the mechanism
+# those files describe, with two constants measured on nccl-tests (below).
+P2P_NVL_CHUNK_BYTES = 524288      # init.cc NCCL_P2P_NVL_CHUNKSIZE default: a Simple step over NVLink
+P2P_LL_THRESHOLD_BYTES = 16384    # enqueue.cc NCCL_P2P_LL_THRESHOLD: LL up to this many bytes per channel
+P2P_LL_WIRE_FACTOR = 2.0          # LL: a 4-byte flag with every 4 data bytes (device.h)
+# The copy rate of one p2p channel (one CTA moving a send and a receive) over NVLink, and the
+# fraction of the link's bandwidth NVLink copies reach, in GB/s and as a fraction: fitted by
+# `python tools/fit_p2p.py` to nccl-tests alltoall on 2, 4 and 8 x H100 (aiconfigurator-core
+# nccl_perf, NCCL 2.29.2: tests/data/nccl/aiconfigurator-h100-sxm-nccl2.29.2.csv; rms log
+# error 0.113); the same constants are checked, unchanged, on H200, B200 and A100 tables
+# (the script prints the errors; README "Network model" quotes them).
+P2P_CHANNEL_COPY_RATE_GBPS = 16.53
+P2P_NVLINK_EFFICIENCY = 0.772
+
+
+def pow2_up(n: int) -> int:
+    p = 1
+    while p < n:
+        p <<= 1
+    return p
+
+
+def p2p_node_channels(link_bw_gbps: float, compute_capability: float) -> int:
+    """p2pnChannels (= p2pnChannelsPerPeer on an all-NVLink node): the runtime channels rounded
+    up to a power of two (paths.cc ncclTopoComputeP2pChannels); 32 on 8 x H100, A100 or B200
+    (an 8 x H100 log prints "32 p2p channels, 32 p2p channels per peer")."""
+    return min(MAX_CHANNELS, pow2_up(graph_channels(link_bw_gbps, compute_capability)))
+
+
+def p2p_peer_channels(peer_bytes: float, n_ranks: int, node_channels: int) -> int:
+    """Channels one send (or receive) of ``peer_bytes`` is split over inside a node:
+    scheduleP2pTasksToPlan's nChannelsMin (all channels, halved until one op per channel
+    covers the ranks), then addP2pToPlan's part bounds (parts of at least chunk/8, doubled
+    channels while a part exceeds 32 chunks)."""
+    if peer_bytes <= 0:
+        return 1
+    c_min = node_channels
+    while c_min * n_ranks > node_channels and c_min > 1:
+        c_min //= 2
+    min_part, max_part = P2P_NVL_CHUNK_BYTES // 8, P2P_NVL_CHUNK_BYTES * 32
+    nc = min(c_min, math.ceil(peer_bytes / min_part))
+    part = max(min_part, math.ceil(peer_bytes / nc))
+    while part > max_part and nc <= node_channels // 2:
+        nc *= 2
+        part = math.ceil(peer_bytes / nc)
+    return nc
+
+
+def p2p_protocol(peer_bytes: float, channels: int) -> str:
+    """addP2pToPlan: LL when the bytes are at most NCCL_P2P_LL_THRESHOLD per channel."""
+    return "ll" if peer_bytes <= channels * P2P_LL_THRESHOLD_BYTES else "simple"
+
+
+def p2p_copy_time_us(peer_bytes: float, n_ranks: int, node_channels: int, rate_gbps: float = None) -> float:
+    """Time the channels' CTAs need to copy one rank's sends of ``peer_bytes`` to each of its
+    ``n_ranks - 1`` peers, whatever the links allow: each channel carries a part of each op
+    in Simple steps of at most one chunk through the peer's FIFO, the sender's copy of one
+    step overlapping the receiver's copy of the step before (NCCL_STEPS slots), so a part
+    takes ``part + step`` bytes of copy time (LL: twice the part, its flags, and no step:
+    the receiver copies each line as it lands); ops sharing a channel (more ops than
+    channels) share its CTA."""
+    rate = P2P_CHANNEL_COPY_RATE_GBPS if rate_gbps is None else rate_gbps
+    if peer_bytes <= 0 or n_ranks < 2:
+        return 0.0
+    nc = p2p_peer_channels(peer_bytes, n_ranks, node_channels)
+    part = math.ceil(peer_bytes / nc)
+    if p2p_protocol(peer_bytes, nc) == "ll":     # a flag per line: the receiver copies as lines land
+        step, wire = 0, P2P_LL_WIRE_FACTOR
+    else:
+        step, wire = min(part, P2P_NVL_CHUNK_BYTES), 1.0
+    ops_per_channel = math.ceil((n_ranks - 1) * nc / node_channels)
+    return ops_per_channel * (part + step) * wire / (1000.0 * rate)

@@ -48,7 +48,9 @@ def _ops(out, layer=0):
 
 def _flows(sim, key):
     c, i = sim.compiled, sim.dag.index[key]
-    return sorted((c.flow_src[f], c.flow_dst[f], c.flow_bytes[f]) for f in range(c.flow_ptr[i], c.flow_ptr[i + 1]))
+    # payload per flow: a flow carries wire bytes, the payload times the op's wire factor
+    return sorted((c.flow_src[f], c.flow_dst[f], c.flow_bytes[f] / c.wire_factor[i])
+                  for f in range(c.flow_ptr[i], c.flow_ptr[i + 1]))
 
 
 @pytest.mark.parametrize("tp,sp", [(2, 2), (1, 4), (4, 1)])
