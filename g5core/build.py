@@ -42,6 +42,13 @@ class BuildContext:
     topology: Topology
     hooks: Hooks = attrs.field(repr=False)
     _layer_chips: dict = attrs.field(factory=dict, repr=False)
+    #: when set, the only chips ops are placed on (one replica of a symmetric run:
+    #: g5core.symmetry); every other field still describes the whole cluster
+    replica_chips: Optional[tuple[int, ...]] = attrs.field(default=None, repr=False)
+
+    def restricted(self, chips: tuple[int, ...]) -> "BuildContext":
+        """The same context with ops placed on ``chips`` only."""
+        return attrs.evolve(self, layer_chips={}, replica_chips=tuple(chips))
 
     @property
     def phase(self) -> str:
@@ -57,7 +64,7 @@ class BuildContext:
     def layer_chips(self, layer: int) -> tuple[int, ...]:
         """Chips holding ``layer`` (intersection of every plugin's answer)."""
         if layer not in self._layer_chips:
-            chips = set(self.all_chips)
+            chips = set(self.all_chips if self.replica_chips is None else self.replica_chips)
             for plugin, answer in self.hooks.call_each("g5_layer_chips", ctx=self, layer=layer):
                 chips &= _chip_set(plugin, "g5_layer_chips", answer, self.rankmap.chips)
             self._layer_chips[layer] = tuple(sorted(chips))
@@ -220,8 +227,10 @@ def expand(ctx: BuildContext, lop: LogicalOp) -> tuple[str, Fragment]:
     return "core", default_fragment(ctx, lop, ctx.place(lop))
 
 
-def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None) -> OpDag:
-    ctx = plan.ctx
+def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
+              chips: tuple[int, ...] | None = None) -> OpDag:
+    """The op DAG; with ``chips``, only the ops placed on them (one symmetric replica)."""
+    ctx = plan.ctx if chips is None else plan.ctx.restricted(chips)
     program = program if program is not None else build_program(ctx.model)
     dag = OpDag()
     chips = ctx.rankmap.chips

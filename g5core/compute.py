@@ -200,30 +200,48 @@ class LatencyLookup:
         return source, measured
 
 
-def coverage_report(timed_ops, system, latency_s: float, n_chips: int, lookup: LatencyLookup) -> dict:
+def exact_sum(values) -> float:
+    """The exactly-rounded sum (order-independent); an overflowing one is +-inf, as a plain
+    sum would be (the run then reports it as out of range)."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return sum(values)
+
+
+def coverage_report(timed_ops, system, latency_s: float, n_chips: int, lookup: LatencyLookup,
+                    replicas: int = 1, replica_chips: int = 0) -> dict:
     """Where the compute time came from, and what the chips achieved.
 
     ``timed_ops``: (compute op, seconds) for every compute op run. ``coverage``: per op class
     and overall (``all``), the share of compute time (summed over every chip's ops) answered
     from measurements and from the roofline (or another plugin, by name), and the seconds.
     ``per_chip``: each chip's FLOPs over the run's latency (achieved TFLOP/s) and its MFU,
-    ``sum(op FLOPs / dense peak of the op's dtype) / latency``.
+    ``sum(op FLOPs / dense peak of the op's dtype) / latency``. With ``replicas > 1`` the
+    ops are those of chips ``0..replica_chips-1``, and every other replica of that many chips
+    ran the same (g5core.symmetry). Sums are exactly rounded (``math.fsum``).
     """
-    by_class: dict[str, dict[str, float]] = {}
+    parts: dict[str, dict[str, list]] = {}
     chip_flops = [0.0] * n_chips
     chip_peak_s = [0.0] * n_chips
     for op, seconds in timed_ops:
         source, measured = lookup.source(op)
-        row = by_class.setdefault(op.op_class, {})
-        row[MEASURED] = row.get(MEASURED, 0.0) + measured
-        row[source] = row.get(source, 0.0) + (seconds - measured)
+        row = parts.setdefault(op.op_class, {})
+        row.setdefault(MEASURED, []).append(measured)
+        row.setdefault(source, []).append(seconds - measured)
         chip_flops[op.chip] += op.flops
         if op.flops:
             chip_peak_s[op.chip] += op.flops / system.peak_flops(op.dtype)
+    if replicas > 1:
+        for c in range(replica_chips, n_chips):
+            chip_flops[c] = chip_flops[c % replica_chips]
+            chip_peak_s[c] = chip_peak_s[c % replica_chips]
+    by_class = {cls: {k: exact_sum(v * replicas) for k, v in row.items()} for cls, row in parts.items()}
     total: dict[str, float] = {}
-    for row in by_class.values():
-        for k, v in row.items():
-            total[k] = total.get(k, 0.0) + v
+    for cls in parts.values():
+        for k, v in cls.items():
+            total.setdefault(k, []).extend(v)
+    total = {k: exact_sum(v * replicas) for k, v in total.items()}
 
     def shares(row: dict) -> dict:
         s = math.fsum(row.values())

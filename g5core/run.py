@@ -20,6 +20,7 @@ from .mathpath import MathResult, math_estimate
 from .memory import MemoryReport, memory_report
 from .plugins import make_plugin_manager
 from .results import SimResult, check_conservation, summarize
+from .symmetry import check_reduced_dag, check_resources, plan_symmetry
 
 
 def load_raw(path, overrides: Iterable[str] = ()) -> dict:
@@ -54,22 +55,35 @@ Progress = Optional[Callable[[str], None]]
 
 
 def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True, progress: Progress = None,
-             record_port_rates: bool = False) -> SimResult:
+             record_port_rates: bool = False, symmetry: bool | str = True) -> SimResult:
     """Build the DAG, run the engine, and check the six conservation KPIs.
 
     ``progress``, when given, receives one line per phase (for long runs);
-    ``record_port_rates`` keeps every port's bandwidth over time (for traces)."""
+    ``record_port_rates`` keeps every port's bandwidth over time (for traces).
+    ``symmetry``: simulate one of identical independent replicas where that is exact
+    (:mod:`g5core.symmetry`); ``False`` (or a string: the reason) simulates every chip."""
     say = progress or (lambda line: None)
     t0 = time.perf_counter()
-    say("building the op DAG")
-    dag = build_dag(plan)
-    say(f"compiling {len(dag.ops)} ops and {len(dag.edges)} edges")
-    compiled = compile_dag(dag, plan)
+    off = None if symmetry is True else (symmetry or "turned off (--no-symmetry)")
+    sym = plan_symmetry(plan.ctx, off)
+    say("building the op DAG" + (f" of one of {sym.replicas} {sym.dimension} replicas" if sym.applied else ""))
+    dag = build_dag(plan, chips=sym.chips() if sym.applied else None)
+    reason = check_reduced_dag(sym, dag) if sym.applied else None
+    if reason is None:
+        say(f"compiling {len(dag.ops)} ops and {len(dag.edges)} edges")
+        compiled = compile_dag(dag, plan)
+        reason = check_resources(sym, dag, compiled, plan) if sym.applied else None
+    if reason is not None:
+        sym = sym.refused(reason)
+        say(f"simulating every chip: {reason}; building the op DAG")
+        dag = build_dag(plan)
+        say(f"compiling {len(dag.ops)} ops and {len(dag.edges)} edges")
+        compiled = compile_dag(dag, plan)
     say(f"simulating {len(compiled.keys)} ops and {len(compiled.flow_bytes)} flows")
     engine = engine_cls(compiled, record_port_rates=record_port_rates).run()
     _check_finite([engine.makespan_s])  # before the summary does arithmetic on it
     say(f"{engine.events} events; checking conservation")
-    result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0)
+    result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0, sym)
     if check:
         check_conservation(result.kpis)
     return result
@@ -103,9 +117,10 @@ class RunOutput:
 
 def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: bool = False,
         extra_plugins: Sequence = (), progress: Progress = None, record_port_rates: bool = False,
-        max_ops: Optional[int] = None) -> RunOutput:
+        max_ops: Optional[int] = None, symmetry: bool | str = True) -> RunOutput:
     """Validate, refuse a run above ``max_ops`` ops and flows (default
-    ``build.DEFAULT_MAX_OPS``) before building anything, then simulate or estimate."""
+    ``build.DEFAULT_MAX_OPS``) before building anything, then simulate or estimate.
+    ``symmetry``: see :func:`simulate`."""
     plan = make_plan(raw, disabled, extra_plugins, max_ops=max_ops)
     dep = plan.ctx.deployment
     size = check_size(plan, max_ops)
@@ -123,7 +138,7 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
                                  system=plan.ctx.system)
         except ConfigError as exc:
             raise ConfigError("--compare-math", f"the Math path refuses this configuration: {exc}") from None
-    sim = simulate(plan, progress=progress, record_port_rates=record_port_rates)
+    sim = simulate(plan, progress=progress, record_port_rates=record_port_rates, symmetry=symmetry)
     mres = math_estimate(plan) if compare_math else None
     return _finite(RunOutput(dep, plan, memory, sim=sim, math=mres))
 
