@@ -55,38 +55,61 @@ Progress = Optional[Callable[[str], None]]
 
 
 def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True, progress: Progress = None,
-             record_port_rates: bool = False, symmetry: bool | str = True) -> SimResult:
+             record_port_rates: bool = False, symmetry: bool | str = True,
+             timings: Optional[dict] = None) -> SimResult:
     """Build the DAG, run the engine, and check the six conservation KPIs.
 
     ``progress``, when given, receives one line per phase (for long runs);
     ``record_port_rates`` keeps every port's bandwidth over time (for traces).
     ``symmetry``: simulate one of identical independent replicas where that is exact
-    (:mod:`g5core.symmetry`); ``False`` (or a string: the reason) simulates every chip."""
+    (:mod:`g5core.symmetry`); ``False`` (or a string: the reason) simulates every chip.
+    ``timings``, when given, receives the wall seconds of each phase (build, compile,
+    engine, report: benchmarks/bench.py)."""
     say = progress or (lambda line: None)
+    clock = _Phases(timings)
     t0 = time.perf_counter()
     off = None if symmetry is True else (symmetry or "turned off (--no-symmetry)")
     sym = plan_symmetry(plan.ctx, off)
     say("building the op DAG" + (f" of one of {sym.replicas} {sym.dimension} replicas" if sym.applied else ""))
     dag = build_dag(plan, chips=sym.chips() if sym.applied else None)
     reason = check_reduced_dag(sym, dag) if sym.applied else None
+    clock("build_s")
     if reason is None:
         say(f"compiling {len(dag.ops)} ops and {len(dag.edges)} edges")
         compiled = compile_dag(dag, plan)
         reason = check_resources(sym, dag, compiled, plan) if sym.applied else None
+        clock("compile_s")
     if reason is not None:
         sym = sym.refused(reason)
         say(f"simulating every chip: {reason}; building the op DAG")
         dag = build_dag(plan)
+        clock("build_s")
         say(f"compiling {len(dag.ops)} ops and {len(dag.edges)} edges")
         compiled = compile_dag(dag, plan)
+        clock("compile_s")
     say(f"simulating {len(compiled.keys)} ops and {len(compiled.flow_bytes)} flows")
     engine = engine_cls(compiled, record_port_rates=record_port_rates).run()
+    clock("engine_s")
     _check_finite([engine.makespan_s])  # before the summary does arithmetic on it
     say(f"{engine.events} events; checking conservation")
     result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0, sym)
     if check:
         check_conservation(result.kpis)
+    clock("report_s")
     return result
+
+
+class _Phases:
+    """Adds the wall seconds since the last call to ``timings[phase]``."""
+
+    def __init__(self, timings: Optional[dict]):
+        self.timings, self.last = timings, time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        if self.timings is not None:
+            self.timings[phase] = self.timings.get(phase, 0.0) + now - self.last
+        self.last = now
 
 
 @attrs.frozen(eq=False)
