@@ -159,13 +159,18 @@ class LatencyLookup:
     system: object
     deployment: object
     _cache: dict = attrs.field(factory=dict)
-    _by_op: dict = attrs.field(factory=dict)   # id(op) -> (op, answer): no re-hashing per op
+    # (class, dtype, id(kernels), FLOPs, bytes) -> (kernels, answer): ops made from one Work
+    # share its kernels tuple, so most ops find their answer without hashing the kernels;
+    # the entry holds the tuple, so its id is not reused while the entry lives
+    _by_kernels: dict = attrs.field(factory=dict)
 
     def _answer(self, op) -> tuple[float, str, float]:
-        seen = self._by_op.get(id(op))
-        if seen is not None and seen[0] is op:
+        kernels = op.kernels
+        fast = (op.op_class, op.dtype, id(kernels), op.flops, op.hbm_bytes)
+        seen = self._by_kernels.get(fast)
+        if seen is not None and seen[0] is kernels:
             return seen[1]
-        key = (op.op_class, op.dtype, op.kernels, op.flops, op.hbm_bytes)
+        key = (op.op_class, op.dtype, kernels, op.flops, op.hbm_bytes)
         hit = self._cache.get(key)
         if hit is None:
             answer = self.hooks.call_first("g5_compute_latency", op=op, system=self.system, deployment=self.deployment)
@@ -188,7 +193,7 @@ class LatencyLookup:
                                           f"0..{seconds!r}")
             source = ROOFLINE if plugin in (ROOFLINE, MEASURED) else plugin
             hit = self._cache[key] = (seconds, source, float(measured))
-        self._by_op[id(op)] = (op, hit)
+        self._by_kernels[fast] = (kernels, hit)
         return hit
 
     def seconds(self, op) -> float:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from array import array
 from typing import Sequence
 
 import attrs
@@ -52,7 +53,7 @@ class CompiledDag:
     chip: tuple             # chip of a compute op, -1 for comm
     duration_s: tuple       # compute: duration; comm: start latency
     flops: tuple            # compute FLOPs (0 for comm)
-    succ: tuple             # tuple of tuples of successor ids
+    succ: "Successors"      # successor ids per op (succ[i])
     pred_count: tuple
     edges_u: np.ndarray
     edges_v: np.ndarray
@@ -106,7 +107,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
                 fop += [i] * count
                 n_flows += count
     flow_ptr[n] = n_flows
-    eu, ev, succ, pred_count = _successor_lists(dag.edges, n)
+    eu, ev, succ, pred_count = _successor_lists(np.frombuffer(dag.edge_pairs, dtype=np.int64) if len(dag.edge_pairs) else (), n)
     keys = tuple(op.key for op in ops)
     _check_acyclic(dag, succ, pred_count)
     return CompiledDag(
@@ -119,22 +120,35 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     )
 
 
+class Successors:
+    """Successor ids per op, stored flat (CSR): ``succ[i]`` is op ``i``'s successors, in the
+    order their edges were first made."""
+
+    __slots__ = ("targets", "bounds")
+
+    def __init__(self, targets: array, bounds: array):
+        self.targets, self.bounds = targets, bounds
+
+    def __getitem__(self, i: int) -> array:
+        b = self.bounds
+        return self.targets[b[i]:b[i + 1]]
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+
 def _successor_lists(edges, n: int):
     """(edges_u, edges_v, successors per op, predecessor count per op) of the distinct
     edges, in the order each was first made."""
-    if not len(edges):
-        empty = np.zeros(0, dtype=np.int64)
-        return empty, empty, ((),) * n, [0] * n
     e = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
     _, first = np.unique(e[:, 0] * n + e[:, 1], return_index=True)
     first.sort()
     eu, ev = e[first, 0], e[first, 1]
     order = np.argsort(eu, kind="stable")
-    targets = ev[order].tolist()
-    bounds = np.searchsorted(eu[order], np.arange(n + 1)).tolist()
-    succ = tuple(tuple(targets[bounds[i]:bounds[i + 1]]) for i in range(n))
+    targets = array("q", ev[order].tobytes())
+    bounds = array("q", np.searchsorted(eu[order], np.arange(n + 1)).astype(np.int64).tobytes())
     pred_count = np.bincount(ev, minlength=n).tolist()
-    return eu, ev, succ, pred_count
+    return eu, ev, Successors(targets, bounds), pred_count
 
 
 def _check_acyclic(dag: OpDag, succ, pred_count) -> None:

@@ -75,7 +75,7 @@ def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True, progress
     reason = check_reduced_dag(sym, dag) if sym.applied else None
     clock("build_s")
     if reason is None:
-        say(f"compiling {len(dag.ops)} ops and {len(dag.edges)} edges")
+        say(f"compiling {len(dag.ops)} ops and {dag.n_edges} edges")
         compiled = compile_dag(dag, plan)
         reason = check_resources(sym, dag, compiled, plan) if sym.applied else None
         clock("compile_s")
@@ -84,7 +84,7 @@ def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True, progress
         say(f"simulating every chip: {reason}; building the op DAG")
         dag = build_dag(plan)
         clock("build_s")
-        say(f"compiling {len(dag.ops)} ops and {len(dag.edges)} edges")
+        say(f"compiling {len(dag.ops)} ops and {dag.n_edges} edges")
         compiled = compile_dag(dag, plan)
         clock("compile_s")
     say(f"simulating {len(compiled.keys)} ops and {len(compiled.flow_bytes)} flows")
