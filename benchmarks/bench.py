@@ -147,7 +147,7 @@ def scaling(output: pathlib.Path) -> None:
     fig.tight_layout()
     from g5core.outputs import check_outputs
 
-    check_outputs({"-o": str(output)}).write({"-o": lambda fh: fig.savefig(fh, format="png", dpi=110)})
+    check_outputs({"-o": str(output)}).write({"-o": lambda fh: fig.savefig(fh, format="png", dpi=110)}, binary=True)
 
 
 def main() -> None:

@@ -235,18 +235,26 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
     dag = OpDag()
     chips = ctx.rankmap.chips
     outputs: dict[str, dict[int, tuple[str, ...]]] = {}
+    # the per-op work below is OpDag.add_op / add_edge inlined (millions of ops)
+    index, all_ops, pairs = dag.index, dag.ops, dag.edge_pairs
     for lop in program:
         owner, frag = expand(ctx, lop)
         own = set()
         prefixes = (lop.prefix + ".", lop.prefix + "@")
         for op in frag.ops:
-            _check_op(op, prefixes, owner, chips, plan.primitives)
-            dag.add_op(op)
-            own.add(op.key)
+            key = op.key
+            if not (type(op) is ComputeOp and type(op.chip) is int and 0 <= op.chip < chips
+                    and key.startswith(prefixes)):
+                _check_op(op, prefixes, owner, chips, plan.primitives)
+            if key in index:
+                dag.add_op(op)  # names both owners
+            index[key] = len(all_ops)
+            all_ops.append(op)
+            own.add(key)
         for a, b in frag.edges:
             if a not in own or b not in own:
                 raise DagError(f"{lop.id}: plugin '{owner}' made an edge {a!r} -> {b!r} between ops it does not own")
-            dag.add_edge(a, b, owner)
+            pairs.extend((index[a], index[b]))
         inputs: dict[int, list[str]] = {}
         for name in lop.inputs:
             for chip, keys in outputs[name].items():
@@ -255,8 +263,9 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
             for k in keys:
                 if k not in own:
                     raise DagError(f"{lop.id}: plugin '{owner}' names head {k!r}, which it did not make")
+                ik = index[k]
                 for src in inputs.get(chip, ()):
-                    dag.add_edge(src, k)
+                    pairs.extend((index[src], ik))
         out = {c: tuple(dict.fromkeys(keys)) for c, keys in inputs.items()}
         for chip, keys in frag.tails:
             for k in keys:
