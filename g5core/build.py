@@ -313,6 +313,7 @@ WALL_S_PER_OP = 30e-6
 class SizeEstimate:
     ops: int
     flows: int
+    replicas: int = 1   # identical replicas, of which these ops and flows are one (g5core.symmetry)
 
     @property
     def total(self) -> int:
@@ -331,7 +332,9 @@ class SizeEstimate:
         mib = self.memory_bytes / 2 ** 20
         memory = (f"about {mib / 1024:.1f} GiB" if mib >= 1024 else f"about {mib:.0f} MiB" if mib >= 1
                   else "under 1 MiB")
-        return f"about {self.ops:,} ops{flows} ({memory} of memory and {_fmt_duration(self.wall_s)} to simulate)"
+        of = f" in one of {self.replicas} identical replicas" if self.replicas > 1 else ""
+        return (f"about {self.ops:,} ops{flows}{of} ({memory} of memory and {_fmt_duration(self.wall_s)} "
+                f"to simulate)")
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -415,11 +418,15 @@ def _flow_count(op: CommOp, plan: Plan, cache: dict) -> int:
     return cache[key]
 
 
-def check_size(plan: Plan, max_ops: int | None = None) -> SizeEstimate:
+def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1) -> SizeEstimate:
     """Refuse, before building anything, a run above ``max_ops`` ops and flows together
-    (default :data:`DEFAULT_MAX_OPS`), stating the estimate and the memory it would need."""
+    (default :data:`DEFAULT_MAX_OPS`), stating the estimate and the memory it would need.
+    With ``replicas > 1`` one of that many identical replicas is simulated (g5core.symmetry):
+    its share is what counts."""
     limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
     est = estimate_size(plan)
+    if replicas > 1:
+        est = SizeEstimate(ops=est.ops // replicas, flows=est.flows // replicas, replicas=replicas)
     if est.total > limit:
         _refuse(est, limit, exact=True)
     return est

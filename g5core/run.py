@@ -22,7 +22,7 @@ from .mathpath import MathResult, math_estimate
 from .memory import MemoryReport, memory_report
 from .plugins import make_plugin_manager
 from .results import SimResult, check_conservation, summarize
-from .symmetry import check_reduced_dag, check_resources, plan_symmetry
+from .symmetry import check_reduced_dag, check_resources, off_reason, plan_symmetry
 
 
 def load_raw(path, overrides: Iterable[str] = ()) -> dict:
@@ -58,7 +58,7 @@ Progress = Optional[Callable[[str], None]]
 
 def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True, progress: Progress = None,
              record_port_rates: bool = False, symmetry: bool | str = True,
-             timings: Optional[dict] = None) -> SimResult:
+             timings: Optional[dict] = None, max_ops: Optional[int] = None) -> SimResult:
     """Build the DAG, run the engine, and check the six conservation KPIs.
 
     ``progress``, when given, receives one line per phase (for long runs);
@@ -66,9 +66,10 @@ def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True, progress
     ``symmetry``: simulate one of identical independent replicas where that is exact
     (:mod:`g5core.symmetry`); ``False`` (or a string: the reason) simulates every chip.
     ``timings``, when given, receives the wall seconds of each phase (build, compile,
-    engine, report: benchmarks/bench.py)."""
+    engine, report: benchmarks/bench.py). Where a symmetric run falls back to every chip
+    after its build, the full run is checked against ``max_ops`` first."""
     with _gc_paused():
-        return _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, timings)
+        return _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops)
 
 
 @contextlib.contextmanager
@@ -84,12 +85,11 @@ def _gc_paused():
             gc.enable()
 
 
-def _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, timings) -> SimResult:
+def _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops) -> SimResult:
     say = progress or (lambda line: None)
     clock = _Phases(timings)
     t0 = time.perf_counter()
-    off = None if symmetry is True else (symmetry or "turned off (--no-symmetry)")
-    sym = plan_symmetry(plan.ctx, off)
+    sym = plan_symmetry(plan.ctx, off_reason(symmetry))
     say("building the op DAG" + (f" of one of {sym.replicas} {sym.dimension} replicas" if sym.applied else ""))
     dag = build_dag(plan, chips=sym.chips() if sym.applied else None)
     reason = check_reduced_dag(sym, dag) if sym.applied else None
@@ -101,6 +101,7 @@ def _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, ti
         clock("compile_s")
     if reason is not None:
         sym = sym.refused(reason)
+        check_size(plan, max_ops)
         say(f"simulating every chip: {reason}; building the op DAG")
         dag = build_dag(plan)
         clock("build_s")
@@ -166,7 +167,8 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
     ``symmetry``: see :func:`simulate`."""
     plan = make_plan(raw, disabled, extra_plugins, max_ops=max_ops)
     dep = plan.ctx.deployment
-    size = check_size(plan, max_ops)
+    replicas = plan_symmetry(plan.ctx, off_reason(symmetry)).replicas if dep.path != "math" else 1
+    size = check_size(plan, max_ops, replicas)
     if progress is not None:
         progress(f"estimated {size.describe()}")
     memory = memory_report(plan.ctx)
@@ -181,7 +183,7 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
                                  system=plan.ctx.system)
         except ConfigError as exc:
             raise ConfigError("--compare-math", f"the Math path refuses this configuration: {exc}") from None
-    sim = simulate(plan, progress=progress, record_port_rates=record_port_rates, symmetry=symmetry)
+    sim = simulate(plan, progress=progress, record_port_rates=record_port_rates, symmetry=symmetry, max_ops=max_ops)
     mres = math_estimate(plan) if compare_math else None
     return _finite(RunOutput(dep, plan, memory, sim=sim, math=mres))
 

@@ -62,6 +62,14 @@ class Symmetry:
         return f"symmetry: every chip simulated ({self.reason})"
 
 
+def off_reason(symmetry: "bool | str") -> Optional[str]:
+    """``symmetry`` as the API takes it (True: allowed; False, or a string giving the reason:
+    every chip simulated) -> the reason it is off, or None."""
+    if symmetry is True:
+        return None
+    return symmetry if isinstance(symmetry, str) and symmetry else "symmetry=False"
+
+
 def plan_symmetry(ctx, off_reason: Optional[str] = None) -> Symmetry:
     """Conditions 1-4 on a prepared run's context (:class:`g5core.build.BuildContext`)."""
     if off_reason:
