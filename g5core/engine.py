@@ -67,6 +67,7 @@ class CompiledDag:
     comm_algo: tuple = ()   # per op: (algorithm, protocol, channels) of a comm op, () for compute
     wire_factor: tuple = () # per op: wire bytes per payload byte of a comm op (1.0 for compute)
     compute: LatencyLookup = attrs.field(default=None, repr=False)  # where each compute time came from
+    compute_answer: tuple = ()  # per op: id of its answer in ``compute.answers`` (-1 for comm)
 
 
 def compile_dag(dag: OpDag, plan) -> CompiledDag:
@@ -85,12 +86,14 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     fsrc, fdst, fports, fbytes, fop = [], [], [], [], []
     algo: list = [()] * n
     wire: list = [1.0] * n
-    seconds = compute.seconds
+    answer_id, answers = compute.answer_id, compute.answers
+    answer = [-1] * n
     n_flows = 0
     for i, op in enumerate(ops):
         flow_ptr[i] = n_flows
         if type(op) is ComputeOp:
-            chip[i], dur[i], fl[i] = op.chip, seconds(op), float(op.flops)
+            a = answer[i] = answer_id(op)
+            chip[i], dur[i], fl[i] = op.chip, answers[a][2], float(op.flops)
         else:
             is_comm[i] = True
             key = (op.primitive, op.group, op.bytes_per_rank)
@@ -116,7 +119,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
         pred_count=tuple(pred_count), edges_u=eu, edges_v=ev,
         flow_ptr=tuple(flow_ptr), flow_op=tuple(fop), flow_src=tuple(fsrc), flow_dst=tuple(fdst),
         flow_ports=tuple(fports), flow_bytes=tuple(fbytes), port_capacity=topo.capacities(), comm_algo=tuple(algo),
-        wire_factor=tuple(wire), compute=compute,
+        wire_factor=tuple(wire), compute=compute, compute_answer=tuple(answer),
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .compute import coverage_report, exact_sum
+from .compute import coverage_from_columns, exact_sum
 from .dag import CommOp, OpDag
 from .engine import CompiledDag, Engine
 from .errors import ConservationError
@@ -175,9 +175,10 @@ def compute_report(dag: OpDag, d: CompiledDag, latency_s: float, symmetry: Symme
     """Measured/roofline coverage and achieved FLOP/s per chip (g5core.compute)."""
     if d.compute is None:
         return {}
-    timed = [(op, d.duration_s[i]) for i, op in enumerate(dag.ops) if not d.is_comm[i]]
-    return coverage_report(timed, d.compute.system, float(latency_s), d.n_chips, d.compute,
-                           replicas=symmetry.replicas, replica_chips=symmetry.slice_chips)
+    comp = ~np.asarray(d.is_comm, dtype=bool)
+    return coverage_from_columns(np.asarray(d.compute_answer)[comp], np.asarray(d.chip)[comp],
+                                 np.asarray(d.flops, dtype=float)[comp], d.compute.system, float(latency_s), d.n_chips,
+                                 d.compute, replicas=symmetry.replicas, replica_chips=symmetry.slice_chips)
 
 
 def _reasons(dag: OpDag) -> list[str]:
