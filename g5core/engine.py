@@ -290,10 +290,14 @@ class Engine:
                 heappush(ready[chip_of[op]], (t, keys[op], op))
                 dirty_chips.add(chip_of[op])
 
+        # the successors straight from the CSR arrays, unless a subclass overrides the seam
+        direct = type(self)._successors is Engine._successors and isinstance(d.succ, Successors)
+        targets, bounds = (d.succ.targets, d.succ.bounds) if direct else ((), ())
+
         def finish(op: int, t: float) -> None:
             end_s[op] = t
             executed[op] += 1
-            for v in successors(op):
+            for v in (targets[bounds[op]:bounds[op + 1]] if direct else successors(op)):
                 remaining_preds[v] -= 1
                 if remaining_preds[v] == 0:
                     make_ready(v, t)
@@ -388,29 +392,47 @@ class Engine:
                 continue
             # the connected set of ports and active flows around this port
             seen_ports.add(start)
-            comp_ports = [start]
-            stack = [start]
-            comp_flows: set = set()
-            while stack:
-                p = stack.pop()
-                for f in port_flows[p]:
-                    if f in comp_flows:
-                        continue
-                    comp_flows.add(f)
-                    for q in flow_ports[f]:
-                        if q not in seen_ports:
-                            seen_ports.add(q)
-                            comp_ports.append(q)
-                            stack.append(q)
-            if len(comp_flows) == 1:
-                (f,) = comp_flows
-                flows = (f,)
-                rates = {f: min(cap[q] for q in flow_ports[f])}
+            here = port_flows[start]
+            route = None
+            if len(here) == 1:
+                (f,) = here
+                route = flow_ports[f]
+                for q in route:
+                    if len(port_flows[q]) != 1:
+                        route = None
+                        break
+            if not here:  # no flow left on the port
+                comp_ports, flows, rates = (start,), (), {}
+            elif route is not None:
+                # the common case, one flow alone on every port of its route: its own
+                # component, with its ports in the order the search below finds them
+                comp_ports = [start] + [q for q in route if q != start]
+                seen_ports.update(route)
+                flows, rates = (f,), {f: min(cap[q] for q in route)}
             else:
-                flows = sorted(comp_flows)
-                comp_ports.sort()
-                ports = {p: sorted(port_flows[p]) for p in comp_ports}
-                rates = self._allocate(flows, ports) if flows else {}
+                comp_ports = [start]
+                stack = [start]
+                comp_flows: set = set()
+                while stack:
+                    p = stack.pop()
+                    for f in port_flows[p]:
+                        if f in comp_flows:
+                            continue
+                        comp_flows.add(f)
+                        for q in flow_ports[f]:
+                            if q not in seen_ports:
+                                seen_ports.add(q)
+                                comp_ports.append(q)
+                                stack.append(q)
+                if len(comp_flows) == 1:
+                    (f,) = comp_flows
+                    flows = (f,)
+                    rates = {f: min(cap[q] for q in flow_ports[f])}
+                else:
+                    flows = sorted(comp_flows)
+                    comp_ports.sort()
+                    ports = {p: sorted(port_flows[p]) for p in comp_ports}
+                    rates = self._allocate(flows, ports)
             # settle progress at the old rates, then apply the new ones
             for f in flows:
                 old = f_rate[f]
