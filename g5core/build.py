@@ -299,14 +299,15 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
 # Size guard: the op and flow count, estimated before the DAG is built
 # ----------------------------------------------------------------------------------------
 
-#: Ops plus flows a run may build unless ``--max-ops`` says otherwise: about 2.5 GiB of
-#: memory and 2 minutes on the 2-core development machine (the figures below).
+#: Ops plus flows a run may build unless ``--max-ops`` says otherwise: about 2 GiB of
+#: memory and 25 s on the 2-core development machine (the figures below).
 DEFAULT_MAX_OPS = 4_000_000
-#: Peak memory per op or flow: the llama-3.1-405b 1M-token benchmark (README, benchmarks/
-#: bench.py, 2026-11-29) peaks at 1,109 MiB for 1,169,568 ops + 548,352 flows = 677 B each.
-PEAK_BYTES_PER_OP = 680
-#: Wall time per op or flow on the same run: 51.4 s / 1,717,920 = 30 us.
-WALL_S_PER_OP = 30e-6
+#: Peak memory per op or flow: the llama-3.1-405b 1M-token benchmark with every chip
+#: simulated (README, `benchmarks/bench.py`, case llama-3.1-405b-1m-cp16-256chips-nosym,
+#: 2026-12-01) peaks at 933 MiB for 1,169,568 ops + 612,864 flows = 549 B each.
+PEAK_BYTES_PER_OP = 550
+#: Wall time per op or flow on the same run: 11.1 s / 1,782,432 = 6.2 us.
+WALL_S_PER_OP = 6.2e-6
 
 
 @attrs.frozen
