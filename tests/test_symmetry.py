@@ -135,3 +135,29 @@ def test_the_size_guard_counts_the_replica_that_is_simulated():
     assert one.total < 1_000_000 and "in one of 8 identical replicas" in one.describe()
     with pytest.raises(ResourceError, match="above the limit of 4,000,000"):
         check_size(plan)
+
+
+def test_a_timeline_across_replicas_simulates_every_replica():
+    from g5core.plots import timeline_figure
+
+    raw = cfg(dp=2, tp=2)
+    ax = timeline_figure({"config": raw, "parallel": raw["parallel"], "seq_len": raw["seq_len"]}, group_dim="dp",
+                         layer=0).axes[0]
+    drawn = [len(c.get_paths()) for c in ax.collections]
+    # compute and communication bars for both chips of the dp group (chips 0 and 2)
+    assert len(drawn) == 4 and all(drawn)
+
+
+def test_a_trace_of_a_run_that_simulated_one_replica_is_refused():
+    import io
+
+    from g5core.errors import G5Error
+    from g5core.trace import dump_timeline
+
+    out = run(cfg(dp=2, tp=2))
+    with pytest.raises(G5Error, match="simulated one of 2 identical dp replicas; a trace or timeline needs every"):
+        dump_timeline(out.sim, io.StringIO())
+    full = run(cfg(dp=2, tp=2), symmetry=False)
+    text = io.StringIO()
+    dump_timeline(full.sim, text)
+    assert len(text.getvalue().splitlines()) == full.sim.ops + 1
