@@ -161,3 +161,30 @@ def test_a_trace_of_a_run_that_simulated_one_replica_is_refused():
     text = io.StringIO()
     dump_timeline(full.sim, text)
     assert len(text.getvalue().splitlines()) == full.sim.ops + 1
+
+
+def test_traffic_on_another_replicas_port_or_a_lowering_that_moves_unlike_refuses_symmetry():
+    import attrs
+
+    from g5core.build import build_dag
+    from g5core.engine import compile_dag
+    from g5core.symmetry import check_resources
+
+    plan = make_plan(cfg(dp=2, tp=2))
+    sym = plan_symmetry(plan.ctx)
+    dag = build_dag(plan, chips=sym.chips())
+    compiled = compile_dag(dag, plan)
+    assert sym.slice_chips == 2 and check_resources(sym, dag, compiled, plan) is None
+    # a flow of replica 0 that also crossed chip 3's receive link (replica 1's)
+    topo = plan.ctx.topology
+    ports = list(compiled.flow_ports)
+    ports[0] = ports[0] + (topo.link_rx(3),)
+    shared = attrs.evolve(compiled, flow_ports=tuple(ports))
+    assert check_resources(sym, dag, shared, plan) == "resource chip3.link_rx is shared with another replica"
+    # a communication op whose start latency differs from what its move to replica 1 lowers to
+    first_comm = compiled.is_comm.index(True)
+    dur = list(compiled.duration_s)
+    dur[first_comm] *= 2
+    unlike = attrs.evolve(compiled, duration_s=tuple(dur))
+    assert check_resources(sym, dag, unlike, plan) == (f"op {dag.ops[first_comm].key!r} lowers differently in dp "
+                                                       f"replica 1")
