@@ -42,6 +42,13 @@ class BuildContext:
     topology: Topology
     hooks: Hooks = attrs.field(repr=False)
     _layer_chips: dict = attrs.field(factory=dict, repr=False)
+    #: when set, the only chips ops are placed on (one replica of a symmetric run:
+    #: g5core.symmetry); every other field still describes the whole cluster
+    replica_chips: Optional[tuple[int, ...]] = attrs.field(default=None, repr=False)
+
+    def restricted(self, chips: tuple[int, ...]) -> "BuildContext":
+        """The same context with ops placed on ``chips`` only."""
+        return attrs.evolve(self, layer_chips={}, replica_chips=tuple(chips))
 
     @property
     def phase(self) -> str:
@@ -57,7 +64,7 @@ class BuildContext:
     def layer_chips(self, layer: int) -> tuple[int, ...]:
         """Chips holding ``layer`` (intersection of every plugin's answer)."""
         if layer not in self._layer_chips:
-            chips = set(self.all_chips)
+            chips = set(self.all_chips if self.replica_chips is None else self.replica_chips)
             for plugin, answer in self.hooks.call_each("g5_layer_chips", ctx=self, layer=layer):
                 chips &= _chip_set(plugin, "g5_layer_chips", answer, self.rankmap.chips)
             self._layer_chips[layer] = tuple(sorted(chips))
@@ -220,24 +227,34 @@ def expand(ctx: BuildContext, lop: LogicalOp) -> tuple[str, Fragment]:
     return "core", default_fragment(ctx, lop, ctx.place(lop))
 
 
-def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None) -> OpDag:
-    ctx = plan.ctx
+def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
+              chips: tuple[int, ...] | None = None) -> OpDag:
+    """The op DAG; with ``chips``, only the ops placed on them (one symmetric replica)."""
+    ctx = plan.ctx if chips is None else plan.ctx.restricted(chips)
     program = program if program is not None else build_program(ctx.model)
     dag = OpDag()
     chips = ctx.rankmap.chips
     outputs: dict[str, dict[int, tuple[str, ...]]] = {}
+    # the per-op work below is OpDag.add_op / add_edge inlined (millions of ops)
+    index, all_ops, pairs = dag.index, dag.ops, dag.edge_pairs
     for lop in program:
         owner, frag = expand(ctx, lop)
         own = set()
         prefixes = (lop.prefix + ".", lop.prefix + "@")
         for op in frag.ops:
-            _check_op(op, prefixes, owner, chips, plan.primitives)
-            dag.add_op(op)
-            own.add(op.key)
+            key = op.key
+            if not (type(op) is ComputeOp and type(op.chip) is int and 0 <= op.chip < chips
+                    and key.startswith(prefixes)):
+                _check_op(op, prefixes, owner, chips, plan.primitives)
+            if key in index:
+                dag.add_op(op)  # names both owners
+            index[key] = len(all_ops)
+            all_ops.append(op)
+            own.add(key)
         for a, b in frag.edges:
             if a not in own or b not in own:
                 raise DagError(f"{lop.id}: plugin '{owner}' made an edge {a!r} -> {b!r} between ops it does not own")
-            dag.add_edge(a, b, owner)
+            pairs.extend((index[a], index[b]))
         inputs: dict[int, list[str]] = {}
         for name in lop.inputs:
             for chip, keys in outputs[name].items():
@@ -246,8 +263,9 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None) -> OpDag
             for k in keys:
                 if k not in own:
                     raise DagError(f"{lop.id}: plugin '{owner}' names head {k!r}, which it did not make")
+                ik = index[k]
                 for src in inputs.get(chip, ()):
-                    dag.add_edge(src, k)
+                    pairs.extend((index[src], ik))
         out = {c: tuple(dict.fromkeys(keys)) for c, keys in inputs.items()}
         for chip, keys in frag.tails:
             for k in keys:
@@ -281,20 +299,22 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
 # Size guard: the op and flow count, estimated before the DAG is built
 # ----------------------------------------------------------------------------------------
 
-#: Ops plus flows a run may build unless ``--max-ops`` says otherwise: about 2.5 GiB of
-#: memory and 2 minutes on the 2-core development machine (the figures below).
+#: Ops plus flows a run may build unless ``--max-ops`` says otherwise: about 2 GiB of
+#: memory and 25 s on the 2-core development machine (the figures below).
 DEFAULT_MAX_OPS = 4_000_000
-#: Peak memory per op or flow: the llama-3.1-405b 1M-token benchmark (README, benchmarks/
-#: bench.py, 2026-11-29) peaks at 1,109 MiB for 1,169,568 ops + 548,352 flows = 677 B each.
-PEAK_BYTES_PER_OP = 680
-#: Wall time per op or flow on the same run: 51.4 s / 1,717,920 = 30 us.
-WALL_S_PER_OP = 30e-6
+#: Peak memory per op or flow: the llama-3.1-405b 1M-token benchmark with every chip
+#: simulated (README, `benchmarks/bench.py`, case llama-3.1-405b-1m-cp16-256chips-nosym,
+#: 2026-12-01) peaks at 933 MiB for 1,169,568 ops + 612,864 flows = 549 B each.
+PEAK_BYTES_PER_OP = 550
+#: Wall time per op or flow on the same run: 11.1 s / 1,782,432 = 6.2 us.
+WALL_S_PER_OP = 6.2e-6
 
 
 @attrs.frozen
 class SizeEstimate:
     ops: int
     flows: int
+    replicas: int = 1   # identical replicas, of which these ops and flows are one (g5core.symmetry)
 
     @property
     def total(self) -> int:
@@ -313,7 +333,9 @@ class SizeEstimate:
         mib = self.memory_bytes / 2 ** 20
         memory = (f"about {mib / 1024:.1f} GiB" if mib >= 1024 else f"about {mib:.0f} MiB" if mib >= 1
                   else "under 1 MiB")
-        return f"about {self.ops:,} ops{flows} ({memory} of memory and {_fmt_duration(self.wall_s)} to simulate)"
+        of = f" in one of {self.replicas} identical replicas" if self.replicas > 1 else ""
+        return (f"about {self.ops:,} ops{flows}{of} ({memory} of memory and {_fmt_duration(self.wall_s)} "
+                f"to simulate)")
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -397,11 +419,15 @@ def _flow_count(op: CommOp, plan: Plan, cache: dict) -> int:
     return cache[key]
 
 
-def check_size(plan: Plan, max_ops: int | None = None) -> SizeEstimate:
+def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1) -> SizeEstimate:
     """Refuse, before building anything, a run above ``max_ops`` ops and flows together
-    (default :data:`DEFAULT_MAX_OPS`), stating the estimate and the memory it would need."""
+    (default :data:`DEFAULT_MAX_OPS`), stating the estimate and the memory it would need.
+    With ``replicas > 1`` one of that many identical replicas is simulated (g5core.symmetry):
+    its share is what counts."""
     limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
     est = estimate_size(plan)
+    if replicas > 1:
+        est = SizeEstimate(ops=est.ops // replicas, flows=est.flows // replicas, replicas=replicas)
     if est.total > limit:
         _refuse(est, limit, exact=True)
     return est

@@ -104,8 +104,10 @@ def _check_max_ops(max_ops) -> None:
 @click.option("--timeline", "timeline_path",
               help="Write every op's start and end (and chips, owner, reason, bytes) as CSV here.")
 @click.option("--compare-math", is_flag=True, help="Also compute the closed-form Math path and show both.")
+@click.option("--no-symmetry", is_flag=True,
+              help="Simulate every chip, even where identical replicas could be simulated once.")
 @_max_ops_option
-def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, compare_math, max_ops):
+def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, compare_math, no_symmetry, max_ops):
     """Simulate one configuration (prefill: TTFT; decode: TPOT)."""
     from .caveats import deployment_warnings
     from .outputs import check_outputs
@@ -117,8 +119,10 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, com
     targets = check_outputs({"--trace": trace_path, "--timeline": timeline_path}, input_files(config, raw))
     if targets and raw.get("path") == "math":
         raise G5Error("--trace and --timeline need the G5 path (path: g5); the Math path has no timeline")
+    symmetry = ("turned off (--no-symmetry)" if no_symmetry
+                else "--trace and --timeline draw every chip" if targets else True)
     out = run(raw, disabled=disabled, compare_math=compare_math, progress=_progress(),
-              record_port_rates=bool(trace_path), max_ops=max_ops)
+              record_port_rates=bool(trace_path), max_ops=max_ops, symmetry=symmetry)
     for line in deployment_warnings(out.plan.ctx, out.memory):
         click.echo(f"g5: warning: {line}", err=True)
     write_error = None
@@ -170,8 +174,12 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
             ratio = out.math.latency_s / sim.latency_s if sim.latency_s else float("nan")
             lines.append(f"{metric} (Math path): {_fmt_s(out.math.latency_s)}  (math / g5 = {ratio:.3f})")
         ov = sim.overlap
-        lines.append(f"simulated {sim.ops} ops, {sim.flows} flows, {sim.events} events in {sim.sim_wall_s:.2f} s; "
+        sym = sim.symmetry
+        of = f" (one of {sym.replicas} identical {sym.dimension} replicas)" if sym.applied else ""
+        lines.append(f"simulated {sim.ops} ops, {sim.flows} flows, {sim.events} events{of} in {sim.sim_wall_s:.2f} s; "
                      f"conservation KPIs all 0")
+        if not sym.applied and sym.dimension is not None:
+            lines.append(f"every chip simulated: {sym.reason}")
         lines.append("")
         lines.append("communication by reason (times on the chip where it is most exposed)")
         rows = []
@@ -272,6 +280,9 @@ def render_explain(plan, given_dims: tuple[str, ...] = ()) -> str:
     kv_local = "the whole MLA latent" if a.kind == "mla" else f"{s.kv_heads:g} KV heads"
     if s.kv_cache_shard > 1:
         kv_local += f" ({s.kv_heads / s.kv_cache_shard:g} of them in its KV cache)"
+    if dep.path != "math":
+        from .symmetry import plan_symmetry
+        lines.append(plan_symmetry(ctx).describe())
     lines.append(f"per chip: {s.tokens:g} tokens in non-attention ops, {s.q_heads:g} query heads, {kv_local}, "
                  f"KV of {s.kv_len:g} tokens per sequence")
     for dim in rm.dims:

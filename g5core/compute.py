@@ -159,13 +159,31 @@ class LatencyLookup:
     system: object
     deployment: object
     _cache: dict = attrs.field(factory=dict)
-    _by_op: dict = attrs.field(factory=dict)   # id(op) -> (op, answer): no re-hashing per op
+    # (class, dtype, id(kernels), FLOPs, bytes) -> (kernels, answer): ops made from one Work
+    # share its kernels tuple, so most ops find their answer without hashing the kernels;
+    # the entry holds the tuple, so its id is not reused while the entry lives
+    _by_kernels: dict = attrs.field(factory=dict)
+    #: every distinct answer, by id: (op class, dtype, seconds, source, measured seconds)
+    answers: list = attrs.field(factory=list)
+    _answer_ids: dict = attrs.field(factory=dict)  # key -> id into ``answers``
+
+    def answer_id(self, op) -> int:
+        """The id (into :attr:`answers`) of ``op``'s answer; compile records one per op."""
+        kernels = op.kernels
+        fast = (op.op_class, op.dtype, id(kernels), op.flops, op.hbm_bytes)
+        seen = self._by_kernels.get(fast)
+        if seen is not None and seen[0] is kernels:
+            return seen[2]
+        self._answer(op)
+        return self._by_kernels[fast][2]
 
     def _answer(self, op) -> tuple[float, str, float]:
-        seen = self._by_op.get(id(op))
-        if seen is not None and seen[0] is op:
+        kernels = op.kernels
+        fast = (op.op_class, op.dtype, id(kernels), op.flops, op.hbm_bytes)
+        seen = self._by_kernels.get(fast)
+        if seen is not None and seen[0] is kernels:
             return seen[1]
-        key = (op.op_class, op.dtype, op.kernels, op.flops, op.hbm_bytes)
+        key = (op.op_class, op.dtype, kernels, op.flops, op.hbm_bytes)
         hit = self._cache.get(key)
         if hit is None:
             answer = self.hooks.call_first("g5_compute_latency", op=op, system=self.system, deployment=self.deployment)
@@ -188,7 +206,11 @@ class LatencyLookup:
                                           f"0..{seconds!r}")
             source = ROOFLINE if plugin in (ROOFLINE, MEASURED) else plugin
             hit = self._cache[key] = (seconds, source, float(measured))
-        self._by_op[id(op)] = (op, hit)
+        aid = self._answer_ids.get(key)
+        if aid is None:
+            aid = self._answer_ids[key] = len(self.answers)
+            self.answers.append((op.op_class, op.dtype) + hit)
+        self._by_kernels[fast] = (kernels, hit, aid)
         return hit
 
     def seconds(self, op) -> float:
@@ -200,30 +222,71 @@ class LatencyLookup:
         return source, measured
 
 
+def exact_sum(values) -> float:
+    """The exactly-rounded sum (order-independent); an overflowing one is +-inf, as a plain
+    sum would be (the run then reports it as out of range)."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return sum(values)
+
+
 def coverage_report(timed_ops, system, latency_s: float, n_chips: int, lookup: LatencyLookup) -> dict:
+    """:func:`coverage_from_columns` of ``timed_ops``, (compute op, seconds) for every
+    compute op run (the Math path)."""
+    ids = [lookup.answer_id(op) for op, _ in timed_ops]
+    chips = [op.chip for op, _ in timed_ops]
+    flops = [float(op.flops) for op, _ in timed_ops]
+    return coverage_from_columns(ids, chips, flops, system, latency_s, n_chips, lookup)
+
+
+def coverage_from_columns(answer_ids, chips, flops, system, latency_s: float, n_chips: int, lookup: LatencyLookup,
+                          replicas: int = 1, replica_chips: int = 0) -> dict:
     """Where the compute time came from, and what the chips achieved.
 
-    ``timed_ops``: (compute op, seconds) for every compute op run. ``coverage``: per op class
-    and overall (``all``), the share of compute time (summed over every chip's ops) answered
-    from measurements and from the roofline (or another plugin, by name), and the seconds.
-    ``per_chip``: each chip's FLOPs over the run's latency (achieved TFLOP/s) and its MFU,
-    ``sum(op FLOPs / dense peak of the op's dtype) / latency``.
+    Per compute op run: its answer id (:meth:`LatencyLookup.answer_id`), chip and FLOPs, in
+    op order. ``coverage``: per op class and overall (``all``), the share of compute time
+    (summed over every chip's ops) answered from measurements and from the roofline (or
+    another plugin, by name), and the seconds. ``per_chip``: each chip's FLOPs over the
+    run's latency (achieved TFLOP/s) and its MFU, ``sum(op FLOPs / dense peak of the op's
+    dtype) / latency`` (each chip's sums in op order). With ``replicas > 1`` the ops are
+    those of chips ``0..replica_chips-1``, and every other replica of that many chips ran
+    the same (g5core.symmetry). Coverage sums are exactly rounded (``math.fsum``).
     """
-    by_class: dict[str, dict[str, float]] = {}
-    chip_flops = [0.0] * n_chips
-    chip_peak_s = [0.0] * n_chips
-    for op, seconds in timed_ops:
-        source, measured = lookup.source(op)
-        row = by_class.setdefault(op.op_class, {})
-        row[MEASURED] = row.get(MEASURED, 0.0) + measured
-        row[source] = row.get(source, 0.0) + (seconds - measured)
-        chip_flops[op.chip] += op.flops
-        if op.flops:
-            chip_peak_s[op.chip] += op.flops / system.peak_flops(op.dtype)
-    total: dict[str, float] = {}
-    for row in by_class.values():
+    import numpy as np
+
+    ids = np.asarray(answer_ids, dtype=np.int64)
+    chip = np.asarray(chips, dtype=np.int64)
+    fl = np.asarray(flops, dtype=float)
+    table = lookup.answers
+    count = np.bincount(ids, minlength=len(table)).tolist() if len(ids) else [0] * len(table)
+    parts: dict[str, dict[str, list]] = {}
+    for aid, n in enumerate(count):
+        if not n:
+            continue
+        op_class, _, seconds, source, measured = table[aid]
+        row = parts.setdefault(op_class, {})
+        row.setdefault(MEASURED, []).append((measured, n))
+        row.setdefault(source, []).append((seconds - measured, n))
+
+    def copies(pairs) -> float:  # the exact sum of every op's value, over every replica
+        return exact_sum([v for v, n in pairs for _ in range(n * replicas)])
+
+    by_class = {cls: {k: copies(v) for k, v in row.items()} for cls, row in parts.items()}
+    total_pairs: dict[str, list] = {}
+    for row in parts.values():
         for k, v in row.items():
-            total[k] = total.get(k, 0.0) + v
+            total_pairs.setdefault(k, []).extend(v)
+    total = {k: copies(v) for k, v in total_pairs.items()}
+    peak = np.asarray([system.peak_flops(dtype) for _, dtype, *_ in table], dtype=float) if table else np.zeros(0)
+    # bincount adds each chip's values in op order, as a loop over the ops would
+    chip_flops = np.bincount(chip, weights=fl, minlength=n_chips).tolist()
+    busy = fl != 0
+    chip_peak_s = np.bincount(chip[busy], weights=fl[busy] / peak[ids[busy]], minlength=n_chips).tolist()
+    if replicas > 1:
+        for c in range(replica_chips, n_chips):
+            chip_flops[c] = chip_flops[c % replica_chips]
+            chip_peak_s[c] = chip_peak_s[c % replica_chips]
 
     def shares(row: dict) -> dict:
         s = math.fsum(row.values())

@@ -1,6 +1,7 @@
 """Concrete ops, the fragments plugins contribute, and the op DAG they form."""
 from __future__ import annotations
 
+from array import array
 from typing import Iterable, Mapping, Union
 
 import attrs
@@ -112,7 +113,8 @@ class OpDag:
 
     ops: list = attrs.field(factory=list)
     index: dict = attrs.field(factory=dict)
-    edges: list = attrs.field(factory=list)     # (pred_index, succ_index)
+    # edges as a flat array of (pred_index, succ_index) pairs: 16 bytes an edge
+    edge_pairs: array = attrs.field(factory=lambda: array("q"), repr=False)
     _graph: nx.DiGraph | None = attrs.field(default=None, repr=False)
     _graph_size: tuple = attrs.field(default=(-1, -1), repr=False)  # (ops, edges) it was built from
 
@@ -127,14 +129,24 @@ class OpDag:
 
     def add_edge(self, before: str, after: str, owner: str = "core") -> None:
         try:
-            self.edges.append((self.index[before], self.index[after]))
+            self.edge_pairs.extend((self.index[before], self.index[after]))
         except KeyError as exc:
             raise DagError(f"plugin '{owner}' made an edge to unknown op {exc.args[0]!r}") from None
 
     @property
+    def edges(self) -> list[tuple[int, int]]:
+        """Every edge made, as (pred_index, succ_index), in order (duplicates kept)."""
+        pairs = self.edge_pairs
+        return list(zip(pairs[0::2], pairs[1::2]))
+
+    @property
+    def n_edges(self) -> int:
+        return len(self.edge_pairs) // 2
+
+    @property
     def graph(self) -> nx.DiGraph:
         """The networkx view, rebuilt when ops or edges were added since it was made."""
-        size = (len(self.ops), len(self.edges))
+        size = (len(self.ops), self.n_edges)
         if self._graph is None or self._graph_size != size:
             g = nx.DiGraph()
             g.add_nodes_from((op.key, {"op": op}) for op in self.ops)

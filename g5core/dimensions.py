@@ -23,6 +23,9 @@ class Dimension:
     its groups are carved from, e.g. ``("dp", "tp")``.
     ``default``: the value when the configuration omits the key, or ``None`` when the key
     is required.
+    ``replicas``: the slices of chips along this (factor) dimension are independent replicas
+    running the same work, so the core may simulate one and replicate its results where
+    it proves that exact (:mod:`g5core.symmetry`).
     """
 
     name: str = attrs.field(validator=attrs.validators.matches_re(_NAME))
@@ -32,10 +35,13 @@ class Dimension:
     default: Optional[int] = None
     doc: str = ""
     owner: str = ""
+    replicas: bool = False
 
     def __attrs_post_init__(self):
         if self.factor and self.regroups:
             raise ValueError(f"dimension {self.name}: a factor dimension cannot regroup others")
+        if self.replicas and not self.factor:
+            raise ValueError(f"dimension {self.name}: only a factor dimension can declare replicas")
         if not self.factor and not self.regroups:
             raise ValueError(f"dimension {self.name}: a non-factor dimension must name what it regroups")
 

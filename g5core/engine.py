@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from array import array
 from typing import Sequence
 
 import attrs
@@ -52,7 +53,7 @@ class CompiledDag:
     chip: tuple             # chip of a compute op, -1 for comm
     duration_s: tuple       # compute: duration; comm: start latency
     flops: tuple            # compute FLOPs (0 for comm)
-    succ: tuple             # tuple of tuples of successor ids
+    succ: "Successors"      # successor ids per op (succ[i])
     pred_count: tuple
     edges_u: np.ndarray
     edges_v: np.ndarray
@@ -66,14 +67,18 @@ class CompiledDag:
     comm_algo: tuple = ()   # per op: (algorithm, protocol, channels) of a comm op, () for compute
     wire_factor: tuple = () # per op: wire bytes per payload byte of a comm op (1.0 for compute)
     compute: LatencyLookup = attrs.field(default=None, repr=False)  # where each compute time came from
+    compute_answer: tuple = ()  # per op: id of its answer in ``compute.answers`` (-1 for comm)
 
 
 def compile_dag(dag: OpDag, plan) -> CompiledDag:
-    """Ask the plugins once for durations and lowerings; validate; return arrays."""
+    """Ask the plugins once per distinct op for durations and lowerings; validate; return
+    arrays. Edges are de-duplicated and turned into successor lists with numpy, keeping each
+    op's successors in the order their edges were first made."""
     ctx = plan.ctx
     topo: Topology = ctx.topology
     hooks = plan.hooks
-    n = len(dag.ops)
+    ops = dag.ops
+    n = len(ops)
     compute = LatencyLookup(hooks, ctx.system, ctx.deployment)
     lowering_cache: dict = {}
     is_comm, chip, dur, fl = [False] * n, [-1] * n, [0.0] * n, [0.0] * n
@@ -81,45 +86,72 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     fsrc, fdst, fports, fbytes, fop = [], [], [], [], []
     algo: list = [()] * n
     wire: list = [1.0] * n
-    for i, op in enumerate(dag.ops):
-        flow_ptr[i] = len(fbytes)
+    answer_id, answers = compute.answer_id, compute.answers
+    answer = [-1] * n
+    n_flows = 0
+    for i, op in enumerate(ops):
+        flow_ptr[i] = n_flows
         if type(op) is ComputeOp:
-            d = compute.seconds(op)
-            chip[i], dur[i], fl[i] = op.chip, d, float(op.flops)
+            a = answer[i] = answer_id(op)
+            chip[i], dur[i], fl[i] = op.chip, answers[a][2], float(op.flops)
         else:
             is_comm[i] = True
             key = (op.primitive, op.group, op.bytes_per_rank)
             low = lowering_cache.get(key)
             if low is None:
-                low = lowering_cache[key] = lower_op(op, plan.primitives, topo)
-            dur[i] = float(low[0].latency_s)
-            algo[i] = (low[0].algorithm, low[0].protocol, low[0].channels)
-            wire[i] = float(low[0].wire_bytes_per_payload_byte)
-            for s, t, b, route in low[1]:
-                fsrc.append(s); fdst.append(t); fports.append(route); fbytes.append(b); fop.append(i)
-    flow_ptr[n] = len(fbytes)
-    succ: list[list[int]] = [[] for _ in range(n)]
-    pred_count = [0] * n
-    seen = set()
-    eu, ev = [], []
-    for u, v in dag.edges:
-        uv = u * n + v
-        if uv in seen:
-            continue
-        seen.add(uv)
-        succ[u].append(v)
-        pred_count[v] += 1
-        eu.append(u); ev.append(v)
-    keys = tuple(op.key for op in dag.ops)
+                lowered, flows = lower_op(op, plan.primitives, topo)
+                low = lowering_cache[key] = (
+                    float(lowered.latency_s), (lowered.algorithm, lowered.protocol, lowered.channels),
+                    float(lowered.wire_bytes_per_payload_byte), len(flows),
+                    [f[0] for f in flows], [f[1] for f in flows], [f[2] for f in flows], [f[3] for f in flows])
+            dur[i], algo[i], wire[i], count = low[0], low[1], low[2], low[3]
+            if count:
+                fsrc += low[4]; fdst += low[5]; fbytes += low[6]; fports += low[7]
+                fop += [i] * count
+                n_flows += count
+    flow_ptr[n] = n_flows
+    eu, ev, succ, pred_count = _successor_lists(np.frombuffer(dag.edge_pairs, dtype=np.int64) if len(dag.edge_pairs) else (), n)
+    keys = tuple(op.key for op in ops)
     _check_acyclic(dag, succ, pred_count)
     return CompiledDag(
         n_chips=topo.chips, keys=keys, is_comm=tuple(is_comm), chip=tuple(chip), duration_s=tuple(dur),
-        flops=tuple(fl), succ=tuple(map(tuple, succ)),
-        pred_count=tuple(pred_count), edges_u=np.asarray(eu, dtype=np.int64), edges_v=np.asarray(ev, dtype=np.int64),
+        flops=tuple(fl), succ=succ,
+        pred_count=tuple(pred_count), edges_u=eu, edges_v=ev,
         flow_ptr=tuple(flow_ptr), flow_op=tuple(fop), flow_src=tuple(fsrc), flow_dst=tuple(fdst),
         flow_ports=tuple(fports), flow_bytes=tuple(fbytes), port_capacity=topo.capacities(), comm_algo=tuple(algo),
-        wire_factor=tuple(wire), compute=compute,
+        wire_factor=tuple(wire), compute=compute, compute_answer=tuple(answer),
     )
+
+
+class Successors:
+    """Successor ids per op, stored flat (CSR): ``succ[i]`` is op ``i``'s successors, in the
+    order their edges were first made."""
+
+    __slots__ = ("targets", "bounds")
+
+    def __init__(self, targets: array, bounds: array):
+        self.targets, self.bounds = targets, bounds
+
+    def __getitem__(self, i: int) -> array:
+        b = self.bounds
+        return self.targets[b[i]:b[i + 1]]
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+
+def _successor_lists(edges, n: int):
+    """(edges_u, edges_v, successors per op, predecessor count per op) of the distinct
+    edges, in the order each was first made."""
+    e = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    _, first = np.unique(e[:, 0] * n + e[:, 1], return_index=True)
+    first.sort()
+    eu, ev = e[first, 0], e[first, 1]
+    order = np.argsort(eu, kind="stable")
+    targets = array("q", ev[order].tobytes())
+    bounds = array("q", np.searchsorted(eu[order], np.arange(n + 1)).astype(np.int64).tobytes())
+    pred_count = np.bincount(ev, minlength=n).tolist()
+    return eu, ev, Successors(targets, bounds), pred_count
 
 
 def _check_acyclic(dag: OpDag, succ, pred_count) -> None:
@@ -236,26 +268,36 @@ class Engine:
         cap = d.port_capacity
         events = 0
         now = 0.0
+        # the result lists and seams, bound once (the loop below runs once per event)
+        start_s, end_s, executed, executed_flops = self.start_s, self.end_s, self.executed, self.executed_flops
+        flow_start_s, flow_injected = self.flow_start_s, self.flow_injected
+        successors, flops_of, may_start = self._successors, self._flops_of, self._may_start
+        release_flows, complete_flow = self._release_flows, self._complete_flow
+        heappush, heappop = heapq.heappush, heapq.heappop
 
         def push(t: float, prio: int, item: int, version: int = 0) -> None:
             nonlocal seq
             if t < now:
                 raise G5Error(f"engine: negative delay scheduling event at {t} < now {now}")
-            heapq.heappush(heap, (t, prio, seq, item, version))
+            heappush(heap, (t, prio, seq, item, version))
             seq += 1
 
         def make_ready(op: int, t: float) -> None:
             if is_comm[op]:
-                self.start_s[op] = t
+                start_s[op] = t
                 push(t + dur[op], _COMM_RELEASE, op)
             else:
-                heapq.heappush(ready[chip_of[op]], (t, keys[op], op))
+                heappush(ready[chip_of[op]], (t, keys[op], op))
                 dirty_chips.add(chip_of[op])
 
+        # the successors straight from the CSR arrays, unless a subclass overrides the seam
+        direct = type(self)._successors is Engine._successors and isinstance(d.succ, Successors)
+        targets, bounds = (d.succ.targets, d.succ.bounds) if direct else ((), ())
+
         def finish(op: int, t: float) -> None:
-            self.end_s[op] = t
-            self.executed[op] += 1
-            for v in self._successors(op):
+            end_s[op] = t
+            executed[op] += 1
+            for v in (targets[bounds[op]:bounds[op + 1]] if direct else successors(op)):
                 remaining_preds[v] -= 1
                 if remaining_preds[v] == 0:
                     make_ready(v, t)
@@ -269,11 +311,11 @@ class Engine:
             # start compute on idle chips, then re-share the ports whose flow set changed
             for c in sorted(dirty_chips):
                 if not busy[c] and ready[c]:
-                    _, _, op = heapq.heappop(ready[c])
-                    if not self._may_start(op):
+                    _, _, op = heappop(ready[c])
+                    if not may_start(op):
                         continue
                     busy[c] = True
-                    self.start_s[op] = now
+                    start_s[op] = now
                     push(now + dur[op], _COMPUTE_DONE, op)
             dirty_chips.clear()
             if dirty_ports:
@@ -283,18 +325,18 @@ class Engine:
                 break
             now = heap[0][0]
             while heap and heap[0][0] == now:
-                t, prio, _, item, version = heapq.heappop(heap)
+                t, prio, _, item, version = heappop(heap)
                 events += 1
                 if prio == _COMPUTE_DONE:
                     busy[chip_of[item]] = False
                     dirty_chips.add(chip_of[item])
-                    self.executed_flops[item] += self._flops_of(item)
+                    executed_flops[item] += flops_of(item)
                     finish(item, t)
                 elif prio == _FLOW_DONE:
                     f = item
                     if version != f_ver[f] or f_done[f]:
                         continue
-                    self._complete_flow(f, t, f_rate, f_last, f_rem, f_done)
+                    complete_flow(f, t, f_rate, f_last, f_rem, f_done)
                     for p in flow_ports[f]:
                         port_flows[p].discard(f)
                         dirty_ports.add(p)
@@ -307,11 +349,11 @@ class Engine:
                     first, last = flow_ptr[op], flow_ptr[op + 1]
                     op_flows_left[op] = last - first
                     for f in range(first, last):
-                        self.flow_injected[f] = fbytes[f]
+                        flow_injected[f] = fbytes[f]
                     if first == last:
                         finish(op, t)
-                    for f in self._release_flows(op):
-                        self.flow_start_s[f] = t
+                    for f in release_flows(op):
+                        flow_start_s[f] = t
                         f_last[f] = t
                         if fbytes[f] <= 0.0:
                             push(t, _FLOW_DONE, f, f_ver[f])
@@ -350,29 +392,47 @@ class Engine:
                 continue
             # the connected set of ports and active flows around this port
             seen_ports.add(start)
-            comp_ports = [start]
-            stack = [start]
-            comp_flows: set = set()
-            while stack:
-                p = stack.pop()
-                for f in port_flows[p]:
-                    if f in comp_flows:
-                        continue
-                    comp_flows.add(f)
-                    for q in flow_ports[f]:
-                        if q not in seen_ports:
-                            seen_ports.add(q)
-                            comp_ports.append(q)
-                            stack.append(q)
-            if len(comp_flows) == 1:
-                (f,) = comp_flows
-                flows = (f,)
-                rates = {f: min(cap[q] for q in flow_ports[f])}
+            here = port_flows[start]
+            route = None
+            if len(here) == 1:
+                (f,) = here
+                route = flow_ports[f]
+                for q in route:
+                    if len(port_flows[q]) != 1:
+                        route = None
+                        break
+            if not here:  # no flow left on the port
+                comp_ports, flows, rates = (start,), (), {}
+            elif route is not None:
+                # the common case, one flow alone on every port of its route: its own
+                # component, with its ports in the order the search below finds them
+                comp_ports = [start] + [q for q in route if q != start]
+                seen_ports.update(route)
+                flows, rates = (f,), {f: min(cap[q] for q in route)}
             else:
-                flows = sorted(comp_flows)
-                comp_ports.sort()
-                ports = {p: sorted(port_flows[p]) for p in comp_ports}
-                rates = self._allocate(flows, ports) if flows else {}
+                comp_ports = [start]
+                stack = [start]
+                comp_flows: set = set()
+                while stack:
+                    p = stack.pop()
+                    for f in port_flows[p]:
+                        if f in comp_flows:
+                            continue
+                        comp_flows.add(f)
+                        for q in flow_ports[f]:
+                            if q not in seen_ports:
+                                seen_ports.add(q)
+                                comp_ports.append(q)
+                                stack.append(q)
+                if len(comp_flows) == 1:
+                    (f,) = comp_flows
+                    flows = (f,)
+                    rates = {f: min(cap[q] for q in flow_ports[f])}
+                else:
+                    flows = sorted(comp_flows)
+                    comp_ports.sort()
+                    ports = {p: sorted(port_flows[p]) for p in comp_ports}
+                    rates = self._allocate(flows, ports)
             # settle progress at the old rates, then apply the new ones
             for f in flows:
                 old = f_rate[f]

@@ -208,6 +208,10 @@ def timeline_figure(row: Mapping, group_dim: str = "cp", layer: Optional[int] = 
     if group_dim not in rm.dims:
         raise ConfigError("--x", f"no dimension {group_dim!r} in this layout; dimensions: {', '.join(rm.dims)}")
     group = rm.groups(group_dim)[0]
+    sym = out.sim.symmetry
+    if sym.applied and max(group) >= sym.slice_chips:  # the group spans replicas: simulate them all
+        out = run(row["config"], disabled=row.get("disabled") or (),
+                  symmetry=f"the timeline draws a {group_dim} group across {sym.dimension} replicas")
     n_layers = out.plan.ctx.model.n_layers
     layer = n_layers // 2 if layer is None else layer
     if not 0 <= layer < n_layers:

@@ -7,10 +7,11 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .compute import coverage_report
+from .compute import coverage_from_columns, exact_sum
 from .dag import CommOp, OpDag
 from .engine import CompiledDag, Engine
 from .errors import ConservationError
+from .symmetry import Symmetry
 
 # Interval sums agree with one another to about this relative precision (float rounding).
 ROUNDING_TIME_REL = 1e-9
@@ -101,6 +102,7 @@ class SimResult:
     flow_end_s: np.ndarray = attrs.field(repr=False)
     port_rate_log: tuple = attrs.field(repr=False, default=())  # (time_s, port, bytes_per_s)
     compute: dict = attrs.field(repr=False, factory=dict)  # g5core.compute.coverage_report
+    symmetry: Symmetry = attrs.field(factory=Symmetry)  # what was simulated (ops, flows, events: of that)
 
     def op_times(self, key: str) -> tuple[float, float]:
         i = self.dag.index[key]
@@ -120,12 +122,16 @@ class SimResult:
             "events": self.events,
             "sim_wall_s": self.sim_wall_s,
             "compute": self.compute,
+            "symmetry": self.symmetry.to_json_dict(),
         }
         return out
 
 
-def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float) -> SimResult:
+def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float, symmetry: Symmetry = Symmetry()) -> SimResult:
+    """The results of a run; with symmetry applied, ``dag`` and ``engine`` hold one replica and
+    the totals are those of ``symmetry.replicas`` alike replicas (g5core.symmetry)."""
     d = engine.dag
+    k = symmetry.replicas
     kpis = conservation_kpis(engine)
     start = np.asarray(engine.start_s, dtype=float)
     end = np.asarray(engine.end_s, dtype=float)
@@ -133,9 +139,9 @@ def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float) -> SimR
         phase=phase,
         latency_s=float(engine.makespan_s),
         kpis=kpis,
-        comm_bytes=comm_bytes_by_reason(dag, d),
+        comm_bytes=comm_bytes_by_reason(dag, d, k),
         overlap=overlap_report(dag, d, start, end),
-        collectives=collectives_report(dag, d),
+        collectives=collectives_report(dag, d, k),
         ops=len(d.keys),
         flows=len(d.flow_bytes),
         events=engine.events,
@@ -147,38 +153,41 @@ def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float) -> SimR
         flow_start_s=np.asarray(engine.flow_start_s, dtype=float),
         flow_end_s=np.asarray(engine.flow_end_s, dtype=float),
         port_rate_log=tuple(engine.port_rate_log),
-        compute=compute_report(dag, d, engine.makespan_s),
+        compute=compute_report(dag, d, engine.makespan_s, symmetry),
+        symmetry=symmetry,
     )
 
 
-def collectives_report(dag: OpDag, d: CompiledDag) -> list[dict]:
+def collectives_report(dag: OpDag, d: CompiledDag, replicas: int = 1) -> list[dict]:
     """How the communication ops ran: per reason, primitive, algorithm, protocol and channel
-    count, the number of ops and their payload bytes per rank."""
+    count, the number of ops and their payload bytes per rank (exactly-rounded sums, over
+    ``replicas`` alike replicas of ``dag``)."""
     groups: dict[tuple, list] = {}
     for i, op in enumerate(dag.ops):
         if isinstance(op, CommOp):
             key = (op.reason, op.primitive) + tuple(d.comm_algo[i])
-            entry = groups.setdefault(key, [0, 0.0])
-            entry[0] += 1
-            entry[1] += op.bytes_per_rank
-    return [{"reason": r, "primitive": p, "algorithm": a, "protocol": pr, "channels": ch, "ops": n,
-             "bytes_per_rank": b} for (r, p, a, pr, ch), (n, b) in sorted(groups.items())]
+            groups.setdefault(key, []).append(op.bytes_per_rank)
+    return [{"reason": r, "primitive": p, "algorithm": a, "protocol": pr, "channels": ch, "ops": len(b) * replicas,
+             "bytes_per_rank": exact_sum(b * replicas)} for (r, p, a, pr, ch), b in sorted(groups.items())]
 
 
-def compute_report(dag: OpDag, d: CompiledDag, latency_s: float) -> dict:
+def compute_report(dag: OpDag, d: CompiledDag, latency_s: float, symmetry: Symmetry = Symmetry()) -> dict:
     """Measured/roofline coverage and achieved FLOP/s per chip (g5core.compute)."""
     if d.compute is None:
         return {}
-    timed = [(op, d.duration_s[i]) for i, op in enumerate(dag.ops) if not d.is_comm[i]]
-    return coverage_report(timed, d.compute.system, float(latency_s), d.n_chips, d.compute)
+    comp = ~np.asarray(d.is_comm, dtype=bool)
+    return coverage_from_columns(np.asarray(d.compute_answer)[comp], np.asarray(d.chip)[comp],
+                                 np.asarray(d.flops, dtype=float)[comp], d.compute.system, float(latency_s), d.n_chips,
+                                 d.compute, replicas=symmetry.replicas, replica_chips=symmetry.slice_chips)
 
 
 def _reasons(dag: OpDag) -> list[str]:
     return sorted({op.reason for op in dag.ops if isinstance(op, CommOp)})
 
 
-def comm_bytes_by_reason(dag: OpDag, d: CompiledDag) -> dict:
-    """Total payload bytes per reason, and payload bytes sent by the busiest rank per reason."""
+def comm_bytes_by_reason(dag: OpDag, d: CompiledDag, replicas: int = 1) -> dict:
+    """Total payload bytes per reason, and payload bytes sent by the busiest rank per reason
+    (totals over ``replicas`` alike replicas of ``dag``; the busiest rank is the same in each)."""
     reasons = _reasons(dag)
     if not len(d.flow_bytes):
         return {"total_bytes": 0.0, "by_reason": {}, "per_rank_by_reason": {}}
@@ -196,10 +205,15 @@ def comm_bytes_by_reason(dag: OpDag, d: CompiledDag) -> dict:
     by_reason, per_rank = {}, {}
     for r, name in enumerate(reasons):
         m = flow_reason == r
-        by_reason[name] = float(math.fsum(fbytes[m]))
+        by_reason[name] = _fsum_replicated(fbytes[m], replicas)
         sent = np.bincount(fsrc[m & sends], weights=fbytes[m & sends], minlength=d.n_chips)
         per_rank[name] = float(sent.max())
-    return {"total_bytes": float(math.fsum(fbytes)), "by_reason": by_reason, "per_rank_by_reason": per_rank}
+    return {"total_bytes": _fsum_replicated(fbytes, replicas), "by_reason": by_reason, "per_rank_by_reason": per_rank}
+
+
+def _fsum_replicated(values: np.ndarray, replicas: int) -> float:
+    """The exactly-rounded sum of ``replicas`` copies of ``values`` (what the full run sums)."""
+    return float(math.fsum(np.tile(values, replicas)))
 
 
 def _union_length_by_chip(chip: np.ndarray, s: np.ndarray, e: np.ndarray, n_chips: int) -> tuple[np.ndarray, list]:

@@ -6,6 +6,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import time
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
@@ -20,6 +22,7 @@ from .mathpath import MathResult, math_estimate
 from .memory import MemoryReport, memory_report
 from .plugins import make_plugin_manager
 from .results import SimResult, check_conservation, summarize
+from .symmetry import check_reduced_dag, check_resources, off_reason, plan_symmetry
 
 
 def load_raw(path, overrides: Iterable[str] = ()) -> dict:
@@ -54,25 +57,80 @@ Progress = Optional[Callable[[str], None]]
 
 
 def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True, progress: Progress = None,
-             record_port_rates: bool = False) -> SimResult:
+             record_port_rates: bool = False, symmetry: bool | str = True,
+             timings: Optional[dict] = None, max_ops: Optional[int] = None) -> SimResult:
     """Build the DAG, run the engine, and check the six conservation KPIs.
 
     ``progress``, when given, receives one line per phase (for long runs);
-    ``record_port_rates`` keeps every port's bandwidth over time (for traces)."""
+    ``record_port_rates`` keeps every port's bandwidth over time (for traces).
+    ``symmetry``: simulate one of identical independent replicas where that is exact
+    (:mod:`g5core.symmetry`); ``False`` (or a string: the reason) simulates every chip.
+    ``timings``, when given, receives the wall seconds of each phase (build, compile,
+    engine, report: benchmarks/bench.py). Where a symmetric run falls back to every chip
+    after its build, the full run is checked against ``max_ops`` first."""
+    with _gc_paused():
+        return _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops)
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """The cyclic garbage collector off while a run makes millions of objects that form no
+    cycles (it would otherwise traverse them again and again: about 15% of a large run)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops) -> SimResult:
     say = progress or (lambda line: None)
+    clock = _Phases(timings)
     t0 = time.perf_counter()
-    say("building the op DAG")
-    dag = build_dag(plan)
-    say(f"compiling {len(dag.ops)} ops and {len(dag.edges)} edges")
-    compiled = compile_dag(dag, plan)
+    sym = plan_symmetry(plan.ctx, off_reason(symmetry))
+    say("building the op DAG" + (f" of one of {sym.replicas} {sym.dimension} replicas" if sym.applied else ""))
+    dag = build_dag(plan, chips=sym.chips() if sym.applied else None)
+    reason = check_reduced_dag(sym, dag) if sym.applied else None
+    clock("build_s")
+    if reason is None:
+        say(f"compiling {len(dag.ops)} ops and {dag.n_edges} edges")
+        compiled = compile_dag(dag, plan)
+        reason = check_resources(sym, dag, compiled, plan) if sym.applied else None
+        clock("compile_s")
+    if reason is not None:
+        sym = sym.refused(reason)
+        check_size(plan, max_ops)
+        say(f"simulating every chip: {reason}; building the op DAG")
+        dag = build_dag(plan)
+        clock("build_s")
+        say(f"compiling {len(dag.ops)} ops and {dag.n_edges} edges")
+        compiled = compile_dag(dag, plan)
+        clock("compile_s")
     say(f"simulating {len(compiled.keys)} ops and {len(compiled.flow_bytes)} flows")
     engine = engine_cls(compiled, record_port_rates=record_port_rates).run()
+    clock("engine_s")
     _check_finite([engine.makespan_s])  # before the summary does arithmetic on it
     say(f"{engine.events} events; checking conservation")
-    result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0)
+    result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0, sym)
     if check:
         check_conservation(result.kpis)
+    clock("report_s")
     return result
+
+
+class _Phases:
+    """Adds the wall seconds since the last call to ``timings[phase]``."""
+
+    def __init__(self, timings: Optional[dict]):
+        self.timings, self.last = timings, time.perf_counter()
+
+    def __call__(self, phase: str) -> None:
+        now = time.perf_counter()
+        if self.timings is not None:
+            self.timings[phase] = self.timings.get(phase, 0.0) + now - self.last
+        self.last = now
 
 
 @attrs.frozen(eq=False)
@@ -103,12 +161,14 @@ class RunOutput:
 
 def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: bool = False,
         extra_plugins: Sequence = (), progress: Progress = None, record_port_rates: bool = False,
-        max_ops: Optional[int] = None) -> RunOutput:
+        max_ops: Optional[int] = None, symmetry: bool | str = True) -> RunOutput:
     """Validate, refuse a run above ``max_ops`` ops and flows (default
-    ``build.DEFAULT_MAX_OPS``) before building anything, then simulate or estimate."""
+    ``build.DEFAULT_MAX_OPS``) before building anything, then simulate or estimate.
+    ``symmetry``: see :func:`simulate`."""
     plan = make_plan(raw, disabled, extra_plugins, max_ops=max_ops)
     dep = plan.ctx.deployment
-    size = check_size(plan, max_ops)
+    replicas = plan_symmetry(plan.ctx, off_reason(symmetry)).replicas if dep.path != "math" else 1
+    size = check_size(plan, max_ops, replicas)
     if progress is not None:
         progress(f"estimated {size.describe()}")
     memory = memory_report(plan.ctx)
@@ -123,7 +183,7 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
                                  system=plan.ctx.system)
         except ConfigError as exc:
             raise ConfigError("--compare-math", f"the Math path refuses this configuration: {exc}") from None
-    sim = simulate(plan, progress=progress, record_port_rates=record_port_rates)
+    sim = simulate(plan, progress=progress, record_port_rates=record_port_rates, symmetry=symmetry, max_ops=max_ops)
     mres = math_estimate(plan) if compare_math else None
     return _finite(RunOutput(dep, plan, memory, sim=sim, math=mres))
 

@@ -28,6 +28,7 @@ import json
 
 from .topology import KIND_NAMES, Topology
 from .dag import CommOp, ComputeOp
+from .errors import G5Error
 from .outputs import write_atomically
 from .results import SimResult
 
@@ -60,7 +61,15 @@ def _lane_name(base: str, lane: int) -> str:
     return base if lane == 0 else f"{base} #{lane + 1}"
 
 
+def _every_chip(sim: SimResult) -> None:
+    """Traces and timelines draw every chip: refuse a run that simulated one replica."""
+    if sim.symmetry.applied:
+        raise G5Error(f"this run simulated one of {sim.symmetry.replicas} identical {sim.symmetry.dimension} "
+                      f"replicas; a trace or timeline needs every chip: simulate with symmetry=False")
+
+
 def trace_events(sim: SimResult, topo: Topology) -> list[dict]:
+    _every_chip(sim)
     d = sim.compiled
     ops = sim.dag.ops
     events: list[dict] = []
@@ -149,6 +158,7 @@ TIMELINE_COLUMNS = ("key", "kind", "name", "layer", "owner", "chips", "op_class"
 
 def timeline_rows(sim: SimResult):
     """One row per op, in op order: what ran where, when, and how much."""
+    _every_chip(sim)
     for i, op in enumerate(sim.dag.ops):
         start, end = repr(float(sim.start_s[i])), repr(float(sim.end_s[i]))
         if isinstance(op, ComputeOp):

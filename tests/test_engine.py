@@ -253,3 +253,22 @@ def test_networkx_view_follows_ops_and_edges_added_after_it_was_built():
     dag.add_edge("a@c0", "b@c0")
     assert list(dag.graph.edges) == [("a@c0", "b@c0")]
     assert dag.graph.nodes["b@c0"]["op"].key == "b@c0"
+
+
+def test_compiled_successors_drop_repeated_edges_and_keep_the_order_edges_were_made():
+    import numpy as np
+
+    from g5core.engine import _successor_lists
+    from g5core.dag import ComputeOp, OpDag
+
+    dag = OpDag()
+    for k in ("a", "b", "c", "d"):
+        dag.add_op(ComputeOp(key=f"{k}@c0", chip=0, op_class="gemm", flops=1.0, hbm_bytes=1.0, layer=0, name="x",
+                             dtype="bf16", kernels=()))
+    for u, v in (("a", "d"), ("a", "b"), ("a", "d"), ("c", "d"), ("a", "c"), ("b", "d")):
+        dag.add_edge(f"{u}@c0", f"{v}@c0")
+    assert dag.n_edges == 6 and dag.edges[:3] == [(0, 3), (0, 1), (0, 3)]
+    eu, ev, succ, preds = _successor_lists(np.frombuffer(dag.edge_pairs, dtype=np.int64), 4)
+    assert [list(succ[i]) for i in range(4)] == [[3, 1, 2], [3], [3], []]
+    assert preds == [0, 1, 1, 3]
+    assert list(zip(eu.tolist(), ev.tolist())) == [(0, 3), (0, 1), (2, 3), (0, 2), (1, 3)]

@@ -5,8 +5,8 @@ Each example's comment states "It fits in memory." or "It does not fit in memory
 trend claims are quoted below from the text (the test fails if the text changes) and
 checked on the runs the text names.
 
-The llama-3.1-405b example is the one slow case (a full 1M-token run simulates 1.7 M ops
-and flows in about 50 s, its 128K command about 20 s): its claims here are about memory
+The llama-3.1-405b example is the one slow case (a 1M-token run simulates one of its two
+replicas, 0.9 M ops and flows, in about 6 s; test_examples_json.py runs it at 128K): its claims here are about memory
 and the layout, so it is checked without the simulation (validation, the memory ledger and
 the size estimate). Its TTFT figures in the README come from `g5 run` (see README).
 """

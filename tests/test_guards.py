@@ -29,8 +29,11 @@ EX = REPO / "examples"
 def test_estimate_equals_what_the_build_makes(example, overrides):
     plan = make_plan(load_raw(EX / f"{example}.yaml", overrides))
     est = estimate_size(plan)
-    sim = simulate(plan)
+    sim = simulate(plan, symmetry=False)
     assert (est.ops, est.flows) == (sim.ops, sim.flows)
+    reduced = simulate(plan)  # one of k identical replicas, where symmetry holds: 1/k of the ops
+    k = reduced.symmetry.replicas
+    assert (est.ops, est.flows) == (reduced.ops * k, reduced.flows * k)
 
 
 def test_a_million_chips_is_refused_before_the_rank_map_is_built(monkeypatch):
