@@ -29,7 +29,7 @@ from .collective import lower_op
 from .compute import LatencyLookup
 from .topology import Topology
 from .dag import ComputeOp, OpDag
-from .errors import DagError, G5Error, PluginError
+from .errors import DagError, G5Error
 
 # A flow that ends with |bytes left| below this fraction of its size delivered everything:
 # the difference is floating-point rounding of the rate integral, not lost data.

@@ -9,7 +9,6 @@ this is exactly the sum the engine's single stream produces.
 """
 from __future__ import annotations
 
-import math
 
 import attrs
 
@@ -18,7 +17,6 @@ from .collective import idle_time_s, lower_op
 from .compute import LatencyLookup, coverage_report
 from .topology import Topology
 from .dag import CommOp, ComputeOp
-from .errors import DagError
 from .layers import build_program
 
 

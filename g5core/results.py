@@ -11,7 +11,7 @@ from .compute import coverage_from_columns, exact_sum
 from .dag import CommOp, OpDag
 from .engine import CompiledDag, Engine
 from .errors import ConservationError
-from .symmetry import Symmetry
+from .symmetry import WHOLE_RUN, Symmetry
 
 # Interval sums agree with one another to about this relative precision (float rounding).
 ROUNDING_TIME_REL = 1e-9
@@ -127,7 +127,7 @@ class SimResult:
         return out
 
 
-def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float, symmetry: Symmetry = Symmetry()) -> SimResult:
+def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float, symmetry: Symmetry = WHOLE_RUN) -> SimResult:
     """The results of a run; with symmetry applied, ``dag`` and ``engine`` hold one replica and
     the totals are those of ``symmetry.replicas`` alike replicas (g5core.symmetry)."""
     d = engine.dag
@@ -171,7 +171,7 @@ def collectives_report(dag: OpDag, d: CompiledDag, replicas: int = 1) -> list[di
              "bytes_per_rank": exact_sum(b * replicas)} for (r, p, a, pr, ch), b in sorted(groups.items())]
 
 
-def compute_report(dag: OpDag, d: CompiledDag, latency_s: float, symmetry: Symmetry = Symmetry()) -> dict:
+def compute_report(dag: OpDag, d: CompiledDag, latency_s: float, symmetry: Symmetry = WHOLE_RUN) -> dict:
     """Measured/roofline coverage and achieved FLOP/s per chip (g5core.compute)."""
     if d.compute is None:
         return {}

@@ -62,6 +62,10 @@ class Symmetry:
         return f"symmetry: every chip simulated ({self.reason})"
 
 
+#: a run that simulates every chip
+WHOLE_RUN = Symmetry()
+
+
 def off_reason(symmetry: "bool | str") -> Optional[str]:
     """``symmetry`` as the API takes it (True: allowed; False, or a string giving the reason:
     every chip simulated) -> the reason it is off, or None."""
