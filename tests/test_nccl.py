@@ -80,6 +80,9 @@ def test_tuner_picks_ll_for_small_nvls_for_large_and_ring_where_the_switch_canno
     assert nccl.choose(g, 2 ** 30)[:2] == ("nvls", "simple")
     a100 = _group(n=8, system=get_system("a100-80gb"))
     assert nccl.choose(a100, 2 ** 30)[:2] == ("ring", "simple")
+    # NCCL keeps NVLS off with 2 GPUs or fewer (nvls.cc ncclNvlsInit)
+    assert nccl.choose(_group(n=2), 2 ** 30)[0] == "ring"
+    assert nccl.choose(_group(n=4), 2 ** 30)[0] == "nvls"
     # across nodes the switch reduces inside each node and a tree joins the nodes
     assert nccl.choose(_group(n=16), 2 ** 30)[:2] == ("nvls_tree", "simple")
     # the choice is the fastest by NCCL's own formula

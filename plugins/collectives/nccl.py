@@ -178,15 +178,20 @@ class Group:
         return graph_channels(self.link_bw_gbps, self.compute_capability) // 2   # graph (search) channels
 
 
+#: src/transport/nvls.cc ncclNvlsInit: NVLS stays off with this many GPUs (per node) or fewer
+NVLS_MIN_GPUS_EXCLUSIVE = 2
+
+
 def enabled(group: Group, algorithm: str, protocol: str) -> bool:
     """Whether NCCL would consider (algorithm, protocol) for this communicator."""
     if algorithm == "tree":
         return group.coll == "all_reduce" and group.n_ranks > 1
+    nvls = (group.nvls and protocol == "simple" and group.coll == "all_reduce"
+            and group.ppn > NVLS_MIN_GPUS_EXCLUSIVE)
     if algorithm == "nvls":
-        return (group.nvls and protocol == "simple" and group.coll == "all_reduce" and group.n_nodes == 1
-                and group.n_ranks > 1)
+        return nvls and group.n_nodes == 1
     if algorithm == "nvls_tree":
-        return group.nvls and protocol == "simple" and group.coll == "all_reduce" and group.n_nodes > 1
+        return nvls and group.n_nodes > 1
     return True
 
 
