@@ -344,3 +344,20 @@ def test_a_system_may_map_chips_to_nics_and_a_bad_map_is_one_line():
                          ([0, 0, 0, 0], "no chip uses NIC 1")):
         with pytest.raises(ConfigError, match=message):
             SystemSpec.from_dict(dict(fields, nic_of_chip=bad))
+
+
+def test_every_comm_op_in_the_timeline_names_its_algorithm_protocol_and_channels():
+    import csv
+    import io
+
+    from g5core.trace import TIMELINE_COLUMNS, dump_timeline
+
+    out = run(_405b(16, seq_len=2048), symmetry=False)
+    fh = io.StringIO()
+    dump_timeline(out.sim, fh)
+    rows = list(csv.DictReader(io.StringIO(fh.getvalue())))
+    assert set(TIMELINE_COLUMNS) >= {"algorithm", "protocol", "channels"}
+    comm = [r for r in rows if r["kind"] == "comm"]
+    assert comm and all(r["algorithm"] in ("ring", "tree", "nvls", "nvls_tree") and r["protocol"]
+                        and int(r["channels"]) >= 1 for r in comm)
+    assert all(r["algorithm"] == "" for r in rows if r["kind"] == "compute")
