@@ -102,12 +102,13 @@ def lower_op(op, primitives: Mapping, topo: Topology) -> tuple[Lowering, tuple]:
     return low, flows
 
 
-def idle_time_s(latency_s: float, flows, capacities) -> float:
-    """The time of a lowering alone on idle resources: its start latency, then its flows at
-    max-min fair rates, which on idle resources end when the busiest resource has carried
-    its bytes. ``flows`` are ``(src, dst, bytes, route)``."""
+def idle_transfer_s(flows, topo: Topology) -> float:
+    """How long ``flows`` take alone on idle resources: at max-min fair rates they end when
+    the busiest resource has carried its bytes. A flow is ``(src, dst, bytes)`` (routed by
+    :meth:`Topology.route`) or ``(src, dst, bytes, route)``."""
+    caps = topo.capacities()
     load: dict[int, float] = {}
-    for _s, _t, b, route in flows:
-        for r in route:
-            load[r] = load.get(r, 0.0) + b
-    return latency_s + max((b / capacities[r] for r, b in load.items()), default=0.0)
+    for f in flows:
+        for r in (f[3] if len(f) > 3 else topo.route(f[0], f[1])):
+            load[r] = load.get(r, 0.0) + f[2]
+    return max((b / caps[r] for r, b in load.items()), default=0.0)

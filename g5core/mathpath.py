@@ -13,7 +13,7 @@ from __future__ import annotations
 import attrs
 
 from .build import Plan, expand
-from .collective import idle_time_s, lower_op
+from .collective import idle_transfer_s, lower_op
 from .compute import LatencyLookup, coverage_report
 from .topology import Topology
 from .dag import CommOp, ComputeOp
@@ -40,7 +40,7 @@ def alpha_beta_s(op: CommOp, plan: Plan, cache: dict) -> float:
     if key not in cache:
         topo: Topology = plan.ctx.topology
         low, flows = lower_op(op, plan.primitives, topo)
-        cache[key] = idle_time_s(low.latency_s, flows, topo.capacities())
+        cache[key] = low.latency_s + idle_transfer_s(flows, topo)
     return cache[key]
 
 

@@ -46,7 +46,7 @@ its links' time.
 """
 from __future__ import annotations
 
-from g5core import ConfigError, Lowering, Topology, hookimpl
+from g5core import ConfigError, Lowering, Topology, hookimpl, idle_transfer_s
 
 from . import nccl
 
@@ -192,16 +192,6 @@ def nvls_tree_flows(group, nbytes: float, topo: Topology) -> list:
     return flows
 
 
-def _idle_transfer_s(flows, topo: Topology) -> float:
-    caps = topo.capacities()
-    load: dict[int, float] = {}
-    for f in flows:
-        route = f[3] if len(f) > 3 else topo.route(f[0], f[1])
-        for r in route:
-            load[r] = load.get(r, 0.0) + f[2]
-    return max((b / caps[r] for r, b in load.items()), default=0.0)
-
-
 def lower_collective(coll: str, group, nbytes: float, topo: Topology) -> Lowering:
     g = _nccl_group(coll, group, topo)
     forced = dict(topo.system.nccl.get(coll, {})) if topo.system is not None else {}
@@ -231,7 +221,7 @@ def lower_collective(coll: str, group, nbytes: float, topo: Topology) -> Lowerin
     flows = [(f[0], f[1], f[2] * own) + tuple(f[3:]) for f in flows]
     # what NCCL's model adds beyond the wires (a protocol's polling, a tree's pipeline) holds
     # the op but not its links: it joins the start latency
-    extra_s = max(0.0, transfer_us * 1e-6 - _idle_transfer_s(flows, topo))
+    extra_s = max(0.0, transfer_us * 1e-6 - idle_transfer_s(flows, topo))
     return Lowering(flows=flows, latency_s=latency_us * 1e-6 + extra_s, algorithm=algorithm, protocol=protocol,
                     channels=nc, wire_bytes_per_payload_byte=own)
 
@@ -267,7 +257,7 @@ def nvlink_p2p(group, peer_bytes: float, pairs, topo: Topology) -> Lowering:
     own = (nccl.P2P_LL_WIRE_FACTOR if protocol == "ll" else 1.0) / nccl.P2P_NVLINK_EFFICIENCY
     flows = [(s, t, peer_bytes * own) for s, t in pairs]
     copy_s = nccl.p2p_copy_time_us(peer_bytes, len(group), node_channels) * 1e-6
-    extra_s = max(0.0, copy_s - _idle_transfer_s(flows, topo))
+    extra_s = max(0.0, copy_s - idle_transfer_s(flows, topo))
     return Lowering(flows, topo.message_latency_s(group) + extra_s, algorithm="p2p", protocol=protocol,
                     channels=nc, wire_bytes_per_payload_byte=own)
 
