@@ -236,7 +236,7 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
     chips = ctx.rankmap.chips
     outputs: dict[str, dict[int, tuple[str, ...]]] = {}
     # the per-op work below is OpDag.add_op / add_edge inlined (millions of ops)
-    index, all_ops, pairs = dag.index, dag.ops, dag.edge_pairs
+    index, append, pairs = dag.index, dag.append, dag.edge_pairs
     for lop in program:
         owner, frag = expand(ctx, lop)
         own = set()
@@ -248,8 +248,7 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
                 _check_op(op, prefixes, owner, chips, plan.primitives)
             if key in index:
                 dag.add_op(op)  # names both owners
-            index[key] = len(all_ops)
-            all_ops.append(op)
+            append(op)
             own.add(key)
         for a, b in frag.edges:
             if a not in own or b not in own:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from typing import Iterable, Mapping, Union
 
 import attrs
@@ -106,26 +107,129 @@ class Fragment:
         return cls(ops=(op,), heads={c: (op.key,) for c in op.group}, tails={c: (op.key,) for c in op.group})
 
 
+#: op kinds in :attr:`OpDag.kind`
+COMPUTE, COMM = 0, 1
+
+
+class OpView(Sequence):
+    """``OpDag.ops``: op ``i`` as a :class:`ComputeOp` or :class:`CommOp`, made from the
+    DAG's columns when asked for (the DAG keeps no object per op)."""
+
+    __slots__ = ("_dag",)
+
+    def __init__(self, dag: "OpDag"):
+        self._dag = dag
+
+    def __len__(self) -> int:
+        return len(self._dag.keys)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self._dag.op(j) for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError("op index out of range")
+        return self._dag.op(i)
+
+    def __iter__(self):
+        op = self._dag.op
+        return (op(i) for i in range(len(self)))
+
+
 @attrs.define(eq=False)
 class OpDag:
-    """The op DAG of one run. ``ops[i]`` is op ``i``; ``graph`` is the networkx view
-    (node = op key, attribute ``op``)."""
+    """The op DAG of one run, stored as columns (struct of arrays), one row per op.
 
-    ops: list = attrs.field(factory=list)
-    index: dict = attrs.field(factory=dict)
+    ``ops[i]`` is op ``i``, made on demand; ``graph`` is the networkx view (node = op key,
+    attribute ``op``). Per op: ``keys[i]``, ``kind[i]`` (:data:`COMPUTE` or :data:`COMM`),
+    ``chip[i]`` (a compute op's chip, -1 for comm), ``amount[i]`` (FLOPs, or a comm op's
+    bytes per rank), ``hbm[i]`` (a compute op's HBM bytes), ``layer[i]`` and ``spec[i]``:
+    an id into ``specs``, the interned rest of the op (compute: ``(op_class, name, dtype,
+    owner, kernels)``; comm: ``(primitive, group, reason, name, owner)``). The numbers are
+    kept as the objects the plugin gave (so an op made again equals the one added)."""
+
+    keys: list = attrs.field(factory=list, repr=False)
+    index: dict = attrs.field(factory=dict, repr=False)
+    kind: array = attrs.field(factory=lambda: array("b"), repr=False)
+    chip: array = attrs.field(factory=lambda: array("q"), repr=False)
+    amount: list = attrs.field(factory=list, repr=False)
+    hbm: list = attrs.field(factory=list, repr=False)
+    layer: list = attrs.field(factory=list, repr=False)
+    spec: array = attrs.field(factory=lambda: array("q"), repr=False)
+    specs: list = attrs.field(factory=list, repr=False)
+    _spec_ids: dict = attrs.field(factory=dict, repr=False)
     # edges as a flat array of (pred_index, succ_index) pairs: 16 bytes an edge
     edge_pairs: array = attrs.field(factory=lambda: array("q"), repr=False)
     _graph: nx.DiGraph | None = attrs.field(default=None, repr=False)
     _graph_size: tuple = attrs.field(default=(-1, -1), repr=False)  # (ops, edges) it was built from
 
+    @property
+    def ops(self) -> OpView:
+        return OpView(self)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def op(self, i: int) -> Op:
+        """Op ``i`` as an object (made from the columns)."""
+        s = self.specs[self.spec[i]]
+        if self.kind[i] == COMPUTE:
+            return ComputeOp(key=self.keys[i], chip=self.chip[i], op_class=s[0], flops=self.amount[i],
+                             hbm_bytes=self.hbm[i], layer=self.layer[i], name=s[1], dtype=s[2], owner=s[3],
+                             kernels=s[4])
+        return CommOp(key=self.keys[i], primitive=s[0], group=s[1], bytes_per_rank=self.amount[i], reason=s[2],
+                      layer=self.layer[i], name=s[3], owner=s[4])
+
+    def owner(self, i: int) -> str:
+        s = self.specs[self.spec[i]]
+        return s[3] if self.kind[i] == COMPUTE else s[4]
+
+    def op_chips(self, i: int) -> tuple[int, ...]:
+        return (self.chip[i],) if self.kind[i] == COMPUTE else self.specs[self.spec[i]][1]
+
+    def comm_indices(self) -> list[int]:
+        """Ids of the communication ops, in op order."""
+        return [i for i, k in enumerate(self.kind) if k == COMM]
+
+    def _intern(self, spec: tuple, fast: tuple) -> int:
+        s = self._spec_ids.get(fast)
+        if s is None:
+            s = self._spec_ids[fast] = len(self.specs)
+            self.specs.append(spec)
+        return s
+
+    def append(self, op: Op) -> int:
+        """Store ``op`` as a row (no key check: :meth:`add_op` checks)."""
+        i = len(self.keys)
+        self.keys.append(op.key)
+        self.index[op.key] = i
+        self.layer.append(op.layer)
+        if type(op) is ComputeOp:
+            kernels = op.kernels
+            # interned by the kernels tuple's identity (ops made from one Work share it);
+            # ``specs`` keeps the tuple alive, so the id is not reused
+            self.spec.append(self._intern((op.op_class, op.name, op.dtype, op.owner, kernels),
+                                          (COMPUTE, op.op_class, op.name, op.dtype, op.owner, id(kernels))))
+            self.kind.append(COMPUTE)
+            self.chip.append(op.chip)
+            self.amount.append(op.flops)
+            self.hbm.append(op.hbm_bytes)
+        else:
+            spec = (op.primitive, op.group, op.reason, op.name, op.owner)
+            self.spec.append(self._intern(spec, (COMM,) + spec))
+            self.kind.append(COMM)
+            self.chip.append(-1)
+            self.amount.append(op.bytes_per_rank)
+            self.hbm.append(0)
+        return i
+
     def add_op(self, op: Op) -> int:
         if op.key in self.index:
-            other = self.ops[self.index[op.key]]
-            raise DagError(f"op key {op.key!r} made twice (by {other.owner} and {op.owner})")
-        i = len(self.ops)
-        self.ops.append(op)
-        self.index[op.key] = i
-        return i
+            other = self.owner(self.index[op.key])
+            raise DagError(f"op key {op.key!r} made twice (by {other} and {op.owner})")
+        return self.append(op)
 
     def add_edge(self, before: str, after: str, owner: str = "core") -> None:
         try:
@@ -146,11 +250,11 @@ class OpDag:
     @property
     def graph(self) -> nx.DiGraph:
         """The networkx view, rebuilt when ops or edges were added since it was made."""
-        size = (len(self.ops), self.n_edges)
+        size = (len(self.keys), self.n_edges)
         if self._graph is None or self._graph_size != size:
             g = nx.DiGraph()
             g.add_nodes_from((op.key, {"op": op}) for op in self.ops)
-            keys = [op.key for op in self.ops]
+            keys = self.keys
             g.add_edges_from((keys[u], keys[v]) for u, v in self.edges)
             self._graph, self._graph_size = g, size
         return self._graph
@@ -162,7 +266,8 @@ class OpDag:
         return sorted(self.graph.successors(key))
 
     def comm_ops(self, reason: str | None = None) -> list[CommOp]:
-        return [o for o in self.ops if isinstance(o, CommOp) and (reason is None or o.reason == reason)]
+        return [self.op(i) for i in self.comm_indices()
+                if reason is None or self.specs[self.spec[i]][2] == reason]
 
 
 def require_lowering(op: CommOp, primitives: Mapping) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 from .collective import lower_op
 from .compute import LatencyLookup
 from .topology import Topology
-from .dag import ComputeOp, OpDag
+from .dag import COMPUTE, OpDag
 from .errors import DagError, G5Error
 
 # A flow that ends with |bytes left| below this fraction of its size delivered everything:
@@ -77,10 +77,11 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     ctx = plan.ctx
     topo: Topology = ctx.topology
     hooks = plan.hooks
-    ops = dag.ops
-    n = len(ops)
+    n = len(dag)
+    kinds, chips, amounts, hbms, spec_of, specs = dag.kind, dag.chip, dag.amount, dag.hbm, dag.spec, dag.specs
     compute = LatencyLookup(hooks, ctx.system, ctx.deployment)
     lowering_cache: dict = {}
+    answer_cache: dict = {}
     is_comm, chip, dur, fl = [False] * n, [-1] * n, [0.0] * n, [0.0] * n
     flow_ptr = [0] * (n + 1)
     fsrc, fdst, fports, fbytes, fop = [], [], [], [], []
@@ -89,17 +90,24 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     answer_id, answers = compute.answer_id, compute.answers
     answer = [-1] * n
     n_flows = 0
-    for i, op in enumerate(ops):
+    for i in range(n):
         flow_ptr[i] = n_flows
-        if type(op) is ComputeOp:
-            a = answer[i] = answer_id(op)
-            chip[i], dur[i], fl[i] = op.chip, answers[a][2], float(op.flops)
+        s = spec_of[i]
+        if kinds[i] == COMPUTE:
+            amount = amounts[i]
+            akey = (s, amount, hbms[i])
+            a = answer_cache.get(akey)
+            if a is None:
+                a = answer_cache[akey] = answer_id(dag.op(i))
+            answer[i] = a
+            chip[i], dur[i], fl[i] = chips[i], answers[a][2], float(amount)
         else:
             is_comm[i] = True
-            key = (op.primitive, op.group, op.bytes_per_rank)
+            sp = specs[s]
+            key = (sp[0], sp[1], amounts[i])
             low = lowering_cache.get(key)
             if low is None:
-                lowered, flows = lower_op(op, plan.primitives, topo)
+                lowered, flows = lower_op(dag.op(i), plan.primitives, topo)
                 low = lowering_cache[key] = (
                     float(lowered.latency_s), (lowered.algorithm, lowered.protocol, lowered.channels),
                     float(lowered.wire_bytes_per_payload_byte), len(flows),
@@ -111,7 +119,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
                 n_flows += count
     flow_ptr[n] = n_flows
     eu, ev, succ, pred_count = _successor_lists(np.frombuffer(dag.edge_pairs, dtype=np.int64) if len(dag.edge_pairs) else (), n)
-    keys = tuple(op.key for op in ops)
+    keys = tuple(dag.keys)
     _check_acyclic(dag, succ, pred_count)
     return CompiledDag(
         n_chips=topo.chips, keys=keys, is_comm=tuple(is_comm), chip=tuple(chip), duration_s=tuple(dur),
@@ -170,7 +178,7 @@ def _check_acyclic(dag: OpDag, succ, pred_count) -> None:
 
         cycle = nx.find_cycle(dag.graph)
         key = cycle[0][0]
-        owner = dag.ops[dag.index[key]].owner
+        owner = dag.owner(dag.index[key])
         path = " -> ".join(u for u, _ in cycle[:6])
         raise DagError(f"the op DAG has a cycle through {key!r} (made by plugin '{owner}'): {path} ...")
 

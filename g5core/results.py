@@ -8,7 +8,7 @@ import attrs
 import numpy as np
 
 from .compute import coverage_from_columns, exact_sum
-from .dag import CommOp, OpDag
+from .dag import OpDag
 from .engine import CompiledDag, Engine
 from .errors import ConservationError
 from .symmetry import WHOLE_RUN, Symmetry
@@ -163,10 +163,11 @@ def collectives_report(dag: OpDag, d: CompiledDag, replicas: int = 1) -> list[di
     count, the number of ops and their payload bytes per rank (exactly-rounded sums, over
     ``replicas`` alike replicas of ``dag``)."""
     groups: dict[tuple, list] = {}
-    for i, op in enumerate(dag.ops):
-        if isinstance(op, CommOp):
-            key = (op.reason, op.primitive) + tuple(d.comm_algo[i])
-            groups.setdefault(key, []).append(op.bytes_per_rank)
+    specs, spec_of, amount = dag.specs, dag.spec, dag.amount
+    for i in dag.comm_indices():
+        spec = specs[spec_of[i]]
+        key = (spec[2], spec[0]) + tuple(d.comm_algo[i])
+        groups.setdefault(key, []).append(amount[i])
     return [{"reason": r, "primitive": p, "algorithm": a, "protocol": pr, "channels": ch, "ops": len(b) * replicas,
              "bytes_per_rank": exact_sum(b * replicas)} for (r, p, a, pr, ch), b in sorted(groups.items())]
 
@@ -182,7 +183,7 @@ def compute_report(dag: OpDag, d: CompiledDag, latency_s: float, symmetry: Symme
 
 
 def _reasons(dag: OpDag) -> list[str]:
-    return sorted({op.reason for op in dag.ops if isinstance(op, CommOp)})
+    return sorted({dag.specs[s][2] for s in {dag.spec[i] for i in dag.comm_indices()}})
 
 
 def comm_bytes_by_reason(dag: OpDag, d: CompiledDag, replicas: int = 1) -> dict:
@@ -192,9 +193,9 @@ def comm_bytes_by_reason(dag: OpDag, d: CompiledDag, replicas: int = 1) -> dict:
     if not len(d.flow_bytes):
         return {"total_bytes": 0.0, "by_reason": {}, "per_rank_by_reason": {}}
     reason_of_op = {}
-    for i, op in enumerate(dag.ops):
-        if isinstance(op, CommOp):
-            reason_of_op[i] = reasons.index(op.reason)
+    rindex = {r: k for k, r in enumerate(reasons)}
+    for i in dag.comm_indices():
+        reason_of_op[i] = rindex[dag.specs[dag.spec[i]][2]]
     flow_reason = np.asarray([reason_of_op[o] for o in d.flow_op], dtype=np.int64)
     # payload bytes: the wire bytes of a flow over its op's protocol overhead
     fbytes = np.asarray(d.flow_bytes, dtype=float) / np.asarray(d.wire_factor, dtype=float)[np.asarray(d.flow_op)]
@@ -256,10 +257,11 @@ def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarra
     reasons = _reasons(dag)
     rindex = {r: i for i, r in enumerate(reasons)}
     for i in np.flatnonzero(is_comm & done):
-        op = dag.ops[i]
-        members.extend(op.group)
-        op_of.extend([i] * len(op.group))
-        reason_of.extend([rindex[op.reason]] * len(op.group))
+        spec = dag.specs[dag.spec[i]]
+        group = spec[1]
+        members.extend(group)
+        op_of.extend([i] * len(group))
+        reason_of.extend([rindex[spec[2]]] * len(group))
     members = np.asarray(members, dtype=np.int64)
     op_of = np.asarray(op_of, dtype=np.int64)
     reason_of = np.asarray(reason_of, dtype=np.int64)

@@ -120,10 +120,10 @@ def plan_symmetry(ctx, off_reason: Optional[str] = None) -> Symmetry:
 def check_reduced_dag(sym: Symmetry, dag) -> Optional[str]:
     """Condition 5: the reason the reduced DAG is not one slice, or None."""
     size = sym.slice_chips
-    for op in dag.ops:
-        for c in op.chips:
-            if c >= size:
-                return f"plugin '{op.owner}' placed op {op.key!r} outside the simulated replica"
+    outside = {s for s, spec in enumerate(dag.specs) if type(spec[1]) is tuple and spec[1] and max(spec[1]) >= size}
+    for i, (chip, s) in enumerate(zip(dag.chip, dag.spec)):
+        if chip >= size or s in outside:
+            return f"plugin '{dag.owner(i)}' placed op {dag.keys[i]!r} outside the simulated replica"
     return None
 
 
@@ -151,7 +151,6 @@ def _shift_resource(topo: Topology, r: int, chips: int) -> int:
 def check_resources(sym: Symmetry, dag, compiled, plan) -> Optional[str]:
     """Condition 6: the reason slice 0's traffic is not private and alike in every slice, or None."""
     from .collective import lower_op
-    from .dag import CommOp
 
     topo: Topology = plan.ctx.topology
     size = sym.slice_chips
@@ -163,13 +162,13 @@ def check_resources(sym: Symmetry, dag, compiled, plan) -> Optional[str]:
         if hi > size:
             return f"resource {topo.resource_name(r)} is shared with another replica"
     seen = {}
-    for i, op in enumerate(dag.ops):
-        if type(op) is not CommOp:
-            continue
-        key = (op.primitive, op.group, op.bytes_per_rank)
+    for i in dag.comm_indices():
+        spec = dag.specs[dag.spec[i]]
+        key = (spec[0], spec[1], dag.amount[i])
         if key in seen:
             continue
         seen[key] = i
+        op = dag.op(i)
         first, last = compiled.flow_ptr[i], compiled.flow_ptr[i + 1]
         mine = [(compiled.flow_src[f], compiled.flow_dst[f], compiled.flow_bytes[f], compiled.flow_ports[f])
                 for f in range(first, last)]
