@@ -205,7 +205,9 @@ def default_fragment(ctx: BuildContext, lop: LogicalOp, chips: tuple[int, ...]) 
     if lop.kind in SYNC_KINDS:
         return Fragment(ops=())
     work = ctx.work(lop.kind)
-    return Fragment.single_chip_ops(ctx.compute_op(lop, c, work, owner="core") for c in chips)
+    # one template for every chip; its key and chip stand for each chip's (lop.key(chip))
+    template = ctx.compute_op(lop, chips[0] if chips else 0, work, owner="core")
+    return Fragment.replicated(template, lop.prefix, chips)
 
 
 def expand(ctx: BuildContext, lop: LogicalOp) -> tuple[str, Fragment]:
@@ -241,7 +243,17 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
         owner, frag = expand(ctx, lop)
         own = set()
         prefixes = (lop.prefix + ".", lop.prefix + "@")
-        for op in frag.ops:
+        rep = frag.repeated
+        if rep is not None:
+            _check_replicated(rep, prefixes, owner, chips)
+            keys = rep.keys()
+            if not index.keys().isdisjoint(keys):
+                for op in rep.ops():
+                    if op.key in index:
+                        dag.add_op(op)  # names both owners
+            dag.extend_replicated(rep)
+            own.update(keys)
+        for op in frag._ops:
             key = op.key
             if not (type(op) is ComputeOp and type(op.chip) is int and 0 <= op.chip < chips
                     and key.startswith(prefixes)):
@@ -273,6 +285,18 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
             out[chip] = keys
         outputs[lop.id] = out
     return dag
+
+
+def _check_replicated(rep, prefixes: tuple[str, str], owner: str, chips: int) -> None:
+    """The checks of :func:`_check_op` on every op of a replicated template, made once."""
+    if type(rep.template) is not ComputeOp:
+        raise PluginError(owner, f"Fragment.replicated needs a ComputeOp template, got {rep.template!r}")
+    if not (rep.stem + "@").startswith(prefixes):
+        raise DagError(f"op {rep.key(rep.chips[0] if rep.chips else 0)!r} made by plugin '{owner}' does not start "
+                       f"with its logical op's prefix {prefixes[0][:-1]!r}")
+    for c in rep.chips:
+        if not (type(c) is int and 0 <= c < chips):
+            raise DagError(f"op {rep.key(c)!r} made by plugin '{owner}' is placed on chip {c!r}, outside 0..{chips - 1}")
 
 
 def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives: Mapping) -> None:

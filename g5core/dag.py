@@ -64,19 +64,71 @@ def _key_map(value) -> tuple[tuple[int, tuple[str, ...]], ...]:
 
 
 @attrs.frozen
+class Replicated:
+    """One compute op made alike on each of ``chips``: on chip ``c`` it is ``template`` with
+    ``chip=c`` and key ``f"{stem}@c{c}"``, and it is its fragment's head and tail on ``c``.
+    The ops and keys are made only when asked for; the build stores them as columns."""
+
+    template: ComputeOp
+    stem: str
+    chips: tuple[int, ...] = attrs.field(converter=tuple)
+
+    def key(self, chip: int) -> str:
+        return f"{self.stem}@c{chip}"
+
+    def keys(self) -> list[str]:
+        stem = self.stem
+        return [f"{stem}@c{c}" for c in self.chips]
+
+    def ops(self) -> tuple[ComputeOp, ...]:
+        t = self.template
+        return tuple(attrs.evolve(t, key=k, chip=c) for k, c in zip(self.keys(), self.chips))
+
+
+@attrs.frozen
 class Fragment:
     """What one plugin contributes for one logical op.
 
     ``heads[chip]``: ops that consume the logical op's input on ``chip`` (the core adds an
     edge from the input's producers on that chip). ``tails[chip]``: ops whose completion
     makes the logical op's output available on ``chip``. ``edges`` are internal
-    dependencies, as ``(before_key, after_key)``.
+    dependencies, as ``(before_key, after_key)``. A fragment made by :meth:`replicated`
+    holds a template instead of its ops; ``ops``, ``heads`` and ``tails`` are then made
+    when read.
     """
 
-    ops: tuple[Op, ...] = attrs.field(converter=tuple)
+    _ops: tuple[Op, ...] = attrs.field(converter=tuple, alias="ops")
     edges: tuple[tuple[str, str], ...] = attrs.field(converter=lambda es: tuple(tuple(e) for e in es), default=())
-    heads: tuple[tuple[int, tuple[str, ...]], ...] = attrs.field(converter=_key_map, default=())
-    tails: tuple[tuple[int, tuple[str, ...]], ...] = attrs.field(converter=_key_map, default=())
+    _heads: tuple[tuple[int, tuple[str, ...]], ...] = attrs.field(converter=_key_map, default=(), alias="heads")
+    _tails: tuple[tuple[int, tuple[str, ...]], ...] = attrs.field(converter=_key_map, default=(), alias="tails")
+    #: a template op repeated over chips (:meth:`replicated`), or None
+    repeated: Replicated | None = attrs.field(default=None)
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        return self._ops if self.repeated is None else self.repeated.ops()
+
+    @property
+    def heads(self) -> tuple[tuple[int, tuple[str, ...]], ...]:
+        return self._heads if self.repeated is None else self._repeated_map()
+
+    @property
+    def tails(self) -> tuple[tuple[int, tuple[str, ...]], ...]:
+        return self._tails if self.repeated is None else self._repeated_map()
+
+    def _repeated_map(self) -> tuple[tuple[int, tuple[str, ...]], ...]:
+        r = self.repeated
+        return _key_map((c, (r.key(c),)) for c in r.chips)
+
+    @classmethod
+    def replicated(cls, template: ComputeOp, stem: str, chips: Iterable[int]) -> "Fragment":
+        """``template`` on each of ``chips`` (distinct), keyed ``f"{stem}@c{chip}"``, each op
+        head and tail on its chip: what :meth:`single_chip_ops` makes of such ops, without
+        making them (the template's own key and chip are not used)."""
+        chips = tuple(chips)
+        if len(set(chips)) != len(chips):
+            raise DagError(f"Fragment.replicated: chips of {stem!r} repeat: {chips}")
+        return cls(ops=(), repeated=Replicated(template=template, stem=stem, chips=chips))
 
     @classmethod
     def single_chip_ops(cls, ops: Iterable[ComputeOp]) -> "Fragment":
@@ -224,6 +276,23 @@ class OpDag:
             self.amount.append(op.bytes_per_rank)
             self.hbm.append(0)
         return i
+
+    def extend_replicated(self, rep: Replicated) -> None:
+        """Store ``rep``'s ops as rows, in chip order as given, without making them (no key
+        check: the build checks)."""
+        t, keys, chips = rep.template, rep.keys(), rep.chips
+        i, n = len(self.keys), len(keys)
+        self.keys.extend(keys)
+        self.index.update(zip(keys, range(i, i + n)))
+        self.layer.extend([t.layer] * n)
+        kernels = t.kernels
+        s = self._intern((t.op_class, t.name, t.dtype, t.owner, kernels),
+                         (COMPUTE, t.op_class, t.name, t.dtype, t.owner, id(kernels)))
+        self.spec.extend([s] * n)
+        self.kind.extend([COMPUTE] * n)
+        self.chip.extend(chips)
+        self.amount.extend([t.flops] * n)
+        self.hbm.extend([t.hbm_bytes] * n)
 
     def add_op(self, op: Op) -> int:
         if op.key in self.index:
