@@ -159,10 +159,6 @@ class Fragment:
         return cls(ops=(op,), heads={c: (op.key,) for c in op.group}, tails={c: (op.key,) for c in op.group})
 
 
-#: op kinds in :attr:`OpDag.kind`
-COMPUTE, COMM = 0, 1
-
-
 class OpView(Sequence):
     """``OpDag.ops``: op ``i`` as a :class:`ComputeOp` or :class:`CommOp`, made from the
     DAG's columns when asked for (the DAG keeps no object per op)."""
@@ -195,22 +191,20 @@ class OpDag:
     """The op DAG of one run, stored as columns (struct of arrays), one row per op.
 
     ``ops[i]`` is op ``i``, made on demand; ``graph`` is the networkx view (node = op key,
-    attribute ``op``). Per op: ``keys[i]``, ``kind[i]`` (:data:`COMPUTE` or :data:`COMM`),
-    ``chip[i]`` (a compute op's chip, -1 for comm), ``amount[i]`` (FLOPs, or a comm op's
-    bytes per rank), ``hbm[i]`` (a compute op's HBM bytes), ``layer[i]`` and ``spec[i]``:
-    an id into ``specs``, the interned rest of the op (compute: ``(op_class, name, dtype,
-    owner, kernels)``; comm: ``(primitive, group, reason, name, owner)``). The numbers are
-    kept as the objects the plugin gave (so an op made again equals the one added)."""
+    attribute ``op``). Per op: ``keys[i]``, ``chip[i]`` (a compute op's chip, -1 for a comm
+    op), ``layer[i]`` and ``spec[i]``: an id into ``specs``, the interned rest of the op,
+    shared by every op alike but for chip, key and layer (compute: ``(op_class, name,
+    dtype, owner, kernels, flops, hbm_bytes)``; comm: ``(primitive, group, reason, name,
+    owner, bytes_per_rank)``); ``spec_is_comm[s]`` says which. Numbers are interned by
+    value (the first op with a value gives the object every later one shares)."""
 
     keys: list = attrs.field(factory=list, repr=False)
     index: dict = attrs.field(factory=dict, repr=False)
-    kind: array = attrs.field(factory=lambda: array("b"), repr=False)
     chip: array = attrs.field(factory=lambda: array("q"), repr=False)
-    amount: list = attrs.field(factory=list, repr=False)
-    hbm: list = attrs.field(factory=list, repr=False)
-    layer: list = attrs.field(factory=list, repr=False)
+    layer: array = attrs.field(factory=lambda: array("q"), repr=False)
     spec: array = attrs.field(factory=lambda: array("q"), repr=False)
     specs: list = attrs.field(factory=list, repr=False)
+    spec_is_comm: list = attrs.field(factory=list, repr=False)
     _spec_ids: dict = attrs.field(factory=dict, repr=False)
     # edges as a flat array of (pred_index, succ_index) pairs: 16 bytes an edge
     edge_pairs: array = attrs.field(factory=lambda: array("q"), repr=False)
@@ -224,33 +218,46 @@ class OpDag:
     def __len__(self) -> int:
         return len(self.keys)
 
+    def is_comm(self, i: int) -> bool:
+        return self.spec_is_comm[self.spec[i]]
+
     def op(self, i: int) -> Op:
         """Op ``i`` as an object (made from the columns)."""
-        s = self.specs[self.spec[i]]
-        if self.kind[i] == COMPUTE:
-            return ComputeOp(key=self.keys[i], chip=self.chip[i], op_class=s[0], flops=self.amount[i],
-                             hbm_bytes=self.hbm[i], layer=self.layer[i], name=s[1], dtype=s[2], owner=s[3],
-                             kernels=s[4])
-        return CommOp(key=self.keys[i], primitive=s[0], group=s[1], bytes_per_rank=self.amount[i], reason=s[2],
-                      layer=self.layer[i], name=s[3], owner=s[4])
+        s = self.spec[i]
+        p = self.specs[s]
+        if not self.spec_is_comm[s]:
+            return ComputeOp(key=self.keys[i], chip=self.chip[i], op_class=p[0], flops=p[5], hbm_bytes=p[6],
+                             layer=self.layer[i], name=p[1], dtype=p[2], owner=p[3], kernels=p[4])
+        return CommOp(key=self.keys[i], primitive=p[0], group=p[1], bytes_per_rank=p[5], reason=p[2],
+                      layer=self.layer[i], name=p[3], owner=p[4])
 
     def owner(self, i: int) -> str:
-        s = self.specs[self.spec[i]]
-        return s[3] if self.kind[i] == COMPUTE else s[4]
+        s = self.spec[i]
+        return self.specs[s][4 if self.spec_is_comm[s] else 3]
 
     def op_chips(self, i: int) -> tuple[int, ...]:
-        return (self.chip[i],) if self.kind[i] == COMPUTE else self.specs[self.spec[i]][1]
+        s = self.spec[i]
+        return self.specs[s][1] if self.spec_is_comm[s] else (self.chip[i],)
 
     def comm_indices(self) -> list[int]:
         """Ids of the communication ops, in op order."""
-        return [i for i, k in enumerate(self.kind) if k == COMM]
+        comm = self.spec_is_comm
+        return [i for i, s in enumerate(self.spec) if comm[s]]
 
-    def _intern(self, spec: tuple, fast: tuple) -> int:
+    def _intern(self, spec: tuple, fast: tuple, is_comm: bool) -> int:
         s = self._spec_ids.get(fast)
         if s is None:
             s = self._spec_ids[fast] = len(self.specs)
             self.specs.append(spec)
+            self.spec_is_comm.append(is_comm)
         return s
+
+    def _compute_spec(self, op: ComputeOp) -> int:
+        kernels = op.kernels
+        # interned by the kernels tuple's identity (ops made from one Work share it);
+        # ``specs`` keeps the tuple alive, so the id is not reused
+        return self._intern((op.op_class, op.name, op.dtype, op.owner, kernels, op.flops, op.hbm_bytes),
+                            (op.op_class, op.name, op.dtype, op.owner, id(kernels), op.flops, op.hbm_bytes), False)
 
     def append(self, op: Op) -> int:
         """Store ``op`` as a row (no key check: :meth:`add_op` checks)."""
@@ -259,22 +266,13 @@ class OpDag:
         self.index[op.key] = i
         self.layer.append(op.layer)
         if type(op) is ComputeOp:
-            kernels = op.kernels
-            # interned by the kernels tuple's identity (ops made from one Work share it);
-            # ``specs`` keeps the tuple alive, so the id is not reused
-            self.spec.append(self._intern((op.op_class, op.name, op.dtype, op.owner, kernels),
-                                          (COMPUTE, op.op_class, op.name, op.dtype, op.owner, id(kernels))))
-            self.kind.append(COMPUTE)
+            self.spec.append(self._compute_spec(op))
             self.chip.append(op.chip)
-            self.amount.append(op.flops)
-            self.hbm.append(op.hbm_bytes)
         else:
-            spec = (op.primitive, op.group, op.reason, op.name, op.owner)
-            self.spec.append(self._intern(spec, (COMM,) + spec))
-            self.kind.append(COMM)
+            # a group is a tuple, a compute spec's second item a str: the two never collide
+            spec = (op.primitive, op.group, op.reason, op.name, op.owner, op.bytes_per_rank)
+            self.spec.append(self._intern(spec, spec, True))
             self.chip.append(-1)
-            self.amount.append(op.bytes_per_rank)
-            self.hbm.append(0)
         return i
 
     def extend_replicated(self, rep: Replicated) -> None:
@@ -285,14 +283,8 @@ class OpDag:
         self.keys.extend(keys)
         self.index.update(zip(keys, range(i, i + n)))
         self.layer.extend([t.layer] * n)
-        kernels = t.kernels
-        s = self._intern((t.op_class, t.name, t.dtype, t.owner, kernels),
-                         (COMPUTE, t.op_class, t.name, t.dtype, t.owner, id(kernels)))
-        self.spec.extend([s] * n)
-        self.kind.extend([COMPUTE] * n)
+        self.spec.extend([self._compute_spec(t)] * n)
         self.chip.extend(chips)
-        self.amount.extend([t.flops] * n)
-        self.hbm.extend([t.hbm_bytes] * n)
 
     def add_op(self, op: Op) -> int:
         if op.key in self.index:

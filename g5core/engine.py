@@ -28,7 +28,7 @@ import numpy as np
 from .collective import lower_op
 from .compute import LatencyLookup
 from .topology import Topology
-from .dag import COMPUTE, OpDag
+from .dag import OpDag
 from .errors import DagError, G5Error
 
 # A flow that ends with |bytes left| below this fraction of its size delivered everything:
@@ -78,40 +78,45 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     topo: Topology = ctx.topology
     hooks = plan.hooks
     n = len(dag)
-    kinds, chips, amounts, hbms, spec_of, specs = dag.kind, dag.chip, dag.amount, dag.hbm, dag.spec, dag.specs
     compute = LatencyLookup(hooks, ctx.system, ctx.deployment)
+    # per distinct op (spec): compute (answer id, duration, FLOPs), or the comm op's lowering
+    per_spec: list = []
     lowering_cache: dict = {}
-    answer_cache: dict = {}
+    answer_id, answers = compute.answer_id, compute.answers
+    used, at = np.unique(np.frombuffer(dag.spec, dtype=np.int64), return_index=True) if n else ((), ())
+    first = dict(zip(used.tolist(), at.tolist())) if n else {}  # the first op of each spec in use
+    for s, (spec, comm) in enumerate(zip(dag.specs, dag.spec_is_comm)):
+        if s not in first:
+            per_spec.append(None)
+        elif not comm:
+            a = answer_id(dag.op(first[s]))
+            per_spec.append((a, answers[a][2], float(spec[5])))
+        else:
+            key = (spec[0], spec[1], spec[5])
+            low = lowering_cache.get(key)
+            if low is None:
+                lowered, flows = lower_op(dag.op(first[s]), plan.primitives, topo)
+                low = lowering_cache[key] = (
+                    float(lowered.latency_s), (lowered.algorithm, lowered.protocol, lowered.channels),
+                    float(lowered.wire_bytes_per_payload_byte), len(flows),
+                    [f[0] for f in flows], [f[1] for f in flows], [f[2] for f in flows], [f[3] for f in flows])
+            per_spec.append(low)
+    spec_is_comm = dag.spec_is_comm
     is_comm, chip, dur, fl = [False] * n, [-1] * n, [0.0] * n, [0.0] * n
     flow_ptr = [0] * (n + 1)
     fsrc, fdst, fports, fbytes, fop = [], [], [], [], []
     algo: list = [()] * n
     wire: list = [1.0] * n
-    answer_id, answers = compute.answer_id, compute.answers
     answer = [-1] * n
     n_flows = 0
-    for i in range(n):
+    for i, (s, c) in enumerate(zip(dag.spec, dag.chip)):
         flow_ptr[i] = n_flows
-        s = spec_of[i]
-        if kinds[i] == COMPUTE:
-            amount = amounts[i]
-            akey = (s, amount, hbms[i])
-            a = answer_cache.get(akey)
-            if a is None:
-                a = answer_cache[akey] = answer_id(dag.op(i))
-            answer[i] = a
-            chip[i], dur[i], fl[i] = chips[i], answers[a][2], float(amount)
+        low = per_spec[s]
+        if not spec_is_comm[s]:
+            answer[i], dur[i], fl[i] = low
+            chip[i] = c
         else:
             is_comm[i] = True
-            sp = specs[s]
-            key = (sp[0], sp[1], amounts[i])
-            low = lowering_cache.get(key)
-            if low is None:
-                lowered, flows = lower_op(dag.op(i), plan.primitives, topo)
-                low = lowering_cache[key] = (
-                    float(lowered.latency_s), (lowered.algorithm, lowered.protocol, lowered.channels),
-                    float(lowered.wire_bytes_per_payload_byte), len(flows),
-                    [f[0] for f in flows], [f[1] for f in flows], [f[2] for f in flows], [f[3] for f in flows])
             dur[i], algo[i], wire[i], count = low[0], low[1], low[2], low[3]
             if count:
                 fsrc += low[4]; fdst += low[5]; fbytes += low[6]; fports += low[7]

@@ -163,11 +163,11 @@ def collectives_report(dag: OpDag, d: CompiledDag, replicas: int = 1) -> list[di
     count, the number of ops and their payload bytes per rank (exactly-rounded sums, over
     ``replicas`` alike replicas of ``dag``)."""
     groups: dict[tuple, list] = {}
-    specs, spec_of, amount = dag.specs, dag.spec, dag.amount
+    specs, spec_of = dag.specs, dag.spec
     for i in dag.comm_indices():
         spec = specs[spec_of[i]]
         key = (spec[2], spec[0]) + tuple(d.comm_algo[i])
-        groups.setdefault(key, []).append(amount[i])
+        groups.setdefault(key, []).append(spec[5])
     return [{"reason": r, "primitive": p, "algorithm": a, "protocol": pr, "channels": ch, "ops": len(b) * replicas,
              "bytes_per_rank": exact_sum(b * replicas)} for (r, p, a, pr, ch), b in sorted(groups.items())]
 
@@ -183,7 +183,8 @@ def compute_report(dag: OpDag, d: CompiledDag, latency_s: float, symmetry: Symme
 
 
 def _reasons(dag: OpDag) -> list[str]:
-    return sorted({dag.specs[s][2] for s in {dag.spec[i] for i in dag.comm_indices()}})
+    used = set(dag.spec)
+    return sorted({spec[2] for s, (spec, comm) in enumerate(zip(dag.specs, dag.spec_is_comm)) if comm and s in used})
 
 
 def comm_bytes_by_reason(dag: OpDag, d: CompiledDag, replicas: int = 1) -> dict:

@@ -120,7 +120,7 @@ def plan_symmetry(ctx, off_reason: Optional[str] = None) -> Symmetry:
 def check_reduced_dag(sym: Symmetry, dag) -> Optional[str]:
     """Condition 5: the reason the reduced DAG is not one slice, or None."""
     size = sym.slice_chips
-    outside = {s for s, spec in enumerate(dag.specs) if type(spec[1]) is tuple and spec[1] and max(spec[1]) >= size}
+    outside = {s for s, (spec, comm) in enumerate(zip(dag.specs, dag.spec_is_comm)) if comm and spec[1] and max(spec[1]) >= size}
     for i, (chip, s) in enumerate(zip(dag.chip, dag.spec)):
         if chip >= size or s in outside:
             return f"plugin '{dag.owner(i)}' placed op {dag.keys[i]!r} outside the simulated replica"
@@ -164,7 +164,7 @@ def check_resources(sym: Symmetry, dag, compiled, plan) -> Optional[str]:
     seen = {}
     for i in dag.comm_indices():
         spec = dag.specs[dag.spec[i]]
-        key = (spec[0], spec[1], dag.amount[i])
+        key = (spec[0], spec[1], spec[5])
         if key in seen:
             continue
         seen[key] = i
