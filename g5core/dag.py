@@ -244,26 +244,28 @@ class OpDag:
         comm = self.spec_is_comm
         return [i for i, s in enumerate(self.spec) if comm[s]]
 
-    def _intern(self, spec: tuple, fast: tuple, is_comm: bool) -> int:
-        s = self._spec_ids.get(fast)
-        if s is None:
-            s = self._spec_ids[fast] = len(self.specs)
-            self.specs.append(spec)
-            self.spec_is_comm.append(is_comm)
+    def _new_spec(self, spec: tuple, fast: tuple, is_comm: bool) -> int:
+        s = self._spec_ids[fast] = len(self.specs)
+        self.specs.append(spec)
+        self.spec_is_comm.append(is_comm)
         return s
 
     def _compute_spec(self, op: ComputeOp) -> int:
         kernels = op.kernels
         # interned by the kernels tuple's identity (ops made from one Work share it);
         # ``specs`` keeps the tuple alive, so the id is not reused
-        return self._intern((op.op_class, op.name, op.dtype, op.owner, kernels, op.flops, op.hbm_bytes),
-                            (op.op_class, op.name, op.dtype, op.owner, id(kernels), op.flops, op.hbm_bytes), False)
+        fast = (op.op_class, op.name, op.dtype, op.owner, id(kernels), op.flops, op.hbm_bytes)
+        s = self._spec_ids.get(fast)
+        if s is None:
+            s = self._new_spec((op.op_class, op.name, op.dtype, op.owner, kernels, op.flops, op.hbm_bytes), fast, False)
+        return s
 
     def append(self, op: Op) -> int:
         """Store ``op`` as a row (no key check: :meth:`add_op` checks)."""
+        key = op.key
         i = len(self.keys)
-        self.keys.append(op.key)
-        self.index[op.key] = i
+        self.keys.append(key)
+        self.index[key] = i
         self.layer.append(op.layer)
         if type(op) is ComputeOp:
             self.spec.append(self._compute_spec(op))
@@ -271,7 +273,8 @@ class OpDag:
         else:
             # a group is a tuple, a compute spec's second item a str: the two never collide
             spec = (op.primitive, op.group, op.reason, op.name, op.owner, op.bytes_per_rank)
-            self.spec.append(self._intern(spec, spec, True))
+            s = self._spec_ids.get(spec)
+            self.spec.append(self._new_spec(spec, spec, True) if s is None else s)
             self.chip.append(-1)
         return i
 
