@@ -323,14 +323,14 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
 # ----------------------------------------------------------------------------------------
 
 #: Ops plus flows a run may build unless ``--max-ops`` says otherwise: about 2 GiB of
-#: memory and 25 s on the 2-core development machine (the figures below).
+#: memory and 22 s on the 2-core development machine (the figures below).
 DEFAULT_MAX_OPS = 4_000_000
 #: Peak memory per op or flow: the llama-3.1-405b 1M-token benchmark with every chip
 #: simulated (README, `benchmarks/bench.py`, case llama-3.1-405b-1m-cp16-256chips-nosym,
-#: 2026-12-01) peaks at 933 MiB for 1,169,568 ops + 612,864 flows = 549 B each.
-PEAK_BYTES_PER_OP = 550
-#: Wall time per op or flow on the same run: 11.1 s / 1,782,432 = 6.2 us.
-WALL_S_PER_OP = 6.2e-6
+#: 2026-12-01, columnar op DAG) peaks at 848 MiB for 1,169,568 ops + 612,864 flows = 499 B each.
+PEAK_BYTES_PER_OP = 500
+#: Wall time per op or flow on the same run: 9.63 s / 1,782,432 = 5.4 us.
+WALL_S_PER_OP = 5.4e-6
 
 
 @attrs.frozen
