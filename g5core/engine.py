@@ -102,6 +102,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
                     [f[0] for f in flows], [f[1] for f in flows], [f[2] for f in flows], [f[3] for f in flows])
             per_spec.append(low)
     spec_is_comm = dag.spec_is_comm
+    chip_int = list(range(max(dag.chip, default=-1) + 1))  # one int object per chip id, shared by its ops
     is_comm, chip, dur, fl = [False] * n, [-1] * n, [0.0] * n, [0.0] * n
     flow_ptr = [0] * (n + 1)
     fsrc, fdst, fports, fbytes, fop = [], [], [], [], []
@@ -114,7 +115,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
         low = per_spec[s]
         if not spec_is_comm[s]:
             answer[i], dur[i], fl[i] = low
-            chip[i] = c
+            chip[i] = chip_int[c] if c >= 0 else c
         else:
             is_comm[i] = True
             dur[i], algo[i], wire[i], count = low[0], low[1], low[2], low[3]
