@@ -327,10 +327,11 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
 DEFAULT_MAX_OPS = 4_000_000
 #: Peak memory per op or flow: the llama-3.1-405b 1M-token benchmark with every chip
 #: simulated (README, `benchmarks/bench.py`, case llama-3.1-405b-1m-cp16-256chips-nosym,
-#: 2026-12-01, columnar op DAG) peaks at 848 MiB for 1,169,568 ops + 612,864 flows = 499 B each.
+#: 2026-12-01, columnar op DAG, median of three runs) peaks at 821 MiB for 1,169,568 ops +
+#: 612,864 flows = 483 B each (rounded up).
 PEAK_BYTES_PER_OP = 500
-#: Wall time per op or flow on the same run: 9.63 s / 1,782,432 = 5.4 us.
-WALL_S_PER_OP = 5.4e-6
+#: Wall time per op or flow on the same runs: 10.05 s / 1,782,432 = 5.6 us.
+WALL_S_PER_OP = 5.6e-6
 
 
 @attrs.frozen
