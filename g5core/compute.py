@@ -129,7 +129,6 @@ class Elementwise:
 
 
 Kernel = Union[Gemm, Attention, Elementwise]
-KERNEL_TYPES = (Gemm, Attention, Elementwise)
 
 
 @attrs.frozen

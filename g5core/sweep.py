@@ -284,9 +284,6 @@ class DaskExecutor:
         return distributed.wait(futures, return_when="FIRST_COMPLETED").done
 
 
-EXECUTORS = ("local", "dask")
-
-
 def make_executor(spec: str, workers: int):
     """``local``, ``dask`` (a local Dask cluster) or ``dask:ADDRESS`` (a running scheduler)."""
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:

@@ -179,9 +179,6 @@ class Topology:
             return (self.link_tx(src), self.link_rx(dst))
         return self.network_route(self.node_of(src), self.rail_of(src), self.node_of(dst), self.rail_of(dst))
 
-    def p2p_latency_s(self, src: int, dst: int) -> float:
-        return self.link_latency_s if self.same_node(src, dst) else self.network_latency_s
-
     def message_latency_s(self, group) -> float:
         """Start latency of one point-to-point message among ``group``: the network's if it
         spans nodes."""

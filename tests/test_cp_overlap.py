@@ -101,7 +101,7 @@ def measure(dag, topology, start, end, layer: int, chip: int) -> dict:
         op = dag.ops[i]
         src, dst = op.group
         bw = min(topology.capacities()[r] for r in topology.route(src, dst))
-        comm_s += topology.p2p_latency_s(src, dst) + op.bytes_per_rank / bw
+        comm_s += topology.message_latency_s((src, dst)) + op.bytes_per_rank / bw
     ring_start = min(start[i] for i in steps + sent)
     ring_end = max(end[i] for i in steps)
     ring_s = ring_end - ring_start

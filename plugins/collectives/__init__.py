@@ -241,7 +241,7 @@ def reduce_scatter(group, nbytes, topo: Topology) -> Lowering:
 
 def p2p(group, nbytes, topo: Topology) -> Lowering:
     src, dst = group
-    return Lowering(flows=((src, dst, nbytes),), latency_s=topo.p2p_latency_s(src, dst), algorithm="p2p",
+    return Lowering(flows=((src, dst, nbytes),), latency_s=topo.message_latency_s(group), algorithm="p2p",
                     protocol="simple")
 
 

@@ -20,7 +20,6 @@ import attrs
 
 ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree")
 PROTOCOLS = ("ll", "ll128", "simple")
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 
 # tuning.cc ncclTunerConstantsDefaults.baseLatencies [algorithm][protocol], us
 BASE_LAT_US = {
