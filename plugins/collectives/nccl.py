@@ -83,9 +83,9 @@ NVLS_CHUNK_STEPS = ((64, 65536), (8, 32768), (2, 16384))
 NVLS_CHUNK_COST_BYTES = 27715.0
 
 
-def nvls_chunk_bytes(n_bytes: float, n_heads: int, channels: int = None) -> int:
+def nvls_chunk_bytes(n_bytes: float, n_heads: int) -> int:
     """The chunk NCCL cuts an NVLS all-reduce of ``n_bytes`` into (calcCollChunking)."""
-    concurrent = (NVLS_CHANNELS if channels is None else channels) * n_heads
+    concurrent = NVLS_CHANNELS * n_heads
     chunk = NVLS_MAX_CHUNK_BYTES
     for times, smaller in NVLS_CHUNK_STEPS:
         if n_bytes < times * concurrent * chunk and chunk > smaller:
@@ -168,8 +168,6 @@ class Group:
         """nChannels x bw of NCCL's ring/tree graph: the link inside a node; across nodes the
         slower of the link and the group's NICs on a node (``bwIntra`` up to two nodes,
         ``bwInter`` beyond, as ncclTopoTuneModel reads them)."""
-        if self.n_nodes == 1:
-            return self.link_bw_gbps
         return self.link_bw_gbps if self.n_nodes <= 2 else min(self.link_bw_gbps, self.net_bw_gbps)
 
     @property
