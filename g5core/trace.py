@@ -29,7 +29,6 @@ import json
 from .topology import KIND_NAMES, Topology
 from .dag import CommOp, ComputeOp
 from .errors import G5Error
-from .outputs import write_atomically
 from .results import SimResult
 
 COMPUTE_TID = 0
@@ -179,16 +178,8 @@ def dump_timeline(sim: SimResult, fh) -> None:
     w.writerows(timeline_rows(sim))
 
 
-def write_timeline(sim: SimResult, path) -> None:
-    write_atomically(path, lambda fh: dump_timeline(sim, fh), "--timeline")
-
-
 def dump_trace(sim: SimResult, topo: Topology, fh) -> None:
     """Write the trace JSON to an open text file."""
     payload = {"traceEvents": trace_events(sim, topo), "displayTimeUnit": "ns",
                "otherData": {"latency_s": sim.latency_s, "phase": sim.phase}}
     json.dump(payload, fh, separators=(",", ":"), allow_nan=False)
-
-
-def write_trace(sim: SimResult, topo: Topology, path) -> None:
-    write_atomically(path, lambda fh: dump_trace(sim, topo, fh), "--trace")
