@@ -6,7 +6,8 @@ loop then touches only lists of numbers.
 
 Model:
 - each chip has one compute stream: one op at a time; among ready ops it starts the one
-  that became ready first, ties broken by op key (a stable order);
+  that became ready first, ties broken by op id: the order the build added the ops, which
+  is program order (layer by layer, as a framework issues its kernels);
 - a communication op starts when all its predecessors are done, waits its start latency,
   then releases its flows; each flow crosses the resources (ports) of its route (a chip's
   link send or receive side, a NIC's, a fabric tier's: :mod:`g5core.topology`), and the
@@ -263,7 +264,7 @@ class Engine:
         remaining_preds = list(d.pred_count)
         heap: list = []
         seq = 0
-        ready = [[] for _ in range(d.n_chips)]   # per chip heap of (ready_time, op key, op)
+        ready = [[] for _ in range(d.n_chips)]   # per chip heap of (ready_time, op id)
         busy = [False] * d.n_chips
         dirty_chips: set = set()
         # flow state
@@ -301,7 +302,7 @@ class Engine:
                 start_s[op] = t
                 push(t + dur[op], _COMM_RELEASE, op)
             else:
-                heappush(ready[chip_of[op]], (t, keys[op], op))
+                heappush(ready[chip_of[op]], (t, op))
                 dirty_chips.add(chip_of[op])
 
         # the successors straight from the CSR arrays, unless a subclass overrides the seam
@@ -325,7 +326,7 @@ class Engine:
             # start compute on idle chips, then re-share the ports whose flow set changed
             for c in sorted(dirty_chips):
                 if not busy[c] and ready[c]:
-                    _, _, op = heappop(ready[c])
+                    _, op = heappop(ready[c])
                     if not may_start(op):
                         continue
                     busy[c] = True

@@ -63,19 +63,19 @@ def test_single_chip_mixtral_runs_every_expert_op():
 # -- compute streams ---------------------------------------------------------------------
 
 
-def test_one_compute_op_at_a_time_per_chip_in_key_order(plan4):
-    """Three independent ops on chip 0 run one after the other, in key order; an op on
-    chip 1 runs at the same time."""
+def test_one_compute_op_at_a_time_per_chip_in_op_order(plan4):
+    """Three independent ops on chip 0 run one after the other, in the order they were
+    added to the DAG (program order, not key order); an op on chip 1 runs at the same time."""
     b = DagBuilder()
     for key in ("c0.b", "c0.c", "c0.a"):
         b.compute(key, 0, 1e9)
     b.compute("c1.x", 1, 1e9)
     run = b.run(plan4)
     d_s = 1e9 / PEAK_FLOPS_PER_S
-    assert run.start_s("c0.a") == 0.0
-    assert run.start_s("c0.b") == run.end_s("c0.a")
+    assert run.start_s("c0.b") == 0.0
     assert run.start_s("c0.c") == run.end_s("c0.b")
-    assert run.end_s("c0.c") == pytest.approx(3 * d_s, rel=1e-15)
+    assert run.start_s("c0.a") == run.end_s("c0.c")
+    assert run.end_s("c0.a") == pytest.approx(3 * d_s, rel=1e-15)
     assert run.start_s("c1.x") == 0.0
     assert run.end_s("c1.x") == d_s
     assert all_zero(run.kpis)

@@ -129,11 +129,18 @@ def test_zero_length_ops_on_one_chip_do_not_count_as_overlapping(random_plans):
     depend on the op ids' order."""
     plan = random_plans[("instant", 2)]
     b = DagBuilder()
-    b.compute("a_long", 0, 1e9)   # op id 0; runs second (its key sorts after "0_empty")
-    b.compute("0_empty", 0, 0.0)  # op id 1; runs first, from 0 s to 0 s
+    b.compute("0_empty", 0, 0.0)  # op id 0; runs first, from 0 s to 0 s
+    b.compute("a_long", 0, 1e9)   # op id 1; runs second, from 0 s
     run = b.run(plan)
     assert run.start_s("0_empty") == run.end_s("0_empty") == 0.0
     assert run.start_s("a_long") == 0.0
+    assert run.kpis["overlapping_compute_intervals"] == 0
+    # the other way round: the empty op (id 1) starts when the long one ends
+    b = DagBuilder()
+    b.compute("a_long", 0, 1e9)
+    b.compute("0_empty", 0, 0.0)
+    run = b.run(plan)
+    assert run.start_s("0_empty") == run.end_s("0_empty") == run.end_s("a_long") > 0.0
     assert run.kpis["overlapping_compute_intervals"] == 0
 
 
