@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from typing import Sequence
+from collections.abc import Sequence
 
 import attrs
 import numpy as np
@@ -40,101 +40,163 @@ ROUNDING_BYTES_REL = 1e-9
 # many bytes in one step of the clock.
 ROUNDING_TIME_REL = 1e-12
 
+# How many answers of the bandwidth sharing (one per distinct set of routes) a run keeps;
+# past this the store starts again (bounds memory on irregular traffic; a store costs a few
+# hundred bytes an answer).
+SHARES_KEPT = 100_000
+
 # Event priorities at equal time (lower first).
 _COMPUTE_DONE, _FLOW_DONE, _COMM_RELEASE = 0, 1, 2
 
 
-@attrs.frozen
+class TableView(Sequence):
+    """A per-item column stored as ids into a table of distinct values: ``view[i]`` is
+    ``table[ids[i]]`` (a comm op's algorithm, a flow's route: few distinct values, many items)."""
+
+    __slots__ = ("table", "ids")
+
+    def __init__(self, table: tuple, ids: np.ndarray):
+        self.table, self.ids = table, ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self.table[k] for k in self.ids[i].tolist()]
+        return self.table[self.ids[i]]
+
+    def __iter__(self):
+        table = self.table
+        return (table[k] for k in self.ids.tolist())
+
+
+@attrs.frozen(eq=False)
 class CompiledDag:
-    """The DAG as the engine runs it. Lists, index = op id (same order as ``OpDag.ops``)."""
+    """The DAG as the engine runs it: numpy columns (struct of arrays), index = op id (the
+    order of ``OpDag.ops``) or flow id. Few distinct values (a flow's route, a comm op's
+    algorithm) are stored once in a table and referenced by id."""
 
     n_chips: int
-    keys: tuple
-    is_comm: tuple          # bool per op
-    chip: tuple             # chip of a compute op, -1 for comm
-    duration_s: tuple       # compute: duration; comm: start latency
-    flops: tuple            # compute FLOPs (0 for comm)
-    succ: "Successors"      # successor ids per op (succ[i])
-    pred_count: tuple
-    edges_u: np.ndarray
-    edges_v: np.ndarray
-    flow_ptr: tuple         # per op: first flow index; flow_ptr[n] = total flows
-    flow_op: tuple          # per flow: the comm op it belongs to
-    flow_src: tuple         # chip
-    flow_dst: tuple
-    flow_ports: tuple       # per flow: the resource ids (ports) of its route
-    flow_bytes: tuple
-    port_capacity: tuple    # per resource id: bytes per second
-    comm_algo: tuple = ()   # per op: (algorithm, protocol, channels) of a comm op, () for compute
-    wire_factor: tuple = () # per op: wire bytes per payload byte of a comm op (1.0 for compute)
+    source: OpDag = attrs.field(repr=False)   # the DAG compiled (keys, error messages)
+    is_comm: np.ndarray          # bool per op
+    chip: np.ndarray             # int64: chip of a compute op, -1 for comm
+    duration_s: np.ndarray       # float64: compute: duration; comm: start latency
+    flops: np.ndarray            # float64: compute FLOPs (0 for comm)
+    succ: "Successors"           # successor ids per op (succ[i]), CSR
+    pred_count: np.ndarray       # int64: distinct predecessors per op
+    flow_ptr: np.ndarray         # int64 per op: first flow index; flow_ptr[n] = total flows
+    flow_op: np.ndarray          # int64 per flow: the comm op it belongs to
+    flow_src: np.ndarray         # int64 chip
+    flow_dst: np.ndarray
+    flow_route: np.ndarray       # int64 per flow: id into ``routes``
+    routes: tuple                # distinct routes: each a tuple of resource ids (ports)
+    flow_bytes: np.ndarray       # float64
+    port_capacity: tuple         # per resource id: bytes per second
+    comm_algo_id: np.ndarray     # int64 per op: id into ``algos``
+    algos: tuple                 # (algorithm, protocol, channels) of a comm op; algos[0] == () (compute)
+    wire_factor: np.ndarray      # float64 per op: wire bytes per payload byte of a comm op (1.0 for compute)
     compute: LatencyLookup = attrs.field(default=None, repr=False)  # where each compute time came from
-    compute_answer: tuple = ()  # per op: id of its answer in ``compute.answers`` (-1 for comm)
+    compute_answer: np.ndarray = None  # int64 per op: id of its answer in ``compute.answers`` (-1 for comm)
+
+    @property
+    def n_ops(self) -> int:
+        return len(self.is_comm)
+
+    @property
+    def keys(self):
+        """Op keys (made when read: :attr:`OpDag.keys`)."""
+        return self.source.keys
+
+    @property
+    def flow_ports(self) -> TableView:
+        """Per flow: the resource ids of its route."""
+        return TableView(self.routes, self.flow_route)
+
+    @property
+    def comm_algo(self) -> TableView:
+        """Per op: (algorithm, protocol, channels) of a comm op, () for compute."""
+        return TableView(self.algos, self.comm_algo_id)
+
+    @property
+    def edges_u(self) -> np.ndarray:
+        """Predecessor of every distinct edge (with :attr:`edges_v`), grouped by predecessor."""
+        return np.repeat(np.arange(self.n_ops, dtype=np.int64), np.diff(self.succ.bounds_array()))
+
+    @property
+    def edges_v(self) -> np.ndarray:
+        return self.succ.targets_array()
 
 
 def compile_dag(dag: OpDag, plan) -> CompiledDag:
-    """Ask the plugins once per distinct op for durations and lowerings; validate; return
-    arrays. Edges are de-duplicated and turned into successor lists with numpy, keeping each
-    op's successors in the order their edges were first made."""
+    """Ask the plugins once per distinct op (spec) for durations and lowerings; validate;
+    return columns made with numpy from the per-spec answers (no Python work per op).
+    Edges are de-duplicated and turned into successor lists, keeping each op's successors
+    in the order their edges were first made."""
     ctx = plan.ctx
     topo: Topology = ctx.topology
-    hooks = plan.hooks
     n = len(dag)
-    compute = LatencyLookup(hooks, ctx.system, ctx.deployment)
-    # per distinct op (spec): compute (answer id, duration, FLOPs), or the comm op's lowering
-    per_spec: list = []
-    lowering_cache: dict = {}
+    compute = LatencyLookup(plan.hooks, ctx.system, ctx.deployment)
     answer_id, answers = compute.answer_id, compute.answers
-    used, at = np.unique(np.frombuffer(dag.spec, dtype=np.int64), return_index=True) if n else ((), ())
-    first = dict(zip(used.tolist(), at.tolist())) if n else {}  # the first op of each spec in use
-    for s, (spec, comm) in enumerate(zip(dag.specs, dag.spec_is_comm)):
-        if s not in first:
-            per_spec.append(None)
-        elif not comm:
-            a = answer_id(dag.op(first[s]))
-            per_spec.append((a, answers[a][2], float(spec[5])))
-        else:
-            key = (spec[0], spec[1], spec[5])
-            low = lowering_cache.get(key)
-            if low is None:
-                lowered, flows = lower_op(dag.op(first[s]), plan.primitives, topo)
-                low = lowering_cache[key] = (
-                    float(lowered.latency_s), (lowered.algorithm, lowered.protocol, lowered.channels),
-                    float(lowered.wire_bytes_per_payload_byte), len(flows),
-                    [f[0] for f in flows], [f[1] for f in flows], [f[2] for f in flows], [f[3] for f in flows])
-            per_spec.append(low)
-    spec_is_comm = dag.spec_is_comm
-    chip_int = list(range(max(dag.chip, default=-1) + 1))  # one int object per chip id, shared by its ops
-    is_comm, chip, dur, fl = [False] * n, [-1] * n, [0.0] * n, [0.0] * n
-    flow_ptr = [0] * (n + 1)
-    fsrc, fdst, fports, fbytes, fop = [], [], [], [], []
-    algo: list = [()] * n
-    wire: list = [1.0] * n
-    answer = [-1] * n
-    n_flows = 0
-    for i, (s, c) in enumerate(zip(dag.spec, dag.chip)):
-        flow_ptr[i] = n_flows
-        low = per_spec[s]
-        if not spec_is_comm[s]:
-            answer[i], dur[i], fl[i] = low
-            chip[i] = chip_int[c] if c >= 0 else c
-        else:
-            is_comm[i] = True
-            dur[i], algo[i], wire[i], count = low[0], low[1], low[2], low[3]
-            if count:
-                fsrc += low[4]; fdst += low[5]; fbytes += low[6]; fports += low[7]
-                fop += [i] * count
-                n_flows += count
-    flow_ptr[n] = n_flows
-    eu, ev, succ, pred_count = _successor_lists(np.frombuffer(dag.edge_pairs, dtype=np.int64) if len(dag.edge_pairs) else (), n)
-    keys = tuple(dag.keys)
+    spec = np.frombuffer(dag.spec, dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
+    n_specs = len(dag.specs)
+    used, at = np.unique(spec, return_index=True)
+    # per distinct op (spec): compute (answer id, duration, FLOPs), or the comm op's lowering
+    s_comm = np.zeros(n_specs, dtype=bool)
+    s_dur = np.zeros(n_specs)
+    s_flops = np.zeros(n_specs)
+    s_answer = np.full(n_specs, -1, dtype=np.int64)
+    s_algo = np.zeros(n_specs, dtype=np.int64)
+    s_wire = np.ones(n_specs)
+    s_nflows = np.zeros(n_specs, dtype=np.int64)
+    s_fstart = np.zeros(n_specs, dtype=np.int64)
+    algo_ids: dict = {(): 0}
+    route_ids: dict = {}
+    t_src: list = []
+    t_dst: list = []
+    t_bytes: list = []
+    t_route: list = []
+    lowering_cache: dict = {}  # (primitive, group, bytes per rank) -> (template flow start, count, latency, algo, wire)
+    for s, first in zip(used.tolist(), at.tolist()):
+        p = dag.specs[s]
+        if not dag.spec_is_comm[s]:
+            a = answer_id(dag.op(first))
+            s_answer[s], s_dur[s], s_flops[s] = a, answers[a][2], float(p[5])
+            continue
+        s_comm[s] = True
+        key = (p[0], p[1], p[5])
+        low = lowering_cache.get(key)
+        if low is None:
+            lowered, flows = lower_op(dag.op(first), plan.primitives, topo)
+            algo = (lowered.algorithm, lowered.protocol, lowered.channels)
+            low = lowering_cache[key] = (
+                len(t_src), len(flows), float(lowered.latency_s), algo_ids.setdefault(algo, len(algo_ids)),
+                float(lowered.wire_bytes_per_payload_byte))
+            for src, dst, nbytes, route in flows:
+                t_src.append(src)
+                t_dst.append(dst)
+                t_bytes.append(nbytes)
+                t_route.append(route_ids.setdefault(route, len(route_ids)))
+        s_fstart[s], s_nflows[s], s_dur[s], s_algo[s], s_wire[s] = low
+    is_comm = s_comm[spec]
+    counts = s_nflows[spec]
+    flow_ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=flow_ptr[1:])
+    flow_op = np.repeat(np.arange(n, dtype=np.int64), counts)
+    # each flow's row in the per-spec template: its op's first template flow + its rank in the op
+    t_index = s_fstart[spec][flow_op] + (np.arange(len(flow_op), dtype=np.int64) - flow_ptr[flow_op])
+    edges = np.frombuffer(dag.edge_pairs, dtype=np.int64) if len(dag.edge_pairs) else np.zeros(0, dtype=np.int64)
+    succ, pred_count = _successor_lists(edges, n)
     _check_acyclic(dag, succ, pred_count)
     return CompiledDag(
-        n_chips=topo.chips, keys=keys, is_comm=tuple(is_comm), chip=tuple(chip), duration_s=tuple(dur),
-        flops=tuple(fl), succ=succ,
-        pred_count=tuple(pred_count), edges_u=eu, edges_v=ev,
-        flow_ptr=tuple(flow_ptr), flow_op=tuple(fop), flow_src=tuple(fsrc), flow_dst=tuple(fdst),
-        flow_ports=tuple(fports), flow_bytes=tuple(fbytes), port_capacity=topo.capacities(), comm_algo=tuple(algo),
-        wire_factor=tuple(wire), compute=compute, compute_answer=tuple(answer),
+        n_chips=topo.chips, source=dag, is_comm=is_comm,
+        chip=np.frombuffer(dag.chip, dtype=np.int64) if n else np.zeros(0, dtype=np.int64),
+        duration_s=s_dur[spec], flops=s_flops[spec], succ=succ, pred_count=pred_count, flow_ptr=flow_ptr,
+        flow_op=flow_op, flow_src=np.asarray(t_src, dtype=np.int64)[t_index],
+        flow_dst=np.asarray(t_dst, dtype=np.int64)[t_index], flow_route=np.asarray(t_route, dtype=np.int64)[t_index],
+        routes=tuple(route_ids), flow_bytes=np.asarray(t_bytes, dtype=float)[t_index],
+        port_capacity=topo.capacities(), comm_algo_id=s_algo[spec], algos=tuple(algo_ids),
+        wire_factor=s_wire[spec], compute=compute, compute_answer=s_answer[spec],
     )
 
 
@@ -154,10 +216,16 @@ class Successors:
     def __len__(self) -> int:
         return len(self.bounds) - 1
 
+    def targets_array(self) -> np.ndarray:
+        return np.frombuffer(self.targets, dtype=np.int64) if len(self.targets) else np.zeros(0, dtype=np.int64)
 
-def _successor_lists(edges, n: int):
-    """(edges_u, edges_v, successors per op, predecessor count per op) of the distinct
-    edges, in the order each was first made."""
+    def bounds_array(self) -> np.ndarray:
+        return np.frombuffer(self.bounds, dtype=np.int64)
+
+
+def _successor_lists(edges, n: int) -> tuple[Successors, np.ndarray]:
+    """(successors per op, predecessor count per op) of the distinct edges, each op's
+    successors in the order their edges were first made."""
     e = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
     _, first = np.unique(e[:, 0] * n + e[:, 1], return_index=True)
     first.sort()
@@ -165,21 +233,30 @@ def _successor_lists(edges, n: int):
     order = np.argsort(eu, kind="stable")
     targets = array("q", ev[order].tobytes())
     bounds = array("q", np.searchsorted(eu[order], np.arange(n + 1)).astype(np.int64).tobytes())
-    pred_count = np.bincount(ev, minlength=n).tolist()
-    return eu, ev, Successors(targets, bounds), pred_count
+    pred_count = np.bincount(ev, minlength=n).astype(np.int64)
+    return Successors(targets, bounds), pred_count
 
 
-def _check_acyclic(dag: OpDag, succ, pred_count) -> None:
-    remaining = list(pred_count)
-    stack = [i for i, c in enumerate(remaining) if c == 0]
+def _check_acyclic(dag: OpDag, succ: Successors, pred_count: np.ndarray) -> None:
+    """DagError naming a cycle's op and plugin, unless every op can be ordered (Kahn's
+    algorithm a frontier at a time, in numpy)."""
+    targets, bounds = succ.targets_array(), succ.bounds_array()
+    remaining = pred_count.copy()
+    frontier = np.flatnonzero(remaining == 0)
     seen = 0
-    while stack:
-        u = stack.pop()
-        seen += 1
-        for v in succ[u]:
-            remaining[v] -= 1
-            if remaining[v] == 0:
-                stack.append(v)
+    while len(frontier):
+        seen += len(frontier)
+        lo, hi = bounds[frontier], bounds[frontier + 1]
+        counts = hi - lo
+        total = int(counts.sum())
+        if not total:
+            break
+        # the successors of the whole frontier, gathered from the CSR rows
+        starts = np.repeat(lo - np.cumsum(counts) + counts, counts)
+        nxt = targets[starts + np.arange(total, dtype=np.int64)]
+        ids, dec = np.unique(nxt, return_counts=True)
+        remaining[ids] -= dec
+        frontier = ids[remaining[ids] == 0]
     if seen != len(remaining):
         import networkx as nx
 
@@ -190,34 +267,49 @@ def _check_acyclic(dag: OpDag, succ, pred_count) -> None:
         raise DagError(f"the op DAG has a cycle through {key!r} (made by plugin '{owner}'): {path} ...")
 
 
+def _nan(n: int) -> array:
+    return array("d", [math.nan]) * n
+
+
+def _zeros(n: int) -> array:
+    return array("d", bytes(8 * n))
+
+
 @attrs.define(eq=False)
 class Engine:
-    """One simulation. All state lives on the instance; run it once."""
+    """One simulation. All state lives on the instance; run it once. Results are typed
+    arrays (8 bytes a number), index = op id or flow id."""
 
     dag: CompiledDag
     record_port_rates: bool = False   # keep (time, port, bytes/s) for every rate change (traces)
     # results, filled by run()
-    start_s: list = attrs.field(factory=list)
-    end_s: list = attrs.field(factory=list)
-    executed: list = attrs.field(factory=list)
-    executed_flops: list = attrs.field(factory=list)
-    flow_start_s: list = attrs.field(factory=list)
-    flow_end_s: list = attrs.field(factory=list)
-    flow_injected: list = attrs.field(factory=list)   # bytes per flow when it started
-    flow_delivered: list = attrs.field(factory=list)  # bytes per flow when it ended
+    start_s: array = attrs.field(factory=lambda: array("d"))
+    end_s: array = attrs.field(factory=lambda: array("d"))
+    executed: array = attrs.field(factory=lambda: array("l"))
+    executed_flops: array = attrs.field(factory=lambda: array("d"))
+    flow_start_s: array = attrs.field(factory=lambda: array("d"))
+    flow_end_s: array = attrs.field(factory=lambda: array("d"))
+    flow_injected: array = attrs.field(factory=lambda: array("d"))   # bytes per flow when it started
+    flow_delivered: array = attrs.field(factory=lambda: array("d"))  # bytes per flow when it ended
     port_excess_bytes: float = 0.0
     port_rate_log: list = attrs.field(factory=list)
     events: int = 0
     makespan_s: float = 0.0
+    # run state the helpers share with the loop
+    _flow_route: list = attrs.field(factory=list, init=False, repr=False)
+    _port_rate: list = attrs.field(factory=list, init=False, repr=False)
+    _port_since: list = attrs.field(factory=list, init=False, repr=False)
+    _shares: dict = attrs.field(factory=dict, init=False, repr=False)   # see _reshare
 
     # ---------------------------------------------------------------- overridable seams
-    # Tests subclass the engine and break one of these to show each KPI can fail.
+    # Tests subclass the engine and break one of these to show each KPI can fail. The event
+    # loop calls a seam only when a subclass overrides it (else it reads the arrays).
     def _allocate(self, flows: Sequence[int], ports: dict) -> dict:
         """Max-min fair rates (progressive filling) for one connected set of flows."""
         cap_rem = {p: self.dag.port_capacity[p] for p in ports}
         count = {p: len(fs) for p, fs in ports.items()}  # insertion order = sorted port order
         rate: dict = {}
-        flow_ports = self.dag.flow_ports
+        routes, flow_route = self.dag.routes, self._flow_route
         while len(rate) < len(flows):
             best_p, best_share = -1, math.inf
             for p, c in count.items():
@@ -229,178 +321,188 @@ class Engine:
                 if f in rate:
                     continue
                 rate[f] = best_share
-                for q in flow_ports[f]:
+                for q in routes[flow_route[f]]:
                     cap_rem[q] = max(cap_rem[q] - best_share, 0.0)
                     count[q] -= 1
         return rate
 
     def _release_flows(self, op: int) -> range:
-        return range(self.dag.flow_ptr[op], self.dag.flow_ptr[op + 1])
+        return range(int(self.dag.flow_ptr[op]), int(self.dag.flow_ptr[op + 1]))
 
     def _may_start(self, op: int) -> bool:
         return True
 
     def _flops_of(self, op: int) -> float:
-        return self.dag.flops[op]
+        return float(self.dag.flops[op])
 
     def _successors(self, op: int):
         return self.dag.succ[op]
 
+    def _overridden(self, name: str):
+        """The bound seam ``name`` when a subclass overrides it, else None."""
+        return getattr(self, name) if getattr(type(self), name) is not getattr(Engine, name) else None
+
     # ---------------------------------------------------------------------------- run
     def run(self) -> "Engine":
         d = self.dag
-        n = len(d.keys)
+        n = d.n_ops
         n_flows = len(d.flow_bytes)
         n_ports = len(d.port_capacity)
-        self.start_s = [math.nan] * n
-        self.end_s = [math.nan] * n
-        self.executed = [0] * n
-        self.executed_flops = [0.0] * n
-        self.flow_start_s = [math.nan] * n_flows
-        self.flow_end_s = [math.nan] * n_flows
-        self.flow_injected = [0.0] * n_flows
-        self.flow_delivered = [0.0] * n_flows
+        bad = np.flatnonzero(~(d.duration_s >= 0.0))
+        if len(bad):
+            i = int(bad[0])
+            raise G5Error(f"engine: op {d.keys[i]!r} has a negative or undefined duration {d.duration_s[i]!r}")
+        self.start_s = start_s = _nan(n)
+        self.end_s = end_s = _nan(n)
+        self.executed = executed = array("l", bytes(8 * n))
+        self.executed_flops = executed_flops = _zeros(n)
+        self.flow_start_s = flow_start_s = _nan(n_flows)
+        self.flow_end_s = flow_end_s = _nan(n_flows)
+        self.flow_injected = flow_injected = _zeros(n_flows)
+        self.flow_delivered = flow_delivered = _zeros(n_flows)
         self.port_rate_log = []
-        remaining_preds = list(d.pred_count)
+        # the columns the loop reads, as lists: a list read is the fastest Python read
+        is_comm = d.is_comm.tolist()
+        chip_of = d.chip.tolist()
+        dur = d.duration_s.tolist()
+        flops = d.flops.tolist()
+        remaining_preds = d.pred_count.tolist()
+        flow_ptr = d.flow_ptr.tolist()
+        flow_op = d.flow_op.tolist()
+        fbytes = d.flow_bytes.tolist()
+        self._flow_route = flow_route = d.flow_route.tolist()
+        routes = d.routes
+        cap = d.port_capacity
         heap: list = []
-        seq = 0
         ready = [[] for _ in range(d.n_chips)]   # per chip heap of (ready_time, op id)
         busy = [False] * d.n_chips
         dirty_chips: set = set()
         # flow state
-        f_rem = list(d.flow_bytes)
-        f_rate = [0.0] * n_flows
-        f_last = [0.0] * n_flows
+        f_rem = array("d", d.flow_bytes.tobytes())
+        f_rate = _zeros(n_flows)
+        f_last = _zeros(n_flows)
         f_ver = [0] * n_flows
-        f_done = [False] * n_flows
         op_flows_left = [0] * n
         port_flows: list[set] = [set() for _ in range(n_ports)]
-        port_rate = [0.0] * n_ports
-        port_since = [0.0] * n_ports
+        self._port_rate = [0.0] * n_ports
+        self._port_since = [0.0] * n_ports
         dirty_ports: set = set()
-        flow_ports, fbytes, flow_op = d.flow_ports, d.flow_bytes, d.flow_op
-        is_comm, chip_of, dur, keys = d.is_comm, d.chip, d.duration_s, d.keys
-        cap = d.port_capacity
         events = 0
         now = 0.0
-        # the result lists and seams, bound once (the loop below runs once per event)
-        start_s, end_s, executed, executed_flops = self.start_s, self.end_s, self.executed, self.executed_flops
-        flow_start_s, flow_injected = self.flow_start_s, self.flow_injected
-        successors, flops_of, may_start = self._successors, self._flops_of, self._may_start
-        release_flows, complete_flow = self._release_flows, self._complete_flow
+        # the seams a subclass overrides (None: read the arrays)
+        successors, flops_of = self._overridden("_successors"), self._overridden("_flops_of")
+        may_start, release_flows = self._overridden("_may_start"), self._overridden("_release_flows")
+        targets, bounds = d.succ.targets, d.succ.bounds
         heappush, heappop = heapq.heappush, heapq.heappop
+        reshare = self._reshare
 
-        def push(t: float, prio: int, item: int, version: int = 0) -> None:
-            nonlocal seq
-            if t < now:
-                raise G5Error(f"engine: negative delay scheduling event at {t} < now {now}")
-            heappush(heap, (t, prio, seq, item, version))
-            seq += 1
-
-        def make_ready(op: int, t: float) -> None:
+        for op in np.flatnonzero(d.pred_count == 0).tolist():
             if is_comm[op]:
-                start_s[op] = t
-                push(t + dur[op], _COMM_RELEASE, op)
+                start_s[op] = 0.0
+                heappush(heap, (dur[op], _COMM_RELEASE, op, 0))
             else:
-                heappush(ready[chip_of[op]], (t, op))
+                heappush(ready[chip_of[op]], (0.0, op))
                 dirty_chips.add(chip_of[op])
 
-        # the successors straight from the CSR arrays, unless a subclass overrides the seam
-        direct = type(self)._successors is Engine._successors and isinstance(d.succ, Successors)
-        targets, bounds = (d.succ.targets, d.succ.bounds) if direct else ((), ())
-
-        def finish(op: int, t: float) -> None:
-            end_s[op] = t
-            executed[op] += 1
-            for v in (targets[bounds[op]:bounds[op + 1]] if direct else successors(op)):
-                remaining_preds[v] -= 1
-                if remaining_preds[v] == 0:
-                    make_ready(v, t)
-
-        for op in range(n):
-            if remaining_preds[op] == 0:
-                make_ready(op, 0.0)
-
-        flow_ptr = d.flow_ptr
         while True:
             # start compute on idle chips, then re-share the ports whose flow set changed
-            for c in sorted(dirty_chips):
-                if not busy[c] and ready[c]:
-                    _, op = heappop(ready[c])
-                    if not may_start(op):
-                        continue
-                    busy[c] = True
-                    start_s[op] = now
-                    push(now + dur[op], _COMPUTE_DONE, op)
-            dirty_chips.clear()
+            if dirty_chips:
+                for c in dirty_chips:
+                    if not busy[c] and ready[c]:
+                        op = heappop(ready[c])[1]
+                        if may_start is not None and not may_start(op):
+                            continue
+                        busy[c] = True
+                        start_s[op] = now
+                        heappush(heap, (now + dur[op], _COMPUTE_DONE, op, 0))
+                dirty_chips.clear()
             if dirty_ports:
-                self._reshare(now, dirty_ports, port_flows, port_rate, port_since, f_rate, f_last, f_rem, f_ver, push)
+                reshare(now, dirty_ports, port_flows, f_rate, f_last, f_rem, f_ver, heap)
                 dirty_ports.clear()
             if not heap:
                 break
             now = heap[0][0]
             while heap and heap[0][0] == now:
-                t, prio, _, item, version = heappop(heap)
+                _, prio, op, version = heappop(heap)
                 events += 1
                 if prio == _COMPUTE_DONE:
-                    busy[chip_of[item]] = False
-                    dirty_chips.add(chip_of[item])
-                    executed_flops[item] += flops_of(item)
-                    finish(item, t)
+                    c = chip_of[op]
+                    busy[c] = False
+                    dirty_chips.add(c)
+                    executed_flops[op] += flops[op] if flops_of is None else flops_of(op)
                 elif prio == _FLOW_DONE:
-                    f = item
-                    if version != f_ver[f] or f_done[f]:
+                    f = op
+                    if version != f_ver[f]:
                         continue
-                    complete_flow(f, t, f_rate, f_last, f_rem, f_done)
-                    for p in flow_ports[f]:
+                    # what the integrated rate left undelivered; within rounding of the flow's
+                    # size the flow delivered exactly its bytes
+                    rate = f_rate[f]
+                    residual = f_rem[f] - rate * (now - f_last[f])
+                    nbytes = fbytes[f]
+                    tolerance = ROUNDING_BYTES_REL * nbytes + rate * abs(now) * ROUNDING_TIME_REL + 1.0
+                    flow_delivered[f] = nbytes if abs(residual) <= tolerance else nbytes - residual
+                    f_rem[f] = 0.0
+                    f_rate[f] = 0.0
+                    f_ver[f] = -1  # done: no later event of this flow counts
+                    flow_end_s[f] = now
+                    for p in routes[flow_route[f]]:
                         port_flows[p].discard(f)
                         dirty_ports.add(p)
                     op = flow_op[f]
                     op_flows_left[op] -= 1
-                    if op_flows_left[op] == 0:
-                        finish(op, t)
+                    if op_flows_left[op]:
+                        continue
                 else:  # _COMM_RELEASE: every flow of the op is injected; the op ends with the last
-                    op = item
                     first, last = flow_ptr[op], flow_ptr[op + 1]
                     op_flows_left[op] = last - first
                     for f in range(first, last):
                         flow_injected[f] = fbytes[f]
-                    if first == last:
-                        finish(op, t)
-                    for f in release_flows(op):
-                        flow_start_s[f] = t
-                        f_last[f] = t
+                    for f in (range(first, last) if release_flows is None else release_flows(op)):
+                        flow_start_s[f] = now
+                        f_last[f] = now
                         if fbytes[f] <= 0.0:
-                            push(t, _FLOW_DONE, f, f_ver[f])
+                            heappush(heap, (now, _FLOW_DONE, f, f_ver[f]))
                             continue
-                        for p in flow_ports[f]:
+                        for p in routes[flow_route[f]]:
                             port_flows[p].add(f)
                             dirty_ports.add(p)
+                    if first != last:
+                        continue
+                # the op is done: release its successors
+                end_s[op] = now
+                executed[op] += 1
+                for v in (targets[bounds[op]:bounds[op + 1]] if successors is None else successors(op)):
+                    remaining_preds[v] -= 1
+                    if not remaining_preds[v]:
+                        if is_comm[v]:
+                            start_s[v] = now
+                            heappush(heap, (now + dur[v], _COMM_RELEASE, v, 0))
+                        else:
+                            heappush(ready[chip_of[v]], (now, v))
+                            dirty_chips.add(chip_of[v])
         # close the port-excess integral
+        port_rate, port_since = self._port_rate, self._port_since
         for p in range(n_ports):
             if port_rate[p] > cap[p]:
                 self.port_excess_bytes += (port_rate[p] - cap[p]) * (now - port_since[p])
         self.events = events
-        ends = [e for e in self.end_s if e == e]
-        self.makespan_s = max(ends) if ends else 0.0
+        ends = np.frombuffer(end_s, dtype=float) if n else np.zeros(0)
+        done = ends[~np.isnan(ends)]
+        self.makespan_s = float(done.max()) if len(done) else 0.0
         return self
 
     # ----------------------------------------------------------------------- helpers
-    def _complete_flow(self, f, t, f_rate, f_last, f_rem, f_done) -> None:
-        # what the integrated rate left undelivered; within rounding of the flow's size the
-        # flow delivered exactly its bytes
-        residual = f_rem[f] - f_rate[f] * (t - f_last[f])
-        nbytes = self.dag.flow_bytes[f]
-        tolerance = ROUNDING_BYTES_REL * nbytes + f_rate[f] * abs(t) * ROUNDING_TIME_REL + 1.0
-        self.flow_delivered[f] = nbytes if abs(residual) <= tolerance else nbytes - residual
-        f_rem[f] = 0.0
-        f_done[f] = True
-        f_rate[f] = 0.0
-        self.flow_end_s[f] = t
+    def _reshare(self, now, dirty_ports, port_flows, f_rate, f_last, f_rem, f_ver, heap) -> None:
+        """New rates for the connected sets of ports and active flows around ``dirty_ports``.
 
-    def _reshare(self, now, dirty_ports, port_flows, port_rate, port_since, f_rate, f_last, f_rem, f_ver, push) -> None:
-        flow_ports = self.dag.flow_ports
+        Max-min fair rates depend only on the routes of a set's flows (capacities are fixed),
+        and the same sets recur all run long (the flows of a ring step, of a collective), so
+        each set's answer is kept by its routes: (rate per flow, total per port)."""
+        routes, flow_route = self.dag.routes, self._flow_route
         cap = self.dag.port_capacity
+        port_rate, port_since = self._port_rate, self._port_since
+        shares = self._shares
+        heappush = heapq.heappush
         seen_ports: set = set()
         for start in sorted(dirty_ports):
             if start in seen_ports:
@@ -408,68 +510,79 @@ class Engine:
             # the connected set of ports and active flows around this port
             seen_ports.add(start)
             here = port_flows[start]
-            route = None
-            if len(here) == 1:
-                (f,) = here
-                route = flow_ports[f]
-                for q in route:
-                    if len(port_flows[q]) != 1:
-                        route = None
-                        break
             if not here:  # no flow left on the port
-                comp_ports, flows, rates = (start,), (), {}
-            elif route is not None:
-                # the common case, one flow alone on every port of its route: its own
-                # component, with its ports in the order the search below finds them
-                comp_ports = [start] + [q for q in route if q != start]
-                seen_ports.update(route)
-                flows, rates = (f,), {f: min(cap[q] for q in route)}
+                flows, answer = (), ((), ((start, 0.0),))
             else:
-                comp_ports = [start]
-                stack = [start]
-                comp_flows: set = set()
-                while stack:
-                    p = stack.pop()
-                    for f in port_flows[p]:
-                        if f in comp_flows:
-                            continue
-                        comp_flows.add(f)
-                        for q in flow_ports[f]:
-                            if q not in seen_ports:
-                                seen_ports.add(q)
-                                comp_ports.append(q)
-                                stack.append(q)
-                if len(comp_flows) == 1:
-                    (f,) = comp_flows
-                    flows = (f,)
-                    rates = {f: min(cap[q] for q in flow_ports[f])}
-                else:
+                flows = None
+                if len(here) == 1:
+                    # the common case, one flow alone on every port of its route
+                    (f,) = here
+                    for q in routes[flow_route[f]]:
+                        if len(port_flows[q]) != 1:
+                            break
+                    else:
+                        flows = (f,)
+                if flows is None:
+                    stack = [start]
+                    comp_flows: set = set()
+                    while stack:
+                        p = stack.pop()
+                        for f in port_flows[p]:
+                            if f in comp_flows:
+                                continue
+                            comp_flows.add(f)
+                            for q in routes[flow_route[f]]:
+                                if q not in seen_ports:
+                                    seen_ports.add(q)
+                                    stack.append(q)
                     flows = sorted(comp_flows)
-                    comp_ports.sort()
-                    ports = {p: sorted(port_flows[p]) for p in comp_ports}
-                    rates = self._allocate(flows, ports)
+                key = tuple([flow_route[f] for f in flows])
+                answer = shares.get(key)
+                if answer is None:
+                    if len(shares) >= SHARES_KEPT:
+                        shares.clear()
+                    answer = shares[key] = self._share(flows, key)
+                for _, q in zip(flows, key):
+                    seen_ports.update(routes[q])
             # settle progress at the old rates, then apply the new ones
-            for f in flows:
+            for f, new in zip(flows, answer[0]):
                 old = f_rate[f]
                 if old:
-                    f_rem[f] -= old * (now - f_last[f])
-                    if f_rem[f] < 0.0:
-                        f_rem[f] = 0.0
+                    rem = f_rem[f] - old * (now - f_last[f])
+                    f_rem[f] = rem if rem > 0.0 else 0.0
                 f_last[f] = now
-                new = rates[f]
                 if new != old:
                     if new <= 0.0:
                         raise G5Error(f"engine: flow {f} got no bandwidth")
                     f_rate[f] = new
                     f_ver[f] += 1
-                    push(now + f_rem[f] / new, _FLOW_DONE, f, f_ver[f])
-            for p in comp_ports:
+                    heappush(heap, (now + f_rem[f] / new, _FLOW_DONE, f, f_ver[f]))
+            for p, total in answer[1]:
                 if port_rate[p] > cap[p]:
                     self.port_excess_bytes += (port_rate[p] - cap[p]) * (now - port_since[p])
-                total = 0.0
-                for f in port_flows[p]:
-                    total += rates[f]
                 if self.record_port_rates and total != port_rate[p]:
                     self.port_rate_log.append((now, p, total))
                 port_rate[p] = total
                 port_since[p] = now
+
+    def _share(self, flows: Sequence[int], route_ids: tuple) -> tuple:
+        """(rate per flow of ``flows``, ((port, total rate), ...) in port order) for one
+        connected set of flows (sorted) on their routes."""
+        routes, cap = self.dag.routes, self.dag.port_capacity
+        if len(flows) == 1:
+            route = routes[route_ids[0]]
+            rate = min(cap[q] for q in route)
+            return (rate,), tuple((q, rate) for q in sorted(route))
+        ports: dict = {}
+        for f, r in zip(flows, route_ids):
+            for q in routes[r]:
+                ports.setdefault(q, []).append(f)
+        ports = {q: ports[q] for q in sorted(ports)}
+        rates = self._allocate(flows, ports)
+        totals = []
+        for q, fs in ports.items():
+            total = 0.0
+            for f in fs:
+                total += rates[f]
+            totals.append((q, total))
+        return tuple(rates[f] for f in flows), tuple(totals)

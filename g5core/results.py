@@ -42,14 +42,15 @@ def conservation_kpis(engine: Engine) -> dict[str, float]:
     start = np.asarray(engine.start_s, dtype=float)
     end = np.asarray(engine.end_s, dtype=float)
     not_once = int(np.count_nonzero(executed != 1))
-    if len(d.edges_u):
-        s_v, e_u = start[d.edges_v], end[d.edges_u]
+    edges_v = d.edges_v
+    if len(edges_v):
+        s_v, e_u = start[edges_v], end[d.edges_u]
         early = int(np.count_nonzero((s_v < e_u) | (np.isnan(s_v) != np.isnan(e_u))))
     else:
         early = 0
     byte_gap = math.fsum(engine.flow_injected) - math.fsum(engine.flow_delivered)
     bytes_kpi = int(math.floor(abs(byte_gap))) if math.isfinite(byte_gap) else -1
-    flops_kpi = math.fsum(d.flops) - math.fsum(engine.executed_flops)
+    flops_kpi = math.fsum(d.flops.tolist()) - math.fsum(engine.executed_flops)
     allowance = ROUNDING_PORT_REL * math.fsum(d.port_capacity) * engine.makespan_s
     port_kpi = int(math.floor(engine.port_excess_bytes)) if engine.port_excess_bytes > allowance else 0
     chips = np.asarray(d.chip)
@@ -142,7 +143,7 @@ def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float, symmetr
         comm_bytes=comm_bytes_by_reason(dag, d, k),
         overlap=overlap_report(dag, d, start, end),
         collectives=collectives_report(dag, d, k),
-        ops=len(d.keys),
+        ops=d.n_ops,
         flows=len(d.flow_bytes),
         events=engine.events,
         sim_wall_s=sim_wall_s,
@@ -162,14 +163,34 @@ def collectives_report(dag: OpDag, d: CompiledDag, replicas: int = 1) -> list[di
     """How the communication ops ran: per reason, primitive, algorithm, protocol and channel
     count, the number of ops and their payload bytes per rank (exactly-rounded sums, over
     ``replicas`` alike replicas of ``dag``)."""
+    specs = dag.specs
+    comm = _comm_ids(dag)
+    if not len(comm):
+        return []
+    spec_of = np.frombuffer(dag.spec, dtype=np.int64)[comm]
+    # ops alike in spec and algorithm, counted at once (few distinct pairs, many ops)
+    pairs, counts = np.unique(np.stack([spec_of, d.comm_algo_id[comm]], axis=1), axis=0, return_counts=True)
     groups: dict[tuple, list] = {}
-    specs, spec_of = dag.specs, dag.spec
-    for i in dag.comm_indices():
-        spec = specs[spec_of[i]]
-        key = (spec[2], spec[0]) + tuple(d.comm_algo[i])
-        groups.setdefault(key, []).append(spec[5])
-    return [{"reason": r, "primitive": p, "algorithm": a, "protocol": pr, "channels": ch, "ops": len(b) * replicas,
-             "bytes_per_rank": exact_sum(b * replicas)} for (r, p, a, pr, ch), b in sorted(groups.items())]
+    for (s_id, a_id), count in zip(pairs.tolist(), counts.tolist()):
+        spec = specs[s_id]
+        groups.setdefault((spec[2], spec[0]) + tuple(d.algos[a_id]), []).append((spec[5], count))
+    return [{"reason": r, "primitive": p, "algorithm": a, "protocol": pr, "channels": ch,
+             "ops": sum(c for _, c in b) * replicas,
+             "bytes_per_rank": exact_sum([v for v, c in b for _ in range(c * replicas)])}
+            for (r, p, a, pr, ch), b in sorted(groups.items())]
+
+
+def _comm_ids(dag: OpDag) -> np.ndarray:
+    """Ids of the communication ops, in op order."""
+    spec = np.frombuffer(dag.spec, dtype=np.int64) if len(dag) else np.zeros(0, dtype=np.int64)
+    return np.flatnonzero(np.asarray(dag.spec_is_comm, dtype=bool)[spec]) if len(dag.specs) else spec
+
+
+def _spec_reason_ids(dag: OpDag, reasons: list[str]) -> np.ndarray:
+    """Per spec: the id (in ``reasons``) of a comm spec's reason, -1 for compute."""
+    rindex = {r: k for k, r in enumerate(reasons)}
+    return np.asarray([rindex.get(spec[2], -1) if comm else -1 for spec, comm in zip(dag.specs, dag.spec_is_comm)],
+                      dtype=np.int64)
 
 
 def compute_report(dag: OpDag, d: CompiledDag, latency_s: float, symmetry: Symmetry = WHOLE_RUN) -> dict:
@@ -183,7 +204,7 @@ def compute_report(dag: OpDag, d: CompiledDag, latency_s: float, symmetry: Symme
 
 
 def _reasons(dag: OpDag) -> list[str]:
-    used = set(dag.spec)
+    used = set(np.unique(np.frombuffer(dag.spec, dtype=np.int64)).tolist()) if len(dag) else set()
     return sorted({spec[2] for s, (spec, comm) in enumerate(zip(dag.specs, dag.spec_is_comm)) if comm and s in used})
 
 
@@ -193,17 +214,14 @@ def comm_bytes_by_reason(dag: OpDag, d: CompiledDag, replicas: int = 1) -> dict:
     reasons = _reasons(dag)
     if not len(d.flow_bytes):
         return {"total_bytes": 0.0, "by_reason": {}, "per_rank_by_reason": {}}
-    reason_of_op = {}
-    rindex = {r: k for k, r in enumerate(reasons)}
-    for i in dag.comm_indices():
-        reason_of_op[i] = rindex[dag.specs[dag.spec[i]][2]]
-    flow_reason = np.asarray([reason_of_op[o] for o in d.flow_op], dtype=np.int64)
+    spec = np.frombuffer(dag.spec, dtype=np.int64)
+    flow_reason = _spec_reason_ids(dag, reasons)[spec[d.flow_op]]
     # payload bytes: the wire bytes of a flow over its op's protocol overhead
-    fbytes = np.asarray(d.flow_bytes, dtype=float) / np.asarray(d.wire_factor, dtype=float)[np.asarray(d.flow_op)]
-    fsrc = np.asarray(d.flow_src, dtype=np.int64)
+    fbytes = d.flow_bytes / d.wire_factor[d.flow_op]
+    fsrc = d.flow_src
     # a flow whose first resource is a receive side (a chip's traffic down from an in-switch
     # reduction) is received, not sent (send sides have even resource ids: g5core.topology)
-    sends = np.asarray([ports[0] % 2 == 0 for ports in d.flow_ports], dtype=bool)
+    sends = np.asarray([route[0] % 2 == 0 for route in d.routes], dtype=bool)[d.flow_route]
     by_reason, per_rank = {}, {}
     for r, name in enumerate(reasons):
         m = flow_reason == r
@@ -254,18 +272,20 @@ def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarra
     comp = np.flatnonzero(~is_comm & done)
     comp_chip = np.asarray(d.chip, dtype=np.int64)[comp]
     comp_len, comp_merged = _union_length_by_chip(comp_chip, start[comp], end[comp], n_chips)
-    members, op_of, reason_of = [], [], []
     reasons = _reasons(dag)
-    rindex = {r: i for i, r in enumerate(reasons)}
-    for i in np.flatnonzero(is_comm & done):
-        spec = dag.specs[dag.spec[i]]
-        group = spec[1]
-        members.extend(group)
-        op_of.extend([i] * len(group))
-        reason_of.extend([rindex[spec[2]]] * len(group))
-    members = np.asarray(members, dtype=np.int64)
-    op_of = np.asarray(op_of, dtype=np.int64)
-    reason_of = np.asarray(reason_of, dtype=np.int64)
+    comm = np.flatnonzero(is_comm & done)
+    # every (member chip, comm op) pair, from each spec's group
+    spec = np.frombuffer(dag.spec, dtype=np.int64)[comm] if len(comm) else np.zeros(0, dtype=np.int64)
+    groups = [spec_[1] if is_c else () for spec_, is_c in zip(dag.specs, dag.spec_is_comm)]
+    g_size = np.asarray([len(g) for g in groups], dtype=np.int64)
+    g_start = np.zeros(len(groups) + 1, dtype=np.int64)
+    np.cumsum(g_size, out=g_start[1:])
+    g_members = np.asarray([c for g in groups for c in g], dtype=np.int64)
+    sizes = g_size[spec]
+    op_of = np.repeat(comm, sizes)
+    rank = np.arange(len(op_of), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    members = g_members[np.repeat(g_start[spec], sizes) + rank] if len(op_of) else np.zeros(0, dtype=np.int64)
+    reason_of = _spec_reason_ids(dag, reasons)[np.repeat(spec, sizes)]
 
     def worst(mask) -> dict:
         chips = members[mask]

@@ -680,7 +680,7 @@ def check_deterministic(plugin: str, configs, extra_plugins: Sequence = ()) -> N
             dag = build_dag(plan)
             c = compile_dag(dag, plan)
             outs.append((list(dag.ops), list(dag.edges),
-                         (c.duration_s, c.flow_src, c.flow_dst, c.flow_bytes), memory_report(plan.ctx)))
+                         [a.tolist() for a in (c.duration_s, c.flow_src, c.flow_dst, c.flow_bytes)], memory_report(plan.ctx)))
         for label, a, b in zip(("op list", "edge list", "compiled durations and flows", "memory report"), *outs):
             if a != b:
                 raise _fail(plugin, check_deterministic, f"{_where(raw)}: the {label} differs between two builds")

@@ -20,6 +20,7 @@ from typing import Any, Iterable
 
 import attrs
 import yaml
+import numpy as np
 
 from g5core.dag import CommOp, ComputeOp, OpDag
 from g5core.engine import Engine, compile_dag
@@ -214,8 +215,8 @@ class ParallelStreams(Engine):
 
     def run(self) -> "Engine":
         real = self.dag
-        n = len(real.keys)
-        private = tuple(real.n_chips + i if c >= 0 else c for i, c in enumerate(real.chip))
+        n = real.n_ops
+        private = np.where(real.chip >= 0, real.n_chips + np.arange(n), real.chip)
         self.dag = attrs.evolve(real, n_chips=real.n_chips + n, chip=private)
         try:
             super().run()

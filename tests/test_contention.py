@@ -104,7 +104,7 @@ def test_allreduce_and_alltoall_on_shared_ports_slow_each_other_down(plan):
     alone_a2a = _run(plan, _alltoall(GROUP))[0]["ep.dispatch"]
     together, kpis, engine = _run(plan, _allreduce(GROUP), _alltoall(GROUP))
     # both are launched at t = 0 (no edges) and both take longer than alone
-    assert engine.start_s == [0.0, 0.0]
+    assert list(engine.start_s) == [0.0, 0.0]
     assert together["tp.allreduce"] > alone_ar * 1.2
     assert together["ep.dispatch"] > alone_a2a * 1.2
     # exactly the max-min fair closed form

@@ -134,7 +134,7 @@ def middle(workdir, tiny_llama):
     probe = make_plan(raw_config(tiny_llama, system=write_system(workdir / "probe.yaml", **zero), seq_len=seq_len))
     compiled = compile_dag(build_dag(probe), probe)
     step_key = f"L{LAYER:03d}.attention.step00@c0"
-    step_compute_s = compiled.duration_s[compiled.keys.index(step_key)]
+    step_compute_s = float(compiled.duration_s[compiled.keys.index(step_key)])
     assert step_compute_s > 0
     nbytes = block_bytes(seq_len, CP, probe.ctx.kv_bytes_per_token_local)
     bw_bytes_per_s = nbytes / (step_compute_s / STEP_COMPUTE_OVER_COMM)

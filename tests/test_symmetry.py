@@ -177,14 +177,15 @@ def test_traffic_on_another_replicas_port_or_a_lowering_that_moves_unlike_refuse
     assert sym.slice_chips == 2 and check_resources(sym, dag, compiled, plan) is None
     # a flow of replica 0 that also crossed chip 3's receive link (replica 1's)
     topo = plan.ctx.topology
-    ports = list(compiled.flow_ports)
-    ports[0] = ports[0] + (topo.link_rx(3),)
-    shared = attrs.evolve(compiled, flow_ports=tuple(ports))
+    route = compiled.routes[compiled.flow_route[0]] + (topo.link_rx(3),)
+    flow_route = compiled.flow_route.copy()
+    flow_route[0] = len(compiled.routes)
+    shared = attrs.evolve(compiled, routes=compiled.routes + (route,), flow_route=flow_route)
     assert check_resources(sym, dag, shared, plan) == "resource chip3.link_rx is shared with another replica"
     # a communication op whose start latency differs from what its move to replica 1 lowers to
-    first_comm = compiled.is_comm.index(True)
-    dur = list(compiled.duration_s)
+    first_comm = int(compiled.is_comm.argmax())
+    dur = compiled.duration_s.copy()
     dur[first_comm] *= 2
-    unlike = attrs.evolve(compiled, duration_s=tuple(dur))
+    unlike = attrs.evolve(compiled, duration_s=dur)
     assert check_resources(sym, dag, unlike, plan) == (f"op {dag.ops[first_comm].key!r} lowers differently in dp "
                                                        f"replica 1")
