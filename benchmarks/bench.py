@@ -54,20 +54,19 @@ SCALING = [
 
 def bare_heapq_s(n_events: int) -> float:
     """Wall seconds of a bare ``heapq`` event loop over ``n_events`` events: the same event
-    tuples as the engine's ``(time, priority, sequence, item, version)``, each pop pushing
-    the next event, nothing else (the floor any heap-driven engine pays)."""
+    tuples as the engine's ``(time, priority, item, version)``, each pop pushing the next
+    event, nothing else (the floor any heap-driven engine pays)."""
     import heapq
 
     width = 1024
-    heap = [(0.0, 0, i, i, 0) for i in range(min(width, n_events))]
+    heap = [(0.0, 0, i, 0) for i in range(min(width, n_events))]
     heapq.heapify(heap)
-    seq, pushed = len(heap), len(heap)
+    pushed = len(heap)
     t0 = time.perf_counter()
     while heap:
-        t, prio, _, item, version = heapq.heappop(heap)
+        t, prio, item, version = heapq.heappop(heap)
         if pushed < n_events:
-            heapq.heappush(heap, (t + 1e-6 * (item % 7 + 1), prio, seq, item, version))
-            seq += 1
+            heapq.heappush(heap, (t + 1e-6 * (item % 7 + 1), prio, item, version))
             pushed += 1
     return time.perf_counter() - t0
 

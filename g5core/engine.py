@@ -387,6 +387,8 @@ class Engine:
         self._port_rate = [0.0] * n_ports
         self._port_since = [0.0] * n_ports
         dirty_ports: set = set()
+        started: list = []  # flows released in this batch
+        ended: list = []    # routes of the flows that ended in this batch
         events = 0
         now = 0.0
         # the seams a subclass overrides (None: read the arrays)
@@ -394,7 +396,10 @@ class Engine:
         may_start, release_flows = self._overridden("_may_start"), self._overridden("_release_flows")
         targets, bounds = d.succ.targets, d.succ.bounds
         heappush, heappop = heapq.heappush, heapq.heappop
-        reshare = self._reshare
+        reshare, close_excess = self._reshare, self._close_excess
+        route_cap = [min(cap[q] for q in route) for route in routes]
+        port_rate, port_since = self._port_rate, self._port_since
+        record, port_rate_log = self.record_port_rates, self.port_rate_log
 
         for op in np.flatnonzero(d.pred_count == 0).tolist():
             if is_comm[op]:
@@ -416,6 +421,43 @@ class Engine:
                         start_s[op] = now
                         heappush(heap, (now + dur[op], _COMPUTE_DONE, op, 0))
                 dirty_chips.clear()
+            # flows that started or ended in the last batch: one alone on every port of its
+            # route is its own connected set (at its route's narrowest capacity; an ended
+            # one leaves its ports idle), which is what a re-share would find; the others
+            # mark their ports for the re-share
+            if started:
+                for f in started:
+                    r = flow_route[f]
+                    route = routes[r]
+                    for p in route:
+                        if len(port_flows[p]) != 1:
+                            dirty_ports.update(route)
+                            break
+                    else:
+                        rate = f_rate[f] = route_cap[r]
+                        f_ver[f] += 1
+                        heappush(heap, (now + f_rem[f] / rate, _FLOW_DONE, f, f_ver[f]))
+                        for p in route:
+                            if port_rate[p] > cap[p]:
+                                close_excess(p, now)
+                            if record and rate != port_rate[p]:
+                                port_rate_log.append((now, p, rate))
+                            port_rate[p] = rate
+                            port_since[p] = now
+                started.clear()
+            if ended:
+                for route in ended:
+                    for p in route:
+                        if port_flows[p]:
+                            dirty_ports.add(p)
+                        elif port_rate[p]:
+                            if port_rate[p] > cap[p]:
+                                close_excess(p, now)
+                            if record and port_rate[p]:
+                                port_rate_log.append((now, p, 0.0))
+                            port_rate[p] = 0.0
+                            port_since[p] = now
+                ended.clear()
             if dirty_ports:
                 reshare(now, dirty_ports, port_flows, f_rate, f_last, f_rem, f_ver, heap)
                 dirty_ports.clear()
@@ -445,9 +487,10 @@ class Engine:
                     f_rate[f] = 0.0
                     f_ver[f] = -1  # done: no later event of this flow counts
                     flow_end_s[f] = now
-                    for p in routes[flow_route[f]]:
+                    route = routes[flow_route[f]]
+                    for p in route:
                         port_flows[p].discard(f)
-                        dirty_ports.add(p)
+                    ended.append(route)
                     op = flow_op[f]
                     op_flows_left[op] -= 1
                     if op_flows_left[op]:
@@ -465,7 +508,7 @@ class Engine:
                             continue
                         for p in routes[flow_route[f]]:
                             port_flows[p].add(f)
-                            dirty_ports.add(p)
+                        started.append(f)
                     if first != last:
                         continue
                 # the op is done: release its successors
@@ -481,10 +524,9 @@ class Engine:
                             heappush(ready[chip_of[v]], (now, v))
                             dirty_chips.add(chip_of[v])
         # close the port-excess integral
-        port_rate, port_since = self._port_rate, self._port_since
         for p in range(n_ports):
             if port_rate[p] > cap[p]:
-                self.port_excess_bytes += (port_rate[p] - cap[p]) * (now - port_since[p])
+                close_excess(p, now)
         self.events = events
         ends = np.frombuffer(end_s, dtype=float) if n else np.zeros(0)
         done = ends[~np.isnan(ends)]
@@ -559,11 +601,15 @@ class Engine:
                     heappush(heap, (now + f_rem[f] / new, _FLOW_DONE, f, f_ver[f]))
             for p, total in answer[1]:
                 if port_rate[p] > cap[p]:
-                    self.port_excess_bytes += (port_rate[p] - cap[p]) * (now - port_since[p])
+                    self._close_excess(p, now)
                 if self.record_port_rates and total != port_rate[p]:
                     self.port_rate_log.append((now, p, total))
                 port_rate[p] = total
                 port_since[p] = now
+
+    def _close_excess(self, p: int, now: float) -> None:
+        """Add what port ``p`` carried beyond its capacity since its rate last changed."""
+        self.port_excess_bytes += (self._port_rate[p] - self.dag.port_capacity[p]) * (now - self._port_since[p])
 
     def _share(self, flows: Sequence[int], route_ids: tuple) -> tuple:
         """(rate per flow of ``flows``, ((port, total rate), ...) in port order) for one
