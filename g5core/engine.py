@@ -74,39 +74,68 @@ class TableView(Sequence):
 @attrs.frozen(eq=False)
 class CompiledDag:
     """The DAG as the engine runs it: numpy columns (struct of arrays), index = op id (the
-    order of ``OpDag.ops``) or flow id. Few distinct values (a flow's route, a comm op's
-    algorithm) are stored once in a table and referenced by id."""
+    order of ``OpDag.ops``) or flow id. What is alike for every op of one spec (its
+    duration, FLOPs, lowering: :attr:`OpDag.specs`) is stored once per spec and read through
+    ``spec``; few distinct values (a flow's route, a comm op's algorithm) are stored once in
+    a table and referenced by id."""
 
     n_chips: int
     source: OpDag = attrs.field(repr=False)   # the DAG compiled (keys, error messages)
-    is_comm: np.ndarray          # bool per op
-    chip: np.ndarray             # int64: chip of a compute op, -1 for comm
-    duration_s: np.ndarray       # float64: compute: duration; comm: start latency
-    flops: np.ndarray            # float64: compute FLOPs (0 for comm)
+    spec: np.ndarray             # int64 per op: its spec (a view of ``OpDag.spec``)
+    chip: np.ndarray             # int64 per op: chip of a compute op, -1 for comm
     succ: "Successors"           # successor ids per op (succ[i]), CSR
-    pred_count: np.ndarray       # int64: distinct predecessors per op
+    pred_count: np.ndarray       # int32 per op: distinct predecessors
     flow_ptr: np.ndarray         # int64 per op: first flow index; flow_ptr[n] = total flows
-    flow_op: np.ndarray          # int64 per flow: the comm op it belongs to
-    flow_src: np.ndarray         # int64 chip
+    flow_op: np.ndarray          # int32 per flow: the comm op it belongs to
+    flow_src: np.ndarray         # int32 chip
     flow_dst: np.ndarray
-    flow_route: np.ndarray       # int64 per flow: id into ``routes``
+    flow_route: np.ndarray       # int32 per flow: id into ``routes``
     routes: tuple                # distinct routes: each a tuple of resource ids (ports)
     flow_bytes: np.ndarray       # float64
     port_capacity: tuple         # per resource id: bytes per second
-    comm_algo_id: np.ndarray     # int64 per op: id into ``algos``
     algos: tuple                 # (algorithm, protocol, channels) of a comm op; algos[0] == () (compute)
-    wire_factor: np.ndarray      # float64 per op: wire bytes per payload byte of a comm op (1.0 for compute)
+    # per spec
+    spec_is_comm: np.ndarray     # bool
+    spec_duration_s: np.ndarray  # compute: duration; comm: start latency
+    spec_flops: np.ndarray       # compute FLOPs (0 for comm)
+    spec_algo: np.ndarray        # int64: id into ``algos``
+    spec_wire: np.ndarray        # wire bytes per payload byte of a comm op (1.0 for compute)
+    spec_answer: np.ndarray      # int64: compute: id of its answer in ``compute.answers``; -1 for comm
     compute: LatencyLookup = attrs.field(default=None, repr=False)  # where each compute time came from
-    compute_answer: np.ndarray = None  # int64 per op: id of its answer in ``compute.answers`` (-1 for comm)
 
     @property
     def n_ops(self) -> int:
-        return len(self.is_comm)
+        return len(self.spec)
 
     @property
     def keys(self):
         """Op keys (made when read: :attr:`OpDag.keys`)."""
         return self.source.keys
+
+    # per-op columns, made from the per-spec ones when read (a new array each time)
+    @property
+    def is_comm(self) -> np.ndarray:
+        return self.spec_is_comm[self.spec]
+
+    @property
+    def duration_s(self) -> np.ndarray:
+        return self.spec_duration_s[self.spec]
+
+    @property
+    def flops(self) -> np.ndarray:
+        return self.spec_flops[self.spec]
+
+    @property
+    def comm_algo_id(self) -> np.ndarray:
+        return self.spec_algo[self.spec]
+
+    @property
+    def wire_factor(self) -> np.ndarray:
+        return self.spec_wire[self.spec]
+
+    @property
+    def compute_answer(self) -> np.ndarray:
+        return self.spec_answer[self.spec]
 
     @property
     def flow_ports(self) -> TableView:
@@ -178,25 +207,25 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
                 t_bytes.append(nbytes)
                 t_route.append(route_ids.setdefault(route, len(route_ids)))
         s_fstart[s], s_nflows[s], s_dur[s], s_algo[s], s_wire[s] = low
-    is_comm = s_comm[spec]
     counts = s_nflows[spec]
     flow_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=flow_ptr[1:])
-    flow_op = np.repeat(np.arange(n, dtype=np.int64), counts)
+    i32 = np.int32 if max(n, int(flow_ptr[-1])) < 2 ** 31 else np.int64  # ids of ops and flows
+    flow_op = np.repeat(np.arange(n, dtype=i32), counts)
     # each flow's row in the per-spec template: its op's first template flow + its rank in the op
-    t_index = s_fstart[spec][flow_op] + (np.arange(len(flow_op), dtype=np.int64) - flow_ptr[flow_op])
+    t_index = s_fstart[spec[flow_op]] + (np.arange(len(flow_op), dtype=np.int64) - flow_ptr[flow_op])
     edges = np.frombuffer(dag.edge_pairs, dtype=np.int64) if len(dag.edge_pairs) else np.zeros(0, dtype=np.int64)
     succ, pred_count = _successor_lists(edges, n)
     _check_acyclic(dag, succ, pred_count)
     return CompiledDag(
-        n_chips=topo.chips, source=dag, is_comm=is_comm,
+        n_chips=topo.chips, source=dag, spec=spec,
         chip=np.frombuffer(dag.chip, dtype=np.int64) if n else np.zeros(0, dtype=np.int64),
-        duration_s=s_dur[spec], flops=s_flops[spec], succ=succ, pred_count=pred_count, flow_ptr=flow_ptr,
-        flow_op=flow_op, flow_src=np.asarray(t_src, dtype=np.int64)[t_index],
-        flow_dst=np.asarray(t_dst, dtype=np.int64)[t_index], flow_route=np.asarray(t_route, dtype=np.int64)[t_index],
-        routes=tuple(route_ids), flow_bytes=np.asarray(t_bytes, dtype=float)[t_index],
-        port_capacity=topo.capacities(), comm_algo_id=s_algo[spec], algos=tuple(algo_ids),
-        wire_factor=s_wire[spec], compute=compute, compute_answer=s_answer[spec],
+        succ=succ, pred_count=pred_count.astype(i32), flow_ptr=flow_ptr,
+        flow_op=flow_op, flow_src=np.asarray(t_src, dtype=i32)[t_index], flow_dst=np.asarray(t_dst, dtype=i32)[t_index],
+        flow_route=np.asarray(t_route, dtype=i32)[t_index], routes=tuple(route_ids),
+        flow_bytes=np.asarray(t_bytes, dtype=float)[t_index], port_capacity=topo.capacities(), algos=tuple(algo_ids),
+        spec_is_comm=s_comm, spec_duration_s=s_dur, spec_flops=s_flops, spec_algo=s_algo, spec_wire=s_wire,
+        spec_answer=s_answer, compute=compute,
     )
 
 
@@ -333,7 +362,7 @@ class Engine:
         return True
 
     def _flops_of(self, op: int) -> float:
-        return float(self.dag.flops[op])
+        return float(self.dag.spec_flops[self.dag.spec[op]])
 
     def _successors(self, op: int):
         return self.dag.succ[op]
@@ -348,29 +377,31 @@ class Engine:
         n = d.n_ops
         n_flows = len(d.flow_bytes)
         n_ports = len(d.port_capacity)
-        bad = np.flatnonzero(~(d.duration_s >= 0.0))
+        bad = np.flatnonzero(~(d.spec_duration_s[d.spec] >= 0.0)) if n else ()
         if len(bad):
             i = int(bad[0])
-            raise G5Error(f"engine: op {d.keys[i]!r} has a negative or undefined duration {d.duration_s[i]!r}")
+            raise G5Error(f"engine: op {d.keys[i]!r} has a negative or undefined duration "
+                          f"{d.spec_duration_s[d.spec[i]]!r}")
         self.start_s = start_s = _nan(n)
         self.end_s = end_s = _nan(n)
-        self.executed = executed = array("l", bytes(8 * n))
+        self.executed = executed = array("i", bytes(4 * n))
         self.executed_flops = executed_flops = _zeros(n)
         self.flow_start_s = flow_start_s = _nan(n_flows)
         self.flow_end_s = flow_end_s = _nan(n_flows)
         self.flow_injected = flow_injected = _zeros(n_flows)
         self.flow_delivered = flow_delivered = _zeros(n_flows)
         self.port_rate_log = []
-        # the columns the loop reads, as lists: a list read is the fastest Python read
-        is_comm = d.is_comm.tolist()
-        chip_of = d.chip.tolist()
-        dur = d.duration_s.tolist()
-        flops = d.flops.tolist()
-        remaining_preds = d.pred_count.tolist()
-        flow_ptr = d.flow_ptr.tolist()
-        flow_op = d.flow_op.tolist()
-        fbytes = d.flow_bytes.tolist()
-        self._flow_route = flow_route = d.flow_route.tolist()
+        # the columns the loop reads, in place (typed arrays: no Python object per op);
+        # what is alike per spec is read through the op's spec
+        spec = memoryview(d.spec) if n else ()
+        is_comm = d.spec_is_comm[d.spec].tobytes()
+        chip_of = memoryview(d.chip) if n else ()
+        spec_dur, spec_flops = d.spec_duration_s.tolist(), d.spec_flops.tolist()
+        remaining_preds = array("i", d.pred_count.astype(np.int32).tobytes())
+        flow_ptr = memoryview(d.flow_ptr)
+        flow_op = memoryview(d.flow_op) if n_flows else ()
+        fbytes = memoryview(d.flow_bytes) if n_flows else ()
+        self._flow_route = flow_route = memoryview(d.flow_route) if n_flows else ()
         routes = d.routes
         cap = d.port_capacity
         heap: list = []
@@ -381,8 +412,8 @@ class Engine:
         f_rem = array("d", d.flow_bytes.tobytes())
         f_rate = _zeros(n_flows)
         f_last = _zeros(n_flows)
-        f_ver = [0] * n_flows
-        op_flows_left = [0] * n
+        f_ver = array("l", bytes(8 * n_flows))
+        op_flows_left = array("i", bytes(4 * n))
         port_flows: list[set] = [set() for _ in range(n_ports)]
         self._port_rate = [0.0] * n_ports
         self._port_since = [0.0] * n_ports
@@ -401,10 +432,10 @@ class Engine:
         port_rate, port_since = self._port_rate, self._port_since
         record, port_rate_log = self.record_port_rates, self.port_rate_log
 
-        for op in np.flatnonzero(d.pred_count == 0).tolist():
+        for op in np.flatnonzero(d.pred_count == 0).tolist() if n else ():
             if is_comm[op]:
                 start_s[op] = 0.0
-                heappush(heap, (dur[op], _COMM_RELEASE, op, 0))
+                heappush(heap, (spec_dur[spec[op]], _COMM_RELEASE, op, 0))
             else:
                 heappush(ready[chip_of[op]], (0.0, op))
                 dirty_chips.add(chip_of[op])
@@ -419,7 +450,7 @@ class Engine:
                             continue
                         busy[c] = True
                         start_s[op] = now
-                        heappush(heap, (now + dur[op], _COMPUTE_DONE, op, 0))
+                        heappush(heap, (now + spec_dur[spec[op]], _COMPUTE_DONE, op, 0))
                 dirty_chips.clear()
             # flows that started or ended in the last batch: one alone on every port of its
             # route is its own connected set (at its route's narrowest capacity; an ended
@@ -471,7 +502,7 @@ class Engine:
                     c = chip_of[op]
                     busy[c] = False
                     dirty_chips.add(c)
-                    executed_flops[op] += flops[op] if flops_of is None else flops_of(op)
+                    executed_flops[op] += spec_flops[spec[op]] if flops_of is None else flops_of(op)
                 elif prio == _FLOW_DONE:
                     f = op
                     if version != f_ver[f]:
@@ -519,7 +550,7 @@ class Engine:
                     if not remaining_preds[v]:
                         if is_comm[v]:
                             start_s[v] = now
-                            heappush(heap, (now + dur[v], _COMM_RELEASE, v, 0))
+                            heappush(heap, (now + spec_dur[spec[v]], _COMM_RELEASE, v, 0))
                         else:
                             heappush(ready[chip_of[v]], (now, v))
                             dirty_chips.add(chip_of[v])

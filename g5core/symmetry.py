@@ -155,8 +155,8 @@ def check_resources(sym: Symmetry, dag, compiled, plan) -> Optional[str]:
     topo: Topology = plan.ctx.topology
     size = sym.slice_chips
     used = set()
-    for route in set(compiled.flow_ports):
-        used.update(route)
+    for r in set(compiled.flow_route.tolist()):
+        used.update(compiled.routes[r])
     for r in sorted(used):
         lo, hi = _resource_chips(topo, r)
         if hi > size:
@@ -179,8 +179,9 @@ def check_resources(sym: Symmetry, dag, compiled, plan) -> Optional[str]:
             want = [(s + shift, t + shift, b, tuple(_shift_resource(topo, r, shift) for r in route))
                     for s, t, b, route in mine]
             got = [(s, t, b, tuple(route)) for s, t, b, route in flows]
-            same_algo = ((low.algorithm, low.protocol, low.channels) == tuple(compiled.comm_algo[i])
-                         and float(low.wire_bytes_per_payload_byte) == compiled.wire_factor[i])
-            if got != want or float(low.latency_s) != compiled.duration_s[i] or not same_algo:
+            s = compiled.spec[i]
+            same_algo = ((low.algorithm, low.protocol, low.channels) == tuple(compiled.algos[compiled.spec_algo[s]])
+                         and float(low.wire_bytes_per_payload_byte) == compiled.spec_wire[s])
+            if got != want or float(low.latency_s) != compiled.spec_duration_s[s] or not same_algo:
                 return f"op {op.key!r} lowers differently in {sym.dimension} replica {k}"
     return None

@@ -196,7 +196,7 @@ class HalfFlops(Engine):
     """``_flops_of`` credits half of each compute op's FLOPs."""
 
     def _flops_of(self, op: int) -> float:
-        return 0.5 * self.dag.flops[op]
+        return 0.5 * float(self.dag.spec_flops[self.dag.spec[op]])
 
 
 class GreedyPorts(Engine):

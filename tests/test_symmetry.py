@@ -184,8 +184,8 @@ def test_traffic_on_another_replicas_port_or_a_lowering_that_moves_unlike_refuse
     assert check_resources(sym, dag, shared, plan) == "resource chip3.link_rx is shared with another replica"
     # a communication op whose start latency differs from what its move to replica 1 lowers to
     first_comm = int(compiled.is_comm.argmax())
-    dur = compiled.duration_s.copy()
-    dur[first_comm] *= 2
-    unlike = attrs.evolve(compiled, duration_s=dur)
+    dur = compiled.spec_duration_s.copy()
+    dur[compiled.spec[first_comm]] *= 2
+    unlike = attrs.evolve(compiled, spec_duration_s=dur)
     assert check_resources(sym, dag, unlike, plan) == (f"op {dag.ops[first_comm].key!r} lowers differently in dp "
                                                        f"replica 1")
