@@ -230,6 +230,18 @@ def exact_sum(values) -> float:
         return sum(values)
 
 
+def exact_sum_repeated(pairs) -> float:
+    """:func:`exact_sum` of every value ``v`` repeated ``n`` times, for ``(v, n)`` in
+    ``pairs`` (in that order), without making the list."""
+    from itertools import chain, repeat
+
+    pairs = list(pairs)
+    try:
+        return math.fsum(chain.from_iterable(repeat(v, n) for v, n in pairs))
+    except OverflowError:
+        return sum(chain.from_iterable(repeat(v, n) for v, n in pairs))
+
+
 def coverage_report(timed_ops, system, latency_s: float, n_chips: int, lookup: LatencyLookup) -> dict:
     """:func:`coverage_from_columns` of ``timed_ops``, (compute op, seconds) for every
     compute op run (the Math path)."""
@@ -269,7 +281,7 @@ def coverage_from_columns(answer_ids, chips, flops, system, latency_s: float, n_
         row.setdefault(source, []).append((seconds - measured, n))
 
     def copies(pairs) -> float:  # the exact sum of every op's value, over every replica
-        return exact_sum([v for v, n in pairs for _ in range(n * replicas)])
+        return exact_sum_repeated((v, n * replicas) for v, n in pairs)
 
     by_class = {cls: {k: copies(v) for k, v in row.items()} for cls, row in parts.items()}
     total_pairs: dict[str, list] = {}

@@ -7,7 +7,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .compute import coverage_from_columns, exact_sum
+from .compute import coverage_from_columns, exact_sum_repeated
 from .dag import OpDag
 from .engine import CompiledDag, Engine
 from .errors import ConservationError
@@ -50,7 +50,8 @@ def conservation_kpis(engine: Engine) -> dict[str, float]:
         early = 0
     byte_gap = math.fsum(engine.flow_injected) - math.fsum(engine.flow_delivered)
     bytes_kpi = int(math.floor(abs(byte_gap))) if math.isfinite(byte_gap) else -1
-    flops_kpi = math.fsum(d.flops.tolist()) - math.fsum(engine.executed_flops)
+    per_spec = np.bincount(d.spec, minlength=len(d.spec_flops)).tolist() if d.n_ops else []
+    flops_kpi = exact_sum_repeated(zip(d.spec_flops.tolist(), per_spec)) - math.fsum(engine.executed_flops)
     allowance = ROUNDING_PORT_REL * math.fsum(d.port_capacity) * engine.makespan_s
     port_kpi = int(math.floor(engine.port_excess_bytes)) if engine.port_excess_bytes > allowance else 0
     chips = np.asarray(d.chip)
@@ -167,16 +168,15 @@ def collectives_report(dag: OpDag, d: CompiledDag, replicas: int = 1) -> list[di
     comm = _comm_ids(dag)
     if not len(comm):
         return []
-    spec_of = np.frombuffer(dag.spec, dtype=np.int64)[comm]
-    # ops alike in spec and algorithm, counted at once (few distinct pairs, many ops)
-    pairs, counts = np.unique(np.stack([spec_of, d.comm_algo_id[comm]], axis=1), axis=0, return_counts=True)
+    # ops alike in spec (and so in algorithm), counted at once (few specs, many ops)
+    spec_ids, counts = np.unique(d.spec[comm], return_counts=True)
     groups: dict[tuple, list] = {}
-    for (s_id, a_id), count in zip(pairs.tolist(), counts.tolist()):
-        spec = specs[s_id]
+    for s_id, count in zip(spec_ids.tolist(), counts.tolist()):
+        spec, a_id = specs[s_id], int(d.spec_algo[s_id])
         groups.setdefault((spec[2], spec[0]) + tuple(d.algos[a_id]), []).append((spec[5], count))
     return [{"reason": r, "primitive": p, "algorithm": a, "protocol": pr, "channels": ch,
              "ops": sum(c for _, c in b) * replicas,
-             "bytes_per_rank": exact_sum([v for v, c in b for _ in range(c * replicas)])}
+             "bytes_per_rank": exact_sum_repeated((v, c * replicas) for v, c in b)}
             for (r, p, a, pr, ch), b in sorted(groups.items())]
 
 
@@ -233,29 +233,29 @@ def comm_bytes_by_reason(dag: OpDag, d: CompiledDag, replicas: int = 1) -> dict:
 
 def _fsum_replicated(values: np.ndarray, replicas: int) -> float:
     """The exactly-rounded sum of ``replicas`` copies of ``values`` (what the full run sums)."""
-    return float(math.fsum(np.tile(values, replicas)))
+    from itertools import chain, repeat
+
+    return float(math.fsum(chain.from_iterable(repeat(memoryview(np.ascontiguousarray(values, dtype=float)), replicas))))
 
 
-def _union_length_by_chip(chip: np.ndarray, s: np.ndarray, e: np.ndarray, n_chips: int) -> tuple[np.ndarray, list]:
-    """Per chip: the length of the union of its intervals, and the merged intervals."""
-    lengths = np.zeros(n_chips)
-    merged: list = [np.zeros((0, 2))] * n_chips
-    if not len(chip):
-        return lengths, merged
+def _merged_length(s: np.ndarray, e: np.ndarray) -> float:
+    """The length of the union of intervals ``[s, e)`` given in ascending order of ``s``:
+    the sum, in order, of the lengths of the merged (disjoint) intervals."""
+    if not len(s):
+        return 0.0
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > reach[:-1]
+    starts = np.flatnonzero(new)
+    return float(np.sum(np.maximum.reduceat(e, starts) - s[starts]))
+
+
+def _by_chip(chip: np.ndarray, s: np.ndarray, n_chips: int) -> tuple[np.ndarray, np.ndarray]:
+    """(order sorting items by chip, then start; bounds: chip c's items are
+    ``order[bounds[c]:bounds[c + 1]]``)."""
     order = np.lexsort((s, chip))
-    chip, s, e = chip[order], s[order], e[order]
-    bounds = np.flatnonzero(np.diff(chip)) + 1
-    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(chip)]):
-        cs, ce = s[lo:hi], e[lo:hi]
-        reach = np.maximum.accumulate(ce)
-        new = np.ones(len(cs), dtype=bool)
-        new[1:] = cs[1:] > reach[:-1]
-        starts = np.flatnonzero(new)
-        seg = np.column_stack((cs[starts], np.maximum.reduceat(ce, starts)))
-        c = int(chip[lo])
-        merged[c] = seg
-        lengths[c] = float(np.sum(seg[:, 1] - seg[:, 0]))
-    return lengths, merged
+    bounds = np.searchsorted(chip[order], np.arange(n_chips + 1))
+    return order, bounds
 
 
 def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarray) -> dict:
@@ -264,18 +264,22 @@ def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarra
     Per chip: ``comm_time`` is the union of the intervals of the communication ops it takes
     part in (start latency included); ``exposed`` is the part of that union during which its
     compute stream was idle. Reported for the chip where exposure is largest (ties: more
-    communication, then the lower chip id), overall and per reason.
+    communication, then the lower chip id), overall and per reason. Worked out chip by
+    chip, so what it holds at once is one chip's intervals.
     """
     n_chips = d.n_chips
-    is_comm = np.asarray(d.is_comm, dtype=bool)
+    is_comm = d.is_comm
     done = ~(np.isnan(start) | np.isnan(end))
     comp = np.flatnonzero(~is_comm & done)
-    comp_chip = np.asarray(d.chip, dtype=np.int64)[comp]
-    comp_len, comp_merged = _union_length_by_chip(comp_chip, start[comp], end[comp], n_chips)
+    comp_chip = d.chip[comp]
+    comp_order, comp_bounds = _by_chip(comp_chip, start[comp], n_chips)
+    comp = comp[comp_order]
+    del comp_chip, comp_order
     reasons = _reasons(dag)
     comm = np.flatnonzero(is_comm & done)
+    del is_comm, done
     # every (member chip, comm op) pair, from each spec's group
-    spec = np.frombuffer(dag.spec, dtype=np.int64)[comm] if len(comm) else np.zeros(0, dtype=np.int64)
+    spec = d.spec[comm]
     groups = [spec_[1] if is_c else () for spec_, is_c in zip(dag.specs, dag.spec_is_comm)]
     g_size = np.asarray([len(g) for g in groups], dtype=np.int64)
     g_start = np.zeros(len(groups) + 1, dtype=np.int64)
@@ -285,23 +289,41 @@ def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarra
     op_of = np.repeat(comm, sizes)
     rank = np.arange(len(op_of), dtype=np.int64) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     members = g_members[np.repeat(g_start[spec], sizes) + rank] if len(op_of) else np.zeros(0, dtype=np.int64)
-    reason_of = _spec_reason_ids(dag, reasons)[np.repeat(spec, sizes)]
+    del rank
+    pair_order, pair_bounds = _by_chip(members, start[op_of], n_chips)
+    op_of = op_of[pair_order]
+    reason_of = _spec_reason_ids(dag, reasons)[d.spec[op_of]]
+    del members, pair_order, spec, sizes
+    # per chip, overall (row 0) and per reason (row 1 + reason id): the comm union, and
+    # the union of comm and compute
+    comm_len = np.zeros((len(reasons) + 1, n_chips))
+    union_len = np.zeros((len(reasons) + 1, n_chips))
+    comp_len = np.zeros(n_chips)
+    for c in range(n_chips):
+        ci = comp[comp_bounds[c]:comp_bounds[c + 1]]
+        cs, ce = start[ci], end[ci]
+        comp_len[c] = _merged_length(cs, ce)
+        lo, hi = pair_bounds[c], pair_bounds[c + 1]
+        if lo == hi:
+            continue
+        ops, why = op_of[lo:hi], reason_of[lo:hi]
+        for row, pick in [(0, None)] + [(1 + r, why == r) for r in np.unique(why).tolist()]:
+            o = ops if pick is None else ops[pick]
+            ms, me = start[o], end[o]
+            comm_len[row, c] = _merged_length(ms, me)
+            both_s = np.concatenate([ms, cs])
+            both = np.argsort(both_s, kind="stable")
+            union_len[row, c] = _merged_length(both_s[both], np.concatenate([me, ce])[both])
 
-    def worst(mask) -> dict:
-        chips = members[mask]
-        ops = op_of[mask]
-        comm_len, comm_merged = _union_length_by_chip(chips, start[ops], end[ops], n_chips)
-        both_chip = np.concatenate([chips, comp_chip])
-        both_s = np.concatenate([start[ops], start[comp]])
-        both_e = np.concatenate([end[ops], end[comp]])
-        union_len, _ = _union_length_by_chip(both_chip, both_s, both_e, n_chips)
-        exposed = np.maximum(union_len - comp_len, 0.0)  # comm time outside compute
-        has = comm_len > 0
+    def worst(row: int) -> dict:
+        comm_row = comm_len[row]
+        exposed = np.maximum(union_len[row] - comp_len, 0.0)  # comm time outside compute
+        has = comm_row > 0
         if not has.any():
             return {"comm_time_s": 0.0, "exposed_comm_s": 0.0, "hidden_fraction": 1.0, "chip": None}
         cand = np.flatnonzero(has)
-        best = cand[np.lexsort((cand, -comm_len[cand], -exposed[cand]))[0]]
-        total, exp = float(comm_len[best]), float(min(exposed[best], comm_len[best]))
+        best = cand[np.lexsort((cand, -comm_row[cand], -exposed[cand]))[0]]
+        total, exp = float(comm_row[best]), float(min(exposed[best], comm_row[best]))
         # the union arithmetic rounds; snap differences below a nanosecond-per-second
         if abs(total - exp) <= ROUNDING_TIME_REL * total:
             exp = total
@@ -310,6 +332,6 @@ def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarra
         return {"comm_time_s": total, "exposed_comm_s": exp,
                 "hidden_fraction": 1.0 - exp / total if total > 0 else 1.0, "chip": int(best)}
 
-    out = worst(np.ones(len(members), dtype=bool))
-    out["by_reason"] = {r: worst(reason_of == i) for i, r in enumerate(reasons)}
+    out = worst(0)
+    out["by_reason"] = {r: worst(1 + i) for i, r in enumerate(reasons)}
     return out
