@@ -85,7 +85,7 @@ class CompiledDag:
     chip: np.ndarray             # int64 per op: chip of a compute op, -1 for comm
     succ: "Successors"           # successor ids per op (succ[i]), CSR
     pred_count: np.ndarray       # int32 per op: distinct predecessors
-    flow_ptr: np.ndarray         # int64 per op: first flow index; flow_ptr[n] = total flows
+    flow_ptr: np.ndarray         # int32 per op (int64 past 2**31 flows): first flow; flow_ptr[n] = total flows
     flow_op: np.ndarray          # int32 per flow: the comm op it belongs to
     flow_src: np.ndarray         # int32 chip
     flow_dst: np.ndarray
@@ -150,7 +150,7 @@ class CompiledDag:
     @property
     def edges_u(self) -> np.ndarray:
         """Predecessor of every distinct edge (with :attr:`edges_v`), grouped by predecessor."""
-        return np.repeat(np.arange(self.n_ops, dtype=np.int64), np.diff(self.succ.bounds_array()))
+        return np.repeat(np.arange(self.n_ops, dtype=self.succ.bounds_array().dtype), np.diff(self.succ.bounds_array()))
 
     @property
     def edges_v(self) -> np.ndarray:
@@ -220,7 +220,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     return CompiledDag(
         n_chips=topo.chips, source=dag, spec=spec,
         chip=np.frombuffer(dag.chip, dtype=np.int64) if n else np.zeros(0, dtype=np.int64),
-        succ=succ, pred_count=pred_count.astype(i32), flow_ptr=flow_ptr,
+        succ=succ, pred_count=pred_count, flow_ptr=flow_ptr.astype(i32),
         flow_op=flow_op, flow_src=np.asarray(t_src, dtype=i32)[t_index], flow_dst=np.asarray(t_dst, dtype=i32)[t_index],
         flow_route=np.asarray(t_route, dtype=i32)[t_index], routes=tuple(route_ids),
         flow_bytes=np.asarray(t_bytes, dtype=float)[t_index], port_capacity=topo.capacities(), algos=tuple(algo_ids),
@@ -246,23 +246,34 @@ class Successors:
         return len(self.bounds) - 1
 
     def targets_array(self) -> np.ndarray:
-        return np.frombuffer(self.targets, dtype=np.int64) if len(self.targets) else np.zeros(0, dtype=np.int64)
+        dtype = np.int32 if self.targets.typecode == "i" else np.int64
+        return np.frombuffer(self.targets, dtype=dtype) if len(self.targets) else np.zeros(0, dtype=dtype)
 
     def bounds_array(self) -> np.ndarray:
-        return np.frombuffer(self.bounds, dtype=np.int64)
+        return np.frombuffer(self.bounds, dtype=np.int32 if self.bounds.typecode == "i" else np.int64)
 
 
 def _successor_lists(edges, n: int) -> tuple[Successors, np.ndarray]:
     """(successors per op, predecessor count per op) of the distinct edges, each op's
-    successors in the order their edges were first made."""
+    successors in the order their edges were first made. Ids are int32 below 2**31 ops."""
     e = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
-    _, first = np.unique(e[:, 0] * n + e[:, 1], return_index=True)
+    key = e[:, 0] * n + e[:, 1]
+    order = np.argsort(key, kind="stable")  # equal edges together, the first made first
+    key = key[order]
+    first = np.ones(len(key), dtype=bool)
+    first[1:] = key[1:] != key[:-1]
+    del key
+    first = order[first]  # where each distinct edge was first made
+    del order
     first.sort()
-    eu, ev = e[first, 0], e[first, 1]
+    ids = np.int32 if n < 2 ** 31 else np.int64
+    eu, ev = e[first, 0].astype(ids), e[first, 1].astype(ids)
+    del first
     order = np.argsort(eu, kind="stable")
-    targets = array("q", ev[order].tobytes())
-    bounds = array("q", np.searchsorted(eu[order], np.arange(n + 1)).astype(np.int64).tobytes())
-    pred_count = np.bincount(ev, minlength=n).astype(np.int64)
+    code = "i" if ids is np.int32 else "q"
+    targets = array(code, ev[order].tobytes())
+    bounds = array(code, np.searchsorted(eu[order], np.arange(n + 1)).astype(ids).tobytes())
+    pred_count = np.bincount(ev, minlength=n).astype(np.int32)
     return Successors(targets, bounds), pred_count
 
 
@@ -397,7 +408,7 @@ class Engine:
         is_comm = d.spec_is_comm[d.spec].tobytes()
         chip_of = memoryview(d.chip) if n else ()
         spec_dur, spec_flops = d.spec_duration_s.tolist(), d.spec_flops.tolist()
-        remaining_preds = array("i", d.pred_count.astype(np.int32).tobytes())
+        remaining_preds = array("i", d.pred_count.tobytes())
         flow_ptr = memoryview(d.flow_ptr)
         flow_op = memoryview(d.flow_op) if n_flows else ()
         fbytes = memoryview(d.flow_bytes) if n_flows else ()
