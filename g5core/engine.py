@@ -160,8 +160,7 @@ class CompiledDag:
 def compile_dag(dag: OpDag, plan) -> CompiledDag:
     """Ask the plugins once per distinct op (spec) for durations and lowerings; validate;
     return columns made with numpy from the per-spec answers (no Python work per op).
-    Edges are de-duplicated and turned into successor lists, keeping each op's successors
-    in the order their edges were first made."""
+    Edges are de-duplicated and turned into successor lists."""
     ctx = plan.ctx
     topo: Topology = ctx.topology
     n = len(dag)
@@ -230,8 +229,8 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
 
 
 class Successors:
-    """Successor ids per op, stored flat (CSR): ``succ[i]`` is op ``i``'s successors, in the
-    order their edges were first made."""
+    """Successor ids per op, stored flat (CSR): ``succ[i]`` is op ``i``'s successors, in
+    ascending id order."""
 
     __slots__ = ("targets", "bounds")
 
@@ -255,25 +254,23 @@ class Successors:
 
 def _successor_lists(edges, n: int) -> tuple[Successors, np.ndarray]:
     """(successors per op, predecessor count per op) of the distinct edges, each op's
-    successors in the order their edges were first made. Ids are int32 below 2**31 ops."""
-    e = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
-    key = e[:, 0] * n + e[:, 1]
-    order = np.argsort(key, kind="stable")  # equal edges together, the first made first
-    key = key[order]
-    first = np.ones(len(key), dtype=bool)
-    first[1:] = key[1:] != key[:-1]
-    del key
-    first = order[first]  # where each distinct edge was first made
-    del order
-    first.sort()
+    successors in ascending id order (the engine's event order does not depend on the
+    order it releases successors in: its event key is the time, the kind and the id). Ids
+    are int32 below 2**31 ops."""
     ids = np.int32 if n < 2 ** 31 else np.int64
-    eu, ev = e[first, 0].astype(ids), e[first, 1].astype(ids)
-    del first
-    order = np.argsort(eu, kind="stable")
+    e = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
+    u, v = e[:, 0].astype(ids), e[:, 1].astype(ids)
+    order = np.lexsort((v, u))
+    u, v = u[order], v[order]
+    del order
+    distinct = np.ones(len(u), dtype=bool)
+    distinct[1:] = (u[1:] != u[:-1]) | (v[1:] != v[:-1])
+    u, v = u[distinct], v[distinct]
+    del distinct
     code = "i" if ids is np.int32 else "q"
-    targets = array(code, ev[order].tobytes())
-    bounds = array(code, np.searchsorted(eu[order], np.arange(n + 1)).astype(ids).tobytes())
-    pred_count = np.bincount(ev, minlength=n).astype(np.int32)
+    targets = array(code, v.tobytes())
+    bounds = array(code, np.searchsorted(u, np.arange(n + 1, dtype=ids)).astype(ids).tobytes())
+    pred_count = np.bincount(v, minlength=n).astype(np.int32)
     return Successors(targets, bounds), pred_count
 
 
