@@ -69,30 +69,30 @@ def g5_expand_op(ctx, lop):
                  kernels=(k,)) for k in ring_step_kernels(ctx)]
     nbytes = block_bytes(ctx.deployment.seq_len, cp, ctx.kv_bytes_per_token_local, ctx.deployment.batch)
     placed = set(ctx.place(lop))
+    rings = [ring for ring in ctx.rankmap.groups("cp") if placed.issuperset(ring)]
+    if not rings:
+        return Fragment(ops=())
+    # one ring on slot chips 0 .. cp-1 (slot r = cp rank r), tiled over every ring
     ops, edges, heads, tails = [], [], {}, {}
-    for ring in ctx.rankmap.groups("cp"):
-        if not placed.issuperset(ring):
-            continue
-        compute = [[None] * cp for _ in ring]
-        p2p = [[None] * (cp - 1) for _ in ring]
-        for r, chip in enumerate(ring):
-            for i in range(cp):
-                compute[r][i] = ctx.compute_op(lop, chip, work[min(i, 1)], owner="cp_passkv", part=f"step{i:02d}")
-                ops.append(compute[r][i])
-            for i in range(cp - 1):
-                op = ctx.comm_op(lop, "p2p", (chip, ring[(r + 1) % cp]), nbytes, "cp_passkv",
-                                 owner="cp_passkv", part=f"p2p{i:02d}")
-                p2p[r][i] = op
-                ops.append(op)
-            heads[chip] = (compute[r][0].key, p2p[r][0].key)
-            tails[chip] = tuple(c.key for c in compute[r])
-        for r in range(cp):
-            prev = (r - 1) % cp
-            for i in range(1, cp):
-                edges.append((p2p[prev][i - 1].key, compute[r][i].key))
-                if i < cp - 1:
-                    edges.append((p2p[prev][i - 1].key, p2p[r][i].key))
-    return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)
+    compute = [[None] * cp for _ in range(cp)]
+    p2p = [[None] * (cp - 1) for _ in range(cp)]
+    for r in range(cp):
+        for i in range(cp):
+            compute[r][i] = ctx.compute_op(lop, r, work[min(i, 1)], owner="cp_passkv", part=f"step{i:02d}")
+            ops.append(compute[r][i])
+        for i in range(cp - 1):
+            p2p[r][i] = ctx.comm_op(lop, "p2p", (r, (r + 1) % cp), nbytes, "cp_passkv", owner="cp_passkv",
+                                    part=f"p2p{i:02d}")
+            ops.append(p2p[r][i])
+        heads[r] = (compute[r][0].key, p2p[r][0].key)
+        tails[r] = tuple(c.key for c in compute[r])
+    for r in range(cp):
+        prev = (r - 1) % cp
+        for i in range(1, cp):
+            edges.append((p2p[prev][i - 1].key, compute[r][i].key))
+            if i < cp - 1:
+                edges.append((p2p[prev][i - 1].key, p2p[r][i].key))
+    return Fragment.tiled(Fragment(ops=ops, edges=edges, heads=heads, tails=tails), rings)
 
 
 @hookimpl

@@ -105,11 +105,6 @@ def g5_expand_op(ctx, lop):
     else:
         return None
     nbytes = ctx.hidden_states_bytes(ctx.shape.tokens)
-    ops, heads, tails = [], {}, {}
-    for group in _tp_groups(ctx, ctx.place(lop)):
-        op = ctx.comm_op(lop, primitive, group, nbytes, reason, owner="tp", part=primitive)
-        ops.append(op)
-        for c in group:
-            heads[c] = (op.key,)
-            tails[c] = (op.key,)
-    return Fragment(ops=ops, heads=heads, tails=tails)
+    # one collective on slot chips 0 .. tp-1, tiled over the TP groups of the placed chips
+    op = ctx.comm_op(lop, primitive, range(tp), nbytes, reason, owner="tp", part=primitive)
+    return Fragment.tiled(Fragment.collective(op), _tp_groups(ctx, ctx.place(lop)))
