@@ -406,11 +406,15 @@ class OpDag:
     @property
     def index(self) -> Mapping[str, int]:
         """Key -> op id (the first op with that key), made on first use and extended since."""
-        n = len(self.spec)
-        if self._indexed < n:
-            index, key = self._index, self.key
-            for i in range(self._indexed, n):
-                index.setdefault(key(i), i)
+        n, first = len(self.spec), self._indexed
+        if first < n:
+            keys = self.keys[first:n]
+            if not first:   # reversed, so that a repeated key keeps its first op
+                self._index = dict(zip(reversed(keys), range(n - 1, -1, -1)))
+            else:
+                setdefault = self._index.setdefault
+                for i, k in enumerate(keys, first):
+                    setdefault(k, i)
             self._indexed = n
         return MappingProxyType(self._index)
 
