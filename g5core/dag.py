@@ -295,9 +295,9 @@ class Fragment:
         return cls(ops=(op,), heads={c: (op.key,) for c in op.group}, tails={c: (op.key,) for c in op.group})
 
 
-class OpView(Sequence):
-    """``OpDag.ops``: op ``i`` as a :class:`ComputeOp` or :class:`CommOp`, made from the
-    DAG's columns when asked for (the DAG keeps no object per op)."""
+class _RowView(Sequence):
+    """A read-only sequence of one value per op of an :class:`OpDag`, made from its columns
+    when asked for (the DAG keeps no object per op); ``_item(dag, i)`` makes row ``i``'s."""
 
     __slots__ = ("_dag",)
 
@@ -309,43 +309,31 @@ class OpView(Sequence):
 
     def __getitem__(self, i):
         if isinstance(i, slice):
-            return [self._dag.op(j) for j in range(*i.indices(len(self)))]
+            return [self._item(self._dag, j) for j in range(*i.indices(len(self)))]
         n = len(self)
         if i < 0:
             i += n
         if not 0 <= i < n:
             raise IndexError("op index out of range")
-        return self._dag.op(i)
+        return self._item(self._dag, i)
 
     def __iter__(self):
-        op = self._dag.op
-        return (op(i) for i in range(len(self)))
+        dag, item = self._dag, self._item
+        return (item(dag, i) for i in range(len(self)))
 
 
-class KeyView(Sequence):
-    """``OpDag.keys``: op ``i``'s key, made from the key columns when asked for."""
+class OpView(_RowView):
+    """``OpDag.ops``: op ``i`` as a :class:`ComputeOp` or :class:`CommOp`."""
 
-    __slots__ = ("_dag",)
+    __slots__ = ()
+    _item = staticmethod(lambda dag, i: dag.op(i))
 
-    def __init__(self, dag: "OpDag"):
-        self._dag = dag
 
-    def __len__(self) -> int:
-        return len(self._dag)
+class KeyView(_RowView):
+    """``OpDag.keys``: op ``i``'s key, made from the key columns."""
 
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self._dag.key(j) for j in range(*i.indices(len(self)))]
-        n = len(self)
-        if i < 0:
-            i += n
-        if not 0 <= i < n:
-            raise IndexError("op index out of range")
-        return self._dag.key(i)
-
-    def __iter__(self):
-        key = self._dag.key
-        return (key(i) for i in range(len(self)))
+    __slots__ = ()
+    _item = staticmethod(lambda dag, i: dag.key(i))
 
     def __contains__(self, key) -> bool:
         return key in self._dag.index

@@ -12,10 +12,11 @@ import pytest
 from g5core import CommOp, ComputeOp, DagError, Fragment, hookimpl
 from g5core.build import _prefix_free, build_dag
 from g5core.dag import KEY_GROUP, KEY_PAIR, KEY_VERBATIM, OpDag, join_key, split_key
-from g5core.layers import LogicalOp, Work, build_program
+from g5core.layers import LogicalOp, build_program
 from g5core.run import make_plan
 from plugin_sets import THIRD_PARTY
-from plugins.cp_passkv import block_bytes, ring_step_kernels, ring_work
+import plugins.cp_passkv as passkv
+import plugins.tp as tp
 
 
 def _raw(tp=2, dp=2, cp=4, seq_len=2048, **extra):
@@ -24,65 +25,18 @@ def _raw(tp=2, dp=2, cp=4, seq_len=2048, **extra):
                  "seq_len": seq_len}, **extra)
 
 
-# The per-op expansions cp_passkv and tp made before they used Fragment.tiled: one object per
-# op, in ring (group) order, rank by rank. They stand in for the plugins here.
+# The per-op expansions of cp_passkv and tp, as they were before Fragment.tiled: one object
+# per op, ring by ring (group by group) on the real chips, from the same per-ring (per-group)
+# function the plugins now make their template with.
 
 def _per_op_passkv(ctx, lop):
-    cp = ctx.size("cp")
-    if lop.kind != "attention" or ctx.phase != "prefill" or cp == 1:
-        return None
-    step_flops, step_bytes = ring_work(ctx)
-    work = [Work(op_class="attention", flops=step_flops, hbm_bytes=step_bytes, weight_class="", weight_elements=0.0,
-                 kernels=(k,)) for k in ring_step_kernels(ctx)]
-    nbytes = block_bytes(ctx.deployment.seq_len, cp, ctx.kv_bytes_per_token_local, ctx.deployment.batch)
-    placed = set(ctx.place(lop))
-    ops, edges, heads, tails = [], [], {}, {}
-    for ring in ctx.rankmap.groups("cp"):
-        if not placed.issuperset(ring):
-            continue
-        compute = [[None] * cp for _ in ring]
-        p2p = [[None] * (cp - 1) for _ in ring]
-        for r, chip in enumerate(ring):
-            for i in range(cp):
-                compute[r][i] = ctx.compute_op(lop, chip, work[min(i, 1)], owner="cp_passkv", part=f"step{i:02d}")
-                ops.append(compute[r][i])
-            for i in range(cp - 1):
-                op = ctx.comm_op(lop, "p2p", (chip, ring[(r + 1) % cp]), nbytes, "cp_passkv",
-                                 owner="cp_passkv", part=f"p2p{i:02d}")
-                p2p[r][i] = op
-                ops.append(op)
-            heads[chip] = (compute[r][0].key, p2p[r][0].key)
-            tails[chip] = tuple(c.key for c in compute[r])
-        for r in range(cp):
-            prev = (r - 1) % cp
-            for i in range(1, cp):
-                edges.append((p2p[prev][i - 1].key, compute[r][i].key))
-                if i < cp - 1:
-                    edges.append((p2p[prev][i - 1].key, p2p[r][i].key))
-    return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)
+    work, nbytes = passkv.ring_parts(ctx)
+    return Fragment.combine(passkv.ring_fragment(ctx, lop, ring, work, nbytes) for ring in passkv.placed_rings(ctx, lop))
 
 
 def _per_op_tp(ctx, lop):
-    from plugins.tp import GATHER_KINDS, REDUCE_KINDS, _tp_groups, tp_sp
-
-    if ctx.size("tp") == 1:
-        return None
-    sp = tp_sp(ctx.deployment)
-    if lop.kind in REDUCE_KINDS:
-        primitive, reason = ("reduce_scatter", "tp_reduce_scatter") if sp else ("all_reduce", "tp_allreduce")
-    elif lop.kind in GATHER_KINDS and sp:
-        primitive, reason = "all_gather", "tp_allgather"
-    else:
-        return None
-    nbytes = ctx.hidden_states_bytes(ctx.shape.tokens)
-    ops, heads, tails = [], {}, {}
-    for group in _tp_groups(ctx, ctx.place(lop)):
-        op = ctx.comm_op(lop, primitive, group, nbytes, reason, owner="tp", part=primitive)
-        ops.append(op)
-        for c in group:
-            heads[c] = (op.key,)
-            tails[c] = (op.key,)
-    return Fragment(ops=ops, heads=heads, tails=tails)
+    collective = tp.collective_of(ctx, lop)
+    return Fragment.combine(tp.group_fragment(ctx, lop, group, collective) for group in tp._tp_groups(ctx, ctx.place(lop)))
 
 
 def _columns(dag: OpDag) -> dict:
