@@ -1,6 +1,7 @@
 """Concrete ops, the fragments plugins contribute, and the op DAG they form."""
 from __future__ import annotations
 
+import operator
 from array import array
 from collections.abc import Sequence
 from types import MappingProxyType
@@ -117,6 +118,12 @@ def _slot_op(op: Op, tile: tuple[int, ...]) -> Op:
     if arg == KEY_VERBATIM:
         raise DagError(f"op {op.key!r} of a tiled template is not keyed on its slots (...@g<slots>)")
     return attrs.evolve(op, key=join_key(stem, tile[arg] if arg >= 0 else arg, group), group=group)
+
+
+def _chip_number(c) -> int:
+    if isinstance(c, bool):
+        raise TypeError("a bool is not a chip number")
+    return operator.index(c)
 
 
 @attrs.frozen
@@ -256,7 +263,10 @@ class Fragment:
         """``template`` (ops on slot chips ``0 .. m-1``, keys made on the slots) once on each
         of ``tiles`` (tuples of ``m`` chips, no chip in two tiles); see the class docstring.
         E.g. one ring of ``cp`` ranks on slots ``0 .. cp-1``, tiled over every cp ring."""
-        tiles = tuple(tuple(t) for t in tiles)
+        try:   # numpy integers become ints; a bool or a fraction is refused
+            tiles = tuple(tuple(c if type(c) is int else _chip_number(c) for c in t) for t in tiles)
+        except TypeError:
+            raise DagError(f"Fragment.tiled: tiles must be tuples of chip numbers, got {tiles!r}") from None
         if not isinstance(template, Fragment) or template.repeated is not None:
             raise DagError(f"Fragment.tiled needs a template Fragment of plain ops, got {template!r}")
         if len({len(t) for t in tiles}) > 1:

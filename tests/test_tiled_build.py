@@ -105,6 +105,10 @@ def test_a_tiled_fragment_reads_as_the_per_op_fragment_it_stands_for():
         Fragment.tiled(_ring_template(), [(0, 1, 2), (2, 3, 4)])
     with pytest.raises(DagError, match="tiles differ in length"):
         Fragment.tiled(_ring_template(), [(0, 1, 2), (3, 4)])
+    for bad in ([(0, 1, 2.0)], [(0, True, 2)]):
+        with pytest.raises(DagError, match="tiles must be tuples of chip numbers"):
+            Fragment.tiled(_ring_template(), bad)
+    assert Fragment.tiled(_ring_template(), np.array([[4, 5, 6], [1, 0, 2]])) == frag
 
 
 def _plan_with(monkeypatch, frag_of, raw=None):
