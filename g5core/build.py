@@ -427,7 +427,9 @@ def _add_tiled(dag: OpDag, rep: Replicated | Tiled, lop: LogicalOp, owner: str, 
     if type(rep) is Replicated:
         if type(rep.template) is not ComputeOp:
             raise PluginError(owner, f"Fragment.replicated needs a ComputeOp template, got {rep.template!r}")
-        rep = rep.as_tiled()
+        if rep.chips and (rep.stem + "@").startswith(prefixes):
+            return _add_replicated(dag, rep, owner, n_chips, tiles_cache)
+        rep = rep.as_tiled()   # no chips, or a message to give
     template, tiles = rep.template, rep.tiles
     ops = template._ops
     n, k = len(tiles), len(ops)
@@ -546,6 +548,29 @@ def _add_tiled(dag: OpDag, rep: Replicated | Tiled, lop: LogicalOp, owner: str, 
     listed = np.zeros(n_chips, dtype=bool)
     listed[T[:, listed_slots].ravel()] = True
     return heads, (_PerChip.of(chips, ids, n_chips, unique) if listed_slots else None, listed)
+
+
+def _add_replicated(dag: OpDag, rep: Replicated, owner: str, n_chips: int, tiles_cache: "_TileCache") -> tuple[tuple, tuple]:
+    """:func:`_add_tiled` of a one-slot tiling (one op per chip), what depends on the chips
+    alone made once per distinct chips."""
+    chips = rep.chips
+    cached = tiles_cache.tiles.get(chips)
+    if cached is None:
+        for c in chips:
+            if not (type(c) is int and 0 <= c < n_chips):
+                raise DagError(f"op {rep.key(c)!r} made by plugin '{owner}' is placed on chip {c!r}, "
+                               f"outside 0..{n_chips - 1}")
+        column = np.array(chips, dtype=np.int64)
+        order = np.argsort(column, kind="stable")
+        ptr = np.zeros(n_chips + 1, dtype=np.int64)
+        np.cumsum(np.bincount(column, minlength=n_chips), out=ptr[1:])
+        cached = tiles_cache.tiles[chips] = (column, order, column[order], ptr, ptr[1:] > ptr[:-1])
+    column, order, sorted_chips, ptr, listed = cached
+    n, t, base = len(chips), rep.template, len(dag)
+    dag.extend_columns(column, np.full(n, t.layer), np.full(n, dag._compute_spec(t)),
+                       np.full(n, dag.stem_id(rep.stem)), column)
+    ids = base + order
+    return (sorted_chips, ids), (_PerChip(ptr, ids, True), listed)
 
 
 def _tile_key(op, tile: tuple, lop: LogicalOp) -> str:
