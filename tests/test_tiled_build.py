@@ -3,13 +3,12 @@ the per-op API builds (same op ids, keys, chips, specs and edges, in the same or
 are made only when asked for, and the build's checks still name what is wrong."""
 from __future__ import annotations
 
-import types
 
 import attrs
 import numpy as np
 import pytest
 
-from g5core import CommOp, ComputeOp, DagError, Fragment, hookimpl
+from g5core import CommOp, ComputeOp, DagError, Fragment
 from g5core.build import _prefix_free, build_dag
 from g5core.dag import KEY_GROUP, KEY_PAIR, KEY_VERBATIM, OpDag, join_key, split_key
 from g5core.layers import LogicalOp, build_program
