@@ -3,7 +3,6 @@ the per-op API builds (same op ids, keys, chips, specs and edges, in the same or
 are made only when asked for, and the build's checks still name what is wrong."""
 from __future__ import annotations
 
-
 import attrs
 import numpy as np
 import pytest
