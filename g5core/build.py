@@ -9,12 +9,13 @@ from __future__ import annotations
 from typing import Iterable, Mapping, Optional
 
 import attrs
+import numpy as np
 import pluggy
 
 from .collective import collect_primitives
 from .topology import Topology
 from .config import Deployment
-from .dag import CommOp, ComputeOp, Fragment, OpDag, require_lowering
+from .dag import KEY_VERBATIM, CommOp, ComputeOp, Fragment, OpDag, Replicated, Tiled, _slot_op, require_lowering, split_key
 from .dimensions import DimensionRegistry, collect_dimensions
 from .errors import ConfigError, DagError, G5Error, PluginError, ResourceError
 from .flops import activation_tensor_bytes
@@ -231,72 +232,355 @@ def expand(ctx: BuildContext, lop: LogicalOp) -> tuple[str, Fragment]:
 
 def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
               chips: tuple[int, ...] | None = None) -> OpDag:
-    """The op DAG; with ``chips``, only the ops placed on them (one symmetric replica)."""
+    """The op DAG; with ``chips``, only the ops placed on them (one symmetric replica).
+
+    Ops, edges and each logical op's outputs (its tails per chip) are op ids; no key string
+    is made for a repeated (:meth:`Fragment.tiled`, :meth:`Fragment.replicated`) fragment.
+    Keys of different logical ops cannot collide when the program's prefixes are prefix-free
+    (checked once; every op key starts with its logical op's prefix), so keys are checked
+    for repeats within each fragment, and across the whole DAG only otherwise."""
     ctx = plan.ctx if chips is None else plan.ctx.restricted(chips)
     program = program if program is not None else build_program(ctx.model)
     dag = OpDag()
-    chips = ctx.rankmap.chips
-    outputs: dict[str, dict[int, tuple[str, ...]]] = {}
-    # the per-op work below is OpDag.add_op / add_edge inlined (millions of ops)
-    index, append, pairs = dag.index, dag.append, dag.edge_pairs
-    for lop in program:
-        owner, frag = expand(ctx, lop)
-        own = set()
-        prefixes = (lop.prefix + ".", lop.prefix + "@")
-        rep = frag.repeated
-        if rep is not None:
-            _check_replicated(rep, prefixes, owner, chips)
-            keys = rep.keys()
-            if not index.keys().isdisjoint(keys):
-                for op in rep.ops():
-                    if op.key in index:
-                        dag.add_op(op)  # names both owners
-            dag.extend_replicated(rep)
-            own.update(keys)
-        for op in frag._ops:
-            key = op.key
-            if not (type(op) is ComputeOp and type(op.chip) is int and 0 <= op.chip < chips
-                    and key.startswith(prefixes)):
-                _check_op(op, prefixes, owner, chips, plan.primitives)
-            if key in index:
-                dag.add_op(op)  # names both owners
-            append(op)
-            own.add(key)
-        for a, b in frag.edges:
-            if a not in own or b not in own:
-                raise DagError(f"{lop.id}: plugin '{owner}' made an edge {a!r} -> {b!r} between ops it does not own")
-            pairs.extend((index[a], index[b]))
-        inputs: dict[int, list[str]] = {}
+    n_chips = ctx.rankmap.chips
+    seen: dict[str, int] | None = None if _prefix_free(program) else {}
+    last_use: dict[str, int] = {}
+    for at, lop in enumerate(program):
         for name in lop.inputs:
-            for chip, keys in outputs[name].items():
-                inputs.setdefault(chip, []).extend(keys)
-        for chip, keys in frag.heads:
-            for k in keys:
-                if k not in own:
-                    raise DagError(f"{lop.id}: plugin '{owner}' names head {k!r}, which it did not make")
-                ik = index[k]
-                for src in inputs.get(chip, ()):
-                    pairs.extend((index[src], ik))
-        out = {c: tuple(dict.fromkeys(keys)) for c, keys in inputs.items()}
-        for chip, keys in frag.tails:
-            for k in keys:
-                if k not in own:
-                    raise DagError(f"{lop.id}: plugin '{owner}' names tail {k!r}, which it did not make")
-            out[chip] = keys
-        outputs[lop.id] = out
+            last_use[name] = at
+    outputs: dict[str, _PerChip] = {}
+    pairs = dag.edge_pairs
+    tiles_cache = _TileCache()
+    for at, lop in enumerate(program):
+        owner, frag = expand(ctx, lop)
+        prefixes = (lop.prefix + ".", lop.prefix + "@")
+        base = len(dag)
+        if frag.repeated is not None and frag.plain:
+            heads, tails = _add_tiled(dag, frag.repeated, lop, owner, prefixes, n_chips, plan.primitives, tiles_cache)
+        else:
+            heads, tails = _add_ops(dag, frag, lop, owner, prefixes, n_chips, plan.primitives, tiles_cache)
+        if seen is not None:
+            for i in range(base, len(dag)):
+                key = dag.key(i)
+                if key in seen:
+                    raise DagError(f"op key {key!r} made twice (by {dag.owner(seen[key])} and {dag.owner(i)})")
+                seen[key] = i
+        inputs = _PerChip.merge([outputs[name] for name in lop.inputs], n_chips)
+        if inputs is not None and len(heads[0]):
+            _head_edges(pairs, inputs, *heads)
+        if last_use.get(lop.id, -1) > at:
+            outputs[lop.id] = _PerChip.outputs(inputs, tails, n_chips)
+        for name in lop.inputs:
+            if last_use[name] == at:
+                outputs.pop(name, None)
     return dag
 
 
-def _check_replicated(rep, prefixes: tuple[str, str], owner: str, chips: int) -> None:
-    """The checks of :func:`_check_op` on every op of a replicated template, made once."""
-    if type(rep.template) is not ComputeOp:
-        raise PluginError(owner, f"Fragment.replicated needs a ComputeOp template, got {rep.template!r}")
-    if not (rep.stem + "@").startswith(prefixes):
-        raise DagError(f"op {rep.key(rep.chips[0] if rep.chips else 0)!r} made by plugin '{owner}' does not start "
-                       f"with its logical op's prefix {prefixes[0][:-1]!r}")
-    for c in rep.chips:
-        if not (type(c) is int and 0 <= c < chips):
-            raise DagError(f"op {rep.key(c)!r} made by plugin '{owner}' is placed on chip {c!r}, outside 0..{chips - 1}")
+def _prefix_free(program: Iterable[LogicalOp]) -> bool:
+    """Whether no logical op's key prefix (``id + "."`` or ``id + "@"``) starts another's:
+    then keys of different logical ops never collide. Sorted, a prefix sits just before the
+    strings it starts (those between them start with it too), so neighbours suffice."""
+    prefixes = sorted(p for lop in program for p in (lop.prefix + ".", lop.prefix + "@"))
+    return not any(b.startswith(a) for a, b in zip(prefixes, prefixes[1:]))
+
+
+def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The ranges ``starts[i] .. starts[i] + counts[i] - 1``, concatenated."""
+    ends = np.cumsum(counts)
+    total = int(ends[-1]) if len(ends) else 0
+    if not total:
+        return np.zeros(0, dtype=np.int64)
+    return np.repeat(starts - (ends - counts), counts) + np.arange(total, dtype=np.int64)
+
+
+def _extend_pairs(pairs, u: np.ndarray, v: np.ndarray) -> None:
+    if len(u):
+        pairs.frombytes(np.column_stack((u, v)).astype(np.int64, copy=False).tobytes())
+
+
+class _PerChip:
+    """Op ids per chip, stored flat (CSR over every chip): chip ``c``'s are
+    ``ids[ptr[c]:ptr[c + 1]]``, in order. ``unique``: no chip lists an op twice."""
+
+    __slots__ = ("ptr", "ids", "unique")
+
+    def __init__(self, ptr: np.ndarray, ids: np.ndarray, unique: bool):
+        self.ptr, self.ids, self.unique = ptr, ids, unique
+
+    @classmethod
+    def of(cls, chips: np.ndarray, ids: np.ndarray, n_chips: int, unique: bool) -> "_PerChip":
+        """From ``(chip, id)`` entries, each chip's ids in the order given."""
+        ptr = np.zeros(n_chips + 1, dtype=np.int64)
+        np.cumsum(np.bincount(chips, minlength=n_chips), out=ptr[1:])
+        return cls(ptr, np.asarray(ids, dtype=np.int64)[np.argsort(chips, kind="stable")], unique)
+
+    def entry_chips(self) -> np.ndarray:
+        return np.repeat(np.arange(len(self.ptr) - 1), np.diff(self.ptr))
+
+    @classmethod
+    def merge(cls, lists: list["_PerChip"], n_chips: int) -> "_PerChip | None":
+        """Each chip's ids of every list, list after list (None without lists)."""
+        if len(lists) <= 1:
+            return lists[0] if lists else None
+        chips = np.concatenate([p.entry_chips() for p in lists])
+        return cls.of(chips, np.concatenate([p.ids for p in lists]), n_chips, unique=False)
+
+    def deduplicated(self, n_chips: int) -> "_PerChip":
+        """Each chip's ids, a repeat dropped (the first kept)."""
+        if self.unique or not len(self.ids):
+            return self
+        chips = self.entry_chips()
+        _, first = np.unique(chips * (int(self.ids.max()) + 1) + self.ids, return_index=True)
+        first.sort()
+        return _PerChip.of(chips[first], self.ids[first], n_chips, unique=True)
+
+    @classmethod
+    def outputs(cls, inputs: "_PerChip | None", tails: tuple, n_chips: int) -> "_PerChip":
+        """A logical op's output per chip: its tails on the chips it names tails on, else
+        its inputs passed through (repeats dropped)."""
+        tail, listed = tails
+        through = inputs.deduplicated(n_chips) if inputs is not None else None
+        if through is None or listed.all():
+            return tail if tail is not None else cls(np.zeros(n_chips + 1, dtype=np.int64), np.zeros(0, np.int64), True)
+        if tail is None or not listed.any():
+            return through
+        start = np.where(listed, tail.ptr[:-1], len(tail.ids) + through.ptr[:-1])
+        counts = np.where(listed, np.diff(tail.ptr), np.diff(through.ptr))
+        ptr = np.zeros(n_chips + 1, dtype=np.int64)
+        np.cumsum(counts, out=ptr[1:])
+        ids = np.concatenate((tail.ids, through.ids))[_ranges(start, counts)]
+        return cls(ptr, ids, tail.unique)
+
+
+def _head_edges(pairs, inputs: _PerChip, chips: np.ndarray, ids: np.ndarray) -> None:
+    """An edge from each of a chip's inputs to each head on that chip, head by head."""
+    counts = np.diff(inputs.ptr)[chips]
+    _extend_pairs(pairs, inputs.ids[_ranges(inputs.ptr[chips], counts)], np.repeat(ids, counts))
+
+
+class _TileCache:
+    """What the tiled fragments of one build share: each distinct tiles tuple, checked, as
+    an array with an id; and per comm-op family (the spec with its group on slots, and the
+    tiles id) the spec id of each tile."""
+
+    def __init__(self):
+        self.tiles: dict[tuple, tuple[np.ndarray, int]] = {}
+        self.specs: dict[tuple, object] = {}
+
+
+_NO_HEADS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+
+def _add_ops(dag: OpDag, frag: Fragment, lop: LogicalOp, owner: str, prefixes: tuple[str, str], n_chips: int,
+             primitives: Mapping, tiles_cache: "_TileCache") -> tuple[tuple, tuple]:
+    """Store a fragment op by op (a repeated part, if any, as columns first); its edges;
+    its (head chips, head ids) in order and (tails per chip, chips naming tails)."""
+    base = len(dag)
+    own: dict[str, int] = {}
+    if frag.repeated is not None:
+        _add_tiled(dag, frag.repeated, lop, owner, prefixes, n_chips, primitives, tiles_cache)
+        own = {dag.key(i): i for i in range(base, len(dag))}
+    append = dag.append
+    for op in frag._ops:
+        key = op.key
+        if not (type(op) is ComputeOp and type(op.chip) is int and 0 <= op.chip < n_chips
+                and key.startswith(prefixes)):
+            _check_op(op, prefixes, owner, n_chips, primitives)
+        if key in own:
+            raise DagError(f"op key {key!r} made twice (by {dag.owner(own[key])} and {op.owner})")
+        own[key] = append(op)
+    pairs = dag.edge_pairs
+    for a, b in frag._edges:
+        if a not in own or b not in own:
+            raise DagError(f"{lop.id}: plugin '{owner}' made an edge {a!r} -> {b!r} between ops it does not own")
+        pairs.extend((own[a], own[b]))
+    out = []
+    for label, entries in (("head", frag.heads), ("tail", frag.tails)):
+        chips, ids, per_chip = [], [], {}
+        for chip, keys in entries:
+            if not (type(chip) is int and 0 <= chip < n_chips):
+                raise DagError(f"{lop.id}: plugin '{owner}' names a {label} on chip {chip!r}, outside 0..{n_chips - 1}")
+            for k in keys:
+                if k not in own:
+                    raise DagError(f"{lop.id}: plugin '{owner}' names {label} {k!r}, which it did not make")
+            per_chip[chip] = keys   # a tail named twice on a chip: the last names it
+            chips += [chip] * len(keys)
+            ids += [own[k] for k in keys]
+        out.append((np.array(chips, dtype=np.int64), np.array(ids, dtype=np.int64), per_chip))
+    heads = out[0][:2]
+    per_chip = out[1][2]
+    if not per_chip:
+        return heads, (None, np.zeros(n_chips, dtype=bool))
+    listed = np.zeros(n_chips, dtype=bool)
+    listed[list(per_chip)] = True
+    chips = [c for c, keys in per_chip.items() for _ in keys]
+    ids = [own[k] for keys in per_chip.values() for k in keys]
+    unique = all(len(set(keys)) == len(keys) for keys in per_chip.values())
+    return heads, (_PerChip.of(np.array(chips, dtype=np.int64), np.array(ids, dtype=np.int64), n_chips, unique), listed)
+
+
+def _add_tiled(dag: OpDag, rep: Replicated | Tiled, lop: LogicalOp, owner: str, prefixes: tuple[str, str],
+               n_chips: int, primitives: Mapping, tiles_cache: "_TileCache") -> tuple[tuple, tuple]:
+    """Store a repeated fragment as columns with numpy: check its template once, then
+    every tile's rows, edges, heads and tails at once (ops tile by tile, template order
+    within a tile: the order the per-op API makes them). Returns what :func:`_add_ops` does."""
+    if type(rep) is Replicated:
+        if type(rep.template) is not ComputeOp:
+            raise PluginError(owner, f"Fragment.replicated needs a ComputeOp template, got {rep.template!r}")
+        if rep.chips and (rep.stem + "@").startswith(prefixes):
+            return _add_replicated(dag, rep, owner, n_chips, tiles_cache)
+        rep = rep.as_tiled()   # no chips, or a message to give
+    template, tiles = rep.template, rep.tiles
+    ops = template._ops
+    n, k = len(tiles), len(ops)
+    if not n:
+        return _NO_HEADS, (None, np.zeros(n_chips, dtype=bool))
+    m = len(tiles[0])
+    cached = tiles_cache.tiles.get(tiles)
+    if cached is None:
+        for tile in tiles:
+            for s, c in enumerate(tile):
+                if not (type(c) is int and 0 <= c < n_chips):
+                    on = [op for op in ops if s in (op.chips if type(op) is CommOp else (op.chip,))] or [None]
+                    key = _tile_key(on[0], tile, lop)
+                    raise DagError(f"op {key!r} made by plugin '{owner}' is placed on chip {c!r}, outside "
+                                   f"0..{n_chips - 1}")
+        cached = tiles_cache.tiles[tiles] = (np.array(tiles, dtype=np.int64).reshape(n, m), len(tiles_cache.tiles))
+    T, tiles_id = cached
+    t_chip = np.full(k, -1, dtype=np.int64)
+    t_arg = np.empty(k, dtype=np.int64)
+    t_stem = np.empty(k, dtype=np.int64)
+    t_layer = np.empty(k, dtype=np.int64)
+    t_spec = np.full(k, -1, dtype=np.int64)
+    t_fam = np.full(k, -1, dtype=np.int64)
+    local: dict[str, int] = {}
+    families: dict[tuple, int] = {}       # comm spec family (group on slots) -> column
+    new: list[tuple] = []                 # families first seen here: their specs per tile
+    spec_tables = tiles_cache.specs
+    for j, op in enumerate(ops):
+        kind = type(op)
+        if kind is ComputeOp:
+            slots, group = (op.chip,), None
+        elif kind is CommOp:
+            slots = group = op.group
+            require_lowering(op, primitives)
+            if len(set(group)) != len(group) or len(group) < 2:
+                raise DagError(f"op {op.key!r} made by plugin '{owner}' has a bad group {group}")
+        else:
+            raise PluginError(owner, f"fragment holds {op!r}, not a ComputeOp or CommOp")
+        for s in slots:
+            if not (type(s) is int and 0 <= s < m):
+                raise DagError(f"op {op.key!r} made by plugin '{owner}' in a tiled template is on slot {s!r}, "
+                               f"outside 0..{m - 1}")
+        stem, arg = split_key(op.key, group)
+        if arg == KEY_VERBATIM or arg >= m:
+            raise DagError(f"op {op.key!r} made by plugin '{owner}' in a tiled template is not keyed on its slots "
+                           f"(...@c<slot>, or its group's ...@c<a>->c<b> or ...@g<a>-<b>-...)")
+        if not (stem + "@").startswith(prefixes):
+            raise DagError(f"op {op.key!r} made by plugin '{owner}' does not start with its logical op's prefix "
+                           f"{prefixes[0][:-1]!r}")
+        if op.key in local:
+            raise DagError(f"op key {op.key!r} made twice (by {ops[local[op.key]].owner} and {op.owner})")
+        local[op.key] = j
+        t_arg[j], t_stem[j], t_layer[j] = arg, dag.stem_id(stem), op.layer
+        if kind is ComputeOp:
+            t_chip[j], t_spec[j] = op.chip, dag._compute_spec(op)
+            continue
+        family = (op.primitive, group, op.reason, op.name, op.owner, op.bytes_per_rank, tiles_id)
+        col = families.get(family)
+        if col is None:
+            col = families[family] = len(families)
+            if family not in spec_tables:
+                # intern tile 0's spec here, at the op the per-op API would intern it at
+                new.append(family)
+                spec_tables[family] = [dag._comm_spec(family[:1] + (tuple(tiles[0][s] for s in group),) + family[2:6])]
+        t_fam[j] = col
+    for t in range(1, n):                 # later tiles' new specs, in the order ops make them
+        tile = tiles[t]
+        for family in new:
+            group = family[1]
+            spec_tables[family].append(dag._comm_spec(family[:1] + (tuple(tile[s] for s in group),) + family[2:6]))
+    for family in new:
+        spec_tables[family] = np.array(spec_tables[family], dtype=np.int64)
+    # rows, tile by tile
+    comm = t_fam >= 0
+    chip = np.where(comm, -1, T[:, np.maximum(t_chip, 0)])
+    spec = np.repeat(t_spec[None, :], n, axis=0)
+    if comm.any():
+        table = np.column_stack([spec_tables[f] for f in families])
+        spec[:, comm] = table[:, t_fam[comm]]
+    arg = np.where(t_arg >= 0, T[:, np.maximum(t_arg, 0)], t_arg)
+    base = len(dag)
+    dag.extend_columns(chip.ravel(), np.tile(t_layer, n), spec.ravel(), np.tile(t_stem, n), arg.ravel())
+    offsets = base + k * np.arange(n, dtype=np.int64)[:, None]
+    # edges, tile by tile
+    if template._edges:
+        ends = []
+        for a, b in template._edges:
+            if a not in local or b not in local:
+                raise DagError(f"{lop.id}: plugin '{owner}' made an edge {a!r} -> {b!r} between ops it does not own")
+            ends.append((local[a], local[b]))
+        ends = np.array(ends, dtype=np.int64)
+        _extend_pairs(dag.edge_pairs, (offsets + ends[:, 0]).ravel(), (offsets + ends[:, 1]).ravel())
+    # heads and tails: each template entry on its tile's chip, sorted by chip
+    out = []
+    for label, entries in (("head", template._heads), ("tail", template._tails)):
+        slots, ids, listed_slots = [], [], []
+        unique = True
+        for s, keys in entries:
+            if not (type(s) is int and 0 <= s < m) or s in listed_slots:
+                raise DagError(f"{lop.id}: plugin '{owner}' names a {label} on slot {s!r} of a tiled template "
+                               f"(slots 0..{m - 1}, each once)")
+            listed_slots.append(s)
+            unique = unique and len(set(keys)) == len(keys)
+            for key in keys:
+                if key not in local:
+                    raise DagError(f"{lop.id}: plugin '{owner}' names {label} {key!r}, which it did not make")
+                slots.append(s)
+                ids.append(local[key])
+        chips = T[:, slots].ravel()
+        ids = (offsets + np.array(ids, dtype=np.int64)).ravel()
+        out.append((chips, ids, listed_slots, unique))
+    chips, ids = out[0][:2]
+    order = np.argsort(chips, kind="stable")
+    heads = (chips[order], ids[order])
+    chips, ids, listed_slots, unique = out[1]
+    listed = np.zeros(n_chips, dtype=bool)
+    listed[T[:, listed_slots].ravel()] = True
+    return heads, (_PerChip.of(chips, ids, n_chips, unique) if listed_slots else None, listed)
+
+
+def _add_replicated(dag: OpDag, rep: Replicated, owner: str, n_chips: int, tiles_cache: "_TileCache") -> tuple[tuple, tuple]:
+    """:func:`_add_tiled` of a one-slot tiling (one op per chip), what depends on the chips
+    alone made once per distinct chips."""
+    chips = rep.chips
+    cached = tiles_cache.tiles.get(chips)
+    if cached is None:
+        for c in chips:
+            if not (type(c) is int and 0 <= c < n_chips):
+                raise DagError(f"op {rep.key(c)!r} made by plugin '{owner}' is placed on chip {c!r}, "
+                               f"outside 0..{n_chips - 1}")
+        column = np.array(chips, dtype=np.int64)
+        order = np.argsort(column, kind="stable")
+        ptr = np.zeros(n_chips + 1, dtype=np.int64)
+        np.cumsum(np.bincount(column, minlength=n_chips), out=ptr[1:])
+        cached = tiles_cache.tiles[chips] = (column, order, column[order], ptr, ptr[1:] > ptr[:-1])
+    column, order, sorted_chips, ptr, listed = cached
+    n, t, base = len(chips), rep.template, len(dag)
+    dag.extend_columns(column, np.full(n, t.layer), np.full(n, dag._compute_spec(t)),
+                       np.full(n, dag.stem_id(rep.stem)), column)
+    ids = base + order
+    return (sorted_chips, ids), (_PerChip(ptr, ids, True), listed)
+
+
+def _tile_key(op, tile: tuple, lop: LogicalOp) -> str:
+    """A template op's key on ``tile`` (for messages; any key when it cannot be made)."""
+    if op is None:
+        return lop.prefix
+    try:
+        return _slot_op(op, tile).key
+    except Exception:
+        return op.key
 
 
 def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives: Mapping) -> None:

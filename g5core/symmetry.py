@@ -27,6 +27,7 @@ from __future__ import annotations
 from typing import Optional
 
 import attrs
+import numpy as np
 
 from .topology import LINK_RX, NIC_RX, Topology
 
@@ -120,10 +121,15 @@ def plan_symmetry(ctx, off_reason: Optional[str] = None) -> Symmetry:
 def check_reduced_dag(sym: Symmetry, dag) -> Optional[str]:
     """Condition 5: the reason the reduced DAG is not one slice, or None."""
     size = sym.slice_chips
-    outside = {s for s, (spec, comm) in enumerate(zip(dag.specs, dag.spec_is_comm)) if comm and spec[1] and max(spec[1]) >= size}
-    for i, (chip, s) in enumerate(zip(dag.chip, dag.spec)):
-        if chip >= size or s in outside:
-            return f"plugin '{dag.owner(i)}' placed op {dag.keys[i]!r} outside the simulated replica"
+    if not len(dag):
+        return None
+    outside = np.array([bool(comm and spec[1] and max(spec[1]) >= size)
+                        for spec, comm in zip(dag.specs, dag.spec_is_comm)], dtype=bool)
+    bad = np.flatnonzero((np.frombuffer(dag.chip, dtype=np.int64) >= size)
+                         | outside[np.frombuffer(dag.spec, dtype=np.int64)])
+    if len(bad):
+        i = int(bad[0])
+        return f"plugin '{dag.owner(i)}' placed op {dag.keys[i]!r} outside the simulated replica"
     return None
 
 

@@ -411,22 +411,25 @@ def check_fragments(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     ``.`` or ``@``); every op's ``owner`` is the plugin; chips are in range; a comm op has
     a group of at least two distinct chips and a registered primitive. The whole DAG then
     builds (:func:`g5core.build.build_dag`) and its ops owned by the plugin are exactly
-    those of its fragments.
+    those of its fragments, field for field (a :meth:`~g5core.dag.Fragment.tiled` or
+    ``replicated`` fragment, stored as columns, reads back as the ops it stands for).
     """
     for raw in _as_configs(configs):
         plan = _plan(raw, extra_plugins)
         ctx = plan.ctx
-        made: set[str] = set()
+        made: dict[str, object] = {}
         for lop in build_program(ctx.model):
             owner, frag = expand(ctx, lop)
             if owner != plugin:
                 continue
             _check_fragment(plugin, raw, lop, frag, ctx.rankmap.chips, plan.primitives)
-            made.update(op.key for op in frag.ops)
+            made.update((op.key, op) for op in frag.ops)
         dag = build_dag(plan)
-        in_dag = {op.key for op in dag.ops if op.owner == plugin}
+        # the ops as built (a tiled or replicated fragment is stored as columns) equal the
+        # ones its fragments read as
+        in_dag = {op.key: op for op in dag.ops if op.owner == plugin}
         if in_dag != made:
-            extra = sorted(in_dag ^ made)[:3]
+            extra = sorted(k for k in in_dag.keys() | made.keys() if in_dag.get(k) != made.get(k))[:3]
             raise _fail(plugin, check_fragments, f"{_where(raw)}: ops owned by the plugin in the DAG differ from its "
                                                  f"fragments (e.g. {extra})")
 

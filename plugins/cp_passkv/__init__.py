@@ -59,40 +59,59 @@ def ring_step_kernels(ctx):
     return diagonal, off
 
 
+def ring_parts(ctx) -> tuple[list[Work], float]:
+    """The work of ring step 0 and of every later step, and the bytes of one KV block: made
+    once per logical op, so that its ops share them (one spec each in the op DAG)."""
+    step_flops, step_bytes = ring_work(ctx)
+    work = [Work(op_class="attention", flops=step_flops, hbm_bytes=step_bytes, weight_class="", weight_elements=0.0,
+                 kernels=(k,)) for k in ring_step_kernels(ctx)]
+    cp = ctx.size("cp")
+    return work, block_bytes(ctx.deployment.seq_len, cp, ctx.kv_bytes_per_token_local, ctx.deployment.batch)
+
+
+def placed_rings(ctx, lop) -> list[tuple[int, ...]]:
+    """The cp rings (chips in cp rank order) whose every chip runs ``lop``."""
+    placed = set(ctx.place(lop))
+    return [ring for ring in ctx.rankmap.groups("cp") if placed.issuperset(ring)]
+
+
+def ring_fragment(ctx, lop, ring, work: list[Work], nbytes: float) -> Fragment:
+    """One ring's ops on ``ring`` (chips in cp rank order; ``range(cp)`` for the slots of
+    a tiled template): per rank its ``cp`` steps, then its ``cp - 1`` sends; the
+    dependency contract above as edges, heads and tails."""
+    cp = len(ring)
+    ops, edges, heads, tails = [], [], {}, {}
+    compute = [[None] * cp for _ in ring]
+    p2p = [[None] * (cp - 1) for _ in ring]
+    for r, chip in enumerate(ring):
+        for i in range(cp):
+            compute[r][i] = ctx.compute_op(lop, chip, work[min(i, 1)], owner="cp_passkv", part=f"step{i:02d}")
+            ops.append(compute[r][i])
+        for i in range(cp - 1):
+            p2p[r][i] = ctx.comm_op(lop, "p2p", (chip, ring[(r + 1) % cp]), nbytes, "cp_passkv", owner="cp_passkv",
+                                    part=f"p2p{i:02d}")
+            ops.append(p2p[r][i])
+        heads[chip] = (compute[r][0].key, p2p[r][0].key)
+        tails[chip] = tuple(c.key for c in compute[r])
+    for r in range(cp):
+        prev = (r - 1) % cp
+        for i in range(1, cp):
+            edges.append((p2p[prev][i - 1].key, compute[r][i].key))
+            if i < cp - 1:
+                edges.append((p2p[prev][i - 1].key, p2p[r][i].key))
+    return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)
+
+
 @hookimpl
 def g5_expand_op(ctx, lop):
     cp = ctx.size("cp")
     if lop.kind != "attention" or ctx.phase != "prefill" or cp == 1:
         return None
-    step_flops, step_bytes = ring_work(ctx)
-    work = [Work(op_class="attention", flops=step_flops, hbm_bytes=step_bytes, weight_class="", weight_elements=0.0,
-                 kernels=(k,)) for k in ring_step_kernels(ctx)]
-    nbytes = block_bytes(ctx.deployment.seq_len, cp, ctx.kv_bytes_per_token_local, ctx.deployment.batch)
-    placed = set(ctx.place(lop))
-    ops, edges, heads, tails = [], [], {}, {}
-    for ring in ctx.rankmap.groups("cp"):
-        if not placed.issuperset(ring):
-            continue
-        compute = [[None] * cp for _ in ring]
-        p2p = [[None] * (cp - 1) for _ in ring]
-        for r, chip in enumerate(ring):
-            for i in range(cp):
-                compute[r][i] = ctx.compute_op(lop, chip, work[min(i, 1)], owner="cp_passkv", part=f"step{i:02d}")
-                ops.append(compute[r][i])
-            for i in range(cp - 1):
-                op = ctx.comm_op(lop, "p2p", (chip, ring[(r + 1) % cp]), nbytes, "cp_passkv",
-                                 owner="cp_passkv", part=f"p2p{i:02d}")
-                p2p[r][i] = op
-                ops.append(op)
-            heads[chip] = (compute[r][0].key, p2p[r][0].key)
-            tails[chip] = tuple(c.key for c in compute[r])
-        for r in range(cp):
-            prev = (r - 1) % cp
-            for i in range(1, cp):
-                edges.append((p2p[prev][i - 1].key, compute[r][i].key))
-                if i < cp - 1:
-                    edges.append((p2p[prev][i - 1].key, p2p[r][i].key))
-    return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)
+    rings = placed_rings(ctx, lop)
+    if not rings:
+        return Fragment(ops=())
+    # one ring on slot chips 0 .. cp-1 (slot r = cp rank r), tiled over every ring
+    return Fragment.tiled(ring_fragment(ctx, lop, tuple(range(cp)), *ring_parts(ctx)), rings)
 
 
 @hookimpl

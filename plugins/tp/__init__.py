@@ -92,24 +92,30 @@ def _tp_groups(ctx, chips):
     return list(groups)
 
 
-@hookimpl
-def g5_expand_op(ctx, lop):
-    tp = ctx.size("tp")
-    if tp == 1:
+def collective_of(ctx, lop) -> tuple[str, str] | None:
+    """(primitive, reason) of the TP collective that ``lop`` is, or None."""
+    if ctx.size("tp") == 1:
         return None
     sp = tp_sp(ctx.deployment)
     if lop.kind in REDUCE_KINDS:
-        primitive, reason = ("reduce_scatter", "tp_reduce_scatter") if sp else ("all_reduce", "tp_allreduce")
-    elif lop.kind in GATHER_KINDS and sp:
-        primitive, reason = "all_gather", "tp_allgather"
-    else:
-        return None
+        return ("reduce_scatter", "tp_reduce_scatter") if sp else ("all_reduce", "tp_allreduce")
+    if lop.kind in GATHER_KINDS and sp:
+        return "all_gather", "tp_allgather"
+    return None
+
+
+def group_fragment(ctx, lop, group, collective: tuple[str, str]) -> Fragment:
+    """The collective on ``group`` (``range(tp)`` for the slots of a tiled template)."""
+    primitive, reason = collective
     nbytes = ctx.hidden_states_bytes(ctx.shape.tokens)
-    ops, heads, tails = [], {}, {}
-    for group in _tp_groups(ctx, ctx.place(lop)):
-        op = ctx.comm_op(lop, primitive, group, nbytes, reason, owner="tp", part=primitive)
-        ops.append(op)
-        for c in group:
-            heads[c] = (op.key,)
-            tails[c] = (op.key,)
-    return Fragment(ops=ops, heads=heads, tails=tails)
+    return Fragment.collective(ctx.comm_op(lop, primitive, group, nbytes, reason, owner="tp", part=primitive))
+
+
+@hookimpl
+def g5_expand_op(ctx, lop):
+    collective = collective_of(ctx, lop)
+    if collective is None:
+        return None
+    # one collective on slot chips 0 .. tp-1, tiled over the TP groups of the placed chips
+    return Fragment.tiled(group_fragment(ctx, lop, range(ctx.size("tp")), collective),
+                          _tp_groups(ctx, ctx.place(lop)))
