@@ -15,7 +15,8 @@ import pluggy
 from .collective import collect_primitives
 from .topology import Topology
 from .config import Deployment
-from .dag import KEY_VERBATIM, CommOp, ComputeOp, Fragment, OpDag, Replicated, Tiled, _slot_op, require_lowering, split_key
+from .dag import (ID_DTYPE, ID_LIMIT, KEY_VERBATIM, CommOp, ComputeOp, Fragment, OpDag, Replicated, Tiled, _slot_op, require_lowering,
+                  split_key)
 from .dimensions import DimensionRegistry, collect_dimensions
 from .errors import ConfigError, DagError, G5Error, PluginError, ResourceError
 from .flops import activation_tensor_bytes
@@ -295,7 +296,7 @@ def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
 
 def _extend_pairs(pairs, u: np.ndarray, v: np.ndarray) -> None:
     if len(u):
-        pairs.frombytes(np.column_stack((u, v)).astype(np.int64, copy=False).tobytes())
+        pairs.frombytes(np.column_stack((u, v)).astype(ID_DTYPE, copy=False).tobytes())
 
 
 class _PerChip:
@@ -733,6 +734,8 @@ def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1) -> Siz
     With ``replicas > 1`` one of that many identical replicas is simulated (g5core.symmetry):
     its share is what counts."""
     limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
+    if limit > ID_LIMIT:
+        raise ConfigError("--max-ops", f"must be at most {ID_LIMIT:,} (op and flow ids are 32-bit), got {limit:,}")
     est = estimate_size(plan)
     if replicas > 1:
         est = SizeEstimate(ops=est.ops // replicas, flows=est.flows // replicas, replicas=replicas)

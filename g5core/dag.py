@@ -13,6 +13,16 @@ import numpy as np
 
 from .errors import DagError
 
+#: Op ids, chips, layers and spec ids are stored as int32 (4 bytes each): a run holds far
+#: fewer than 2**31 ops (the size guard, g5core.build.check_size, refuses more).
+ID_CODE = "i"
+ID_DTYPE = np.int32
+ID_LIMIT = 2 ** 31 - 1
+
+
+def _view(column: array) -> np.ndarray:
+    return np.frombuffer(column, dtype=ID_DTYPE) if len(column) else np.zeros(0, dtype=ID_DTYPE)
+
 @attrs.frozen(kw_only=True)
 class ComputeOp:
     """Work on one chip's compute stream: its totals and the kernels (with their shapes) it
@@ -375,9 +385,9 @@ class OpDag:
     sequence) and ``index`` (key -> op id, a mapping made on first use) give the strings.
     """
 
-    chip: array = attrs.field(factory=lambda: array("q"), repr=False)
-    layer: array = attrs.field(factory=lambda: array("q"), repr=False)
-    spec: array = attrs.field(factory=lambda: array("q"), repr=False)
+    chip: array = attrs.field(factory=lambda: array(ID_CODE), repr=False)
+    layer: array = attrs.field(factory=lambda: array(ID_CODE), repr=False)
+    spec: array = attrs.field(factory=lambda: array(ID_CODE), repr=False)
     specs: list = attrs.field(factory=list, repr=False)
     spec_is_comm: list = attrs.field(factory=list, repr=False)
     _spec_ids: dict = attrs.field(factory=dict, repr=False)
@@ -388,8 +398,8 @@ class OpDag:
     odd_keys: list = attrs.field(factory=list, repr=False)
     _index: dict = attrs.field(factory=dict, repr=False)   # key -> op id of the first len(_index) ops
     _indexed: int = attrs.field(default=0, repr=False)
-    # edges as a flat array of (pred_index, succ_index) pairs: 16 bytes an edge
-    edge_pairs: array = attrs.field(factory=lambda: array("q"), repr=False)
+    # edges as a flat array of (pred_index, succ_index) pairs: 8 bytes an edge
+    edge_pairs: array = attrs.field(factory=lambda: array(ID_CODE), repr=False)
     _graph: nx.DiGraph | None = attrs.field(default=None, repr=False)
     _graph_size: tuple = attrs.field(default=(-1, -1), repr=False)  # (ops, edges) it was built from
 
@@ -450,11 +460,22 @@ class OpDag:
         s = self.spec[i]
         return self.specs[s][1] if self.spec_is_comm[s] else (self.chip[i],)
 
+    # the columns as numpy arrays (views, no copy)
+    def spec_array(self) -> np.ndarray:
+        return _view(self.spec)
+
+    def chip_array(self) -> np.ndarray:
+        return _view(self.chip)
+
+    def edge_array(self) -> np.ndarray:
+        """Every edge made, as rows (pred_index, succ_index), in order (duplicates kept)."""
+        return _view(self.edge_pairs).reshape(-1, 2)
+
     def comm_mask(self) -> np.ndarray:
         """Per op: whether it is a comm op (a bool array)."""
         if not len(self.spec):
             return np.zeros(0, dtype=bool)
-        return np.asarray(self.spec_is_comm, dtype=bool)[np.frombuffer(self.spec, dtype=np.int64)]
+        return np.asarray(self.spec_is_comm, dtype=bool)[self.spec_array()]
 
     def comm_indices(self) -> list[int]:
         """Ids of the communication ops, in op order."""
@@ -516,9 +537,9 @@ class OpDag:
     def extend_columns(self, chip: np.ndarray, layer: np.ndarray, spec: np.ndarray, key_stem: np.ndarray,
                        key_arg: np.ndarray) -> None:
         """Store rows given as numpy columns (no check: the build checks)."""
-        self.chip.frombytes(np.ascontiguousarray(chip, dtype=np.int64).tobytes())
-        self.layer.frombytes(np.ascontiguousarray(layer, dtype=np.int64).tobytes())
-        self.spec.frombytes(np.ascontiguousarray(spec, dtype=np.int64).tobytes())
+        self.chip.frombytes(np.ascontiguousarray(chip, dtype=ID_DTYPE).tobytes())
+        self.layer.frombytes(np.ascontiguousarray(layer, dtype=ID_DTYPE).tobytes())
+        self.spec.frombytes(np.ascontiguousarray(spec, dtype=ID_DTYPE).tobytes())
         self.key_stem.frombytes(np.ascontiguousarray(key_stem, dtype=np.int32).tobytes())
         self.key_arg.frombytes(np.ascontiguousarray(key_arg, dtype=np.int32).tobytes())
 

@@ -81,8 +81,8 @@ class CompiledDag:
 
     n_chips: int
     source: OpDag = attrs.field(repr=False)   # the DAG compiled (keys, error messages)
-    spec: np.ndarray             # int64 per op: its spec (a view of ``OpDag.spec``)
-    chip: np.ndarray             # int64 per op: chip of a compute op, -1 for comm
+    spec: np.ndarray             # int32 per op: its spec (a view of ``OpDag.spec``)
+    chip: np.ndarray             # int32 per op: chip of a compute op, -1 for comm (a view of ``OpDag.chip``)
     succ: "Successors"           # successor ids per op (succ[i]), CSR
     pred_count: np.ndarray       # int32 per op: distinct predecessors
     flow_ptr: np.ndarray         # int32 per op (int64 past 2**31 flows): first flow; flow_ptr[n] = total flows
@@ -166,7 +166,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     n = len(dag)
     compute = LatencyLookup(plan.hooks, ctx.system, ctx.deployment)
     answer_id, answers = compute.answer_id, compute.answers
-    spec = np.frombuffer(dag.spec, dtype=np.int64) if n else np.zeros(0, dtype=np.int64)
+    spec = dag.spec_array()
     n_specs = len(dag.specs)
     used, at = np.unique(spec, return_index=True)
     # per distinct op (spec): compute (answer id, duration, FLOPs), or the comm op's lowering
@@ -213,12 +213,11 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     flow_op = np.repeat(np.arange(n, dtype=i32), counts)
     # each flow's row in the per-spec template: its op's first template flow + its rank in the op
     t_index = s_fstart[spec[flow_op]] + (np.arange(len(flow_op), dtype=np.int64) - flow_ptr[flow_op])
-    edges = np.frombuffer(dag.edge_pairs, dtype=np.int64) if len(dag.edge_pairs) else np.zeros(0, dtype=np.int64)
-    succ, pred_count = _successor_lists(edges, n)
+    succ, pred_count = _successor_lists(dag.edge_array(), n)
     _check_acyclic(dag, succ, pred_count)
     return CompiledDag(
         n_chips=topo.chips, source=dag, spec=spec,
-        chip=np.frombuffer(dag.chip, dtype=np.int64) if n else np.zeros(0, dtype=np.int64),
+        chip=dag.chip_array(),
         succ=succ, pred_count=pred_count, flow_ptr=flow_ptr.astype(i32),
         flow_op=flow_op, flow_src=np.asarray(t_src, dtype=i32)[t_index], flow_dst=np.asarray(t_dst, dtype=i32)[t_index],
         flow_route=np.asarray(t_route, dtype=i32)[t_index], routes=tuple(route_ids),
@@ -258,8 +257,8 @@ def _successor_lists(edges, n: int) -> tuple[Successors, np.ndarray]:
     order it releases successors in: its event key is the time, the kind and the id). Ids
     are int32 below 2**31 ops."""
     ids = np.int32 if n < 2 ** 31 else np.int64
-    e = np.asarray(edges, dtype=np.int64).reshape(-1, 2)
-    u, v = e[:, 0].astype(ids), e[:, 1].astype(ids)
+    e = np.asarray(edges).reshape(-1, 2)
+    u, v = e[:, 0].astype(ids), e[:, 1].astype(ids)  # contiguous copies
     order = np.lexsort((v, u))
     u, v = u[order], v[order]
     del order

@@ -42,27 +42,20 @@ def conservation_kpis(engine: Engine) -> dict[str, float]:
     start = np.asarray(engine.start_s, dtype=float)
     end = np.asarray(engine.end_s, dtype=float)
     not_once = int(np.count_nonzero(executed != 1))
-    edges_v = d.edges_v
-    if len(edges_v):
-        s_v, e_u = start[edges_v], end[d.edges_u]
-        early = int(np.count_nonzero((s_v < e_u) | (np.isnan(s_v) != np.isnan(e_u))))
-    else:
-        early = 0
+    early = _early_starts(d, start, end)
     byte_gap = math.fsum(engine.flow_injected) - math.fsum(engine.flow_delivered)
     bytes_kpi = int(math.floor(abs(byte_gap))) if math.isfinite(byte_gap) else -1
     per_spec = np.bincount(d.spec, minlength=len(d.spec_flops)).tolist() if d.n_ops else []
     flops_kpi = exact_sum_repeated(zip(d.spec_flops.tolist(), per_spec)) - math.fsum(engine.executed_flops)
     allowance = ROUNDING_PORT_REL * math.fsum(d.port_capacity) * engine.makespan_s
     port_kpi = int(math.floor(engine.port_excess_bytes)) if engine.port_excess_bytes > allowance else 0
-    chips = np.asarray(d.chip)
-    comp = ~np.asarray(d.is_comm, dtype=bool) & ~np.isnan(start)
-    idx = np.nonzero(comp)[0]
+    comp = np.flatnonzero(~d.is_comm & ~np.isnan(start))
     overlap = 0
-    if len(idx):
-        o = np.lexsort((end[idx], start[idx], chips[idx]))
-        c, s, e = chips[idx][o], start[idx][o], end[idx][o]
-        same = c[1:] == c[:-1]
-        overlap = int(np.count_nonzero(same & (s[1:] < e[:-1])))
+    if len(comp):
+        o = comp[np.lexsort((end[comp], start[comp], d.chip[comp]))]
+        del comp
+        c, s, e = d.chip[o], start[o], end[o]
+        overlap = int(np.count_nonzero((c[1:] == c[:-1]) & (s[1:] < e[:-1])))
     return {
         "ops_not_executed_once": not_once,
         "ops_started_before_predecessor_finished": early,
@@ -71,6 +64,26 @@ def conservation_kpis(engine: Engine) -> dict[str, float]:
         "port_bytes_beyond_capacity": port_kpi,
         "overlapping_compute_intervals": overlap,
     }
+
+
+#: Ops whose out-edges the causality KPI checks at once (bounds its temporary arrays).
+EDGE_CHECK_OPS = 1 << 18
+
+
+def _early_starts(d: CompiledDag, start: np.ndarray, end: np.ndarray) -> int:
+    """Edges ``u -> v`` where ``v`` started before ``u`` ended, or only one of them ran,
+    checked a block of predecessors at a time."""
+    targets, bounds = d.succ.targets_array(), d.succ.bounds_array()
+    early = 0
+    for a in range(0, d.n_ops, EDGE_CHECK_OPS):
+        b = min(a + EDGE_CHECK_OPS, d.n_ops)
+        lo, hi = int(bounds[a]), int(bounds[b])
+        if lo == hi:
+            continue
+        s_v = start[targets[lo:hi]]
+        e_u = np.repeat(end[a:b], np.diff(bounds[a:b + 1]))
+        early += int(np.count_nonzero((s_v < e_u) | (np.isnan(s_v) != np.isnan(e_u))))
+    return early
 
 
 def check_conservation(kpis: dict) -> None:
@@ -182,7 +195,7 @@ def collectives_report(dag: OpDag, d: CompiledDag, replicas: int = 1) -> list[di
 
 def _comm_ids(dag: OpDag) -> np.ndarray:
     """Ids of the communication ops, in op order."""
-    spec = np.frombuffer(dag.spec, dtype=np.int64) if len(dag) else np.zeros(0, dtype=np.int64)
+    spec = dag.spec_array()
     return np.flatnonzero(np.asarray(dag.spec_is_comm, dtype=bool)[spec]) if len(dag.specs) else spec
 
 
@@ -204,7 +217,7 @@ def compute_report(dag: OpDag, d: CompiledDag, latency_s: float, symmetry: Symme
 
 
 def _reasons(dag: OpDag) -> list[str]:
-    used = set(np.unique(np.frombuffer(dag.spec, dtype=np.int64)).tolist()) if len(dag) else set()
+    used = set(np.unique(dag.spec_array()).tolist())
     return sorted({spec[2] for s, (spec, comm) in enumerate(zip(dag.specs, dag.spec_is_comm)) if comm and s in used})
 
 
@@ -214,7 +227,7 @@ def comm_bytes_by_reason(dag: OpDag, d: CompiledDag, replicas: int = 1) -> dict:
     reasons = _reasons(dag)
     if not len(d.flow_bytes):
         return {"total_bytes": 0.0, "by_reason": {}, "per_rank_by_reason": {}}
-    spec = np.frombuffer(dag.spec, dtype=np.int64)
+    spec = dag.spec_array()
     flow_reason = _spec_reason_ids(dag, reasons)[spec[d.flow_op]]
     # payload bytes: the wire bytes of a flow over its op's protocol overhead
     fbytes = d.flow_bytes / d.wire_factor[d.flow_op]

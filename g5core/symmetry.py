@@ -125,8 +125,7 @@ def check_reduced_dag(sym: Symmetry, dag) -> Optional[str]:
         return None
     outside = np.array([bool(comm and spec[1] and max(spec[1]) >= size)
                         for spec, comm in zip(dag.specs, dag.spec_is_comm)], dtype=bool)
-    bad = np.flatnonzero((np.frombuffer(dag.chip, dtype=np.int64) >= size)
-                         | outside[np.frombuffer(dag.spec, dtype=np.int64)])
+    bad = np.flatnonzero((dag.chip_array() >= size) | outside[dag.spec_array()])
     if len(bad):
         i = int(bad[0])
         return f"plugin '{dag.owner(i)}' placed op {dag.keys[i]!r} outside the simulated replica"

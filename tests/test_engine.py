@@ -268,6 +268,6 @@ def test_compiled_successors_drop_repeated_edges():
     for u, v in (("a", "d"), ("a", "b"), ("a", "d"), ("c", "d"), ("a", "c"), ("b", "d")):
         dag.add_edge(f"{u}@c0", f"{v}@c0")
     assert dag.n_edges == 6 and dag.edges[:3] == [(0, 3), (0, 1), (0, 3)]
-    succ, preds = _successor_lists(np.frombuffer(dag.edge_pairs, dtype=np.int64), 4)
+    succ, preds = _successor_lists(dag.edge_array(), 4)
     assert [list(succ[i]) for i in range(4)] == [[1, 2, 3], [3], [3], []]
     assert preds.tolist() == [0, 1, 1, 3]

@@ -112,3 +112,8 @@ def test_progress_appears_on_a_terminal_and_not_in_a_pipe():
     assert "] estimated about 195 ops" in text and "] simulating 195 ops" in text
     piped = subprocess.run(cmd, capture_output=True, timeout=60)
     assert piped.returncode == 0 and piped.stderr == b""
+
+
+def test_max_ops_beyond_32_bit_ids_is_refused():
+    line = error_line("run", EX / "llama-3.1-8b-prefill.yaml", "--max-ops", str(2 ** 31))
+    assert "--max-ops: must be at most 2,147,483,647 (op and flow ids are 32-bit)" in line

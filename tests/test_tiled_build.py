@@ -239,6 +239,6 @@ def test_outputs_pass_through_a_logical_op_that_makes_nothing_on_a_chip(monkeypa
                     program=program)
     assert dag.predecessors("L000.d@c0") == ["L000.b@c0"]
     assert dag.predecessors("L000.d@c1") == ["L000.a@c1", "L000.c@c1"]
-    pairs = np.frombuffer(dag.edge_pairs, dtype=np.int64).reshape(-1, 2)
+    pairs = dag.edge_array()
     d1 = dag.index["L000.d@c1"]
     assert [dag.keys[u] for u, v in pairs if v == d1] == ["L000.a@c1", "L000.c@c1"]   # a once, in input order
