@@ -330,6 +330,7 @@ class Engine:
     port_excess_bytes: float = 0.0
     port_rate_log: list = attrs.field(factory=list)
     events: int = 0
+    mean_heap_len: float = 0.0  # the event heap's mean length over the run's batches (benchmarks/bench.py)
     makespan_s: float = 0.0
     # run state the helpers share with the loop
     _flow_route: list = attrs.field(factory=list, init=False, repr=False)
@@ -428,6 +429,7 @@ class Engine:
         started: list = []  # flows released in this batch
         ended: list = []    # routes of the flows that ended in this batch
         events = 0
+        heap_len_sum = batches = 0
         now = 0.0
         # the seams a subclass overrides (None: read the arrays)
         successors, flops_of = self._overridden("_successors"), self._overridden("_flops_of")
@@ -475,13 +477,13 @@ class Engine:
                         rate = f_rate[f] = route_cap[r]
                         f_ver[f] += 1
                         heappush(heap, (now + f_rem[f] / rate, _FLOW_DONE, f, f_ver[f]))
-                        for p in route:
-                            if port_rate[p] > cap[p]:
-                                close_excess(p, now)
-                            if record and rate != port_rate[p]:
+                        if record:
+                            for p in route:
                                 port_rate_log.append((now, p, rate))
-                            port_rate[p] = rate
-                            port_since[p] = now
+                                port_rate[p] = rate
+                                port_since[p] = now
+                        # (else its ports keep rate 0, which they had empty: a flow alone
+                        # runs within every port's capacity, so it adds no port excess)
                 started.clear()
             if ended:
                 for route in ended:
@@ -502,6 +504,8 @@ class Engine:
             if not heap:
                 break
             now = heap[0][0]
+            heap_len_sum += len(heap)   # the heap's length at each batch's first pop
+            batches += 1
             while heap and heap[0][0] == now:
                 _, prio, op, version = heappop(heap)
                 events += 1
@@ -566,6 +570,7 @@ class Engine:
             if port_rate[p] > cap[p]:
                 close_excess(p, now)
         self.events = events
+        self.mean_heap_len = heap_len_sum / batches if batches else 0.0
         ends = np.frombuffer(end_s, dtype=float) if n else np.zeros(0)
         done = ends[~np.isnan(ends)]
         self.makespan_s = float(done.max()) if len(done) else 0.0

@@ -118,6 +118,7 @@ class SimResult:
     port_rate_log: tuple = attrs.field(repr=False, default=())  # (time_s, port, bytes_per_s)
     compute: dict = attrs.field(repr=False, factory=dict)  # g5core.compute.coverage_report
     symmetry: Symmetry = attrs.field(factory=Symmetry)  # what was simulated (ops, flows, events: of that)
+    mean_heap_len: float = attrs.field(repr=False, default=0.0)  # Engine.mean_heap_len (benchmarks)
 
     def op_times(self, key: str) -> tuple[float, float]:
         i = self.dag.index[key]
@@ -160,6 +161,7 @@ def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float, symmetr
         ops=d.n_ops,
         flows=len(d.flow_bytes),
         events=engine.events,
+        mean_heap_len=engine.mean_heap_len,
         sim_wall_s=sim_wall_s,
         dag=dag,
         compiled=d,
