@@ -337,6 +337,7 @@ class Engine:
     _port_rate: list = attrs.field(factory=list, init=False, repr=False)
     _port_since: list = attrs.field(factory=list, init=False, repr=False)
     _shares: dict = attrs.field(factory=dict, init=False, repr=False)   # see _reshare
+    _route_cap: list = attrs.field(factory=list, init=False, repr=False)  # per route: its narrowest capacity
 
     # ---------------------------------------------------------------- overridable seams
     # Tests subclass the engine and break one of these to show each KPI can fail. The event
@@ -437,7 +438,7 @@ class Engine:
         targets, bounds = d.succ.targets, d.succ.bounds
         heappush, heappop = heapq.heappush, heapq.heappop
         reshare, close_excess = self._reshare, self._close_excess
-        route_cap = [min(cap[q] for q in route) for route in routes]
+        self._route_cap = route_cap = [min(cap[q] for q in route) for route in routes]
         port_rate, port_since = self._port_rate, self._port_since
         record, port_rate_log = self.record_port_rates, self.port_rate_log
 
@@ -525,9 +526,7 @@ class Engine:
                     nbytes = fbytes[f]
                     tolerance = ROUNDING_BYTES_REL * nbytes + rate * abs(now) * ROUNDING_TIME_REL + 1.0
                     flow_delivered[f] = nbytes if abs(residual) <= tolerance else nbytes - residual
-                    f_rem[f] = 0.0
-                    f_rate[f] = 0.0
-                    f_ver[f] = -1  # done: no later event of this flow counts
+                    f_ver[f] = -1  # done: no later event of this flow counts (nor its rate, bytes left)
                     flow_end_s[f] = now
                     route = routes[flow_route[f]]
                     for p in route:
@@ -540,12 +539,14 @@ class Engine:
                 else:  # _COMM_RELEASE: every flow of the op is injected; the op ends with the last
                     first, last = flow_ptr[op], flow_ptr[op + 1]
                     op_flows_left[op] = last - first
-                    for f in range(first, last):
-                        flow_injected[f] = fbytes[f]
+                    if release_flows is not None:
+                        for f in range(first, last):
+                            flow_injected[f] = fbytes[f]
                     for f in (range(first, last) if release_flows is None else release_flows(op)):
+                        nbytes = flow_injected[f] = fbytes[f]
                         flow_start_s[f] = now
                         f_last[f] = now
-                        if fbytes[f] <= 0.0:
+                        if nbytes <= 0.0:
                             heappush(heap, (now, _FLOW_DONE, f, f_ver[f]))
                             continue
                         for p in routes[flow_route[f]]:
@@ -586,7 +587,8 @@ class Engine:
         routes, flow_route = self.dag.routes, self._flow_route
         cap = self.dag.port_capacity
         port_rate, port_since = self._port_rate, self._port_since
-        shares = self._shares
+        shares, route_cap = self._shares, self._route_cap
+        record = self.record_port_rates
         heappush = heapq.heappush
         seen_ports: set = set()
         for start in sorted(dirty_ports):
@@ -596,41 +598,51 @@ class Engine:
             seen_ports.add(start)
             here = port_flows[start]
             if not here:  # no flow left on the port
-                flows, answer = (), ((), ((start, 0.0),))
-            else:
-                flows = None
-                if len(here) == 1:
-                    # the common case, one flow alone on every port of its route
-                    (f,) = here
-                    for q in routes[flow_route[f]]:
-                        if len(port_flows[q]) != 1:
-                            break
-                    else:
-                        flows = (f,)
-                if flows is None:
-                    stack = [start]
-                    comp_flows: set = set()
-                    while stack:
-                        p = stack.pop()
-                        for f in port_flows[p]:
-                            if f in comp_flows:
-                                continue
-                            comp_flows.add(f)
-                            for q in routes[flow_route[f]]:
-                                if q not in seen_ports:
-                                    seen_ports.add(q)
-                                    stack.append(q)
-                    flows = sorted(comp_flows)
+                if port_rate[start]:
+                    if port_rate[start] > cap[start]:
+                        self._close_excess(start, now)
+                    if record:
+                        self.port_rate_log.append((now, start, 0.0))
+                    port_rate[start] = 0.0
+                port_since[start] = now
+                continue
+            totals = None
+            if len(here) == 1:
+                # the common case, one flow alone on every port of its route: its own set,
+                # at the route's narrowest capacity
+                (f,) = here
+                r = flow_route[f]
+                route = routes[r]
+                for q in route:
+                    if len(port_flows[q]) != 1:
+                        break
+                else:
+                    seen_ports.update(route)
+                    flows, rates = (f,), (route_cap[r],)
+                    totals = [(q, rates[0]) for q in sorted(route)]
+            if totals is None:
+                stack = [start]
+                comp_flows: set = set()
+                while stack:
+                    p = stack.pop()
+                    for f in port_flows[p]:
+                        if f in comp_flows:
+                            continue
+                        comp_flows.add(f)
+                        for q in routes[flow_route[f]]:
+                            if q not in seen_ports:
+                                seen_ports.add(q)
+                                stack.append(q)
+                flows = sorted(comp_flows)
                 key = tuple([flow_route[f] for f in flows])
                 answer = shares.get(key)
                 if answer is None:
                     if len(shares) >= SHARES_KEPT:
                         shares.clear()
                     answer = shares[key] = self._share(flows, key)
-                for _, q in zip(flows, key):
-                    seen_ports.update(routes[q])
+                rates, totals = answer
             # settle progress at the old rates, then apply the new ones
-            for f, new in zip(flows, answer[0]):
+            for f, new in zip(flows, rates):
                 old = f_rate[f]
                 if old:
                     rem = f_rem[f] - old * (now - f_last[f])
@@ -642,10 +654,10 @@ class Engine:
                     f_rate[f] = new
                     f_ver[f] += 1
                     heappush(heap, (now + f_rem[f] / new, _FLOW_DONE, f, f_ver[f]))
-            for p, total in answer[1]:
+            for p, total in totals:
                 if port_rate[p] > cap[p]:
                     self._close_excess(p, now)
-                if self.record_port_rates and total != port_rate[p]:
+                if record and total != port_rate[p]:
                     self.port_rate_log.append((now, p, total))
                 port_rate[p] = total
                 port_since[p] = now
@@ -657,11 +669,7 @@ class Engine:
     def _share(self, flows: Sequence[int], route_ids: tuple) -> tuple:
         """(rate per flow of ``flows``, ((port, total rate), ...) in port order) for one
         connected set of flows (sorted) on their routes."""
-        routes, cap = self.dag.routes, self.dag.port_capacity
-        if len(flows) == 1:
-            route = routes[route_ids[0]]
-            rate = min(cap[q] for q in route)
-            return (rate,), tuple((q, rate) for q in sorted(route))
+        routes = self.dag.routes
         ports: dict = {}
         for f, r in zip(flows, route_ids):
             for q in routes[r]:
