@@ -339,6 +339,12 @@ class Engine:
     _shares: dict = attrs.field(factory=dict, init=False, repr=False)   # see _reshare
     _route_cap: list = attrs.field(factory=list, init=False, repr=False)  # per route: its narrowest capacity
 
+    #: Fast paths, on by default; a test turns them off to show they change no result: a
+    #: flow alone on its route settled without the re-share, and each connected set's
+    #: max-min answer kept by its routes.
+    _settle_alone = True
+    _keep_shares = True
+
     # ---------------------------------------------------------------- overridable seams
     # Tests subclass the engine and break one of these to show each KPI can fail. The event
     # loop calls a seam only when a subclass overrides it (else it reads the arrays).
@@ -466,6 +472,14 @@ class Engine:
             # route is its own connected set (at its route's narrowest capacity; an ended
             # one leaves its ports idle), which is what a re-share would find; the others
             # mark their ports for the re-share
+            if started and not self._settle_alone:
+                for f in started:
+                    dirty_ports.update(routes[flow_route[f]])
+                started.clear()
+            if ended and not self._settle_alone:
+                for route in ended:
+                    dirty_ports.update(route)
+                ended.clear()
             if started:
                 for f in started:
                     r = flow_route[f]
@@ -607,7 +621,7 @@ class Engine:
                 port_since[start] = now
                 continue
             totals = None
-            if len(here) == 1:
+            if len(here) == 1 and self._settle_alone:
                 # the common case, one flow alone on every port of its route: its own set,
                 # at the route's narrowest capacity
                 (f,) = here
@@ -639,7 +653,9 @@ class Engine:
                 if answer is None:
                     if len(shares) >= SHARES_KEPT:
                         shares.clear()
-                    answer = shares[key] = self._share(flows, key)
+                    answer = self._share(flows, key)
+                    if self._keep_shares:
+                        shares[key] = answer
                 rates, totals = answer
             # settle progress at the old rates, then apply the new ones
             for f, new in zip(flows, rates):
