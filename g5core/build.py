@@ -607,16 +607,18 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
 # Size guard: the op and flow count, estimated before the DAG is built
 # ----------------------------------------------------------------------------------------
 
-#: Ops plus flows a run may build unless ``--max-ops`` says otherwise: about 2 GiB of
+#: Ops plus flows a run may build unless ``--max-ops`` says otherwise: about 1.1 GiB of
 #: memory and 22 s on the 2-core development machine (the figures below).
-DEFAULT_MAX_OPS = 4_000_000
+DEFAULT_MAX_OPS = 8_000_000
 #: Peak memory per op or flow: the llama-3.1-405b 1M-token benchmark with every chip
 #: simulated (README, `benchmarks/bench.py`, case llama-3.1-405b-1m-cp16-256chips-nosym,
-#: 2026-12-01, columnar op DAG, median of three runs) peaks at 821 MiB for 1,169,568 ops +
-#: 612,864 flows = 483 B each (rounded up).
-PEAK_BYTES_PER_OP = 500
-#: Wall time per op or flow on the same runs: 10.05 s / 1,782,432 = 5.6 us.
-WALL_S_PER_OP = 5.6e-6
+#: 2026-12-01, struct-of-arrays DAG and engine, median of three runs) peaks at 240 MiB for
+#: 1,169,568 ops + 612,864 flows = 141 B each (rounded up; larger runs need less each).
+PEAK_BYTES_PER_OP = 150
+#: Wall time per op or flow: the slowest per op and flow of the benchmark cases, the
+#: flow-heavy wide-EP decode on 1,024 chips (case deepseek-v3-decode-ep32-1024chips, same
+#: runs): 11.65 s / 4,370,048 = 2.7 us (the 405B run above: 2.84 s / 1,782,432 = 1.6 us).
+WALL_S_PER_OP = 2.7e-6
 
 
 @attrs.frozen

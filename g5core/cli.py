@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from .build import DEFAULT_MAX_OPS
 from .compute import render_compute
 from .errors import ConfigError, G5Error
 from .memory import GIB
@@ -89,7 +90,7 @@ def config_options(f):
 
 _max_ops_option = click.option(
     "--max-ops", type=int, default=None, metavar="N",
-    help="Refuse runs estimated above N ops and flows together (default 4,000,000).")
+    help=f"Refuse runs estimated above N ops and flows together (default {DEFAULT_MAX_OPS:,}).")
 
 
 def _check_max_ops(max_ops) -> None:

@@ -125,15 +125,15 @@ def test_the_size_guard_counts_the_replica_that_is_simulated():
     from g5core.build import check_size
     from g5core.errors import ResourceError
 
-    # llama-3.1-405b, 1M tokens, eight replicas of TP8 x CP16: 4.7 M ops and flows in all
+    # llama-3.1-405b, 1M tokens, sixteen replicas of TP8 x CP16: 14 M ops and flows in all
     raw = yaml.safe_load(open("examples/llama-3.1-405b-1m-prefill-cp16.yaml"))
-    raw.update(chips=1024, parallel=dict(raw["parallel"], dp=8))
+    raw.update(chips=2048, parallel=dict(raw["parallel"], dp=16))
     plan = make_plan(raw)
     sym = plan_symmetry(plan.ctx)
-    assert sym.replicas == 8
+    assert sym.replicas == 16
     one = check_size(plan, None, sym.replicas)
-    assert one.total < 1_000_000 and "in one of 8 identical replicas" in one.describe()
-    with pytest.raises(ResourceError, match="above the limit of 4,000,000"):
+    assert one.total < 1_000_000 and "in one of 16 identical replicas" in one.describe()
+    with pytest.raises(ResourceError, match="above the limit of 8,000,000"):
         check_size(plan)
 
 
