@@ -138,6 +138,9 @@ def scaling(output: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from g5core.outputs import check_outputs
+
+    target = check_outputs({"-o": str(output)})  # before the series runs
     rows = []
     for i in range(len(SCALING)):
         row = _in_process(["--scaling-point", str(i)])
@@ -156,9 +159,7 @@ def scaling(output: pathlib.Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    from g5core.outputs import check_outputs
-
-    check_outputs({"-o": str(output)}).write({"-o": lambda fh: fig.savefig(fh, format="png", dpi=110)}, binary=True)
+    target.write({"-o": lambda fh: fig.savefig(fh, format="png", dpi=110)}, binary=True)
 
 
 def main() -> None:
