@@ -71,6 +71,11 @@ class TableView(Sequence):
         return (table[k] for k in self.ids.tolist())
 
 
+def _per_op(column: str, doc: str) -> property:
+    """A per-op array made from the per-spec ``column`` through each op's spec."""
+    return property(lambda self: getattr(self, column)[self.spec], doc=f"Per op: {doc}.")
+
+
 @attrs.frozen(eq=False)
 class CompiledDag:
     """The DAG as the engine runs it: numpy columns (struct of arrays), index = op id (the
@@ -113,29 +118,12 @@ class CompiledDag:
         return self.source.keys
 
     # per-op columns, made from the per-spec ones when read (a new array each time)
-    @property
-    def is_comm(self) -> np.ndarray:
-        return self.spec_is_comm[self.spec]
-
-    @property
-    def duration_s(self) -> np.ndarray:
-        return self.spec_duration_s[self.spec]
-
-    @property
-    def flops(self) -> np.ndarray:
-        return self.spec_flops[self.spec]
-
-    @property
-    def comm_algo_id(self) -> np.ndarray:
-        return self.spec_algo[self.spec]
-
-    @property
-    def wire_factor(self) -> np.ndarray:
-        return self.spec_wire[self.spec]
-
-    @property
-    def compute_answer(self) -> np.ndarray:
-        return self.spec_answer[self.spec]
+    is_comm = _per_op("spec_is_comm", "bool per op")
+    duration_s = _per_op("spec_duration_s", "compute: duration; comm: start latency")
+    flops = _per_op("spec_flops", "compute FLOPs (0 for comm)")
+    comm_algo_id = _per_op("spec_algo", "id into ``algos``")
+    wire_factor = _per_op("spec_wire", "wire bytes per payload byte of a comm op (1.0 for compute)")
+    compute_answer = _per_op("spec_answer", "id of a compute op's answer in ``compute.answers``; -1 for comm")
 
     @property
     def flow_ports(self) -> TableView:

@@ -256,7 +256,6 @@ def test_networkx_view_follows_ops_and_edges_added_after_it_was_built():
 
 
 def test_compiled_successors_drop_repeated_edges():
-    import numpy as np
 
     from g5core.engine import _successor_lists
     from g5core.dag import ComputeOp, OpDag
