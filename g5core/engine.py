@@ -45,6 +45,9 @@ ROUNDING_TIME_REL = 1e-12
 # hundred bytes an answer).
 SHARES_KEPT = 100_000
 
+# A comm op with at least this many flows releases them in bulk (slices and per-port sets).
+BULK_FLOWS = 16
+
 # Event priorities at equal time (lower first).
 _COMPUTE_DONE, _FLOW_DONE, _COMM_RELEASE = 0, 1, 2
 
@@ -328,10 +331,11 @@ class Engine:
     _route_cap: list = attrs.field(factory=list, init=False, repr=False)  # per route: its narrowest capacity
 
     #: Fast paths, on by default; a test turns them off to show they change no result: a
-    #: flow alone on its route settled without the re-share, and each connected set's
-    #: max-min answer kept by its routes.
+    #: flow alone on its route settled without the re-share, each connected set's max-min
+    #: answer kept by its routes, and the flows of a comm op with many released in bulk.
     _settle_alone = True
     _keep_shares = True
+    _release_in_bulk = True
 
     # ---------------------------------------------------------------- overridable seams
     # Tests subclass the engine and break one of these to show each KPI can fail. The event
@@ -432,6 +436,9 @@ class Engine:
         targets, bounds = d.succ.targets, d.succ.bounds
         heappush, heappop = heapq.heappush, heapq.heappop
         reshare, close_excess = self._reshare, self._close_excess
+        bulk: dict = {}  # spec -> its flows by port (Engine._bulk_layout)
+        bulk_flows = BULK_FLOWS if self._release_in_bulk else math.inf
+        inj_mv = memoryview(flow_injected)
         self._route_cap = route_cap = [min(cap[q] for q in route) for route in routes]
         port_rate, port_since = self._port_rate, self._port_since
         record, port_rate_log = self.record_port_rates, self.port_rate_log
@@ -541,6 +548,23 @@ class Engine:
                 else:  # _COMM_RELEASE: every flow of the op is injected; the op ends with the last
                     first, last = flow_ptr[op], flow_ptr[op + 1]
                     op_flows_left[op] = last - first
+                    if last - first >= bulk_flows and release_flows is None:
+                        # many flows: their bytes and times in slices, their ports' flow
+                        # sets grouped by port (the same for every op of a spec), and every
+                        # port marked for the re-share (which settles flows alone there too)
+                        s = spec[op]
+                        layout = bulk.get(s)
+                        if layout is None:
+                            layout = bulk[s] = self._bulk_layout(first, last)
+                        if layout:
+                            inj_mv[first:last] = fbytes[first:last]
+                            times = array("d", [now]) * (last - first)
+                            flow_start_s[first:last] = times
+                            f_last[first:last] = times
+                            for p, offsets in layout[0]:
+                                port_flows[p].update(map(first.__add__, offsets))
+                            dirty_ports.update(layout[1])
+                            continue
                     if release_flows is not None:
                         for f in range(first, last):
                             flow_injected[f] = fbytes[f]
@@ -665,6 +689,19 @@ class Engine:
                     self.port_rate_log.append((now, p, total))
                 port_rate[p] = total
                 port_since[p] = now
+
+    def _bulk_layout(self, first: int, last: int):
+        """The flows ``first .. last - 1`` of one op as ``(((port, offsets), ...), ports)``:
+        per port the offsets (from ``first``) of the flows that cross it; or ``()`` when a
+        flow carries no bytes (those take the per-flow path)."""
+        d = self.dag
+        if not bool((d.flow_bytes[first:last] > 0.0).all()):
+            return ()
+        by_port: dict = {}
+        for k, r in enumerate(d.flow_route[first:last].tolist()):
+            for p in d.routes[r]:
+                by_port.setdefault(p, []).append(k)
+        return tuple((p, tuple(ks)) for p, ks in sorted(by_port.items())), tuple(sorted(by_port))
 
     def _close_excess(self, p: int, now: float) -> None:
         """Add what port ``p`` carried beyond its capacity since its rate last changed."""

@@ -1,6 +1,7 @@
 """The engine's fast paths (issue 13) change no result: a flow alone on its route settled
-without the re-share, and max-min answers kept per set of routes, against an engine that
-re-shares every change from scratch."""
+without the re-share, max-min answers kept per set of routes, and a comm op's many flows
+released in bulk, against an engine that releases flow by flow and re-shares every change
+from scratch."""
 from __future__ import annotations
 
 import math
@@ -17,11 +18,13 @@ EX = Path(__file__).resolve().parent.parent / "examples"
 
 
 class FromScratch(Engine):
-    """Every flow that starts or ends goes through the connected-set re-share, and every
-    set's rates are worked out again (progressive filling) each time."""
+    """Flows are released one by one, every flow that starts or ends goes through the
+    connected-set re-share, and every set's rates are worked out again (progressive
+    filling) each time."""
 
     _settle_alone = False
     _keep_shares = False
+    _release_in_bulk = False
 
 
 def _log_by_time(log):
@@ -33,7 +36,7 @@ def _log_by_time(log):
 
 
 @pytest.mark.parametrize("example,overrides,shared", [
-    ("deepseek-v3-1m-prefill-cp8", ["seq_len=16384"], True),   # p2p rings, tp all-reduces, ep all-to-alls
+    ("deepseek-v3-1m-prefill-cp8", ["seq_len=16384"], True),   # p2p rings, tp all-reduces, ep all-to-alls (bulk)
     ("deepseek-v3-1m-decode-cp8", ["seq_len=65536"], True),    # pass-Q broadcast/gather, LL rings
     ("llama-3.1-70b-prefill", ["seq_len=4096", "chips=16", "parallel.dp=2"], False),  # NVLS: every flow alone
 ])
