@@ -438,6 +438,7 @@ class Engine:
         reshare, close_excess = self._reshare, self._close_excess
         bulk: dict = {}  # spec -> its flows by port (Engine._bulk_layout)
         bulk_flows = BULK_FLOWS if self._release_in_bulk else math.inf
+        settle_alone = self._settle_alone
         inj_mv = memoryview(flow_injected)
         self._route_cap = route_cap = [min(cap[q] for q in route) for route in routes]
         port_rate, port_since = self._port_rate, self._port_since
@@ -467,11 +468,10 @@ class Engine:
             # route is its own connected set (at its route's narrowest capacity; an ended
             # one leaves its ports idle), which is what a re-share would find; the others
             # mark their ports for the re-share
-            if started and not self._settle_alone:
+            if not settle_alone:
                 for f in started:
                     dirty_ports.update(routes[flow_route[f]])
                 started.clear()
-            if ended and not self._settle_alone:
                 for route in ended:
                     dirty_ports.update(route)
                 ended.clear()
@@ -550,8 +550,9 @@ class Engine:
                     op_flows_left[op] = last - first
                     if last - first >= bulk_flows and release_flows is None:
                         # many flows: their bytes and times in slices, their ports' flow
-                        # sets grouped by port (the same for every op of a spec), and every
-                        # port marked for the re-share (which settles flows alone there too)
+                        # sets grouped by port (the same for every op of a spec); where each
+                        # shares a port with another of them, every port is marked for the
+                        # re-share, else they are settled as flows that started
                         s = spec[op]
                         layout = bulk.get(s)
                         if layout is None:
@@ -563,7 +564,10 @@ class Engine:
                             f_last[first:last] = times
                             for p, offsets in layout[0]:
                                 port_flows[p].update(map(first.__add__, offsets))
-                            dirty_ports.update(layout[1])
+                            if layout[2]:
+                                dirty_ports.update(layout[1])
+                            else:
+                                started.extend(range(first, last))
                             continue
                     if release_flows is not None:
                         for f in range(first, last):
@@ -614,7 +618,7 @@ class Engine:
         cap = self.dag.port_capacity
         port_rate, port_since = self._port_rate, self._port_since
         shares, route_cap = self._shares, self._route_cap
-        record = self.record_port_rates
+        record, settle_alone = self.record_port_rates, self._settle_alone
         heappush = heapq.heappush
         seen_ports: set = set()
         for start in sorted(dirty_ports):
@@ -633,7 +637,7 @@ class Engine:
                 port_since[start] = now
                 continue
             totals = None
-            if len(here) == 1 and self._settle_alone:
+            if len(here) == 1 and settle_alone:
                 # the common case, one flow alone on every port of its route: its own set,
                 # at the route's narrowest capacity
                 (f,) = here
@@ -691,17 +695,20 @@ class Engine:
                 port_since[p] = now
 
     def _bulk_layout(self, first: int, last: int):
-        """The flows ``first .. last - 1`` of one op as ``(((port, offsets), ...), ports)``:
-        per port the offsets (from ``first``) of the flows that cross it; or ``()`` when a
-        flow carries no bytes (those take the per-flow path)."""
+        """The flows ``first .. last - 1`` of one op as ``(((port, offsets), ...), ports,
+        shared)``: per port the offsets (from ``first``) of the flows that cross it, and
+        whether every one of them shares a port with another (none can be alone); or ``()``
+        when a flow carries no bytes (those take the per-flow path)."""
         d = self.dag
         if not bool((d.flow_bytes[first:last] > 0.0).all()):
             return ()
         by_port: dict = {}
-        for k, r in enumerate(d.flow_route[first:last].tolist()):
+        route_ids = d.flow_route[first:last].tolist()
+        for k, r in enumerate(route_ids):
             for p in d.routes[r]:
                 by_port.setdefault(p, []).append(k)
-        return tuple((p, tuple(ks)) for p, ks in sorted(by_port.items())), tuple(sorted(by_port))
+        shared = all(any(len(by_port[p]) > 1 for p in d.routes[r]) for r in route_ids)
+        return tuple((p, tuple(ks)) for p, ks in sorted(by_port.items())), tuple(sorted(by_port)), shared
 
     def _close_excess(self, p: int, now: float) -> None:
         """Add what port ``p`` carried beyond its capacity since its rate last changed."""
