@@ -312,7 +312,7 @@ class Engine:
     # results, filled by run()
     start_s: array = attrs.field(factory=lambda: array("d"))
     end_s: array = attrs.field(factory=lambda: array("d"))
-    executed: array = attrs.field(factory=lambda: array("l"))
+    executed: array = attrs.field(factory=lambda: array("i"))
     executed_flops: array = attrs.field(factory=lambda: array("d"))
     flow_start_s: array = attrs.field(factory=lambda: array("d"))
     flow_end_s: array = attrs.field(factory=lambda: array("d"))
@@ -324,7 +324,7 @@ class Engine:
     mean_heap_len: float = 0.0  # the event heap's mean length over the run's batches (benchmarks/bench.py)
     makespan_s: float = 0.0
     # run state the helpers share with the loop
-    _flow_route: list = attrs.field(factory=list, init=False, repr=False)
+    _flow_route: Sequence = attrs.field(factory=list, init=False, repr=False)  # per flow: its route id
     _port_rate: list = attrs.field(factory=list, init=False, repr=False)
     _port_since: list = attrs.field(factory=list, init=False, repr=False)
     _shares: dict = attrs.field(factory=dict, init=False, repr=False)   # see _reshare
