@@ -503,7 +503,7 @@ class Engine:
                         elif port_rate[p]:
                             if port_rate[p] > cap[p]:
                                 close_excess(p, now)
-                            if record and port_rate[p]:
+                            if record:
                                 port_rate_log.append((now, p, 0.0))
                             port_rate[p] = 0.0
                             port_since[p] = now
