@@ -233,13 +233,19 @@ def exact_sum(values) -> float:
 def exact_sum_repeated(pairs) -> float:
     """:func:`exact_sum` of every value ``v`` repeated ``n`` times, for ``(v, n)`` in
     ``pairs`` (in that order), without making the list."""
-    from itertools import chain, repeat
+    return exact_sum(_Repeated(pairs))
 
-    pairs = list(pairs)
-    try:
-        return math.fsum(chain.from_iterable(repeat(v, n) for v, n in pairs))
-    except OverflowError:
-        return sum(chain.from_iterable(repeat(v, n) for v, n in pairs))
+
+class _Repeated:
+    """Each ``v`` of ``pairs`` ``n`` times, iterable again and again (made when iterated)."""
+
+    def __init__(self, pairs):
+        self.pairs = list(pairs)
+
+    def __iter__(self):
+        from itertools import chain, repeat
+
+        return chain.from_iterable(repeat(v, n) for v, n in self.pairs)
 
 
 def coverage_report(timed_ops, system, latency_s: float, n_chips: int, lookup: LatencyLookup) -> dict:

@@ -180,7 +180,7 @@ def collectives_report(dag: OpDag, d: CompiledDag, replicas: int = 1) -> list[di
     count, the number of ops and their payload bytes per rank (exactly-rounded sums, over
     ``replicas`` alike replicas of ``dag``)."""
     specs = dag.specs
-    comm = _comm_ids(dag)
+    comm = np.flatnonzero(dag.comm_mask())
     if not len(comm):
         return []
     # ops alike in spec (and so in algorithm), counted at once (few specs, many ops)
@@ -193,12 +193,6 @@ def collectives_report(dag: OpDag, d: CompiledDag, replicas: int = 1) -> list[di
              "ops": sum(c for _, c in b) * replicas,
              "bytes_per_rank": exact_sum_repeated((v, c * replicas) for v, c in b)}
             for (r, p, a, pr, ch), b in sorted(groups.items())]
-
-
-def _comm_ids(dag: OpDag) -> np.ndarray:
-    """Ids of the communication ops, in op order."""
-    spec = dag.spec_array()
-    return np.flatnonzero(np.asarray(dag.spec_is_comm, dtype=bool)[spec]) if len(dag.specs) else spec
 
 
 def _spec_reason_ids(dag: OpDag, reasons: list[str]) -> np.ndarray:
