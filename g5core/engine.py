@@ -407,7 +407,7 @@ class Engine:
         remaining_preds = array("i", d.pred_count.tobytes())
         flow_ptr = memoryview(d.flow_ptr)
         flow_op = memoryview(d.flow_op) if n_flows else ()
-        fbytes = memoryview(d.flow_bytes) if n_flows else ()
+        fbytes = memoryview(d.flow_bytes)
         self._flow_route = flow_route = memoryview(d.flow_route) if n_flows else ()
         routes = d.routes
         cap = d.port_capacity
@@ -435,14 +435,13 @@ class Engine:
         may_start, release_flows = self._overridden("_may_start"), self._overridden("_release_flows")
         targets, bounds = d.succ.targets, d.succ.bounds
         heappush, heappop = heapq.heappush, heapq.heappop
-        reshare, close_excess = self._reshare, self._close_excess
+        reshare, close_excess, set_port_rate = self._reshare, self._close_excess, self._set_port_rate
         bulk: dict = {}  # spec -> its flows by port (Engine._bulk_layout)
         bulk_flows = BULK_FLOWS if self._release_in_bulk else math.inf
         settle_alone = self._settle_alone
         inj_mv = memoryview(flow_injected)
         self._route_cap = route_cap = [min(cap[q] for q in route) for route in routes]
-        port_rate, port_since = self._port_rate, self._port_since
-        record, port_rate_log = self.record_port_rates, self.port_rate_log
+        port_rate, record = self._port_rate, self.record_port_rates
 
         for op in np.flatnonzero(d.pred_count == 0).tolist() if n else ():
             if is_comm[op]:
@@ -489,9 +488,7 @@ class Engine:
                         heappush(heap, (now + f_rem[f] / rate, _FLOW_DONE, f, f_ver[f]))
                         if record:
                             for p in route:
-                                port_rate_log.append((now, p, rate))
-                                port_rate[p] = rate
-                                port_since[p] = now
+                                set_port_rate(p, rate, now)
                         # (else its ports keep rate 0, which they had empty: a flow alone
                         # runs within every port's capacity, so it adds no port excess)
                 started.clear()
@@ -501,12 +498,7 @@ class Engine:
                         if port_flows[p]:
                             dirty_ports.add(p)
                         elif port_rate[p]:
-                            if port_rate[p] > cap[p]:
-                                close_excess(p, now)
-                            if record:
-                                port_rate_log.append((now, p, 0.0))
-                            port_rate[p] = 0.0
-                            port_since[p] = now
+                            set_port_rate(p, 0.0, now)
                 ended.clear()
             if dirty_ports:
                 reshare(now, dirty_ports, port_flows, f_rate, f_last, f_rem, f_ver, heap)
@@ -548,6 +540,7 @@ class Engine:
                 else:  # _COMM_RELEASE: every flow of the op is injected; the op ends with the last
                     first, last = flow_ptr[op], flow_ptr[op + 1]
                     op_flows_left[op] = last - first
+                    inj_mv[first:last] = fbytes[first:last]
                     if last - first >= bulk_flows and release_flows is None:
                         # many flows: their bytes and times in slices, their ports' flow
                         # sets grouped by port (the same for every op of a spec); where each
@@ -558,7 +551,6 @@ class Engine:
                         if layout is None:
                             layout = bulk[s] = self._bulk_layout(first, last)
                         if layout:
-                            inj_mv[first:last] = fbytes[first:last]
                             times = array("d", [now]) * (last - first)
                             flow_start_s[first:last] = times
                             f_last[first:last] = times
@@ -569,14 +561,10 @@ class Engine:
                             else:
                                 started.extend(range(first, last))
                             continue
-                    if release_flows is not None:
-                        for f in range(first, last):
-                            flow_injected[f] = fbytes[f]
                     for f in (range(first, last) if release_flows is None else release_flows(op)):
-                        nbytes = flow_injected[f] = fbytes[f]
                         flow_start_s[f] = now
                         f_last[f] = now
-                        if nbytes <= 0.0:
+                        if fbytes[f] <= 0.0:
                             heappush(heap, (now, _FLOW_DONE, f, f_ver[f]))
                             continue
                         for p in routes[flow_route[f]]:
@@ -615,11 +603,8 @@ class Engine:
         and the same sets recur all run long (the flows of a ring step, of a collective), so
         each set's answer is kept by its routes: (rate per flow, total per port)."""
         routes, flow_route = self.dag.routes, self._flow_route
-        cap = self.dag.port_capacity
-        port_rate, port_since = self._port_rate, self._port_since
-        shares, route_cap = self._shares, self._route_cap
-        record, settle_alone = self.record_port_rates, self._settle_alone
-        heappush = heapq.heappush
+        shares, route_cap, settle_alone = self._shares, self._route_cap, self._settle_alone
+        heappush, set_port_rate = heapq.heappush, self._set_port_rate
         seen_ports: set = set()
         for start in sorted(dirty_ports):
             if start in seen_ports:
@@ -628,13 +613,7 @@ class Engine:
             seen_ports.add(start)
             here = port_flows[start]
             if not here:  # no flow left on the port
-                if port_rate[start]:
-                    if port_rate[start] > cap[start]:
-                        self._close_excess(start, now)
-                    if record:
-                        self.port_rate_log.append((now, start, 0.0))
-                    port_rate[start] = 0.0
-                port_since[start] = now
+                set_port_rate(start, 0.0, now)
                 continue
             totals = None
             if len(here) == 1 and settle_alone:
@@ -687,12 +666,7 @@ class Engine:
                     f_ver[f] += 1
                     heappush(heap, (now + f_rem[f] / new, _FLOW_DONE, f, f_ver[f]))
             for p, total in totals:
-                if port_rate[p] > cap[p]:
-                    self._close_excess(p, now)
-                if record and total != port_rate[p]:
-                    self.port_rate_log.append((now, p, total))
-                port_rate[p] = total
-                port_since[p] = now
+                set_port_rate(p, total, now)
 
     def _bulk_layout(self, first: int, last: int):
         """The flows ``first .. last - 1`` of one op as ``(((port, offsets), ...), ports,
@@ -709,6 +683,16 @@ class Engine:
                 by_port.setdefault(p, []).append(k)
         shared = all(any(len(by_port[p]) > 1 for p in d.routes[r]) for r in route_ids)
         return tuple((p, tuple(ks)) for p, ks in sorted(by_port.items())), tuple(sorted(by_port)), shared
+
+    def _set_port_rate(self, p: int, total: float, now: float) -> None:
+        """Port ``p`` carries ``total`` bytes per second from ``now`` (its excess over its
+        capacity since the last change added up; the change logged for traces)."""
+        if self._port_rate[p] > self.dag.port_capacity[p]:
+            self._close_excess(p, now)
+        if self.record_port_rates and total != self._port_rate[p]:
+            self.port_rate_log.append((now, p, total))
+        self._port_rate[p] = total
+        self._port_since[p] = now
 
     def _close_excess(self, p: int, now: float) -> None:
         """Add what port ``p`` carried beyond its capacity since its rate last changed."""
