@@ -95,7 +95,7 @@ def run_case(name: str, path=None, overrides=(), symmetry=True, max_ops=None) ->
     timings["report_s"] += time.perf_counter() - t1
     total = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    width = round(getattr(result, "mean_heap_len", 1024))  # (1024 where the engine does not record it)
+    width = round(result.mean_heap_len)
     heap_s = bare_heapq_s(result.events, width)
     dep = plan.ctx.deployment
     return {
