@@ -61,14 +61,32 @@ def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterabl
                     disabled: Iterable[str] = ()) -> list[dict]:
     """One row per size: ``size_bytes, time_s, algbw_bytes_per_s, busbw_bytes_per_s,
     algorithm, protocol, channels``."""
+    from .engine import Engine
+
+    primitive = ALIASES.get(primitive, primitive)
+    compile_one = collective_compiler(primitive, system_name, chips, disabled)
+    rows = []
+    for size in sizes:
+        compiled = compile_one(size)
+        time_s = Engine(compiled).run().makespan_s
+        algorithm, protocol, channels = compiled.comm_algo[0]
+        algbw = size / time_s if time_s > 0 else 0.0
+        rows.append({"size_bytes": int(size), "time_s": time_s, "algbw_bytes_per_s": algbw,
+                     "busbw_bytes_per_s": algbw * bus_factor(primitive, chips), "algorithm": algorithm,
+                     "protocol": protocol, "channels": channels})
+    return rows
+
+
+def collective_compiler(primitive: str, system_name: str, chips: int, disabled: Iterable[str] = ()):
+    """A function of the size in bytes per rank: the compiled DAG of one ``primitive`` over
+    chips ``0 .. chips - 1`` of ``system_name``, lowered by the enabled plugins."""
     from .build import make_topology
     from .collective import collect_primitives
     from .dag import CommOp, OpDag
-    from .engine import Engine, compile_dag
+    from .engine import compile_dag
     from .plugins import Hooks, make_plugin_manager
     from .systems import get_system
 
-    primitive = ALIASES.get(primitive, primitive)
     if isinstance(chips, bool) or not isinstance(chips, int) or chips < 2:
         raise ConfigError("--chips", f"a collective needs at least 2 chips, got {chips!r}")
     if primitive == "p2p" and chips != 2:
@@ -85,19 +103,14 @@ def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterabl
     plan = types.SimpleNamespace(ctx=types.SimpleNamespace(topology=topo, system=system, deployment=None), hooks=hooks,
                                  primitives=primitives)
     group = tuple(range(chips))
-    rows = []
-    for size in sizes:
+
+    def compile_one(size: float):
         dag = OpDag()
         dag.add_op(CommOp(key="collective", primitive=primitive, group=group, bytes_per_rank=float(size),
                           reason="collective", layer=0, name="collective", owner="g5"))
-        compiled = compile_dag(dag, plan)
-        time_s = Engine(compiled).run().makespan_s
-        algorithm, protocol, channels = compiled.comm_algo[0]
-        algbw = size / time_s if time_s > 0 else 0.0
-        rows.append({"size_bytes": int(size), "time_s": time_s, "algbw_bytes_per_s": algbw,
-                     "busbw_bytes_per_s": algbw * bus_factor(primitive, chips), "algorithm": algorithm,
-                     "protocol": protocol, "channels": channels})
-    return rows
+        return compile_dag(dag, plan)
+
+    return compile_one
 
 
 def render_rows(primitive: str, system_name: str, chips: int, nodes: int, rows: list[dict]) -> str:
