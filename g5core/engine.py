@@ -13,8 +13,9 @@ Model:
   link send or receive side, a NIC's, a fabric tier's: :mod:`g5core.topology`), and the
   flows on a resource share it max-min fairly; rates are recomputed (per connected set of
   resources and flows) whenever a flow starts or ends; the op ends with its last flow;
-- the heap key ``(time, priority, sequence number)`` is the only event order; a negative
-  delay is an error.
+- the heap key ``(time, priority, id, version)`` is the only event order; a negative
+  delay is an error. The flows of one comm op that finish together may share one heap
+  entry (a cohort: ``docs/design-notes.md``, "Engine"), which counts one event per flow.
 """
 from __future__ import annotations
 
@@ -45,11 +46,12 @@ ROUNDING_TIME_REL = 1e-12
 # hundred bytes an answer).
 SHARES_KEPT = 100_000
 
-# A comm op with at least this many flows releases them in bulk (slices and per-port sets).
-BULK_FLOWS = 16
+# A comm op with at least this many flows adds them to its ports' flow sets a port at a
+# time (fewer Python steps for many flows; for few, one at a time is quicker).
+BULK_FLOWS = 8
 
 # Event priorities at equal time (lower first).
-_COMPUTE_DONE, _FLOW_DONE, _COMM_RELEASE = 0, 1, 2
+_COMPUTE_DONE, _FLOW_DONE, _COHORT_DONE, _COMM_RELEASE = 0, 1, 2, 3
 
 
 class TableView(Sequence):
@@ -302,6 +304,23 @@ def _zeros(n: int) -> array:
     return array("d", bytes(8 * n))
 
 
+@attrs.frozen(eq=False)
+class _ReleasePlan:
+    """How a comm op's flows are released and, alone on their ports, settled: the same for
+    every op of a spec, by flow offset from the op's first flow (:meth:`Engine._release_plan`)."""
+
+    by_port: tuple   # ((port, offsets of the flows that cross it), ...) in port order
+    ports: tuple     # the op's ports, in order
+    counts: tuple    # ((port, how many of its flows cross it), ...)
+    rates: array     # 'd' per flow: its max-min rate among the op's flows alone
+    versions: array  # 'l' per flow: 1 (the version of its first rate)
+    singles: tuple   # ((offset, bytes over rate), ...): a flow that finishes alone: an event of its own
+    cohorts: tuple   # (offsets, ...): two flows or more that finish together (equal bytes over rate)
+    cohort_finish_s: tuple  # per cohort: its flows' bytes over their rate
+    totals: tuple    # ((port, total rate), ...) in the order the re-share sets them
+    over: bool       # whether a total is above its port's capacity
+
+
 @attrs.define(eq=False)
 class Engine:
     """One simulation. All state lives on the instance; run it once. Results are typed
@@ -325,17 +344,20 @@ class Engine:
     makespan_s: float = 0.0
     # run state the helpers share with the loop
     _flow_route: Sequence = attrs.field(factory=list, init=False, repr=False)  # per flow: its route id
-    _port_rate: list = attrs.field(factory=list, init=False, repr=False)
-    _port_since: list = attrs.field(factory=list, init=False, repr=False)
+    _port_rate: list = attrs.field(factory=list, init=False, repr=False)  # per port, when rates are recorded
+    _over: dict = attrs.field(factory=dict, init=False, repr=False)  # port above its capacity -> (rate, since)
+    _plans: dict = attrs.field(factory=dict, init=False, repr=False)  # spec -> release plan (see run)
     _shares: dict = attrs.field(factory=dict, init=False, repr=False)   # see _reshare
     _route_cap: list = attrs.field(factory=list, init=False, repr=False)  # per route: its narrowest capacity
 
-    #: Fast paths, on by default; a test turns them off to show they change no result: a
-    #: flow alone on its route settled without the re-share, each connected set's max-min
-    #: answer kept by its routes, and the flows of a comm op with many released in bulk.
+    #: Fast paths, on by default; a test turns them off to show they change no result: the
+    #: flows of one route alone on its ports taken as a connected set without the search,
+    #: and a flow alone given its route's narrowest capacity without the progressive
+    #: filling; each connected set's max-min answer kept by its routes; and a comm op's
+    #: flows released and settled by its spec's plan (Engine._release_plan).
     _settle_alone = True
     _keep_shares = True
-    _release_in_bulk = True
+    _release_by_plan = True
 
     # ---------------------------------------------------------------- overridable seams
     # Tests subclass the engine and break one of these to show each KPI can fail. The event
@@ -403,7 +425,7 @@ class Engine:
         spec = memoryview(d.spec) if n else ()
         is_comm = d.spec_is_comm[d.spec].tobytes()
         chip_of = memoryview(d.chip) if n else ()
-        spec_dur, spec_flops = d.spec_duration_s.tolist(), d.spec_flops.tolist()
+        spec_dur = d.spec_duration_s.tolist()
         remaining_preds = array("i", d.pred_count.tobytes())
         flow_ptr = memoryview(d.flow_ptr)
         flow_op = memoryview(d.flow_op) if n_flows else ()
@@ -423,9 +445,9 @@ class Engine:
         op_flows_left = array("i", bytes(4 * n))
         port_flows: list[set] = [set() for _ in range(n_ports)]
         self._port_rate = [0.0] * n_ports
-        self._port_since = [0.0] * n_ports
+        self._over = over = {}
         dirty_ports: set = set()
-        started: list = []  # flows released in this batch
+        released: list = []  # comm ops released in this batch by their spec's plan
         ended: list = []    # routes of the flows that ended in this batch
         events = 0
         heap_len_sum = batches = 0
@@ -435,12 +457,11 @@ class Engine:
         may_start, release_flows = self._overridden("_may_start"), self._overridden("_release_flows")
         targets, bounds = d.succ.targets, d.succ.bounds
         heappush, heappop = heapq.heappush, heapq.heappop
-        reshare, close_excess, set_port_rate = self._reshare, self._close_excess, self._set_port_rate
-        bulk: dict = {}  # spec -> its flows by port (Engine._bulk_layout)
-        bulk_flows = BULK_FLOWS if self._release_in_bulk else math.inf
-        settle_alone = self._settle_alone
+        reshare, set_port_rates = self._reshare, self._set_port_rates
+        self._plans = plans = {}  # spec -> its release plan (Engine._release_plan), or () if it has none
+        by_plan = self._release_by_plan and release_flows is None
         inj_mv = memoryview(flow_injected)
-        self._route_cap = route_cap = [min(cap[q] for q in route) for route in routes]
+        self._route_cap = [min(cap[q] for q in route) for route in routes]
         port_rate, record = self._port_rate, self.record_port_rates
 
         for op in np.flatnonzero(d.pred_count == 0).tolist() if n else ():
@@ -463,43 +484,46 @@ class Engine:
                         start_s[op] = now
                         heappush(heap, (now + spec_dur[spec[op]], _COMPUTE_DONE, op, 0))
                 dirty_chips.clear()
-            # flows that started or ended in the last batch: one alone on every port of its
-            # route is its own connected set (at its route's narrowest capacity; an ended
-            # one leaves its ports idle), which is what a re-share would find; the others
-            # mark their ports for the re-share
-            if not settle_alone:
-                for f in started:
-                    dirty_ports.update(routes[flow_route[f]])
-                started.clear()
-                for route in ended:
-                    dirty_ports.update(route)
+            # ports that lost a flow in the last batch: re-shared if flows are left, else idle
+            if ended:
+                if record or over:  # port rates are seen (Engine._set_port_rates)
+                    idle = []
+                    for route in ended:
+                        for p in route:
+                            if port_flows[p]:
+                                dirty_ports.add(p)
+                            elif port_rate[p] if record else p in over:
+                                idle.append((p, 0.0))
+                    set_port_rates(idle, now)
+                else:
+                    for route in ended:
+                        for p in route:
+                            if port_flows[p]:
+                                dirty_ports.add(p)
                 ended.clear()
-            if started:
-                for f in started:
-                    r = flow_route[f]
-                    route = routes[r]
-                    for p in route:
-                        if len(port_flows[p]) != 1:
-                            dirty_ports.update(route)
+            # comm ops released in the last batch: where an op's flows are alone on their
+            # ports, its connected sets are its own, and its rates the ones worked out for
+            # its spec (Engine._release_plan); else its ports are re-shared with the rest
+            if released:
+                for op in released:
+                    plan = plans[spec[op]]
+                    for p, count in plan.counts:
+                        if len(port_flows[p]) != count:
+                            dirty_ports.update(plan.ports)
                             break
                     else:
-                        rate = f_rate[f] = route_cap[r]
-                        f_ver[f] += 1
-                        heappush(heap, (now + f_rem[f] / rate, _FLOW_DONE, f, f_ver[f]))
-                        if record:
-                            for p in route:
-                                set_port_rate(p, rate, now)
-                        # (else its ports keep rate 0, which they had empty: a flow alone
-                        # runs within every port's capacity, so it adds no port excess)
-                started.clear()
-            if ended:
-                for route in ended:
-                    for p in route:
-                        if port_flows[p]:
-                            dirty_ports.add(p)
-                        elif port_rate[p]:
-                            set_port_rate(p, 0.0, now)
-                ended.clear()
+                        first, last = flow_ptr[op], flow_ptr[op + 1]
+                        f_rate[first:last] = plan.rates
+                        f_ver[first:last] = plan.versions
+                        for k, finish_s in plan.singles:
+                            heappush(heap, (now + finish_s, _FLOW_DONE, first + k, 1))
+                        for g, finish_s in enumerate(plan.cohort_finish_s):
+                            heappush(heap, (now + finish_s, _COHORT_DONE, op, g))
+                        if record or over or plan.over:  # port rates are seen (Engine._set_port_rates)
+                            set_port_rates(plan.totals, now)
+                        if dirty_ports:  # settled: nothing to re-share there
+                            dirty_ports.difference_update(plan.ports)
+                released.clear()
             if dirty_ports:
                 reshare(now, dirty_ports, port_flows, f_rate, f_last, f_rem, f_ver, heap)
                 dirty_ports.clear()
@@ -515,51 +539,64 @@ class Engine:
                     c = chip_of[op]
                     busy[c] = False
                     dirty_chips.add(c)
-                    executed_flops[op] += spec_flops[spec[op]] if flops_of is None else flops_of(op)
-                elif prio == _FLOW_DONE:
-                    f = op
-                    if version != f_ver[f]:
-                        continue
-                    # what the integrated rate left undelivered; within rounding of the flow's
-                    # size the flow delivered exactly its bytes
-                    rate = f_rate[f]
-                    residual = f_rem[f] - rate * (now - f_last[f])
-                    nbytes = fbytes[f]
-                    tolerance = ROUNDING_BYTES_REL * nbytes + rate * abs(now) * ROUNDING_TIME_REL + 1.0
-                    flow_delivered[f] = nbytes if abs(residual) <= tolerance else nbytes - residual
-                    f_ver[f] = -1  # done: no later event of this flow counts (nor its rate, bytes left)
-                    flow_end_s[f] = now
-                    route = routes[flow_route[f]]
-                    for p in route:
-                        port_flows[p].discard(f)
-                    ended.append(route)
-                    op = flow_op[f]
-                    op_flows_left[op] -= 1
+                    if flops_of is not None:
+                        executed_flops[op] += flops_of(op)
+                elif prio != _COMM_RELEASE:
+                    if prio == _FLOW_DONE:  # one flow at its current rate
+                        if version != f_ver[op]:
+                            continue
+                        flows = (op,)
+                        op = flow_op[op]
+                    else:  # _COHORT_DONE: the flows of an op's plan that finish together
+                        cohort = plans[spec[op]].cohorts[version]
+                        events += len(cohort) - 1   # an event per flow, as one each would be
+                        first = flow_ptr[op]
+                        # those still at their first rate (a re-shared one has its own event)
+                        flows = [first + k for k in cohort if f_ver[first + k] == 1]
+                        if not flows:
+                            continue
+                    for f in flows:
+                        # what the integrated rate left undelivered; within rounding of the
+                        # flow's size the flow delivered exactly its bytes
+                        rate = f_rate[f]
+                        residual = f_rem[f] - rate * (now - f_last[f])
+                        nbytes = fbytes[f]
+                        tolerance = ROUNDING_BYTES_REL * nbytes + rate * abs(now) * ROUNDING_TIME_REL + 1.0
+                        flow_delivered[f] = nbytes if abs(residual) <= tolerance else nbytes - residual
+                        f_ver[f] = -1  # done: no later event of this flow counts (nor its rate, bytes left)
+                        flow_end_s[f] = now
+                        route = routes[flow_route[f]]
+                        for p in route:
+                            port_flows[p].discard(f)
+                        ended.append(route)
+                    op_flows_left[op] -= len(flows)
                     if op_flows_left[op]:
                         continue
                 else:  # _COMM_RELEASE: every flow of the op is injected; the op ends with the last
                     first, last = flow_ptr[op], flow_ptr[op + 1]
                     op_flows_left[op] = last - first
                     inj_mv[first:last] = fbytes[first:last]
-                    if last - first >= bulk_flows and release_flows is None:
-                        # many flows: their bytes and times in slices, their ports' flow
-                        # sets grouped by port (the same for every op of a spec); where each
-                        # shares a port with another of them, every port is marked for the
-                        # re-share, else they are settled as flows that started
+                    if by_plan and first != last:
+                        # its flows' bytes and times in slices, its ports' flow sets grouped
+                        # by port: the same for every op of a spec (Engine._release_plan)
                         s = spec[op]
-                        layout = bulk.get(s)
-                        if layout is None:
-                            layout = bulk[s] = self._bulk_layout(first, last)
-                        if layout:
-                            times = array("d", [now]) * (last - first)
-                            flow_start_s[first:last] = times
-                            f_last[first:last] = times
-                            for p, offsets in layout[0]:
-                                port_flows[p].update(map(first.__add__, offsets))
-                            if layout[2]:
-                                dirty_ports.update(layout[1])
+                        plan = plans.get(s)
+                        if plan is None:
+                            plan = plans[s] = self._release_plan(first, last)
+                        if plan:
+                            if last - first < BULK_FLOWS:
+                                for f in range(first, last):
+                                    flow_start_s[f] = now
+                                    f_last[f] = now
+                                    for p in routes[flow_route[f]]:
+                                        port_flows[p].add(f)
                             else:
-                                started.extend(range(first, last))
+                                times = array("d", [now]) * (last - first)
+                                flow_start_s[first:last] = times
+                                f_last[first:last] = times
+                                for p, offsets in plan.by_port:
+                                    port_flows[p].update(map(first.__add__, offsets))
+                            released.append(op)
                             continue
                     for f in (range(first, last) if release_flows is None else release_flows(op)):
                         flow_start_s[f] = now
@@ -567,9 +604,10 @@ class Engine:
                         if fbytes[f] <= 0.0:
                             heappush(heap, (now, _FLOW_DONE, f, f_ver[f]))
                             continue
-                        for p in routes[flow_route[f]]:
+                        route = routes[flow_route[f]]
+                        for p in route:
                             port_flows[p].add(f)
-                        started.append(f)
+                        dirty_ports.update(route)
                     if first != last:
                         continue
                 # the op is done: release its successors
@@ -585,9 +623,9 @@ class Engine:
                             heappush(ready[chip_of[v]], (now, v))
                             dirty_chips.add(chip_of[v])
         # close the port-excess integral
-        for p in range(n_ports):
-            if port_rate[p] > cap[p]:
-                close_excess(p, now)
+        self._set_port_rates([(p, 0.0) for p in sorted(over)], now)
+        if flops_of is None and n:
+            self._add_executed_flops()
         self.events = events
         self.mean_heap_len = heap_len_sum / batches if batches else 0.0
         ends = np.frombuffer(end_s, dtype=float) if n else np.zeros(0)
@@ -603,38 +641,29 @@ class Engine:
         and the same sets recur all run long (the flows of a ring step, of a collective), so
         each set's answer is kept by its routes: (rate per flow, total per port)."""
         routes, flow_route = self.dag.routes, self._flow_route
-        shares, route_cap, settle_alone = self._shares, self._route_cap, self._settle_alone
-        heappush, set_port_rate = heapq.heappush, self._set_port_rate
+        heappush, answer_of, set_port_rates, shares = heapq.heappush, self._answer, self._set_port_rates, self._shares
+        seen = self.record_port_rates or self._over  # port rates are seen (Engine._set_port_rates)
+        one_route = self._settle_alone
         seen_ports: set = set()
         for start in sorted(dirty_ports):
             if start in seen_ports:
                 continue
             # the connected set of ports and active flows around this port
             seen_ports.add(start)
-            here = port_flows[start]
-            if not here:  # no flow left on the port
-                set_port_rate(start, 0.0, now)
+            if not port_flows[start]:  # no flow left on the port
+                if seen:
+                    set_port_rates(((start, 0.0),), now)
                 continue
-            totals = None
-            if len(here) == 1 and settle_alone:
-                # the common case, one flow alone on every port of its route: its own set,
-                # at the route's narrowest capacity
-                (f,) = here
-                r = flow_route[f]
-                route = routes[r]
-                for q in route:
-                    if len(port_flows[q]) != 1:
-                        break
-                else:
-                    seen_ports.update(route)
-                    flows, rates = (f,), (route_cap[r],)
-                    totals = [(q, rates[0]) for q in sorted(route)]
-            if totals is None:
+            flows = self._one_route_set(start, port_flows) if one_route else None
+            if flows is not None:  # the common set: flows on one route, alone on its ports
+                r = flow_route[flows[0]]
+                seen_ports.update(routes[r])
+                key = (r,) * len(flows)
+            else:  # any set: found port by port
                 stack = [start]
                 comp_flows: set = set()
                 while stack:
-                    p = stack.pop()
-                    for f in port_flows[p]:
+                    for f in port_flows[stack.pop()]:
                         if f in comp_flows:
                             continue
                         comp_flows.add(f)
@@ -644,14 +673,7 @@ class Engine:
                                 stack.append(q)
                 flows = sorted(comp_flows)
                 key = tuple([flow_route[f] for f in flows])
-                answer = shares.get(key)
-                if answer is None:
-                    if len(shares) >= SHARES_KEPT:
-                        shares.clear()
-                    answer = self._share(flows, key)
-                    if self._keep_shares:
-                        shares[key] = answer
-                rates, totals = answer
+            rates, totals, over = shares.get(key) or answer_of(flows, key)
             # settle progress at the old rates, then apply the new ones
             for f, new in zip(flows, rates):
                 old = f_rate[f]
@@ -665,38 +687,136 @@ class Engine:
                     f_rate[f] = new
                     f_ver[f] += 1
                     heappush(heap, (now + f_rem[f] / new, _FLOW_DONE, f, f_ver[f]))
-            for p, total in totals:
-                set_port_rate(p, total, now)
+            if seen or over:
+                set_port_rates(totals, now)
+                seen = True
 
-    def _bulk_layout(self, first: int, last: int):
-        """The flows ``first .. last - 1`` of one op as ``(((port, offsets), ...), ports,
-        shared)``: per port the offsets (from ``first``) of the flows that cross it, and
-        whether every one of them shares a port with another (none can be alone); or ``()``
-        when a flow carries no bytes (those take the per-flow path)."""
+    def _add_executed_flops(self) -> None:
+        """Each compute op's FLOPs, added to ``executed_flops`` as many times as the run
+        completed it (``executed``), as the loop would at each completion."""
         d = self.dag
-        if not bool((d.flow_bytes[first:last] > 0.0).all()):
+        executed = np.frombuffer(self.executed, dtype=np.int32)
+        per_op = d.spec_flops[d.spec]
+        flops = np.frombuffer(self.executed_flops, dtype=float)
+        once = executed == 1
+        flops[once] += per_op[once]
+        for op in np.flatnonzero(executed > 1).tolist():
+            for _ in range(int(executed[op])):
+                flops[op] += per_op[op]
+
+    def _one_route_set(self, port: int, port_flows: list):
+        """The flows on ``port`` (sorted) when they all take one route and are alone on its
+        ports (a ring step's sends, a lone flow): then they are a connected set on their
+        own; else None."""
+        here = port_flows[port]
+        flow_route = self._flow_route
+        r = flow_route[next(iter(here))]
+        k = len(here)
+        for q in self.dag.routes[r]:
+            if len(port_flows[q]) != k:
+                return None
+        for f in here:
+            if flow_route[f] != r:
+                return None
+        return sorted(here)
+
+    def _release_plan(self, first: int, last: int):
+        """How the flows ``first .. last - 1`` of one comm op are released and settled, the
+        same for every op of its spec (their routes and bytes are); ``()`` when a flow
+        carries no bytes (those take the per-flow path).
+
+        The settlement holds when the op's flows are alone on their ports: its connected sets
+        are then sets of its own flows, found as :meth:`_reshare` finds them (from the
+        lowest port up), and their rates are :meth:`_answer`'s."""
+        d = self.dag
+        nbytes = d.flow_bytes[first:last]
+        if not bool((nbytes > 0.0).all()):
             return ()
-        by_port: dict = {}
+        routes = d.routes
         route_ids = d.flow_route[first:last].tolist()
+        by_port: dict = {}
         for k, r in enumerate(route_ids):
-            for p in d.routes[r]:
+            for p in routes[r]:
                 by_port.setdefault(p, []).append(k)
-        shared = all(any(len(by_port[p]) > 1 for p in d.routes[r]) for r in route_ids)
-        return tuple((p, tuple(ks)) for p, ks in sorted(by_port.items())), tuple(sorted(by_port)), shared
+        ports = tuple(sorted(by_port))
+        rates = array("d", bytes(8 * len(route_ids)))
+        totals: list = []
+        over = False
+        seen: set = set()
+        for start in ports:
+            if start in seen:
+                continue
+            seen.add(start)
+            stack, members = [start], set()
+            while stack:
+                for k in by_port[stack.pop()]:
+                    if k not in members:
+                        members.add(k)
+                        for q in routes[route_ids[k]]:
+                            if q not in seen:
+                                seen.add(q)
+                                stack.append(q)
+            ks = sorted(members)
+            answer, answer_totals, answer_over = self._answer([first + k for k in ks], tuple([route_ids[k] for k in ks]))
+            over = over or answer_over
+            for k, rate in zip(ks, answer):
+                if rate <= 0.0:
+                    raise G5Error(f"engine: flow {first + k} got no bandwidth")
+                rates[k] = rate
+            totals.extend(answer_totals)
+        cohorts: dict = {}  # bytes over rate -> offsets of the flows that take that long
+        for k, (b, r) in enumerate(zip(nbytes.tolist(), rates)):
+            cohorts.setdefault(b / r, []).append(k)
+        return _ReleasePlan(
+            by_port=tuple((p, tuple(by_port[p])) for p in ports), ports=ports,
+            counts=tuple((p, len(by_port[p])) for p in ports), rates=rates,
+            versions=array("l", [1]) * len(route_ids),
+            singles=tuple([(ks[0], t) for t, ks in cohorts.items() if len(ks) == 1]),
+            cohorts=tuple([tuple(ks) for ks in cohorts.values() if len(ks) > 1]),
+            cohort_finish_s=tuple([t for t, ks in cohorts.items() if len(ks) > 1]), totals=tuple(totals), over=over)
 
-    def _set_port_rate(self, p: int, total: float, now: float) -> None:
-        """Port ``p`` carries ``total`` bytes per second from ``now`` (its excess over its
-        capacity since the last change added up; the change logged for traces)."""
-        if self._port_rate[p] > self.dag.port_capacity[p]:
-            self._close_excess(p, now)
-        if self.record_port_rates and total != self._port_rate[p]:
-            self.port_rate_log.append((now, p, total))
-        self._port_rate[p] = total
-        self._port_since[p] = now
+    def _answer(self, flows: Sequence[int], key: tuple) -> tuple:
+        """(rate per flow, ((port, total rate), ...), whether a total is above its port's
+        capacity) of one connected set: ``flows`` (by id) on the routes ``key``, kept by its
+        routes. A flow alone runs at its route's narrowest capacity (what the progressive
+        filling gives it)."""
+        shares = self._shares
+        answer = shares.get(key)
+        if answer is None:
+            if len(shares) >= SHARES_KEPT:
+                shares.clear()
+            if len(flows) == 1 and self._settle_alone:
+                rate = self._route_cap[key[0]]
+                answer = (rate,), tuple([(q, rate) for q in sorted(self.dag.routes[key[0]])]), False
+            else:
+                rates, totals = self._share(flows, key)
+                cap = self.dag.port_capacity
+                answer = rates, totals, any(total > cap[q] for q, total in totals)
+            if self._keep_shares:
+                shares[key] = answer
+        return answer
 
-    def _close_excess(self, p: int, now: float) -> None:
-        """Add what port ``p`` carried beyond its capacity since its rate last changed."""
-        self.port_excess_bytes += (self._port_rate[p] - self.dag.port_capacity[p]) * (now - self._port_since[p])
+    def _set_port_rates(self, totals, now: float) -> None:
+        """Each port ``p`` of ``totals`` ((port, bytes per second), ...) carries its total
+        from ``now``: what it carried beyond its capacity since its rate last changed is
+        added to the port excess, and the change is logged for traces.
+
+        A port's rate is seen only there: when rates are not recorded and no port is or
+        goes above its capacity (max-min shares never do), setting them changes nothing,
+        and the loop leaves them unset."""
+        over, cap = self._over, self.dag.port_capacity
+        for p, total in totals:
+            if p in over:
+                rate, since = over.pop(p)
+                self.port_excess_bytes += (rate - cap[p]) * (now - since)
+            if total > cap[p]:
+                over[p] = (total, now)
+        if self.record_port_rates:
+            rate, log = self._port_rate, self.port_rate_log
+            for p, total in totals:
+                if total != rate[p]:
+                    log.append((now, p, total))
+                    rate[p] = total
 
     def _share(self, flows: Sequence[int], route_ids: tuple) -> tuple:
         """(rate per flow of ``flows``, ((port, total rate), ...) in port order) for one

@@ -24,7 +24,7 @@ class FromScratch(Engine):
 
     _settle_alone = False
     _keep_shares = False
-    _release_in_bulk = False
+    _release_by_plan = False
 
 
 def _log_by_time(log):
@@ -51,7 +51,8 @@ def test_fast_paths_give_the_results_of_a_re_share_from_scratch(example, overrid
     assert fast.makespan_s == slow.makespan_s and fast.port_excess_bytes == slow.port_excess_bytes == 0.0
     assert _log_by_time(fast.port_rate_log) == _log_by_time(slow.port_rate_log)
     assert not slow._shares  # it kept no answer
-    assert bool(fast._shares) == shared  # flows that shared a port: their sets' answers were kept
+    assert fast._shares  # the answers were kept by routes ...
+    assert any(len(key) > 1 for key in fast._shares) == shared  # ... of sets of several flows where they shared a port
 
 
 def test_exact_sum_of_repeated_values_equals_the_sum_of_the_list():
@@ -63,3 +64,57 @@ def test_exact_sum_of_repeated_values_equals_the_sum_of_the_list():
     assert exact_sum_repeated(pairs) == exact_sum(listed) == math.fsum([0.1] * 3 + [1.0 / 3.0] * 7)
     assert exact_sum_repeated(iter(pairs)) == exact_sum(listed)
     assert exact_sum_repeated([(1e308, 2)]) == exact_sum([1e308, 1e308]) == float("inf")  # overflow: inf, as sum
+
+
+@pytest.mark.parametrize("joiners", [[(0, 2)], [(0, 2), (1, 3)]])
+def test_a_cohort_ends_the_flows_still_at_their_first_rate_and_skips_re_shared_ones(tmp_path, joiners):
+    """An all-to-all on chips 0 and 1 is settled from its plan: its flows finish together,
+    one heap entry (a cohort). A send from chip 0 to chip 2 joins chip 0's send port half-way:
+    the all-to-all's flow out of chip 0 is re-shared (slower, an entry of its own), the one
+    out of chip 1 keeps its rate and ends with the cohort. With a second send, from chip 1,
+    every flow of the cohort is re-shared and its entry ends none. Same times and events as
+    the engine without plans, every KPI 0."""
+    from helpers_engine import DagBuilder, synthetic_plan
+
+    plan = synthetic_plan(tmp_path, chips=4, chips_per_node=4, intra_node_bw_bytes_per_s=100e9)
+    b = DagBuilder()
+    b.comm("a2a", "all_to_all", (0, 1), 64e6)
+    b.compute("wait", 2, flops=7e11)  # 0.7 ms: the all-to-all's flows run from 0.59 to 1.0 ms alone
+    for src, dst in joiners:
+        b.p2p(f"send{src}", src, dst, 64e6)
+        b.edge("wait", f"send{src}")
+    fast = b.run(plan)
+    slow = b.run(plan, FromScratch)
+    for name in ("start_s", "end_s", "executed", "flow_start_s", "flow_end_s", "flow_delivered"):
+        assert np.array_equal(np.asarray(getattr(fast.engine, name)), np.asarray(getattr(slow.engine, name))), name
+    assert fast.engine.events == slow.engine.events
+    assert all(v == 0 for v in fast.kpis.values())
+    a2a_plan = fast.engine._plans[fast.compiled.spec[fast.dag.index["a2a"]]]
+    assert a2a_plan.cohorts and not slow.engine._plans  # the flows shared one heap entry (only with plans)
+    ends = {(int(fast.compiled.flow_src[f]), int(fast.compiled.flow_dst[f])): fast.engine.flow_end_s[f]
+            for f in fast.flows_of("a2a")}
+    a2a_flows_start = max(fast.engine.flow_start_s[f] for f in fast.flows_of("a2a"))
+    alone_end = a2a_flows_start + a2a_plan.cohort_finish_s[0]
+    assert a2a_flows_start < fast.start_s("send0") < alone_end  # the sends joined while the all-to-all ran
+    assert ends[(0, 1)] > alone_end  # chip 0's flow slowed down
+    if len(joiners) == 1:
+        assert ends[(1, 0)] == alone_end  # chip 1's ended with the cohort, at its plan's finish time
+    else:
+        assert ends[(1, 0)] > alone_end
+    assert fast.end_s("a2a") == max(ends.values())
+
+
+def test_a_cohort_whose_flows_all_ended_sooner_ends_nothing():
+    """An NVLS all-reduce over 4 nodes: flows of unequal bytes share ports, so when the
+    short ones end, the long ones speed up and end before their cohort's entry (the finish
+    time at the op's first rates). That entry must end no flow and not end the op again."""
+    from g5core.collbench import collective_compiler
+
+    compiled = collective_compiler("all_reduce", "h100-sxm", 32)(2 ** 30)
+    fast = Engine(compiled).run()
+    slow = FromScratch(compiled).run()
+    assert compiled.comm_algo[0][0] == "nvls_tree"
+    for name in ("start_s", "end_s", "executed", "flow_end_s", "flow_delivered"):
+        assert np.array_equal(np.asarray(getattr(fast, name)), np.asarray(getattr(slow, name))), name
+    assert list(fast.executed) == [1] and fast.end_s[0] == max(fast.flow_end_s)
+    assert fast.events == slow.events
