@@ -11,7 +11,7 @@ Wall time is split into build (hooks, DAG), compile (durations, lowerings, array
 (event loop) and report (KPIs, overlap, memory); ``total_s`` is the whole run inside the
 process, imports excluded. ``bare_heapq_s`` is a bare heapq loop over the same number of
 events on a heap as long as the engine's was on average (``mean_heap_len``), run in the same
-process right after (``engine_over_heapq`` = engine_s / bare_heapq_s).
+process right after, the fastest of three (``engine_over_heapq`` = engine_s / bare_heapq_s).
 """
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def run_case(name: str, path=None, overrides=(), symmetry=True, max_ops=None) ->
     total = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     width = round(result.mean_heap_len)
-    heap_s = bare_heapq_s(result.events, width)
+    heap_s = min(bare_heapq_s(result.events, width) for _ in range(3))  # its fastest: the lowest floor
     dep = plan.ctx.deployment
     return {
         "case": name,

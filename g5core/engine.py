@@ -654,11 +654,26 @@ class Engine:
                 if seen:
                     set_port_rates(((start, 0.0),), now)
                 continue
-            flows = self._one_route_set(start, port_flows) if one_route else None
-            if flows is not None:  # the common set: flows on one route, alone on its ports
-                r = flow_route[flows[0]]
+            # the common set: flows on one route, alone on its ports (a ring step's sends
+            # and the next step's, a lone flow): a set of their own
+            here = port_flows[start]
+            k = len(here)
+            r = flow_route[next(iter(here))]
+            route = routes[r]
+            if one_route:
+                for q in route:
+                    if len(port_flows[q]) != k:
+                        break
+                else:
+                    for f in here:
+                        if flow_route[f] != r:
+                            break
+                    else:
+                        route = None
+            if route is None:
                 seen_ports.update(routes[r])
-                key = (r,) * len(flows)
+                flows = sorted(here)
+                key = (r,) * k
             else:  # any set: found port by port
                 stack = [start]
                 comp_flows: set = set()
@@ -674,7 +689,7 @@ class Engine:
                 flows = sorted(comp_flows)
                 key = tuple([flow_route[f] for f in flows])
             rates, totals, over = shares.get(key) or answer_of(flows, key)
-            # settle progress at the old rates, then apply the new ones
+            # settle progress at the old rates, then apply the new ones (all positive)
             for f, new in zip(flows, rates):
                 old = f_rate[f]
                 if old:
@@ -682,8 +697,6 @@ class Engine:
                     f_rem[f] = rem if rem > 0.0 else 0.0
                 f_last[f] = now
                 if new != old:
-                    if new <= 0.0:
-                        raise G5Error(f"engine: flow {f} got no bandwidth")
                     f_rate[f] = new
                     f_ver[f] += 1
                     heappush(heap, (now + f_rem[f] / new, _FLOW_DONE, f, f_ver[f]))
@@ -703,22 +716,6 @@ class Engine:
         for op in np.flatnonzero(executed > 1).tolist():
             for _ in range(int(executed[op])):
                 flops[op] += per_op[op]
-
-    def _one_route_set(self, port: int, port_flows: list):
-        """The flows on ``port`` (sorted) when they all take one route and are alone on its
-        ports (a ring step's sends, a lone flow): then they are a connected set on their
-        own; else None."""
-        here = port_flows[port]
-        flow_route = self._flow_route
-        r = flow_route[next(iter(here))]
-        k = len(here)
-        for q in self.dag.routes[r]:
-            if len(port_flows[q]) != k:
-                return None
-        for f in here:
-            if flow_route[f] != r:
-                return None
-        return sorted(here)
 
     def _release_plan(self, first: int, last: int):
         """How the flows ``first .. last - 1`` of one comm op are released and settled, the
@@ -760,8 +757,6 @@ class Engine:
             answer, answer_totals, answer_over = self._answer([first + k for k in ks], tuple([route_ids[k] for k in ks]))
             over = over or answer_over
             for k, rate in zip(ks, answer):
-                if rate <= 0.0:
-                    raise G5Error(f"engine: flow {first + k} got no bandwidth")
                 rates[k] = rate
             totals.extend(answer_totals)
         cohorts: dict = {}  # bytes over rate -> offsets of the flows that take that long
@@ -779,7 +774,7 @@ class Engine:
         """(rate per flow, ((port, total rate), ...), whether a total is above its port's
         capacity) of one connected set: ``flows`` (by id) on the routes ``key``, kept by its
         routes. A flow alone runs at its route's narrowest capacity (what the progressive
-        filling gives it)."""
+        filling gives it). A flow given no bandwidth is an error."""
         shares = self._shares
         answer = shares.get(key)
         if answer is None:
@@ -792,6 +787,9 @@ class Engine:
                 rates, totals = self._share(flows, key)
                 cap = self.dag.port_capacity
                 answer = rates, totals, any(total > cap[q] for q, total in totals)
+            for f, rate in zip(flows, answer[0]):
+                if not rate > 0.0:
+                    raise G5Error(f"engine: flow {f} got no bandwidth")
             if self._keep_shares:
                 shares[key] = answer
         return answer
