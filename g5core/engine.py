@@ -463,6 +463,7 @@ class Engine:
         inj_mv = memoryview(flow_injected)
         self._route_cap = [min(cap[q] for q in route) for route in routes]
         port_rate, record = self._port_rate, self.record_port_rates
+        bytes_rel, time_rel = ROUNDING_BYTES_REL, ROUNDING_TIME_REL
 
         for op in np.flatnonzero(d.pred_count == 0).tolist() if n else ():
             if is_comm[op]:
@@ -561,7 +562,7 @@ class Engine:
                         rate = f_rate[f]
                         residual = f_rem[f] - rate * (now - f_last[f])
                         nbytes = fbytes[f]
-                        tolerance = ROUNDING_BYTES_REL * nbytes + rate * abs(now) * ROUNDING_TIME_REL + 1.0
+                        tolerance = bytes_rel * nbytes + rate * abs(now) * time_rel + 1.0
                         flow_delivered[f] = nbytes if abs(residual) <= tolerance else nbytes - residual
                         f_ver[f] = -1  # done: no later event of this flow counts (nor its rate, bytes left)
                         flow_end_s[f] = now
