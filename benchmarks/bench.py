@@ -121,6 +121,7 @@ def run_case(name: str, path=None, overrides=(), symmetry=True, max_ops=None) ->
         "ops": result.ops,
         "flows": result.flows,
         "events": result.events,
+        "batches": result.batches,
         **{k: round(v, 3) for k, v in timings.items()},
         "total_s": round(total, 3),
         "mean_heap_len": width,

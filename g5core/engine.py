@@ -13,8 +13,9 @@ Model:
   link send or receive side, a NIC's, a fabric tier's: :mod:`g5core.topology`), and the
   flows on a resource share it max-min fairly; rates are recomputed (per connected set of
   resources and flows) whenever a flow starts or ends; the op ends with its last flow;
-- the heap key ``(time, priority, id, version)`` is the only event order; a negative
-  delay is an error. The flows of one comm op that finish together may share one heap
+- events are kept by time: the events of one time are a batch, processed in the order they
+  were added (no result depends on that order), and a heap holds the distinct times; a
+  negative delay is an error. The flows of one comm op that finish together may share one
   entry (a cohort: ``docs/design-notes.md``, "Engine"), which counts one event per flow.
 """
 from __future__ import annotations
@@ -22,6 +23,8 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
+from collections import defaultdict
+from functools import partial
 from collections.abc import Sequence
 
 import attrs
@@ -49,6 +52,9 @@ SHARES_KEPT = 100_000
 # A comm op with at least this many flows adds them to its ports' flow sets a port at a
 # time (fewer Python steps for many flows; for few, one at a time is quicker).
 BULK_FLOWS = 8
+
+# Flows whose delivered bytes are worked out at once after the run (bounds its memory).
+DELIVERED_BLOCK = 1 << 20
 
 # Event priorities at equal time (lower first).
 _COMPUTE_DONE, _FLOW_DONE, _COHORT_DONE, _COMM_RELEASE = 0, 1, 2, 3
@@ -340,7 +346,8 @@ class Engine:
     port_excess_bytes: float = 0.0
     port_rate_log: list = attrs.field(factory=list)
     events: int = 0
-    mean_heap_len: float = 0.0  # the event heap's mean length over the run's batches (benchmarks/bench.py)
+    batches: int = 0  # distinct event times (each a batch)
+    mean_heap_len: float = 0.0  # events pending at a batch's start, the mean of every 16th batch (benchmarks/bench.py)
     makespan_s: float = 0.0
     # run state the helpers share with the loop
     _flow_route: Sequence = attrs.field(factory=list, init=False, repr=False)  # per flow: its route id
@@ -358,6 +365,9 @@ class Engine:
     _settle_alone = True
     _keep_shares = True
     _release_by_plan = True
+    #: Events of one time are processed in the order they were added; a test sorts them by
+    #: (priority, id, version) instead to show the order changes no result.
+    _sort_batches = False
 
     # ---------------------------------------------------------------- overridable seams
     # Tests subclass the engine and break one of these to show each KPI can fail. The event
@@ -418,7 +428,7 @@ class Engine:
         self.flow_start_s = flow_start_s = _nan(n_flows)
         self.flow_end_s = flow_end_s = _nan(n_flows)
         self.flow_injected = flow_injected = _zeros(n_flows)
-        self.flow_delivered = flow_delivered = _zeros(n_flows)
+        self.flow_delivered = _zeros(n_flows)
         self.port_rate_log = []
         # the columns the loop reads, in place (typed arrays: no Python object per op);
         # what is alike per spec is read through the op's spec
@@ -433,7 +443,11 @@ class Engine:
         self._flow_route = flow_route = memoryview(d.flow_route) if n_flows else ()
         routes = d.routes
         cap = d.port_capacity
-        heap: list = []
+        # pending events by time: (priority, id, version) in the order they were added;
+        # ``times`` is a heap of the distinct times (many events share one: the chips of a
+        # layer finish alike, a collective's flows end together)
+        buckets: defaultdict = defaultdict(list)
+        times: list = []
         ready = [[] for _ in range(d.n_chips)]   # per chip heap of (ready_time, op id)
         busy = [False] * d.n_chips
         dirty_chips: set = set()
@@ -450,7 +464,7 @@ class Engine:
         released: list = []  # comm ops released in this batch by their spec's plan
         ended: list = []    # routes of the flows that ended in this batch
         events = 0
-        heap_len_sum = batches = 0
+        heap_len_sum = sampled = batches = 0
         now = 0.0
         # the seams a subclass overrides (None: read the arrays)
         successors, flops_of = self._overridden("_successors"), self._overridden("_flops_of")
@@ -460,15 +474,18 @@ class Engine:
         reshare, set_port_rates = self._reshare, self._set_port_rates
         self._plans = plans = {}  # spec -> its release plan (Engine._release_plan), or () if it has none
         by_plan = self._release_by_plan and release_flows is None
+        sort_batches = self._sort_batches
         inj_mv = memoryview(flow_injected)
         self._route_cap = [min(cap[q] for q in route) for route in routes]
         port_rate, record = self._port_rate, self.record_port_rates
-        bytes_rel, time_rel = ROUNDING_BYTES_REL, ROUNDING_TIME_REL
 
         for op in np.flatnonzero(d.pred_count == 0).tolist() if n else ():
             if is_comm[op]:
                 start_s[op] = 0.0
-                heappush(heap, (spec_dur[spec[op]], _COMM_RELEASE, op, 0))
+                b = buckets[spec_dur[spec[op]]]
+                b.append((_COMM_RELEASE, op, 0))
+                if len(b) == 1:
+                    heappush(times, spec_dur[spec[op]])
             else:
                 heappush(ready[chip_of[op]], (0.0, op))
                 dirty_chips.add(chip_of[op])
@@ -483,7 +500,11 @@ class Engine:
                             continue
                         busy[c] = True
                         start_s[op] = now
-                        heappush(heap, (now + spec_dur[spec[op]], _COMPUTE_DONE, op, 0))
+                        t = now + spec_dur[spec[op]]
+                        b = buckets[t]
+                        b.append((_COMPUTE_DONE, op, 0))
+                        if len(b) == 1:
+                            heappush(times, t)
                 dirty_chips.clear()
             # ports that lost a flow in the last batch: re-shared if flows are left, else idle
             if ended:
@@ -517,125 +538,142 @@ class Engine:
                         f_rate[first:last] = plan.rates
                         f_ver[first:last] = plan.versions
                         for k, finish_s in plan.singles:
-                            heappush(heap, (now + finish_s, _FLOW_DONE, first + k, 1))
+                            t = now + finish_s
+                            b = buckets[t]
+                            b.append((_FLOW_DONE, first + k, 1))
+                            if len(b) == 1:
+                                heappush(times, t)
                         for g, finish_s in enumerate(plan.cohort_finish_s):
-                            heappush(heap, (now + finish_s, _COHORT_DONE, op, g))
+                            t = now + finish_s
+                            b = buckets[t]
+                            b.append((_COHORT_DONE, op, g))
+                            if len(b) == 1:
+                                heappush(times, t)
                         if record or over or plan.over:  # port rates are seen (Engine._set_port_rates)
                             set_port_rates(plan.totals, now)
                         if dirty_ports:  # settled: nothing to re-share there
                             dirty_ports.difference_update(plan.ports)
                 released.clear()
             if dirty_ports:
-                reshare(now, dirty_ports, port_flows, f_rate, f_last, f_rem, f_ver, heap)
+                reshare(now, dirty_ports, port_flows, f_rate, f_last, f_rem, f_ver, buckets, times)
                 dirty_ports.clear()
-            if not heap:
+            if not times:
                 break
-            now = heap[0][0]
-            heap_len_sum += len(heap)   # the heap's length at each batch's first pop
+            now = times[0]
+            if not batches & 15:  # the events pending, at every 16th batch
+                heap_len_sum += sum(map(len, buckets.values()))
+                sampled += 1
             batches += 1
-            while heap and heap[0][0] == now:
-                _, prio, op, version = heappop(heap)
-                events += 1
-                if prio == _COMPUTE_DONE:
-                    c = chip_of[op]
-                    busy[c] = False
-                    dirty_chips.add(c)
-                    if flops_of is not None:
-                        executed_flops[op] += flops_of(op)
-                elif prio != _COMM_RELEASE:
-                    if prio == _FLOW_DONE:  # one flow at its current rate
-                        if version != f_ver[op]:
+            while times and times[0] == now:
+                heappop(times)
+                batch = buckets.pop(now)
+                if sort_batches:
+                    batch.sort()
+                events += len(batch)
+                for prio, op, version in batch:
+                    if prio == _COMPUTE_DONE:
+                        c = chip_of[op]
+                        busy[c] = False
+                        dirty_chips.add(c)
+                        if flops_of is not None:
+                            executed_flops[op] += flops_of(op)
+                    elif prio != _COMM_RELEASE:
+                        if prio == _FLOW_DONE:  # one flow at its current rate
+                            if version != f_ver[op]:
+                                continue
+                            flows = (op,)
+                            op = flow_op[op]
+                        else:  # _COHORT_DONE: the flows of an op's plan that finish together
+                            cohort = plans[spec[op]].cohorts[version]
+                            events += len(cohort) - 1   # an event per flow, as one each would be
+                            first = flow_ptr[op]
+                            # those still at their first rate (a re-shared one has its own event)
+                            flows = [first + k for k in cohort if f_ver[first + k] == 1]
+                            if not flows:
+                                continue
+                        for f in flows:
+                            # done: no later event of this flow counts, and its rate, bytes left
+                            # and last settle time stay as they are (Engine._add_delivered)
+                            f_ver[f] = -1
+                            flow_end_s[f] = now
+                            route = routes[flow_route[f]]
+                            for p in route:
+                                port_flows[p].discard(f)
+                            ended.append(route)
+                        op_flows_left[op] -= len(flows)
+                        if op_flows_left[op]:
                             continue
-                        flows = (op,)
-                        op = flow_op[op]
-                    else:  # _COHORT_DONE: the flows of an op's plan that finish together
-                        cohort = plans[spec[op]].cohorts[version]
-                        events += len(cohort) - 1   # an event per flow, as one each would be
-                        first = flow_ptr[op]
-                        # those still at their first rate (a re-shared one has its own event)
-                        flows = [first + k for k in cohort if f_ver[first + k] == 1]
-                        if not flows:
+                    else:  # _COMM_RELEASE: every flow of the op is injected; the op ends with the last
+                        first, last = flow_ptr[op], flow_ptr[op + 1]
+                        op_flows_left[op] = last - first
+                        inj_mv[first:last] = fbytes[first:last]
+                        if by_plan and first != last:
+                            # its flows' bytes and times in slices, its ports' flow sets grouped
+                            # by port: the same for every op of a spec (Engine._release_plan)
+                            s = spec[op]
+                            plan = plans.get(s)
+                            if plan is None:
+                                plan = plans[s] = self._release_plan(first, last)
+                            if plan:
+                                if last - first < BULK_FLOWS:
+                                    for f in range(first, last):
+                                        flow_start_s[f] = now
+                                        f_last[f] = now
+                                        for p in routes[flow_route[f]]:
+                                            port_flows[p].add(f)
+                                else:
+                                    nows = array("d", [now]) * (last - first)
+                                    flow_start_s[first:last] = nows
+                                    f_last[first:last] = nows
+                                    for p, offsets in plan.by_port:
+                                        port_flows[p].update(map(first.__add__, offsets))
+                                released.append(op)
+                                continue
+                        for f in (range(first, last) if release_flows is None else release_flows(op)):
+                            flow_start_s[f] = now
+                            f_last[f] = now
+                            if fbytes[f] <= 0.0:
+                                b = buckets[now]
+                                b.append((_FLOW_DONE, f, f_ver[f]))
+                                if len(b) == 1:
+                                    heappush(times, now)
+                                continue
+                            route = routes[flow_route[f]]
+                            for p in route:
+                                port_flows[p].add(f)
+                            dirty_ports.update(route)
+                        if first != last:
                             continue
-                    for f in flows:
-                        # what the integrated rate left undelivered; within rounding of the
-                        # flow's size the flow delivered exactly its bytes
-                        rate = f_rate[f]
-                        residual = f_rem[f] - rate * (now - f_last[f])
-                        nbytes = fbytes[f]
-                        tolerance = bytes_rel * nbytes + rate * abs(now) * time_rel + 1.0
-                        flow_delivered[f] = nbytes if abs(residual) <= tolerance else nbytes - residual
-                        f_ver[f] = -1  # done: no later event of this flow counts (nor its rate, bytes left)
-                        flow_end_s[f] = now
-                        route = routes[flow_route[f]]
-                        for p in route:
-                            port_flows[p].discard(f)
-                        ended.append(route)
-                    op_flows_left[op] -= len(flows)
-                    if op_flows_left[op]:
-                        continue
-                else:  # _COMM_RELEASE: every flow of the op is injected; the op ends with the last
-                    first, last = flow_ptr[op], flow_ptr[op + 1]
-                    op_flows_left[op] = last - first
-                    inj_mv[first:last] = fbytes[first:last]
-                    if by_plan and first != last:
-                        # its flows' bytes and times in slices, its ports' flow sets grouped
-                        # by port: the same for every op of a spec (Engine._release_plan)
-                        s = spec[op]
-                        plan = plans.get(s)
-                        if plan is None:
-                            plan = plans[s] = self._release_plan(first, last)
-                        if plan:
-                            if last - first < BULK_FLOWS:
-                                for f in range(first, last):
-                                    flow_start_s[f] = now
-                                    f_last[f] = now
-                                    for p in routes[flow_route[f]]:
-                                        port_flows[p].add(f)
+                    # the op is done: release its successors
+                    end_s[op] = now
+                    executed[op] += 1
+                    for v in (targets[bounds[op]:bounds[op + 1]] if successors is None else successors(op)):
+                        remaining_preds[v] -= 1
+                        if not remaining_preds[v]:
+                            if is_comm[v]:
+                                start_s[v] = now
+                                t = now + spec_dur[spec[v]]
+                                b = buckets[t]
+                                b.append((_COMM_RELEASE, v, 0))
+                                if len(b) == 1:
+                                    heappush(times, t)
                             else:
-                                times = array("d", [now]) * (last - first)
-                                flow_start_s[first:last] = times
-                                f_last[first:last] = times
-                                for p, offsets in plan.by_port:
-                                    port_flows[p].update(map(first.__add__, offsets))
-                            released.append(op)
-                            continue
-                    for f in (range(first, last) if release_flows is None else release_flows(op)):
-                        flow_start_s[f] = now
-                        f_last[f] = now
-                        if fbytes[f] <= 0.0:
-                            heappush(heap, (now, _FLOW_DONE, f, f_ver[f]))
-                            continue
-                        route = routes[flow_route[f]]
-                        for p in route:
-                            port_flows[p].add(f)
-                        dirty_ports.update(route)
-                    if first != last:
-                        continue
-                # the op is done: release its successors
-                end_s[op] = now
-                executed[op] += 1
-                for v in (targets[bounds[op]:bounds[op + 1]] if successors is None else successors(op)):
-                    remaining_preds[v] -= 1
-                    if not remaining_preds[v]:
-                        if is_comm[v]:
-                            start_s[v] = now
-                            heappush(heap, (now + spec_dur[spec[v]], _COMM_RELEASE, v, 0))
-                        else:
-                            heappush(ready[chip_of[v]], (now, v))
-                            dirty_chips.add(chip_of[v])
+                                heappush(ready[chip_of[v]], (now, v))
+                                dirty_chips.add(chip_of[v])
         # close the port-excess integral
         self._set_port_rates([(p, 0.0) for p in sorted(over)], now)
         if flops_of is None and n:
             self._add_executed_flops()
-        self.events = events
-        self.mean_heap_len = heap_len_sum / batches if batches else 0.0
+        self._add_delivered(f_rem, f_rate, f_last)
+        self.events, self.batches = events, batches
+        self.mean_heap_len = heap_len_sum / sampled if sampled else 0.0
         ends = np.frombuffer(end_s, dtype=float) if n else np.zeros(0)
         done = ends[~np.isnan(ends)]
         self.makespan_s = float(done.max()) if len(done) else 0.0
         return self
 
     # ----------------------------------------------------------------------- helpers
-    def _reshare(self, now, dirty_ports, port_flows, f_rate, f_last, f_rem, f_ver, heap) -> None:
+    def _reshare(self, now, dirty_ports, port_flows, f_rate, f_last, f_rem, f_ver, buckets, times) -> None:
         """New rates for the connected sets of ports and active flows around ``dirty_ports``.
 
         Max-min fair rates depend only on the routes of a set's flows (capacities are fixed),
@@ -700,10 +738,34 @@ class Engine:
                 if new != old:
                     f_rate[f] = new
                     f_ver[f] += 1
-                    heappush(heap, (now + f_rem[f] / new, _FLOW_DONE, f, f_ver[f]))
+                    t = now + f_rem[f] / new
+                    b = buckets[t]
+                    b.append((_FLOW_DONE, f, f_ver[f]))
+                    if len(b) == 1:
+                        heappush(times, t)
             if seen or over:
                 set_port_rates(totals, now)
                 seen = True
+
+    def _add_delivered(self, f_rem: array, f_rate: array, f_last: array) -> None:
+        """Each ended flow's delivered bytes, from the state it ended in: what its integrated
+        rate left undelivered at its end, ``bytes left - rate x (end - last settle)``; within
+        rounding of its size (``ROUNDING_BYTES_REL``, ``ROUNDING_TIME_REL``) it delivered
+        exactly its bytes. The same floating-point operations, element by element, as at
+        the flow's end; in blocks, to bound the memory."""
+        n = len(f_rem)
+        if not n:
+            return
+        as_np = partial(np.frombuffer, dtype=float)
+        end_all, rem_all, rate_all, last_all = as_np(self.flow_end_s), as_np(f_rem), as_np(f_rate), as_np(f_last)
+        nbytes_all, out = self.dag.flow_bytes, as_np(self.flow_delivered)
+        for lo in range(0, n, DELIVERED_BLOCK):
+            hi = min(lo + DELIVERED_BLOCK, n)
+            ended = np.flatnonzero(~np.isnan(end_all[lo:hi])) + lo
+            end, rate, nbytes = end_all[ended], rate_all[ended], nbytes_all[ended]
+            residual = rem_all[ended] - rate * (end - last_all[ended])
+            tolerance = ROUNDING_BYTES_REL * nbytes + rate * np.abs(end) * ROUNDING_TIME_REL + 1.0
+            out[ended] = np.where(np.abs(residual) <= tolerance, nbytes, nbytes - residual)
 
     def _add_executed_flops(self) -> None:
         """Each compute op's FLOPs, added to ``executed_flops`` as many times as the run

@@ -119,6 +119,7 @@ class SimResult:
     compute: dict = attrs.field(repr=False, factory=dict)  # g5core.compute.coverage_report
     symmetry: Symmetry = attrs.field(factory=Symmetry)  # what was simulated (ops, flows, events: of that)
     mean_heap_len: float = attrs.field(repr=False, default=0.0)  # Engine.mean_heap_len (benchmarks)
+    batches: int = attrs.field(repr=False, default=0)  # Engine.batches: distinct event times (benchmarks)
 
     def op_times(self, key: str) -> tuple[float, float]:
         i = self.dag.index[key]
@@ -162,6 +163,7 @@ def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float, symmetr
         flows=len(d.flow_bytes),
         events=engine.events,
         mean_heap_len=engine.mean_heap_len,
+        batches=engine.batches,
         sim_wall_s=sim_wall_s,
         dag=dag,
         compiled=d,

@@ -25,6 +25,7 @@ class FromScratch(Engine):
     _settle_alone = False
     _keep_shares = False
     _release_by_plan = False
+    _sort_batches = True
 
 
 def _log_by_time(log):
