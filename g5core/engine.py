@@ -54,7 +54,7 @@ SHARES_KEPT = 100_000
 BULK_FLOWS = 8
 
 # Flows whose delivered bytes are worked out at once after the run (bounds its memory).
-DELIVERED_BLOCK = 1 << 20
+DELIVERED_BLOCK = 1 << 18
 
 # Event priorities at equal time (lower first).
 _COMPUTE_DONE, _FLOW_DONE, _COHORT_DONE, _COMM_RELEASE = 0, 1, 2, 3
