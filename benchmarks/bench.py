@@ -122,10 +122,12 @@ def run_case(name: str, path=None, overrides=(), symmetry=True, max_ops=None) ->
         "flows": result.flows,
         "events": result.events,
         "batches": result.batches,
-        **{k: round(v, 3) for k, v in timings.items()},
-        "total_s": round(total, 3),
+        **{k: round(v, 6) for k, v in timings.items()},
+        "total_s": round(total, 6),
         "mean_heap_len": width,
-        "bare_heapq_s": round(heap_s, 3),
+        "bare_heapq_s": round(heap_s, 6),
+        "engine_ns_per_event": round(timings["engine_s"] / result.events * 1e9) if result.events else None,
+        "bare_heapq_ns_per_event": round(heap_s / result.events * 1e9) if result.events else None,
         "engine_over_heapq": round(timings["engine_s"] / heap_s, 2) if heap_s else None,
         "peak_rss_bytes": peak,
         "peak_rss_bytes_per_op_and_flow": round(peak / (result.ops + result.flows)),
@@ -205,15 +207,15 @@ def main() -> None:
         rows.append(row)
         print(json.dumps(row), flush=True)
     header = ["case", "ops", "flows", "events", "replicas", "build_s", "compile_s", "engine_s", "total_s",
-              "eng/heapq", "peak_MiB", "B/op+flow", "B/op"]
+              "heap", "eng_ns/ev", "heapq_ns/ev", "eng/heapq", "peak_MiB", "B/op+flow", "B/op"]
     print()
-    print("  ".join(f"{h:>10}" if i else f"{h:<38}" for i, h in enumerate(header)))
+    print("  ".join(f"{h:>11}" if i else f"{h:<38}" for i, h in enumerate(header)))
     for r in rows:
-        vals = [r["case"], r["ops"], r["flows"], r["events"], r["symmetry"]["replicas"], r["build_s"],
-                r["compile_s"], r["engine_s"], r["total_s"], r["engine_over_heapq"],
+        vals = [r["case"], r["ops"], r["flows"], r["events"], r["symmetry"]["replicas"],
+                *(f"{r[k]:.3f}" for k in ("build_s", "compile_s", "engine_s", "total_s")), r["mean_heap_len"],
+                r["engine_ns_per_event"], r["bare_heapq_ns_per_event"], r["engine_over_heapq"],
                 round(r["peak_rss_bytes"] / 2 ** 20), r["peak_rss_bytes_per_op_and_flow"], r["peak_rss_bytes_per_op"]]
-        print("  ".join(f"{v:>10}" if i else f"{v:<38}" for i, v in enumerate(vals)))
-
+        print("  ".join(f"{v:>11}" if i else f"{v:<38}" for i, v in enumerate(vals)))
 
 if __name__ == "__main__":
     main()
