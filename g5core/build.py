@@ -612,13 +612,15 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
 DEFAULT_MAX_OPS = 8_000_000
 #: Peak memory per op or flow: the llama-3.1-405b 1M-token benchmark with every chip
 #: simulated (README, `benchmarks/bench.py`, case llama-3.1-405b-1m-cp16-256chips-nosym,
-#: 2026-12-01, struct-of-arrays DAG and engine, median of three runs) peaks at 240 MiB for
-#: 1,169,568 ops + 612,864 flows = 141 B each (rounded up; larger runs need less each).
+#: 2026-12-01, median of three runs) peaks at 245 MiB for 1,169,568 ops + 612,864 flows =
+#: 144 B each (rounded up; larger runs need less each).
 PEAK_BYTES_PER_OP = 150
-#: Wall time per op or flow: the slowest per op and flow of the benchmark cases, the
-#: flow-heavy wide-EP decode on 1,024 chips (case deepseek-v3-decode-ep32-1024chips, same
-#: runs): 11.65 s / 4,370,048 = 2.7 us (the 405B run above: 2.84 s / 1,782,432 = 1.6 us).
-WALL_S_PER_OP = 2.7e-6
+#: Wall time per op or flow: the largest run measured, the last point of the scaling series
+#: (`python benchmarks/bench.py --scaling`, llama-3.1-70b on 2,048 H100s, every chip,
+#: 2026-12-01): 15.30 s / 9,054,464 = 1.69 us, the slowest per op and flow from 0.5 M up
+#: (the 405B run above: 2.52 s / 1,782,432 = 1.41 us; the wide-EP decode on 1,024 chips:
+#: 4.73 s / 4,370,048 = 1.08 us).
+WALL_S_PER_OP = 1.7e-6
 
 
 @attrs.frozen
