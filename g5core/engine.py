@@ -448,6 +448,13 @@ class Engine:
         # layer finish alike, a collective's flows end together)
         buckets: defaultdict = defaultdict(list)
         times: list = []
+
+        def add(t: float, event: tuple) -> None:
+            """Event ``(priority, id, version)`` at time ``t``."""
+            b = buckets[t]
+            b.append(event)
+            if len(b) == 1:
+                heappush(times, t)
         ready = [[] for _ in range(d.n_chips)]   # per chip heap of (ready_time, op id)
         busy = [False] * d.n_chips
         dirty_chips: set = set()
@@ -482,10 +489,7 @@ class Engine:
         for op in np.flatnonzero(d.pred_count == 0).tolist() if n else ():
             if is_comm[op]:
                 start_s[op] = 0.0
-                b = buckets[spec_dur[spec[op]]]
-                b.append((_COMM_RELEASE, op, 0))
-                if len(b) == 1:
-                    heappush(times, spec_dur[spec[op]])
+                add(spec_dur[spec[op]], (_COMM_RELEASE, op, 0))
             else:
                 heappush(ready[chip_of[op]], (0.0, op))
                 dirty_chips.add(chip_of[op])
@@ -500,11 +504,7 @@ class Engine:
                             continue
                         busy[c] = True
                         start_s[op] = now
-                        t = now + spec_dur[spec[op]]
-                        b = buckets[t]
-                        b.append((_COMPUTE_DONE, op, 0))
-                        if len(b) == 1:
-                            heappush(times, t)
+                        add(now + spec_dur[spec[op]], (_COMPUTE_DONE, op, 0))
                 dirty_chips.clear()
             # ports that lost a flow in the last batch: re-shared if flows are left, else idle
             if ended:
@@ -538,24 +538,16 @@ class Engine:
                         f_rate[first:last] = plan.rates
                         f_ver[first:last] = plan.versions
                         for k, finish_s in plan.singles:
-                            t = now + finish_s
-                            b = buckets[t]
-                            b.append((_FLOW_DONE, first + k, 1))
-                            if len(b) == 1:
-                                heappush(times, t)
+                            add(now + finish_s, (_FLOW_DONE, first + k, 1))
                         for g, finish_s in enumerate(plan.cohort_finish_s):
-                            t = now + finish_s
-                            b = buckets[t]
-                            b.append((_COHORT_DONE, op, g))
-                            if len(b) == 1:
-                                heappush(times, t)
+                            add(now + finish_s, (_COHORT_DONE, op, g))
                         if record or over or plan.over:  # port rates are seen (Engine._set_port_rates)
                             set_port_rates(plan.totals, now)
                         if dirty_ports:  # settled: nothing to re-share there
                             dirty_ports.difference_update(plan.ports)
                 released.clear()
             if dirty_ports:
-                reshare(now, dirty_ports, port_flows, f_rate, f_last, f_rem, f_ver, buckets, times)
+                reshare(now, dirty_ports, port_flows, f_rate, f_last, f_rem, f_ver, add)
                 dirty_ports.clear()
             if not times:
                 break
@@ -633,10 +625,7 @@ class Engine:
                             flow_start_s[f] = now
                             f_last[f] = now
                             if fbytes[f] <= 0.0:
-                                b = buckets[now]
-                                b.append((_FLOW_DONE, f, f_ver[f]))
-                                if len(b) == 1:
-                                    heappush(times, now)
+                                add(now, (_FLOW_DONE, f, f_ver[f]))
                                 continue
                             route = routes[flow_route[f]]
                             for p in route:
@@ -652,11 +641,7 @@ class Engine:
                         if not remaining_preds[v]:
                             if is_comm[v]:
                                 start_s[v] = now
-                                t = now + spec_dur[spec[v]]
-                                b = buckets[t]
-                                b.append((_COMM_RELEASE, v, 0))
-                                if len(b) == 1:
-                                    heappush(times, t)
+                                add(now + spec_dur[spec[v]], (_COMM_RELEASE, v, 0))
                             else:
                                 heappush(ready[chip_of[v]], (now, v))
                                 dirty_chips.add(chip_of[v])
@@ -673,14 +658,14 @@ class Engine:
         return self
 
     # ----------------------------------------------------------------------- helpers
-    def _reshare(self, now, dirty_ports, port_flows, f_rate, f_last, f_rem, f_ver, buckets, times) -> None:
+    def _reshare(self, now, dirty_ports, port_flows, f_rate, f_last, f_rem, f_ver, add) -> None:
         """New rates for the connected sets of ports and active flows around ``dirty_ports``.
 
         Max-min fair rates depend only on the routes of a set's flows (capacities are fixed),
         and the same sets recur all run long (the flows of a ring step, of a collective), so
         each set's answer is kept by its routes: (rate per flow, total per port)."""
         routes, flow_route = self.dag.routes, self._flow_route
-        heappush, answer_of, set_port_rates, shares = heapq.heappush, self._answer, self._set_port_rates, self._shares
+        answer_of, set_port_rates, shares = self._answer, self._set_port_rates, self._shares
         seen = self.record_port_rates or self._over  # port rates are seen (Engine._set_port_rates)
         one_route = self._settle_alone
         seen_ports: set = set()
@@ -738,11 +723,7 @@ class Engine:
                 if new != old:
                     f_rate[f] = new
                     f_ver[f] += 1
-                    t = now + f_rem[f] / new
-                    b = buckets[t]
-                    b.append((_FLOW_DONE, f, f_ver[f]))
-                    if len(b) == 1:
-                        heappush(times, t)
+                    add(now + f_rem[f] / new, (_FLOW_DONE, f, f_ver[f]))
             if seen or over:
                 set_port_rates(totals, now)
                 seen = True
