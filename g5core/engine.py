@@ -302,6 +302,22 @@ def _check_acyclic(dag: OpDag, succ: Successors, pred_count: np.ndarray) -> None
         raise DagError(f"the op DAG has a cycle through {key!r} (made by plugin '{owner}'): {path} ...")
 
 
+def _connected_set(start: int, on_port, routes: tuple, route_id, seen_ports: set) -> set:
+    """The flows connected to port ``start`` through the ports they cross: ``on_port[p]``
+    are the flows on port ``p``, ``routes[route_id[f]]`` the ports flow ``f`` crosses. The
+    ports reached are added to ``seen_ports`` (``start`` is already in it)."""
+    stack, members = [start], set()
+    while stack:
+        for f in on_port[stack.pop()]:
+            if f not in members:
+                members.add(f)
+                for q in routes[route_id[f]]:
+                    if q not in seen_ports:
+                        seen_ports.add(q)
+                        stack.append(q)
+    return members
+
+
 def _nan(n: int) -> array:
     return array("d", [math.nan]) * n
 
@@ -699,18 +715,7 @@ class Engine:
                 flows = sorted(here)
                 key = (r,) * k
             else:  # any set: found port by port
-                stack = [start]
-                comp_flows: set = set()
-                while stack:
-                    for f in port_flows[stack.pop()]:
-                        if f in comp_flows:
-                            continue
-                        comp_flows.add(f)
-                        for q in routes[flow_route[f]]:
-                            if q not in seen_ports:
-                                seen_ports.add(q)
-                                stack.append(q)
-                flows = sorted(comp_flows)
+                flows = sorted(_connected_set(start, port_flows, routes, flow_route, seen_ports))
                 key = tuple([flow_route[f] for f in flows])
             rates, totals, over = shares.get(key) or answer_of(flows, key)
             # settle progress at the old rates, then apply the new ones (all positive)
@@ -788,16 +793,7 @@ class Engine:
             if start in seen:
                 continue
             seen.add(start)
-            stack, members = [start], set()
-            while stack:
-                for k in by_port[stack.pop()]:
-                    if k not in members:
-                        members.add(k)
-                        for q in routes[route_ids[k]]:
-                            if q not in seen:
-                                seen.add(q)
-                                stack.append(q)
-            ks = sorted(members)
+            ks = sorted(_connected_set(start, by_port, routes, route_ids, seen))
             answer, answer_totals, answer_over = self._answer([first + k for k in ks], tuple([route_ids[k] for k in ks]))
             over = over or answer_over
             for k, rate in zip(ks, answer):
