@@ -524,20 +524,16 @@ class Engine:
                 dirty_chips.clear()
             # ports that lost a flow in the last batch: re-shared if flows are left, else idle
             if ended:
-                if record or over:  # port rates are seen (Engine._set_port_rates)
-                    idle = []
-                    for route in ended:
-                        for p in route:
-                            if port_flows[p]:
-                                dirty_ports.add(p)
-                            elif port_rate[p] if record else p in over:
-                                idle.append((p, 0.0))
+                seen = record or over  # port rates are seen (Engine._set_port_rates)
+                idle = []
+                for route in ended:
+                    for p in route:
+                        if port_flows[p]:
+                            dirty_ports.add(p)
+                        elif seen and (port_rate[p] if record else p in over):
+                            idle.append((p, 0.0))
+                if idle:
                     set_port_rates(idle, now)
-                else:
-                    for route in ended:
-                        for p in route:
-                            if port_flows[p]:
-                                dirty_ports.add(p)
                 ended.clear()
             # comm ops released in the last batch: where an op's flows are alone on their
             # ports, its connected sets are its own, and its rates the ones worked out for
