@@ -618,8 +618,8 @@ PEAK_BYTES_PER_OP = 150
 #: Wall time per op or flow: the largest run measured, the last point of the scaling series
 #: (`python benchmarks/bench.py --scaling`, llama-3.1-70b on 2,048 H100s, every chip,
 #: 2026-12-01): 15.30 s / 9,054,464 = 1.69 us, the slowest per op and flow from 0.5 M up
-#: (the 405B run above: 2.52 s / 1,782,432 = 1.41 us; the wide-EP decode on 1,024 chips:
-#: 4.73 s / 4,370,048 = 1.08 us).
+#: (the 405B run above: 2.51 s / 1,782,432 = 1.41 us; the wide-EP decode on 1,024 chips:
+#: 3.72 s / 4,370,048 = 0.85 us).
 WALL_S_PER_OP = 1.7e-6
 
 
