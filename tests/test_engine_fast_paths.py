@@ -1,7 +1,8 @@
-"""The engine's fast paths (issue 13) change no result: a flow alone on its route settled
-without the re-share, max-min answers kept per set of routes, and a comm op's many flows
-released in bulk, against an engine that releases flow by flow and re-shares every change
-from scratch."""
+"""The engine's fast paths (issue 13) change no result: comm ops released and settled from
+their spec's plan, flows that finish together ended as one cohort, flows of one route found
+as a set without the search, max-min answers kept per set of routes, and each time's
+events taken in the order they were added; against an engine that releases flow by flow,
+re-shares every change from scratch and takes each time's events sorted."""
 from __future__ import annotations
 
 import math
@@ -19,8 +20,9 @@ EX = Path(__file__).resolve().parent.parent / "examples"
 
 class FromScratch(Engine):
     """Flows are released one by one, every flow that starts or ends goes through the
-    connected-set re-share, and every set's rates are worked out again (progressive
-    filling) each time."""
+    connected-set re-share (found port by port), every set's rates are worked out again
+    (progressive filling) each time, and the events of one time are taken sorted by
+    (priority, id, version)."""
 
     _settle_alone = False
     _keep_shares = False
