@@ -464,6 +464,7 @@ class Engine:
         # layer finish alike, a collective's flows end together)
         buckets: defaultdict = defaultdict(list)
         times: list = []
+        heappush, heappop = heapq.heappush, heapq.heappop
 
         def add(t: float, event: tuple) -> None:
             """Event ``(priority, id, version)`` at time ``t``."""
@@ -471,6 +472,7 @@ class Engine:
             b.append(event)
             if len(b) == 1:
                 heappush(times, t)
+
         ready = [[] for _ in range(d.n_chips)]   # per chip heap of (ready_time, op id)
         busy = [False] * d.n_chips
         dirty_chips: set = set()
@@ -493,7 +495,6 @@ class Engine:
         successors, flops_of = self._overridden("_successors"), self._overridden("_flops_of")
         may_start, release_flows = self._overridden("_may_start"), self._overridden("_release_flows")
         targets, bounds = d.succ.targets, d.succ.bounds
-        heappush, heappop = heapq.heappush, heapq.heappop
         reshare, set_port_rates = self._reshare, self._set_port_rates
         self._plans = plans = {}  # spec -> its release plan (Engine._release_plan), or () if it has none
         by_plan = self._release_by_plan and release_flows is None
