@@ -17,8 +17,8 @@ import sys
 
 import attrs
 
-from g5core.collbench import collective_rows
-from g5core.systems import get_system
+from g5core.sim.collbench import collective_rows
+from g5core.inputs.systems import get_system
 
 DATA = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / "nccl"
 FILES = {  # data file -> (G5 system, NCCL choice the measurement forced)

@@ -5,16 +5,16 @@ Plugins, built-in or third-party, import what they need from here and nowhere el
 helpers that turn a chip's share of the model into work and bytes. Everything in
 ``__all__`` is public API; the submodules are the core's own business.
 """
-from .collective import Lowering, idle_transfer_s
-from .topology import Topology
-from .dag import CommOp, ComputeOp, Fragment
-from .dimensions import Dimension
-from .errors import ConfigError, DagError, G5Error, PluginError
-from .flops import activation_tensor_bytes, causal_attention_flops
-from .layers import Work, attention_dims, attention_kernel, attention_work, default_work, local_kv_bytes_per_token
-from .memory import MemoryTerm
-from .options import PluginOption
-from .plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_manager
+from .sim.collective import Lowering, idle_transfer_s
+from .build.topology import Topology
+from .build.dag import CommOp, ComputeOp, Fragment
+from .api.dimensions import Dimension
+from .api.errors import ConfigError, DagError, G5Error, PluginError
+from .build.flops import activation_tensor_bytes, causal_attention_flops
+from .build.layers import Work, attention_dims, attention_kernel, attention_work, default_work, local_kv_bytes_per_token
+from .sim.memory import MemoryTerm
+from .api.options import PluginOption
+from .api.plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_manager
 
 __all__ = [
     "CommOp", "ComputeOp", "ConfigError", "DagError", "Dimension", "Fragment", "G5Error", "Hooks", "Lowering",

@@ -16,9 +16,9 @@ import re
 
 import pytest
 
-from g5core.dag import ComputeOp
-from g5core.results import KPI_NAMES
-from g5core.run import make_plan, simulate
+from g5core.build.dag import ComputeOp
+from g5core.sim.results import KPI_NAMES
+from g5core.sim.run import make_plan, simulate
 
 HF_DIR = pathlib.Path(__file__).parent / "data" / "hf"
 BF16_BYTES = 2

@@ -1,6 +1,6 @@
 """Shared helpers for engine tests: synthetic systems and models, hand-built DAGs.
 
-A hand-built DAG runs on a real :class:`g5core.build.Plan` (made from a small config on a
+A hand-built DAG runs on a real :class:`g5core.build.builder.Plan` (made from a small config on a
 synthetic system file, so bandwidths and latencies are known), but its ops are written by
 the test, not by the plugins:
 
@@ -22,10 +22,10 @@ import attrs
 import yaml
 import numpy as np
 
-from g5core.dag import CommOp, ComputeOp, OpDag
-from g5core.engine import Engine, compile_dag
-from g5core.results import conservation_kpis
-from g5core.run import make_plan
+from g5core.build.dag import CommOp, ComputeOp, OpDag
+from g5core.sim.engine import Engine, compile_dag
+from g5core.sim.results import conservation_kpis
+from g5core.sim.run import make_plan
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 HF_DIR = REPO_ROOT / "tests" / "data" / "hf"
@@ -158,7 +158,7 @@ def all_zero(kpis: dict) -> bool:
 
 
 # ----------------------------------------------------------------------------------------
-# Broken engines: each breaks one invariant through one seam of g5core.engine.Engine
+# Broken engines: each breaks one invariant through one seam of g5core.sim.engine.Engine
 # ----------------------------------------------------------------------------------------
 
 

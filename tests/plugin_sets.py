@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.metadata
 
-from g5core.plugins import ENTRY_POINT_GROUP, available_plugin_names, make_plugin_manager
+from g5core.api.plugins import ENTRY_POINT_GROUP, available_plugin_names, make_plugin_manager
 
 BUILTIN = tuple(sorted({ep.name for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
                         if ep.value.startswith("g5plugins.")}))

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 from click.testing import CliRunner
 
-import g5core.plugins as plugins_mod
+import g5core.api.plugins as plugins_mod
 from g5core import hookimpl
-from g5core.cli import main
-from g5core.models import CATALOG
-from g5core.plugins import available_plugin_names
-from g5core.systems import CATALOG_NAMES
+from g5core.present.cli import main
+from g5core.inputs.models import CATALOG
+from g5core.api.plugins import available_plugin_names
+from g5core.inputs.systems import CATALOG_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_70B_DECODE = REPO / "examples" / "llama-3.1-70b-decode.yaml"

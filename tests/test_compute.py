@@ -10,13 +10,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from g5core.compute import Attention, ComputeModel, Elementwise, Gemm, Profile
-from g5core.errors import ConfigError
-from g5core.run import make_plan, run
-from g5core.systems import SystemSpec, get_system
+from g5core.sim.compute import Attention, ComputeModel, Elementwise, Gemm, Profile
+from g5core.api.errors import ConfigError
+from g5core.sim.run import make_plan, run
+from g5core.inputs.systems import SystemSpec, get_system
 from g5plugins import measured as M
 from g5plugins.measured import tables as T
-from g5core.roofline import gemm_padded_flops, kernel_latency_s
+from g5core.sim.roofline import gemm_padded_flops, kernel_latency_s
 
 H100 = get_system("h100-sxm")
 PROFILE = Profile(source="aiconfigurator", gpu="h100_sxm", framework="trtllm")
@@ -51,8 +51,8 @@ def aic_system_file(tmp_path_factory):
 def test_equal_flops_and_bytes_with_different_shapes_get_different_latencies(aic_system_file):
     """Two ops with the same FLOPs and bytes (the old cache key) but transposed GEMM shapes
     get their own measured times: the lookup key includes the kernels."""
-    from g5core.build import build_dag
-    from g5core.compute import LatencyLookup
+    from g5core.build.builder import build_dag
+    from g5core.sim.compute import LatencyLookup
     plan = make_plan(_cfg(system=aic_system_file))
     op = next(o for o in build_dag(plan).ops if o.name == "lm_head")
     g = Gemm(m=64, n=8192, k=4096, weight_bytes=2, act_bytes=2)
@@ -66,7 +66,7 @@ def test_equal_flops_and_bytes_with_different_shapes_get_different_latencies(aic
 
 def test_every_compute_op_carries_kernel_shapes_whose_work_matches_the_op():
     plan = make_plan(_cfg(parallel={"dp": 1, "tp": 2, "pp": 1, "cp": 2}, chips=4))
-    from g5core.build import build_dag
+    from g5core.build.builder import build_dag
     for op in build_dag(plan).ops:
         if not hasattr(op, "kernels"):
             continue
@@ -77,7 +77,7 @@ def test_every_compute_op_carries_kernel_shapes_whose_work_matches_the_op():
 
 def test_cp_ring_steps_are_a_causal_diagonal_then_full_blocks_of_equal_flops():
     plan = make_plan(_cfg(parallel={"dp": 1, "tp": 1, "pp": 1, "cp": 4}, chips=4, seq_len=4096))
-    from g5core.build import build_dag
+    from g5core.build.builder import build_dag
     steps = [o for o in build_dag(plan).ops if o.key.startswith("L000.attention.step") and o.chip == 0]
     assert [s.kernels[0].block for s in steps] == ["causal", "full", "full", "full"]
     assert steps[0].kernels[0].q_len == steps[0].kernels[0].kv_len == 1024
@@ -274,7 +274,7 @@ def test_math_path_reports_the_same_coverage(aic_system_file):
 
 def test_run_summary_reports_coverage_and_achieved_flops(tmp_path, aic_system_file):
     from click.testing import CliRunner
-    from g5core.cli import main
+    from g5core.present.cli import main
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump(_cfg(system=aic_system_file)))
     out = CliRunner().invoke(main, ["run", str(cfg)])

@@ -20,11 +20,11 @@ import pytest
 import yaml
 
 from g5core import Lowering, hookimpl
-from g5core.build import prepare
-from g5core.dag import CommOp, OpDag
-from g5core.engine import Engine, compile_dag
-from g5core.plugins import make_plugin_manager
-from g5core.results import KPI_NAMES, conservation_kpis
+from g5core.build.builder import prepare
+from g5core.build.dag import CommOp, OpDag
+from g5core.sim.engine import Engine, compile_dag
+from g5core.api.plugins import make_plugin_manager
+from g5core.sim.results import KPI_NAMES, conservation_kpis
 
 LINK_BYTES_PER_S = 100e9
 NIC_BYTES_PER_S = 10e9

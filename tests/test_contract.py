@@ -1,4 +1,4 @@
-"""The plugin contract suite (g5core.testing) run against every built-in plugin, and shown to fail.
+"""The plugin contract suite (g5core.api.testing) run against every built-in plugin, and shown to fail.
 
 Each installed plugin runs every check that applies to it (the general checks plus those of
 each hook it implements) on small configurations (two-layer synthetic models) chosen so
@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from g5core import Fragment, Lowering, MemoryTerm, hookimpl
-from g5core import testing as contract
-from g5core.plugins import available_plugin_names
+from g5core.api import testing as contract
+from g5core.api.plugins import available_plugin_names
 from plugin_sets import BUILTIN
-from g5core.systems import get_system
-from g5core.testing import (
+from g5core.inputs.systems import get_system
+from g5core.api.testing import (
     CHECKS, ContractError, applicable_checks, check_hook_coverage, check_plugin, hook_names, plugin_checks,
     plugin_contributions,
 )
@@ -334,9 +334,9 @@ def test_a_well_behaved_third_party_plugin_passes(models):
 
 
 def test_disabled_plugin_needed_by_a_config_is_a_clear_error_not_a_pass(models):
-    from g5core.build import build_dag, prepare
-    from g5core.errors import ConfigError
-    from g5core.plugins import make_plugin_manager
+    from g5core.build.builder import build_dag, prepare
+    from g5core.api.errors import ConfigError
+    from g5core.api.plugins import make_plugin_manager
 
     # disabling collectives on a tp=2 configuration fails the build with a G5Error (no
     # primitive lowers the all-reduce): the check accepts that as the contract's clear error

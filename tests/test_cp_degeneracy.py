@@ -13,8 +13,8 @@ import json
 import numpy as np
 import pytest
 
-from g5core.dag import CommOp
-from g5core.run import run
+from g5core.build.dag import CommOp
+from g5core.sim.run import run
 
 from cp_helpers import assert_kpis_zero, tiny_models_fixture
 from cp_helpers import raw_config as _raw_config

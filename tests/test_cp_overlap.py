@@ -24,11 +24,11 @@ import pathlib
 import pytest
 import yaml
 
-from g5core.build import build_dag
-from g5core.dag import CommOp, ComputeOp
-from g5core.engine import Engine, compile_dag
-from g5core.results import summarize
-from g5core.run import make_plan, simulate
+from g5core.build.builder import build_dag
+from g5core.build.dag import CommOp, ComputeOp
+from g5core.sim.engine import Engine, compile_dag
+from g5core.sim.results import summarize
+from g5core.sim.run import make_plan, simulate
 from g5plugins.cp_passkv import block_bytes
 
 from cp_helpers import assert_kpis_zero, tiny_model_path_fixture

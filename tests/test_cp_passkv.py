@@ -14,9 +14,9 @@ import re
 
 import pytest
 
-from g5core.dag import CommOp, ComputeOp
-from g5core.flops import causal_attention_flops
-from g5core.run import make_plan, run
+from g5core.build.dag import CommOp, ComputeOp
+from g5core.build.flops import causal_attention_flops
+from g5core.sim.run import make_plan, run
 from g5plugins.cp_passkv import passkv_bytes_per_rank_per_layer
 
 from cp_helpers import (
@@ -231,7 +231,7 @@ def test_prefill_kv_per_rank_is_split_by_cp(models, kind, cp, pp, batch):
 
 def test_ring_buffer_workspace_is_the_received_blocks_of_one_layer(models):
     """The ring may run ahead of compute, so all cp-1 received blocks can be resident."""
-    from g5core.memory import memory_report
+    from g5core.sim.memory import memory_report
 
     path, cfg = models["gqa"]
     cp, seq_len = 4, 8192

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from g5core.build import build_dag
-from g5core.engine import Engine, compile_dag
-from g5core.run import load_raw, make_plan
+from g5core.build.builder import build_dag
+from g5core.sim.engine import Engine, compile_dag
+from g5core.sim.run import load_raw, make_plan
 
 EX = Path(__file__).resolve().parent.parent / "examples"
 
@@ -59,7 +59,7 @@ def test_fast_paths_give_the_results_of_a_re_share_from_scratch(example, overrid
 
 
 def test_exact_sum_of_repeated_values_equals_the_sum_of_the_list():
-    from g5core.compute import exact_sum, exact_sum_repeated
+    from g5core.sim.compute import exact_sum, exact_sum_repeated
 
     pairs = [(0.1, 3), (1e16, 2), (-1e16, 2), (1.0 / 3.0, 7), (2.5, 0)]
     listed = [v for v, n in pairs for _ in range(n)]
@@ -111,7 +111,7 @@ def test_a_cohort_whose_flows_all_ended_sooner_ends_nothing():
     """An NVLS all-reduce over 4 nodes: flows of unequal bytes share ports, so when the
     short ones end, the long ones speed up and end before their cohort's entry (the finish
     time at the op's first rates). That entry must end no flow and not end the op again."""
-    from g5core.collbench import collective_compiler
+    from g5core.sim.collbench import collective_compiler
 
     compiled = collective_compiler("all_reduce", "h100-sxm", 32)(2 ** 30)
     fast = Engine(compiled).run()

@@ -18,9 +18,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from g5core.errors import G5Error
-from g5core.run import run
-from g5core.systems import CATALOG_NAMES, SystemSpec
+from g5core.api.errors import G5Error
+from g5core.sim.run import run
+from g5core.inputs.systems import CATALOG_NAMES, SystemSpec
 
 REPO = Path(__file__).resolve().parent.parent
 H100 = SystemSpec._from_text((REPO / "g5core" / "data" / "systems" / "h100-sxm.yaml").read_text(), "h100").to_dict()

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from g5core import hookimpl
-from g5core.errors import ConfigError, G5Error
-from g5core.inputs import LIMITS, MAX_MODEL_DIM, MAX_SEQ_LEN
-from g5core.models import ModelSpec
-from g5core.run import load_raw, run
-from g5core.systems import SystemSpec, get_system
+from g5core.api.errors import ConfigError, G5Error
+from g5core.inputs.reading import LIMITS, MAX_MODEL_DIM, MAX_SEQ_LEN
+from g5core.inputs.models import ModelSpec
+from g5core.sim.run import load_raw, run
+from g5core.inputs.systems import SystemSpec, get_system
 
 from test_cli import error_line, invoke
 
@@ -142,7 +142,7 @@ def test_efficiency_too_small_to_give_a_finite_time_is_refused():
 
 
 def test_every_shipped_system_lies_inside_the_limits():
-    from g5core.systems import CATALOG_NAMES
+    from g5core.inputs.systems import CATALOG_NAMES
     for name in CATALOG_NAMES:
         get_system(name)  # would raise if a shipped figure were outside LIMITS
     assert LIMITS["seconds"][1] >= 1e-3

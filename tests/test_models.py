@@ -7,8 +7,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from g5core.errors import ConfigError
-from g5core.models import CATALOG, ModelSpec, catalog_names, get_model
+from g5core.api.errors import ConfigError
+from g5core.inputs.models import CATALOG, ModelSpec, catalog_names, get_model
 
 HF_DIR = Path(__file__).parent / "data" / "hf"
 

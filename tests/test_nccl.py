@@ -11,13 +11,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from g5core.cli import main
-from g5core.collbench import collective_rows, size_range
-from g5core.dag import CommOp
-from g5core.errors import ConfigError
-from g5core.run import run
-from g5core.systems import SystemSpec, get_system
-from g5core.topology import Topology
+from g5core.present.cli import main
+from g5core.sim.collbench import collective_rows, size_range
+from g5core.build.dag import CommOp
+from g5core.api.errors import ConfigError
+from g5core.sim.run import run
+from g5core.inputs.systems import SystemSpec, get_system
+from g5core.build.topology import Topology
 from g5plugins.collectives import dtree_edges, lower_collective
 from g5plugins.collectives import nccl
 
@@ -315,7 +315,7 @@ def test_the_run_json_and_timeline_say_how_each_collective_ran(tmp_path):
 
 
 def test_the_trace_draws_nic_and_fabric_tier_ports_with_their_names(tmp_path):
-    from g5core.trace import trace_events
+    from g5core.present.trace import trace_events
 
     fields = H100.to_dict()
     fields.update(name="h100-2to1", fabric={"nodes_per_leaf": 1, "oversubscription": 2.0})
@@ -350,7 +350,7 @@ def test_every_comm_op_in_the_timeline_names_its_algorithm_protocol_and_channels
     import csv
     import io
 
-    from g5core.trace import TIMELINE_COLUMNS, dump_timeline
+    from g5core.present.trace import TIMELINE_COLUMNS, dump_timeline
 
     out = run(_405b(16, seq_len=2048), symmetry=False)
     fh = io.StringIO()

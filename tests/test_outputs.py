@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import g5core.run as run_mod
-from g5core import outputs
-from g5core.outputs import OutputError, check_outputs
+import g5core.sim.run as run_mod
+from g5core.present import outputs
+from g5core.present.outputs import OutputError, check_outputs
 
 from test_cli import error_line, invoke
 
@@ -126,7 +126,7 @@ def test_a_failed_write_leaves_every_output_unchanged_and_still_prints_the_summa
         fh.write("partial")
         raise OSError(28, "No space left on device")
 
-    import g5core.trace as trace_mod
+    import g5core.present.trace as trace_mod
     monkeypatch.setattr(trace_mod, "dump_timeline", full_disk)
     result = invoke("run", cfg, "--trace", trace, "--timeline", timeline)
     assert result.exit_code == 2

@@ -15,7 +15,7 @@ import pathlib
 
 import pytest
 
-from g5core.collbench import collective_rows
+from g5core.sim.collbench import collective_rows
 from g5plugins.collectives import nccl
 from helpers_engine import DagBuilder, all_zero, synthetic_plan
 
@@ -68,7 +68,7 @@ def test_the_gap_on_8_h100s_is_closed():
 def test_the_constants_are_the_fit_of_the_h100_table():
     name, system = fit_p2p.FIT
     from scipy.optimize import minimize
-    from g5core.systems import get_system
+    from g5core.inputs.systems import get_system
     fit = minimize(fit_p2p.loss, [20.0, 0.85], args=(get_system(system), fit_p2p.rows(name)), method="Nelder-Mead",
                    options={"xatol": 1e-4, "fatol": 1e-10})
     assert fit.x[0] == pytest.approx(nccl.P2P_CHANNEL_COPY_RATE_GBPS, abs=0.01)

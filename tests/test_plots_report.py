@@ -12,11 +12,11 @@ from click.testing import CliRunner
 
 pytest.importorskip("matplotlib", reason="the plot extra (g5[plot]) is part of the test install")
 
-from g5core.cli import main  # noqa: E402
-from g5core.plots import make_figure  # noqa: E402
-from g5core.report import load_rows  # noqa: E402
-from g5core.resultsdb import JSON_COLUMNS, RESULT_COLUMNS  # noqa: E402
-from g5core.sweep import parse_grid, run_sweep  # noqa: E402
+from g5core.present.cli import main  # noqa: E402
+from g5core.present.plots import make_figure  # noqa: E402
+from g5core.present.report import load_rows  # noqa: E402
+from g5core.study.resultsdb import JSON_COLUMNS, RESULT_COLUMNS  # noqa: E402
+from g5core.study.sweep import parse_grid, run_sweep  # noqa: E402
 
 BASE = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 4, "parallel": {"dp": "auto", "tp": 1, "pp": 1, "cp": 1},
         "phase": "prefill", "batch": 1, "seq_len": 4096}

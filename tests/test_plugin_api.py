@@ -9,8 +9,8 @@ import pytest
 
 import g5core
 from g5core import ConfigError, Dimension, PluginError, PluginOption, hookimpl
-from g5core.plugins import Hooks, make_plugin_manager
-from g5core.run import make_plan
+from g5core.api.plugins import Hooks, make_plugin_manager
+from g5core.sim.run import make_plan
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RAW = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 2, "parallel": {"dp": 1, "pp": 1, "tp": 2, "cp": 1},
@@ -123,7 +123,7 @@ def test_kv_cache_heads_divides_the_stored_cache_only():
     def split():
         return types.SimpleNamespace(g5_shard_factors=hookimpl(lambda deployment, model: {"kv_cache_heads": 2}))
 
-    from g5core.memory import memory_report
+    from g5core.sim.memory import memory_report
     base = make_plan(raw())
     more = make_plan(raw(), extra_plugins=[("split", split())])
     kv = {t.name: t for t in memory_report(base.ctx).terms}["kv_cache"].on(0)

@@ -6,14 +6,14 @@ from types import SimpleNamespace
 
 import pytest
 
-import g5core.plugins as plugins_mod
+import g5core.api.plugins as plugins_mod
 from g5core import ConfigError, Dimension, hookimpl
-from g5core.dimensions import collect_dimensions
-from g5core.errors import PluginError
-from g5core.plugins import (
+from g5core.api.dimensions import collect_dimensions
+from g5core.api.errors import PluginError
+from g5core.api.plugins import (
     Hooks, available_plugin_names, describe_plugins, make_plugin_manager,
 )
-from g5core.run import make_plan
+from g5core.sim.run import make_plan
 
 BUILTIN = ("collectives", "cp", "cp_passkv", "cp_passq", "dp", "ep", "math_guard", "pp", "roofline", "tp")
 

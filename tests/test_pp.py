@@ -5,10 +5,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from g5core.build import build_dag
-from g5core.dag import CommOp, ComputeOp
-from g5core.memory import memory_report
-from g5core.run import make_plan, simulate
+from g5core.build.builder import build_dag
+from g5core.build.dag import CommOp, ComputeOp
+from g5core.sim.memory import memory_report
+from g5core.sim.run import make_plan, simulate
 from g5plugins.pp import stage_of, stage_sizes
 
 BF16_BYTES = 2
@@ -171,7 +171,7 @@ def test_layer_weights_live_only_on_their_stages_chips():
 
 
 def test_pp_larger_than_layers_is_an_error():
-    from g5core.errors import ConfigError
+    from g5core.api.errors import ConfigError
 
     with pytest.raises(ConfigError, match="larger than the 32 layers") as info:
         make_plan(_raw(pp=33))

@@ -8,12 +8,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from g5core.cli import main
-from g5core.topology import KIND_NAMES, LINK_TX, NIC_TX
-from g5core.dag import CommOp, ComputeOp
-from g5core.results import KPI_NAMES
-from g5core.run import run
-from g5core.trace import assign_lanes
+from g5core.present.cli import main
+from g5core.build.topology import KIND_NAMES, LINK_TX, NIC_TX
+from g5core.build.dag import CommOp, ComputeOp
+from g5core.sim.results import KPI_NAMES
+from g5core.sim.run import run
+from g5core.present.trace import assign_lanes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -271,7 +271,7 @@ def test_same_output_across_processes_and_hash_seeds(files, tmp_path):
     outs = []
     for seed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=seed)
-        proc = subprocess.run([sys.executable, "-m", "g5core.cli", "run", str(paths["prefill"]), "--json"],
+        proc = subprocess.run([sys.executable, "-m", "g5core.present.cli", "run", str(paths["prefill"]), "--json"],
                               capture_output=True, text=True, env=env, check=True)
         data = json.loads(proc.stdout)
         data.pop("sim_wall_s")

@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 from click.testing import CliRunner
 
-from g5core.cli import main
-from g5core.run import run as run_one
+from g5core.present.cli import main
+from g5core.sim.run import run as run_one
 from g5plugins.cp.scan import Cell, check_monotone, run_scan
 
 BASE = {

@@ -9,14 +9,14 @@ import yaml
 from click.testing import CliRunner
 
 from g5core import Dimension, hookimpl
-from g5core.cli import main
-from g5core.dimensions import collect_dimensions
-from g5core.errors import ConfigError
+from g5core.present.cli import main
+from g5core.api.dimensions import collect_dimensions
+from g5core.api.errors import ConfigError
 from plugin_sets import THIRD_PARTY, builtin_plugin_manager
-from g5core.plugins import Hooks
-from g5core.run import make_plan, run
-from g5core.search import Candidate, best_layouts, enumerate_layouts, factorizations, pareto_front
-from g5core.memory import memory_report
+from g5core.api.plugins import Hooks
+from g5core.sim.run import make_plan, run
+from g5core.study.search import Candidate, best_layouts, enumerate_layouts, factorizations, pareto_front
+from g5core.sim.memory import memory_report
 
 # 4 chips, 4 x 128K prompts: the KV cache (64 GiB per replica) does not fit on one chip per replica
 RAW = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 4, "parallel": {"dp": 4, "tp": 1, "pp": 1, "cp": 1},

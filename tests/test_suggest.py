@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from g5core.errors import closest, suggest
-from g5core.models import CATALOG
-from g5core.systems import CATALOG_NAMES
+from g5core.api.errors import closest, suggest
+from g5core.inputs.models import CATALOG
+from g5core.inputs.systems import CATALOG_NAMES
 
 from test_cli import error_line
 

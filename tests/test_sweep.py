@@ -16,13 +16,13 @@ import yaml
 from click.testing import CliRunner
 
 from g5core import Dimension, hookimpl
-from g5core.cli import main
-from g5core.errors import ConfigError, G5Error
-from g5core.dimensions import collect_dimensions
+from g5core.present.cli import main
+from g5core.api.errors import ConfigError, G5Error
+from g5core.api.dimensions import collect_dimensions
 from plugin_sets import builtin_plugin_manager
-from g5core.plugins import Hooks
-from g5core.resultsdb import RUN_COLUMNS, ResultsDB
-from g5core.sweep import grid_points, parse_grid, resolve_auto, run_sweep
+from g5core.api.plugins import Hooks
+from g5core.study.resultsdb import RUN_COLUMNS, ResultsDB
+from g5core.study.sweep import grid_points, parse_grid, resolve_auto, run_sweep
 
 BASE = {
     "model": "llama-3.1-8b",
@@ -328,7 +328,7 @@ def test_a_relative_db_path_is_fine(tmp_path, monkeypatch):
 def test_progress_is_a_bar_on_a_terminal_and_plain_lines_otherwise(tmp_path):
     import io
 
-    from g5core.sweep import BarProgress, LineProgress, default_progress
+    from g5core.study.sweep import BarProgress, LineProgress, default_progress
 
     class Terminal(io.StringIO):
         def isatty(self):

@@ -8,9 +8,9 @@ import json
 import pytest
 import yaml
 
-from g5core.run import make_plan, run
-from g5core.symmetry import plan_symmetry
-from g5core.systems import get_system
+from g5core.sim.run import make_plan, run
+from g5core.build.symmetry import plan_symmetry
+from g5core.inputs.systems import get_system
 
 from test_cli import invoke
 
@@ -122,8 +122,8 @@ def test_a_plugin_placing_ops_outside_the_replica_falls_back_to_every_chip():
 
 
 def test_the_size_guard_counts_the_replica_that_is_simulated():
-    from g5core.build import check_size
-    from g5core.errors import ResourceError
+    from g5core.build.builder import check_size
+    from g5core.api.errors import ResourceError
 
     # llama-3.1-405b, 1M tokens, sixteen replicas of TP8 x CP16: 14 M ops and flows in all
     raw = yaml.safe_load(open("examples/llama-3.1-405b-1m-prefill-cp16.yaml"))
@@ -138,7 +138,7 @@ def test_the_size_guard_counts_the_replica_that_is_simulated():
 
 
 def test_a_timeline_across_replicas_simulates_every_replica():
-    from g5core.plots import timeline_figure
+    from g5core.present.plots import timeline_figure
 
     raw = cfg(dp=2, tp=2)
     ax = timeline_figure({"config": raw, "parallel": raw["parallel"], "seq_len": raw["seq_len"]}, group_dim="dp",
@@ -151,8 +151,8 @@ def test_a_timeline_across_replicas_simulates_every_replica():
 def test_a_trace_of_a_run_that_simulated_one_replica_is_refused():
     import io
 
-    from g5core.errors import G5Error
-    from g5core.trace import dump_timeline
+    from g5core.api.errors import G5Error
+    from g5core.present.trace import dump_timeline
 
     out = run(cfg(dp=2, tp=2))
     with pytest.raises(G5Error, match="simulated one of 2 identical dp replicas; a trace or timeline needs every"):
@@ -166,9 +166,9 @@ def test_a_trace_of_a_run_that_simulated_one_replica_is_refused():
 def test_traffic_on_another_replicas_port_or_a_lowering_that_moves_unlike_refuses_symmetry():
     import attrs
 
-    from g5core.build import build_dag
-    from g5core.engine import compile_dag
-    from g5core.symmetry import check_resources
+    from g5core.build.builder import build_dag
+    from g5core.sim.engine import compile_dag
+    from g5core.build.symmetry import check_resources
 
     plan = make_plan(cfg(dp=2, tp=2))
     sym = plan_symmetry(plan.ctx)

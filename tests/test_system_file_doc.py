@@ -1,5 +1,5 @@
 """docs/system-file.md stays in step with the loader: every field documented, ranges as in
-g5core/inputs.py, and its example file loads."""
+g5core/inputs/reading.py, and its example file loads."""
 from __future__ import annotations
 
 import re
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import attrs
 
-from g5core.inputs import LIMITS
-from g5core.systems import SystemSpec
+from g5core.inputs.reading import LIMITS
+from g5core.inputs.systems import SystemSpec
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "system-file.md").read_text()
 

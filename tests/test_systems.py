@@ -7,8 +7,8 @@ import attrs
 import pytest
 import yaml
 
-from g5core.errors import ConfigError
-from g5core.systems import (
+from g5core.api.errors import ConfigError
+from g5core.inputs.systems import (
     CATALOG_NAMES,
     EFFICIENCY_KEYS,
     OP_CLASSES,

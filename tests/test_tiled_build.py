@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from g5core import CommOp, ComputeOp, DagError, Fragment
-from g5core.build import _prefix_free, build_dag
-from g5core.dag import KEY_GROUP, KEY_PAIR, KEY_VERBATIM, OpDag, join_key, split_key
-from g5core.layers import LogicalOp, build_program
-from g5core.run import make_plan
+from g5core.build.builder import _prefix_free, build_dag
+from g5core.build.dag import KEY_GROUP, KEY_PAIR, KEY_VERBATIM, OpDag, join_key, split_key
+from g5core.build.layers import LogicalOp, build_program
+from g5core.sim.run import make_plan
 from plugin_sets import THIRD_PARTY
 import plugins.cp_passkv as passkv
 import plugins.tp as tp
@@ -49,7 +49,7 @@ def _columns(dag: OpDag) -> dict:
     _raw(tp=4, dp=1, cp=1, plugins={"tp": {"sp": True}}),                # reduce-scatter + all-gather
 ])
 def test_tiled_plugins_build_exactly_what_their_per_op_expansion_builds(raw, monkeypatch):
-    import g5core.build as build
+    import g5core.build.builder as build
 
     plan = make_plan(raw, disabled=THIRD_PARTY)
     tiled = build_dag(plan)
@@ -111,7 +111,7 @@ def test_a_tiled_fragment_reads_as_the_per_op_fragment_it_stands_for():
 
 def _plan_with(monkeypatch, frag_of, raw=None):
     """A plan whose core default fragment is ``frag_of(ctx, lop, chips)``."""
-    import g5core.build as build
+    import g5core.build.builder as build
 
     monkeypatch.setattr(build, "default_fragment", frag_of)
     return make_plan(raw or _raw(tp=1, dp=1, cp=1), disabled=THIRD_PARTY)

@@ -9,10 +9,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from g5core.cli import main
-from g5core.errors import ConfigError
-from g5core.systems import get_system
-from g5core.validate import calibrate, predict_ms, read_rows, validate
+from g5core.present.cli import main
+from g5core.api.errors import ConfigError
+from g5core.inputs.systems import get_system
+from g5core.study.validate import calibrate, predict_ms, read_rows, validate
 
 MODEL = {"model_type": "llama", "hidden_size": 4096, "intermediate_size": 8192, "num_attention_heads": 32,
          "num_key_value_heads": 8, "num_hidden_layers": 2, "vocab_size": 1000}

@@ -26,7 +26,7 @@ import math
 import pathlib
 import sys
 
-from g5core.systems import get_system
+from g5core.inputs.systems import get_system
 from g5plugins.collectives import nccl
 
 DATA = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / "nccl"

@@ -6,8 +6,8 @@ from typing import Optional
 
 import attrs
 
-from .errors import PluginError
-from .plugins import Hooks
+from g5core.api.errors import PluginError
+from g5core.api.plugins import Hooks
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -25,7 +25,7 @@ class Dimension:
     is required.
     ``replicas``: the slices of chips along this (factor) dimension are independent replicas
     running the same work, so the core may simulate one and replicate its results where
-    it proves that exact (:mod:`g5core.symmetry`).
+    it proves that exact (:mod:`g5core.build.symmetry`).
     """
 
     name: str = attrs.field(validator=attrs.validators.matches_re(_NAME))

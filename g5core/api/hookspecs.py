@@ -18,18 +18,18 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from .config import Deployment
-    from .dag import ComputeOp, Fragment
-    from .layers import LogicalOp
-    from .memory import MemoryTerm
-    from .build import BuildContext
-    from .dimensions import Dimension
-    from .models import ModelSpec
-    from .systems import SystemSpec
-    from .collective import Lowering
-    from .topology import Topology
-    from .options import PluginOption
-    from .sweep import SweepPreset
+    from g5core.inputs.config import Deployment
+    from g5core.build.dag import ComputeOp, Fragment
+    from g5core.build.layers import LogicalOp
+    from g5core.sim.memory import MemoryTerm
+    from g5core.build.builder import BuildContext
+    from g5core.api.dimensions import Dimension
+    from g5core.inputs.models import ModelSpec
+    from g5core.inputs.systems import SystemSpec
+    from g5core.sim.collective import Lowering
+    from g5core.build.topology import Topology
+    from g5core.api.options import PluginOption
+    from g5core.study.sweep import SweepPreset
 
 hookspec = pluggy.HookspecMarker("g5")
 
@@ -77,7 +77,7 @@ def g5_validate_deployment(
 ) -> None:
     """Check a deployment against the rules this plugin owns (collect-all).
 
-    Raise :class:`g5core.errors.ConfigError` naming the field and the fix. Return ``None``.
+    Raise :class:`g5core.api.errors.ConfigError` naming the field and the fix. Return ``None``.
     """
 
 
@@ -87,7 +87,7 @@ def g5_shard_factors(
 ) -> Optional[Mapping[str, int]]:
     """Divisors this plugin applies to one chip's share of the work (collect-all).
 
-    Keys are the shard axes of :class:`g5core.shape.LocalShape` (``tokens``, ``kv_len``,
+    Keys are the shard axes of :class:`g5core.build.shape.LocalShape` (``tokens``, ``kv_len``,
     ``q_heads``, ``kv_heads``, ``kv_cache_heads``, ``ffn_cols``, ``experts``, ``expert_cols``,
     ``moe_tokens``, ``vocab``, ``norm_tokens``) or axes a plugin registered through
     ``g5_register_shard_axes``; values are positive integers. The core multiplies the
@@ -173,7 +173,7 @@ def g5_register_primitives(
 def g5_topology(system: "SystemSpec", chips: int) -> Optional["Topology"]:
     """The network of ``chips`` chips on ``system`` (firstresult).
 
-    Return a :class:`g5core.topology.Topology`, or ``None`` to let the core build it from
+    Return a :class:`g5core.build.topology.Topology`, or ``None`` to let the core build it from
     the system file (scale-up links, NICs, and an optional oversubscribed fabric tier).
     """
 
@@ -190,7 +190,7 @@ def g5_compute_latency(
     """Seconds a compute op takes on its chip (firstresult).
 
     Return ``None`` to let the next plugin answer, seconds, or a
-    ``g5core.compute.ComputeTime(seconds, measured_s)`` saying how much of the time came
+    ``g5core.sim.compute.ComputeTime(seconds, measured_s)`` saying how much of the time came
     from measurements (reported as coverage). ``op.kernels`` gives the shapes of the kernels
     the op runs. The roofline plugin answers last.
     """

@@ -2,8 +2,8 @@
 
 A plugin declares each option through ``g5_register_options`` with a default, a doc line and
 its allowed values; the core validates a configuration's ``plugins.NAME.OPTION`` entries with
-the same one-line :class:`~g5core.errors.ConfigError` as every other field, and stores every
-declared option (set or default) on the :class:`~g5core.config.Deployment`.
+the same one-line :class:`~g5core.api.errors.ConfigError` as every other field, and stores every
+declared option (set or default) on the :class:`~g5core.inputs.config.Deployment`.
 
 An option may also claim a *legacy top-level key* (``tp_sp`` for the TP plugin's ``sp``):
 the old spelling keeps working and means exactly the same; giving both spellings with
@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional
 
 import attrs
 
-from .errors import ConfigError, PluginError, suggest
+from g5core.api.errors import ConfigError, PluginError, suggest
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 KINDS = ("bool", "int", "choice")
@@ -93,7 +93,7 @@ class OptionRegistry:
                 continue
             field = f"plugins.{plugin}"
             if plugin not in self.plugins:
-                from .plugins import available_plugin_names
+                from g5core.api.plugins import available_plugin_names
 
                 if plugin in disabled or plugin in available_plugin_names():
                     raise ConfigError(field, f"plugin '{plugin}' is disabled or declares no options; remove {field} "

@@ -12,8 +12,8 @@ from typing import Any, Callable, Iterable, Sequence
 import attrs
 import pluggy
 
-from . import hookspecs
-from .errors import G5Error, PluginError, suggest
+from g5core.api import hookspecs
+from g5core.api.errors import G5Error, PluginError, suggest
 
 ENTRY_POINT_GROUP = "g5.plugins"
 PROJECT_NAME = "g5"
@@ -179,7 +179,7 @@ class Hooks:
     @staticmethod
     def call_impl(impl, hook_name: str, kwargs: dict) -> Any:
         """Call one implementation with the arguments it asks for; an exception other than a
-        :class:`~g5core.errors.G5Error` becomes a :class:`PluginError` naming its plugin."""
+        :class:`~g5core.api.errors.G5Error` becomes a :class:`PluginError` naming its plugin."""
         args = {name: kwargs[name] for name in impl.argnames}
         try:
             return impl.function(**args)

@@ -2,9 +2,9 @@
 
 In the spirit of scikit-learn's ``parametrize_with_checks``: a plugin author gives the
 plugin's name and a few raw configurations that make it active, and gets back named
-checks of the extension contract (:mod:`g5core.hookspecs`)::
+checks of the extension contract (:mod:`g5core.api.hookspecs`)::
 
-    from g5core.testing import CHECKS, applicable_checks
+    from g5core.api.testing import CHECKS, applicable_checks
 
     CONFIGS = [{"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 4,
                 "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "sp": 4},
@@ -22,12 +22,12 @@ or, in one call that raises one :class:`ContractError` listing every failure,
 Every check has the signature ``check(plugin_name, configs, extra_plugins=())``, raises
 :class:`ContractError` (an ``AssertionError``) naming the plugin, the check and what is
 wrong, and returns ``None`` when the contract holds. ``HOOK_CHECKS`` maps every hook of
-:mod:`g5core.hookspecs` to the checks that test it; :func:`check_hook_coverage` (the
+:mod:`g5core.api.hookspecs` to the checks that test it; :func:`check_hook_coverage` (the
 meta-check) fails when a hook is added without a check or a docstring.
 
-The checks only call the build phase (:func:`g5core.build.prepare`, :func:`~g5core.build.expand`,
-:func:`~g5core.build.build_dag`), the plugins' own hook implementations through the
-:class:`~g5core.plugins.Hooks` facade, and, for communication primitives, the engine on a
+The checks only call the build phase (:func:`g5core.build.builder.prepare`, :func:`~g5core.build.builder.expand`,
+:func:`~g5core.build.builder.build_dag`), the plugins' own hook implementations through the
+:class:`~g5core.api.plugins.Hooks` facade, and, for communication primitives, the engine on a
 one-op DAG. Use small models (a Hugging Face ``config.json`` with two layers) to keep them fast.
 """
 from __future__ import annotations
@@ -41,19 +41,19 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import attrs
 import networkx as nx
 
-from . import hookspecs
-from .build import Plan, build_dag, expand, prepare
-from .collective import Lowering
-from .topology import Topology
-from .config import TOP_LEVEL_KEYS, disabled_from_config
-from .compute import answer_seconds, scaled_kernel
-from .dag import CommOp, ComputeOp, Fragment, OpDag
-from .dimensions import collect_dimensions
-from .errors import DagError, G5Error, PluginError
-from .layers import SYNC_KINDS, build_program, iter_layers
-from .memory import CATEGORIES, MemoryTerm, memory_report
-from .plugins import Hooks, describe_plugins, make_plugin_manager
-from .shape import SHARD_AXES
+from g5core.api import hookspecs
+from g5core.build.builder import Plan, build_dag, expand, prepare
+from g5core.sim.collective import Lowering
+from g5core.build.topology import Topology
+from g5core.inputs.config import TOP_LEVEL_KEYS, disabled_from_config
+from g5core.sim.compute import answer_seconds, scaled_kernel
+from g5core.build.dag import CommOp, ComputeOp, Fragment, OpDag
+from g5core.api.dimensions import collect_dimensions
+from g5core.api.errors import DagError, G5Error, PluginError
+from g5core.build.layers import SYNC_KINDS, build_program, iter_layers
+from g5core.sim.memory import CATEGORIES, MemoryTerm, memory_report
+from g5core.api.plugins import Hooks, describe_plugins, make_plugin_manager
+from g5core.build.shape import SHARD_AXES
 
 __all__ = [
     "CHECKS", "ContractError", "applicable_checks", "GENERAL_CHECKS", "GUARD_HOOKS", "HOOK_CHECKS", "check_plugin",
@@ -84,7 +84,7 @@ class ContractError(AssertionError):
 
 
 def hook_names() -> tuple[str, ...]:
-    """Every hook specification in :mod:`g5core.hookspecs`, in definition order."""
+    """Every hook specification in :mod:`g5core.api.hookspecs`, in definition order."""
     return tuple(name for name, f in vars(hookspecs).items()
                  if callable(f) and hasattr(f, "g5_spec"))
 
@@ -201,7 +201,7 @@ def check_dimensions(plugin: str, configs, extra_plugins: Sequence = ()) -> None
     Every dimension the plugin registers is recorded with ``owner == plugin``; registering
     is deterministic (a second plugin manager registers the same dimensions); each has a
     ``doc`` line; and with the plugin disabled none of its dimensions is registered (or a
-    plugin that regroups them refuses with a :class:`~g5core.errors.G5Error`).
+    plugin that regroups them refuses with a :class:`~g5core.api.errors.G5Error`).
     """
     pm = _pm(extra_plugins)
     dims = collect_dimensions(Hooks(pm))
@@ -227,10 +227,10 @@ def check_options(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
 
     Every declared option is recorded with ``owner == plugin`` and has a doc line; declaring
     is deterministic; each configuration's deployment holds a value for every option; an
-    unknown option under ``plugins.<plugin>`` is a :class:`~g5core.errors.ConfigError` naming
+    unknown option under ``plugins.<plugin>`` is a :class:`~g5core.api.errors.ConfigError` naming
     that field; and with the plugin disabled none of its options is declared.
     """
-    from .options import collect_options
+    from g5core.api.options import collect_options
 
     own = collect_options(Hooks(_pm(extra_plugins))).of(plugin)
     if own != collect_options(Hooks(_pm(extra_plugins))).of(plugin):
@@ -268,7 +268,7 @@ def check_shard_axes(plugin: str, configs, extra_plugins: Sequence = ()) -> None
     Each configuration's local shape has a factor for every registered axis (1 when nobody
     divides it); registering is deterministic; with the plugin disabled the axes are gone.
     """
-    from .shape import collect_shard_axes
+    from g5core.build.shape import collect_shard_axes
 
     axes = collect_shard_axes(Hooks(_pm(extra_plugins)))
     if axes != collect_shard_axes(Hooks(_pm(extra_plugins))):
@@ -292,7 +292,7 @@ def check_shard_axes(plugin: str, configs, extra_plugins: Sequence = ()) -> None
 def check_validate_deployment(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_validate_deployment``: on a valid configuration the plugin's guard returns ``None``.
 
-    The hook's contract is to raise :class:`~g5core.errors.ConfigError` or return ``None``;
+    The hook's contract is to raise :class:`~g5core.api.errors.ConfigError` or return ``None``;
     a plugin returning a value would be ignored silently. Called twice, it answers the same.
     """
     for raw in _as_configs(configs):
@@ -310,7 +310,7 @@ def check_validate_deployment(plugin: str, configs, extra_plugins: Sequence = ()
 def check_shard_factors(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_shard_factors``: ``None`` or a mapping of known shard axes to positive ints, stable.
 
-    Axes must be among :data:`g5core.shape.SHARD_AXES` or the registered ones, values positive ``int`` (not bool);
+    Axes must be among :data:`g5core.build.shape.SHARD_AXES` or the registered ones, values positive ``int`` (not bool);
     two calls on the same deployment give equal answers.
     """
     for raw in _as_configs(configs):
@@ -404,14 +404,14 @@ def _check_fragment(plugin: str, raw: Mapping, lop, frag: Fragment, n_chips: int
 def check_fragments(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_expand_op``: every fragment the plugin returns is a well-formed, self-contained DAG piece.
 
-    For every logical op the plugin claims (:func:`g5core.build.expand` names it as owner):
+    For every logical op the plugin claims (:func:`g5core.build.builder.expand` names it as owner):
     the fragment's ops and edges form an acyclic graph (networkx); edges, heads and tails
     name only the fragment's own ops; a head or tail on chip ``c`` names an op that runs on
     ``c``; op keys are unique and start with the logical op's prefix (``lop.prefix`` then
     ``.`` or ``@``); every op's ``owner`` is the plugin; chips are in range; a comm op has
     a group of at least two distinct chips and a registered primitive. The whole DAG then
-    builds (:func:`g5core.build.build_dag`) and its ops owned by the plugin are exactly
-    those of its fragments, field for field (a :meth:`~g5core.dag.Fragment.tiled` or
+    builds (:func:`g5core.build.builder.build_dag`) and its ops owned by the plugin are exactly
+    those of its fragments, field for field (a :meth:`~g5core.build.dag.Fragment.tiled` or
     ``replicated`` fragment, stored as columns, reads back as the ops it stands for).
     """
     for raw in _as_configs(configs):
@@ -456,9 +456,9 @@ def check_require_owner(plugin: str, configs, extra_plugins: Sequence = ()) -> N
 def check_memory_terms(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_memory_terms``: named, categorised, non-negative per-chip terms the report accepts.
 
-    Every term is a :class:`~g5core.memory.MemoryTerm` with a category in
-    :data:`g5core.memory.CATEGORIES`, bytes ``>= 0`` and finite on chips in range, names
-    unique; :func:`g5core.memory.memory_report` accepts them and each chip's total is at
+    Every term is a :class:`~g5core.sim.memory.MemoryTerm` with a category in
+    :data:`g5core.sim.memory.CATEGORIES`, bytes ``>= 0`` and finite on chips in range, names
+    unique; :func:`g5core.sim.memory.memory_report` accepts them and each chip's total is at
     least the plugin's terms on it.
     """
     for raw in _as_configs(configs):
@@ -501,7 +501,7 @@ def _probe_plan(plan: Plan, chips_needed: int) -> Any:
 
 def _lone_comm_time_s(probe, primitive: str, group: tuple, nbytes: float) -> tuple[float, dict]:
     """Engine time of one comm op alone on idle ports, and the bytes each rank sends."""
-    from .engine import Engine, compile_dag
+    from g5core.sim.engine import Engine, compile_dag
 
     dag = OpDag()
     dag.add_op(CommOp(key="contract.probe", primitive=primitive, group=group, bytes_per_rank=nbytes,
@@ -521,7 +521,7 @@ def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ())
 
     For every primitive the plugin registers, on the groups the configurations' DAGs use it
     with (plus a two-chip group inside a node and one across two nodes), lowered at
-    ``{0, 0.5, 1, 2, 4} x`` a base payload: the lowering is a :class:`~g5core.collective.Lowering`
+    ``{0, 0.5, 1, 2, 4} x`` a base payload: the lowering is a :class:`~g5core.sim.collective.Lowering`
     whose flows stay inside the group; the bytes each rank sends and the engine time of the
     op alone never decrease as ``bytes_per_rank`` grows, and the bytes grow strictly between
     positive sizes when the primitive moves any data. (The time may stay level: NCCL spreads a
@@ -570,7 +570,7 @@ def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ())
 
 @_contract_check
 def check_topology(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
-    """``g5_topology``: ``None`` or a :class:`~g5core.topology.Topology` of exactly the chips
+    """``g5_topology``: ``None`` or a :class:`~g5core.build.topology.Topology` of exactly the chips
     asked for, every resource with a positive, finite capacity, and every chip's
     point-to-point routes made of valid resources.
     """
@@ -633,9 +633,9 @@ def check_disabled_contributes_nothing(plugin: str, configs, extra_plugins: Sequ
     """A disabled plugin contributes nothing, and a configuration that needs it fails clearly.
 
     With ``make_plugin_manager(disabled=[plugin])`` the plugin is not registered, no hook
-    has an implementation from it, and :func:`g5core.plugins.describe_plugins` lists it as
+    has an implementation from it, and :func:`g5core.api.plugins.describe_plugins` lists it as
     disabled with no hooks. For each configuration, either the build raises a
-    :class:`~g5core.errors.G5Error` (the configuration needs the plugin: a clear error,
+    :class:`~g5core.api.errors.G5Error` (the configuration needs the plugin: a clear error,
     never a silent fallback; any other exception is a failure), or the DAG has no op owned
     by the plugin and no dimension or primitive is registered by it.
     """
@@ -674,7 +674,7 @@ def check_deterministic(plugin: str, configs, extra_plugins: Sequence = ()) -> N
     equal edge lists in the same order, equal compiled durations and flows, and an equal
     memory report.
     """
-    from .engine import compile_dag
+    from g5core.sim.engine import compile_dag
 
     for raw in _as_configs(configs):
         outs = []
@@ -698,7 +698,7 @@ def check_sweep_presets(plugin: str, configs, extra_plugins: Sequence = ()) -> N
     check (if any) answers an empty sequence of rows with no violation; and with the plugin
     disabled none of its presets is registered.
     """
-    from .sweep import collect_presets
+    from g5core.study.sweep import collect_presets
 
     own = {n: p for n, p in collect_presets(Hooks(_pm(extra_plugins))).items() if p.owner == plugin}
     again = {n: p for n, p in collect_presets(Hooks(_pm(extra_plugins))).items() if p.owner == plugin}
@@ -731,7 +731,7 @@ GENERAL_CHECKS: tuple[CheckFn, ...] = (
     check_configs_exercise_plugin, check_disabled_contributes_nothing, check_deterministic,
 )
 
-#: Every hook of :mod:`g5core.hookspecs` -> the hook-specific checks that test it.
+#: Every hook of :mod:`g5core.api.hookspecs` -> the hook-specific checks that test it.
 HOOK_CHECKS: Mapping[str, tuple[CheckFn, ...]] = {
     "g5_register_dimensions": (check_dimensions,),
     "g5_register_options": (check_options,),
@@ -771,10 +771,10 @@ def plugin_contributions(plugin: str, raw: Mapping, extra_plugins: Sequence = ()
         if hook == "g5_register_dimensions":
             n = sum(d.owner == plugin for d in ctx.dims.dims)
         elif hook == "g5_register_options":
-            from .options import collect_options
+            from g5core.api.options import collect_options
             n = len(collect_options(hooks).of(plugin))
         elif hook == "g5_register_shard_axes":
-            from .shape import collect_shard_axes
+            from g5core.build.shape import collect_shard_axes
             n = len(collect_shard_axes(hooks)) - len(collect_shard_axes(Hooks(_pm(extra_plugins, disabled=[plugin]))))
         elif hook == "g5_register_primitives":
             n = sum(owner == plugin for owner, _ in plan.primitives.values())
@@ -835,7 +835,7 @@ def plugin_checks(plugin: str, configs, extra_plugins: Sequence = ()) -> list[tu
 def check_plugin(plugin: str, configs, extra_plugins: Sequence = ()) -> list[str]:
     """Run every check of :func:`plugin_checks`; raise one :class:`ContractError` listing all failures.
 
-    A check that raises anything else (e.g. the core's :class:`~g5core.errors.DagError` for
+    A check that raises anything else (e.g. the core's :class:`~g5core.api.errors.DagError` for
     a cycle the plugin made) counts as a failure of that check.
 
     Returns the names of the checks that ran (all passed).
@@ -856,7 +856,7 @@ def check_plugin(plugin: str, configs, extra_plugins: Sequence = ()) -> list[str
 
 
 def check_hook_coverage() -> dict[str, tuple[str, ...]]:
-    """The meta-check: every hook in :mod:`g5core.hookspecs` is documented and has a contract check.
+    """The meta-check: every hook in :mod:`g5core.api.hookspecs` is documented and has a contract check.
 
     Fails when a hook specification has no docstring, when a hook has no entry (or an
     empty one) in ``HOOK_CHECKS``, when ``HOOK_CHECKS`` names a hook that does not exist,
@@ -869,10 +869,10 @@ def check_hook_coverage() -> dict[str, tuple[str, ...]]:
         if not doc or not doc.strip():
             problems.append(f"hook {hook} has no docstring")
         if not HOOK_CHECKS.get(hook):
-            problems.append(f"hook {hook} has no contract check in g5core.testing.HOOK_CHECKS")
+            problems.append(f"hook {hook} has no contract check in g5core.api.testing.HOOK_CHECKS")
     for hook in HOOK_CHECKS:
         if hook not in hooks:
-            problems.append(f"HOOK_CHECKS names {hook}, which is not a hook in g5core.hookspecs")
+            problems.append(f"HOOK_CHECKS names {hook}, which is not a hook in g5core.api.hookspecs")
     for name, f in CHECKS.items():
         if not (inspect.getdoc(f) or "").strip():
             problems.append(f"check {name} has no docstring")

@@ -12,23 +12,23 @@ import attrs
 import numpy as np
 import pluggy
 
-from .collective import collect_primitives
-from .topology import Topology
-from .config import Deployment
-from .dag import (ID_DTYPE, ID_LIMIT, KEY_VERBATIM, CommOp, ComputeOp, Fragment, OpDag, Replicated, Tiled, _slot_op, require_lowering,
+from g5core.sim.collective import collect_primitives
+from g5core.build.topology import Topology
+from g5core.inputs.config import Deployment
+from g5core.build.dag import (ID_DTYPE, ID_LIMIT, KEY_VERBATIM, CommOp, ComputeOp, Fragment, OpDag, Replicated, Tiled, _slot_op, require_lowering,
                   split_key)
-from .dimensions import DimensionRegistry, collect_dimensions
-from .errors import ConfigError, DagError, G5Error, PluginError, ResourceError
-from .flops import activation_tensor_bytes
-from .layers import (
+from g5core.api.dimensions import DimensionRegistry, collect_dimensions
+from g5core.api.errors import ConfigError, DagError, G5Error, PluginError, ResourceError
+from g5core.build.flops import activation_tensor_bytes
+from g5core.build.layers import (
     SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token,
 )
-from .models import ModelSpec, get_model
-from .plugins import Hooks, describe_plugins
-from .rankmap import RankMap
-from .options import collect_options
-from .shape import LocalShape, collect_shard_axes, merge_factors
-from .systems import SystemSpec, get_system
+from g5core.inputs.models import ModelSpec, get_model
+from g5core.api.plugins import Hooks, describe_plugins
+from g5core.build.rankmap import RankMap
+from g5core.api.options import collect_options
+from g5core.build.shape import LocalShape, collect_shard_axes, merge_factors
+from g5core.inputs.systems import SystemSpec, get_system
 
 
 @attrs.define(eq=False)
@@ -45,7 +45,7 @@ class BuildContext:
     hooks: Hooks = attrs.field(repr=False)
     _layer_chips: dict = attrs.field(factory=dict, repr=False)
     #: when set, the only chips ops are placed on (one replica of a symmetric run:
-    #: g5core.symmetry); every other field still describes the whole cluster
+    #: g5core.build.symmetry); every other field still describes the whole cluster
     replica_chips: Optional[tuple[int, ...]] = attrs.field(default=None, repr=False)
 
     def restricted(self, chips: tuple[int, ...]) -> "BuildContext":
@@ -627,7 +627,7 @@ WALL_S_PER_OP = 1.7e-6
 class SizeEstimate:
     ops: int
     flows: int
-    replicas: int = 1   # identical replicas, of which these ops and flows are one (g5core.symmetry)
+    replicas: int = 1   # identical replicas, of which these ops and flows are one (g5core.build.symmetry)
 
     @property
     def total(self) -> int:
@@ -735,7 +735,7 @@ def _flow_count(op: CommOp, plan: Plan, cache: dict) -> int:
 def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1) -> SizeEstimate:
     """Refuse, before building anything, a run above ``max_ops`` ops and flows together
     (default :data:`DEFAULT_MAX_OPS`), stating the estimate and the memory it would need.
-    With ``replicas > 1`` one of that many identical replicas is simulated (g5core.symmetry):
+    With ``replicas > 1`` one of that many identical replicas is simulated (g5core.build.symmetry):
     its share is what counts."""
     limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
     if limit > ID_LIMIT:

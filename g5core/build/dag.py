@@ -11,10 +11,10 @@ import attrs
 import networkx as nx
 import numpy as np
 
-from .errors import DagError
+from g5core.api.errors import DagError
 
 #: Op ids, chips, layers and spec ids are stored as int32 (4 bytes each): a run holds far
-#: fewer than 2**31 ops (the size guard, g5core.build.check_size, refuses more).
+#: fewer than 2**31 ops (the size guard, g5core.build.builder.check_size, refuses more).
 ID_CODE = "i"
 ID_DTYPE = np.int32
 ID_LIMIT = 2 ** 31 - 1
@@ -26,7 +26,7 @@ def _view(column: array) -> np.ndarray:
 @attrs.frozen(kw_only=True)
 class ComputeOp:
     """Work on one chip's compute stream: its totals and the kernels (with their shapes) it
-    runs (:mod:`g5core.compute`)."""
+    runs (:mod:`g5core.sim.compute`)."""
 
     key: str
     chip: int
@@ -82,7 +82,7 @@ def _key_map(value) -> tuple[tuple[int, tuple[str, ...]], ...]:
 
 #: ``key_arg`` codes of an op key that is not ``f"{stem}@c{n}"`` (``n >= 0``): a comm op's
 #: ``f"{stem}@c{a}->c{b}"`` or ``f"{stem}@g{a}-{b}-..."`` over its group (the forms
-#: :meth:`g5core.build.BuildContext.comm_op` makes); at most ``KEY_VERBATIM``: a key kept
+#: :meth:`g5core.build.builder.BuildContext.comm_op` makes); at most ``KEY_VERBATIM``: a key kept
 #: as a string, ``odd_keys[KEY_VERBATIM - arg]``.
 KEY_PAIR, KEY_GROUP, KEY_VERBATIM = -1, -2, -3
 _MAX_KEY_CHIP = 2 ** 31 - 1   # key numbers are stored as 32-bit ints
@@ -218,7 +218,7 @@ class Fragment:
     * :meth:`tiled`: a template fragment whose ops sit on *slot* chips ``0 .. m-1`` (a comm
       op's group is slots too), instantiated once per *tile*, a tuple of ``m`` chips: slot
       ``s`` becomes chip ``tile[s]`` in every op's placement, key, the heads and the tails.
-      Template keys are those :meth:`g5core.build.BuildContext.compute_op` and ``comm_op``
+      Template keys are those :meth:`g5core.build.builder.BuildContext.compute_op` and ``comm_op``
       make on the slots (``...@c<slot>``, ``...@c<a>->c<b>``, ``...@g<a>-<b>-...``), so each
       tile's keys are the ones those helpers make on its chips. Ops come out tile by tile,
       in template order within a tile; edges likewise. A ring plugin makes one ring on

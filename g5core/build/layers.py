@@ -11,12 +11,12 @@ from typing import Iterator
 
 import attrs
 
-from . import flops as F
-from .compute import Attention, Elementwise, Gemm
-from .config import Deployment
-from .errors import DagError
-from .models import ModelSpec
-from .shape import LocalShape
+from g5core.build import flops as F
+from g5core.sim.compute import Attention, Elementwise, Gemm
+from g5core.inputs.config import Deployment
+from g5core.api.errors import DagError
+from g5core.inputs.models import ModelSpec
+from g5core.build.shape import LocalShape
 
 EMBED_LAYER = -1
 
@@ -133,7 +133,7 @@ class Work:
     hbm_bytes: float
     weight_class: str    # which dtypes.weights entry sets the compute dtype ("" = activations)
     weight_elements: float  # weight elements resident on the chip for this op
-    kernels: tuple = attrs.field(converter=tuple)  # the kernels it runs, with shapes (g5core.compute)
+    kernels: tuple = attrs.field(converter=tuple)  # the kernels it runs, with shapes (g5core.sim.compute)
 
 
 def weight_elements(kind: str, model: ModelSpec, shape: LocalShape) -> float:

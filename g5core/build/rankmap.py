@@ -15,7 +15,7 @@ from typing import Mapping
 
 import attrs
 
-from .dimensions import DimensionRegistry
+from g5core.api.dimensions import DimensionRegistry
 
 
 @attrs.frozen

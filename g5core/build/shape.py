@@ -6,9 +6,9 @@ from typing import Iterable, Mapping
 
 import attrs
 
-from .config import Deployment
-from .errors import PluginError
-from .models import ModelSpec
+from g5core.inputs.config import Deployment
+from g5core.api.errors import PluginError
+from g5core.inputs.models import ModelSpec
 
 # Shard axes a plugin may divide (g5_shard_factors). The core knows the model's structure,
 # not the strategies: "q_heads" is divided by whoever shards heads.

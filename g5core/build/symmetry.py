@@ -29,7 +29,7 @@ from typing import Optional
 import attrs
 import numpy as np
 
-from .topology import LINK_RX, NIC_RX, Topology
+from g5core.build.topology import LINK_RX, NIC_RX, Topology
 
 
 @attrs.frozen
@@ -76,7 +76,7 @@ def off_reason(symmetry: "bool | str") -> Optional[str]:
 
 
 def plan_symmetry(ctx, off_reason: Optional[str] = None) -> Symmetry:
-    """Conditions 1-4 on a prepared run's context (:class:`g5core.build.BuildContext`)."""
+    """Conditions 1-4 on a prepared run's context (:class:`g5core.build.builder.BuildContext`)."""
     if off_reason:
         return Symmetry(reason=off_reason)
     dims = [d for d in ctx.dims.dims if d.replicas]
@@ -155,7 +155,7 @@ def _shift_resource(topo: Topology, r: int, chips: int) -> int:
 
 def check_resources(sym: Symmetry, dag, compiled, plan) -> Optional[str]:
     """Condition 6: the reason slice 0's traffic is not private and alike in every slice, or None."""
-    from .collective import lower_op
+    from g5core.sim.collective import lower_op
 
     topo: Topology = plan.ctx.topology
     size = sym.slice_chips

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .systems import SystemSpec
+    from g5core.inputs.systems import SystemSpec
 
 #: resource kinds, in the order of the resource ids
 LINK_TX, LINK_RX, NIC_TX, NIC_RX, LEAF_UP, LEAF_DOWN = range(6)

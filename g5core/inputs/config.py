@@ -3,7 +3,7 @@
 A configuration names the model, the system, the chip count, one size per registered
 parallel dimension, the phase, the batch and sequence length, dtypes and the path. The
 ``parallel`` keys are whatever the enabled plugins register; ``cp`` is required. Plugin
-options live under ``plugins: {NAME: {option: value}}`` (:mod:`g5core.options`).
+options live under ``plugins: {NAME: {option: value}}`` (:mod:`g5core.api.options`).
 """
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from typing import Any, Iterable, Mapping
 import attrs
 import yaml
 
-from .dimensions import DimensionRegistry
-from .options import OptionRegistry, option_value
-from .dtypes import dtype_bytes
-from .errors import ConfigError, suggest
-from .inputs import (
+from g5core.api.dimensions import DimensionRegistry
+from g5core.api.options import OptionRegistry, option_value
+from g5core.inputs.dtypes import dtype_bytes
+from g5core.api.errors import ConfigError, suggest
+from g5core.inputs.reading import (
     MAX_BATCH, MAX_CHIPS, MAX_SEQ_LEN, MAX_TOKENS, DuplicateKeyError, check_size, duplicate_key_error, load_json,
     load_yaml, read_text,
 )

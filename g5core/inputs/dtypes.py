@@ -1,7 +1,7 @@
 """Numeric formats: the one place that knows how many bytes an element takes."""
 from __future__ import annotations
 
-from .errors import ConfigError, suggest
+from g5core.api.errors import ConfigError, suggest
 
 BYTES_PER_ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 

@@ -12,8 +12,8 @@ from typing import Any, Callable, Mapping
 import attrs
 from attrs.validators import ge, gt, in_, instance_of
 
-from .errors import ConfigError, suggest
-from .inputs import MAX_MODEL_DIM, check_size, short_repr, load_json, read_text
+from g5core.api.errors import ConfigError, suggest
+from g5core.inputs.reading import MAX_MODEL_DIM, check_size, short_repr, load_json, read_text
 
 _POS = [instance_of(int), gt(0)]
 _NONNEG = [instance_of(int), ge(0)]

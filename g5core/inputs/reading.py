@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from .errors import ConfigError
+from g5core.api.errors import ConfigError
 
 # (lowest, highest) accepted value of each kind of quantity. Sizes are whole numbers.
 #: tokens of one sequence (S): 2^40 is about a million times a 1M-token context

@@ -20,10 +20,10 @@ from typing import Any, Iterator, Mapping
 import attrs
 import yaml
 
-from .compute import ComputeModel, Profile
-from .dtypes import BYTES_PER_ELEMENT
-from .errors import ConfigError, suggest
-from .inputs import DuplicateKeyError, UniqueKeyLoader, check_range, duplicate_key_error, read_text, safe_float
+from g5core.sim.compute import ComputeModel, Profile
+from g5core.inputs.dtypes import BYTES_PER_ELEMENT
+from g5core.api.errors import ConfigError, suggest
+from g5core.inputs.reading import DuplicateKeyError, UniqueKeyLoader, check_range, duplicate_key_error, read_text, safe_float
 
 __all__ = [
     "OP_CLASSES",
@@ -532,12 +532,12 @@ def _catalog_dir():
     try:
         from importlib.resources import files
 
-        root = files(__package__ or "g5core") / "data" / "systems"
+        root = files("g5core") / "data" / "systems"
         if root.is_dir():
             return root
     except Exception:  # e.g. a namespace package on an old Python: use the file system
         pass
-    return Path(__file__).resolve().parent / "data" / "systems"
+    return Path(__file__).resolve().parent.parent / "data" / "systems"
 
 
 def _catalog_names() -> tuple[str, ...]:

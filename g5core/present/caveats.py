@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .memory import MemoryReport
+from g5core.sim.memory import MemoryReport
 
 
 def plural(n: int, word: str, many: Optional[str] = None) -> str:

@@ -8,10 +8,10 @@ from typing import Any
 
 import click
 
-from .build import DEFAULT_MAX_OPS
-from .compute import render_compute
-from .errors import ConfigError, G5Error
-from .memory import GIB
+from g5core.build.builder import DEFAULT_MAX_OPS
+from g5core.sim.compute import render_compute
+from g5core.api.errors import ConfigError, G5Error
+from g5core.sim.memory import GIB
 
 
 
@@ -110,10 +110,10 @@ def _check_max_ops(max_ops) -> None:
 @_max_ops_option
 def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, compare_math, no_symmetry, max_ops):
     """Simulate one configuration (prefill: TTFT; decode: TPOT)."""
-    from .caveats import deployment_warnings
-    from .outputs import check_outputs
-    from .run import input_files, load_raw, run
-    from .trace import dump_timeline, dump_trace
+    from g5core.present.caveats import deployment_warnings
+    from g5core.present.outputs import check_outputs
+    from g5core.sim.run import input_files, load_raw, run
+    from g5core.present.trace import dump_timeline, dump_trace
 
     _check_max_ops(max_ops)
     raw = load_raw(config, overrides)
@@ -231,9 +231,9 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
 @_max_ops_option
 def explain_cmd(config, overrides, disabled, max_ops):
     """Validate a configuration and explain its layout: groups, nodes, model, system."""
-    from .run import load_raw, make_plan
+    from g5core.sim.run import load_raw, make_plan
 
-    from .caveats import deployment_warnings
+    from g5core.present.caveats import deployment_warnings
 
     _check_max_ops(max_ops)
     raw = load_raw(config, overrides)
@@ -247,7 +247,7 @@ def explain_cmd(config, overrides, disabled, max_ops):
 def render_explain(plan, given_dims: tuple[str, ...] = ()) -> str:
     """The layout of a prepared run; ``given_dims`` are the parallel keys the configuration
     set (the others are reported as defaults)."""
-    from .caveats import plural
+    from g5core.present.caveats import plural
 
     ctx = plan.ctx
     dep, m, sysm, rm = ctx.deployment, ctx.model, ctx.system, ctx.rankmap
@@ -282,7 +282,7 @@ def render_explain(plan, given_dims: tuple[str, ...] = ()) -> str:
     if s.kv_cache_shard > 1:
         kv_local += f" ({s.kv_heads / s.kv_cache_shard:g} of them in its KV cache)"
     if dep.path != "math":
-        from .symmetry import plan_symmetry
+        from g5core.build.symmetry import plan_symmetry
         lines.append(plan_symmetry(ctx).describe())
     lines.append(f"per chip: {s.tokens:g} tokens in non-attention ops, {s.q_heads:g} query heads, {kv_local}, "
                  f"KV of {s.kv_len:g} tokens per sequence")
@@ -352,8 +352,8 @@ def scan_cmd(config, overrides, disabled, db_path, cp_values, seq_lens, hidden_t
     """CP validation scan (the cp plugin's sweep preset): a cp x seq_len grid with chips fixed (dp
     auto); checks that TTFT does not rise with cp where the ring traffic is hidden. Exit 1 if it
     does, or if no cell ran."""
-    from .run import load_raw
-    from .sweep import default_progress, run_preset
+    from g5core.sim.run import load_raw
+    from g5core.study.sweep import default_progress, run_preset
 
     raw = load_raw(config, overrides)
     report = run_preset("cp", raw, db_path, axes={"parallel.cp": cp_values, "seq_len": seq_lens},
@@ -392,8 +392,8 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
 
     Use --set parallel.dp=auto to keep the chip count fixed while other dimensions change.
     Invalid points are recorded with their error and skipped. Exit 1 when no cell ran."""
-    from .run import load_raw
-    from .sweep import default_progress, parse_grid, run_sweep
+    from g5core.sim.run import load_raw
+    from g5core.study.sweep import default_progress, parse_grid, run_sweep
 
     raw = load_raw(config, overrides)
     report = run_sweep(raw, parse_grid(grid), db_path, disabled=disabled, workers=workers, executor=executor,
@@ -414,9 +414,9 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
 def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, workers, executor):
     """Layout search: every split of chips over the registered dimensions; those that are invalid or
     do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked."""
-    from .run import load_raw
-    from .search import best_layouts, render_best
-    from .sweep import default_progress
+    from g5core.sim.run import load_raw
+    from g5core.study.search import best_layouts, render_best
+    from g5core.study.sweep import default_progress
 
     result = best_layouts(load_raw(config, overrides), objective, db_path, disabled, workers, executor,
                           progress=default_progress(), inputs=[config])
@@ -441,9 +441,9 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
 @click.option("--row", "row_key", default=None, help="Timeline: the row (a prefix of its config_hash) to re-simulate.")
 def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key):
     """Plot a results database (PNG or SVG)."""
-    from .plots import figure_bytes, image_format, make_figure
-    from .report import load_rows
-    from .outputs import check_output_path, write_atomically
+    from g5core.present.plots import figure_bytes, image_format, make_figure
+    from g5core.present.report import load_rows
+    from g5core.present.outputs import check_output_path, write_atomically
 
     output = output or f"g5-{kind}.png"
     fmt = image_format(output)
@@ -462,8 +462,8 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key):
               help="Write to this file instead of standard output.")
 def report_cmd(db, fmt, sweep_id, output):
     """The rows of a results database as a table."""
-    from .report import load_rows, render
-    from .outputs import check_output_path, write_atomically
+    from g5core.present.report import load_rows, render
+    from g5core.present.outputs import check_output_path, write_atomically
 
     target = check_output_path(output, "-o", inputs=[db]) if output else None
     text = render(load_rows(db, sweep_id), fmt)
@@ -476,7 +476,7 @@ def report_cmd(db, fmt, sweep_id, output):
 @main.command("models")
 def models_cmd():
     """List the model catalog."""
-    from .models import CATALOG
+    from g5core.inputs.models import CATALOG
 
     rows = []
     for name, m in CATALOG.items():
@@ -495,7 +495,7 @@ def systems_cmd(ctx):
     """List the system catalog (`g5 systems show NAME` for one system)."""
     if ctx.invoked_subcommand is not None:
         return
-    from .systems import CATALOG_NAMES, get_system
+    from g5core.inputs.systems import CATALOG_NAMES, get_system
 
     rows = []
     for name in CATALOG_NAMES:
@@ -513,7 +513,7 @@ def systems_cmd(ctx):
 @click.argument("name")
 def systems_show_cmd(name):
     """Print one system (a catalog name or a system file) with its sources, after checking it."""
-    from .systems import system_source
+    from g5core.inputs.systems import system_source
 
     click.echo(system_source(name).rstrip("\n"))
 
@@ -531,8 +531,8 @@ def collective_cmd(op, system_name, chips, sizes, factor, disabled, as_json):
 
     OP is all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, gather or p2p
     (nccl-tests names such as allreduce and alltoall work too)."""
-    from .collbench import collective_rows, render_rows, size_range
-    from .systems import get_system
+    from g5core.sim.collbench import collective_rows, render_rows, size_range
+    from g5core.inputs.systems import get_system
 
     sizes_list = size_range(sizes, factor)
     rows = collective_rows(op, system_name, chips, sizes_list, disabled)
@@ -547,7 +547,7 @@ def collective_cmd(op, system_name, chips, sizes, factor, disabled, as_json):
 @click.option("--disable", "disabled", multiple=True, metavar="NAME", help="Show the set with NAME disabled.")
 def plugins_cmd(disabled):
     """List every plugin, enabled or disabled, with the hooks it implements."""
-    from .plugins import describe_plugins, make_plugin_manager
+    from g5core.api.plugins import describe_plugins, make_plugin_manager
 
     pm = make_plugin_manager(disabled=disabled)
     rows = [[p.name, "enabled" if p.enabled else "disabled",
@@ -567,7 +567,7 @@ if __name__ == "__main__":  # pragma: no cover
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def validate_cmd(measured, overrides, as_json):
     """Compare G5 with measured TTFT/TPOT rows of MEASURED.csv (config, set, metric, measured_ms, source)."""
-    from .validate import validate
+    from g5core.study.validate import validate
     report = validate(measured, overrides)
     click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_validate(report))
 
@@ -581,7 +581,7 @@ def validate_cmd(measured, overrides, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
 def calibrate_cmd(measured, fit, output, as_json):
     """Fit system parameters to MEASURED.csv by bounded least squares on log error."""
-    from .validate import calibrate
+    from g5core.study.validate import calibrate
     report = calibrate(measured, fit.split(","), output, say=lambda line: click.echo(line, err=True)
                        if sys.stderr.isatty() else None)
     click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_calibrate(report))

@@ -27,7 +27,7 @@ from typing import Callable, Iterable, Mapping, Optional
 
 import attrs
 
-from .errors import ConfigError
+from g5core.api.errors import ConfigError
 
 __all__ = ["OutputError", "OutputTargets", "check_output_path", "check_outputs", "write_atomically"]
 

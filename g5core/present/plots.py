@@ -19,8 +19,8 @@ import json
 import pathlib
 from typing import Mapping, Optional, Sequence
 
-from .errors import ConfigError, G5Error
-from .memory import GIB
+from g5core.api.errors import ConfigError, G5Error
+from g5core.sim.memory import GIB
 
 KINDS = ("latency", "memory", "pareto", "timeline")
 FORMATS = {".png": "png", ".svg": "svg"}
@@ -168,7 +168,7 @@ def memory_figure(rows: Sequence[Mapping]):
 
 
 def pareto_figure(rows: Sequence[Mapping]):
-    from .search import Candidate, pareto_front
+    from g5core.study.search import Candidate, pareto_front
 
     plt = _pyplot()
     ok = _ok(rows)
@@ -197,8 +197,8 @@ def pareto_figure(rows: Sequence[Mapping]):
 
 def timeline_figure(row: Mapping, group_dim: str = "cp", layer: Optional[int] = None):
     """One layer across the chips of the group of chip 0 along ``group_dim``, from a fresh simulation."""
-    from .dag import ComputeOp
-    from .run import run
+    from g5core.build.dag import ComputeOp
+    from g5core.sim.run import run
 
     plt = _pyplot()
     out = run(row["config"], disabled=row.get("disabled") or ())

@@ -12,9 +12,9 @@ import io
 import json
 from typing import Mapping, Optional, Sequence
 
-from .errors import ConfigError
-from .memory import GIB
-from .resultsdb import JSON_COLUMNS, RESULT_COLUMNS, ResultsDB, canonical_json
+from g5core.api.errors import ConfigError
+from g5core.sim.memory import GIB
+from g5core.study.resultsdb import JSON_COLUMNS, RESULT_COLUMNS, ResultsDB, canonical_json
 
 FORMATS = ("csv", "json", "markdown")
 

@@ -18,7 +18,7 @@ Perfetto draws the slices of one thread only when they nest, and flows on a port
 communication ops on a chip) overlap freely, so such a track is split into as many lanes
 as it needs (``port nic_tx``, ``port nic_tx #2``, ...), each lane holding slices that do
 not overlap. Times are in microseconds, as the format wants. The file is written to a
-temporary name and renamed (``g5core.outputs``), so a failed write never leaves a partial
+temporary name and renamed (``g5core.present.outputs``), so a failed write never leaves a partial
 trace behind.
 """
 from __future__ import annotations
@@ -26,10 +26,10 @@ from __future__ import annotations
 import heapq
 import json
 
-from .topology import KIND_NAMES, Topology
-from .dag import CommOp, ComputeOp
-from .errors import G5Error
-from .results import SimResult
+from g5core.build.topology import KIND_NAMES, Topology
+from g5core.build.dag import CommOp, ComputeOp
+from g5core.api.errors import G5Error
+from g5core.sim.results import SimResult
 
 COMPUTE_TID = 0
 COMM_TID_BASE = 1000          # + lane

@@ -14,7 +14,7 @@ import re
 import types
 from typing import Iterable
 
-from .errors import ConfigError
+from g5core.api.errors import ConfigError
 
 #: nccl-tests names accepted as aliases
 ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
@@ -61,7 +61,7 @@ def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterabl
                     disabled: Iterable[str] = ()) -> list[dict]:
     """One row per size: ``size_bytes, time_s, algbw_bytes_per_s, busbw_bytes_per_s,
     algorithm, protocol, channels``."""
-    from .engine import Engine
+    from g5core.sim.engine import Engine
 
     primitive = ALIASES.get(primitive, primitive)
     compile_one = collective_compiler(primitive, system_name, chips, disabled)
@@ -80,12 +80,12 @@ def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterabl
 def collective_compiler(primitive: str, system_name: str, chips: int, disabled: Iterable[str] = ()):
     """A function of the size in bytes per rank: the compiled DAG of one ``primitive`` over
     chips ``0 .. chips - 1`` of ``system_name``, lowered by the enabled plugins."""
-    from .build import make_topology
-    from .collective import collect_primitives
-    from .dag import CommOp, OpDag
-    from .engine import compile_dag
-    from .plugins import Hooks, make_plugin_manager
-    from .systems import get_system
+    from g5core.build.builder import make_topology
+    from g5core.sim.collective import collect_primitives
+    from g5core.build.dag import CommOp, OpDag
+    from g5core.sim.engine import compile_dag
+    from g5core.api.plugins import Hooks, make_plugin_manager
+    from g5core.inputs.systems import get_system
 
     if isinstance(chips, bool) or not isinstance(chips, int) or chips < 2:
         raise ConfigError("--chips", f"a collective needs at least 2 chips, got {chips!r}")
@@ -94,7 +94,7 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
     hooks = Hooks(make_plugin_manager(disabled=tuple(disabled)))
     primitives = collect_primitives(hooks)
     if primitive not in primitives:
-        from .errors import suggest
+        from g5core.api.errors import suggest
 
         raise ConfigError("OP", f"unknown collective {primitive!r}{suggest(primitive, primitives)}; "
                                 f"the enabled plugins lower {', '.join(primitives) or 'none'}")

@@ -2,7 +2,7 @@
 
 A plugin registers, per primitive name, a function ``lower(group, bytes_per_rank, topology)``
 that returns a :class:`Lowering`: a start latency, then flows that start together, each
-over a route of resources of the :class:`~g5core.topology.Topology`. The engine shares
+over a route of resources of the :class:`~g5core.build.topology.Topology`. The engine shares
 every resource max-min fairly among the flows on it, so contention between collectives
 comes from the engine, never from the lowering.
 """
@@ -13,10 +13,10 @@ from typing import Callable, Mapping
 
 import attrs
 
-from .dag import require_lowering
-from .errors import G5Error, PluginError
-from .plugins import Hooks
-from .topology import Topology
+from g5core.build.dag import require_lowering
+from g5core.api.errors import G5Error, PluginError
+from g5core.api.plugins import Hooks
+from g5core.build.topology import Topology
 
 
 def _flows(fs) -> tuple:

@@ -16,7 +16,7 @@ kernels it runs, each with its shape:
 Two ops with equal FLOPs and bytes but different shapes are different ops: the latency
 lookup (:class:`LatencyLookup`, used by the engine and by the Math path alike) is keyed
 on ``(op class, dtype, kernels, FLOPs, bytes)`` and asks ``g5_compute_latency`` once per
-distinct key. Each kernel's FLOPs and bytes come from :mod:`g5core.flops` (the one place
+distinct key. Each kernel's FLOPs and bytes come from :mod:`g5core.build.flops` (the one place
 those formulas live).
 
 A latency plugin answers with seconds, or with a :class:`ComputeTime` that also says how
@@ -30,8 +30,8 @@ from typing import Union
 
 import attrs
 
-from . import flops as F
-from .errors import DagError, PluginError
+from g5core.build import flops as F
+from g5core.api.errors import DagError, PluginError
 
 ATTENTION_BLOCKS = ("causal", "full", "decode")
 ELEMENTWISE_KINDS = ("rmsnorm", "residual_add", "rotary", "embedding")
@@ -268,7 +268,7 @@ def coverage_from_columns(answer_ids, chips, flops, system, latency_s: float, n_
     run's latency (achieved TFLOP/s) and its MFU, ``sum(op FLOPs / dense peak of the op's
     dtype) / latency`` (each chip's sums in op order). With ``replicas > 1`` the ops are
     those of chips ``0..replica_chips-1``, and every other replica of that many chips ran
-    the same (g5core.symmetry). Coverage sums are exactly rounded (``math.fsum``).
+    the same (g5core.build.symmetry). Coverage sums are exactly rounded (``math.fsum``).
     """
     import numpy as np
 
@@ -366,14 +366,14 @@ FLOOR_KEYS = ("gemm", "attention", "decode_attention", "elementwise")
 
 
 def _cm_fraction(field: str, v) -> float:
-    from .errors import ConfigError
+    from g5core.api.errors import ConfigError
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1:
         raise ConfigError(field, f"expected a fraction in (0, 1], got {v!r}")
     return float(v)
 
 
 def _cm_positive(field: str, v, integer: bool = False) -> float:
-    from .errors import ConfigError
+    from g5core.api.errors import ConfigError
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
     if ok and integer and float(v) != int(v):
         ok = False
@@ -384,7 +384,7 @@ def _cm_positive(field: str, v, integer: bool = False) -> float:
 
 @attrs.frozen(kw_only=True)
 class ComputeModel:
-    """Parameters of the size-aware roofline (:mod:`g5core.roofline` documents the formulas).
+    """Parameters of the size-aware roofline (:mod:`g5core.sim.roofline` documents the formulas).
 
     All required when the block is given; a system file without the block runs the flat
     roofline (``efficiency`` per op class) and the run output says so.
@@ -405,7 +405,7 @@ class ComputeModel:
 
     @classmethod
     def from_mapping(cls, data, field: str = "system.compute_model") -> "ComputeModel":
-        from .errors import ConfigError, suggest
+        from g5core.api.errors import ConfigError, suggest
         if not hasattr(data, "items"):
             raise ConfigError(field, f"expected a mapping with keys {', '.join(cls.KEYS)}, got {data!r}")
         for key in data:
@@ -454,7 +454,7 @@ class ComputeModel:
         return out
 
     def gemm_fraction(self, dtype: str) -> float:
-        from .errors import ConfigError
+        from g5core.api.errors import ConfigError
         table = dict(self.gemm_peak_fraction)
         if dtype not in table:
             raise ConfigError("system.compute_model.gemm_peak_fraction",
@@ -480,7 +480,7 @@ class Profile:
 
     @classmethod
     def from_mapping(cls, data, field: str = "system.profile") -> "Profile":
-        from .errors import ConfigError, suggest
+        from g5core.api.errors import ConfigError, suggest
         if not hasattr(data, "items"):
             raise ConfigError(field, "expected a mapping such as {source: aiconfigurator, gpu: h100_sxm, "
                                      f"framework: trtllm}}, got {data!r}")

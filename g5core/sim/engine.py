@@ -10,7 +10,7 @@ Model:
   is program order (layer by layer, as a framework issues its kernels);
 - a communication op starts when all its predecessors are done, waits its start latency,
   then releases its flows; each flow crosses the resources (ports) of its route (a chip's
-  link send or receive side, a NIC's, a fabric tier's: :mod:`g5core.topology`), and the
+  link send or receive side, a NIC's, a fabric tier's: :mod:`g5core.build.topology`), and the
   flows on a resource share it max-min fairly; rates are recomputed (per connected set of
   resources and flows) whenever a flow starts or ends; the op ends with its last flow;
 - events are kept by time: the events of one time are a batch, processed in the order they
@@ -30,11 +30,11 @@ from collections.abc import Sequence
 import attrs
 import numpy as np
 
-from .collective import lower_op
-from .compute import LatencyLookup
-from .topology import Topology
-from .dag import OpDag
-from .errors import DagError, G5Error
+from g5core.sim.collective import lower_op
+from g5core.sim.compute import LatencyLookup
+from g5core.build.topology import Topology
+from g5core.build.dag import OpDag
+from g5core.api.errors import DagError, G5Error
 
 # A flow that ends with |bytes left| below this fraction of its size delivered everything:
 # the difference is floating-point rounding of the rate integral, not lost data.

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import attrs
 
-from .build import Plan, expand
-from .collective import idle_transfer_s, lower_op
-from .compute import LatencyLookup, coverage_report
-from .topology import Topology
-from .dag import CommOp, ComputeOp
-from .layers import build_program
+from g5core.build.builder import Plan, expand
+from g5core.sim.collective import idle_transfer_s, lower_op
+from g5core.sim.compute import LatencyLookup, coverage_report
+from g5core.build.topology import Topology
+from g5core.build.dag import CommOp, ComputeOp
+from g5core.build.layers import build_program
 
 
 @attrs.frozen
@@ -26,7 +26,7 @@ class MathResult:
     latency_s: float
     compute_s: float
     comm_s: float
-    compute: dict = attrs.field(factory=dict)  # g5core.compute.coverage_report
+    compute: dict = attrs.field(factory=dict)  # g5core.sim.compute.coverage_report
 
     def to_json_dict(self) -> dict:
         key = "ttft_s" if self.phase == "prefill" else "tpot_s"

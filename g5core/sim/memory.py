@@ -10,7 +10,7 @@ from typing import Mapping
 
 import attrs
 
-from .errors import PluginError
+from g5core.api.errors import PluginError
 
 CATEGORIES = ("weights", "kv_cache", "activations", "workspace")
 GIB = float(2 ** 30)
@@ -58,7 +58,7 @@ def activation_peak_bytes(ctx, layers: list[int]) -> float:
     """
     if not layers:
         return 0.0
-    from .layers import attention_dims, local_projections
+    from g5core.build.layers import attention_dims, local_projections
 
     m, s = ctx.model, ctx.shape
     d = m.hidden_size
@@ -133,7 +133,7 @@ def _ranges(chips: list[int]) -> str:
 
 def core_terms(ctx) -> list[MemoryTerm]:
     """Weights, KV cache and activations from the sharded shapes and the layers each chip holds."""
-    from .layers import WEIGHT_CLASS, build_program, weight_elements
+    from g5core.build.layers import WEIGHT_CLASS, build_program, weight_elements
 
     m, dep, s = ctx.model, ctx.deployment, ctx.shape
     weights: dict[int, float] = {c: 0.0 for c in ctx.all_chips}

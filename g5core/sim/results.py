@@ -7,11 +7,11 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .compute import coverage_from_columns, exact_sum_repeated
-from .dag import OpDag
-from .engine import CompiledDag, Engine
-from .errors import ConservationError
-from .symmetry import WHOLE_RUN, Symmetry
+from g5core.sim.compute import coverage_from_columns, exact_sum_repeated
+from g5core.build.dag import OpDag
+from g5core.sim.engine import CompiledDag, Engine
+from g5core.api.errors import ConservationError
+from g5core.build.symmetry import WHOLE_RUN, Symmetry
 
 # Interval sums agree with one another to about this relative precision (float rounding).
 ROUNDING_TIME_REL = 1e-9
@@ -116,7 +116,7 @@ class SimResult:
     flow_start_s: np.ndarray = attrs.field(repr=False)
     flow_end_s: np.ndarray = attrs.field(repr=False)
     port_rate_log: tuple = attrs.field(repr=False, default=())  # (time_s, port, bytes_per_s)
-    compute: dict = attrs.field(repr=False, factory=dict)  # g5core.compute.coverage_report
+    compute: dict = attrs.field(repr=False, factory=dict)  # g5core.sim.compute.coverage_report
     symmetry: Symmetry = attrs.field(factory=Symmetry)  # what was simulated (ops, flows, events: of that)
     mean_heap_len: float = attrs.field(repr=False, default=0.0)  # Engine.mean_heap_len (benchmarks)
     batches: int = attrs.field(repr=False, default=0)  # Engine.batches: distinct event times (benchmarks)
@@ -146,7 +146,7 @@ class SimResult:
 
 def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float, symmetry: Symmetry = WHOLE_RUN) -> SimResult:
     """The results of a run; with symmetry applied, ``dag`` and ``engine`` hold one replica and
-    the totals are those of ``symmetry.replicas`` alike replicas (g5core.symmetry)."""
+    the totals are those of ``symmetry.replicas`` alike replicas (g5core.build.symmetry)."""
     d = engine.dag
     k = symmetry.replicas
     kpis = conservation_kpis(engine)
@@ -205,7 +205,7 @@ def _spec_reason_ids(dag: OpDag, reasons: list[str]) -> np.ndarray:
 
 
 def compute_report(dag: OpDag, d: CompiledDag, latency_s: float, symmetry: Symmetry = WHOLE_RUN) -> dict:
-    """Measured/roofline coverage and achieved FLOP/s per chip (g5core.compute)."""
+    """Measured/roofline coverage and achieved FLOP/s per chip (g5core.sim.compute)."""
     if d.compute is None:
         return {}
     comp = ~np.asarray(d.is_comm, dtype=bool)
@@ -231,7 +231,7 @@ def comm_bytes_by_reason(dag: OpDag, d: CompiledDag, replicas: int = 1) -> dict:
     fbytes = d.flow_bytes / d.wire_factor[d.flow_op]
     fsrc = d.flow_src
     # a flow whose first resource is a receive side (a chip's traffic down from an in-switch
-    # reduction) is received, not sent (send sides have even resource ids: g5core.topology)
+    # reduction) is received, not sent (send sides have even resource ids: g5core.build.topology)
     sends = np.asarray([route[0] % 2 == 0 for route in d.routes], dtype=bool)[d.flow_route]
     by_reason, per_rank = {}, {}
     for r, name in enumerate(reasons):

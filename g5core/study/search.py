@@ -18,11 +18,11 @@ from typing import Mapping, Optional, Sequence
 
 import attrs
 
-from .config import disabled_from_config
-from .dimensions import DimensionRegistry, collect_dimensions
-from .errors import ConfigError, G5Error, PluginError
-from .memory import GIB
-from .plugins import Hooks, make_plugin_manager
+from g5core.inputs.config import disabled_from_config
+from g5core.api.dimensions import DimensionRegistry, collect_dimensions
+from g5core.api.errors import ConfigError, G5Error, PluginError
+from g5core.sim.memory import GIB
+from g5core.api.plugins import Hooks, make_plugin_manager
 
 #: objective -> (column, best is the largest)
 OBJECTIVES = {"ttft": ("ttft_s", False), "tpot": ("tpot_s", False), "tokens_per_s_per_chip": ("tokens_per_s_per_chip", True)}
@@ -129,8 +129,8 @@ def pareto_front(cands: Sequence[Candidate]) -> tuple[Candidate, ...]:
 def prefilter(raw: Mapping, layouts: Sequence[dict], disabled: Sequence[str] = (),
               extra_plugins: Sequence = ()) -> tuple[list[dict], list[Exclusion]]:
     """Split layouts into those to simulate and those excluded (invalid, or not fitting by the ledger)."""
-    from .memory import memory_report
-    from .run import make_plan
+    from g5core.sim.memory import memory_report
+    from g5core.sim.run import make_plan
 
     keep, excluded = [], []
     for par in layouts:
@@ -155,7 +155,7 @@ def best_layouts(raw: Mapping, objective: Optional[str] = None, db_path=None, di
                  workers: int = 1, executor: str = "local", progress=None, extra_plugins: Sequence = (),
                  inputs: Sequence = ()) -> SearchResult:
     """Enumerate, pre-filter, simulate (through the sweep machinery) and rank every layout."""
-    from .sweep import run_sweep
+    from g5core.study.sweep import run_sweep
 
     phase = raw.get("phase")
     objective = _objective(objective, phase)

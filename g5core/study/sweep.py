@@ -8,7 +8,7 @@ The machinery knows no parallel strategy:
   the other factor dimensions of the dimension registry, so the chip count stays fixed
   while cp or tp changes (:func:`resolve_auto`).
 - :func:`run_cell` is a picklable top-level function: configuration in, the database row
-  out (a :class:`~g5core.run.RunOutput` holds the plugin manager and the DAG and does not
+  out (a :class:`~g5core.sim.run.RunOutput` holds the plugin manager and the DAG and does not
   cross processes). An invalid point becomes an ``error`` row with its message.
 - Executors: ``local`` (in-process with one worker, else worker processes) and ``dask``
   (Dask distributed: a local cluster, or ``dask:ADDRESS`` for a running scheduler). The
@@ -29,12 +29,12 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import attrs
 import yaml
 
-from . import __version__
-from .config import Deployment, apply_overrides, disabled_from_config
-from .dimensions import DimensionRegistry, collect_dimensions
-from .errors import ConfigError, G5Error, PluginError
-from .plugins import Hooks, make_plugin_manager
-from .resultsdb import ResultsDB, config_hash, utc_now
+from g5core import __version__
+from g5core.inputs.config import Deployment, apply_overrides, disabled_from_config
+from g5core.api.dimensions import DimensionRegistry, collect_dimensions
+from g5core.api.errors import ConfigError, G5Error, PluginError
+from g5core.api.plugins import Hooks, make_plugin_manager
+from g5core.study.resultsdb import ResultsDB, config_hash, utc_now
 
 AUTO = "auto"
 Grid = tuple[tuple[str, tuple], ...]
@@ -162,7 +162,7 @@ def tokens_per_s_per_chip(deployment: Deployment, latency_s: float) -> float:
 
 
 def output_columns(out) -> dict[str, Any]:
-    """The result columns of a database row from one :class:`~g5core.run.RunOutput`."""
+    """The result columns of a database row from one :class:`~g5core.sim.run.RunOutput`."""
     data = out.to_json_dict()
     mem = out.memory
     worst = max(mem.per_chip, key=lambda c: (c.total_bytes, -c.chip))
@@ -184,7 +184,7 @@ def run_cell(raw: Mapping, disabled: Sequence[str] = (), runner: Optional[Callab
     A G5 error (invalid layout, refused configuration) is a row with ``status = 'error'``
     and the message; any other exception is a bug and propagates.
     """
-    from .run import run
+    from g5core.sim.run import run
 
     t0 = time.perf_counter()
     try:
@@ -465,7 +465,7 @@ def _plan_cell(n: int, base: Mapping, point: Mapping, disabled: Sequence[str], d
 
 def check_base(base: Mapping, disabled: Sequence[str] = (), extra_plugins: Sequence = ()) -> None:
     """The base configuration must be valid by itself (after ``auto``): an error before any file is written."""
-    from .run import make_plan
+    from g5core.sim.run import make_plan
 
     names = tuple(dict.fromkeys(tuple(disabled) + disabled_from_config(base)))
     raw = resolve_auto(base, _Dims(extra_plugins)(names))
@@ -481,7 +481,7 @@ def run_sweep(base: Mapping, grid: Grid, db_path, *, disabled: Sequence[str] = (
     Checks happen before anything is written: the grid, the executor, the base
     configuration (valid by itself) and the database path. ``progress`` is a callable
     taking one line, a progress object (:func:`default_progress`), or ``None``.
-    ``runner`` (in-process executor only) replaces :func:`g5core.run.run` for tests.
+    ``runner`` (in-process executor only) replaces :func:`g5core.sim.run.run` for tests.
     """
     if not grid:
         raise ConfigError("--grid", "needs at least one KEY=V1,V2,... axis")
@@ -593,7 +593,7 @@ class PresetReport:
 def get_preset(name: str, disabled: Sequence[str] = (), extra_plugins: Sequence = ()) -> SweepPreset:
     presets = collect_presets(Hooks(make_plugin_manager(disabled=disabled, extra_plugins=extra_plugins)))
     if name not in presets:
-        from .errors import suggest
+        from g5core.api.errors import suggest
 
         known = ", ".join(sorted(presets)) or "none"
         raise ConfigError("preset", f"no enabled plugin registers the sweep preset '{name}'"

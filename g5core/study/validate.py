@@ -34,9 +34,9 @@ from typing import Callable, Sequence
 import attrs
 import yaml
 
-from .config import apply_overrides, load_config_file
-from .errors import ConfigError, G5Error
-from .systems import SystemSpec, get_system
+from g5core.inputs.config import apply_overrides, load_config_file
+from g5core.api.errors import ConfigError, G5Error
+from g5core.inputs.systems import SystemSpec, get_system
 
 COLUMNS = ("config", "set", "metric", "measured_ms", "source")
 METRICS = {"ttft": "prefill", "tpot": "decode"}
@@ -117,7 +117,7 @@ def row_config(row: Row, system_override: str | None = None) -> dict:
 
 
 def predict_ms(row: Row, csv_path, system_override: str | None = None) -> float:
-    from .run import run  # late import: run imports the engine
+    from g5core.sim.run import run  # late import: run imports the engine
     raw = row_config(row, system_override)
     try:
         out = run(raw)

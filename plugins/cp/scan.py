@@ -3,7 +3,7 @@
 Every cell sets ``parallel.cp`` and ``seq_len``; ``dp`` is ``auto`` so it absorbs the
 change (``dp = chips / (tp x pp x cp)``). A cell whose layout is invalid (dp not whole,
 ep not dividing dp x tp, seq_len not divisible by 2 cp...) is recorded with its error, not
-adjusted. The sweep machinery (``g5core.sweep``) writes each row as it finishes.
+adjusted. The sweep machinery (``g5core.study.sweep``) writes each row as it finishes.
 
 The check (spec: "TTFT does not increase with cp where communication is hidden"): for each
 S, over the successful cells in increasing cp, TTFT must not increase between two cells
@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Optional, Sequence
 import attrs
 
 from g5core import ConfigError
-from g5core.sweep import SweepPreset, run_preset
+from g5core.study.sweep import SweepPreset, run_preset
 
 PRESET_NAME = "cp"
 DEFAULT_CP_VALUES = (1, 2, 4, 8, 16)

@@ -11,7 +11,7 @@ Per layer and CP group (root = cp rank 0, which holds the batch's new tokens):
   softmax) to the root; the reduction depends on every partial. ``d_v`` is the value head
   dim for GQA and ``v_head_dim`` for MLA: a rank up-projects its latent partial with the
   per-head ``W_UV`` before sending (linear, so it commutes with the merge; checked by
-  :mod:`g5core.reference`). The spec's ``d + 2 n_h`` is the GQA case where
+  :mod:`g5core.sim.reference`). The spec's ``d + 2 n_h`` is the GQA case where
   ``n_h * d_v = d``; for MLA it undercounts (DeepSeek-V3: ``128 * 128 = 16384`` against
   ``d = 7168``).
 
@@ -20,9 +20,9 @@ Neither message depends on ``S``.
 from __future__ import annotations
 
 from g5core import Fragment, hookimpl
-from g5core.flops import activation_tensor_bytes
-from g5core.layers import Work, attention_kernel, attention_work
-from g5core.reference import passq_reduce_elements
+from g5core.build.flops import activation_tensor_bytes
+from g5core.build.layers import Work, attention_kernel, attention_work
+from g5core.sim.reference import passq_reduce_elements
 
 
 def dispatch_bytes_per_rank(batch: int, hidden: float, act_bytes: int) -> float:

@@ -11,8 +11,8 @@ not affected.
 from __future__ import annotations
 
 from g5core import ConfigError, Dimension, Fragment, hookimpl
-from g5core.layers import expert_work
-from g5core.memory import MemoryTerm
+from g5core.build.layers import expert_work
+from g5core.sim.memory import MemoryTerm
 
 
 @hookimpl

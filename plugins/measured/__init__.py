@@ -3,7 +3,7 @@
 Chosen in the system file, e.g. ``profile: {source: aiconfigurator, gpu: h100_sxm,
 framework: trtllm}`` (optionally ``version``). It answers ``g5_compute_latency`` first: an
 op's time is the sum of its kernels' times, each from the tables where they cover it and
-from the roofline (``g5core.roofline``) where they do not, plus the system's
+from the roofline (``g5core.sim.roofline``) where they do not, plus the system's
 ``launch_overhead_s`` once, as the roofline adds it. It answers with a ``ComputeTime`` so the
 run reports the measured share; an op with no measured kernel is left to the roofline.
 
@@ -18,8 +18,8 @@ import warnings
 from functools import lru_cache
 
 from g5core import ConfigError, hookimpl
-from g5core.compute import Attention, ComputeTime, Gemm
-from g5core.roofline import kernel_latency_s, roofline_latency_s
+from g5core.sim.compute import Attention, ComputeTime, Gemm
+from g5core.sim.roofline import kernel_latency_s, roofline_latency_s
 
 from . import tables as T
 
