@@ -7,6 +7,7 @@ helpers that turn a chip's share of the model into work and bytes. Everything in
 """
 from .sim.collective import Lowering, idle_transfer_s
 from .build.topology import Topology
+from .build.microbatch import Microbatches
 from .build.dag import CommOp, ComputeOp, Fragment
 from .api.dimensions import Dimension
 from .api.errors import ConfigError, DagError, G5Error, PluginError
@@ -18,7 +19,7 @@ from .api.plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plu
 
 __all__ = [
     "CommOp", "ComputeOp", "ConfigError", "DagError", "Dimension", "Fragment", "G5Error", "Hooks", "Lowering",
-    "MemoryTerm", "PluginError", "PluginInfo", "PluginOption", "Topology", "Work", "activation_tensor_bytes",
+    "MemoryTerm", "Microbatches", "PluginError", "PluginInfo", "PluginOption", "Topology", "Work", "activation_tensor_bytes",
     "attention_dims", "attention_kernel", "attention_work", "causal_attention_flops", "default_work", "describe_plugins",
     "hookimpl", "idle_transfer_s", "local_kv_bytes_per_token", "make_plugin_manager",
 ]

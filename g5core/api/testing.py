@@ -307,6 +307,29 @@ def check_validate_deployment(plugin: str, configs, extra_plugins: Sequence = ()
 
 
 @_contract_check
+def check_microbatches(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_microbatches``: ``None`` or a :class:`~g5core.build.microbatch.Microbatches` whose
+    parts are the step's (decode batches of ``batch`` sequences, prefill chunks adding up
+    to ``seq_len``), the same on two calls; the micro-batched step builds.
+    """
+    from g5core.build.microbatch import Microbatches
+
+    for raw in _as_configs(configs):
+        plan = _plan(raw, extra_plugins)
+        ctx = plan.ctx
+        first = _call_own(plan.hooks, "g5_microbatches", plugin, deployment=ctx.deployment, model=ctx.model)
+        second = _call_own(plan.hooks, "g5_microbatches", plugin, deployment=ctx.deployment, model=ctx.model)
+        if first != second:
+            raise _fail(plugin, check_microbatches, f"{_where(raw)} answers differ between two calls")
+        for answer in first:
+            if answer is None:
+                continue
+            if not isinstance(answer, Microbatches):
+                raise _fail(plugin, check_microbatches, f"{_where(raw)} returned {answer!r}, not Microbatches")
+            answer.check(ctx.deployment, plugin)
+
+
+@_contract_check
 def check_shard_factors(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_shard_factors``: ``None`` or a mapping of known shard axes to positive ints, stable.
 
@@ -738,6 +761,7 @@ HOOK_CHECKS: Mapping[str, tuple[CheckFn, ...]] = {
     "g5_register_shard_axes": (check_shard_axes,),
     "g5_validate_deployment": (check_validate_deployment,),
     "g5_shard_factors": (check_shard_factors,),
+    "g5_microbatches": (check_microbatches,),
     "g5_layer_chips": (check_placement,),
     "g5_place_op": (check_placement,),
     "g5_expand_op": (check_fragments,),

@@ -20,6 +20,7 @@ from g5core.build.dag import (ID_DTYPE, ID_LIMIT, KEY_VERBATIM, CommOp, ComputeO
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError, ResourceError
 from g5core.build.flops import activation_tensor_bytes
+from g5core.build.microbatch import CYCLES, Microbatches, collect_microbatches, part_contexts
 from g5core.build.layers import (
     SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token,
 )
@@ -47,6 +48,9 @@ class BuildContext:
     #: when set, the only chips ops are placed on (one replica of a symmetric run:
     #: g5core.build.symmetry); every other field still describes the whole cluster
     replica_chips: Optional[tuple[int, ...]] = attrs.field(default=None, repr=False)
+    #: batches of ``deployment.batch`` sequences whose KV the chips keep at once: the decode
+    #: micro-batches cycling through a pipeline (g5core.build.microbatch), else 1
+    resident_batches: int = 1
 
     def restricted(self, chips: tuple[int, ...]) -> "BuildContext":
         """The same context with ops placed on ``chips`` only."""
@@ -136,6 +140,10 @@ class Plan:
     hooks: Hooks
     ctx: BuildContext
     primitives: Mapping
+    #: the step's split into micro-batches (g5core.build.microbatch), None for a whole step
+    microbatches: Optional[Microbatches] = None
+    #: one build context per micro-batch, in order
+    part_contexts: tuple = ()
 
 
 def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configuration",
@@ -169,7 +177,12 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
         raise ConfigError("parallel", str(exc)) from None
     topology = make_topology(hooks, system, rankmap.chips)
     ctx = BuildContext(deployment, model, system, dims, rankmap, shape, topology, hooks)
-    return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks))
+    mb = collect_microbatches(hooks, deployment, model)
+    parts = tuple(part_contexts(ctx, mb)) if mb is not None else ()
+    if mb is not None and mb.cycles_apply:
+        ctx.resident_batches = mb.count
+    return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks), microbatches=mb,
+                part_contexts=parts)
 
 
 def make_topology(hooks: Hooks, system: SystemSpec, chips: int) -> Topology:
@@ -232,8 +245,11 @@ def expand(ctx: BuildContext, lop: LogicalOp) -> tuple[str, Fragment]:
 
 
 def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
-              chips: tuple[int, ...] | None = None) -> OpDag:
+              chips: tuple[int, ...] | None = None, contexts: Mapping[str, BuildContext] | None = None) -> OpDag:
     """The op DAG; with ``chips``, only the ops placed on them (one symmetric replica).
+
+    ``contexts``: the build context of each micro-batch tag (``LogicalOp.micro``) of a
+    micro-batched program (g5core.build.microbatch); the plan's for the others.
 
     Ops, edges and each logical op's outputs (its tails per chip) are op ids; no key string
     is made for a repeated (:meth:`Fragment.tiled`, :meth:`Fragment.replicated`) fragment.
@@ -242,6 +258,7 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
     for repeats within each fragment, and across the whole DAG only otherwise."""
     ctx = plan.ctx if chips is None else plan.ctx.restricted(chips)
     program = program if program is not None else build_program(ctx.model)
+    by_tag = {t: (c if chips is None else c.restricted(chips)) for t, c in (contexts or {}).items()}
     dag = OpDag()
     n_chips = ctx.rankmap.chips
     seen: dict[str, int] | None = None if _prefix_free(program) else {}
@@ -253,7 +270,7 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
     pairs = dag.edge_pairs
     tiles_cache = _TileCache()
     for at, lop in enumerate(program):
-        owner, frag = expand(ctx, lop)
+        owner, frag = expand(by_tag.get(lop.micro, ctx) if by_tag else ctx, lop)
         prefixes = (lop.prefix + ".", lop.prefix + "@")
         base = len(dag)
         if frag.repeated is not None and frag.plain:
@@ -732,15 +749,21 @@ def _flow_count(op: CommOp, plan: Plan, cache: dict) -> int:
     return cache[key]
 
 
-def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1) -> SizeEstimate:
+def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1, cycles: int = CYCLES) -> SizeEstimate:
     """Refuse, before building anything, a run above ``max_ops`` ops and flows together
     (default :data:`DEFAULT_MAX_OPS`), stating the estimate and the memory it would need.
     With ``replicas > 1`` one of that many identical replicas is simulated (g5core.build.symmetry):
-    its share is what counts."""
+    its share is what counts. A micro-batched step counts one whole step per micro-batch
+    (and per decode cycle, ``cycles`` of them): an upper bound, as a prompt chunk before the
+    last has no LM head."""
     limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
     if limit > ID_LIMIT:
         raise ConfigError("--max-ops", f"must be at most {ID_LIMIT:,} (op and flow ids are 32-bit), got {limit:,}")
     est = estimate_size(plan)
+    mb = plan.microbatches
+    if mb is not None:
+        copies = mb.count * (cycles if mb.cycles_apply else 1)
+        est = SizeEstimate(ops=est.ops * copies, flows=est.flows * copies)
     if replicas > 1:
         est = SizeEstimate(ops=est.ops // replicas, flows=est.flows // replicas, replicas=replicas)
     if est.total > limit:

@@ -21,7 +21,10 @@ from g5core.build.shape import LocalShape
 EMBED_LAYER = -1
 
 # Kinds whose default expansion creates no op: they exist so a plugin can claim them.
-SYNC_KINDS = frozenset({"boundary", "attn_in_gather", "attn_out_reduce", "ffn_in_gather", "ffn_out_reduce"})
+# ``token_return``: a decode micro-batch's sampled tokens handed from the LM head back to
+# the embedding of its next step (g5core.build.microbatch); nothing moves when they share chips.
+SYNC_KINDS = frozenset({"boundary", "attn_in_gather", "attn_out_reduce", "ffn_in_gather", "ffn_out_reduce",
+                        "token_return"})
 
 
 @attrs.frozen
@@ -35,8 +38,12 @@ class LogicalOp:
     kind: str
     layer: int
     inputs: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    #: the micro-batch it belongs to (``""``: the whole step; else a tag such as ``M1`` or
+    #: ``C2M1``, cycle 2 of micro-batch 1: g5core.build.microbatch), the first part of its id
+    micro: str = ""
     id: str = attrs.field(init=False, eq=False,
-                          default=attrs.Factory(lambda self: f"{layer_tag(self.layer)}.{self.kind}", takes_self=True))
+                          default=attrs.Factory(lambda self: (f"{self.micro}." if self.micro else "")
+                                                + f"{layer_tag(self.layer)}.{self.kind}", takes_self=True))
 
     @property
     def prefix(self) -> str:
@@ -54,12 +61,15 @@ def layer_tag(layer: int) -> str:
     return f"L{layer:03d}"
 
 
-def build_program(model: ModelSpec) -> tuple[LogicalOp, ...]:
-    """The logical ops of one forward step, in order, with their data dependencies."""
+def build_program(model: ModelSpec, micro: str = "", head: bool = True) -> tuple[LogicalOp, ...]:
+    """The logical ops of one forward step, in order, with their data dependencies.
+
+    ``micro``: the micro-batch tag of every op (g5core.build.microbatch); ``head=False``
+    leaves out the final norm and LM head (a prompt chunk before the last makes no token)."""
     ops: list[LogicalOp] = []
 
     def add(kind: str, layer: int, *inputs: LogicalOp) -> LogicalOp:
-        op = LogicalOp(kind, layer, tuple(i.id for i in inputs))
+        op = LogicalOp(kind, layer, tuple(i.id for i in inputs), micro=micro)
         ops.append(op)
         return op
 
@@ -82,6 +92,8 @@ def build_program(model: ModelSpec) -> tuple[LogicalOp, ...]:
             out = add("ffn_out_reduce", layer, routed, *shared)
         else:
             out = add("ffn_out_reduce", layer, add("ffn", layer, h))
+    if not head:
+        return tuple(ops)
     head = model.n_layers
     x = add("boundary", head, out)
     x = add("final_norm", head, x)
@@ -237,7 +249,7 @@ def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: Loc
                     kernels=projection_kernels(model, shape, kind, shape.tokens, wbytes, act)
                     + ((rotary_kernel(model, shape, act),) if kind == "qkv_proj" else ()))
     if kind == "attention":
-        block = "decode" if deployment.phase == "decode" else "causal"
+        block = "decode" if deployment.phase == "decode" else "prefix" if shape.prefix_tokens else "causal"
         fl, hb = attention_work(model, deployment, shape, shape.q_tokens, shape.kv_len)
         return Work(op_class="attention", flops=fl, hbm_bytes=hb, weight_class="", weight_elements=0.0,
                     kernels=(attention_kernel(model, deployment, shape, shape.q_tokens, shape.kv_len, block),))
@@ -294,6 +306,8 @@ def attention_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
     act = deployment.dtypes.activation_element_bytes
     if deployment.phase == "decode":
         return F.decode_attention(shape.batch, kv_len, shape.q_heads, d_qk, d_v, c_kv, act)
+    if shape.prefix_tokens and q_tokens + shape.prefix_tokens == kv_len:
+        return F.prefix_attention(shape.batch, q_tokens, kv_len, shape.q_heads, d_qk, d_v, c_kv, act)
     if q_tokens == kv_len:
         return F.prefill_attention(shape.batch, q_tokens, shape.q_heads, d_qk, d_v, c_kv, act)
     raise DagError(f"prefill attention over {q_tokens:g} of {kv_len:g} tokens (a sharded sequence) needs a plugin "

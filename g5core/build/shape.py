@@ -84,9 +84,15 @@ class LocalShape:
     vocab: float
     norm_tokens: float
     factors: tuple[tuple[str, int], ...]
+    #: tokens per sequence whose KV this chip holds from before this step (a prompt's earlier
+    #: chunks: g5core.build.microbatch), included in ``kv_len``; 0 for a whole prompt or decode
+    prefix_tokens: float = 0.0
 
     @classmethod
-    def from_factors(cls, deployment: Deployment, model: ModelSpec, factors: Mapping[str, int]) -> "LocalShape":
+    def from_factors(cls, deployment: Deployment, model: ModelSpec, factors: Mapping[str, int],
+                     prefix_tokens: int = 0) -> "LocalShape":
+        """``prefix_tokens``: a prefill's tokens per sequence already in the KV cache before
+        its ``seq_len`` new ones (they are attended over, not computed)."""
         b, s = deployment.batch, deployment.seq_len
         a = model.attention
         prefill = deployment.phase == "prefill"
@@ -98,7 +104,7 @@ class LocalShape:
             seq_len=s,
             tokens=tokens,
             q_tokens=(s / factors["tokens"]) if prefill else 1.0,
-            kv_len=s / factors["kv_len"],
+            kv_len=(s + prefix_tokens) / factors["kv_len"],
             q_heads=a.n_heads / factors["q_heads"],
             kv_heads=a.n_kv_heads / kv_shard,
             kv_shard=kv_shard,
@@ -110,6 +116,7 @@ class LocalShape:
             vocab=model.vocab_size / factors["vocab"],
             norm_tokens=tokens / factors["norm_tokens"],
             factors=tuple(sorted(factors.items())),
+            prefix_tokens=prefix_tokens / factors["kv_len"],
         )
 
     def factor(self, axis: str) -> int:

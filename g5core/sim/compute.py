@@ -33,7 +33,7 @@ import attrs
 from g5core.build import flops as F
 from g5core.api.errors import DagError, PluginError
 
-ATTENTION_BLOCKS = ("causal", "full", "decode")
+ATTENTION_BLOCKS = ("causal", "full", "decode", "prefix")  # prefix: causal over q_len new of kv_len keys
 ELEMENTWISE_KINDS = ("rmsnorm", "residual_add", "rotary", "embedding")
 
 
@@ -90,6 +90,8 @@ class Attention:
     def flops(self) -> float:
         if self.block == "causal":
             return F.causal_attention_flops(self.batch, self.q_len, self.heads, self.d_qk, self.d_v)
+        if self.block == "prefix":
+            return F.prefix_attention_flops(self.batch, self.q_len, self.kv_len, self.heads, self.d_qk, self.d_v)
         return F.block_attention_flops(self.batch, self.q_len, self.kv_len, self.heads, self.d_qk, self.d_v)
 
     @property

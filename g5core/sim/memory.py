@@ -149,7 +149,8 @@ def core_terms(ctx) -> list[MemoryTerm]:
             if 0 <= layer < m.n_layers:
                 layers_on[c].append(layer)
     c_kv = m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)
-    kv = {c: kv_cache_bytes(dep.batch, dep.seq_len, c_kv, len(layers_on[c]), s.factor("kv_len"),
+    # decode micro-batches cycling through the pipeline each keep their sequences' KV
+    kv = {c: kv_cache_bytes(dep.batch * ctx.resident_batches, dep.seq_len, c_kv, len(layers_on[c]), s.factor("kv_len"),
                             s.kv_shard * s.kv_cache_shard)
           for c in ctx.all_chips}
     acts = {c: activation_peak_bytes(ctx, layers_on[c]) for c in ctx.all_chips}

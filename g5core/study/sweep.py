@@ -151,16 +151,6 @@ def resolved_config(raw: Mapping, dims: DimensionRegistry) -> dict:
 # ----------------------------------------------------------------------------------------
 
 
-def tokens_per_s_per_chip(deployment: Deployment, latency_s: float) -> float:
-    """Tokens the whole deployment produces per second, per chip.
-
-    ``batch`` is per data-parallel replica (the configuration's contract), so the deployment
-    serves ``batch x dp`` sequences; prefill processes ``seq_len`` tokens of each, decode one.
-    """
-    per_seq = deployment.seq_len if deployment.phase == "prefill" else 1
-    return deployment.batch * deployment.size("dp") * per_seq / latency_s / deployment.chips
-
-
 def output_columns(out) -> dict[str, Any]:
     """The result columns of a database row from one :class:`~g5core.sim.run.RunOutput`."""
     data = out.to_json_dict()
@@ -168,7 +158,7 @@ def output_columns(out) -> dict[str, Any]:
     worst = max(mem.per_chip, key=lambda c: (c.total_bytes, -c.chip))
     return {
         "status": "ok", "error": None, "latency_s": out.latency_s, "ttft_s": data.get("ttft_s"),
-        "tpot_s": data.get("tpot_s"), "tokens_per_s_per_chip": tokens_per_s_per_chip(out.deployment, out.latency_s),
+        "tpot_s": data.get("tpot_s"), "tokens_per_s_per_chip": out.tokens_per_s_per_chip,
         "max_total_bytes": mem.max_total_bytes, "capacity_bytes": worst.capacity_bytes, "fits": int(mem.fits),
         "weights_bytes": worst.weights_bytes, "kv_cache_bytes": worst.kv_cache_bytes,
         "activation_bytes": worst.activation_bytes, "workspace_bytes": worst.workspace_bytes,

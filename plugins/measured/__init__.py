@@ -99,8 +99,13 @@ def gemm_ms(profile, kernel: Gemm, dtype: str, system):
 
 def _table_length(kernel: Attention) -> float:
     """The causal-table length with the block's FLOPs: ``q`` for a causal block,
-    ``sqrt(2 q kv)`` for an unmasked ``q x kv`` block (a CP ring step off the diagonal)."""
-    return kernel.q_len if kernel.block == "causal" else math.sqrt(2.0 * kernel.q_len * kernel.kv_len)
+    ``sqrt(2 q kv)`` for an unmasked ``q x kv`` block (a CP ring step off the diagonal),
+    ``sqrt(q (2 kv - q))`` for ``q`` causal queries over ``kv`` keys (a chunk after a prefix)."""
+    if kernel.block == "causal":
+        return kernel.q_len
+    if kernel.block == "prefix":
+        return math.sqrt(kernel.q_len * (2.0 * kernel.kv_len - kernel.q_len))
+    return math.sqrt(2.0 * kernel.q_len * kernel.kv_len)
 
 
 def attention_ms(profile, kernel: Attention, dtype: str, deployment, system):
