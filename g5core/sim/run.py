@@ -199,7 +199,7 @@ class RunOutput:
             out = self.sim.to_json_dict()
         else:
             out = self.math.to_json_dict()
-        out = {"path": dep.path, **out}
+        out = {"path": dep.path, **out, "tokens_per_s_per_chip": self.tokens_per_s_per_chip}
         out["deployment"] = dep.to_dict()
         out["memory"] = self.memory.to_json_dict()
         if self.sim is not None and self.math is not None:
