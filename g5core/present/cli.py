@@ -157,6 +157,18 @@ def _options_note(dep) -> str:
     return "".join(f" {plugin}.{name}" for plugin, values in dep.options for name, value in values if value is True)
 
 
+def _pipeline_line(p: dict, pp: int, tokens_per_s_per_chip: float) -> str:
+    """What a micro-batched run measured (g5core.build.microbatch)."""
+    if "chunk_tokens" in p:
+        sizes = sorted(set(p["chunk_tokens"]))
+        return (f"pipeline: every prompt in {p['microbatches']} chunks of {' or '.join(map(str, sizes))} tokens "
+                f"through {pp} stages; {tokens_per_s_per_chip:.4g} tokens/s/chip")
+    steady = "steady" if p["steady"] else "NOT steady"
+    return (f"pipeline: {p['microbatches']} micro-batches of {p['batch_sequences'][0]} sequences cycling through {pp} "
+            f"stages; step interval {_fmt_s(p['step_interval_s'])}, cycle {_fmt_s(p['cycle_s'])} (TPOT), "
+            f"{steady} after {p['cycles_simulated']} cycles; {tokens_per_s_per_chip:.4g} tokens/s/chip")
+
+
 def render_summary(out, trace_path=None, timeline_path=None) -> str:
     dep = out.deployment
     lines = []
@@ -166,6 +178,8 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
                  f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}, path {dep.path}")
     metric = "TTFT" if dep.phase == "prefill" else "TPOT"
     lines.append(f"{metric}: {_fmt_s(out.latency_s)}")
+    if out.sim is not None and out.sim.pipeline is not None:
+        lines.append(_pipeline_line(out.sim.pipeline, dep.size("pp"), out.tokens_per_s_per_chip))
     if out.sim is None:
         lines.append(f"closed form: compute {_fmt_s(out.math.compute_s)} + communication {_fmt_s(out.math.comm_s)} "
                      "(alpha-beta), no overlap, no contention")
