@@ -12,10 +12,8 @@ import numpy as np
 import pytest
 
 from g5core import ConfigError
-from g5core.build import flops as F
 from g5core.build.builder import build_dag
 from g5core.build.microbatch import microbatch_program
-from g5core.sim.compute import Attention
 from g5core.sim.memory import memory_report
 from g5core.sim.run import make_plan, run
 from g5core.study.search import best_layouts
@@ -148,14 +146,15 @@ def test_chunks_do_the_whole_prompts_work(prefill_runs):
 def test_later_chunks_attend_over_the_earlier_ones():
     plan = make_plan(_raw(phase="prefill", m=3, pp=2, batch=2, seq_len=3000))
     parts = plan.part_contexts
-    assert [p.shape.prefix_tokens for p in parts] == [0, 1000, 2000]
+    assert [p.shape.kv_len - p.shape.q_tokens for p in parts] == [0, 1000, 2000]
     assert [p.shape.kv_len for p in parts] == [1000, 2000, 3000]
     heads, d = plan.ctx.model.attention.n_heads, plan.ctx.model.attention.head_dim
     for p, prefix in zip(parts, (0, 1000, 2000)):
         work = p.work("attention")
         assert work.flops == pytest.approx(2 * 1000 * (2 * prefix + 1000) * heads * 2 * d, rel=1e-12)
         (kernel,) = work.kernels
-        assert kernel.block == ("causal" if prefix == 0 else "prefix") and kernel.flops == work.flops
+        assert kernel.block == "causal" and (kernel.q_len, kernel.kv_len) == (1000, 1000 + prefix)
+        assert kernel.flops == work.flops
     # chunk j's attention waits for chunk j-1's K/V at the same layer
     program = {lop.id: lop for lop in microbatch_program(plan.ctx, plan.microbatches, 1)}
     assert "M1.L005.qkv_proj" in program["M2.L005.attention"].inputs
@@ -164,17 +163,6 @@ def test_later_chunks_attend_over_the_earlier_ones():
     assert len(dag.ops) > 0
 
 
-@pytest.mark.parametrize("prefix, new", [(0, 1), (0, 4096), (1000, 1), (1000, 24), (30000, 2048), (7, 7)])
-def test_prefix_attention_flops_formula(prefix, new):
-    b, h, dqk, dv = 3, 8, 128, 96
-    flops, hbm = F.prefix_attention(b, new, prefix + new, h, dqk, dv, kv_bytes_per_token=512, act_bytes=2)
-    assert flops == b * new * (2 * prefix + new) * h * (dqk + dv)
-    assert hbm == F.attention_block_bytes(b, new, prefix + new, h, dqk, dv, 512, 2)
-    kernel = Attention(batch=b, q_len=new, kv_len=prefix + new, heads=h, kv_heads=2, d_qk=dqk, d_v=dv, block="prefix",
-                       kv_bytes_per_token=512, act_bytes=2)
-    assert kernel.flops == flops and kernel.hbm_bytes == hbm
-    if prefix == 0:   # no prefix: today's causal prefill
-        assert flops == F.causal_attention_flops(b, new, h, dqk, dv)
 
 
 # ------------------------------------------------------------------------------------------

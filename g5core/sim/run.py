@@ -165,16 +165,15 @@ class _Phases:
 def tokens_per_s_per_chip(deployment: Deployment, latency_s: float, resident_batches: int = 1) -> float:
     """Tokens the whole deployment produces per second, per chip.
 
-    ``batch`` is per data-parallel replica (the configuration's contract), so the deployment
-    serves ``batch x dp`` sequences, ``resident_batches`` times over where decode
-    micro-batches cycle through a pipeline; prefill processes ``seq_len`` tokens of each,
-    decode one. ``latency_s`` is the time those tokens take: a prefill's TTFT, or a
-    decode's time per output token, which with micro-batches is the engine's steady cycle
-    (every micro-batch makes one token per cycle: the pipelined throughput). Without
-    micro-batches a pipeline holds one batch, in one stage at a time."""
-    per_seq = deployment.seq_len if deployment.phase == "prefill" else 1
-    sequences = deployment.batch * resident_batches * deployment.size("dp")
-    return sequences * per_seq / latency_s / deployment.chips
+    The step's counts are per data-parallel replica (the configuration's contract), so the
+    deployment runs ``dp`` times the step's new tokens (prefill shorthand: ``batch x seq_len``
+    per replica; decode: ``batch``), ``resident_batches`` times over where decode
+    micro-batches cycle through a pipeline. ``latency_s`` is the time those tokens take: a
+    prefill's TTFT, or a decode's time per output token, which with micro-batches is the
+    engine's steady cycle (every micro-batch makes one token per cycle: the pipelined
+    throughput). Without micro-batches a pipeline holds one batch, in one stage at a time."""
+    tokens = deployment.step.new_tokens * resident_batches * deployment.size("dp")
+    return tokens / latency_s / deployment.chips
 
 
 @attrs.frozen(eq=False)

@@ -80,6 +80,9 @@ def g5_validate_deployment(deployment, model, system):
     if m == 1:
         return
     field = "plugins.pp.microbatches"
+    if not deployment.uniform:
+        raise ConfigError(field, f"micro-batches split a batch given by phase/batch/seq_len; this step: list is one "
+                                 f"engine iteration of its own; use {field}: 1 or the shorthand")
     decode = deployment.phase == "decode"
     if not decode and m > deployment.seq_len:
         raise ConfigError(field, f"{m} chunks cannot be cut from seq_len={deployment.seq_len} prompt tokens; "
