@@ -143,6 +143,14 @@ def test_chunks_do_the_whole_prompts_work(prefill_runs):
     assert total(prefill_runs[4]) == pytest.approx(total(prefill_runs[1]), rel=1e-12)
 
 
+def test_chunked_prefill_needs_a_chunks_activations_and_the_whole_prompts_kv():
+    whole = memory_report(make_plan(_raw(phase="prefill", m=1, batch=1, seq_len=131072)).ctx)
+    chunked = memory_report(make_plan(_raw(phase="prefill", m=4, batch=1, seq_len=131072)).ctx)
+    for a, b in zip(whole.per_chip, chunked.per_chip):
+        assert b.activation_bytes == pytest.approx(a.activation_bytes / 4, rel=1e-12)
+        assert b.kv_cache_bytes == a.kv_cache_bytes and b.weights_bytes == a.weights_bytes
+
+
 def test_later_chunks_attend_over_the_earlier_ones():
     plan = make_plan(_raw(phase="prefill", m=3, pp=2, batch=2, seq_len=3000))
     parts = plan.part_contexts

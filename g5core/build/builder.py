@@ -51,6 +51,9 @@ class BuildContext:
     #: batches of ``deployment.batch`` sequences whose KV the chips keep at once: the decode
     #: micro-batches cycling through a pipeline (g5core.build.microbatch), else 1
     resident_batches: int = 1
+    #: the shape whose activations a chip holds at its peak, where not ``shape``'s: the
+    #: largest prompt chunk of a chunked (micro-batched) prefill
+    activation_shape: Optional[LocalShape] = attrs.field(default=None, repr=False)
 
     def restricted(self, chips: tuple[int, ...]) -> "BuildContext":
         """The same context with ops placed on ``chips`` only."""
@@ -181,6 +184,8 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
     parts = tuple(part_contexts(ctx, mb)) if mb is not None else ()
     if mb is not None and mb.cycles_apply:
         ctx.resident_batches = mb.count
+    elif mb is not None:
+        ctx.activation_shape = max((p.shape for p in parts), key=lambda s: s.tokens)
     return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks), microbatches=mb,
                 part_contexts=parts)
 

@@ -11,8 +11,10 @@ one batch goes through every stage in turn, so TTFT and TPOT include every stage
 stage idles while the others work. With ``m > 1``:
 
 - decode: ``m`` independent micro-batches of ``batch`` sequences each cycle through the
-  stages, one in flight per stage at ``m = pp`` (vLLM's virtual engines, one scheduled
-  batch per stage); the replica holds ``m x batch`` sequences (their KV is on the chips), and
+  stages, one in flight per stage at ``m = pp``: vLLM's virtual engines (vllm/engine/
+  llm_engine.py makes one Scheduler, each with its own batch, per pipeline stage, and its
+  distributed executors lock each stage "so multiple virtual engines can't execute on the
+  same stage at the same time"); the replica holds ``m x batch`` sequences (their KV is on the chips), and
   each micro-batch's sampled token ids go back from the last stage to the first
   (``pp_token``, int32 ids) before its next step;
 - prefill: every prompt is split into ``m`` consecutive chunks (sizes differing by at most
@@ -24,8 +26,8 @@ from __future__ import annotations
 
 from g5core import ConfigError, Dimension, Fragment, Microbatches, PluginOption, hookimpl
 
-#: Bytes of one sampled token id sent back to the first stage: vLLM's sampler returns
-#: ``sampled_token_ids`` as int32 (vllm/v1/outputs.py, SamplerOutput).
+#: Bytes of one sampled token id sent back to the first stage: vLLM's sampler casts the
+#: sampled ids to int32 "to reduce the tensor size" (vllm/v1/sample/sampler.py, Sampler.forward).
 TOKEN_ID_BYTES = 4
 
 
