@@ -241,3 +241,28 @@ def test_best_ranks_pp_layouts_on_pipelined_throughput(tmp_path):
     dp4 = next(c for c in result.ranked if c.parallel["dp"] == 4)
     # with 4 micro-batches the pipeline is no longer a quarter of the data-parallel layout
     assert pp4.tokens_per_s_per_chip > 0.75 * dp4.tokens_per_s_per_chip
+
+
+# ------------------------------------------------------------------------------------------
+# The hook's contract: a plugin's bad split names the plugin
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("answer, words", [
+    ({"chunks": (100, 100)}, "do not add up to seq_len=512"),
+    ({"batches": (8, 4)}, "must each be batch=8"),
+    ({"batches": (8,), "chunks": (512,)}, "exactly one"),
+    ({"chunks": (512, 0)}, "positive int"),
+])
+def test_a_plugins_bad_split_is_refused_naming_it(answer, words):
+    from g5core import Microbatches, PluginError, hookimpl
+
+    class Splitter:
+        @hookimpl
+        def g5_microbatches(self, deployment, model):
+            return Microbatches("plugins.splitter.parts", **answer)
+
+    phase = "prefill" if "chunks" in answer else "decode"
+    with pytest.raises(PluginError, match=words) as exc:
+        make_plan(_raw(phase=phase, m=None, pp=2, seq_len=512), extra_plugins=[("splitter", Splitter())])
+    assert exc.value.plugin == "splitter"
