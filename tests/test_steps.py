@@ -245,8 +245,8 @@ def _per_rank(res, reason: str) -> float:
 @pytest.mark.parametrize("t,p,count", [(2048, 30720, 1), (8192, 8192, 2), (1024, 0, 1)])
 def test_partial_prefill_bytes_per_rank_follow_the_formulas(t, p, count):
     step = [StepGroup(new_tokens=t, cached_tokens=p, count=count)]
-    kv = _cp_plan("pass_kv").simulate(step)
-    q = _cp_plan("pass_q").simulate(step)
+    kv = _cp_plan("pass_kv").simulate(step, detail=True)
+    q = _cp_plan("pass_q").simulate(step, detail=True)
     m = _cp_plan("pass_kv").plan.ctx.model
     layers, cp, e = m.n_layers, 4, 2
     heads, d = m.attention.n_heads / 2, m.attention.head_dim
@@ -263,11 +263,11 @@ def test_partial_prefill_bytes_per_rank_follow_the_formulas(t, p, count):
 
 def test_pass_q_moves_fewer_bytes_at_a_small_new_share():
     step = [StepGroup(new_tokens=1024, cached_tokens=64512, count=1)]      # T/(T+P) = 1/64
-    kv = _cp_plan("pass_kv").simulate(step)
-    q = _cp_plan("pass_q").simulate(step)
+    kv = _cp_plan("pass_kv").simulate(step, detail=True)
+    q = _cp_plan("pass_q").simulate(step, detail=True)
     assert _per_rank(q, "cp_passq_prefill") + _per_rank(q, "cp_passq_prefill_return") < _per_rank(kv, "cp_passkv") / 4
     whole = [StepGroup(new_tokens=65536, count=1)]                             # T/(T+P) = 1
-    kv, q = _cp_plan("pass_kv").simulate(whole), _cp_plan("pass_q").simulate(whole)
+    kv, q = _cp_plan("pass_kv").simulate(whole, detail=True), _cp_plan("pass_q").simulate(whole, detail=True)
     assert _per_rank(q, "cp_passq_prefill") + _per_rank(q, "cp_passq_prefill_return") > _per_rank(kv, "cp_passkv")
 
 
