@@ -296,3 +296,36 @@ def test_auto_picks_per_the_papers_rule_and_says_so():
 def test_a_mixed_step_under_cp_is_refused():
     with pytest.raises(ConfigError, match="mixing prefill and decode"):
         run(dict(CP4, step=[{"new_tokens": 1024, "count": 1}, {"new_tokens": 1, "cached_tokens": 1023, "count": 4}]))
+
+
+# ----------------------------------------------------------------------------------------
+# The prepared plan reuses the op DAG of a step structure
+# ----------------------------------------------------------------------------------------
+
+
+def _sim_json(sim) -> dict:
+    data = json.loads(json.dumps(sim.to_json_dict(), sort_keys=True, allow_nan=False))
+    data.pop("sim_wall_s")
+    return data
+
+
+def test_a_reused_dag_gives_the_fresh_runs_results_bit_for_bit():
+    plan = g5core.prepare(DECODE, overrides=TP8)
+    base = {k: v for k, v in load_raw(DECODE, TP8).items() if k not in ("phase", "batch", "seq_len")}
+    plan.simulate(Step.decode(16, 4096))
+    plan.simulate([StepGroup(new_tokens=256, count=1), StepGroup(new_tokens=1, cached_tokens=99, count=8)])
+    for step in (Step.decode(16, 30000),
+                 Step([StepGroup(new_tokens=256, cached_tokens=4096, count=1),
+                       StepGroup(new_tokens=1, cached_tokens=2047, count=8)])):
+        reused = plan.simulate(step, detail=True)
+        fresh = run(dict(base, step=step.to_list()))
+        assert _sim_json(reused.sim) == _sim_json(fresh.sim)
+    assert plan.cache_info()["dags_reused"] == 2
+
+
+def test_no_dag_is_reused_where_the_cached_tokens_shape_the_ops():
+    plan = _cp_plan("pass_kv")
+    plan.simulate([StepGroup(new_tokens=1024, cached_tokens=1024, count=1)])
+    res = plan.simulate([StepGroup(new_tokens=1024, cached_tokens=8192, count=1)], detail=True)
+    assert plan.cache_info()["dags_reused"] == 0
+    assert res.latency_s == run(dict(CP4, step=res.step.to_list())).latency_s
