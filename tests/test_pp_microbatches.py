@@ -266,3 +266,21 @@ def test_a_plugins_bad_split_is_refused_naming_it(answer, words):
     with pytest.raises(PluginError, match=words) as exc:
         make_plan(_raw(phase=phase, m=None, pp=2, seq_len=512), extra_plugins=[("splitter", Splitter())])
     assert exc.value.plugin == "splitter"
+
+
+def test_the_size_guard_counts_every_micro_batch_and_cycle():
+    from g5core import G5Error
+    from g5core.build.builder import check_size
+
+    whole = check_size(make_plan(_raw(m=1, pp=2, seq_len=512)))
+    split = check_size(make_plan(_raw(m=3, pp=2, seq_len=512)))
+    # 3 micro-batches, 4 cycles each, each step with its token return (one send, one flow)
+    assert split.total == 3 * 4 * (whole.total + 2)
+    out = run(_raw(m=3, pp=2, seq_len=512), symmetry=False)
+    assert out.sim.ops + out.sim.flows == split.total - 3 * 2   # the first cycle returns no tokens
+    chunks = check_size(make_plan(_raw(phase="prefill", m=3, pp=2, seq_len=512)))
+    out = run(_raw(phase="prefill", m=3, pp=2, seq_len=512), symmetry=False)
+    assert chunks.total == 3 * check_size(make_plan(_raw(phase="prefill", m=1, pp=2, seq_len=512))).total
+    assert out.sim.ops + out.sim.flows < chunks.total   # two chunks without the LM head
+    with pytest.raises(G5Error, match="--max-ops"):
+        run(_raw(m=3, pp=2, seq_len=512), max_ops=2 * whole.total)

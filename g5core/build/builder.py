@@ -22,7 +22,7 @@ from g5core.api.errors import ConfigError, DagError, G5Error, PluginError, Resou
 from g5core.build.flops import activation_tensor_bytes
 from g5core.build.microbatch import CYCLES, Microbatches, collect_microbatches, part_contexts
 from g5core.build.layers import (
-    SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token,
+    EMBED_LAYER, SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token,
 )
 from g5core.inputs.models import ModelSpec, get_model
 from g5core.api.plugins import Hooks, describe_plugins
@@ -793,13 +793,16 @@ def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1, cycles
     (default :data:`DEFAULT_MAX_OPS`), stating the estimate and the memory it would need.
     With ``replicas > 1`` one of that many identical replicas is simulated (g5core.build.symmetry):
     its share is what counts. A micro-batched step counts one whole step per micro-batch
-    (and per decode cycle, ``cycles`` of them): an upper bound, as a prompt chunk before the
-    last has no LM head."""
+    (and per decode cycle, ``cycles`` of them, each with its token return): an upper bound,
+    as a prompt chunk before the last has no LM head and the first cycle returns no tokens."""
     limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
     if limit > ID_LIMIT:
         raise ConfigError("--max-ops", f"must be at most {ID_LIMIT:,} (op and flow ids are 32-bit), got {limit:,}")
-    est = estimate_size(plan)
     mb = plan.microbatches
+    program = build_program(plan.ctx.model)
+    if mb is not None and mb.cycles_apply:   # each step of a cycling micro-batch gets its tokens back
+        program = (LogicalOp("token_return", EMBED_LAYER),) + program
+    est = estimate_size(plan, program)
     if mb is not None:
         copies = mb.count * (cycles if mb.cycles_apply else 1)
         est = SizeEstimate(ops=est.ops * copies, flows=est.flows * copies)

@@ -97,7 +97,7 @@ def _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, ti
         contexts = {tag(c, j, cycles): part for c in range(cycles) for j, part in enumerate(plan.part_contexts)}
         program = microbatch_program(plan.ctx, mb, cycles)
         result = _simulate_program(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops,
-                                   program=program, contexts=contexts)
+                                   program=program, contexts=contexts, cycles=cycles)
         if not mb.cycles_apply:
             pipeline = {"microbatches": mb.count, "chunk_tokens": list(mb.chunks), "simulated_steps": mb.count}
             return attrs.evolve(result, pipeline=pipeline)
@@ -115,7 +115,7 @@ def _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, ti
 
 
 def _simulate_program(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops,
-                      program=None, contexts=None) -> SimResult:
+                      program=None, contexts=None, cycles: int = CYCLES) -> SimResult:
     say = progress or (lambda line: None)
     clock = _Phases(timings)
     t0 = time.perf_counter()
@@ -131,7 +131,7 @@ def _simulate_program(plan, engine_cls, check, progress, record_port_rates, symm
         clock("compile_s")
     if reason is not None:
         sym = sym.refused(reason)
-        check_size(plan, max_ops)
+        check_size(plan, max_ops, cycles=cycles)
         say(f"simulating every chip: {reason}; building the op DAG")
         dag = build_dag(plan, program, contexts=contexts)
         clock("build_s")
