@@ -14,7 +14,7 @@ KV pool from the ledger.
 """
 from .sim.collective import Lowering, idle_transfer_s
 from .build.topology import Topology
-from .build.microbatch import Microbatches
+from .build.microbatch import PipelineMicrobatches
 from .build.dag import CommOp, ComputeOp, Fragment
 from .api.dimensions import Dimension
 from .api.errors import ConfigError, DagError, G5Error, PluginError
@@ -31,7 +31,7 @@ from .sim.prepared import PreparedPlan, StepMemory, StepResult, prepare
 
 __all__ = [
     "CommOp", "ComputeOp", "ConfigError", "DagError", "Dimension", "Fragment", "G5Error", "Hooks", "Lowering",
-    "MemoryTerm", "Microbatches", "PluginError", "PluginInfo", "PluginOption", "PreparedPlan", "Step", "StepGroup", "StepMemory",
+    "MemoryTerm", "PipelineMicrobatches", "PluginError", "PluginInfo", "PluginOption", "PreparedPlan", "Step", "StepGroup", "StepMemory",
     "StepResult", "Topology", "Work", "activation_tensor_bytes",
     "attention_dims", "attention_kernel", "attention_kernel_of", "attention_work", "causal_attention_flops", "default_work", "describe_plugins",
     "hookimpl", "idle_transfer_s", "local_kv_bytes_per_token", "make_plugin_manager", "prepare", "step_attention_work",

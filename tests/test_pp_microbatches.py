@@ -84,7 +84,7 @@ def test_one_forward_at_a_time_per_stage(decode_runs):
     sim = decode_runs[4].sim
     dag, start = sim.dag, sim.start_s
     chip = np.asarray(sim.compiled.chip)
-    tags = np.asarray([dag.stems[s].split(".", 1)[0] if s >= 0 else "" for s in dag.key_stem])
+    tags = np.asarray([dag.stems[s].split(".")[1] if s >= 0 else "" for s in dag.key_stem])
     for c in range(4):
         ops = np.flatnonzero(chip == c)
         seq = tags[ops[np.argsort(start[ops], kind="stable")]]
@@ -165,9 +165,9 @@ def test_later_chunks_attend_over_the_earlier_ones():
         assert kernel.flops == work.flops
     # chunk j's attention waits for chunk j-1's K/V at the same layer
     program = {lop.id: lop for lop in microbatch_program(plan.ctx, plan.microbatches, 1)}
-    assert "M1.L005.qkv_proj" in program["M2.L005.attention"].inputs
-    assert "lm_head" not in {lop.kind for lop in program.values() if lop.micro != "M2"}
-    dag = build_dag(plan, tuple(program.values()), contexts={f"M{j}": p for j, p in enumerate(parts)})
+    assert "L005.m1.qkv_proj" in program["L005.m2.attention"].inputs
+    assert "lm_head" not in {lop.kind for lop in program.values() if lop.micro != 2}
+    dag = build_dag(plan, tuple(program.values()), contexts=dict(enumerate(parts)))
     assert len(dag.ops) > 0
 
 
@@ -255,12 +255,12 @@ def test_best_ranks_pp_layouts_on_pipelined_throughput(tmp_path):
     ({"chunks": (512, 0)}, "positive int"),
 ])
 def test_a_plugins_bad_split_is_refused_naming_it(answer, words):
-    from g5core import Microbatches, PluginError, hookimpl
+    from g5core import PipelineMicrobatches, PluginError, hookimpl
 
     class Splitter:
         @hookimpl
-        def g5_microbatches(self, deployment, model):
-            return Microbatches("plugins.splitter.parts", **answer)
+        def g5_pipeline_microbatches(self, deployment, model):
+            return PipelineMicrobatches("plugins.splitter.parts", **answer)
 
     phase = "prefill" if "chunks" in answer else "decode"
     with pytest.raises(PluginError, match=words) as exc:

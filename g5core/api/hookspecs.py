@@ -28,7 +28,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from g5core.inputs.systems import SystemSpec
     from g5core.sim.collective import Lowering
     from g5core.build.topology import Topology
-    from g5core.build.microbatch import Microbatches
+    from g5core.build.microbatch import PipelineMicrobatches
     from g5core.api.options import PluginOption
     from g5core.study.sweep import SweepPreset
 
@@ -97,11 +97,11 @@ def g5_shard_factors(
 
 
 @hookspec
-def g5_microbatches(deployment: "Deployment", model: "ModelSpec") -> Optional["Microbatches"]:
+def g5_pipeline_microbatches(deployment: "Deployment", model: "ModelSpec") -> Optional["PipelineMicrobatches"]:
     """Split the step into micro-batches that follow one another through the layers' chips
     (collect-all; at most one plugin may answer).
 
-    Return :class:`g5core.build.microbatch.Microbatches`: ``batches`` (decode micro-batches
+    Return :class:`g5core.build.microbatch.PipelineMicrobatches`: ``batches`` (decode micro-batches
     of sequences, which cycle) or ``chunks`` (consecutive prompt chunks), adding up to the
     deployment's ``batch`` or ``seq_len``; ``None`` (or one part) leaves the step whole. Each
     part is validated as a deployment of its own (``g5_validate_deployment``).

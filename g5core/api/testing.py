@@ -378,20 +378,20 @@ def _stable_deployment_answers(plugin: str, check, raw: Mapping, extra_plugins: 
 
 
 @_contract_check
-def check_microbatches(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
-    """``g5_microbatches``: ``None`` or a :class:`~g5core.build.microbatch.Microbatches` whose
+def check_pipeline_microbatches(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_pipeline_microbatches``: ``None`` or a :class:`~g5core.build.microbatch.PipelineMicrobatches` whose
     parts are the step's (decode batches of ``batch`` sequences, prefill chunks adding up
     to ``seq_len``), the same on two calls.
     """
-    from g5core.build.microbatch import Microbatches
+    from g5core.build.microbatch import PipelineMicrobatches
 
     for raw in _as_configs(configs, extra_plugins):
-        ctx, answers = _stable_deployment_answers(plugin, check_microbatches, raw, extra_plugins, "g5_microbatches")
+        ctx, answers = _stable_deployment_answers(plugin, check_pipeline_microbatches, raw, extra_plugins, "g5_pipeline_microbatches")
         for answer in answers:
             if answer is None:
                 continue
-            if not isinstance(answer, Microbatches):
-                raise _fail(plugin, check_microbatches, f"{_where(raw)} returned {answer!r}, not Microbatches")
+            if not isinstance(answer, PipelineMicrobatches):
+                raise _fail(plugin, check_pipeline_microbatches, f"{_where(raw)} returned {answer!r}, not PipelineMicrobatches")
             answer.check(ctx.deployment, plugin)
 
 
@@ -838,7 +838,7 @@ HOOK_CHECKS: Mapping[str, tuple[CheckFn, ...]] = {
     "g5_register_shard_axes": (check_shard_axes,),
     "g5_validate_deployment": (check_validate_deployment,),
     "g5_shard_factors": (check_shard_factors,),
-    "g5_microbatches": (check_microbatches,),
+    "g5_pipeline_microbatches": (check_pipeline_microbatches,),
     "g5_layer_chips": (check_placement,),
     "g5_place_op": (check_placement,),
     "g5_expand_op": (check_fragments,),

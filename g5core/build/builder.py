@@ -20,7 +20,7 @@ from g5core.build.dag import (ID_DTYPE, ID_LIMIT, KEY_VERBATIM, CommOp, ComputeO
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError, ResourceError
 from g5core.build.flops import activation_tensor_bytes
-from g5core.build.microbatch import CYCLES, Microbatches, collect_microbatches, part_contexts
+from g5core.build.microbatch import CYCLES, PipelineMicrobatches, collect_pipeline_microbatches, part_contexts
 from g5core.build.layers import (
     EMBED_LAYER, SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token,
 )
@@ -159,7 +159,7 @@ class Plan:
     ctx: BuildContext
     primitives: Mapping
     #: the step's split into micro-batches (g5core.build.microbatch), None for a whole step
-    microbatches: Optional[Microbatches] = None
+    microbatches: Optional[PipelineMicrobatches] = None
     #: one build context per micro-batch, in order
     part_contexts: tuple = ()
     #: the compute-latency lookup to compile with, when one outlives the run (a prepared
@@ -195,7 +195,7 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
         raise ConfigError("parallel", str(exc)) from None
     topology = make_topology(hooks, system, rankmap.chips)
     ctx = BuildContext(deployment, model, system, dims, rankmap, shape, topology, hooks)
-    mb = collect_microbatches(hooks, deployment, model)
+    mb = collect_pipeline_microbatches(hooks, deployment, model)
     parts = tuple(part_contexts(ctx, mb)) if mb is not None else ()
     if mb is not None and mb.cycles_apply:
         ctx.resident_batches = mb.count
@@ -284,10 +284,10 @@ def expand(ctx: BuildContext, lop: LogicalOp) -> tuple[str, Fragment]:
 
 
 def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
-              chips: tuple[int, ...] | None = None, contexts: Mapping[str, BuildContext] | None = None) -> OpDag:
+              chips: tuple[int, ...] | None = None, contexts: Mapping[int, BuildContext] | None = None) -> OpDag:
     """The op DAG; with ``chips``, only the ops placed on them (one symmetric replica).
 
-    ``contexts``: the build context of each micro-batch tag (``LogicalOp.micro``) of a
+    ``contexts``: the build context of each program copy (``LogicalOp.micro``) of a
     micro-batched program (g5core.build.microbatch); the plan's for the others.
 
     Ops, edges and each logical op's outputs (its tails per chip) are op ids; no key string
@@ -297,7 +297,7 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
     for repeats within each fragment, and across the whole DAG only otherwise."""
     ctx = plan.ctx if chips is None else plan.ctx.restricted(chips)
     program = program if program is not None else build_program(ctx.model)
-    by_tag = {t: (c if chips is None else c.restricted(chips)) for t, c in (contexts or {}).items()}
+    by_copy = {k: (c if chips is None else c.restricted(chips)) for k, c in (contexts or {}).items()}
     dag = OpDag()
     n_chips = ctx.rankmap.chips
     seen: dict[str, int] | None = None if _prefix_free(program) else {}
@@ -309,7 +309,7 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
     pairs = dag.edge_pairs
     tiles_cache = _TileCache()
     for at, lop in enumerate(program):
-        owner, frag = expand(by_tag.get(lop.micro, ctx) if by_tag else ctx, lop)
+        owner, frag = expand(by_copy.get(lop.micro, ctx) if by_copy else ctx, lop)
         prefixes = (lop.prefix + ".", lop.prefix + "@")
         base = len(dag)
         if frag.repeated is not None and frag.plain:

@@ -38,12 +38,13 @@ class LogicalOp:
     kind: str
     layer: int
     inputs: tuple[str, ...] = attrs.field(converter=tuple, default=())
-    #: the micro-batch it belongs to (``""``: the whole step; else a tag such as ``M1`` or
-    #: ``C2M1``, cycle 2 of micro-batch 1: g5core.build.microbatch), the first part of its id
-    micro: str = ""
+    #: which copy of the program it belongs to when the step runs as micro-batches
+    #: (g5core.build.microbatch: micro-batch ``j`` of cycle ``c`` is copy ``c * m + j``);
+    #: -1: the whole step
+    micro: int = attrs.field(default=-1, kw_only=True)
     id: str = attrs.field(init=False, eq=False,
-                          default=attrs.Factory(lambda self: (f"{self.micro}." if self.micro else "")
-                                                + f"{layer_tag(self.layer)}.{self.kind}", takes_self=True))
+                          default=attrs.Factory(lambda self: f"{layer_tag(self.layer)}{micro_tag(self.micro)}"
+                                                             f".{self.kind}", takes_self=True))
 
     @property
     def prefix(self) -> str:
@@ -55,16 +56,21 @@ class LogicalOp:
         return f"{self.id}.{part}@c{chip}" if part else f"{self.id}@c{chip}"
 
 
+def micro_tag(micro: int) -> str:
+    """``.m0``, ``.m1``... in the ids of a micro-batch's ops; nothing for the whole step."""
+    return "" if micro < 0 else f".m{micro}"
+
+
 def layer_tag(layer: int) -> str:
     if layer < 0:
         return "E"
     return f"L{layer:03d}"
 
 
-def build_program(model: ModelSpec, micro: str = "", head: bool = True) -> tuple[LogicalOp, ...]:
+def build_program(model: ModelSpec, micro: int = -1, head: bool = True) -> tuple[LogicalOp, ...]:
     """The logical ops of one forward step, in order, with their data dependencies.
 
-    ``micro``: the micro-batch tag of every op (g5core.build.microbatch); ``head=False``
+    ``micro``: the program copy every op belongs to (g5core.build.microbatch); ``head=False``
     leaves out the final norm and LM head (a prompt chunk before the last makes no token)."""
     ops: list[LogicalOp] = []
 

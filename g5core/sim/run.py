@@ -15,7 +15,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import attrs
 
 from g5core.build.builder import Plan, build_dag, check_size, prepare
-from g5core.build.microbatch import CYCLES, MAX_CYCLES, head_end_times, microbatch_program, steady_cycle_s, tag
+from g5core.build.microbatch import (
+    CYCLES, MAX_CYCLES, copy_contexts, head_end_times, microbatch_program, steady_cycle_s,
+)
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.config import Deployment, apply_overrides, disabled_from_config, load_config_file
 from g5core.sim.engine import Engine, compile_dag
@@ -94,7 +96,7 @@ def _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, ti
     cycles = CYCLES if mb.cycles_apply else 1
     n_layers = plan.ctx.model.n_layers
     while True:
-        contexts = {tag(c, j, cycles): part for c in range(cycles) for j, part in enumerate(plan.part_contexts)}
+        contexts = copy_contexts(plan, cycles)
         program = microbatch_program(plan.ctx, mb, cycles)
         result = _simulate_program(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops,
                                    program=program, contexts=contexts, cycles=cycles)

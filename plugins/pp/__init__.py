@@ -24,7 +24,7 @@ stage idles while the others work. With ``m > 1``:
 """
 from __future__ import annotations
 
-from g5core import ConfigError, Dimension, Fragment, Microbatches, PluginOption, hookimpl
+from g5core import ConfigError, Dimension, Fragment, PipelineMicrobatches, PluginOption, hookimpl
 
 #: Bytes of one sampled token id sent back to the first stage: vLLM's sampler casts the
 #: sampled ids to int32 "to reduce the tensor size" (vllm/v1/sample/sampler.py, Sampler.forward).
@@ -97,13 +97,13 @@ def g5_validate_deployment(deployment, model, system):
 
 
 @hookimpl
-def g5_microbatches(deployment, model):
+def g5_pipeline_microbatches(deployment, model):
     m = microbatches(deployment)
     if m == 1:
         return None
     if deployment.phase == "decode":
-        return Microbatches("plugins.pp.microbatches", batches=(deployment.batch,) * m)
-    return Microbatches("plugins.pp.microbatches", chunks=split(deployment.seq_len, m))
+        return PipelineMicrobatches("plugins.pp.microbatches", batches=(deployment.batch,) * m)
+    return PipelineMicrobatches("plugins.pp.microbatches", chunks=split(deployment.seq_len, m))
 
 
 @hookimpl
