@@ -205,12 +205,40 @@ def test_refused_combinations_name_the_field():
     with pytest.raises(ConfigError, match="math path") as exc:
         make_plan(_raw(m=2, pp=2, path="math"))
     assert exc.value.field == "plugins.pp.microbatches"
-    raw = _raw(phase="prefill", m=2, pp=2, seq_len=512)
+    # a chunk the CP plugin refuses (2731 tokens: not divisible by 2 x cp)
+    raw = _raw(phase="prefill", m=3, pp=2, seq_len=8192)
     raw["parallel"]["cp"] = 2
     raw["chips"] = 4
-    with pytest.raises(ConfigError, match="cp=2") as exc:
+    with pytest.raises(ConfigError, match=r"micro-batch 0 \(tokens 0..2730\) is refused .*2 x cp") as exc:
+        make_plan(raw)
+    assert exc.value.field == "plugins.pp.microbatches" and "\n" not in str(exc.value)
+    # a step: list is one engine iteration of its own
+    raw = _raw(m=2, pp=2)
+    for key in ("phase", "batch", "seq_len"):
+        raw.pop(key)
+    raw["step"] = [{"new_tokens": 1, "cached_tokens": 100, "count": 4}, {"new_tokens": 64, "cached_tokens": 0, "count": 1}]
+    with pytest.raises(ConfigError, match="shorthand") as exc:
         make_plan(raw)
     assert exc.value.field == "plugins.pp.microbatches"
+
+
+@pytest.mark.parametrize("extra", [{"cp": 2}, {"sp": 2}], ids=["cp-pass-kv", "ulysses"])
+def test_chunked_prefill_with_sequence_parallel_attention(extra):
+    # the chunks run the sequence-sharding plugin's attention over their cached prefix
+    # (pass-KV over the prefix, Ulysses over whole sequences): the same FLOPs, a lower TTFT
+    def total(out):
+        d = out.sim.compiled
+        return math.fsum(np.asarray(d.flops, dtype=float)[~np.asarray(d.is_comm)].tolist())
+
+    def raw(m):
+        r = _raw(phase="prefill", m=m, pp=2, batch=1, seq_len=8192)
+        r["parallel"].update(extra)
+        r["chips"] = 4
+        return r
+
+    whole, chunked = run(raw(1)), run(raw(4))
+    assert total(chunked) == pytest.approx(total(whole), rel=1e-12)
+    assert chunked.latency_s < 0.9 * whole.latency_s
 
 
 def test_cli_bad_m_exits_2_and_writes_nothing(tmp_path):

@@ -19,8 +19,9 @@ stage idles while the others work. With ``m > 1``:
   (``pp_token``, int32 ids) before its next step;
 - prefill: every prompt is split into ``m`` consecutive chunks (sizes differing by at most
   one token, the larger first), which follow one another through the stages (chunked
-  pipeline parallelism, as SGLang runs it); a chunk attends over the earlier ones. ``m``
-  may not exceed the prompt's tokens.
+  pipeline parallelism, as SGLang runs it); chunk ``j`` is the step of its tokens after
+  the earlier chunks' (a partial prefill, which CP and Ulysses run over their shards). ``m``
+  may not exceed the prompt's tokens, and each chunk must be one the plugins accept.
 """
 from __future__ import annotations
 
@@ -91,9 +92,6 @@ def g5_validate_deployment(deployment, model, system):
                                  f"use at most {deployment.seq_len}")
     if deployment.path == "math":
         raise ConfigError(field, f"the math path has no pipeline schedule; use path: g5 or {field}: 1")
-    if not decode and deployment.size("cp") > 1:
-        raise ConfigError(field, f"chunked prefill with cp={deployment.size('cp')} is not modelled (the CP ring "
-                                 f"over a cached prefix is not built); use {field}: 1 or cp: 1")
 
 
 @hookimpl
