@@ -312,3 +312,14 @@ def test_the_size_guard_counts_every_micro_batch_and_cycle():
     assert out.sim.ops + out.sim.flows < chunks.total   # two chunks without the LM head
     with pytest.raises(G5Error, match="--max-ops"):
         run(_raw(m=3, pp=2, seq_len=512), max_ops=2 * whole.total)
+
+
+def test_each_chunk_says_what_cp_auto_chose_for_it():
+    raw = _raw(phase="prefill", m=4, pp=2, batch=1, seq_len=8192)
+    raw["parallel"]["cp"] = 2
+    raw["chips"] = 4
+    raw["plugins"]["cp"] = {"prefill": "auto"}
+    chosen = run(raw).to_json_dict()["pipeline"]["chunk_choices"]
+    assert len(chosen) == 4
+    assert all(c["cp"]["prefill"] in ("pass_kv", "pass_q") for c in chosen)
+    assert "T/(T+P)=1 " in chosen[0]["cp"]["rule"] and "T/(T+P)=0.25 " in chosen[3]["cp"]["rule"]

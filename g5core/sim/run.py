@@ -102,6 +102,9 @@ def _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, ti
                                    program=program, contexts=contexts, cycles=cycles)
         if not mb.cycles_apply:
             pipeline = {"microbatches": mb.count, "chunk_tokens": list(mb.chunks), "simulated_steps": mb.count}
+            chosen = [step_choices(part) for part in plan.part_contexts]
+            if any(chosen):   # per chunk: what plugins chose for it (CP prefill under auto)
+                pipeline["chunk_choices"] = chosen
             return attrs.evolve(result, pipeline=pipeline)
         times = head_end_times(result.dag, result.end_s, mb, cycles, n_layers)
         cycle_s, steady = steady_cycle_s(times)
