@@ -329,3 +329,13 @@ def test_no_dag_is_reused_where_the_cached_tokens_shape_the_ops():
     res = plan.simulate([StepGroup(new_tokens=1024, cached_tokens=8192, count=1)], detail=True)
     assert plan.cache_info()["dags_reused"] == 0
     assert res.latency_s == run(dict(CP4, step=res.step.to_list())).latency_s
+
+
+def test_sweeps_and_search_read_the_step():
+    from g5core.study.search import _objective
+    from g5core.study.sweep import _input_columns
+
+    assert _objective(None, "mixed") == "latency" and _objective(None, "prefill") == "ttft"
+    cols = _input_columns(_with_step([{"new_tokens": 2048, "cached_tokens": 30000, "count": 1},
+                                      {"new_tokens": 1, "cached_tokens": 8191, "count": 64}]))
+    assert (cols["phase"], cols["batch"], cols["seq_len"]) == ("mixed", 65, 32048)
