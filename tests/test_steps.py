@@ -329,3 +329,41 @@ def test_no_dag_is_reused_where_the_cached_tokens_shape_the_ops():
     res = plan.simulate([StepGroup(new_tokens=1024, cached_tokens=8192, count=1)], detail=True)
     assert plan.cache_info()["dags_reused"] == 0
     assert res.latency_s == run(dict(CP4, step=res.step.to_list())).latency_s
+
+
+def test_sweeps_and_search_read_the_step():
+    from g5core.study.search import _objective
+    from g5core.study.sweep import _input_columns
+
+    assert _objective(None, "mixed") == "latency" and _objective(None, "prefill") == "ttft"
+    cols = _input_columns(_with_step([{"new_tokens": 2048, "cached_tokens": 30000, "count": 1},
+                                      {"new_tokens": 1, "cached_tokens": 8191, "count": 64}]))
+    assert (cols["phase"], cols["batch"], cols["seq_len"]) == ("mixed", 65, 32048)
+
+
+def test_a_sweep_grid_varies_step_entries(tmp_path):
+    from g5core.study.sweep import parse_grid, run_sweep
+
+    base = _with_step([{"new_tokens": 1, "cached_tokens": 1023, "count": 8},
+                       {"new_tokens": 256, "cached_tokens": 0, "count": 1}])
+    report = run_sweep(base, parse_grid(["step.1.cached_tokens=0,4096"]), tmp_path / "s.db")
+    rows = report.rows
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert [r["phase"] for r in rows] == ["mixed", "mixed"]
+    assert rows[0]["latency_s"] < rows[1]["latency_s"]                 # attention over a 4096-token prefix
+    assert rows[0]["kv_cache_bytes"] < rows[1]["kv_cache_bytes"]
+    assert rows[0]["ttft_s"] is None and rows[0]["tpot_s"] is None
+
+
+def test_the_measured_tables_see_a_prefix_block_by_its_flops():
+    from g5core.sim.compute import Attention
+    from g5plugins.measured import _table_length
+
+    def kernel(q, kv):
+        return Attention(batch=1, q_len=q, kv_len=kv, heads=8, kv_heads=1, d_qk=128, d_v=128, block="causal",
+                         kv_bytes_per_token=512, act_bytes=2)
+
+    assert _table_length(kernel(2048, 2048)) == 2048
+    prefix = kernel(2048, 2048 + 30000)
+    length = _table_length(prefix)
+    assert kernel(length, length).flops == pytest.approx(prefix.flops, rel=1e-12)

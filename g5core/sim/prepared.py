@@ -40,7 +40,7 @@ from g5core.build.symmetry import off_reason, plan_symmetry
 from g5core.inputs.config import Deployment, apply_overrides, load_config_file
 from g5core.inputs.step import Step, as_step, phase_metrics
 from g5core.sim.compute import LatencyLookup
-from g5core.sim.memory import MemoryReport, kv_cache_bytes, memory_report
+from g5core.sim.memory import ChipMemory, MemoryReport, kv_cache_bytes, memory_report
 
 
 #: prepared runs of distinct steps kept for plan_for / memory (each holds its shape only)
@@ -48,20 +48,13 @@ PLANS_KEPT = 1024
 
 
 @attrs.frozen(kw_only=True)
-class StepMemory:
-    """A step's memory ledger, per chip: each figure the largest over the chips.
+class StepMemory(ChipMemory):
+    """A step's memory ledger, per chip: ``chip`` is the fullest chip (its total is
+    ``total_bytes``), every other figure the largest over the chips (fields of
+    :class:`~g5core.sim.memory.ChipMemory`), and ``kv_bytes_per_token``: KV-cache bytes one
+    context token of one sequence costs on the chip that stores the most per token (its
+    layers' ``c_kv``, divided by the head and sequence splits)."""
 
-    ``kv_bytes_per_token``: KV-cache bytes one context token of one sequence costs on the
-    chip that stores the most per token (its layers' ``c_kv``, divided by the head and
-    sequence splits); ``kv_cache_bytes`` is that chip's KV of the step's sequences."""
-
-    weights_bytes: float
-    kv_cache_bytes: float
-    activation_bytes: float
-    workspace_bytes: float
-    total_bytes: float
-    capacity_bytes: int
-    fits: bool
     kv_bytes_per_token: float
 
 
@@ -173,7 +166,7 @@ class PreparedPlan:
             step=step, phase=dep.phase, latency_s=sim.latency_s, ttft_s=metrics.get("ttft_s"),
             tpot_s=metrics.get("tpot_s"), new_tokens=step.new_tokens,
             tokens_per_s_per_chip=tokens_per_s_per_chip(dep, sim.latency_s),
-            memory=self._step_memory(ledger, plan), choices=step_choices(plan.ctx))
+            memory=self._step_memory(ledger), choices=step_choices(plan.ctx))
         self._results[step] = result
         return attrs.evolve(result, sim=sim, ledger=ledger) if detail else result
 
@@ -246,13 +239,14 @@ class PreparedPlan:
                 room.append(free / per_token[c.chip])
         return min(room) if room else math.inf
 
-    def _step_memory(self, ledger: MemoryReport, plan) -> StepMemory:
+    def _step_memory(self, ledger: MemoryReport) -> StepMemory:
         chips = ledger.per_chip
-        return StepMemory(
-            weights_bytes=max(c.weights_bytes for c in chips), kv_cache_bytes=max(c.kv_cache_bytes for c in chips),
-            activation_bytes=max(c.activation_bytes for c in chips),
-            workspace_bytes=max(c.workspace_bytes for c in chips), total_bytes=ledger.max_total_bytes,
-            capacity_bytes=chips[0].capacity_bytes, fits=ledger.fits, kv_bytes_per_token=self.kv_bytes_per_token)
+        fullest = max(chips, key=lambda c: (c.total_bytes, -c.chip))
+        most = {k: max(getattr(c, k) for c in chips)
+                for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes", "workspace_bytes")}
+        return StepMemory(chip=fullest.chip, **most, total_bytes=ledger.max_total_bytes,
+                          capacity_bytes=chips[0].capacity_bytes, fits=ledger.fits,
+                          kv_bytes_per_token=self.kv_bytes_per_token)
 
     def cache_info(self) -> dict:
         """Step results cached, and how often :meth:`simulate` found one."""
