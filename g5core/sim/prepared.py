@@ -109,6 +109,9 @@ class PreparedPlan:
         self.misses = 0
         self.reused = 0
         self._templates: dict = {}
+        # the layers a step's DAG is recognised by: the same for every step (placement and
+        # the model's program do not depend on it)
+        self._sample_program = sample_program(plan.ctx)
         # the configuration's own step is checked against the size guard once, here
         check_size(plan, max_ops, self.symmetry.replicas)
 
@@ -172,10 +175,11 @@ class PreparedPlan:
         """Keep a fully built step's op DAG, keyed on the structure of its sample (one layer
         of each kind, :func:`sample_program`), where the sample's specs are the whole
         DAG's (layers alike expand alike, so every spec appears first in a sample layer)."""
-        sample = _sample_dag(plan, sim.symmetry)
+        sample = _sample_dag(plan, sim.symmetry, self._sample_program)
         if _specs_key(sample.specs) != _specs_key(sim.dag.specs) or len(self._templates) >= TEMPLATES_KEPT:
             return
-        self._templates.setdefault(_structure_key(sample), (sim.dag, sim.symmetry))
+        self._templates.setdefault(_structure_key(sample), (sim.dag, sim.symmetry,
+                                                            (sim.compiled.succ, sim.compiled.pred_count)))
 
     def _from_template(self, step: Step, plan):
         """The step simulated on the op DAG of an earlier step whose sample layers expand to
@@ -183,16 +187,16 @@ class PreparedPlan:
         kernels and messages, from its own sample). None where no kept DAG matches."""
         got = sample = None
         for sym in {t[1].applied: t[1] for t in self._templates.values()}.values():
-            sample = _sample_dag(plan, sym)
+            sample = _sample_dag(plan, sym, self._sample_program)
             got = self._templates.get(_structure_key(sample))
             if got is not None:
                 break
         if got is None:
             return None
-        dag, sym = got
+        dag, sym, edges = got
         step_dag = attrs.evolve(dag, specs=list(sample.specs), spec_is_comm=list(sample.spec_is_comm), spec_ids={},
                                 index={}, indexed=0, graph=None, graph_size=(-1, -1))
-        result = _run_built(plan, step_dag, sym, self.check)
+        result = _run_built(plan, step_dag, sym, self.check, edges)
         if result is not None:
             self.reused += 1
         return result
@@ -275,10 +279,10 @@ def sample_program(ctx):
     return tuple(attrs.evolve(lop, inputs=tuple(i for i in lop.inputs if i in ids)) for lop in kept)
 
 
-def _sample_dag(plan, sym):
+def _sample_dag(plan, sym, program):
     from g5core.build.builder import build_dag
 
-    return build_dag(plan, program=sample_program(plan.ctx), chips=sym.chips() if sym.applied else None)
+    return build_dag(plan, program=program, chips=sym.chips() if sym.applied else None)
 
 
 def _specs_key(specs) -> tuple:
@@ -294,9 +298,9 @@ def _structure_key(dag) -> tuple:
             dag.edge_pairs.tobytes(), tuple(dag.stems), tuple(dag.odd_keys), tuple(dag.spec_is_comm), kinds)
 
 
-def _run_built(plan, dag, sym, check: bool):
+def _run_built(plan, dag, sym, check: bool, edges):
     """Compile, run and summarise an op DAG already built for ``plan`` (one replica where
-    ``sym`` applies, as it did for the DAG's first step)."""
+    ``sym`` applies, as it did for the DAG's first step), ``edges`` its successor lists."""
     import time
 
     from g5core.sim.engine import Engine, compile_dag
@@ -307,7 +311,7 @@ def _run_built(plan, dag, sym, check: bool):
 
     with _gc_paused():
         t0 = time.perf_counter()
-        compiled = compile_dag(dag, plan)
+        compiled = compile_dag(dag, plan, edges)
         if sym.applied and check_resources(sym, dag, compiled, plan) is not None:
             return None  # this step's messages leave the replica: the full path decides
         engine = Engine(compiled).run()
