@@ -367,15 +367,16 @@ def test_a_sweep_grid_varies_step_entries(tmp_path):
     assert rows[0]["ttft_s"] is None and rows[0]["tpot_s"] is None
 
 
-def test_the_measured_tables_see_a_prefix_block_by_its_flops():
+def test_the_measured_tables_leave_a_prefix_block_to_the_roofline():
     from g5core.sim.compute import Attention
-    from g5plugins.measured import _table_length
+    from g5core.inputs.systems import get_system
+    from g5plugins.measured import attention_ms, has_prefix
 
     def kernel(q, kv):
         return Attention(batch=1, q_len=q, kv_len=kv, heads=8, kv_heads=1, d_qk=128, d_v=128, block="causal",
                          kv_bytes_per_token=512, act_bytes=2)
 
-    assert _table_length(kernel(2048, 2048)) == 2048
-    prefix = kernel(2048, 2048 + 30000)
-    length = _table_length(prefix)
-    assert kernel(length, length).flops == pytest.approx(prefix.flops, rel=1e-12)
+    assert not has_prefix(kernel(2048, 2048)) and has_prefix(kernel(2048, 2048 + 30000))
+    system = get_system("h100-sxm")
+    dep = make_plan(load_raw(DECODE, TP8)).ctx.deployment
+    assert attention_ms(None, kernel(2048, 32048), "bf16", dep, system) is None
