@@ -7,6 +7,7 @@ how any strategy shards it. Synchronisation points (``*_gather``, ``*_reduce``,
 """
 from __future__ import annotations
 
+import functools
 from typing import Iterator
 
 import attrs
@@ -67,8 +68,10 @@ def layer_tag(layer: int) -> str:
     return f"L{layer:03d}"
 
 
+@functools.lru_cache(maxsize=64)
 def build_program(model: ModelSpec, micro: int = -1, head: bool = True) -> tuple[LogicalOp, ...]:
-    """The logical ops of one forward step, in order, with their data dependencies.
+    """The logical ops of one forward step, in order, with their data dependencies (made
+    once per model and arguments: the tuple and its ops are immutable).
 
     ``micro``: the program copy every op belongs to (g5core.build.microbatch); ``head=False``
     leaves out the final norm and LM head (a prompt chunk before the last makes no token)."""
