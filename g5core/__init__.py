@@ -5,14 +5,15 @@ Plugins, built-in or third-party, import what they need from here and nowhere el
 helpers that turn a chip's share of the model into work and bytes. Everything in
 ``__all__`` is public API; the submodules are the core's own business.
 """
-from .sim.collective import Lowering, idle_transfer_s
+from .api.records import Lowering, MemoryTerm
+from .sim.collective import idle_transfer_s
 from .build.topology import Topology
-from .build.dag import CommOp, ComputeOp, Fragment
+from .api.ops import CommOp, ComputeOp, Fragment
 from .api.dimensions import Dimension
 from .api.errors import ConfigError, DagError, G5Error, PluginError
 from .build.flops import activation_tensor_bytes, causal_attention_flops
-from .build.layers import Work, attention_dims, attention_kernel, attention_work, default_work, local_kv_bytes_per_token
-from .sim.memory import MemoryTerm
+from .api.work import Work
+from .build.layers import attention_dims, attention_kernel, attention_work, default_work, local_kv_bytes_per_token
 from .api.options import PluginOption
 from .api.plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_manager
 

@@ -22,7 +22,8 @@ import attrs
 import yaml
 import numpy as np
 
-from g5core.build.dag import CommOp, ComputeOp, OpDag
+from g5core.api.ops import CommOp, ComputeOp
+from g5core.build.dag import OpDag
 from g5core.sim.engine import Engine, compile_dag
 from g5core.sim.results import conservation_kpis
 from g5core.sim.run import make_plan

@@ -1,4 +1,4 @@
-"""The plugin contract suite (g5core.api.testing) run against every built-in plugin, and shown to fail.
+"""The plugin contract suite (g5core.testing) run against every built-in plugin, and shown to fail.
 
 Each installed plugin runs every check that applies to it (the general checks plus those of
 each hook it implements) on small configurations (two-layer synthetic models) chosen so
@@ -18,9 +18,8 @@ from g5core.api import testing as contract
 from g5core.api.plugins import available_plugin_names
 from plugin_sets import BUILTIN
 from g5core.inputs.systems import get_system
-from g5core.api.testing import (
-    CHECKS, ContractError, applicable_checks, check_hook_coverage, check_plugin, hook_names, plugin_checks,
-    plugin_contributions,
+from g5core.testing import (
+    CHECKS, ContractError, applicable_checks, check_hook_coverage, check_plugin, hook_names, plugin_checks, plugin_contributions,
 )
 
 TINY_DENSE = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8,

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from g5core.build.builder import build_dag
-from g5core.build.dag import CommOp, ComputeOp
+from g5core.api.ops import CommOp, ComputeOp
 from g5core.sim.engine import Engine, compile_dag
 from g5core.sim.results import summarize
 from g5core.sim.run import make_plan, simulate

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from g5core.present.cli import main
 from g5core.sim.collbench import collective_rows, size_range
-from g5core.build.dag import CommOp
+from g5core.api.ops import CommOp
 from g5core.api.errors import ConfigError
 from g5core.sim.run import run
 from g5core.inputs.systems import SystemSpec, get_system

@@ -19,17 +19,17 @@ import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from g5core.inputs.config import Deployment
-    from g5core.build.dag import ComputeOp, Fragment
-    from g5core.build.layers import LogicalOp
-    from g5core.sim.memory import MemoryTerm
-    from g5core.build.builder import BuildContext
+    from g5core.api.ops import ComputeOp, Fragment
+    from g5core.api.work import LogicalOp
+    from g5core.api.records import MemoryTerm
+    from g5core.api.context import BuildContext
     from g5core.api.dimensions import Dimension
     from g5core.inputs.models import ModelSpec
     from g5core.inputs.systems import SystemSpec
-    from g5core.sim.collective import Lowering
+    from g5core.api.records import Lowering
     from g5core.build.topology import Topology
     from g5core.api.options import PluginOption
-    from g5core.study.sweep import SweepPreset
+    from g5core.api.records import SweepPreset
 
 hookspec = pluggy.HookspecMarker("g5")
 

@@ -6,7 +6,7 @@ acyclic, keys owned) -> hand arrays to the engine. No hook is called after this.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Optional
+from typing import Iterable, Mapping
 
 import attrs
 import numpy as np
@@ -15,117 +15,19 @@ import pluggy
 from g5core.sim.collective import collect_primitives
 from g5core.build.topology import Topology
 from g5core.inputs.config import Deployment
-from g5core.build.dag import (ID_DTYPE, ID_LIMIT, KEY_VERBATIM, CommOp, ComputeOp, Fragment, OpDag, Replicated, Tiled, _slot_op, require_lowering,
-                  split_key)
+from g5core.build.dag import ID_DTYPE, ID_LIMIT, OpDag, require_lowering
+from g5core.api.ops import KEY_VERBATIM, CommOp, ComputeOp, Fragment, Replicated, Tiled, _slot_op, split_key
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError, ResourceError
-from g5core.build.flops import activation_tensor_bytes
-from g5core.build.layers import (
-    SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token,
-)
+from g5core.build.layers import SYNC_KINDS, build_program
+from g5core.api.work import LogicalOp
+from g5core.api.context import BuildContext
 from g5core.inputs.models import ModelSpec, get_model
 from g5core.api.plugins import Hooks, describe_plugins
 from g5core.build.rankmap import RankMap
 from g5core.api.options import collect_options
 from g5core.build.shape import LocalShape, collect_shard_axes, merge_factors
 from g5core.inputs.systems import SystemSpec, get_system
-
-
-@attrs.define(eq=False)
-class BuildContext:
-    """Everything a plugin may read while contributing to a run. Plugins must not mutate it."""
-
-    deployment: Deployment
-    model: ModelSpec
-    system: SystemSpec
-    dims: DimensionRegistry
-    rankmap: RankMap
-    shape: LocalShape
-    topology: Topology
-    hooks: Hooks = attrs.field(repr=False)
-    _layer_chips: dict = attrs.field(factory=dict, repr=False)
-    #: when set, the only chips ops are placed on (one replica of a symmetric run:
-    #: g5core.build.symmetry); every other field still describes the whole cluster
-    replica_chips: Optional[tuple[int, ...]] = attrs.field(default=None, repr=False)
-
-    def restricted(self, chips: tuple[int, ...]) -> "BuildContext":
-        """The same context with ops placed on ``chips`` only."""
-        return attrs.evolve(self, layer_chips={}, replica_chips=tuple(chips))
-
-    @property
-    def phase(self) -> str:
-        return self.deployment.phase
-
-    def size(self, dim: str) -> int:
-        return self.deployment.size(dim)
-
-    @property
-    def all_chips(self) -> tuple[int, ...]:
-        return tuple(range(self.rankmap.chips))
-
-    def layer_chips(self, layer: int) -> tuple[int, ...]:
-        """Chips holding ``layer`` (intersection of every plugin's answer)."""
-        if layer not in self._layer_chips:
-            chips = set(self.all_chips if self.replica_chips is None else self.replica_chips)
-            for plugin, answer in self.hooks.call_each("g5_layer_chips", ctx=self, layer=layer):
-                chips &= _chip_set(plugin, "g5_layer_chips", answer, self.rankmap.chips)
-            self._layer_chips[layer] = tuple(sorted(chips))
-        return self._layer_chips[layer]
-
-    def place(self, lop: LogicalOp) -> tuple[int, ...]:
-        """Chips that run ``lop``: the layer's chips, restricted by g5_place_op answers."""
-        chips = set(self.layer_chips(lop.layer))
-        for plugin, answer in self.hooks.call_each("g5_place_op", ctx=self, lop=lop):
-            chips &= _chip_set(plugin, "g5_place_op", answer, self.rankmap.chips)
-        return tuple(sorted(chips))
-
-    def work(self, kind: str) -> Optional[Work]:
-        return default_work(kind, self.model, self.deployment, self.shape)
-
-    def hidden_states_bytes(self, tokens: float) -> float:
-        """Bytes of ``tokens`` hidden-state rows (``tokens x hidden x activation dtype``)."""
-        return activation_tensor_bytes(tokens, self.model.hidden_size, self.deployment.dtypes.activation_element_bytes)
-
-    @property
-    def kv_bytes_per_token_local(self) -> float:
-        """c_kv as one chip stores it (GQA heads split by TP; the MLA latent is whole)."""
-        return local_kv_bytes_per_token(self.model, self.deployment, self.shape)
-
-    def compute_dtype(self, work_or_class) -> str:
-        weight_class = work_or_class.weight_class if isinstance(work_or_class, Work) else work_or_class
-        d = self.deployment.dtypes
-        return d.weight_dtype(weight_class) if weight_class else d.activations
-
-    def compute_op(self, lop: LogicalOp, chip: int, work: Work, owner: str, part: str = "",
-                   flops: float | None = None, hbm_bytes: float | None = None) -> ComputeOp:
-        """A compute op of ``lop`` on ``chip``; ``flops``/``hbm_bytes`` override the work's."""
-        return ComputeOp(
-            key=lop.key(chip, part), chip=chip, op_class=work.op_class,
-            flops=work.flops if flops is None else flops,
-            hbm_bytes=work.hbm_bytes if hbm_bytes is None else hbm_bytes,
-            layer=lop.layer, name=lop.kind, dtype=self.compute_dtype(work), owner=owner, kernels=work.kernels,
-        )
-
-    def comm_op(self, lop: LogicalOp, primitive: str, group: Iterable[int], bytes_per_rank: float,
-                reason: str, owner: str, part: str) -> CommOp:
-        group = tuple(group)
-        return CommOp(
-            key=f"{lop.prefix}.{part}@g{'-'.join(map(str, group))}" if len(group) > 2 or primitive != "p2p"
-            else f"{lop.prefix}.{part}@c{group[0]}->c{group[1]}",
-            primitive=primitive, group=group, bytes_per_rank=bytes_per_rank, reason=reason,
-            layer=lop.layer, name=lop.kind, owner=owner,
-        )
-
-
-def _chip_set(plugin: str, hook: str, answer, chips: int) -> set[int]:
-    try:
-        out = {int(c) for c in answer}
-    except TypeError:
-        raise PluginError(plugin, f"{hook} must return chip ids or None, got {answer!r}") from None
-    bad = [c for c in out if not 0 <= c < chips]
-    if bad:
-        raise PluginError(plugin, f"{hook} returned chips outside 0..{chips - 1}: {sorted(bad)[:5]}")
-    return out
 
 
 @attrs.define(eq=False)

@@ -82,7 +82,8 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
     chips ``0 .. chips - 1`` of ``system_name``, lowered by the enabled plugins."""
     from g5core.build.builder import make_topology
     from g5core.sim.collective import collect_primitives
-    from g5core.build.dag import CommOp, OpDag
+    from g5core.api.ops import CommOp
+    from g5core.build.dag import OpDag
     from g5core.sim.engine import compile_dag
     from g5core.api.plugins import Hooks, make_plugin_manager
     from g5core.inputs.systems import get_system

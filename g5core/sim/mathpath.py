@@ -16,7 +16,7 @@ from g5core.build.builder import Plan, expand
 from g5core.sim.collective import idle_transfer_s, lower_op
 from g5core.sim.compute import LatencyLookup, coverage_report
 from g5core.build.topology import Topology
-from g5core.build.dag import CommOp, ComputeOp
+from g5core.api.ops import CommOp, ComputeOp
 from g5core.build.layers import build_program
 
 

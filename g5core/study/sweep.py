@@ -34,6 +34,7 @@ from g5core.inputs.config import Deployment, apply_overrides, disabled_from_conf
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.api.plugins import Hooks, make_plugin_manager
+from g5core.api.records import SweepPreset
 from g5core.study.resultsdb import ResultsDB, config_hash, utc_now
 
 AUTO = "auto"
@@ -356,28 +357,6 @@ def default_progress(stream=None):
 # ----------------------------------------------------------------------------------------
 # Presets
 # ----------------------------------------------------------------------------------------
-
-
-CheckFn = Callable[[Sequence[Mapping], Mapping], Sequence[str]]
-
-
-@attrs.frozen(kw_only=True)
-class SweepPreset:
-    """A named sweep a plugin registers: default grid, fixed overrides and a check over the rows.
-
-    ``check(rows, options)`` receives the sweep's rows in grid order (each a results row
-    with its ``point``) and the preset options, and returns the violations (``()`` when it
-    holds). It runs only for the phases in ``check_phases`` (every phase when empty).
-    """
-
-    name: str
-    doc: str
-    grid: tuple[tuple[str, tuple], ...] = attrs.field(converter=lambda g: tuple((k, tuple(v)) for k, v in g))
-    fixed: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    check: Optional[CheckFn] = None
-    check_phases: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    options: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=lambda o: tuple(dict(o).items()))
-    owner: str = ""
 
 
 def collect_presets(hooks: Hooks) -> dict[str, SweepPreset]:

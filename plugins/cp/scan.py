@@ -17,7 +17,8 @@ from typing import Callable, Mapping, Optional, Sequence
 import attrs
 
 from g5core import ConfigError
-from g5core.study.sweep import SweepPreset, run_preset
+from g5core.api.records import SweepPreset
+from g5core.study.sweep import run_preset
 
 PRESET_NAME = "cp"
 DEFAULT_CP_VALUES = (1, 2, 4, 8, 16)

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 from g5core import Fragment, hookimpl
 from g5core.build.flops import activation_tensor_bytes
-from g5core.build.layers import Work, attention_kernel, attention_work
+from g5core.api.work import Work
+from g5core.build.layers import attention_kernel, attention_work
 from g5core.sim.reference import passq_reduce_elements
 
 

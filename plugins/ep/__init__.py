@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from g5core import ConfigError, Dimension, Fragment, hookimpl
 from g5core.build.layers import expert_work
-from g5core.sim.memory import MemoryTerm
+from g5core.api.records import MemoryTerm
 
 
 @hookimpl

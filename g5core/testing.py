@@ -4,7 +4,7 @@ In the spirit of scikit-learn's ``parametrize_with_checks``: a plugin author giv
 plugin's name and a few raw configurations that make it active, and gets back named
 checks of the extension contract (:mod:`g5core.api.hookspecs`)::
 
-    from g5core.api.testing import CHECKS, applicable_checks
+    from g5core.testing import CHECKS, applicable_checks
 
     CONFIGS = [{"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 4,
                 "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "sp": 4},
@@ -43,15 +43,17 @@ import networkx as nx
 
 from g5core.api import hookspecs
 from g5core.build.builder import Plan, build_dag, expand, prepare
-from g5core.sim.collective import Lowering
+from g5core.api.records import Lowering
 from g5core.build.topology import Topology
 from g5core.inputs.config import TOP_LEVEL_KEYS, disabled_from_config
 from g5core.sim.compute import answer_seconds, scaled_kernel
-from g5core.build.dag import CommOp, ComputeOp, Fragment, OpDag
+from g5core.api.ops import CommOp, ComputeOp, Fragment
+from g5core.build.dag import OpDag
 from g5core.api.dimensions import collect_dimensions
 from g5core.api.errors import DagError, G5Error, PluginError
 from g5core.build.layers import SYNC_KINDS, build_program, iter_layers
-from g5core.sim.memory import CATEGORIES, MemoryTerm, memory_report
+from g5core.api.records import CATEGORIES, MemoryTerm
+from g5core.sim.memory import memory_report
 from g5core.api.plugins import Hooks, describe_plugins, make_plugin_manager
 from g5core.build.shape import SHARD_AXES
 
@@ -869,7 +871,7 @@ def check_hook_coverage() -> dict[str, tuple[str, ...]]:
         if not doc or not doc.strip():
             problems.append(f"hook {hook} has no docstring")
         if not HOOK_CHECKS.get(hook):
-            problems.append(f"hook {hook} has no contract check in g5core.api.testing.HOOK_CHECKS")
+            problems.append(f"hook {hook} has no contract check in g5core.testing.HOOK_CHECKS")
     for hook in HOOK_CHECKS:
         if hook not in hooks:
             problems.append(f"HOOK_CHECKS names {hook}, which is not a hook in g5core.api.hookspecs")
