@@ -413,7 +413,7 @@ def check_fragments(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     ``.`` or ``@``); every op's ``owner`` is the plugin; chips are in range; a comm op has
     a group of at least two distinct chips and a registered primitive. The whole DAG then
     builds (:func:`g5core.build.builder.build_dag`) and its ops owned by the plugin are exactly
-    those of its fragments, field for field (a :meth:`~g5core.build.dag.Fragment.tiled` or
+    those of its fragments, field for field (a :meth:`~g5core.api.ops.Fragment.tiled` or
     ``replicated`` fragment, stored as columns, reads back as the ops it stands for).
     """
     for raw in _as_configs(configs):
@@ -458,7 +458,7 @@ def check_require_owner(plugin: str, configs, extra_plugins: Sequence = ()) -> N
 def check_memory_terms(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_memory_terms``: named, categorised, non-negative per-chip terms the report accepts.
 
-    Every term is a :class:`~g5core.sim.memory.MemoryTerm` with a category in
+    Every term is a :class:`~g5core.api.records.MemoryTerm` with a category in
     :data:`g5core.sim.memory.CATEGORIES`, bytes ``>= 0`` and finite on chips in range, names
     unique; :func:`g5core.sim.memory.memory_report` accepts them and each chip's total is at
     least the plugin's terms on it.
@@ -523,7 +523,7 @@ def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ())
 
     For every primitive the plugin registers, on the groups the configurations' DAGs use it
     with (plus a two-chip group inside a node and one across two nodes), lowered at
-    ``{0, 0.5, 1, 2, 4} x`` a base payload: the lowering is a :class:`~g5core.sim.collective.Lowering`
+    ``{0, 0.5, 1, 2, 4} x`` a base payload: the lowering is a :class:`~g5core.api.records.Lowering`
     whose flows stay inside the group; the bytes each rank sends and the engine time of the
     op alone never decrease as ``bytes_per_rank`` grows, and the bytes grow strictly between
     positive sizes when the primitive moves any data. (The time may stay level: NCCL spreads a

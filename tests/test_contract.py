@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from g5core import Fragment, Lowering, MemoryTerm, hookimpl
-from g5core.api import testing as contract
+from g5core import testing as contract
 from g5core.api.plugins import available_plugin_names
 from plugin_sets import BUILTIN
 from g5core.inputs.systems import get_system

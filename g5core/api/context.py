@@ -1,4 +1,10 @@
-"""What a plugin reads while it contributes to a run: the build context."""
+"""What a plugin reads while it contributes to a run: the build context.
+
+The annotations name the core's input records (``Deployment``: g5core.inputs.config,
+``ModelSpec``: g5core.inputs.models, ``SystemSpec``: g5core.inputs.systems, ``RankMap``,
+``LocalShape``, ``Topology``: g5core.build) without importing them: the plugin contract
+imports no implementation module (tests/test_layout.py).
+"""
 from __future__ import annotations
 
 from typing import Iterable, Optional
@@ -10,27 +16,24 @@ from g5core.api.errors import PluginError
 from g5core.api.ops import CommOp, ComputeOp
 from g5core.api.plugins import Hooks
 from g5core.api.work import LogicalOp, Work
-from g5core.build.flops import activation_tensor_bytes
-from g5core.build.layers import default_work, local_kv_bytes_per_token
-from g5core.build.rankmap import RankMap
-from g5core.build.shape import LocalShape
-from g5core.build.topology import Topology
-from g5core.inputs.config import Deployment
-from g5core.inputs.models import ModelSpec
-from g5core.inputs.systems import SystemSpec
 
 
 @attrs.define(eq=False)
 class BuildContext:
-    """Everything a plugin may read while contributing to a run. Plugins must not mutate it."""
+    """Everything a plugin may read while contributing to a run. Plugins must not mutate it.
 
-    deployment: Deployment
-    model: ModelSpec
-    system: SystemSpec
+    The core makes it (:func:`g5core.build.builder.prepare`) as a subclass that answers the
+    three questions asked of the core's formulas: :meth:`work`, :meth:`hidden_states_bytes`
+    and :attr:`kv_bytes_per_token_local`.
+    """
+
+    deployment: "Deployment"
+    model: "ModelSpec"
+    system: "SystemSpec"
     dims: DimensionRegistry
-    rankmap: RankMap
-    shape: LocalShape
-    topology: Topology
+    rankmap: "RankMap"
+    shape: "LocalShape"
+    topology: "Topology"
     hooks: Hooks = attrs.field(repr=False)
     _layer_chips: dict = attrs.field(factory=dict, repr=False)
     #: when set, the only chips ops are placed on (one replica of a symmetric run:
@@ -69,16 +72,18 @@ class BuildContext:
         return tuple(sorted(chips))
 
     def work(self, kind: str) -> Optional[Work]:
-        return default_work(kind, self.model, self.deployment, self.shape)
+        """The core's work of one logical op of ``kind`` on one chip (``None`` for a
+        synchronisation point)."""
+        raise NotImplementedError("answered by the core's build context")
 
     def hidden_states_bytes(self, tokens: float) -> float:
         """Bytes of ``tokens`` hidden-state rows (``tokens x hidden x activation dtype``)."""
-        return activation_tensor_bytes(tokens, self.model.hidden_size, self.deployment.dtypes.activation_element_bytes)
+        raise NotImplementedError("answered by the core's build context")
 
     @property
     def kv_bytes_per_token_local(self) -> float:
         """c_kv as one chip stores it (GQA heads split by TP; the MLA latent is whole)."""
-        return local_kv_bytes_per_token(self.model, self.deployment, self.shape)
+        raise NotImplementedError("answered by the core's build context")
 
     def compute_dtype(self, work_or_class) -> str:
         weight_class = work_or_class.weight_class if isinstance(work_or_class, Work) else work_or_class

@@ -10,26 +10,17 @@ inside the engine's event loop. Calling modes:
 - guard hooks return ``None`` for "no objection" or a message explaining the refusal;
 - ``g5_compute_latency`` is ``firstresult``: the first plugin that answers wins (the
   roofline plugin answers last, as the default).
+
+The annotations name the types by their ``g5core`` names (``BuildContext``, ``Fragment``,
+``MemoryTerm``... exported from ``g5core``; ``Deployment``, ``ModelSpec``, ``SystemSpec`` from
+``g5core.inputs``) without importing them: this module imports nothing of the core, so the
+contract depends on no implementation module (tests/test_layout.py).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 import pluggy
-
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from g5core.inputs.config import Deployment
-    from g5core.api.ops import ComputeOp, Fragment
-    from g5core.api.work import LogicalOp
-    from g5core.api.records import MemoryTerm
-    from g5core.api.context import BuildContext
-    from g5core.api.dimensions import Dimension
-    from g5core.inputs.models import ModelSpec
-    from g5core.inputs.systems import SystemSpec
-    from g5core.api.records import Lowering
-    from g5core.build.topology import Topology
-    from g5core.api.options import PluginOption
-    from g5core.api.records import SweepPreset
 
 hookspec = pluggy.HookspecMarker("g5")
 

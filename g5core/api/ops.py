@@ -68,7 +68,7 @@ def _key_map(value) -> tuple[tuple[int, tuple[str, ...]], ...]:
 
 #: ``key_arg`` codes of an op key that is not ``f"{stem}@c{n}"`` (``n >= 0``): a comm op's
 #: ``f"{stem}@c{a}->c{b}"`` or ``f"{stem}@g{a}-{b}-..."`` over its group (the forms
-#: :meth:`g5core.build.builder.BuildContext.comm_op` makes); at most ``KEY_VERBATIM``: a key kept
+#: :meth:`g5core.api.context.BuildContext.comm_op` makes); at most ``KEY_VERBATIM``: a key kept
 #: as a string, ``odd_keys[KEY_VERBATIM - arg]``.
 KEY_PAIR, KEY_GROUP, KEY_VERBATIM = -1, -2, -3
 _MAX_KEY_CHIP = 2 ** 31 - 1   # key numbers are stored as 32-bit ints
@@ -204,7 +204,7 @@ class Fragment:
     * :meth:`tiled`: a template fragment whose ops sit on *slot* chips ``0 .. m-1`` (a comm
       op's group is slots too), instantiated once per *tile*, a tuple of ``m`` chips: slot
       ``s`` becomes chip ``tile[s]`` in every op's placement, key, the heads and the tails.
-      Template keys are those :meth:`g5core.build.builder.BuildContext.compute_op` and ``comm_op``
+      Template keys are those :meth:`g5core.api.context.BuildContext.compute_op` and ``comm_op``
       make on the slots (``...@c<slot>``, ``...@c<a>->c<b>``, ``...@g<a>-<b>-...``), so each
       tile's keys are the ones those helpers make on its chips. Ops come out tile by tile,
       in template order within a tile; edges likewise. A ring plugin makes one ring on

@@ -19,8 +19,9 @@ from g5core.build.dag import ID_DTYPE, ID_LIMIT, OpDag, require_lowering
 from g5core.api.ops import KEY_VERBATIM, CommOp, ComputeOp, Fragment, Replicated, Tiled, _slot_op, split_key
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError, ResourceError
-from g5core.build.layers import SYNC_KINDS, build_program
-from g5core.api.work import LogicalOp
+from g5core.build.flops import activation_tensor_bytes
+from g5core.build.layers import SYNC_KINDS, build_program, default_work, local_kv_bytes_per_token
+from g5core.api.work import LogicalOp, Work
 from g5core.api.context import BuildContext
 from g5core.inputs.models import ModelSpec, get_model
 from g5core.api.plugins import Hooks, describe_plugins
@@ -28,6 +29,21 @@ from g5core.build.rankmap import RankMap
 from g5core.api.options import collect_options
 from g5core.build.shape import LocalShape, collect_shard_axes, merge_factors
 from g5core.inputs.systems import SystemSpec, get_system
+
+
+@attrs.define(eq=False)
+class CoreBuildContext(BuildContext):
+    """The build context the core makes: :class:`BuildContext` answered by the core's formulas."""
+
+    def work(self, kind: str) -> Work | None:
+        return default_work(kind, self.model, self.deployment, self.shape)
+
+    def hidden_states_bytes(self, tokens: float) -> float:
+        return activation_tensor_bytes(tokens, self.model.hidden_size, self.deployment.dtypes.activation_element_bytes)
+
+    @property
+    def kv_bytes_per_token_local(self) -> float:
+        return local_kv_bytes_per_token(self.model, self.deployment, self.shape)
 
 
 @attrs.define(eq=False)
@@ -70,7 +86,8 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
     except ValueError as exc:
         raise ConfigError("parallel", str(exc)) from None
     topology = make_topology(hooks, system, rankmap.chips)
-    ctx = BuildContext(deployment, model, system, dims, rankmap, shape, topology, hooks)
+    ctx = CoreBuildContext(deployment=deployment, model=model, system=system, dims=dims, rankmap=rankmap, shape=shape,
+                           topology=topology, hooks=hooks)
     return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks))
 
 

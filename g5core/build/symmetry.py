@@ -76,7 +76,7 @@ def off_reason(symmetry: "bool | str") -> Optional[str]:
 
 
 def plan_symmetry(ctx, off_reason: Optional[str] = None) -> Symmetry:
-    """Conditions 1-4 on a prepared run's context (:class:`g5core.build.builder.BuildContext`)."""
+    """Conditions 1-4 on a prepared run's context (:class:`g5core.api.context.BuildContext`)."""
     if off_reason:
         return Symmetry(reason=off_reason)
     dims = [d for d in ctx.dims.dims if d.replicas]

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import attrs
 import yaml
 
-from g5core import __version__
+from g5core.version import __version__
 from g5core.inputs.config import Deployment, apply_overrides, disabled_from_config
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, G5Error, PluginError
@@ -561,12 +561,7 @@ def _drive(db: ResultsDB, exe, cells: Sequence[_Cell], disabled, runner, extra_p
 class PresetReport:
     preset: SweepPreset
     sweep: SweepReport
-    checked: bool                 # the preset's check applied (phase) and at least one cell ran
-    violations: tuple[str, ...]
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.sweep.ok_rows) and not self.violations
+    violations: tuple[str, ...]   # () when the check held, or did not apply (phase), or no cell ran
 
 
 def get_preset(name: str, disabled: Sequence[str] = (), extra_plugins: Sequence = ()) -> SweepPreset:
@@ -599,6 +594,5 @@ def run_preset(name: str, base: Mapping, db_path, axes: Optional[Mapping[str, Se
                       options=opts, **kwargs)
     phase = base.get("phase", "")
     applies = preset.check is not None and (not preset.check_phases or phase in preset.check_phases)
-    checked = applies and bool(sweep.ok_rows)
-    violations = tuple(preset.check(sweep.rows, opts)) if checked else ()
-    return PresetReport(preset=preset, sweep=sweep, checked=checked, violations=violations)
+    violations = tuple(preset.check(sweep.rows, opts)) if applies and sweep.ok_rows else ()
+    return PresetReport(preset=preset, sweep=sweep, violations=violations)

@@ -10,9 +10,7 @@ not affected.
 """
 from __future__ import annotations
 
-from g5core import ConfigError, Dimension, Fragment, hookimpl
-from g5core.build.layers import expert_work
-from g5core.api.records import MemoryTerm
+from g5core import ConfigError, Dimension, Fragment, MemoryTerm, expert_work, hookimpl
 
 
 @hookimpl

@@ -1,0 +1,89 @@
+"""The layout keeps its architecture: no import circle in g5core, and the plugin contract
+(g5core/api/) depends on no implementation module.
+
+Imports are read from the source with ``ast``, every one of them: at module level, inside
+functions (late imports) and under ``if TYPE_CHECKING:`` (type-only imports count too).
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import networkx as nx
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "g5core"
+
+
+def _modules(package: pathlib.Path) -> dict[str, pathlib.Path]:
+    out = {}
+    for path in package.rglob("*.py"):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def import_graph(package: pathlib.Path = PACKAGE) -> nx.DiGraph:
+    """Module -> the package's modules it imports (``from a.b import c`` names ``a.b.c``
+    when that is a module, else ``a.b``; relative imports resolved)."""
+    modules = _modules(package)
+    graph = nx.DiGraph()
+    graph.add_nodes_from(modules)
+    for name, path in modules.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(here[:len(here) - node.level + 1] + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    graph.add_edge(name, target)
+    return graph
+
+
+def test_g5core_has_no_import_circle():
+    graph = import_graph()
+    assert len(graph) > 40
+    circles = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
+    assert circles == []
+
+
+def test_the_plugin_contract_imports_only_itself():
+    graph = import_graph()
+    api = [m for m in graph if m.startswith("g5core.api")]
+    assert {"g5core.api.hookspecs", "g5core.api.context", "g5core.api.ops", "g5core.api.records"} <= set(api)
+    outside = sorted((m, t) for m in api for t in graph.successors(m) if not t.startswith("g5core.api"))
+    assert outside == []
+
+
+def test_no_core_module_imports_the_package_facade():
+    """``g5core/__init__.py`` re-exports the public names for plugins; a core module that
+    imported it would close a circle through every module it re-exports from."""
+    graph = import_graph()
+    assert sorted(m for m in graph.predecessors("g5core")) == []
+
+
+@pytest.mark.parametrize("source, circle", [
+    ({"a.py": "from pkg import b\n", "b.py": "def f():\n    from pkg.a import x\n"}, ["pkg.a", "pkg.b"]),
+    ({"a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .b import B\n",
+      "b.py": "from . import a\n"}, ["pkg.a", "pkg.b"]),
+    ({"a.py": "from pkg.b import c\n", "b/__init__.py": "", "b/c.py": "import pkg.a\n"}, ["pkg.a", "pkg.b.c"]),
+])
+def test_the_check_sees_late_type_only_and_relative_imports(tmp_path, source, circle):
+    package = tmp_path / "pkg"
+    for rel, text in {"__init__.py": "", **source}.items():
+        (package / rel).parent.mkdir(parents=True, exist_ok=True)
+        (package / rel).write_text(text)
+    graph = import_graph(package)
+    assert [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1] == [circle]
