@@ -509,7 +509,7 @@ def _lone_comm_time_s(probe, primitive: str, group: tuple, nbytes: float) -> tup
     dag.add_op(CommOp(key="contract.probe", primitive=primitive, group=group, bytes_per_rank=nbytes,
                       reason="contract_probe", layer=0, name="probe", owner="contract"))
     compiled = compile_dag(dag, probe)   # checks every flow (members, bytes, route)
-    engine = Engine(compiled).run()
+    engine = Engine(dag=compiled).run()
     sent: dict[int, float] = {}
     payload_per_wire_byte = 1.0 / compiled.wire_factor[0]
     for s, b in zip(compiled.flow_src, compiled.flow_bytes):

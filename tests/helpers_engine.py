@@ -95,7 +95,7 @@ def synthetic_plan(directory, chips: int, model: str = "llama-3.1-8b", **system_
     return make_plan(raw_config(model, system, chips, batch=chips, seq_len=128, dp=chips))
 
 
-@attrs.define
+@attrs.define(kw_only=True)
 class DagRun:
     """What one hand-built DAG produced."""
 
@@ -122,7 +122,7 @@ class DagRun:
 def run_dag(dag: OpDag, plan, engine_cls: type = Engine) -> DagRun:
     """compile_dag, run the engine, compute the KPIs."""
     compiled = compile_dag(dag, plan)
-    engine = engine_cls(compiled).run()
+    engine = engine_cls(dag=compiled).run()
     return DagRun(dag=dag, compiled=compiled, engine=engine, kpis=conservation_kpis(engine))
 
 

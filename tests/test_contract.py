@@ -246,7 +246,7 @@ class _NegativeMemory:
 
 def _shrinking_lowering(group, nbytes, topo):
     # more bytes, fewer bytes on the wire: the cost falls as the payload grows
-    return Lowering(((group[0], group[1], 1e9 / (1.0 + nbytes)),), 0.0)
+    return Lowering(flows=((group[0], group[1], 1e9 / (1.0 + nbytes)),), latency_s=0.0)
 
 
 class _ShrinkingPrimitive:

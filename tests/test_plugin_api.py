@@ -149,7 +149,7 @@ def test_wrappers_are_refused_at_registration(marker):
 def test_tryfirst_sets_the_order_of_implementations():
     @hookimpl(tryfirst=True)
     def g5_register_dimensions(register):
-        register(Dimension("zz", factor=True, rank_order=5, default=1, doc="test"))
+        register(Dimension(name="zz", factor=True, rank_order=5, default=1, doc="test"))
 
     hooks = Hooks(make_plugin_manager(extra_plugins=[("early", types.SimpleNamespace(
         g5_register_dimensions=g5_register_dimensions))]))

@@ -16,7 +16,7 @@ from plugin_sets import THIRD_PARTY
 def _sp_plugin():
     @hookimpl
     def g5_register_dimensions(register):
-        register(Dimension("sp", factor=True, rank_order=25, doc="sequence parallel (test)"))
+        register(Dimension(name="sp", factor=True, rank_order=25, doc="sequence parallel (test)"))
 
     @hookimpl
     def g5_shard_factors(deployment, model):

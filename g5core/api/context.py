@@ -18,7 +18,7 @@ from g5core.api.plugins import Hooks
 from g5core.api.work import LogicalOp, Work
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class BuildContext:
     """Everything a plugin may read while contributing to a run. Plugins must not mutate it.
 

@@ -12,7 +12,7 @@ from g5core.api.plugins import Hooks
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Dimension:
     """One parallel dimension.
 

@@ -44,7 +44,7 @@ def g5_register_dimensions(register: Callable[["Dimension"], None]) -> None:
 def g5_register_options(register: Callable[["PluginOption"], None]) -> None:
     """Declare this plugin's configuration options (registration hook).
 
-    Call ``register(PluginOption(name, default, doc, kind=...))`` once per option. A
+    Call ``register(PluginOption(name=..., default=..., doc=..., kind=...))`` once per option. A
     configuration sets them under ``plugins: {PLUGIN_NAME: {option: value}}``; the core
     validates them (unknown option, wrong type: a one-line ConfigError naming the field) and
     plugins read them with ``deployment.option(PLUGIN_NAME, option)``. Declaring a name twice

@@ -30,7 +30,7 @@ class ComputeOp:
         return (self.chip,)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class CommOp:
     """A communication op over a group of chips.
 
@@ -188,7 +188,7 @@ class Tiled:
         return self._by_slot(self.template.tails)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Fragment:
     """What one plugin contributes for one logical op.
 

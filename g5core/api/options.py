@@ -24,7 +24,7 @@ KINDS = ("bool", "int", "choice")
 RESERVED = ("disable",)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class PluginOption:
     """One option of one plugin.
 

@@ -21,7 +21,7 @@ PROJECT_NAME = "g5"
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class PluginInfo:
     name: str
     enabled: bool

@@ -30,7 +30,7 @@ def _flows(fs) -> tuple:
     return tuple(tuple(f) for f in fs)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Lowering:
     """A communication op as the engine runs it: after ``latency_s`` all ``flows`` start
     together and share the resources they cross; the op ends when the last flow ends.

@@ -46,7 +46,7 @@ class CoreBuildContext(BuildContext):
         return local_kv_bytes_per_token(self.model, self.deployment, self.shape)
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class Plan:
     """A prepared run: validated deployment and everything derived from it, before the DAG."""
 
@@ -278,14 +278,31 @@ def _head_edges(pairs, inputs: _PerChip, chips: np.ndarray, ids: np.ndarray) -> 
     _extend_pairs(pairs, inputs.ids[_ranges(inputs.ptr[chips], counts)], np.repeat(ids, counts))
 
 
+@attrs.frozen(kw_only=True)
+class _CommFamily:
+    """The comm ops of tiled templates that differ only by tile: one spec per tile, its
+    group the family's ``slots`` on the tile's chips."""
+
+    primitive: str
+    slots: tuple[int, ...]
+    reason: str
+    name: str
+    owner: str
+    bytes_per_rank: float
+    tiles_id: int
+
+    def spec_on(self, dag: OpDag, tile: tuple[int, ...]) -> int:
+        return dag._comm_spec(primitive=self.primitive, group=tuple(tile[s] for s in self.slots), reason=self.reason,
+                              name=self.name, owner=self.owner, bytes_per_rank=self.bytes_per_rank)
+
+
 class _TileCache:
     """What the tiled fragments of one build share: each distinct tiles tuple, checked, as
-    an array with an id; and per comm-op family (the spec with its group on slots, and the
-    tiles id) the spec id of each tile."""
+    an array with an id; and per comm-op family the spec id of each tile."""
 
     def __init__(self):
         self.tiles: dict[tuple, tuple[np.ndarray, int]] = {}
-        self.specs: dict[tuple, object] = {}
+        self.specs: dict[_CommFamily, object] = {}
 
 
 _NO_HEADS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
@@ -374,7 +391,7 @@ def _add_tiled(dag: OpDag, rep: Replicated | Tiled, lop: LogicalOp, owner: str, 
     t_spec = np.full(k, -1, dtype=np.int64)
     t_fam = np.full(k, -1, dtype=np.int64)
     local: dict[str, int] = {}
-    families: dict[tuple, int] = {}       # comm spec family (group on slots) -> column
+    families: dict[_CommFamily, int] = {}  # comm spec family (group on slots) -> column
     new: list[tuple] = []                 # families first seen here: their specs per tile
     spec_tables = tiles_cache.specs
     for j, op in enumerate(ops):
@@ -406,20 +423,20 @@ def _add_tiled(dag: OpDag, rep: Replicated | Tiled, lop: LogicalOp, owner: str, 
         if kind is ComputeOp:
             t_chip[j], t_spec[j] = op.chip, dag._compute_spec(op)
             continue
-        family = (op.primitive, group, op.reason, op.name, op.owner, op.bytes_per_rank, tiles_id)
+        family = _CommFamily(primitive=op.primitive, slots=group, reason=op.reason, name=op.name, owner=op.owner,
+                             bytes_per_rank=op.bytes_per_rank, tiles_id=tiles_id)
         col = families.get(family)
         if col is None:
             col = families[family] = len(families)
             if family not in spec_tables:
                 # intern tile 0's spec here, at the op the per-op API would intern it at
                 new.append(family)
-                spec_tables[family] = [dag._comm_spec(family[:1] + (tuple(tiles[0][s] for s in group),) + family[2:6])]
+                spec_tables[family] = [family.spec_on(dag, tiles[0])]
         t_fam[j] = col
     for t in range(1, n):                 # later tiles' new specs, in the order ops make them
         tile = tiles[t]
         for family in new:
-            group = family[1]
-            spec_tables[family].append(dag._comm_spec(family[:1] + (tuple(tile[s] for s in group),) + family[2:6]))
+            spec_tables[family].append(family.spec_on(dag, tile))
     for family in new:
         spec_tables[family] = np.array(spec_tables[family], dtype=np.int64)
     # rows, tile by tile

@@ -23,6 +23,31 @@ ID_LIMIT = 2 ** 31 - 1
 def _view(column: array) -> np.ndarray:
     return np.frombuffer(column, dtype=ID_DTYPE) if len(column) else np.zeros(0, dtype=ID_DTYPE)
 
+@attrs.frozen(kw_only=True)
+class ComputeSpec:
+    """What compute ops alike share, all but chip, key and layer (a row of :attr:`OpDag.specs`)."""
+
+    op_class: str
+    name: str
+    dtype: str
+    owner: str
+    kernels: tuple
+    flops: float
+    hbm_bytes: float
+
+
+@attrs.frozen(kw_only=True)
+class CommSpec:
+    """What communication ops alike share, all but key and layer (a row of :attr:`OpDag.specs`)."""
+
+    primitive: str
+    group: tuple[int, ...]
+    reason: str
+    name: str
+    owner: str
+    bytes_per_rank: float
+
+
 class _RowView(Sequence):
     """A read-only sequence of one value per op of an :class:`OpDag`, made from its columns
     when asked for (the DAG keeps no object per op); ``_item(dag, i)`` makes row ``i``'s."""
@@ -75,16 +100,15 @@ class KeyView(_RowView):
             raise ValueError(f"{key!r} is not an op key") from None
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class OpDag:
     """The op DAG of one run, stored as columns (struct of arrays), one row per op.
 
     ``ops[i]`` is op ``i``, made on demand; ``graph`` is the networkx view (node = op key,
     attribute ``op``). Per op: ``chip[i]`` (a compute op's chip, -1 for a comm op),
     ``layer[i]`` and ``spec[i]``: an id into ``specs``, the interned rest of the op,
-    shared by every op alike but for chip, key and layer (compute: ``(op_class, name,
-    dtype, owner, kernels, flops, hbm_bytes)``; comm: ``(primitive, group, reason, name,
-    owner, bytes_per_rank)``); ``spec_is_comm[s]`` says which. Numbers are interned by
+    shared by every op alike but for chip, key and layer (a :class:`ComputeSpec` or a
+    :class:`CommSpec`); ``spec_is_comm[s]`` says which. Numbers are interned by
     value (the first op with a value gives the object every later one shares).
 
     Keys are columns too (:func:`split_key`): ``key_stem[i]``, an id into the interned
@@ -145,7 +169,7 @@ class OpDag:
         stem = self.stems[self.key_stem[i]]
         if a >= 0:
             return f"{stem}@c{a}"
-        return join_key(stem, a, self.specs[self.spec[i]][1])
+        return join_key(stem, a, self.specs[self.spec[i]].group)
 
     def is_comm(self, i: int) -> bool:
         return self.spec_is_comm[self.spec[i]]
@@ -155,18 +179,18 @@ class OpDag:
         s = self.spec[i]
         p = self.specs[s]
         if not self.spec_is_comm[s]:
-            return ComputeOp(key=self.key(i), chip=self.chip[i], op_class=p[0], flops=p[5], hbm_bytes=p[6],
-                             layer=self.layer[i], name=p[1], dtype=p[2], owner=p[3], kernels=p[4])
-        return CommOp(key=self.key(i), primitive=p[0], group=p[1], bytes_per_rank=p[5], reason=p[2],
-                      layer=self.layer[i], name=p[3], owner=p[4])
+            return ComputeOp(key=self.key(i), chip=self.chip[i], op_class=p.op_class, flops=p.flops,
+                             hbm_bytes=p.hbm_bytes, layer=self.layer[i], name=p.name, dtype=p.dtype, owner=p.owner,
+                             kernels=p.kernels)
+        return CommOp(key=self.key(i), primitive=p.primitive, group=p.group, bytes_per_rank=p.bytes_per_rank,
+                      reason=p.reason, layer=self.layer[i], name=p.name, owner=p.owner)
 
     def owner(self, i: int) -> str:
-        s = self.spec[i]
-        return self.specs[s][4 if self.spec_is_comm[s] else 3]
+        return self.specs[self.spec[i]].owner
 
     def op_chips(self, i: int) -> tuple[int, ...]:
         s = self.spec[i]
-        return self.specs[s][1] if self.spec_is_comm[s] else (self.chip[i],)
+        return self.specs[s].group if self.spec_is_comm[s] else (self.chip[i],)
 
     # the columns as numpy arrays (views, no copy)
     def spec_array(self) -> np.ndarray:
@@ -189,7 +213,7 @@ class OpDag:
         """Ids of the communication ops, in op order."""
         return np.flatnonzero(self.comm_mask()).tolist()
 
-    def _new_spec(self, spec: tuple, fast: tuple, is_comm: bool) -> int:
+    def _new_spec(self, spec: ComputeSpec | CommSpec, fast: tuple, is_comm: bool) -> int:
         s = self._spec_ids[fast] = len(self.specs)
         self.specs.append(spec)
         self.spec_is_comm.append(is_comm)
@@ -202,13 +226,19 @@ class OpDag:
         fast = (op.op_class, op.name, op.dtype, op.owner, id(kernels), op.flops, op.hbm_bytes)
         s = self._spec_ids.get(fast)
         if s is None:
-            s = self._new_spec((op.op_class, op.name, op.dtype, op.owner, kernels, op.flops, op.hbm_bytes), fast, False)
+            s = self._new_spec(ComputeSpec(op_class=op.op_class, name=op.name, dtype=op.dtype, owner=op.owner,
+                                           kernels=kernels, flops=op.flops, hbm_bytes=op.hbm_bytes), fast, False)
         return s
 
-    def _comm_spec(self, spec: tuple) -> int:
-        # a group is a tuple, a compute spec's second item a str: the two never collide
-        s = self._spec_ids.get(spec)
-        return self._new_spec(spec, spec, True) if s is None else s
+    def _comm_spec(self, *, primitive: str, group: tuple, reason: str, name: str, owner: str,
+                   bytes_per_rank: float) -> int:
+        # a group is a tuple, a compute spec's second item a str: the two keys never collide
+        fast = (primitive, group, reason, name, owner, bytes_per_rank)
+        s = self._spec_ids.get(fast)
+        if s is None:
+            s = self._new_spec(CommSpec(primitive=primitive, group=group, reason=reason, name=name, owner=owner,
+                                        bytes_per_rank=bytes_per_rank), fast, True)
+        return s
 
     def stem_id(self, stem: str) -> int:
         s = self._stem_ids.get(stem)
@@ -235,8 +265,8 @@ class OpDag:
             self.chip.append(op.chip)
         else:
             stem, arg = self._key_code(op.key, op.group)
-            self.spec.append(self._comm_spec((op.primitive, op.group, op.reason, op.name, op.owner,
-                                              op.bytes_per_rank)))
+            self.spec.append(self._comm_spec(primitive=op.primitive, group=op.group, reason=op.reason, name=op.name,
+                                             owner=op.owner, bytes_per_rank=op.bytes_per_rank))
             self.chip.append(-1)
         self.key_stem.append(stem)
         self.key_arg.append(arg)
@@ -293,7 +323,7 @@ class OpDag:
 
     def comm_ops(self, reason: str | None = None) -> list[CommOp]:
         return [self.op(i) for i in self.comm_indices()
-                if reason is None or self.specs[self.spec[i]][2] == reason]
+                if reason is None or self.specs[self.spec[i]].reason == reason]
 
 
 def require_lowering(op: CommOp, primitives: Mapping) -> None:

@@ -64,7 +64,7 @@ def merge_factors(answers: Iterable[tuple[str, Mapping[str, int]]], axes: tuple[
     return out
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class LocalShape:
     """Sizes one chip works on. Floats where a quotient need not be whole (tokens in decode)."""
 

@@ -115,7 +115,7 @@ class Dtypes:
         return {"weights": weights, "activations": self.activations, "kv_cache": self.kv_cache}
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Deployment:
     """One validated deployment. Build it with :meth:`from_dict`, never ``Deployment(**data)``."""
 

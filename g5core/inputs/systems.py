@@ -309,7 +309,7 @@ OPTIONAL_KEYS: tuple[str, ...] = ("compute_model", "profile")
 # ---------------------------------------------------------------------------------------
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class SystemSpec:
     """One chip of a cluster, its node and its network. All figures per chip."""
 

@@ -68,7 +68,7 @@ def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterabl
     rows = []
     for size in sizes:
         compiled = compile_one(size)
-        time_s = Engine(compiled).run().makespan_s
+        time_s = Engine(dag=compiled).run().makespan_s
         algorithm, protocol, channels = compiled.comm_algo[0]
         algbw = size / time_s if time_s > 0 else 0.0
         rows.append({"size_bytes": int(size), "time_s": time_s, "algbw_bytes_per_s": algbw,

@@ -145,26 +145,36 @@ class ComputeTime:
 MEASURED, ROOFLINE = "measured", "roofline"
 
 
-@attrs.define(eq=False)
+@attrs.frozen(kw_only=True)
+class LatencyAnswer:
+    """One distinct compute-latency answer: ops of ``op_class`` in ``dtype`` take ``seconds``,
+    of which ``measured_s`` came from measurements; ``source`` gave the rest."""
+
+    op_class: str
+    dtype: str
+    seconds: float
+    source: str
+    measured_s: float
+
+
+@attrs.define(eq=False, kw_only=True)
 class LatencyLookup:
     """The one compute-latency lookup of a run (engine and Math path).
 
-    ``seconds(op)`` validates the answering plugin's value and caches it per distinct
-    ``(op class, dtype, kernels, FLOPs, bytes)``; ``source(op)`` says which source gave it
-    and how much of it was measured.
+    ``answer_id(op)`` validates the answering plugin's value and keeps it, once per distinct
+    ``(op class, dtype, kernels, FLOPs, bytes)``, in :attr:`answers`.
     """
 
     hooks: object
     system: object
     deployment: object
-    _cache: dict = attrs.field(factory=dict)
-    # (class, dtype, id(kernels), FLOPs, bytes) -> (kernels, answer): ops made from one Work
-    # share its kernels tuple, so most ops find their answer without hashing the kernels;
-    # the entry holds the tuple, so its id is not reused while the entry lives
+    # (class, dtype, id(kernels), FLOPs, bytes) -> (kernels, answer id): ops made from one
+    # Work share its kernels tuple, so most ops find their answer without hashing the
+    # kernels; the entry holds the tuple, so its id is not reused while the entry lives
     _by_kernels: dict = attrs.field(factory=dict)
-    #: every distinct answer, by id: (op class, dtype, seconds, source, measured seconds)
-    answers: list = attrs.field(factory=list)
-    _answer_ids: dict = attrs.field(factory=dict)  # key -> id into ``answers``
+    #: every distinct answer, by id
+    answers: list[LatencyAnswer] = attrs.field(factory=list)
+    _answer_ids: dict = attrs.field(factory=dict)  # (class, dtype, kernels, FLOPs, bytes) -> id into ``answers``
 
     def answer_id(self, op) -> int:
         """The id (into :attr:`answers`) of ``op``'s answer; compile records one per op."""
@@ -172,53 +182,40 @@ class LatencyLookup:
         fast = (op.op_class, op.dtype, id(kernels), op.flops, op.hbm_bytes)
         seen = self._by_kernels.get(fast)
         if seen is not None and seen[0] is kernels:
-            return seen[2]
-        self._answer(op)
-        return self._by_kernels[fast][2]
-
-    def _answer(self, op) -> tuple[float, str, float]:
-        kernels = op.kernels
-        fast = (op.op_class, op.dtype, id(kernels), op.flops, op.hbm_bytes)
-        seen = self._by_kernels.get(fast)
-        if seen is not None and seen[0] is kernels:
             return seen[1]
         key = (op.op_class, op.dtype, kernels, op.flops, op.hbm_bytes)
-        hit = self._cache.get(key)
-        if hit is None:
-            answer = self.hooks.call_first("g5_compute_latency", op=op, system=self.system, deployment=self.deployment)
-            if answer is None:
-                raise DagError(f"no enabled plugin gives the compute latency of {op.key} "
-                               f"(class {op.op_class}); enable the roofline plugin")
-            plugin, value = answer
-            if isinstance(value, ComputeTime):
-                seconds, measured = value.seconds, value.measured_s
-            else:
-                seconds, measured = value, None
-            if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-                    and seconds >= 0 and math.isfinite(seconds)):
-                raise PluginError(plugin, f"g5_compute_latency returned {value!r} for {op.key}; need seconds >= 0")
-            seconds = float(seconds)
-            if measured is None:
-                measured = seconds if plugin == MEASURED else 0.0
-            if not (0 <= measured <= seconds):
-                raise PluginError(plugin, f"g5_compute_latency for {op.key}: measured_s {measured!r} is not within "
-                                          f"0..{seconds!r}")
-            source = ROOFLINE if plugin in (ROOFLINE, MEASURED) else plugin
-            hit = self._cache[key] = (seconds, source, float(measured))
         aid = self._answer_ids.get(key)
         if aid is None:
             aid = self._answer_ids[key] = len(self.answers)
-            self.answers.append((op.op_class, op.dtype) + hit)
-        self._by_kernels[fast] = (kernels, hit, aid)
-        return hit
+            self.answers.append(self._ask(op))
+        self._by_kernels[fast] = (kernels, aid)
+        return aid
+
+    def _ask(self, op) -> LatencyAnswer:
+        answer = self.hooks.call_first("g5_compute_latency", op=op, system=self.system, deployment=self.deployment)
+        if answer is None:
+            raise DagError(f"no enabled plugin gives the compute latency of {op.key} "
+                           f"(class {op.op_class}); enable the roofline plugin")
+        plugin, value = answer
+        if isinstance(value, ComputeTime):
+            seconds, measured = value.seconds, value.measured_s
+        else:
+            seconds, measured = value, None
+        if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                and seconds >= 0 and math.isfinite(seconds)):
+            raise PluginError(plugin, f"g5_compute_latency returned {value!r} for {op.key}; need seconds >= 0")
+        seconds = float(seconds)
+        if measured is None:
+            measured = seconds if plugin == MEASURED else 0.0
+        if not (0 <= measured <= seconds):
+            raise PluginError(plugin, f"g5_compute_latency for {op.key}: measured_s {measured!r} is not within "
+                                      f"0..{seconds!r}")
+        source = ROOFLINE if plugin in (ROOFLINE, MEASURED) else plugin
+        return LatencyAnswer(op_class=op.op_class, dtype=op.dtype, seconds=seconds, source=source,
+                             measured_s=float(measured))
 
     def seconds(self, op) -> float:
-        return self._answer(op)[0]
-
-    def source(self, op) -> tuple[str, float]:
-        """(source of the unmeasured part, measured seconds) of ``op``'s time."""
-        _, source, measured = self._answer(op)
-        return source, measured
+        return self.answers[self.answer_id(op)].seconds
 
 
 def exact_sum(values) -> float:
@@ -281,10 +278,10 @@ def coverage_from_columns(answer_ids, chips, flops, system, latency_s: float, n_
     for aid, n in enumerate(count):
         if not n:
             continue
-        op_class, _, seconds, source, measured = table[aid]
-        row = parts.setdefault(op_class, {})
-        row.setdefault(MEASURED, []).append((measured, n))
-        row.setdefault(source, []).append((seconds - measured, n))
+        answer = table[aid]
+        row = parts.setdefault(answer.op_class, {})
+        row.setdefault(MEASURED, []).append((answer.measured_s, n))
+        row.setdefault(answer.source, []).append((answer.seconds - answer.measured_s, n))
 
     def copies(pairs) -> float:  # the exact sum of every op's value, over every replica
         return exact_sum_repeated((v, n * replicas) for v, n in pairs)
@@ -295,7 +292,7 @@ def coverage_from_columns(answer_ids, chips, flops, system, latency_s: float, n_
         for k, v in row.items():
             total_pairs.setdefault(k, []).extend(v)
     total = {k: copies(v) for k, v in total_pairs.items()}
-    peak = np.asarray([system.peak_flops(dtype) for _, dtype, *_ in table], dtype=float) if table else np.zeros(0)
+    peak = np.asarray([system.peak_flops(a.dtype) for a in table], dtype=float) if table else np.zeros(0)
     # bincount adds each chip's values in op order, as a loop over the ops would
     chip_flops = np.bincount(chip, weights=fl, minlength=n_chips).tolist()
     busy = fl != 0

@@ -53,7 +53,7 @@ def activation_peak_bytes(ctx, layers: list[int]) -> float:
     return ctx.deployment.dtypes.activation_element_bytes * s.tokens * (2.0 * d + max(widths))
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ChipMemory:
     chip: int
     weights_bytes: float

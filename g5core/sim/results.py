@@ -97,7 +97,7 @@ def check_conservation(kpis: dict) -> None:
 # ----------------------------------------------------------------------------------------
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class SimResult:
     phase: str
     latency_s: float
@@ -190,7 +190,7 @@ def collectives_report(dag: OpDag, d: CompiledDag, replicas: int = 1) -> list[di
     groups: dict[tuple, list] = {}
     for s_id, count in zip(spec_ids.tolist(), counts.tolist()):
         spec, a_id = specs[s_id], int(d.spec_algo[s_id])
-        groups.setdefault((spec[2], spec[0]) + tuple(d.algos[a_id]), []).append((spec[5], count))
+        groups.setdefault((spec.reason, spec.primitive) + tuple(d.algos[a_id]), []).append((spec.bytes_per_rank, count))
     return [{"reason": r, "primitive": p, "algorithm": a, "protocol": pr, "channels": ch,
              "ops": sum(c for _, c in b) * replicas,
              "bytes_per_rank": exact_sum_repeated((v, c * replicas) for v, c in b)}
@@ -200,7 +200,7 @@ def collectives_report(dag: OpDag, d: CompiledDag, replicas: int = 1) -> list[di
 def _spec_reason_ids(dag: OpDag, reasons: list[str]) -> np.ndarray:
     """Per spec: the id (in ``reasons``) of a comm spec's reason, -1 for compute."""
     rindex = {r: k for k, r in enumerate(reasons)}
-    return np.asarray([rindex.get(spec[2], -1) if comm else -1 for spec, comm in zip(dag.specs, dag.spec_is_comm)],
+    return np.asarray([rindex.get(spec.reason, -1) if comm else -1 for spec, comm in zip(dag.specs, dag.spec_is_comm)],
                       dtype=np.int64)
 
 
@@ -216,7 +216,7 @@ def compute_report(dag: OpDag, d: CompiledDag, latency_s: float, symmetry: Symme
 
 def _reasons(dag: OpDag) -> list[str]:
     used = set(np.unique(dag.spec_array()).tolist())
-    return sorted({spec[2] for s, (spec, comm) in enumerate(zip(dag.specs, dag.spec_is_comm)) if comm and s in used})
+    return sorted({spec.reason for s, (spec, comm) in enumerate(zip(dag.specs, dag.spec_is_comm)) if comm and s in used})
 
 
 def comm_bytes_by_reason(dag: OpDag, d: CompiledDag, replicas: int = 1) -> dict:
@@ -291,7 +291,7 @@ def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarra
     del is_comm, done
     # every (member chip, comm op) pair, from each spec's group
     spec = d.spec[comm]
-    groups = [spec_[1] if is_c else () for spec_, is_c in zip(dag.specs, dag.spec_is_comm)]
+    groups = [spec_.group if is_c else () for spec_, is_c in zip(dag.specs, dag.spec_is_comm)]
     g_size = np.asarray([len(g) for g in groups], dtype=np.int64)
     g_start = np.zeros(len(groups) + 1, dtype=np.int64)
     np.cumsum(g_size, out=g_start[1:])

@@ -64,7 +64,7 @@ def layout_label(parallel: Mapping[str, int]) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(parallel.items()))
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Exclusion:
     parallel: dict
     family: str            # "memory", a configuration field, or "plugin '<name>'"
@@ -72,7 +72,7 @@ class Exclusion:
     shortfall_bytes: float = 0.0
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Candidate:
     parallel: dict
     latency_s: float
@@ -86,7 +86,7 @@ class Candidate:
                 "max_total_bytes": self.max_total_bytes}
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class SearchResult:
     objective: str
     layouts: int
@@ -137,15 +137,15 @@ def prefilter(raw: Mapping, layouts: Sequence[dict], disabled: Sequence[str] = (
         try:
             plan = make_plan(dict(raw, parallel=par), disabled, extra_plugins)
         except ConfigError as exc:
-            excluded.append(Exclusion(par, exc.field or "configuration", str(exc)))
+            excluded.append(Exclusion(parallel=par, family=exc.field or "configuration", reason=str(exc)))
             continue
         except PluginError as exc:
-            excluded.append(Exclusion(par, f"plugin '{exc.plugin}'", str(exc)))
+            excluded.append(Exclusion(parallel=par, family=f"plugin '{exc.plugin}'", reason=str(exc)))
             continue
         mem = memory_report(plan.ctx)
         if not mem.fits:
             short = max(c.total_bytes - c.capacity_bytes for c in mem.per_chip)
-            excluded.append(Exclusion(par, "memory", mem.shortfall_summary(), shortfall_bytes=short))
+            excluded.append(Exclusion(parallel=par, family="memory", reason=mem.shortfall_summary(), shortfall_bytes=short))
             continue
         keep.append(par)
     return keep, excluded
@@ -184,7 +184,7 @@ def best_layouts(raw: Mapping, objective: Optional[str] = None, db_path=None, di
     cands = []
     for row in report.rows:
         if row["status"] != "ok":
-            excluded.append(Exclusion(row["point"]["parallel"], "simulation", row["error"]))
+            excluded.append(Exclusion(parallel=row["point"]["parallel"], family="simulation", reason=row["error"]))
             continue
         cands.append(Candidate(parallel=row["point"]["parallel"], latency_s=row["latency_s"],
                                objective_value=row[column], fits=bool(row["fits"]),

@@ -383,7 +383,7 @@ def collect_presets(hooks: Hooks) -> dict[str, SweepPreset]:
 # ----------------------------------------------------------------------------------------
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class SweepReport:
     sweep_id: int
     db_path: str
@@ -404,7 +404,7 @@ class SweepReport:
                 f"({len(self.failed_rows)} invalid, {self.reused} already in the database); results in {self.db_path}")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class _Cell:
     n: int
     point: dict
@@ -438,8 +438,8 @@ def _plan_cell(n: int, base: Mapping, point: Mapping, disabled: Sequence[str], d
         resolved = resolved_config(raw, registry)
     except G5Error as exc:
         resolved = json.loads(json.dumps(raw, default=str))
-        return _Cell(n, dict(point), None, config_hash(resolved, disabled), resolved, tuple(disabled), str(exc))
-    return _Cell(n, dict(point), raw, config_hash(resolved, disabled), resolved, tuple(disabled))
+        return _Cell(n=n, point=dict(point), raw=None, key=config_hash(resolved, disabled), resolved=resolved, disabled=tuple(disabled), error=str(exc))
+    return _Cell(n=n, point=dict(point), raw=raw, key=config_hash(resolved, disabled), resolved=resolved, disabled=tuple(disabled))
 
 
 def check_base(base: Mapping, disabled: Sequence[str] = (), extra_plugins: Sequence = ()) -> None:

@@ -258,7 +258,7 @@ def nvlink_p2p(group, peer_bytes: float, pairs, topo: Topology) -> Lowering:
     flows = [(s, t, peer_bytes * own) for s, t in pairs]
     copy_s = nccl.p2p_copy_time_us(peer_bytes, len(group), node_channels) * 1e-6
     extra_s = max(0.0, copy_s - idle_transfer_s(flows, topo))
-    return Lowering(flows, topo.message_latency_s(group) + extra_s, algorithm="p2p", protocol=protocol,
+    return Lowering(flows=flows, latency_s=topo.message_latency_s(group) + extra_s, algorithm="p2p", protocol=protocol,
                     channels=nc, wire_bytes_per_payload_byte=own)
 
 
@@ -268,18 +268,18 @@ def all_to_all(group, nbytes, topo: Topology) -> Lowering:
     if len(topo.nodes_of(group)) == 1:
         return nvlink_p2p(group, nbytes / n, pairs, topo)
     flows = tuple((s, t, nbytes / n) for s, t in pairs)
-    return Lowering(flows, topo.message_latency_s(group), algorithm="p2p", protocol="simple")
+    return Lowering(flows=flows, latency_s=topo.message_latency_s(group), algorithm="p2p", protocol="simple")
 
 
 def broadcast(group, nbytes, topo: Topology) -> Lowering:
     root = group[0]
-    return Lowering(tuple((root, t, nbytes) for t in group[1:]), topo.message_latency_s(group), algorithm="direct",
+    return Lowering(flows=tuple((root, t, nbytes) for t in group[1:]), latency_s=topo.message_latency_s(group), algorithm="direct",
                     protocol="simple")
 
 
 def gather(group, nbytes, topo: Topology) -> Lowering:
     root = group[0]
-    return Lowering(tuple((s, root, nbytes) for s in group[1:]), topo.message_latency_s(group), algorithm="direct",
+    return Lowering(flows=tuple((s, root, nbytes) for s in group[1:]), latency_s=topo.message_latency_s(group), algorithm="direct",
                     protocol="simple")
 
 

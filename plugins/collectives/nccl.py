@@ -145,7 +145,7 @@ def op_channels(n_bytes: float, channels: int, protocol: str, algorithm: str, n_
     return nc
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Group:
     """What NCCL's tuner knows of one communicator."""
 

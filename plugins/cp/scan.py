@@ -24,7 +24,7 @@ DEFAULT_SEQ_LENS = (32768, 65536, 131072, 262144, 524288, 1048576)
 DEFAULT_HIDDEN_THRESHOLD = 0.9
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Cell:
     cp: int
     seq_len: int

@@ -15,7 +15,7 @@ from g5core import ConfigError, Dimension, Fragment, MemoryTerm, expert_work, ho
 
 @hookimpl
 def g5_register_dimensions(register):
-    register(Dimension("ep", factor=False, regroups=("dp", "tp"), default=1,
+    register(Dimension(name="ep", factor=False, regroups=("dp", "tp"), default=1,
                        doc="expert parallelism: EP groups carved from the dp x tp chips (default 1)"))
 
 
