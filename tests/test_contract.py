@@ -289,7 +289,7 @@ BROKEN = [
     ("cyclic fragment", _Cyclic(), "check_fragments", "cycle"),
     ("edge to a foreign op", _ForeignEdge(), "check_fragments", "outside its fragment"),
     ("owner is another plugin", _WrongOwner(), "check_fragments", "owner 'tp'"),
-    ("key outside the prefix", _WrongPrefix(), "check_fragments", "does not start with the prefix"),
+    ("key outside the prefix", _WrongPrefix(), "check_fragments", "does not start with its logical op's prefix"),
     ("head on a chip the op does not run on", _HeadOnWrongChip(), "check_fragments", "does not run on"),
     ("nondeterministic keys", _Counter(), "check_deterministic", "differs between two builds"),
     ("negative memory", _NegativeMemory(), "check_memory_terms", "-1.0 bytes"),

@@ -156,7 +156,7 @@ def test_tryfirst_sets_the_order_of_implementations():
     assert hooks.implementations("g5_register_dimensions")[0].plugin_name == "early"
     assert [i.plugin_name for i in hooks.plugin_implementations("g5_register_dimensions", "tp")] == ["tp"]
     seen = []
-    hooks.call_registration("g5_register_dimensions", lambda plugin: lambda dim: seen.append((plugin, dim.name)))
+    hooks.call_registration("g5_register_dimensions", lambda plugin, dim: seen.append((plugin, dim.name)))
     assert seen[0] == ("early", "zz") and ("tp", "tp") in seen
 
 

@@ -8,8 +8,11 @@ inside the engine's event loop. Calling modes:
 - contribution hooks are collect-all: every plugin may answer and the core merges the
   answers (``None`` means "nothing to add");
 - guard hooks return ``None`` for "no objection" or a message explaining the refusal;
-- ``g5_compute_latency`` is ``firstresult``: the first plugin that answers wins (the
-  roofline plugin answers last, as the default).
+- first-answer hooks (``g5_topology``, ``g5_compute_latency``): the core asks the plugins in
+  order and the first that answers (not ``None``) wins; the roofline plugin answers
+  ``g5_compute_latency`` last, as the default. The core calls every hook through its facade
+  (:class:`g5core.api.plugins.Hooks`), one implementation at a time, so no spec carries
+  pluggy's ``firstresult`` flag.
 
 The annotations name the types by their ``g5core`` names (``BuildContext``, ``Fragment``,
 ``MemoryTerm``... exported from ``g5core``; ``Deployment``, ``ModelSpec``, ``SystemSpec`` from
@@ -160,9 +163,9 @@ def g5_register_primitives(
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def g5_topology(system: "SystemSpec", chips: int) -> Optional["Topology"]:
-    """The network of ``chips`` chips on ``system`` (firstresult).
+    """The network of ``chips`` chips on ``system`` (first answer wins).
 
     Return a :class:`g5core.build.topology.Topology`, or ``None`` to let the core build it from
     the system file (scale-up links, NICs, and an optional oversubscribed fabric tier).
@@ -174,11 +177,11 @@ def g5_topology(system: "SystemSpec", chips: int) -> Optional["Topology"]:
 # --------------------------------------------------------------------------------------
 
 
-@hookspec(firstresult=True)
+@hookspec
 def g5_compute_latency(
     op: "ComputeOp", system: "SystemSpec", deployment: "Deployment"
 ) -> Optional[float]:
-    """Seconds a compute op takes on its chip (firstresult).
+    """Seconds a compute op takes on its chip (first answer wins).
 
     Return ``None`` to let the next plugin answer, seconds, or a
     ``g5core.sim.compute.ComputeTime(seconds, measured_s)`` saying how much of the time came

@@ -322,7 +322,7 @@ def _add_ops(dag: OpDag, frag: Fragment, lop: LogicalOp, owner: str, prefixes: t
         key = op.key
         if not (type(op) is ComputeOp and type(op.chip) is int and 0 <= op.chip < n_chips
                 and key.startswith(prefixes)):
-            _check_op(op, prefixes, owner, n_chips, primitives)
+            check_op(op, prefixes, owner, n_chips, primitives)
         if key in own:
             raise DagError(f"op key {key!r} made twice (by {dag.owner(own[key])} and {op.owner})")
         own[key] = append(op)
@@ -395,27 +395,13 @@ def _add_tiled(dag: OpDag, rep: Replicated | Tiled, lop: LogicalOp, owner: str, 
     new: list[tuple] = []                 # families first seen here: their specs per tile
     spec_tables = tiles_cache.specs
     for j, op in enumerate(ops):
+        check_op(op, prefixes, owner, m, primitives, on_slots=True)
         kind = type(op)
-        if kind is ComputeOp:
-            slots, group = (op.chip,), None
-        elif kind is CommOp:
-            slots = group = op.group
-            require_lowering(op, primitives)
-            if len(set(group)) != len(group) or len(group) < 2:
-                raise DagError(f"op {op.key!r} made by plugin '{owner}' has a bad group {group}")
-        else:
-            raise PluginError(owner, f"fragment holds {op!r}, not a ComputeOp or CommOp")
-        for s in slots:
-            if not (type(s) is int and 0 <= s < m):
-                raise DagError(f"op {op.key!r} made by plugin '{owner}' in a tiled template is on slot {s!r}, "
-                               f"outside 0..{m - 1}")
+        group = op.group if kind is CommOp else None
         stem, arg = split_key(op.key, group)
         if arg == KEY_VERBATIM or arg >= m:
             raise DagError(f"op {op.key!r} made by plugin '{owner}' in a tiled template is not keyed on its slots "
                            f"(...@c<slot>, or its group's ...@c<a>->c<b> or ...@g<a>-<b>-...)")
-        if not (stem + "@").startswith(prefixes):
-            raise DagError(f"op {op.key!r} made by plugin '{owner}' does not start with its logical op's prefix "
-                           f"{prefixes[0][:-1]!r}")
         if op.key in local:
             raise DagError(f"op key {op.key!r} made twice (by {ops[local[op.key]].owner} and {op.owner})")
         local[op.key] = j
@@ -520,7 +506,12 @@ def _tile_key(op, tile: tuple, lop: LogicalOp) -> str:
         return op.key
 
 
-def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives: Mapping) -> None:
+def check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives: Mapping,
+             on_slots: bool = False) -> None:
+    """The one check of an op a plugin made (the build's, per op and per tiled template, and
+    the contract suite's): a ComputeOp, or a CommOp of an enabled primitive over two members
+    or more, each once; keyed under its logical op's ``prefixes``; on chips ``0 .. chips - 1``
+    (slots of a tiled template with ``on_slots``)."""
     kind = type(op)
     if kind is ComputeOp:
         members = (op.chip,)
@@ -536,7 +527,8 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
                        f"{prefixes[0][:-1]!r}")
     for c in members:
         if not (type(c) is int and 0 <= c < chips):
-            raise DagError(f"op {op.key!r} made by plugin '{owner}' is placed on chip {c!r}, outside 0..{chips - 1}")
+            where = f"in a tiled template is on slot {c!r}" if on_slots else f"is placed on chip {c!r}"
+            raise DagError(f"op {op.key!r} made by plugin '{owner}' {where}, outside 0..{chips - 1}")
 
 
 # ----------------------------------------------------------------------------------------

@@ -286,6 +286,14 @@ def disabled_from_config(data: Mapping) -> tuple[str, ...]:
     return tuple(names)
 
 
+def all_disabled(raw: Mapping | Deployment | None, disabled: Iterable[str] = ()) -> tuple[str, ...]:
+    """The plugins a run disables: ``disabled`` (the command line's), then the configuration's
+    ``plugins.disable`` (a Deployment's ``disabled_plugins``), each name once, in that order."""
+    from_config = () if raw is None else (raw.disabled_plugins if isinstance(raw, Deployment)
+                                          else disabled_from_config(raw))
+    return tuple(dict.fromkeys(tuple(disabled) + tuple(from_config)))
+
+
 # ----------------------------------------------------------------------------------------
 # Files and overrides
 # ----------------------------------------------------------------------------------------

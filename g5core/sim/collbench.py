@@ -11,7 +11,6 @@ of all_gather, the input of reduce_scatter.
 from __future__ import annotations
 
 import re
-import types
 from typing import Iterable
 
 from g5core.api.errors import ConfigError
@@ -84,7 +83,7 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
     from g5core.sim.collective import collect_primitives
     from g5core.api.ops import CommOp
     from g5core.build.dag import OpDag
-    from g5core.sim.engine import compile_dag
+    from g5core.sim.engine import compile_ops
     from g5core.api.plugins import Hooks, make_plugin_manager
     from g5core.inputs.systems import get_system
 
@@ -101,15 +100,13 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
                                 f"the enabled plugins lower {', '.join(primitives) or 'none'}")
     system = get_system(system_name)
     topo = make_topology(hooks, system, chips)
-    plan = types.SimpleNamespace(ctx=types.SimpleNamespace(topology=topo, system=system, deployment=None), hooks=hooks,
-                                 primitives=primitives)
     group = tuple(range(chips))
 
     def compile_one(size: float):
         dag = OpDag()
         dag.add_op(CommOp(key="collective", primitive=primitive, group=group, bytes_per_rank=float(size),
                           reason="collective", layer=0, name="collective", owner="g5"))
-        return compile_dag(dag, plan)
+        return compile_ops(dag, topology=topo, primitives=primitives, hooks=hooks, system=system, deployment=None)
 
     return compile_one
 

@@ -25,17 +25,14 @@ def collect_primitives(hooks: Hooks) -> Mapping[str, tuple[str, LowerFn]]:
     """Primitive name -> (plugin, lowering function); a name registered twice is an error."""
     found: dict[str, tuple[str, LowerFn]] = {}
 
-    def make_register(plugin: str):
-        def register(name: str, lower: LowerFn) -> None:
-            if not isinstance(name, str) or not callable(lower):
-                raise PluginError(plugin, f"g5_register_primitives: register(name, callable) got {name!r}, {lower!r}")
-            if name in found:
-                raise PluginError(plugin, f"primitive '{name}' is already registered by plugin '{found[name][0]}'")
-            found[name] = (plugin, lower)
+    def record(plugin: str, name: str, lower: LowerFn) -> None:
+        if not isinstance(name, str) or not callable(lower):
+            raise PluginError(plugin, f"g5_register_primitives: register(name, callable) got {name!r}, {lower!r}")
+        if name in found:
+            raise PluginError(plugin, f"primitive '{name}' is already registered by plugin '{found[name][0]}'")
+        found[name] = (plugin, lower)
 
-        return register
-
-    hooks.call_registration("g5_register_primitives", make_register)
+    hooks.call_registration("g5_register_primitives", record)
     return dict(sorted(found.items()))
 
 

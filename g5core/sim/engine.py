@@ -25,7 +25,7 @@ import math
 from array import array
 from collections import defaultdict
 from functools import partial
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -153,24 +153,23 @@ class CompiledDag:
         """Per op: (algorithm, protocol, channels) of a comm op, () for compute."""
         return TableView(self.algos, self.comm_algo_id)
 
-    @property
-    def edges_u(self) -> np.ndarray:
-        """Predecessor of every distinct edge (with :attr:`edges_v`), grouped by predecessor."""
-        return np.repeat(np.arange(self.n_ops, dtype=self.succ.bounds_array().dtype), np.diff(self.succ.bounds_array()))
-
-    @property
-    def edges_v(self) -> np.ndarray:
-        return self.succ.targets_array()
-
 
 def compile_dag(dag: OpDag, plan) -> CompiledDag:
+    """:func:`compile_ops` of a prepared run's DAG (``plan``: g5core.build.builder.Plan)."""
+    ctx = plan.ctx
+    return compile_ops(dag, topology=ctx.topology, primitives=plan.primitives, hooks=plan.hooks, system=ctx.system,
+                       deployment=ctx.deployment)
+
+
+def compile_ops(dag: OpDag, *, topology: Topology, primitives: Mapping, hooks, system, deployment) -> CompiledDag:
     """Ask the plugins once per distinct op (spec) for durations and lowerings; validate;
     return columns made with numpy from the per-spec answers (no Python work per op).
-    Edges are de-duplicated and turned into successor lists."""
-    ctx = plan.ctx
-    topo: Topology = ctx.topology
+    Edges are de-duplicated and turned into successor lists. ``primitives`` are the
+    lowerings (g5core.sim.collective.collect_primitives); ``hooks``, ``system`` and
+    ``deployment`` answer the compute latencies (a DAG of comm ops only needs none)."""
+    topo = topology
     n = len(dag)
-    compute = LatencyLookup(hooks=plan.hooks, system=ctx.system, deployment=ctx.deployment)
+    compute = LatencyLookup(hooks=hooks, system=system, deployment=deployment)
     answer_id, answers = compute.answer_id, compute.answers
     spec = dag.spec_array()
     n_specs = len(dag.specs)
@@ -201,7 +200,7 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
         key = (p.primitive, p.group, p.bytes_per_rank)
         low = lowering_cache.get(key)
         if low is None:
-            lowered, flows = lower_op(dag.op(first), plan.primitives, topo)
+            lowered, flows = lower_op(dag.op(first), primitives, topo)
             algo = (lowered.algorithm, lowered.protocol, lowered.channels)
             low = lowering_cache[key] = (
                 len(t_src), len(flows), float(lowered.latency_s), algo_ids.setdefault(algo, len(algo_ids)),

@@ -56,14 +56,7 @@ def conservation_kpis(engine: Engine) -> dict[str, float]:
         del comp
         c, s, e = d.chip[o], start[o], end[o]
         overlap = int(np.count_nonzero((c[1:] == c[:-1]) & (s[1:] < e[:-1])))
-    return {
-        "ops_not_executed_once": not_once,
-        "ops_started_before_predecessor_finished": early,
-        "bytes_injected_minus_delivered": bytes_kpi,
-        "dag_flops_minus_executed_flops": flops_kpi,
-        "port_bytes_beyond_capacity": port_kpi,
-        "overlapping_compute_intervals": overlap,
-    }
+    return dict(zip(KPI_NAMES, (not_once, early, bytes_kpi, flops_kpi, port_kpi, overlap), strict=True))
 
 
 #: Ops whose out-edges the causality KPI checks at once (bounds its temporary arrays).

@@ -16,7 +16,7 @@ import attrs
 
 from g5core.build.builder import Plan, build_dag, check_size, prepare
 from g5core.api.errors import ConfigError, G5Error
-from g5core.inputs.config import Deployment, apply_overrides, disabled_from_config, load_config_file
+from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load_config_file
 from g5core.sim.engine import Engine, compile_dag
 from g5core.sim.mathpath import MathResult, math_estimate
 from g5core.sim.memory import MemoryReport, memory_report
@@ -33,8 +33,7 @@ def load_raw(path, overrides: Iterable[str] = ()) -> dict:
 def make_plan(raw: Mapping | Deployment, disabled: Iterable[str] = (), extra_plugins: Sequence = (),
               source: str = "configuration", max_ops: Optional[int] = None) -> Plan:
     """Plugin manager (CLI and config disables together) and a validated, prepared run."""
-    from_config = raw.disabled_plugins if isinstance(raw, Deployment) else disabled_from_config(raw)
-    names = tuple(dict.fromkeys(tuple(disabled) + tuple(from_config)))
+    names = all_disabled(raw, disabled)
     pm = make_plugin_manager(disabled=names, extra_plugins=extra_plugins)
     plan = prepare(raw, pm, source=source, max_ops=max_ops)
     if names and not plan.ctx.deployment.disabled_plugins == names:

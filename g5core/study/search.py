@@ -18,7 +18,7 @@ from typing import Mapping, Optional, Sequence
 
 import attrs
 
-from g5core.inputs.config import disabled_from_config
+from g5core.inputs.config import all_disabled
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.sim.memory import GIB
@@ -159,7 +159,7 @@ def best_layouts(raw: Mapping, objective: Optional[str] = None, db_path=None, di
 
     phase = raw.get("phase")
     objective = _objective(objective, phase)
-    names = tuple(dict.fromkeys(tuple(disabled) + disabled_from_config(raw)))
+    names = all_disabled(raw, disabled)
     dims = collect_dimensions(Hooks(make_plugin_manager(disabled=names, extra_plugins=extra_plugins)))
     chips = raw.get("chips")
     if isinstance(chips, bool) or not isinstance(chips, int) or chips <= 0:

@@ -30,9 +30,9 @@ import attrs
 import yaml
 
 from g5core.version import __version__
-from g5core.inputs.config import Deployment, apply_overrides, disabled_from_config
+from g5core.inputs.config import Deployment, all_disabled, apply_overrides
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
-from g5core.api.errors import ConfigError, G5Error, PluginError
+from g5core.api.errors import ConfigError, G5Error
 from g5core.api.plugins import Hooks, make_plugin_manager
 from g5core.api.records import SweepPreset
 from g5core.study.resultsdb import ResultsDB, config_hash, utc_now
@@ -361,21 +361,7 @@ def default_progress(stream=None):
 
 def collect_presets(hooks: Hooks) -> dict[str, SweepPreset]:
     """Every preset the enabled plugins register; a name registered twice is an error."""
-    found: dict[str, SweepPreset] = {}
-
-    def make_register(plugin: str):
-        def register(preset: SweepPreset) -> None:
-            if not isinstance(preset, SweepPreset):
-                raise PluginError(plugin, f"g5_register_sweep_presets: expected a SweepPreset, got {preset!r}")
-            if preset.name in found:
-                raise PluginError(plugin, f"sweep preset '{preset.name}' is already registered by plugin "
-                                          f"'{found[preset.name].owner}'")
-            found[preset.name] = attrs.evolve(preset, owner=plugin)
-
-        return register
-
-    hooks.call_registration("g5_register_sweep_presets", make_register)
-    return found
+    return hooks.collect_named("g5_register_sweep_presets", SweepPreset, "sweep preset")
 
 
 # ----------------------------------------------------------------------------------------
@@ -432,7 +418,7 @@ class _Dims:
 def _plan_cell(n: int, base: Mapping, point: Mapping, disabled: Sequence[str], dims: _Dims) -> _Cell:
     raw = apply_point(base, point)
     try:
-        names = tuple(dict.fromkeys(tuple(disabled) + disabled_from_config(raw)))
+        names = all_disabled(raw, disabled)
         registry = dims(names)
         raw = resolve_auto(raw, registry)
         resolved = resolved_config(raw, registry)
@@ -446,7 +432,7 @@ def check_base(base: Mapping, disabled: Sequence[str] = (), extra_plugins: Seque
     """The base configuration must be valid by itself (after ``auto``): an error before any file is written."""
     from g5core.sim.run import make_plan
 
-    names = tuple(dict.fromkeys(tuple(disabled) + disabled_from_config(base)))
+    names = all_disabled(base, disabled)
     raw = resolve_auto(base, _Dims(extra_plugins)(names))
     make_plan(raw, disabled, extra_plugins, source="base configuration")
 
@@ -579,7 +565,7 @@ def run_preset(name: str, base: Mapping, db_path, axes: Optional[Mapping[str, Se
                options: Optional[Mapping] = None, disabled: Sequence[str] = (), **kwargs) -> PresetReport:
     """Run a registered preset: its grid (``axes`` replaces the values of named axes), its fixed
     overrides, then its check over the rows."""
-    names = tuple(dict.fromkeys(tuple(disabled) + disabled_from_config(base)))
+    names = all_disabled(base, disabled)
     preset = get_preset(name, names, kwargs.get("extra_plugins", ()))
     axes = dict(axes or {})
     unknown = set(axes) - {k for k, _ in preset.grid}
