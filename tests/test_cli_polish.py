@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from g5core.present.cli import _fmt_s
+from g5core.present.render import _fmt_s
 
 from test_cli import error_line, ok
 

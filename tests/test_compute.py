@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from g5core.sim.compute import Attention, ComputeModel, Elementwise, Gemm, Profile
+from g5core.inputs.systems import ComputeModel, Profile
+from g5core.sim.compute import Attention, Elementwise, Gemm
 from g5core.api.errors import ConfigError
 from g5core.sim.run import make_plan, run
 from g5core.inputs.systems import SystemSpec, get_system

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from g5core import ConfigError, DagError, Dimension, hookimpl
-from g5core.present.cli import render_explain
+from g5core.present.render import render_explain
 from g5core.sim.run import make_plan, run
 from plugin_sets import THIRD_PARTY
 

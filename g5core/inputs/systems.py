@@ -20,7 +20,6 @@ from typing import Any, Iterator, Mapping
 import attrs
 import yaml
 
-from g5core.sim.compute import ComputeModel, Profile
 from g5core.inputs.dtypes import BYTES_PER_ELEMENT
 from g5core.api.errors import ConfigError, suggest
 from g5core.inputs.reading import DuplicateKeyError, UniqueKeyLoader, check_range, duplicate_key_error, read_text, safe_float
@@ -290,6 +289,156 @@ def _nccl_map(instance, attribute, value) -> None:
         if choice.get("algorithm") == "tree" and coll != "all_reduce":
             raise ConfigError(f"{field}.{coll}.algorithm", f"NCCL runs tree only for all_reduce, not {coll}; "
                                                            "choose ring (or nvls)")
+
+
+# ----------------------------------------------------------------------------------------
+# The size-aware roofline's parameters (the ``compute_model`` block of a system file)
+# ----------------------------------------------------------------------------------------
+
+FLOOR_KEYS = ("gemm", "attention", "decode_attention", "elementwise")
+
+
+def _cm_fraction(field: str, v) -> float:
+    from g5core.api.errors import ConfigError
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1:
+        raise ConfigError(field, f"expected a fraction in (0, 1], got {v!r}")
+    return float(v)
+
+
+def _cm_positive(field: str, v, integer: bool = False) -> float:
+    from g5core.api.errors import ConfigError
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    if ok and integer and float(v) != int(v):
+        ok = False
+    if not ok:
+        raise ConfigError(field, f"expected a positive {'integer' if integer else 'number'}, got {v!r}")
+    return int(v) if integer else float(v)
+
+
+@attrs.frozen(kw_only=True)
+class ComputeModel:
+    """Parameters of the size-aware roofline (:mod:`g5core.sim.roofline` documents the formulas).
+
+    All required when the block is given; a system file without the block runs the flat
+    roofline (``efficiency`` per op class) and the run output says so.
+    """
+
+    gemm_peak_fraction: tuple        # ((dtype, fraction), ...): large-GEMM fraction of dense peak
+    gemm_tile_m: int
+    gemm_tile_n: int
+    gemm_tile_k: int
+    sm_count: int                    # streaming multiprocessors: one GEMM tile per SM per wave
+    attention_peak_fraction: float   # flash attention's asymptotic fraction of peak (long blocks)
+    attention_half_length_tokens: float  # block length at which it reaches half that fraction
+    hbm_fraction: float              # achieved fraction of HBM bandwidth of a streaming kernel
+    kernel_floor_s: tuple            # ((kernel kind, seconds), ...) for FLOOR_KEYS
+
+    KEYS = ("gemm_peak_fraction", "gemm_tile_m", "gemm_tile_n", "gemm_tile_k", "sm_count",
+            "attention_peak_fraction", "attention_half_length_tokens", "hbm_fraction", "kernel_floor_s")
+
+    @classmethod
+    def from_mapping(cls, data, field: str = "system.compute_model") -> "ComputeModel":
+        from g5core.api.errors import ConfigError, suggest
+        if not hasattr(data, "items"):
+            raise ConfigError(field, f"expected a mapping with keys {', '.join(cls.KEYS)}, got {data!r}")
+        for key in data:
+            if key not in cls.KEYS:
+                raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), cls.KEYS)}; "
+                                                    f"valid keys: {', '.join(cls.KEYS)}")
+        for key in cls.KEYS:
+            if key not in data:
+                raise ConfigError(f"{field}.{key}", f"missing; the compute_model block needs all of "
+                                                    f"{', '.join(cls.KEYS)} (see the shipped system files)")
+        peaks = data["gemm_peak_fraction"]
+        if not hasattr(peaks, "items") or not peaks:
+            raise ConfigError(f"{field}.gemm_peak_fraction", f"expected a mapping of dtype to fraction, got {peaks!r}")
+        floors = data["kernel_floor_s"]
+        if not hasattr(floors, "items"):
+            raise ConfigError(f"{field}.kernel_floor_s", f"expected a mapping with keys {', '.join(FLOOR_KEYS)}")
+        for key in floors:
+            if key not in FLOOR_KEYS:
+                raise ConfigError(f"{field}.kernel_floor_s.{key}", f"unknown kernel kind; valid: {', '.join(FLOOR_KEYS)}")
+        out = {}
+        for key in FLOOR_KEYS:
+            if key not in floors:
+                raise ConfigError(f"{field}.kernel_floor_s.{key}", f"missing; give all of {', '.join(FLOOR_KEYS)}")
+            v = floors[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"{field}.kernel_floor_s.{key}", f"expected seconds >= 0, got {v!r}")
+            out[key] = float(v)
+        return cls(
+            gemm_peak_fraction=tuple(sorted((str(k), _cm_fraction(f"{field}.gemm_peak_fraction.{k}", v))
+                                            for k, v in peaks.items())),
+            gemm_tile_m=_cm_positive(f"{field}.gemm_tile_m", data["gemm_tile_m"], True),
+            gemm_tile_n=_cm_positive(f"{field}.gemm_tile_n", data["gemm_tile_n"], True),
+            gemm_tile_k=_cm_positive(f"{field}.gemm_tile_k", data["gemm_tile_k"], True),
+            sm_count=_cm_positive(f"{field}.sm_count", data["sm_count"], True),
+            attention_peak_fraction=_cm_fraction(f"{field}.attention_peak_fraction", data["attention_peak_fraction"]),
+            attention_half_length_tokens=_cm_positive(f"{field}.attention_half_length_tokens",
+                                                      data["attention_half_length_tokens"]),
+            hbm_fraction=_cm_fraction(f"{field}.hbm_fraction", data["hbm_fraction"]),
+            kernel_floor_s=tuple((k, out[k]) for k in FLOOR_KEYS),
+        )
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in self.KEYS}
+        out["gemm_peak_fraction"] = dict(self.gemm_peak_fraction)
+        out["kernel_floor_s"] = dict(self.kernel_floor_s)
+        return out
+
+    def gemm_fraction(self, dtype: str) -> float:
+        from g5core.api.errors import ConfigError
+        table = dict(self.gemm_peak_fraction)
+        if dtype not in table:
+            raise ConfigError("system.compute_model.gemm_peak_fraction",
+                              f"no GEMM peak fraction for dtype '{dtype}' (it lists {', '.join(table)}); add it")
+        return table[dtype]
+
+    def floor_s(self, kind: str) -> float:
+        return dict(self.kernel_floor_s)[kind]
+
+
+PROFILE_SOURCES = ("aiconfigurator",)
+PROFILE_KEYS = ("source", "gpu", "framework", "version")
+
+
+@attrs.frozen(kw_only=True)
+class Profile:
+    """A measured per-op table set chosen in the system file (``profile:``)."""
+
+    source: str
+    gpu: str
+    framework: str
+    version: str = ""   # "" = the newest version the tables hold for each op
+
+    @classmethod
+    def from_mapping(cls, data, field: str = "system.profile") -> "Profile":
+        from g5core.api.errors import ConfigError, suggest
+        if not hasattr(data, "items"):
+            raise ConfigError(field, "expected a mapping such as {source: aiconfigurator, gpu: h100_sxm, "
+                                     f"framework: trtllm}}, got {data!r}")
+        for key in data:
+            if key not in PROFILE_KEYS:
+                raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), PROFILE_KEYS)}; "
+                                                    f"valid keys: {', '.join(PROFILE_KEYS)}")
+        for key in PROFILE_KEYS[:3]:
+            v = data.get(key)
+            if not isinstance(v, str) or not v.strip():
+                raise ConfigError(f"{field}.{key}", "missing or empty; give e.g. source: aiconfigurator, "
+                                                    "gpu: h100_sxm, framework: trtllm")
+        if data["source"] not in PROFILE_SOURCES:
+            raise ConfigError(f"{field}.source", f"unknown source {data['source']!r}; known: "
+                                                 f"{', '.join(PROFILE_SOURCES)}")
+        version = data.get("version", "")
+        if not isinstance(version, str):
+            raise ConfigError(f"{field}.version", f"expected a version string such as '1.3.0rc20', got {version!r}")
+        return cls(source=data["source"], gpu=data["gpu"], framework=data["framework"], version=version)
+
+    def to_dict(self) -> dict:
+        out = {"source": self.source, "gpu": self.gpu, "framework": self.framework}
+        if self.version:
+            out["version"] = self.version
+        return out
 
 
 def _to_compute_model(value: Any) -> Any:

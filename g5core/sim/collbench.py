@@ -111,13 +111,3 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
     return compile_one
 
 
-def render_rows(primitive: str, system_name: str, chips: int, nodes: int, rows: list[dict]) -> str:
-    """The table nccl-tests prints (size, time in us, algbw and busbw in GB/s), plus the
-    algorithm, protocol and channels G5's NCCL model chose."""
-    lines = [f"# {ALIASES.get(primitive, primitive)} on {chips} chips of {system_name} ({nodes} node"
-             f"{'s' if nodes != 1 else ''}); time of the op alone, GB/s = 1e9 bytes/s",
-             f"#{'size':>12} {'time(us)':>11} {'algbw':>8} {'busbw':>8}  {'algorithm':<9} {'protocol':<8} channels"]
-    for r in rows:
-        lines.append(f" {r['size_bytes']:>12} {r['time_s'] * 1e6:>11.2f} {r['algbw_bytes_per_s'] / 1e9:>8.2f} "
-                     f"{r['busbw_bytes_per_s'] / 1e9:>8.2f}  {r['algorithm']:<9} {r['protocol']:<8} {r['channels']}")
-    return "\n".join(lines)

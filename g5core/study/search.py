@@ -21,7 +21,6 @@ import attrs
 from g5core.inputs.config import all_disabled
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, G5Error, PluginError
-from g5core.sim.memory import GIB
 from g5core.api.plugins import Hooks, make_plugin_manager
 
 #: objective -> (column, best is the largest)
@@ -196,31 +195,3 @@ def best_layouts(raw: Mapping, objective: Optional[str] = None, db_path=None, di
                         excluded=tuple(excluded), sweep_id=report.sweep_id)
 
 
-def render_best(result: SearchResult, top: int, fmt_s, fmt_bytes, table) -> str:
-    """The text of ``g5 best``: top K, the Pareto front, and why the others were excluded."""
-    obj_col = {"ttft": "TTFT", "tpot": "TPOT", "tokens_per_s_per_chip": "tokens/s/chip"}[result.objective]
-
-    def rows(cands, rank=True):
-        return [([i + 1] if rank else []) + [layout_label(c.parallel), fmt_s(c.latency_s),
-                                              f"{c.tokens_per_s_per_chip:.4g}", fmt_bytes(c.max_total_bytes)]
-                for i, c in enumerate(cands)]
-
-    head = ["parallel", "latency", "tokens/s/chip", "max memory per chip"]
-    simulated = len(result.ranked)
-    lines = [f"{result.layouts} layouts: {simulated} simulated, {len(result.excluded)} excluded; "
-             f"ranked by {obj_col} (best first)", table(rows(result.ranked[:top]), ["rank"] + head)]
-    lines += ["", "Pareto front (no other layout is both faster and lighter per chip):",
-              table(rows(result.pareto, rank=False), head)]
-    if result.excluded:
-        lines += ["", "excluded:"]
-        for family, members in result.families():
-            examples = ", ".join(f"[{layout_label(e.parallel)}]" for e in members[:3])
-            more = f" and {len(members) - 3} more" if len(members) > 3 else ""
-            if family == "memory":
-                lo = min(e.shortfall_bytes for e in members) / GIB
-                hi = max(e.shortfall_bytes for e in members) / GIB
-                by = f"{lo:.2f} GiB" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f} to {hi:.2f} GiB"
-                lines.append(f"  does not fit: {len(members)} layout(s), short by {by}: {examples}{more}")
-            else:
-                lines.append(f"  {family}: {len(members)} layout(s) ({examples}{more}); e.g. {members[0].reason}")
-    return "\n".join(lines)
