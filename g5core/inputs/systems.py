@@ -299,14 +299,12 @@ FLOOR_KEYS = ("gemm", "attention", "decode_attention", "elementwise")
 
 
 def _cm_fraction(field: str, v) -> float:
-    from g5core.api.errors import ConfigError
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1:
         raise ConfigError(field, f"expected a fraction in (0, 1], got {v!r}")
     return float(v)
 
 
 def _cm_positive(field: str, v, integer: bool = False) -> float:
-    from g5core.api.errors import ConfigError
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
     if ok and integer and float(v) != int(v):
         ok = False
@@ -338,7 +336,6 @@ class ComputeModel:
 
     @classmethod
     def from_mapping(cls, data, field: str = "system.compute_model") -> "ComputeModel":
-        from g5core.api.errors import ConfigError, suggest
         if not hasattr(data, "items"):
             raise ConfigError(field, f"expected a mapping with keys {', '.join(cls.KEYS)}, got {data!r}")
         for key in data:
@@ -387,7 +384,6 @@ class ComputeModel:
         return out
 
     def gemm_fraction(self, dtype: str) -> float:
-        from g5core.api.errors import ConfigError
         table = dict(self.gemm_peak_fraction)
         if dtype not in table:
             raise ConfigError("system.compute_model.gemm_peak_fraction",
@@ -413,7 +409,6 @@ class Profile:
 
     @classmethod
     def from_mapping(cls, data, field: str = "system.profile") -> "Profile":
-        from g5core.api.errors import ConfigError, suggest
         if not hasattr(data, "items"):
             raise ConfigError(field, "expected a mapping such as {source: aiconfigurator, gpu: h100_sxm, "
                                      f"framework: trtllm}}, got {data!r}")

@@ -10,9 +10,7 @@ import click
 from g5core.build.builder import DEFAULT_MAX_OPS
 from g5core.api.errors import ConfigError, G5Error
 from g5core.sim.memory import GIB
-from g5core.present.render import (
-    _fmt_bytes, _fmt_s, _table, render_calibrate, render_explain, render_summary, render_validate,
-)
+from g5core.present.render import render_calibrate, render_explain, render_summary, render_validate, table
 
 
 def _fail(exc: Exception) -> None:
@@ -249,7 +247,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     if as_json:
         click.echo(json.dumps([c.to_json_dict() for c in result.ranked[:top]], indent=2))
         return
-    click.echo(render_best(result, top, _fmt_s, _fmt_bytes, _table))
+    click.echo(render_best(result, top))
 
 
 @main.command("plot")
@@ -310,7 +308,7 @@ def models_cmd():
         rows.append([name, m.attention.kind, m.n_layers, m.hidden_size, f"{c.total / 1e9:.1f}B",
                      f"{c.active / 1e9:.1f}B", m.moe.n_routed_experts if m.moe else "-",
                      m.kv_bytes_per_token_per_layer(2)])
-    click.echo(_table(rows, ["model", "attention", "layers", "hidden", "params", "active", "experts",
+    click.echo(table(rows, ["model", "attention", "layers", "hidden", "params", "active", "experts",
                              "c_kv bf16 (B)"]))
     click.echo("\nA model can also be a path to a Hugging Face config.json.")
 
@@ -329,7 +327,7 @@ def systems_cmd(ctx):
         rows.append([name, s.chips_per_node, f"{s.hbm_capacity_bytes / GIB:.0f}", f"{s.hbm_bw_bytes_per_s / 1e12:.2f}",
                      f"{s.peak_flops_per_s['bf16'] / 1e12:.0f}", f"{s.intra_node_bw_bytes_per_s / 1e9:.1f}",
                      f"{s.nics} x {s.network_bw_bytes_per_s / 1e9:.0f}", "yes" if s.nvls else "no"])
-    click.echo(_table(rows, ["system", "chips/node", "HBM GiB", "HBM TB/s", "bf16 TFLOP/s", "link GB/s",
+    click.echo(table(rows, ["system", "chips/node", "HBM GiB", "HBM TB/s", "bf16 TFLOP/s", "link GB/s",
                              "NICs x GB/s", "NVLS"]))
     click.echo("\nA system can also be a path to a YAML file with the same fields (docs/system-file.md); "
                "`g5 systems show NAME` prints one.")
@@ -358,7 +356,7 @@ def collective_cmd(op, system_name, chips, sizes, factor, disabled, as_json):
     OP is all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, gather or p2p
     (nccl-tests names such as allreduce and alltoall work too)."""
     from g5core.sim.collbench import collective_rows, size_range
-    from g5core.present.render import render_rows
+    from g5core.present.render import render_collective
     from g5core.inputs.systems import get_system
 
     sizes_list = size_range(sizes, factor)
@@ -367,7 +365,7 @@ def collective_cmd(op, system_name, chips, sizes, factor, disabled, as_json):
         click.echo(json.dumps(rows, indent=1, allow_nan=False))
         return
     system = get_system(system_name)
-    click.echo(render_rows(op, system.name, chips, -(-chips // system.chips_per_node), rows))
+    click.echo(render_collective(op, system.name, chips, -(-chips // system.chips_per_node), rows))
 
 
 @main.command("plugins")
@@ -380,11 +378,7 @@ def plugins_cmd(disabled):
     rows = [[p.name, "enabled" if p.enabled else "disabled",
              (", ".join(p.hooks) or "-") if p.enabled else "(not loaded while disabled)"]
             for p in describe_plugins(pm)]
-    click.echo(_table(rows, ["plugin", "state", "hooks"]))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
+    click.echo(table(rows, ["plugin", "state", "hooks"]))
 
 
 @main.command("validate")
@@ -414,3 +408,5 @@ def calibrate_cmd(measured, fit, output, as_json):
     click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_calibrate(report))
 
 
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -13,7 +13,7 @@ from g5core.sim.memory import GIB
 from g5core.study.search import SearchResult, layout_label
 
 
-def _fmt_s(seconds: float) -> str:
+def fmt_s(seconds: float) -> str:
     """Four significant digits at any magnitude: 1.244 s, 83.72 s, 41.53 ms, 4.888e+09 s."""
     if seconds >= 1 or seconds == 0:
         return f"{seconds:.4g} s"
@@ -22,14 +22,14 @@ def _fmt_s(seconds: float) -> str:
     return f"{seconds * 1e6:.4g} us"
 
 
-def _fmt_bytes(n: float) -> str:
+def fmt_bytes(n: float) -> str:
     for unit, scale in (("GiB", GIB), ("MiB", 2.0 ** 20), ("KiB", 1024.0)):
         if n >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{n:.0f} B"
 
 
-def _table(rows: list[list[Any]], header: list[str]) -> str:
+def table(rows: list[list[Any]], header: list[str]) -> str:
     cells = [header] + [[str(c) for c in r] for r in rows]
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
@@ -61,15 +61,15 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
     lines.append(f"{model} on {dep.chips} x {system}  [{par}{_options_note(dep)}]  "
                  f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}, path {dep.path}")
     metric = "TTFT" if dep.phase == "prefill" else "TPOT"
-    lines.append(f"{metric}: {_fmt_s(out.latency_s)}")
+    lines.append(f"{metric}: {fmt_s(out.latency_s)}")
     if out.sim is None:
-        lines.append(f"closed form: compute {_fmt_s(out.math.compute_s)} + communication {_fmt_s(out.math.comm_s)} "
+        lines.append(f"closed form: compute {fmt_s(out.math.compute_s)} + communication {fmt_s(out.math.comm_s)} "
                      "(alpha-beta), no overlap, no contention")
     if out.sim is not None:
         sim = out.sim
         if out.math is not None:
             ratio = out.math.latency_s / sim.latency_s if sim.latency_s else float("nan")
-            lines.append(f"{metric} (Math path): {_fmt_s(out.math.latency_s)}  (math / g5 = {ratio:.3f})")
+            lines.append(f"{metric} (Math path): {fmt_s(out.math.latency_s)}  (math / g5 = {ratio:.3f})")
         ov = sim.overlap
         sym = sim.symmetry
         of = f" (one of {sym.replicas} identical {sym.dimension} replicas)" if sym.applied else ""
@@ -82,14 +82,14 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
         rows = []
         for reason in sorted(sim.comm_bytes["by_reason"]):
             o = ov["by_reason"].get(reason, {})
-            rows.append([reason, _fmt_bytes(sim.comm_bytes["by_reason"][reason]),
-                         _fmt_bytes(sim.comm_bytes["per_rank_by_reason"][reason]),
-                         _fmt_s(o.get("comm_time_s", 0.0)), _fmt_s(o.get("exposed_comm_s", 0.0)),
+            rows.append([reason, fmt_bytes(sim.comm_bytes["by_reason"][reason]),
+                         fmt_bytes(sim.comm_bytes["per_rank_by_reason"][reason]),
+                         fmt_s(o.get("comm_time_s", 0.0)), fmt_s(o.get("exposed_comm_s", 0.0)),
                          f"{100 * o.get('hidden_fraction', 1.0):.1f}%"])
         if rows:
-            rows.append(["(all)", _fmt_bytes(sim.comm_bytes["total_bytes"]), "", _fmt_s(ov["comm_time_s"]),
-                         _fmt_s(ov["exposed_comm_s"]), f"{100 * ov['hidden_fraction']:.1f}%"])
-            lines.append(_table(rows, ["reason", "total bytes", "busiest rank sent", "comm time", "exposed",
+            rows.append(["(all)", fmt_bytes(sim.comm_bytes["total_bytes"]), "", fmt_s(ov["comm_time_s"]),
+                         fmt_s(ov["exposed_comm_s"]), f"{100 * ov['hidden_fraction']:.1f}%"])
+            lines.append(table(rows, ["reason", "total bytes", "busiest rank sent", "comm time", "exposed",
                                        "hidden"]))
         else:
             lines.append("  none")
@@ -109,9 +109,9 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
     lines.append("")
     worst = max(mem.per_chip, key=lambda c: (c.total_bytes, -c.chip))
     lines.append(f"memory per chip (largest: chip {worst.chip})")
-    lines.append(_table([[
-        _fmt_bytes(worst.weights_bytes), _fmt_bytes(worst.kv_cache_bytes), _fmt_bytes(worst.activation_bytes),
-        _fmt_bytes(worst.workspace_bytes), _fmt_bytes(worst.total_bytes), _fmt_bytes(worst.capacity_bytes)]],
+    lines.append(table([[
+        fmt_bytes(worst.weights_bytes), fmt_bytes(worst.kv_cache_bytes), fmt_bytes(worst.activation_bytes),
+        fmt_bytes(worst.workspace_bytes), fmt_bytes(worst.total_bytes), fmt_bytes(worst.capacity_bytes)]],
         ["weights", "kv cache", "activations", "workspace", "total", "capacity"]))
     short = mem.shortfall_summary()
     lines.append(f"DOES NOT FIT: {short}" if short else "fits on every chip")
@@ -191,7 +191,7 @@ def _describe_dtypes(dtypes) -> str:
 def render_validate(report: dict) -> str:
     rows = [[r["row"], r["config"], r["metric"], f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}",
              f"{r['error_pct']:+.1f}%", r["source"][:60]] for r in report["rows"]]
-    lines = [_table(rows, ["row", "config", "metric", "measured ms", "predicted ms", "error", "source"]), "",
+    lines = [table(rows, ["row", "config", "metric", "measured ms", "predicted ms", "error", "source"]), "",
              f"MAPE {report['mape_pct']:.1f}% over {len(rows)} rows; worst: row {report['worst_row']} "
              f"({report['worst_error_pct']:+.1f}%)"]
     return "\n".join(lines)
@@ -205,7 +205,7 @@ def render_calibrate(report: dict) -> str:
     has_loo = report["loo_mape_pct"] is not None
     rows = [[r["row"], r["config"], f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}", f"{r['error_pct']:+.2f}%"]
             + ([f"{r['loo_error_pct']:+.2f}%"] if has_loo else []) for r in report["rows"]]
-    lines += ["", _table(rows, ["row", "config", "measured ms", "fitted ms", "residual"]
+    lines += ["", table(rows, ["row", "config", "measured ms", "fitted ms", "residual"]
                          + (["leave-one-out"] if has_loo else [])), ""]
     lines.append(f"rms log error {report['rms_log_error']:.4f}"
                  + (f"; leave-one-out MAPE {report['loo_mape_pct']:.2f}%" if has_loo else ""))
@@ -231,7 +231,7 @@ def render_compute(report: dict) -> list[str]:
     return lines
 
 
-def render_best(result: SearchResult, top: int, fmt_s, fmt_bytes, table) -> str:
+def render_best(result: SearchResult, top: int) -> str:
     """The text of ``g5 best``: top K, the Pareto front, and why the others were excluded."""
     obj_col = {"ttft": "TTFT", "tpot": "TPOT", "tokens_per_s_per_chip": "tokens/s/chip"}[result.objective]
 
@@ -261,7 +261,7 @@ def render_best(result: SearchResult, top: int, fmt_s, fmt_bytes, table) -> str:
     return "\n".join(lines)
 
 
-def render_rows(primitive: str, system_name: str, chips: int, nodes: int, rows: list[dict]) -> str:
+def render_collective(primitive: str, system_name: str, chips: int, nodes: int, rows: list[dict]) -> str:
     """The table nccl-tests prints (size, time in us, algbw and busbw in GB/s), plus the
     algorithm, protocol and channels G5's NCCL model chose."""
     lines = [f"# {ALIASES.get(primitive, primitive)} on {chips} chips of {system_name} ({nodes} node"
