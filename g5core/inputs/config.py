@@ -20,8 +20,8 @@ from g5core.api.options import OptionRegistry, option_value
 from g5core.inputs.dtypes import dtype_bytes
 from g5core.api.errors import ConfigError, suggest
 from g5core.inputs.reading import (
-    MAX_BATCH, MAX_CHIPS, MAX_SEQ_LEN, MAX_TOKENS, DuplicateKeyError, check_size, duplicate_key_error, load_json,
-    load_yaml, read_text,
+    MAX_BATCH, MAX_CHIPS, MAX_SEQ_LEN, MAX_TOKENS, DuplicateKeyError, check_keys, check_size, duplicate_key_error,
+    load_json, load_yaml, read_text,
 )
 
 if sys.version_info >= (3, 11):
@@ -77,13 +77,7 @@ class Dtypes:
             data = {}
         if not isinstance(data, Mapping):
             raise ConfigError("dtypes", "must be a mapping with keys weights, activations, kv_cache")
-        for key in data:
-            if key not in ("weights", "activations", "kv_cache"):
-                raise ConfigError(
-                    f"dtypes.{key}",
-                    f"unknown key{suggest(key, ('weights', 'activations', 'kv_cache'))}; "
-                    "valid keys: weights, activations, kv_cache",
-                )
+        check_keys(data, "dtypes", ("weights", "activations", "kv_cache"))
         weights = data.get("weights", DEFAULT_DTYPE)
         if isinstance(weights, Mapping):
             table = {}
@@ -151,12 +145,7 @@ class Deployment:
         if not isinstance(data, Mapping):
             raise ConfigError("", f"{source}: the top level must be a mapping of keys to values")
         keys = TOP_LEVEL_KEYS + tuple(options.legacy_keys)
-        for key in data:
-            if key not in keys:
-                raise ConfigError(str(key), f"unknown key{suggest(str(key), keys)}; valid keys: {', '.join(keys)}")
-        for key in REQUIRED_KEYS:
-            if key not in data:
-                raise ConfigError(key, "is required")
+        check_keys(data, "", keys, REQUIRED_KEYS, missing="is required")
         for key in ("model", "system"):
             if not isinstance(data[key], str) or not data[key]:
                 raise ConfigError(key, f"must be a name or a file path, got {data[key]!r}")

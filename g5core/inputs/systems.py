@@ -22,7 +22,9 @@ import yaml
 
 from g5core.inputs.dtypes import BYTES_PER_ELEMENT
 from g5core.api.errors import ConfigError, suggest
-from g5core.inputs.reading import DuplicateKeyError, UniqueKeyLoader, check_range, duplicate_key_error, read_text, safe_float
+from g5core.inputs.reading import (
+    DuplicateKeyError, UniqueKeyLoader, check_keys, check_range, duplicate_key_error, read_text, safe_float,
+)
 
 __all__ = [
     "OP_CLASSES",
@@ -182,20 +184,9 @@ def _efficiency_map(instance, attribute, value) -> None:
             field,
             f"expected a mapping with keys {', '.join(EFFICIENCY_KEYS)}, got {_describe(value)}",
         )
-    for key in value:
-        if key not in EFFICIENCY_KEYS:
-            raise ConfigError(
-                f"{field}.{key}",
-                f"unknown key{suggest(str(key), EFFICIENCY_KEYS)}; "
-                f"valid keys: {', '.join(EFFICIENCY_KEYS)}",
-            )
+    check_keys(value, field, EFFICIENCY_KEYS, EFFICIENCY_KEYS,
+               missing=f"missing; efficiency needs all of {', '.join(EFFICIENCY_KEYS)} (each a fraction in (0, 1])")
     for key in EFFICIENCY_KEYS:
-        if key not in value:
-            raise ConfigError(
-                f"{field}.{key}",
-                f"missing; efficiency needs all of {', '.join(EFFICIENCY_KEYS)} "
-                f"(each a fraction in (0, 1])",
-            )
         v = value[key]
         if not _is_number(v) or not math.isfinite(v) or not (0 < v <= 1):
             raise ConfigError(f"{field}.{key}", f"expected a fraction in (0, 1], got {_describe(v)}")
@@ -238,13 +229,7 @@ def _fabric_map(instance, attribute, value) -> None:
         raise ConfigError(field, f"expected a mapping {{nodes_per_leaf: N, oversubscription: X}}, got {_describe(value)}")
     if not value:
         return
-    for key in value:
-        if key not in FABRIC_KEYS:
-            raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), FABRIC_KEYS)}; "
-                                                f"valid keys: {', '.join(FABRIC_KEYS)}")
-    for key in FABRIC_KEYS:
-        if key not in value:
-            raise ConfigError(f"{field}.{key}", f"missing; a fabric tier needs both {' and '.join(FABRIC_KEYS)}")
+    check_keys(value, field, FABRIC_KEYS, FABRIC_KEYS, missing=f"missing; a fabric tier needs both {' and '.join(FABRIC_KEYS)}")
     n = value["nodes_per_leaf"]
     if not _is_number(n) or not math.isfinite(n) or n != int(n) or not 1 <= n <= 2 ** 24:
         raise ConfigError(f"{field}.nodes_per_leaf", f"expected a whole number of nodes in 1 .. 2^24, got {_describe(n)}")
@@ -278,11 +263,9 @@ def _nccl_map(instance, attribute, value) -> None:
                                                  f"NCCL's choice can be forced for {', '.join(NCCL_COLLECTIVES)}")
         if not isinstance(choice, Mapping) or not choice:
             raise ConfigError(f"{field}.{coll}", f"expected a mapping with algorithm and/or protocol, got {_describe(choice)}")
+        check_keys(choice, f"{field}.{coll}", ("algorithm", "protocol"))
         for key, v in choice.items():
-            allowed = {"algorithm": NCCL_ALGORITHMS, "protocol": NCCL_PROTOCOLS}.get(key)
-            if allowed is None:
-                raise ConfigError(f"{field}.{coll}.{key}", f"unknown key{suggest(str(key), ('algorithm', 'protocol'))}; "
-                                                           "valid keys: algorithm, protocol")
+            allowed = {"algorithm": NCCL_ALGORITHMS, "protocol": NCCL_PROTOCOLS}[key]
             if v not in allowed:
                 raise ConfigError(f"{field}.{coll}.{key}", f"unknown {key} {v!r}{suggest(str(v), allowed)}; "
                                                            f"choose one of {', '.join(allowed)}")
@@ -338,14 +321,8 @@ class ComputeModel:
     def from_mapping(cls, data, field: str = "system.compute_model") -> "ComputeModel":
         if not hasattr(data, "items"):
             raise ConfigError(field, f"expected a mapping with keys {', '.join(cls.KEYS)}, got {data!r}")
-        for key in data:
-            if key not in cls.KEYS:
-                raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), cls.KEYS)}; "
-                                                    f"valid keys: {', '.join(cls.KEYS)}")
-        for key in cls.KEYS:
-            if key not in data:
-                raise ConfigError(f"{field}.{key}", f"missing; the compute_model block needs all of "
-                                                    f"{', '.join(cls.KEYS)} (see the shipped system files)")
+        check_keys(data, field, cls.KEYS, cls.KEYS, missing=f"missing; the compute_model block needs all of "
+                                                            f"{', '.join(cls.KEYS)} (see the shipped system files)")
         peaks = data["gemm_peak_fraction"]
         if not hasattr(peaks, "items") or not peaks:
             raise ConfigError(f"{field}.gemm_peak_fraction", f"expected a mapping of dtype to fraction, got {peaks!r}")
@@ -412,10 +389,7 @@ class Profile:
         if not hasattr(data, "items"):
             raise ConfigError(field, "expected a mapping such as {source: aiconfigurator, gpu: h100_sxm, "
                                      f"framework: trtllm}}, got {data!r}")
-        for key in data:
-            if key not in PROFILE_KEYS:
-                raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), PROFILE_KEYS)}; "
-                                                    f"valid keys: {', '.join(PROFILE_KEYS)}")
+        check_keys(data, field, PROFILE_KEYS)
         for key in PROFILE_KEYS[:3]:
             v = data.get(key)
             if not isinstance(v, str) or not v.strip():
@@ -584,12 +558,7 @@ class SystemSpec:
                 "system", f"expected a mapping of system fields, got {_describe(data)}{where}"
             )
         valid = [f.name for f in attrs.fields(cls)]
-        for key in data:
-            if key not in valid:
-                raise ConfigError(
-                    f"system.{key}",
-                    f"unknown key{suggest(str(key), valid)}{where}; valid keys: {', '.join(valid)}",
-                )
+        check_keys(data, "system", valid, where=where)
         required = [f.name for f in attrs.fields(cls) if f.default is attrs.NOTHING]
         missing = [k for k in required if k not in data]
         if missing:
