@@ -7,7 +7,7 @@ helpers that turn a chip's share of the model into work and bytes. Everything in
 """
 from .api.context import BuildContext
 from .api.dimensions import Dimension
-from .api.errors import ConfigError, DagError, G5Error, PluginError
+from .api.errors import ConfigError, DagError, G5Error, PluginError, suggest
 from .api.ops import CommOp, ComputeOp, Fragment
 from .api.options import PluginOption
 from .api.plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_manager
@@ -18,6 +18,7 @@ from .build.layers import (
     attention_dims, attention_kernel, attention_work, default_work, expert_work, local_kv_bytes_per_token,
 )
 from .build.topology import Topology
+from .inputs.reading import check_keys
 from .sim.collective import idle_transfer_s
 from .sim.compute import Attention, ComputeTime, Elementwise, Gemm
 from .sim.reference import passq_reduce_elements
@@ -28,8 +29,8 @@ __all__ = [
     "Attention", "BuildContext", "CommOp", "ComputeOp", "ComputeTime", "ConfigError", "DagError", "Dimension",
     "Elementwise", "Fragment", "G5Error", "Gemm", "Hooks", "LogicalOp", "Lowering", "MemoryTerm", "PluginError",
     "PluginInfo", "PluginOption", "SweepPreset", "Topology", "Work", "activation_tensor_bytes",
-    "attention_block_bytes", "attention_dims", "attention_kernel", "attention_work", "causal_attention_flops",
+    "attention_block_bytes", "attention_dims", "attention_kernel", "attention_work", "causal_attention_flops", "check_keys",
     "default_work", "describe_plugins", "expert_work", "gemm_padded_flops", "hookimpl", "idle_transfer_s",
     "kernel_latency_s", "local_kv_bytes_per_token", "make_plugin_manager", "op_latency_s", "passq_reduce_elements",
-    "roofline_latency_s",
+    "roofline_latency_s", "suggest",
 ]

@@ -240,38 +240,21 @@ def _fabric_map(instance, attribute, value) -> None:
                           f"oversubscribed), got {_describe(o)}")
 
 
-#: what a system file may force, per collective (the NCCL plugin checks the rest)
-NCCL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
-NCCL_ALGORITHMS = ("ring", "tree", "nvls")
-NCCL_PROTOCOLS = ("ll", "ll128", "simple")
-
-
 def _to_frozen_nested_map(value: Any) -> Any:
     if isinstance(value, Mapping) and not isinstance(value, FrozenMap):
         return FrozenMap({k: FrozenMap(v) if isinstance(v, Mapping) else v for k, v in value.items()})
     return value
 
 
-def _nccl_map(instance, attribute, value) -> None:
+def _nested_map(instance, attribute, value) -> None:
+    """A block a plugin reads (``nccl``): a mapping of mappings; the plugin checks its keys."""
     field = _field(attribute)
     if not isinstance(value, Mapping):
         raise ConfigError(field, f"expected a mapping like {{all_reduce: {{algorithm: ring, protocol: simple}}}}, "
                                  f"got {_describe(value)}")
-    for coll, choice in value.items():
-        if coll not in NCCL_COLLECTIVES:
-            raise ConfigError(f"{field}.{coll}", f"unknown collective{suggest(str(coll), NCCL_COLLECTIVES)}; "
-                                                 f"NCCL's choice can be forced for {', '.join(NCCL_COLLECTIVES)}")
-        if not isinstance(choice, Mapping) or not choice:
-            raise ConfigError(f"{field}.{coll}", f"expected a mapping with algorithm and/or protocol, got {_describe(choice)}")
-        check_keys(choice, f"{field}.{coll}", ("algorithm", "protocol"))
-        for key, v in choice.items():
-            allowed = {"algorithm": NCCL_ALGORITHMS, "protocol": NCCL_PROTOCOLS}[key]
-            if v not in allowed:
-                raise ConfigError(f"{field}.{coll}.{key}", f"unknown {key} {v!r}{suggest(str(v), allowed)}; "
-                                                           f"choose one of {', '.join(allowed)}")
-        if choice.get("algorithm") == "tree" and coll != "all_reduce":
-            raise ConfigError(f"{field}.{coll}.algorithm", f"NCCL runs tree only for all_reduce, not {coll}; "
-                                                           "choose ring (or nvls)")
+    for key, inner in value.items():
+        if not isinstance(inner, Mapping) or not inner:
+            raise ConfigError(f"{field}.{key}", f"expected a mapping with algorithm and/or protocol, got {_describe(inner)}")
 
 
 # ----------------------------------------------------------------------------------------
@@ -471,9 +454,10 @@ class SystemSpec:
     #: the GPU's CUDA compute capability (9.0 Hopper, 10.0 Blackwell, 8.0 Ampere): NCCL's
     #: tables depend on it; the collectives plugin asks for it
     compute_capability: float | None = attrs.field(default=None, converter=_to_float, validator=_compute_capability)
-    #: forced NCCL choices per collective, e.g. {all_reduce: {algorithm: ring, protocol: simple}}
+    #: forced NCCL choices per collective, e.g. {all_reduce: {algorithm: ring, protocol: simple}};
+    #: the collectives plugin owns its schema and checks it (g5plugins.collectives.forced_choices)
     nccl: Mapping[str, Mapping[str, str]] = attrs.field(factory=FrozenMap, converter=_to_frozen_nested_map,
-                                                        validator=_nccl_map)
+                                                        validator=_nested_map)
 
     def __attrs_post_init__(self) -> None:
         if self.chips_per_node % self.nics > 0:
@@ -492,11 +476,6 @@ class SystemSpec:
             if unused:
                 raise ConfigError("system.nic_of_chip", f"no chip uses NIC {unused[0]}; every NIC of nics_per_node "
                                                         "needs at least one chip (or lower nics_per_node)")
-        if self.nccl:
-            for coll, choice in self.nccl.items():
-                if choice.get("algorithm") == "nvls" and not self.nvls:
-                    raise ConfigError(f"system.nccl.{coll}.algorithm",
-                                      "nvls needs a switch that reduces in place; set nvls: true or choose ring/tree")
 
     @property
     def nics(self) -> int:

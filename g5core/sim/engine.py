@@ -39,10 +39,10 @@ from g5core.api.errors import DagError, G5Error
 # A flow that ends with |bytes left| below this fraction of its size delivered everything:
 # the difference is floating-point rounding of the rate integral, not lost data.
 ROUNDING_BYTES_REL = 1e-9
-# ... or below what its rate carries in this fraction of the current time: late in a long
-# run the clock itself rounds (a double near 2e9 s steps by 5e-7 s), and a fast flow moves
-# many bytes in one step of the clock.
-ROUNDING_TIME_REL = 1e-12
+# ... or below what its rate carries in this fraction of the current time (the clock's own
+# rounding: late in a long run a double near 2e9 s steps by 5e-7 s, and a fast flow moves
+# many bytes in one step of the clock).
+CLOCK_ROUNDING_REL = 1e-12
 
 # How many answers of the bandwidth sharing (one per distinct set of routes) a run keeps;
 # past this the store starts again (bounds memory on irregular traffic; a store costs a few
@@ -742,7 +742,7 @@ class Engine:
     def _add_delivered(self, f_rem: array, f_rate: array, f_last: array) -> None:
         """Each ended flow's delivered bytes, from the state it ended in: what its integrated
         rate left undelivered at its end, ``bytes left - rate x (end - last settle)``; within
-        rounding of its size (``ROUNDING_BYTES_REL``, ``ROUNDING_TIME_REL``) it delivered
+        rounding of its size (``ROUNDING_BYTES_REL``, ``CLOCK_ROUNDING_REL``) it delivered
         exactly its bytes. The same floating-point operations, element by element, as at
         the flow's end; in blocks, to bound the memory."""
         n = len(f_rem)
@@ -756,7 +756,7 @@ class Engine:
             ended = np.flatnonzero(~np.isnan(end_all[lo:hi])) + lo
             end, rate, nbytes = end_all[ended], rate_all[ended], nbytes_all[ended]
             residual = rem_all[ended] - rate * (end - last_all[ended])
-            tolerance = ROUNDING_BYTES_REL * nbytes + rate * np.abs(end) * ROUNDING_TIME_REL + 1.0
+            tolerance = ROUNDING_BYTES_REL * nbytes + rate * np.abs(end) * CLOCK_ROUNDING_REL + 1.0
             out[ended] = np.where(np.abs(residual) <= tolerance, nbytes, nbytes - residual)
 
     def _add_executed_flops(self) -> None:

@@ -13,8 +13,9 @@ from g5core.sim.engine import CompiledDag, Engine
 from g5core.api.errors import ConservationError
 from g5core.build.symmetry import WHOLE_RUN, Symmetry
 
-# Interval sums agree with one another to about this relative precision (float rounding).
-ROUNDING_TIME_REL = 1e-9
+# Sums of intervals (comm time, its exposed part) agree with one another to about this
+# fraction of their size: closer than this they are equal, the difference float rounding.
+INTERVAL_SUM_ROUNDING_REL = 1e-9
 # A port's rate is a float sum of its flows' shares, so it may exceed the capacity by a few
 # ulps; over a very long run that rounding adds up to whole bytes. Excess below this
 # fraction of what all ports can carry in the run is rounding, not a violation.
@@ -329,9 +330,9 @@ def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarra
         best = cand[np.lexsort((cand, -comm_row[cand], -exposed[cand]))[0]]
         total, exp = float(comm_row[best]), float(min(exposed[best], comm_row[best]))
         # the union arithmetic rounds; snap differences below a nanosecond-per-second
-        if abs(total - exp) <= ROUNDING_TIME_REL * total:
+        if abs(total - exp) <= INTERVAL_SUM_ROUNDING_REL * total:
             exp = total
-        elif exp <= ROUNDING_TIME_REL * total:
+        elif exp <= INTERVAL_SUM_ROUNDING_REL * total:
             exp = 0.0
         return {"comm_time_s": total, "exposed_comm_s": exp,
                 "hidden_fraction": 1.0 - exp / total if total > 0 else 1.0, "chip": int(best)}
