@@ -87,3 +87,36 @@ def test_the_check_sees_late_type_only_and_relative_imports(tmp_path, source, ci
         (package / rel).write_text(text)
     graph = import_graph(package)
     assert [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1] == [circle]
+
+
+def _readme_layout() -> set[str]:
+    """The paths the README's layout block names (folders end with ``/``; a line of several
+    ``name/`` entries lists folders under the one above)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("<!-- layout: begin -->")[1].split("<!-- layout: end -->")[0]
+    lines = [line for line in block.splitlines() if line.strip() and not line.startswith("```")]
+    paths, stack = set(), []
+    for line in lines:
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        names = line.split()
+        if all(n.endswith("/") for n in names) and len(names) > 1:   # a row of sibling folders
+            paths.update("".join(stack[:depth]) + n for n in names)
+            continue
+        del stack[depth:]
+        stack.append(names[0])
+        paths.add("".join(stack))
+    return paths
+
+
+def test_the_readme_layout_matches_the_tree():
+    listed = _readme_layout()
+    modules = {str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
+               if p.name != "__init__.py" or p.parent == PACKAGE}
+    folders = {str(p.relative_to(ROOT)) + "/" for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    plugins = {f"plugins/{p.name}/" for p in (ROOT / "plugins").iterdir() if (p / "__init__.py").is_file()}
+    top = {p.name + "/" for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")
+           and not p.name.endswith(".egg-info") and p.name not in ("build", "dist", "out")}
+    top = {t if t != "contrib/" else "contrib/g5-ulysses/" for t in top}
+    want = modules | folders | plugins | top | {"g5core/"}
+    assert sorted(want - listed) == [], "in the tree, not in the README's layout"
+    assert sorted(listed - want) == [], "in the README's layout, not in the tree"
