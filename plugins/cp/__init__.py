@@ -27,7 +27,7 @@ MODE_PLUGIN = {"pass_kv": "cp_passkv", "pass_q": "cp_passq"}
 
 @hookimpl
 def g5_register_dimensions(register):
-    register(Dimension("cp", factor=True, rank_order=20, default=None,
+    register(Dimension(name="cp", factor=True, rank_order=20, default=None,
                        doc="context parallelism: the sequence split over cp chips (required)"))
 
 
