@@ -341,3 +341,8 @@ def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarra
     out = worst(0)
     out["by_reason"] = {r: worst(1 + i) for i, r in enumerate(reasons)}
     return out
+
+
+def step_choices(ctx) -> dict:
+    """What plugins chose for the step a context runs (``g5_step_choices`` answers, by plugin)."""
+    return {plugin: dict(answer) for plugin, answer in ctx.hooks.call_each("g5_step_choices", ctx=ctx) if answer}

@@ -20,9 +20,8 @@ from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load
 from g5core.sim.engine import Engine, compile_dag
 from g5core.sim.mathpath import MathResult, math_estimate
 from g5core.sim.memory import MemoryReport, memory_report
-from g5core.sim.prepared import step_choices
 from g5core.api.plugins import make_plugin_manager
-from g5core.sim.results import SimResult, check_conservation, summarize
+from g5core.sim.results import SimResult, check_conservation, step_choices, summarize
 from g5core.build.symmetry import check_reduced_dag, check_resources, off_reason, plan_symmetry
 
 
