@@ -39,6 +39,7 @@ from g5core.build.shape import collect_shard_axes
 from g5core.build.symmetry import off_reason, plan_symmetry
 from g5core.inputs.config import Deployment, apply_overrides, load_config_file
 from g5core.inputs.step import Step, as_step, phase_metrics
+from g5core.sim.results import step_choices
 from g5core.sim.compute import LatencyLookup
 from g5core.sim.memory import ChipMemory, MemoryReport, kv_cache_bytes, memory_report
 
@@ -106,7 +107,7 @@ class PreparedPlan:
         self._symmetry_arg = symmetry
         self.symmetry = plan_symmetry(plan.ctx, off_reason(symmetry))
         self._axes = collect_shard_axes(plan.hooks)
-        self.lookup = LatencyLookup(plan.hooks, plan.ctx.system, self.deployment)
+        self.lookup = LatencyLookup(hooks=plan.hooks, system=plan.ctx.system, deployment=self.deployment)
         self._results: dict[Step, StepResult] = {}
         self._plans: dict[Step, Any] = {self.deployment.step: plan}
         self.hits = 0
@@ -296,7 +297,7 @@ def _specs_key(specs) -> tuple:
 def _structure_key(dag) -> tuple:
     """What a sample DAG's ops, edges and keys are, without their work and bytes: two steps
     alike here build whole DAGs alike but for their specs' numbers (and messages)."""
-    kinds = tuple((spec[0], spec[3] if not comm else spec[4], spec[1] if comm else spec[2])
+    kinds = tuple((spec.primitive, spec.owner, spec.group) if comm else (spec.op_class, spec.owner, spec.dtype)
                   for spec, comm in zip(dag.specs, dag.spec_is_comm))
     return (dag.chip.tobytes(), dag.layer.tobytes(), dag.spec.tobytes(), dag.key_stem.tobytes(), dag.key_arg.tobytes(),
             dag.edge_pairs.tobytes(), tuple(dag.stems), tuple(dag.odd_keys), tuple(dag.spec_is_comm), kinds)
@@ -318,7 +319,7 @@ def _run_built(plan, dag, sym, check: bool, edges):
         compiled = compile_dag(dag, plan, edges)
         if sym.applied and check_resources(sym, dag, compiled, plan) is not None:
             return None  # this step's messages leave the replica: the full path decides
-        engine = Engine(compiled).run()
+        engine = Engine(dag=compiled).run()
         _check_finite([engine.makespan_s])
         result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0, sym)
         if check:
@@ -333,11 +334,6 @@ def _layers_by_chip(ctx) -> dict[int, int]:
         for c in ctx.layer_chips(layer):
             out[c] += 1
     return out
-
-
-def step_choices(ctx) -> dict:
-    """What plugins chose for this step (``g5_step_choices`` answers, by plugin)."""
-    return {plugin: dict(answer) for plugin, answer in ctx.hooks.call_each("g5_step_choices", ctx=ctx) if answer}
 
 
 def prepare(config: Mapping | Deployment | str | pathlib.Path, *, overrides: Iterable[str] = (),
