@@ -120,7 +120,8 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
     ctx = CoreBuildContext(deployment=deployment, model=model, system=system, dims=dims, rankmap=rankmap, shape=shape,
                            topology=topology, hooks=hooks)
     mb = collect_pipeline_microbatches(hooks, deployment, model)
-    parts = tuple(part_contexts(ctx, mb)) if mb is not None else ()
+    parts = tuple(part_contexts(ctx, mb, lambda dep: validated_shape(hooks, dep, model, system, axes))) \
+        if mb is not None else ()
     if mb is not None and mb.cycles_apply:
         ctx.resident_batches = mb.count
     elif mb is not None:

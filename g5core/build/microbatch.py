@@ -110,15 +110,14 @@ def copy_contexts(plan, cycles: int) -> dict:
     return {copy_index(c, j, n): part for c in range(cycles) for j, part in enumerate(plan.part_contexts)}
 
 
-def part_contexts(ctx, mb: PipelineMicrobatches) -> list:
+def part_contexts(ctx, mb: PipelineMicrobatches, shape_of) -> list:
     """One build context per part, validated by every plugin as a deployment of its own (the
     option that split the step at 1), with its local shape: a decode micro-batch is the
     step itself; prompt chunk ``j`` is the step of ``batch`` sequences running the chunk's
-    tokens after the earlier chunks' (``Step.prefill(batch, T_j, cached_tokens=P_j)``)."""
-    from g5core.build.builder import validated_shape
-
+    tokens after the earlier chunks' (``Step.prefill(batch, T_j, cached_tokens=P_j)``).
+    ``shape_of(deployment)``: the plugins' checks of a deployment, then its local shape
+    (:func:`g5core.build.builder.validated_shape`)."""
     out, prefix = [], 0
-    axes = tuple(a for a, _ in ctx.shape.factors)
     _, owner, name = mb.field.split(".")
     options = tuple((p, tuple((k, 1 if (p, k) == (owner, name) else v) for k, v in values))
                     for p, values in ctx.deployment.options)
@@ -132,7 +131,7 @@ def part_contexts(ctx, mb: PipelineMicrobatches) -> list:
                 whole, seq_len=size, step=step)
             what = f"tokens {prefix}..{prefix + size - 1}"
         try:
-            shape = validated_shape(ctx.hooks, dep, ctx.model, ctx.system, axes)
+            shape = shape_of(dep)
         except ConfigError as exc:
             raise ConfigError(mb.field, f"micro-batch {j} ({what}) is refused ({exc}); use a number of micro-batches "
                                         f"whose parts the plugins accept") from None

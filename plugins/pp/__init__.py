@@ -64,9 +64,9 @@ def split(total: int, parts: int) -> tuple[int, ...]:
 
 @hookimpl
 def g5_register_options(register):
-    register(PluginOption("microbatches", 1, "micro-batches in flight through the pipeline stages: decode batches "
-                                             "that cycle, or prefill chunks of every prompt (1: one batch, no "
-                                             "pipelining)", kind="int"))
+    register(PluginOption(name="microbatches", default=1, kind="int",
+                          doc="micro-batches in flight through the pipeline stages: decode batches that cycle, or "
+                              "prefill chunks of every prompt (1: one batch, no pipelining)"))
 
 
 def microbatches(deployment) -> int:
