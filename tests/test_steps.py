@@ -380,3 +380,12 @@ def test_the_measured_tables_leave_a_prefix_block_to_the_roofline():
     system = get_system("h100-sxm")
     dep = make_plan(load_raw(DECODE, TP8)).ctx.deployment
     assert attention_ms(None, kernel(2048, 32048), "bf16", dep, system) is None
+
+
+def test_a_prepared_plan_refuses_a_step_beyond_the_input_limits():
+    plan = g5core.prepare(DECODE, overrides=TP8)
+    with pytest.raises(ConfigError) as err:
+        plan.simulate([StepGroup(new_tokens=1, cached_tokens=2 ** 41, count=1)])
+    assert err.value.field == "step.0.cached_tokens"
+    with pytest.raises(ConfigError, match="must be a positive whole number"):
+        plan.simulate([{"new_tokens": 0, "count": 1}])

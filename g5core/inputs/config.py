@@ -149,7 +149,7 @@ class Deployment:
 
     def with_step(self, step) -> "Deployment":
         """The same deployment running ``step`` (a Step, StepGroups, or a configuration list)."""
-        step = as_step(step)
+        step = check_step_limits(as_step(step))
         phase, batch, seq_len = shorthand_of(step)
         return attrs.evolve(self, phase=phase, batch=batch, seq_len=seq_len, step=step, step_form=True)
 
@@ -252,6 +252,19 @@ def shorthand_of(step: Step) -> tuple[str, int, int]:
     return step.phase, step.sequences, step.max_context_tokens
 
 
+def check_step_limits(step: Step, given=None) -> Step:
+    """``step`` if its sizes are within G5's input limits, else a ConfigError naming the
+    group (``step.<i>`` of ``given``, the list as written, or of the canonical step)."""
+    for i, g in enumerate(given if given is not None else step.to_list()):
+        check_size(f"step.{i}.count", g["count"], MAX_BATCH)
+        check_size(f"step.{i}.new_tokens", g["new_tokens"], MAX_SEQ_LEN, " for a sequence length")
+        check_size(f"step.{i}.cached_tokens", g.get("cached_tokens", 0), MAX_SEQ_LEN, " for a sequence length")
+    if step.context_tokens > MAX_TOKENS:
+        raise ConfigError("step", f"the step holds {step.context_tokens:,} tokens per replica in the KV cache, "
+                                  f"more than G5 accepts (at most {MAX_TOKENS:,}); lower the counts or the tokens")
+    return step
+
+
 def _parse_step(data: Mapping) -> tuple[str, int, int, Step]:
     """The step of a configuration: a ``step:`` list, or the shorthand (all three keys)."""
     given = [k for k in SHORTHAND_KEYS if k in data]
@@ -259,14 +272,7 @@ def _parse_step(data: Mapping) -> tuple[str, int, int, Step]:
         if given:
             raise ConfigError(given[0], f"cannot be given together with step: (the step's shorthand is "
                                         f"{'/'.join(SHORTHAND_KEYS)}); remove {', '.join(given)} or the step list")
-        step = Step.from_list(data["step"])
-        for i, g in enumerate(data["step"]):
-            check_size(f"step.{i}.count", g["count"], MAX_BATCH)
-            check_size(f"step.{i}.new_tokens", g["new_tokens"], MAX_SEQ_LEN, " for a sequence length")
-            check_size(f"step.{i}.cached_tokens", g.get("cached_tokens", 0), MAX_SEQ_LEN, " for a sequence length")
-        if step.context_tokens > MAX_TOKENS:
-            raise ConfigError("step", f"the step holds {step.context_tokens:,} tokens per replica in the KV cache, "
-                                      f"more than G5 accepts (at most {MAX_TOKENS:,}); lower the counts or the tokens")
+        step = check_step_limits(Step.from_list(data["step"]), data["step"])
         phase, batch, seq_len = shorthand_of(step)
         return phase, batch, seq_len, step
     for key in SHORTHAND_KEYS:
