@@ -389,3 +389,12 @@ def test_a_prepared_plan_refuses_a_step_beyond_the_input_limits():
     assert err.value.field == "step.0.cached_tokens"
     with pytest.raises(ConfigError, match="must be a positive whole number"):
         plan.simulate([{"new_tokens": 0, "count": 1}])
+
+
+def test_a_prepared_plan_on_the_math_path_gives_the_closed_form():
+    raw = load_raw(DECODE, TP8 + ["path=math"])
+    plan = g5core.prepare(raw)
+    res = plan.simulate(Step.decode(raw["batch"], raw["seq_len"]))
+    assert res.latency_s == run(raw).latency_s
+    assert plan.simulate([StepGroup(new_tokens=512, count=1), StepGroup(new_tokens=1, cached_tokens=99, count=4)]
+                         ).latency_s > 0
