@@ -71,9 +71,10 @@ def _table_rows(text: str) -> dict[str, list[str]]:
 # ----------------------------------------------------------------------------------------
 
 
-def test_models_lists_the_seven_catalog_models():
+def test_models_lists_the_catalog_models():
     rows = _table_rows(ok("models"))
-    assert set(rows) == set(MODELS) == set(CATALOG)
+    assert set(MODELS) <= set(rows) == set(CATALOG)
+    assert rows["gpt-oss-120b"][-1] == "sliding window 128 on 18 of 36 layers, full on 18"
     assert rows["deepseek-v3"][0] == "mla"
     assert rows["llama-3.1-70b"][0] == "gqa"
     assert rows["llama-3.1-70b"][1] == "80"

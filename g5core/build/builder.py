@@ -79,8 +79,9 @@ class BuildContext:
             chips &= _chip_set(plugin, "g5_place_op", answer, self.rankmap.chips)
         return tuple(sorted(chips))
 
-    def work(self, kind: str) -> Optional[Work]:
-        return default_work(kind, self.model, self.deployment, self.shape)
+    def work(self, kind: str, layer: int | None = None) -> Optional[Work]:
+        """The core's work of ``kind`` on one chip; ``layer`` sets a windowed layer's attention."""
+        return default_work(kind, self.model, self.deployment, self.shape, layer)
 
     def hidden_states_bytes(self, tokens: float) -> float:
         """Bytes of ``tokens`` hidden-state rows (``tokens x hidden x activation dtype``)."""
@@ -206,7 +207,7 @@ def _name_disabled_plugins(exc: ConfigError, pm: pluggy.PluginManager, dims: Dim
 def default_fragment(ctx: BuildContext, lop: LogicalOp, chips: tuple[int, ...]) -> Fragment:
     if lop.kind in SYNC_KINDS:
         return Fragment(ops=())
-    work = ctx.work(lop.kind)
+    work = ctx.work(lop.kind, lop.layer)
     # one template for every chip; its key and chip stand for each chip's (lop.key(chip))
     template = ctx.compute_op(lop, chips[0] if chips else 0, work, owner="core")
     return Fragment.replicated(template, lop.prefix, chips)
@@ -667,7 +668,7 @@ def _check_floor(deployment: Deployment, model: ModelSpec, max_ops: int | None) 
     the op count that needs neither the rank map nor the full program."""
     limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
     first = model.moe.first_dense_layers if model.moe is not None else 0
-    sample = attrs.evolve(model, n_layers=min(model.n_layers, first + 1))  # one dense and one MoE layer
+    sample = model.first_layers(min(model.n_layers, first + 1))  # one dense and one MoE layer
     per_layer: dict[int, int] = {}
     for lop in build_program(sample):
         if lop.kind not in SYNC_KINDS and 0 <= lop.layer < sample.n_layers:

@@ -257,7 +257,8 @@ def render_explain(plan, given_dims: tuple[str, ...] = ()) -> str:
     lines = [f"model   {m.name}: {m.n_layers} layers, hidden {m.hidden_size}, {a.kind.upper()} "
              f"({a.n_heads} heads, {kv_desc}), "
              f"{counts.total / 1e9:.1f}B params ({counts.active / 1e9:.1f}B active), "
-             f"c_kv {m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)} B/token/layer ({dep.dtypes.kv_cache})",
+             f"c_kv {m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)} B/token/layer ({dep.dtypes.kv_cache})"
+             + (f"; attention {m.attention_pattern()}" if m.has_windows else ""),
              f"system  {sysm.name}: {sysm.chips_per_node} chips/node, {sysm.hbm_capacity_bytes / GIB:.0f} GiB HBM, "
              f"link {sysm.intra_node_bw_bytes_per_s / 1e9:.1f} GB/s per chip, {sysm.nics} NICs of "
              f"{sysm.network_bw_bytes_per_s / 1e9:.0f} GB/s per node (per direction), "
@@ -483,9 +484,9 @@ def models_cmd():
         c = m.param_counts()
         rows.append([name, m.attention.kind, m.n_layers, m.hidden_size, f"{c.total / 1e9:.1f}B",
                      f"{c.active / 1e9:.1f}B", m.moe.n_routed_experts if m.moe else "-",
-                     m.kv_bytes_per_token_per_layer(2)])
+                     m.kv_bytes_per_token_per_layer(2), m.attention_pattern()])
     click.echo(_table(rows, ["model", "attention", "layers", "hidden", "params", "active", "experts",
-                             "c_kv bf16 (B)"]))
+                             "c_kv bf16 (B)", "attention by layer"]))
     click.echo("\nA model can also be a path to a Hugging Face config.json.")
 
 

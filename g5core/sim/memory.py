@@ -6,6 +6,8 @@ op DAG, so the Math path reports the same ledger.
 """
 from __future__ import annotations
 
+import math
+
 from typing import Mapping
 
 import attrs
@@ -43,6 +45,19 @@ def kv_cache_bytes(batch: int, seq_len: int, kv_bytes_per_token_per_layer: int, 
     (``kv_cache_heads``, e.g. Ulysses); 1 for MLA's latent unless a plugin splits it.
     """
     return batch * seq_len * kv_bytes_per_token_per_layer * layers / (seq_shards * head_shards)
+
+
+def kv_bytes_on(m, dep, s, c_kv: int, layers: list[int]) -> float:
+    """KV cache of the layers one chip holds: a windowed layer keeps at most its window of
+    tokens per sequence (:meth:`ModelSpec.kv_tokens`), a full layer the whole context."""
+    groups: dict[int, int] = {}
+    for layer in layers:
+        tokens = m.kv_tokens(layer, dep.seq_len)
+        groups[tokens] = groups.get(tokens, 0) + 1
+    if not groups:
+        groups = {dep.seq_len: 0}
+    return math.fsum(kv_cache_bytes(dep.batch, tokens, c_kv, n, s.factor("kv_len"), s.kv_shard * s.kv_cache_shard)
+                     for tokens, n in groups.items())
 
 
 def activation_peak_bytes(ctx, layers: list[int]) -> float:
@@ -149,9 +164,7 @@ def core_terms(ctx) -> list[MemoryTerm]:
             if 0 <= layer < m.n_layers:
                 layers_on[c].append(layer)
     c_kv = m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)
-    kv = {c: kv_cache_bytes(dep.batch, dep.seq_len, c_kv, len(layers_on[c]), s.factor("kv_len"),
-                            s.kv_shard * s.kv_cache_shard)
-          for c in ctx.all_chips}
+    kv = {c: kv_bytes_on(m, dep, s, c_kv, layers_on[c]) for c in ctx.all_chips}
     acts = {c: activation_peak_bytes(ctx, layers_on[c]) for c in ctx.all_chips}
     return [
         MemoryTerm("weights", "weights", weights),
