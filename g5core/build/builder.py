@@ -95,7 +95,7 @@ class BuildContext:
     def compute_dtype(self, work_or_class) -> str:
         weight_class = work_or_class.weight_class if isinstance(work_or_class, Work) else work_or_class
         d = self.deployment.dtypes
-        return d.weight_dtype(weight_class) if weight_class else d.activations
+        return d.gemm_dtype(weight_class) if weight_class else d.activations
 
     def compute_op(self, lop: LogicalOp, chip: int, work: Work, owner: str, part: str = "",
                    flops: float | None = None, hbm_bytes: float | None = None) -> ComputeOp:

@@ -250,7 +250,7 @@ class ModelSpec:
         if not isinstance(data, Mapping):
             raise ConfigError("model", f"{name}: a Hugging Face config must be a JSON object")
         model_type = data.get("model_type")
-        if model_type in _TEXT_CONFIG_OF and isinstance(data.get("text_config"), Mapping):
+        if isinstance(model_type, str) and model_type in _TEXT_CONFIG_OF and isinstance(data.get("text_config"), Mapping):
             data = {"model_type": _TEXT_CONFIG_OF[model_type], **data["text_config"]}
             model_type = data["model_type"]
         if not isinstance(model_type, str) or model_type not in _HF_PARSERS:

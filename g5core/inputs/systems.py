@@ -21,7 +21,7 @@ import attrs
 import yaml
 
 from g5core.sim.compute import ComputeModel, Profile
-from g5core.inputs.dtypes import BYTES_PER_ELEMENT
+from g5core.inputs.dtypes import PEAK_DTYPES
 from g5core.api.errors import ConfigError, suggest
 from g5core.inputs.reading import DuplicateKeyError, UniqueKeyLoader, check_range, duplicate_key_error, read_text, safe_float
 
@@ -165,13 +165,13 @@ def _peak_flops_map(instance, attribute, value) -> None:
         )
     if not value:
         raise ConfigError(field, f"give the dense peak FLOP/s of at least one dtype of "
-                                 f"{', '.join(BYTES_PER_ELEMENT)}")
+                                 f"{', '.join(PEAK_DTYPES)}")
     for key in value:
-        if key not in BYTES_PER_ELEMENT:
+        if key not in PEAK_DTYPES:
             raise ConfigError(
                 f"{field}.{key}",
-                f"unknown dtype {key!r}{suggest(str(key), BYTES_PER_ELEMENT)}; "
-                f"use any of {', '.join(BYTES_PER_ELEMENT)}",
+                f"unknown dtype {key!r}{suggest(str(key), PEAK_DTYPES)}; "
+                f"use any of {', '.join(PEAK_DTYPES)}",
             )
         _check_positive_number(f"{field}.{key}", value[key])
 
@@ -394,7 +394,11 @@ class SystemSpec:
         except (KeyError, TypeError):
             pass
         known = ", ".join(self.peak_flops_per_s)
-        if dtype in BYTES_PER_ELEMENT:
+        if dtype == "fp4":
+            msg = (f"system '{self.name}' has no FP4 tensor-core peak (it lists {known}): nvfp4/mxfp4 weights "
+                   f"run their GEMMs in FP4; use int4 (weight-only) or fp8 weights here, or a chip with "
+                   f"FP4 (b200, gb200-nvl72, gb300-nvl72)")
+        elif dtype in PEAK_DTYPES:
             msg = (f"system '{self.name}' has no peak FLOP/s for dtype '{dtype}' "
                    f"(it lists {known}); choose one of those or add it to the system file")
         else:
