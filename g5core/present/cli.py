@@ -440,16 +440,21 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
               help="The parallel dimension on the x axis (latency) or whose group the timeline shows.")
 @click.option("--layer", type=int, default=None, help="Timeline: the layer to show [default: the middle one].")
 @click.option("--row", "row_key", default=None, help="Timeline: the row (a prefix of its config_hash) to re-simulate.")
-def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key):
+@click.option("--where", "where", default=None, metavar="KEY=VALUE,..",
+              help="Only the rows whose inputs match, e.g. --where seq_len=131072,parallel.cp=8 "
+                   "(the timeline draws the one row it leaves).")
+def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key, where):
     """Plot a results database (PNG or SVG)."""
-    from g5core.present.plots import figure_bytes, image_format, make_figure
-    from g5core.present.report import load_rows
+    from g5core.present.plots import figure_bytes, image_format, make_figure, parse_where
+    from g5core.present.report import auto_dims, load_rows
     from g5core.present.outputs import check_output_path, write_atomically
 
     output = output or f"g5-{kind}.png"
     fmt = image_format(output)
+    conditions = parse_where(where)
     target = check_output_path(output, "-o", inputs=[db])
-    fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key)
+    fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key, where=conditions,
+                      auto_dims=auto_dims(db, sweep_id))
     write_atomically(target, lambda fh: fh.write(figure_bytes(fig, fmt)), "-o", binary=True)
     click.echo(f"{kind} plot written to {output}")
 
