@@ -361,3 +361,16 @@ def test_every_comm_op_in_the_timeline_names_its_algorithm_protocol_and_channels
     assert comm and all(r["algorithm"] in ("ring", "tree", "nvls", "nvls_tree") and r["protocol"]
                         and int(r["channels"]) >= 1 for r in comm)
     assert all(r["algorithm"] == "" for r in rows if r["kind"] == "compute")
+
+
+def test_nvls_flows_in_the_trace_name_the_switch():
+    from g5core.present.trace import trace_events
+
+    out = run({"model": "llama-3.1-8b", "system": "h200", "chips": 8,
+               "parallel": {"dp": 1, "tp": 8, "pp": 1, "cp": 1}, "phase": "prefill", "batch": 1, "seq_len": 4096})
+    assert any(e["algorithm"].startswith("nvls") for e in out.to_json_dict()["collectives"])
+    names = [e["name"] for e in trace_events(out.sim, out.plan.ctx.topology)
+             if e["ph"] == "X" and "port" in e.get("args", {})]
+    assert any(n.endswith("c0->node0.nvswitch") for n in names)
+    assert any(n.endswith("node0.nvswitch->c0") for n in names)
+    assert not [n for n in names if any(n.endswith(f"c{c}->c{c}") for c in range(8))]

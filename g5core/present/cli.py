@@ -296,11 +296,15 @@ def render_explain(plan, given_dims: tuple[str, ...] = ()) -> str:
         lines.append("")
         lines.append(f"{dim} groups: {len(groups)} of {size}"
                      + (f"; {len(crossing)} cross node boundaries" if crossing else "; all inside one node"))
-        for g in groups[:16]:
+        # up to four groups in full; more as the first, a count, and the last
+        shown = groups if len(groups) <= 4 else (groups[0], None, groups[-1])
+        for g in shown:
+            if g is None:
+                lines.append(f"  ... {len(groups) - 2} more groups"
+                             + (f" ({len(crossing)} of all {len(groups)} cross nodes)" if crossing else ""))
+                continue
             mark = "  (crosses nodes)" if rm.crosses_nodes(g) else ""
             lines.append(f"  {list(g)}{mark}")
-        if len(groups) > 16:
-            lines.append(f"  ... {len(groups) - 16} more")
     return "\n".join(lines)
 
 
@@ -408,7 +412,7 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
               help="What to rank by [default: ttft for prefill, tpot for decode].")
 @click.option("--top", "top", default=10, show_default=True, type=click.IntRange(min=1), help="How many to show.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes.")
+              help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes, tokens_per_s_per_chip, objective_value and the full configuration.")
 @click.option("--db", "db_path", default=None, type=click.Path(dir_okay=False),
               help="Keep the simulated layouts in this results database (and reuse what it holds).")
 @sweep_options

@@ -17,7 +17,7 @@ from g5core.sim.memory import MemoryTerm
 
 @hookimpl
 def g5_register_dimensions(register):
-    register(Dimension("ep", factor=False, regroups=("dp", "tp"), default=1,
+    register(Dimension("ep", factor=False, regroups=("dp", "tp"), default=1, moe_only=True,
                        doc="expert parallelism: EP groups carved from the dp x tp chips (default 1)"))
 
 
