@@ -535,8 +535,12 @@ def systems_show_cmd(name):
 @click.option("--sizes", default="8B:8GiB", show_default=True, help="MIN:MAX bytes, e.g. 1K:1G.")
 @click.option("--factor", type=int, default=2, show_default=True, help="Each size is FACTOR times the last.")
 @click.option("--disable", "disabled", multiple=True, metavar="NAME", help="Disable a plugin (repeatable).")
+@click.option("--dtype", "dtype", default="float", show_default=True,
+              help="nccl-tests' -d: the element type that sets the count column (float, half, bfloat16, int8, ...).")
+@click.option("--redop", default="sum", show_default=True,
+              help="nccl-tests' -o: the reduction of all_reduce and reduce_scatter (sum, prod, max, min, avg).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows instead of the table.")
-def collective_cmd(op, system_name, chips, sizes, factor, disabled, as_json):
+def collective_cmd(op, system_name, chips, sizes, factor, disabled, dtype, redop, as_json):
     """One collective alone on SYSTEM, size by size, shaped like nccl-tests output.
 
     OP is all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, gather or p2p
@@ -545,7 +549,7 @@ def collective_cmd(op, system_name, chips, sizes, factor, disabled, as_json):
     from g5core.inputs.systems import get_system
 
     sizes_list = size_range(sizes, factor)
-    rows = collective_rows(op, system_name, chips, sizes_list, disabled)
+    rows = collective_rows(op, system_name, chips, sizes_list, disabled, dtype=dtype, redop=redop)
     if as_json:
         click.echo(json.dumps(rows, indent=1, allow_nan=False))
         return
