@@ -608,4 +608,31 @@ def system_source(name_or_path: str) -> str:
     if name_or_path in CATALOG_NAMES:
         return (_catalog_dir() / f"{name_or_path}.yaml").read_text(encoding="utf-8")
     text = read_text(Path(os.fspath(name_or_path)).expanduser(), "system", "system file")
-    return f"# {spec.name}, from {os.fspath(name_or_path)}\n{text}"
+    out = f"# {spec.name}, from {os.fspath(name_or_path)}\n{text}"
+    own = yaml.load(text, Loader=_Loader)
+    if isinstance(own, Mapping) and "base" in own:
+        out = out.rstrip("\n") + "\n\n" + resolved_listing(spec, own)
+    return out
+
+
+def resolved_listing(spec: "SystemSpec", own: Mapping) -> str:
+    """Every field of a system with ``base:`` as it resolves: this file's keys marked, the
+    rest taken from the base."""
+    lines = [f"# resolved: every field of '{spec.name}' (base {own['base']}, then this file's keys over it)"]
+    for key, value in spec.to_dict().items():
+        where = "this file" if key in own else f"base {own['base']}"
+        lines.append(f"{key}: {_yaml_value(value)}  # {where}")
+    return "\n".join(lines)
+
+
+def _yaml_value(value: Any) -> str:
+    """A value in YAML flow style, floats short (4.8e+12, 6.4e-06)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return format(value, ".12g")
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_yaml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml_value(v) for v in value) + "]"
+    return str(value)
