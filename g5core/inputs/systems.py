@@ -630,6 +630,9 @@ def _yaml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, float):
+        if value and not 1e-3 <= abs(value) < 1e6:
+            mantissa, exponent = f"{value:.12e}".split("e")
+            return f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
         return format(value, ".12g")
     if isinstance(value, Mapping):
         return "{" + ", ".join(f"{k}: {_yaml_value(v)}" for k, v in value.items()) + "}"
