@@ -16,7 +16,7 @@ from g5core.inputs.systems import (
     get_system,
 )
 
-EXPECTED = {"h100-sxm", "h200", "h800", "b200", "a100-80gb", "gb200-nvl72"}
+EXPECTED = {"h100-sxm", "h200", "h800", "b200", "a100-80gb", "gb200-nvl72", "gb300-nvl72", "gh200-nvl32", "h20"}
 
 GOOD = {
     "name": "my-cluster",
@@ -58,7 +58,7 @@ def test_every_catalog_system_loads(name):
     spec = get_system(name)
     assert isinstance(spec, SystemSpec)
     assert spec.name == name
-    assert spec.chips_per_node == (72 if name == "gb200-nvl72" else 8)
+    assert spec.chips_per_node == {"gb200-nvl72": 72, "gb300-nvl72": 72, "gh200-nvl32": 32}.get(name, 8)
     assert set(spec.efficiency) == set(EFFICIENCY_KEYS)
     for op in OP_CLASSES + ("hbm",):
         assert 0 < spec.op_efficiency(op) <= 1
@@ -75,7 +75,7 @@ def test_unknown_system_name_suggests_and_lists():
     msg = str(info.value)
     assert msg.startswith("system: unknown system 'h100'")
     assert "did you mean" in msg
-    assert "known: a100-80gb, b200, gb200-nvl72, h100-sxm, h200, h800" in msg
+    assert "known: a100-80gb, b200, gb200-nvl72, gb300-nvl72, gh200-nvl32, h100-sxm, h20, h200, h800" in msg
     assert "path to a system YAML file" in msg
 
 
