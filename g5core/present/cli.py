@@ -12,6 +12,7 @@ from g5core.build.builder import DEFAULT_MAX_OPS
 from g5core.sim.compute import render_compute
 from g5core.api.errors import ConfigError, G5Error
 from g5core.sim.memory import GIB
+from g5core.sim.results import network_load
 
 
 
@@ -197,6 +198,14 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
                                        "hidden"]))
         else:
             lines.append("  none")
+        tiers = network_load(sim, out.plan.ctx.topology)
+        if tiers:
+            lines.append("network load by tier (the busiest port of each; wire bytes)")
+            lines.append(_table([[t["tier"], t["ports"], _fmt_bytes(t["bytes"]), t["busiest_port"],
+                                  _fmt_bytes(t["busiest_bytes"]), f"{100 * t['utilization']:.1f}%",
+                                  f"{100 * t['busy_fraction']:.1f}%"] for t in tiers],
+                                ["tier", "ports used", "bytes sent", "busiest port", "its bytes",
+                                 "its utilization", "its busy time"]))
         how: dict = {}
         for c in sim.collectives:
             label = f"{c['algorithm']}/{c['protocol']}" if c["protocol"] else c["algorithm"]
