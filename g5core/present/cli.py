@@ -226,6 +226,9 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
         _fmt_bytes(worst.weights_bytes), _fmt_bytes(worst.kv_cache_bytes), _fmt_bytes(worst.activation_bytes),
         _fmt_bytes(worst.workspace_bytes), _fmt_bytes(worst.total_bytes), _fmt_bytes(worst.capacity_bytes)]],
         ["weights", "kv cache", "activations", "workspace", "total", "capacity"]))
+    for term in mem.terms:
+        if term.part_of:
+            lines.append(f"  of the {term.part_of}: {term.name.replace('_', ' ')} {_fmt_bytes(term.on(worst.chip))}")
     short = mem.shortfall_summary()
     lines.append(f"DOES NOT FIT: {short}" if short else "fits on every chip")
     if trace_path:

@@ -102,11 +102,11 @@ def _one_or_many(values, fmt=str) -> str:
 
 def plot_title(rows: Sequence[Mapping], what: str) -> str:
     """``what``: model on chips x system, phase, workload (batch, seq_len) of the rows."""
-    model = _one_or_many((r["model"] for r in rows))
-    system = _one_or_many((r["system"] for r in rows))
-    chips = _one_or_many((r["chips"] for r in rows))
-    phase = _one_or_many((r["phase"] for r in rows))
-    work = f"batch {_one_or_many(r['batch'] for r in rows)}, seq_len {_one_or_many((r['seq_len'] for r in rows), tokens_label)}"
+    def values(key):  # a results row's column, or its configuration's key
+        return [r[key] if key in r else (r.get("config") or {}).get(key) for r in rows]
+
+    model, system, chips, phase = (_one_or_many(values(k)) for k in ("model", "system", "chips", "phase"))
+    work = f"batch {_one_or_many(values('batch'))}, seq_len {_one_or_many(values('seq_len'), tokens_label)}"
     return f"{what}\n{model} on {chips} x {system}, {phase}, {work}"
 
 

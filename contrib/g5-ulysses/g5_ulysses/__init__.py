@@ -47,7 +47,7 @@ import attrs
 
 from g5core import (
     ConfigError, Dimension, Fragment, MemoryTerm, PluginOption, Work, activation_tensor_bytes, attention_dims,
-    attention_kernel, attention_work, hookimpl,
+    attention_kernel, attention_work, hookimpl, weight_bytes_by_chip,
 )
 
 NAME = "ulysses"
@@ -55,6 +55,7 @@ DIM = "sp"
 HEAD_AXIS = "attn_q_heads"
 REASON = "ulysses_a2a"
 HEAD_KINDS = ("final_norm", "lm_head")
+ATTENTION_WEIGHT_KINDS = ("attn_norm", "qkv_proj", "o_proj")
 
 
 # ------------------------------------------------------------------------------- formulas
@@ -231,5 +232,11 @@ def g5_memory_terms(ctx):
     if ctx.size(DIM) == 1:
         return None
     qkv_bytes, out_bytes = _bytes(ctx)
+    # the attention block's weights (projections and their norms): every SP rank holds the
+    # same ones, so they are replicated sp times (split only as tp splits them). Part of
+    # "weights", shown on its own: the cost of Ulysses that EP (sharding the experts over
+    # the sp ranks too) does not remove.
+    attention, _ = weight_bytes_by_chip(ctx, ATTENTION_WEIGHT_KINDS)
     # the all-to-all cannot run in place: one layer's received Q/K/V and output, reused per layer
-    return [MemoryTerm("ulysses_a2a_buffers", "workspace", {c: qkv_bytes + out_bytes for c in ctx.all_chips})]
+    return [MemoryTerm("ulysses_a2a_buffers", "workspace", {c: qkv_bytes + out_bytes for c in ctx.all_chips}),
+            MemoryTerm("sp_replicated_attention_weights", "weights", attention, part_of="weights")]
