@@ -11,7 +11,8 @@ from .build.dag import CommOp, ComputeOp, Fragment
 from .api.dimensions import Dimension
 from .api.errors import ConfigError, DagError, G5Error, PluginError
 from .build.flops import activation_tensor_bytes, causal_attention_flops
-from .build.layers import Work, attention_dims, attention_kernel, attention_work, default_work, local_kv_bytes_per_token
+from .build.layers import (Work, attention_dims, attention_kernel, attention_work, default_work, local_kv_bytes_per_token,
+                           window_attention_work)
 from .sim.memory import MemoryTerm, weight_bytes_by_chip
 from .api.options import PluginOption
 from .api.plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_manager
@@ -21,5 +22,6 @@ __all__ = [
     "MemoryTerm", "PluginError", "PluginInfo", "PluginOption", "Topology", "Work", "activation_tensor_bytes",
     "attention_dims", "attention_kernel", "attention_work", "causal_attention_flops", "default_work", "describe_plugins",
     "hookimpl", "idle_transfer_s", "local_kv_bytes_per_token", "make_plugin_manager", "weight_bytes_by_chip",
+    "window_attention_work",
 ]
 __version__ = "0.1.0"

@@ -172,3 +172,24 @@ def test_windowed_model_simulates():
     from g5core.sim.run import simulate
     out = simulate(_plan("gemma-3-27b", seq_len=8192))
     assert out.latency_s > 0
+
+
+def test_ulysses_attends_over_the_window_too():
+    from g5core.sim.run import make_plan
+    pytest.importorskip("g5_ulysses")
+    from g5_ulysses import attention_op_work
+    plan = make_plan({"model": "gpt-oss-20b", "system": "h200", "chips": 8,
+                      "parallel": {"tp": 1, "sp": 8, "cp": 1, "dp": 1, "pp": 1, "ep": 1}, "phase": "prefill",
+                      "batch": 1, "seq_len": 32768})
+    sliding, full = attention_op_work(plan.ctx, 0), attention_op_work(plan.ctx, 1)
+    S, w = 32768, 128
+    assert sliding.flops / full.flops == pytest.approx((w * w / 2 + (S - w) * w) / (S * S / 2))
+
+
+def test_cp_over_a_windowed_model_says_what_it_overestimates():
+    from g5core.present.caveats import deployment_warnings
+    from g5core.sim.run import make_plan
+    plan = make_plan({"model": "gpt-oss-20b", "system": "h200", "chips": 8,
+                      "parallel": {"tp": 4, "cp": 2, "dp": 1, "pp": 1, "ep": 1}, "phase": "prefill",
+                      "batch": 1, "seq_len": 32768})
+    assert any("windowed attention" in w and "overestimated" in w for w in deployment_warnings(plan.ctx))

@@ -47,7 +47,7 @@ import attrs
 
 from g5core import (
     ConfigError, Dimension, Fragment, MemoryTerm, PluginOption, Work, activation_tensor_bytes, attention_dims,
-    attention_kernel, attention_work, hookimpl, weight_bytes_by_chip,
+    attention_kernel, attention_work, hookimpl, weight_bytes_by_chip, window_attention_work,
 )
 
 NAME = "ulysses"
@@ -187,10 +187,15 @@ def _attention_shape(ctx):
                         kv_shard=s.kv_shard * divisor)
 
 
-def attention_op_work(ctx) -> Work:
+def attention_op_work(ctx, layer: int | None = None) -> Work:
+    """One chip's attention for its heads over the whole sequence; a windowed layer (sliding
+    or chunked, ``layer``'s) attends over its window, as the core's attention does."""
     dep, s = ctx.deployment, ctx.shape
     q_tokens = 1 if dep.phase == "decode" else s.seq_len
     shape = _attention_shape(ctx)
+    windowed = window_attention_work(ctx.model, dep, shape, layer, q_tokens=q_tokens)
+    if windowed is not None:
+        return windowed
     flops, hbm = attention_work(ctx.model, dep, shape, q_tokens, s.kv_len)
     block = "decode" if dep.phase == "decode" else "causal"
     return Work(op_class="attention", flops=flops, hbm_bytes=hbm, weight_class="", weight_elements=0.0,
@@ -208,7 +213,7 @@ def g5_expand_op(ctx, lop):
     if lop.kind != "attention" or ctx.size(DIM) == 1:
         return None
     qkv_bytes, out_bytes = _bytes(ctx)
-    work = attention_op_work(ctx)
+    work = attention_op_work(ctx, lop.layer)
     placed = set(ctx.place(lop))
     return Fragment.combine(
         Fragment.exchange_around(
