@@ -381,23 +381,15 @@ def network_load(sim: SimResult, topology) -> list[dict]:
         if not used.any():
             continue
         busiest = int(np.flatnonzero(used)[np.argmax((port_bytes / capacity)[used])])
-        on = [f for f in range(len(d.flow_bytes)) if busiest in d.routes[d.flow_route[f]]]
+        on = np.asarray([busiest in route for route in d.routes], dtype=bool)[d.flow_route]
+        fs, fe = np.asarray(sim.flow_start_s)[on], np.asarray(sim.flow_end_s)[on]
+        order = np.argsort(fs, kind="stable")
         out.append({
             "tier": tier, "ports": int(used.sum()),
             "bytes": float(port_bytes[kinds == ids[0]].sum()) * sim.symmetry.replicas,
             "busiest_port": topology.resource_name(busiest), "busiest_bytes": float(port_bytes[busiest]),
             "utilization": float(port_bytes[busiest] / (capacity[busiest] * sim.latency_s)),
-            "busy_fraction": _union_s([(sim.flow_start_s[f], sim.flow_end_s[f]) for f in on]) / sim.latency_s,
+            "busy_fraction": _merged_length(fs[order], fe[order]) / sim.latency_s,
         })
     return out
 
-
-def _union_s(intervals) -> float:
-    """Length of the union of ``(start, end)`` intervals."""
-    total, end = 0.0, -math.inf
-    for s, e in sorted(intervals):
-        if e <= end:
-            continue
-        total += e - max(s, end)
-        end = e
-    return total
