@@ -205,9 +205,12 @@ def best_layouts(raw: Mapping, objective: Optional[str] = None, db_path=None, di
 
 def render_best(result: SearchResult, top: int, fmt_s, fmt_bytes, table) -> str:
     """The text of ``g5 best``: top K, the Pareto front, and why the others were excluded.
-    One column per dimension the candidates use (a dense model's search has no ep)."""
+    One column per dimension the candidates use and vary (a dense model's search has no ep;
+    a dimension at 1 in every candidate says nothing and is left out)."""
     obj_col = {"ttft": "TTFT", "tpot": "TPOT", "tokens_per_s_per_chip": "tokens/s/chip"}[result.objective]
-    dims = sorted({d for c in (*result.ranked, *result.pareto) for d in c.parallel})
+    cands = (*result.ranked, *result.pareto)
+    dims = sorted({d for c in cands for d in c.parallel})
+    dims = [d for d in dims if any(c.parallel.get(d, 1) != 1 for c in cands)] or dims
 
     def rows(cands, rank=True):
         return [([i + 1] if rank else []) + [c.parallel.get(d, 1) for d in dims]

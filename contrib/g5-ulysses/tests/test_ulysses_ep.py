@@ -93,7 +93,7 @@ def test_ep_that_does_not_divide_dp_sp_tp_names_the_rank_space():
 
 def test_the_comparison_script_runs_the_layouts_it_names():
     import importlib.util
-    path = pathlib.Path(__file__).parent.parent / "benchmarks" / "deepseek_v3_tp8_vs_ulysses_ep.py"
+    path = pathlib.Path(__file__).parents[3] / "benchmarks" / "ulysses_deepseek_v3.py"
     spec = importlib.util.spec_from_file_location("cmp", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -1,14 +1,14 @@
 """The field notes' comparison on DeepSeek-V3, one 8-GPU H200 node: TP8 against Ulysses with the
 experts sharded over all 8 GPUs (sp=8, ep=8; and tp=2 x sp=4, ep=8), at 32K, 64K and 128K tokens.
 
-    python contrib/g5-ulysses/benchmarks/deepseek_v3_tp8_vs_ulysses_ep.py     # about a minute
+    python benchmarks/ulysses_deepseek_v3.py     # about a minute
 
 For each layout and length: the largest batch whose memory ledger fits (prefill: prompts of S
 tokens; decode: sequences at a context of S), the throughput at that batch (prefill: prompt
 tokens per second, b x S / TTFT; decode: generated tokens per second, b / TPOT) and the peak
 memory per GPU there. Weights bf16 with fp8 experts, bf16 KV cache. The MLA latent has no
 heads to shard, so Ulysses replicates it on every SP rank (``replicate_kv``), as TP does.
-Prints a Markdown table (the Ulysses README's).
+Prints a Markdown table (the table of contrib/g5-ulysses/README.md; needs g5-ulysses installed).
 """
 from __future__ import annotations
 
