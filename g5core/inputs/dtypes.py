@@ -24,7 +24,7 @@ import attrs
 from g5core.api.errors import ConfigError, suggest
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class NumberFormat:
     name: str
     element_bits: int
@@ -41,13 +41,16 @@ class NumberFormat:
 
 
 FORMATS = {f.name: f for f in (
-    NumberFormat("fp32", 32, peak="fp32"),
-    NumberFormat("bf16", 16, peak="bf16"),
-    NumberFormat("fp16", 16, peak="fp16"),
-    NumberFormat("fp8", 8, peak="fp8"),
-    NumberFormat("nvfp4", 4, block_elements=16, scale_bytes_per_block=1, peak="fp4", weights_only=True),
-    NumberFormat("mxfp4", 4, block_elements=32, scale_bytes_per_block=1, peak="fp4", weights_only=True),
-    NumberFormat("int4", 4, block_elements=128, scale_bytes_per_block=2.5, peak="", weights_only=True),
+    NumberFormat(name="fp32", element_bits=32, peak="fp32"),
+    NumberFormat(name="bf16", element_bits=16, peak="bf16"),
+    NumberFormat(name="fp16", element_bits=16, peak="fp16"),
+    NumberFormat(name="fp8", element_bits=8, peak="fp8"),
+    NumberFormat(name="nvfp4", element_bits=4, block_elements=16, scale_bytes_per_block=1, peak="fp4",
+                 weights_only=True),
+    NumberFormat(name="mxfp4", element_bits=4, block_elements=32, scale_bytes_per_block=1, peak="fp4",
+                 weights_only=True),
+    NumberFormat(name="int4", element_bits=4, block_elements=128, scale_bytes_per_block=2.5, peak="",
+                 weights_only=True),
 )}
 #: formats activations and the KV cache may take (whole bytes per element)
 BYTES_PER_ELEMENT = {n: f.bytes_per_element for n, f in FORMATS.items() if not f.weights_only}

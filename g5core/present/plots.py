@@ -393,7 +393,7 @@ def timeline_figure(row: Mapping, group_dim: str = "cp", layer: Optional[int] = 
     """One layer across the chips of the group of chip 0 along ``group_dim``, from a fresh
     simulation: compute in blue, each kind of communication (its reason: ring traffic, TP
     all-reduce, ...) in its own colour; ops wide enough are named on their bars."""
-    from g5core.build.dag import ComputeOp
+    from g5core.api.ops import ComputeOp
     from g5core.sim.run import run
 
     plt = _pyplot()

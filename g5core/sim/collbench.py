@@ -21,7 +21,6 @@ data) is "-".
 from __future__ import annotations
 
 import re
-import types
 from typing import Iterable
 
 from g5core.api.errors import ConfigError
@@ -92,7 +91,7 @@ def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterabl
     rows = []
     for size in sizes:
         compiled = compile_one(size)
-        time_s = Engine(compiled).run().makespan_s
+        time_s = Engine(dag=compiled).run().makespan_s
         algorithm, protocol, channels = compiled.comm_algo[0]
         algbw = size / time_s if time_s > 0 else 0.0
         rows.append({"size_bytes": int(size), "count": int(size) // element, "type": dtype,
@@ -108,8 +107,9 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
     chips ``0 .. chips - 1`` of ``system_name``, lowered by the enabled plugins."""
     from g5core.build.builder import make_topology
     from g5core.sim.collective import collect_primitives
-    from g5core.build.dag import CommOp, OpDag
-    from g5core.sim.engine import compile_dag
+    from g5core.api.ops import CommOp
+    from g5core.build.dag import OpDag
+    from g5core.sim.engine import compile_ops
     from g5core.api.plugins import Hooks, make_plugin_manager
     from g5core.inputs.systems import get_system
 
@@ -126,35 +126,14 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
                                 f"the enabled plugins lower {', '.join(primitives) or 'none'}")
     system = get_system(system_name)
     topo = make_topology(hooks, system, chips)
-    plan = types.SimpleNamespace(ctx=types.SimpleNamespace(topology=topo, system=system, deployment=None), hooks=hooks,
-                                 primitives=primitives)
     group = tuple(range(chips))
 
     def compile_one(size: float):
         dag = OpDag()
         dag.add_op(CommOp(key="collective", primitive=primitive, group=group, bytes_per_rank=float(size),
                           reason="collective", layer=0, name="collective", owner="g5"))
-        return compile_dag(dag, plan)
+        return compile_ops(dag, topology=topo, primitives=primitives, hooks=hooks, system=system, deployment=None)
 
     return compile_one
 
 
-def render_rows(primitive: str, system_name: str, chips: int, nodes: int, rows: list[dict]) -> str:
-    """The table nccl-tests prints (size, count, type, redop, root; time in us, algbw and
-    busbw in GB/s and #wrong, out-of-place then in-place), plus the algorithm, protocol and
-    channels G5's NCCL model chose."""
-    lines = [f"# {ALIASES.get(primitive, primitive)} on {chips} chips of {system_name} ({nodes} node"
-             f"{'s' if nodes != 1 else ''}); time of the op alone, GB/s = 1e9 bytes/s; in-place = out-of-place "
-             f"in G5 (same bytes moved), #wrong not checked",
-             f"#{'':>51}{'out-of-place':>30}   {'in-place':>29}",
-             f"#{'size':>12} {'count':>12} {'type':>8} {'redop':>6} {'root':>6} "
-             f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
-             f"  {'algorithm':<9} {'protocol':<8} channels",
-             f"#{'(B)':>12} {'(elements)':>12} {'':>8} {'':>6} {'':>6} "
-             f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7}"]
-    for r in rows:
-        half = (f"{r['time_s'] * 1e6:>9.2f} {r['algbw_bytes_per_s'] / 1e9:>7.2f} "
-                f"{r['busbw_bytes_per_s'] / 1e9:>7.2f} {'-':>6}")
-        lines.append(f" {r['size_bytes']:>12} {r['count']:>12} {r['type']:>8} {r['redop']:>6} {r['root']:>6} "
-                     f"{half} {half}  {r['algorithm']:<9} {r['protocol']:<8} {r['channels']}")
-    return "\n".join(lines)

@@ -17,9 +17,7 @@ not affected.
 """
 from __future__ import annotations
 
-from g5core import ConfigError, Dimension, Fragment, hookimpl
-from g5core.build.layers import expert_work
-from g5core.sim.memory import MemoryTerm
+from g5core import ConfigError, Dimension, Fragment, MemoryTerm, expert_work, hookimpl
 
 
 #: the dimensions whose chips an EP group is carved from (one absent is size 1)
@@ -28,7 +26,7 @@ RANK_SPACE = ("dp", "sp", "tp")
 
 @hookimpl
 def g5_register_dimensions(register):
-    register(Dimension("ep", factor=False, regroups=RANK_SPACE, default=1, moe_only=True,
+    register(Dimension(name="ep", factor=False, regroups=RANK_SPACE, default=1, moe_only=True,
                        doc="expert parallelism: EP groups carved from the dp x sp x tp chips (default 1)"))
 
 

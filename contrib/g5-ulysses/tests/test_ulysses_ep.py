@@ -11,7 +11,7 @@ import pytest
 from g5core import ConfigError
 from g5core.sim.memory import memory_report
 from g5core.sim.run import make_plan, run
-from g5core.api.testing import plugin_checks
+from g5core.testing import plugin_checks
 
 DATA = pathlib.Path(__file__).parent / "data"
 MLA = str(DATA / "tiny-mla.json")          # 2 layers, layer 1 MoE with 4 routed experts
