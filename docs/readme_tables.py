@@ -91,7 +91,7 @@ def nccl_table() -> str:
         gpus = f"{r['gpus']}" + (f" ({r['nodes']} nodes)" if r["nodes"] > 1 else "")
         first = f"| {source} |" if source != last else "| |"
         lines.append(f"{first} {r['op']} | {gpus} | {r['size_bytes']} | "
-                     f"{r['measured_busbw_gbps']:.1f} | {r['g5_busbw_gbps']:.1f} | {r['error'] * 100:+.0f}% | "
+                     f"{r['measured_busbw_gbytes_per_s']:.1f} | {r['g5_busbw_gbytes_per_s']:.1f} | {r['error'] * 100:+.0f}% | "
                      f"{r['algorithm']}/{r['protocol']} |")
         last = source
     return "\n".join(lines)
