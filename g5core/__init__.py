@@ -25,12 +25,14 @@ from .build.flops import activation_tensor_bytes, attention_block_bytes, causal_
 from .build.layers import (
     attention_dims, attention_kernel, attention_kernel_of, attention_work, default_work, expert_work,
     local_kv_bytes_per_token, step_attention_work,
+    window_attention_work,
 )
 from .build.topology import Topology
 from .inputs.step import Step, StepGroup
 from .inputs.reading import check_keys
 from .sim.collective import idle_transfer_s
 from .sim.compute import Attention, ComputeTime, Elementwise, Gemm
+from .sim.memory import weight_bytes_by_chip
 from .sim.reference import passq_reduce_elements
 from .sim.roofline import gemm_padded_flops, kernel_latency_s, op_latency_s, roofline_latency_s
 from .sim.prepared import PreparedPlan, StepMemory, StepResult, prepare
@@ -46,4 +48,5 @@ __all__ = [
     "default_work", "describe_plugins", "expert_work", "gemm_padded_flops", "hookimpl", "idle_transfer_s",
     "kernel_latency_s", "local_kv_bytes_per_token", "make_plugin_manager", "op_latency_s", "passq_reduce_elements",
     "prefix_attention_flops", "prepare", "roofline_latency_s", "step_attention_work", "suggest",
+    "weight_bytes_by_chip", "window_attention_work",
 ]

@@ -57,12 +57,15 @@ class CoreBuildContext(BuildContext):
         work made per kind is not."""
         return attrs.evolve(self, deployment=deployment, shape=shape, layer_chips=self._layer_chips, works={})
 
-    def work(self, kind: str) -> Work | None:
-        """The default work of ``kind`` on one chip, made once per context (it depends on
-        the kind, the model, the deployment and the shape only; a Work is immutable)."""
-        got = self._works.get(kind, _MISSING)
+    def work(self, kind: str, layer: int | None = None) -> Work | None:
+        """The default work of ``kind`` on one chip (of ``layer``, whose attention window it
+        follows), made once per context and kind, and per layer for a windowed layer's
+        attention (it depends on those, the model, the deployment and the shape only; a Work
+        is immutable)."""
+        key = (kind, layer) if kind == "attention" and layer is not None and self.model.kv_window(layer) else kind
+        got = self._works.get(key, _MISSING)
         if got is _MISSING:
-            got = self._works[kind] = default_work(kind, self.model, self.deployment, self.shape)
+            got = self._works[key] = default_work(kind, self.model, self.deployment, self.shape, layer)
         return got
 
     def hidden_states_bytes(self, tokens: float) -> float:
@@ -183,7 +186,7 @@ def _name_disabled_plugins(exc: ConfigError, pm: pluggy.PluginManager, dims: Dim
 def default_fragment(ctx: BuildContext, lop: LogicalOp, chips: tuple[int, ...]) -> Fragment:
     if lop.kind in SYNC_KINDS:
         return Fragment(ops=())
-    work = ctx.work(lop.kind)
+    work = ctx.work(lop.kind, lop.layer)
     # one template for every chip; its key and chip stand for each chip's (lop.key(chip))
     template = ctx.compute_op(lop, chips[0] if chips else 0, work, owner="core")
     return Fragment.replicated(template, lop.prefix, chips)
@@ -657,7 +660,7 @@ def _check_floor(deployment: Deployment, model: ModelSpec, max_ops: int | None) 
     the op count that needs neither the rank map nor the full program."""
     limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
     first = model.moe.first_dense_layers if model.moe is not None else 0
-    sample = attrs.evolve(model, n_layers=min(model.n_layers, first + 1))  # one dense and one MoE layer
+    sample = model.first_layers(min(model.n_layers, first + 1))  # one dense and one MoE layer
     per_layer: dict[int, int] = {}
     for lop in build_program(sample):
         if lop.kind not in SYNC_KINDS and 0 <= lop.layer < sample.n_layers:

@@ -74,7 +74,8 @@ class StepResult:
     memory: StepMemory
     #: per plugin, the choices it made for this step (e.g. ``{"cp": {"prefill": "pass_q"}}``)
     choices: dict = attrs.field(factory=dict)
-    #: the full simulation result (g5core.sim.results.SimResult), for detail
+    #: the full simulation result (g5core.sim.results.SimResult; a MathResult for
+    #: ``path: math``), for detail
     sim: Any = attrs.field(default=None, repr=False)
     ledger: Optional[MemoryReport] = attrs.field(default=None, repr=False)
 
@@ -153,11 +154,16 @@ class PreparedPlan:
 
         plan = self.plan_for(step)
         self.lookup.deployment = plan.ctx.deployment
-        sim = self._from_template(step, plan)
-        if sim is None:
-            sim = simulate_plan(plan, check=self.check, symmetry=self._symmetry_arg, max_ops=self.max_ops)
-            self._keep_template(step, plan, sim)
-        total = sim.ops + sim.flows
+        if plan.ctx.deployment.path == "math":  # the closed form, as `g5 run` gives it for path: math
+            from g5core.sim.mathpath import math_estimate
+
+            sim = math_estimate(plan)
+        else:
+            sim = self._from_template(step, plan)
+            if sim is None:
+                sim = simulate_plan(plan, check=self.check, symmetry=self._symmetry_arg, max_ops=self.max_ops)
+                self._keep_template(step, plan, sim)
+        total = getattr(sim, "ops", 0) + getattr(sim, "flows", 0)
         if total > self.max_ops:
             raise ResourceError(f"step {step.describe()} simulated {total:,} ops and flows, above the limit of "
                                 f"{self.max_ops:,}; raise the limit (max_ops) or use a smaller deployment")
