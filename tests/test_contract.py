@@ -241,7 +241,7 @@ class _Counter(_ClaimsFfnReduce):
 class _NegativeMemory:
     @hookimpl
     def g5_memory_terms(self, ctx):
-        return [MemoryTerm("bad_buffer", "workspace", {0: -1.0})]
+        return [MemoryTerm(name="bad_buffer", category="workspace", bytes_per_chip={0: -1.0})]
 
 
 def _shrinking_lowering(group, nbytes, topo):

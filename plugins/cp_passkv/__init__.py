@@ -124,4 +124,5 @@ def g5_memory_terms(ctx):
     # reused layer after layer. The rank's own block is already in its KV cache.
     per_chip = passkv_bytes_per_rank_per_layer(ctx.deployment.seq_len, cp, ctx.kv_bytes_per_token_local,
                                                ctx.deployment.batch)
-    return [MemoryTerm("cp_ring_buffers", "workspace", {c: per_chip for c in ctx.all_chips})]
+    return [MemoryTerm(name="cp_ring_buffers", category="workspace",
+                       bytes_per_chip={c: per_chip for c in ctx.all_chips})]
