@@ -14,7 +14,7 @@ def _chip_items(value) -> tuple[tuple[int, float], ...]:
     return tuple(sorted((int(c), float(b)) for c, b in value))
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class MemoryTerm:
     """A named per-chip memory term. ``bytes_per_chip`` maps chip -> bytes (absent = 0).
 

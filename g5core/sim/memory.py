@@ -168,9 +168,9 @@ def core_terms(ctx) -> list[MemoryTerm]:
     kv = {c: ctx.resident_batches * kv_bytes_on(m, dep, s, c_kv, layers_on[c]) for c in ctx.all_chips}
     acts = {c: activation_peak_bytes(ctx, layers_on[c]) for c in ctx.all_chips}
     return [
-        MemoryTerm("weights", "weights", weights),
-        MemoryTerm("kv_cache", "kv_cache", kv),
-        MemoryTerm("activations", "activations", acts),
+        MemoryTerm(name="weights", category="weights", bytes_per_chip=weights),
+        MemoryTerm(name="kv_cache", category="kv_cache", bytes_per_chip=kv),
+        MemoryTerm(name="activations", category="activations", bytes_per_chip=acts),
     ]
 
 
