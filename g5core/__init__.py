@@ -4,6 +4,13 @@ Plugins, built-in or third-party, import what they need from here and nowhere el
 ``hookimpl`` marker, the value types they register or return, the errors they raise, and the
 helpers that turn a chip's share of the model into work and bytes. Everything in
 ``__all__`` is public API; the submodules are the core's own business.
+
+Simulating steps (:mod:`g5core.sim.prepared`): ``prepare(config)`` validates a deployment
+once and returns a :class:`PreparedPlan`; ``plan.simulate(Step([StepGroup(new_tokens=1,
+cached_tokens=8191, count=64)]))`` returns a :class:`StepResult` (``latency_s``,
+``ttft_s``/``tpot_s`` for a pure prefill/decode step, ``memory``: the per-chip ledger with
+``kv_bytes_per_token``), cached per step shape; ``plan.kv_capacity_tokens(step)`` sizes a
+KV pool from the ledger.
 """
 from .sim.collective import Lowering, idle_transfer_s
 from .build.topology import Topology
@@ -15,11 +22,14 @@ from .build.layers import Work, attention_dims, attention_kernel, attention_work
 from .sim.memory import MemoryTerm
 from .api.options import PluginOption
 from .api.plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_manager
+from .inputs.step import Step, StepGroup
+from .sim.prepared import PreparedPlan, StepMemory, StepResult, prepare
 
 __all__ = [
     "CommOp", "ComputeOp", "ConfigError", "DagError", "Dimension", "Fragment", "G5Error", "Hooks", "Lowering",
-    "MemoryTerm", "PluginError", "PluginInfo", "PluginOption", "Topology", "Work", "activation_tensor_bytes",
+    "MemoryTerm", "PluginError", "PluginInfo", "PluginOption", "PreparedPlan", "Step", "StepGroup", "StepMemory",
+    "StepResult", "Topology", "Work", "activation_tensor_bytes",
     "attention_dims", "attention_kernel", "attention_work", "causal_attention_flops", "default_work", "describe_plugins",
-    "hookimpl", "idle_transfer_s", "local_kv_bytes_per_token", "make_plugin_manager",
+    "hookimpl", "idle_transfer_s", "local_kv_bytes_per_token", "make_plugin_manager", "prepare",
 ]
 __version__ = "0.1.0"

@@ -516,6 +516,21 @@ def _lone_comm_time_s(probe, primitive: str, group: tuple, nbytes: float) -> tup
 
 
 @_contract_check
+def check_step_choices(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_step_choices``: ``None`` or a mapping of string keys to JSON scalars (what the
+    plugin chose for the step: the run's JSON and summary report it as given)."""
+    for raw in _as_configs(configs):
+        plan = _plan(raw, extra_plugins)
+        for answer in _call_own(plan.hooks, "g5_step_choices", plugin, ctx=plan.ctx):
+            if answer is None:
+                continue
+            if not isinstance(answer, Mapping) or not all(
+                    isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool)))
+                    for k, v in answer.items()):
+                raise _fail(plugin, check_step_choices, f"{_where(raw)} answered {answer!r}, not a mapping of "
+                                                        "names to strings or numbers")
+
+
 def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_register_primitives``: a primitive's cost grows with the bytes it carries.
 
@@ -743,6 +758,7 @@ HOOK_CHECKS: Mapping[str, tuple[CheckFn, ...]] = {
     "g5_expand_op": (check_fragments,),
     "g5_require_owner": (check_require_owner,),
     "g5_memory_terms": (check_memory_terms,),
+    "g5_step_choices": (check_step_choices,),
     "g5_register_primitives": (check_comm_cost_monotone,),
     "g5_topology": (check_topology,),
     "g5_compute_latency": (check_compute_latency,),

@@ -136,6 +136,9 @@ class Plan:
     hooks: Hooks
     ctx: BuildContext
     primitives: Mapping
+    #: the compute-latency lookup to compile with, when one outlives the run (a prepared
+    #: plan's, shared by its steps: g5core.sim.prepared); None: a fresh one per compile
+    lookup: Optional[object] = None
 
 
 def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configuration",
@@ -157,10 +160,7 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
             raise _name_disabled_plugins(exc, pm, dims) from None
     model = get_model(deployment.model)
     system = get_system(deployment.system)
-    for _plugin, _ in hooks.call_each("g5_validate_deployment", deployment=deployment, model=model, system=system):
-        pass
-    factors = merge_factors(hooks.call_each("g5_shard_factors", deployment=deployment, model=model), axes)
-    shape = LocalShape.from_factors(deployment, model, factors)
+    shape = validated_shape(hooks, deployment, model, system, axes)
     _check_floor(deployment, model, max_ops)
     sizes = dict(deployment.parallel)
     try:
@@ -170,6 +170,25 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
     topology = make_topology(hooks, system, rankmap.chips)
     ctx = BuildContext(deployment, model, system, dims, rankmap, shape, topology, hooks)
     return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks))
+
+
+def validated_shape(hooks: Hooks, deployment: Deployment, model: ModelSpec, system: SystemSpec,
+                    axes: tuple[str, ...]) -> LocalShape:
+    """The plugins' checks of a deployment, then one chip's share of its step."""
+    for _plugin, _ in hooks.call_each("g5_validate_deployment", deployment=deployment, model=model, system=system):
+        pass
+    factors = merge_factors(hooks.call_each("g5_shard_factors", deployment=deployment, model=model), axes)
+    return LocalShape.from_factors(deployment, model, factors)
+
+
+def plan_for_step(plan: Plan, deployment: Deployment, axes: tuple[str, ...], lookup=None) -> Plan:
+    """``plan`` running another step (``deployment`` differs from the plan's in its step
+    only): validated and shaped again; the plugin manager, rank map, topology, primitives
+    and layer placement are reused; ``lookup`` is the compute-latency lookup to keep."""
+    ctx = plan.ctx
+    shape = validated_shape(plan.hooks, deployment, ctx.model, ctx.system, axes)
+    step_ctx = attrs.evolve(ctx, deployment=deployment, shape=shape, layer_chips=ctx._layer_chips)
+    return Plan(pm=plan.pm, hooks=plan.hooks, ctx=step_ctx, primitives=plan.primitives, lookup=lookup)
 
 
 def make_topology(hooks: Hooks, system: SystemSpec, chips: int) -> Topology:

@@ -34,15 +34,17 @@ class MemoryTerm:
         return dict(self.bytes_per_chip).get(chip, 0.0)
 
 
-def kv_cache_bytes(batch: int, seq_len: int, kv_bytes_per_token_per_layer: int, layers: int,
+def kv_cache_bytes(context_tokens: int, kv_bytes_per_token_per_layer: int, layers: int,
                    seq_shards: int, head_shards: int) -> float:
-    """Per-chip KV cache: ``b * S * c_kv * L_local / (seq_shards * head_shards)``.
+    """Per-chip KV cache: ``tokens * c_kv * L_local / (seq_shards * head_shards)``.
 
-    ``seq_shards`` is cp (the spec's formula ``b * S * c_kv * L_local / cp``); ``head_shards``
+    ``context_tokens`` are the KV tokens of every sequence of the replica after the step,
+    ``sum(count * (cached + new))`` (``b * S`` for the shorthand: the spec's formula
+    ``b * S * c_kv * L_local / cp``). ``seq_shards`` is cp; ``head_shards``
     divides GQA KV heads across TP, times any further head split of the stored cache
     (``kv_cache_heads``, e.g. Ulysses); 1 for MLA's latent unless a plugin splits it.
     """
-    return batch * seq_len * kv_bytes_per_token_per_layer * layers / (seq_shards * head_shards)
+    return context_tokens * kv_bytes_per_token_per_layer * layers / (seq_shards * head_shards)
 
 
 def activation_peak_bytes(ctx, layers: list[int]) -> float:
@@ -54,16 +56,18 @@ def activation_peak_bytes(ctx, layers: list[int]) -> float:
     ``2 * ffn_cols`` (gate and up), the shared expert's, and the routed experts'
     ``top_k * 2 * expert_cols`` scaled by the share of tokens the chip routes. Attention is
     fused (flash): no score matrix is stored. ``tokens`` is the chip's local token count,
-    so sequence-direction activations divide by cp in prefill.
+    so sequence-direction activations divide by cp in prefill; in a step it is the step's new
+    tokens only (a chunk of a long prompt needs the activations of the chunk, not the prompt).
     """
     if not layers:
         return 0.0
-    from g5core.build.layers import attention_dims, local_projections
+    from g5core.build.layers import attention_dims, group_kind, local_projections
 
     m, s = ctx.model, ctx.shape
     d = m.hidden_size
     widths = [sum(o for name, _, o in local_projections(m, s) if name != "o_proj" and not name.endswith("_a_proj"))]
-    widths.append(s.q_heads * attention_dims(m, ctx.deployment.phase)[1])
+    phases = (ctx.deployment.phase,) if s.uniform else tuple({group_kind(g): 1 for g in s.groups})
+    widths.extend(s.q_heads * attention_dims(m, phase)[1] for phase in phases)
     if any(not m.is_moe_layer(layer) for layer in layers):
         widths.append(2.0 * s.ffn_cols)
     if m.moe is not None and any(m.is_moe_layer(layer) for layer in layers):
@@ -149,7 +153,7 @@ def core_terms(ctx) -> list[MemoryTerm]:
             if 0 <= layer < m.n_layers:
                 layers_on[c].append(layer)
     c_kv = m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)
-    kv = {c: kv_cache_bytes(dep.batch, dep.seq_len, c_kv, len(layers_on[c]), s.factor("kv_len"),
+    kv = {c: kv_cache_bytes(dep.step.context_tokens, c_kv, len(layers_on[c]), s.factor("kv_len"),
                             s.kv_shard * s.kv_cache_shard)
           for c in ctx.all_chips}
     acts = {c: activation_peak_bytes(ctx, layers_on[c]) for c in ctx.all_chips}

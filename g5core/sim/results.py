@@ -7,6 +7,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from g5core.inputs.step import phase_metrics
 from g5core.sim.compute import coverage_from_columns, exact_sum_repeated
 from g5core.build.dag import OpDag
 from g5core.sim.engine import CompiledDag, Engine
@@ -129,7 +130,7 @@ class SimResult:
         out = {
             "phase": self.phase,
             "latency_s": self.latency_s,
-            ("ttft_s" if self.phase == "prefill" else "tpot_s"): self.latency_s,
+            **phase_metrics(self.phase, self.latency_s),
             "conservation": dict(self.kpis),
             "comm_bytes": self.comm_bytes,
             "overlap": self.overlap,

@@ -154,11 +154,11 @@ def resolved_config(raw: Mapping, dims: DimensionRegistry) -> dict:
 def tokens_per_s_per_chip(deployment: Deployment, latency_s: float) -> float:
     """Tokens the whole deployment produces per second, per chip.
 
-    ``batch`` is per data-parallel replica (the configuration's contract), so the deployment
-    serves ``batch x dp`` sequences; prefill processes ``seq_len`` tokens of each, decode one.
+    The step's counts are per data-parallel replica (the configuration's contract), so the
+    deployment runs ``dp`` times the step's new tokens (prefill shorthand: ``batch x seq_len``
+    per replica; decode: ``batch``).
     """
-    per_seq = deployment.seq_len if deployment.phase == "prefill" else 1
-    return deployment.batch * deployment.size("dp") * per_seq / latency_s / deployment.chips
+    return deployment.step.new_tokens * deployment.size("dp") / latency_s / deployment.chips
 
 
 def output_columns(out) -> dict[str, Any]:
