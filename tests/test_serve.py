@@ -71,8 +71,8 @@ def test_low_load_ttft_and_tpot_are_the_step_latencies():
     reqs = tuple(Request(k, 100.0 * k, isl, osl) for k in range(3))
     res = run(Workload(reqs), pool(cost), routing_s=0.002)
     a = per_request(res)
-    prefill = cost.latency_s(StepWork(((isl, 0),), 0, 0))
-    decodes = [cost.latency_s(StepWork((), 1, isl + j)) for j in range(osl - 1)]
+    prefill = cost.latency_s(StepWork(((isl, 0),), ()))
+    decodes = [cost.latency_s(StepWork((), (isl + j,))) for j in range(osl - 1)]
     # exact up to the rounding of absolute times (arrivals at 0, 100, 200 s)
     np.testing.assert_allclose(a["ttft_s"], prefill + 0.002, rtol=0, atol=1e-12)
     assert a["ttft_s"][0] == prefill + 0.002
@@ -81,18 +81,22 @@ def test_low_load_ttft_and_tpot_are_the_step_latencies():
 
 
 def test_low_load_with_the_engine_is_the_engine_prefill():
-    from g5core.sim.run import run as g5_run
+    import g5core
+    from g5core import Step, StepGroup
 
     raw = {**LLAMA8, "serving": {"scheduler": {"max_num_batched_tokens": 4096}}}
     w = Workload((Request(0, 0.0, 1000, 3),))
-    res = simulate_serving(raw, w, exact=True)
-    prefill = g5_run({**LLAMA8, "phase": "prefill", "batch": 1, "seq_len": 1000}).latency_s
-    d1 = g5_run({**LLAMA8, "phase": "decode", "batch": 1, "seq_len": 1001}).latency_s
-    d2 = g5_run({**LLAMA8, "phase": "decode", "batch": 1, "seq_len": 1002}).latency_s
-    s = res.summary
+    plan = g5core.prepare({**LLAMA8, "phase": "prefill", "batch": 1, "seq_len": 1000})
+    prefill = plan.simulate(Step.prefill(1, 1000)).latency_s
+    d1, d2 = (plan.simulate(Step([StepGroup(new_tokens=1, cached_tokens=c)])).latency_s for c in (1000, 1001))
+    s = simulate_serving(raw, w, exact=True, check_predictor=0).summary
     assert s["ttft_s"]["mean"] == prefill
     assert s["tpot_s"]["mean"] == pytest.approx((d1 + d2) / 2, rel=1e-12)
-    assert res.to_json_dict()["engine_runs"] == 3
+    # the predictor interpolates between grid points (768 and 1,024 tokens here)
+    s = simulate_serving(raw, w, exact=False, check_predictor=0).summary
+    assert s["ttft_s"]["mean"] == pytest.approx(prefill, rel=0.02)
+    assert s["tpot_s"]["mean"] == pytest.approx((d1 + d2) / 2, rel=0.02)
+    assert simulate_serving(raw, w, exact=True).to_json_dict()["engine_runs"] == 3
 
 
 # -- queueing ------------------------------------------------------------------------------

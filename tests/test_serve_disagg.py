@@ -12,11 +12,9 @@ from g5core.serve.workload import Request, Workload, synthetic
 BASE = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1}}
 
 
-def runner(raw):
-    """A stand-in for the engine: prefill 20 us a token, decode 5 ms + 50 us a sequence."""
-    if raw["phase"] == "prefill":
-        return 1e-3 + 2e-5 * raw["batch"] * raw["seq_len"]
-    return 5e-3 + 5e-5 * raw["batch"]
+def runner(groups):
+    """A stand-in for the engine: 5 ms a step, 20 us a prefill token, 50 us a decode."""
+    return 5e-3 + sum(k * (5e-5 if n == 1 else 2e-5 * n) for n, c, k in groups)
 
 
 def disagg(prefill=1, decode=1, chips=1):
@@ -36,7 +34,7 @@ def test_ttft_includes_the_kv_transfer_and_its_bytes_follow_the_ledger():
     a = per_request(res.loop)
     move = a["kv_transfer_s"][0]
     assert move > 0
-    assert a["ttft_s"][0] == pytest.approx(runner({"phase": "prefill", "batch": 1, "seq_len": isl}) + move, rel=1e-12)
+    assert a["ttft_s"][0] == pytest.approx(runner(((isl, 0, 1),)) + move, rel=1e-12)
     ledger_plan = make_plan({**BASE, "phase": "prefill", "batch": 1, "seq_len": isl})
     ledger = memory_report(ledger_plan.ctx)
     kv = sum(c.kv_cache_bytes for c in ledger.per_chip)

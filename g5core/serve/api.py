@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Optional
 import attrs
 
 from g5core.api.errors import ConfigError, G5Error
-from g5core.serve.cost import EngineCost, KvSizing, StepWork, engine_runner, kv_sizing
+from g5core.serve.cost import Groups, PlanCost, StepWork, kv_sizing, plan_step_runner
 from g5core.serve.loop import Deployment, LoopResult, Pool, check_conservation, simulate, summarize_pools
 from g5core.serve.metrics import SloLimit, parse_slo, summary
 from g5core.serve.registry import ServingRegistry, serving_registry
@@ -176,14 +176,13 @@ class ServeResult:
         return out
 
 
-CostFactory = Callable[[dict, KvSizing, PoolSpec], Any]
-
-
 def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, workload: Workload, disabled=(),
-                exact: bool = False, runner: Optional[Callable[[Mapping], float]] = None) -> tuple[Deployment, list]:
-    """The pools of a deployment with their KV pools from the ledger, checked against the
-    workload's longest request before anything is simulated."""
-    runner = runner or engine_runner(disabled)
+                exact: bool = False, runner: Optional[Callable[[Groups], float]] = None) -> tuple[Deployment, list]:
+    """The pools of a deployment, each a prepared plan with its KV pool from the ledger,
+    checked against the workload's longest request before anything is simulated.
+    ``runner``: ``groups -> latency_s`` instead of the plan's engine (tests)."""
+    from g5core.sim.prepared import prepare
+
     longest_prompt = max(r.input_tokens for r in workload.requests)
     longest = max(r.input_tokens + r.output_tokens - 1 for r in workload.requests)
     pools, infos, plans = [], [], []
@@ -197,15 +196,17 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
                               f"{s.max_num_batched_tokens:,} tokens cannot hold the longest prompt "
                               f"({longest_prompt:,} tokens) without chunked prefill; turn chunked_prefill on or "
                               "raise max_num_batched_tokens")
-        sizing, plan = kv_sizing(praw, s.max_num_batched_tokens, disabled, field)
+        prepared = prepare(praw, disabled=disabled)
+        plan = prepared.plan
+        sizing = kv_sizing(prepared, s.max_num_batched_tokens, field)
         need = longest_prompt if ps.role == "prefill" else longest
         blocks = sizing.capacity_tokens // s.block_size
         if blocks * s.block_size < need:
             raise ConfigError(field, f"KV pool {_gib(sizing.pool_bytes_per_chip)} per chip holds "
                                      f"{blocks * s.block_size:,} tokens; the longest request needs {need:,}: "
                                      "use more chips per instance (tp, pp, cp) or shorter requests")
-        cost = EngineCost(praw, runner, exact, sizing.kv_bytes_per_token_per_chip, sizing.pool_bytes_per_chip,
-                          sizing.capacity_tokens, sizing.chips)
+        cost = PlanCost(runner or plan_step_runner(prepared), exact, sizing.kv_bytes_per_token_per_chip,
+                        sizing.pool_bytes_per_chip, sizing.capacity_tokens, sizing.chips)
         pool = Pool(ps.role, ps.instances, cost, s, blocks, registry.router(ps.router)(),
                     registry.scheduler(ps.scheduler_name), first_chip)
         first_chip += pool.chips
@@ -256,11 +257,12 @@ def kv_transfer(pools, plans):
 
 
 def simulate_serving(raw: Mapping, workload: Optional[Workload] = None, *, disabled=(), slo=None,
-                     exact: bool = False, progress=None, runner: Optional[Callable[[Mapping], float]] = None,
+                     exact: bool = False, progress=None, runner: Optional[Callable[[Groups], float]] = None,
                      check_predictor: int = 16, overrides: Optional[Mapping] = None) -> ServeResult:
     """Simulate serving ``workload`` (or the configuration's ``serving.workload``) on the
     deployment ``raw`` describes. ``slo``: ``--slo``'s text (else ``serving.slo``).
-    ``runner``: ``raw -> step latency`` (default: the engine). ``check_predictor``: steps
+    ``runner``: ``groups -> step latency`` (default: the engine, through each pool's
+    prepared plan). ``check_predictor``: steps
     checked against the engine when the predictor is used (0: none)."""
     from g5core.api.plugins import Hooks, make_plugin_manager
     from g5core.inputs.config import disabled_from_config
@@ -292,7 +294,7 @@ def simulate_serving(raw: Mapping, workload: Optional[Workload] = None, *, disab
 
 def _sample_steps(loop: LoopResult, pool: Pool, n: int) -> list[StepWork]:
     """Up to ``n`` distinct steps the pool ran, spread evenly over the cost cache's order."""
-    seen = [w for (w, exact) in pool.cost._steps if not exact]
+    seen = list(pool.cost.predicted_steps())
     if len(seen) <= n:
         return seen
     return [seen[round(k * (len(seen) - 1) / (n - 1))] for k in range(n)]

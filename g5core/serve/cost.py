@@ -6,14 +6,14 @@ bytes one token of one sequence takes per chip, and the KV pool per chip. Two mo
 
 - :class:`SyntheticCost`: ``fixed_s + per_token_s * new tokens + per_context_token_s *
   (cached tokens attended)``: deterministic, for tests and queueing checks;
-- :class:`EngineCost`: the event engine through :func:`g5core.sim.run.run`, on pure
-  prefill and pure decode runs of the deployment (see its doc for how a step maps onto
-  them), cached per run shape, with an interpolating predictor unless ``exact``.
+- :class:`PlanCost`: the event engine through the prepared plan of the steps API
+  (``g5core.prepare(config).simulate(step)``), cached per step shape, with a predictor
+  composed of single-group steps unless ``exact``.
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Mapping, Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 import attrs
 
@@ -21,34 +21,30 @@ from g5core.api.errors import ConfigError
 
 
 @attrs.frozen(slots=True)
-class StepGroup:
-    """``count`` sequences each computing ``new_tokens`` after ``cached_tokens`` already in
-    the KV cache (a decode: ``new_tokens = 1``)."""
-
-    new_tokens: int
-    cached_tokens: int
-    count: int
-
-
-@attrs.frozen(slots=True)
 class StepWork:
     """What one step of one instance computes: its prefill chunks as ``(new_tokens,
-    cached_tokens)`` pairs, and ``decodes`` sequences of one token each whose cached tokens
-    add up to ``decode_context_tokens``."""
+    cached_tokens)`` pairs, and one decode token for each sequence whose cached tokens are
+    in ``decode_contexts`` (sorted)."""
 
     chunks: tuple[tuple[int, int], ...]
-    decodes: int
-    decode_context_tokens: int
+    decode_contexts: tuple[int, ...]
+
+    @property
+    def decodes(self) -> int:
+        return len(self.decode_contexts)
+
+    @property
+    def decode_context_tokens(self) -> int:
+        return sum(self.decode_contexts)
 
     @property
     def new_tokens(self) -> int:
-        return sum(n for n, _ in self.chunks) + self.decodes
+        return sum(n for n, _ in self.chunks) + len(self.decode_contexts)
 
-    def groups(self) -> tuple[StepGroup, ...]:
-        """The step as groups; the decodes as one group at their mean context (rounded)."""
-        out = [StepGroup(n, c, 1) for n, c in self.chunks]
-        if self.decodes:
-            out.append(StepGroup(1, round(self.decode_context_tokens / self.decodes), self.decodes))
+    def groups(self) -> tuple[tuple[int, int, int], ...]:
+        """The step as ``(new_tokens, cached_tokens, count)`` groups, every sequence as it is."""
+        out = [(n, c, 1) for n, c in self.chunks]
+        out.extend((1, c, 1) for c in self.decode_contexts)
         return tuple(out)
 
 
@@ -79,7 +75,7 @@ class SyntheticCost:
 
     def latency_s(self, work: StepWork) -> float:
         self.calls += 1
-        cached = sum(c for _, c in work.chunks) + work.decode_context_tokens
+        cached = sum(c for _, c in work.chunks) + sum(work.decode_contexts)
         return self.fixed_s + self.per_token_s * work.new_tokens + self.per_context_token_s * cached
 
     def kv_tokens(self) -> int:
@@ -109,79 +105,97 @@ def _interp(f: Callable[[int], float], x: float) -> float:
     return (1 - w) * f(lo) + w * f(hi)
 
 
+Groups = tuple  # ((new_tokens, cached_tokens, count), ...)
+
+
 @attrs.define
-class EngineCost:
-    """Step latencies from the event engine, on runs of the deployment the configuration gives.
+class PlanCost:
+    """Step latencies from the event engine: ``step_s(groups) -> seconds`` simulates a step
+    (:func:`plan_step_runner`: the prepared plan's ``simulate``, cached per step shape).
 
-    Until the prepared plan of the steps issue simulates a mixed step directly, a step maps
-    onto the runs ``g5 run`` already does:
+    ``exact``: every step the scheduler builds runs through the engine as it is (every
+    decode at its own context). Otherwise a predictor composes the step from single-group
+    steps at grid points (``{1, 2, 3, 4, 6, 8, 12, ...}``, linear interpolation between them),
+    the way Vidur sums per-operation predictions:
 
-    - a prefill chunk of ``T`` new tokens after ``P`` cached ones costs ``F(P + T) - F(P)``,
-      where ``F(n)`` is the prefill of one sequence of ``n`` tokens (``F(T)`` when ``P = 0``):
-      exact for the FLOPs of causal attention over a prefix and for the GEMMs;
-    - the decodes cost ``D(b, c)``: a decode of ``b`` sequences at the step's mean context
-      ``c`` (``seq_len = c + 1``), which reads the same KV bytes as the step's decodes;
-    - a step holding both costs the sum of its parts (an upper bound: the parts would share
-      one pass over the weights).
+        latency = G(N) + sum over chunks [F(T, P) - G(T)] + [D(b, c) - G(b)]
 
-    ``exact``: every distinct ``F(n)`` and ``D(b, c)`` is an engine run. Otherwise runs are
-    made at the grid points ``{1, 2, 3, 4, 6, 8, ...}`` of ``n``, ``b`` and ``c`` around the
-    step and interpolated linearly (decode latency is close to affine in ``b`` and ``c``, so
-    the grid's corners carry it); :meth:`predictor_error` checks a sample against the engine.
+    where ``N`` is the step's new tokens, ``G(n)`` a step of ``n`` one-token sequences at
+    context 1 (the token-proportional work: GEMMs, norms, communication), ``F(T, P)`` a
+    step of one chunk of ``T`` tokens after ``P`` cached, and ``D(b, c)`` a decode of ``b``
+    sequences at their mean context ``c``. A step of one group is that group's own
+    latency (up to the grid). :meth:`predictor_error` checks a sample against the engine.
     """
 
-    raw: Mapping
-    runner: Callable[[Mapping], float]
+    step_s: Callable[[Groups], float]
     exact: bool = False
     kv_bytes_per_token_per_chip: float = 0.0
     kv_pool_bytes_per_chip: float = 0.0
     kv_capacity_tokens: int = 0
     chips: int = 1
-    runs: int = 0
-    _prefill: dict = attrs.field(factory=dict)
-    _decode: dict = attrs.field(factory=dict)
+    _groups: dict = attrs.field(factory=dict)
     _steps: dict = attrs.field(factory=dict)
+
+    @property
+    def runs(self) -> int:
+        """Distinct steps simulated by the engine."""
+        return len(self._groups)
 
     def kv_tokens(self) -> int:
         return self.kv_capacity_tokens
 
-    def prefill_s(self, n: int) -> float:
-        if n not in self._prefill:
-            self._prefill[n] = self.runner({**self.raw, "phase": "prefill", "batch": 1, "seq_len": int(n)})
-            self.runs += 1
-        return self._prefill[n]
+    def engine_s(self, groups: Groups) -> float:
+        hit = self._groups.get(groups)
+        if hit is None:
+            hit = self._groups[groups] = self.step_s(groups)
+        return hit
 
-    def decode_s(self, b: int, c: int) -> float:
-        key = (int(b), int(c))
-        if key not in self._decode:
-            self._decode[key] = self.runner({**self.raw, "phase": "decode", "batch": key[0], "seq_len": key[1] + 1})
-            self.runs += 1
-        return self._decode[key]
+    def g(self, n: int) -> float:
+        return self.engine_s(((1, 1, n),))
 
-    def _f(self, n: float, exact: bool) -> float:
-        return self.prefill_s(round(n)) if exact else _interp(self.prefill_s, n)
+    def f(self, new: int, cached: int) -> float:
+        return self.engine_s(((new, cached, 1),)) if new > 1 else self.engine_s(((1, cached, 1),))
 
-    def _d(self, b: int, c: float, exact: bool) -> float:
-        if exact:
-            return self.decode_s(b, round(c))
-        return _interp(lambda bb: _interp(lambda cc: self.decode_s(bb, cc), max(c, 1.0)), b)
+    def d(self, b: int, c: int) -> float:
+        return self.engine_s(((1, c, b),))
 
-    def chunk_s(self, new: int, cached: int, exact: bool) -> float:
+    def predict_s(self, work: StepWork) -> float:
+        ctx = work.decode_context_tokens / work.decodes if work.decodes else 0.0
+        parts = [(n, c) for n, c in work.chunks]
+        if not parts and not work.decodes:
+            return 0.0
+        if len(parts) == 1 and not work.decodes:
+            return _interp(lambda t: self._f_cached(t, parts[0][1]), parts[0][0])
+        if not parts:
+            return self._d(work.decodes, ctx)
+        total = _interp(self.g, work.new_tokens)
+        for n, c in parts:
+            total += _interp(lambda t: self._f_cached(t, c), n) - _interp(self.g, n)
+        if work.decodes:
+            total += self._d(work.decodes, ctx) - _interp(self.g, work.decodes)
+        return total
+
+    def _f_cached(self, t: int, cached: float) -> float:
         if cached == 0:
-            return self._f(new, exact)
-        return max(self._f(cached + new, exact) - self._f(cached, exact), 0.0)
+            return self.f(t, 0)
+        return _interp(lambda p: self.f(t, p), cached)
+
+    def _d(self, b: int, c: float) -> float:
+        return _interp(lambda bb: _interp(lambda cc: self.d(bb, cc), max(c, 1.0)), b)
 
     def latency_s(self, work: StepWork, exact: Optional[bool] = None) -> float:
         exact = self.exact if exact is None else exact
-        key = (work, exact)
+        if exact:
+            return self.engine_s(_canonical(work.groups()))
+        key = (work.chunks, work.decodes, work.decode_context_tokens)
         hit = self._steps.get(key)
-        if hit is not None:
-            return hit
-        total = sum(self.chunk_s(n, c, exact) for n, c in work.chunks)
-        if work.decodes:
-            total += self._d(work.decodes, work.decode_context_tokens / work.decodes, exact)
-        self._steps[key] = total
-        return total
+        if hit is None:
+            hit = self._steps[key] = (self.predict_s(work), work)
+        return hit[0]
+
+    def predicted_steps(self) -> list[StepWork]:
+        """The distinct steps the predictor answered, in the order first asked."""
+        return [work for _, work in self._steps.values()]
 
     def predictor_error(self, sample: list[StepWork]) -> dict:
         """Relative error of the predicted latency against the engine on ``sample``."""
@@ -193,12 +207,21 @@ class EngineCost:
         return {"steps_checked": len(errors), "median_rel": median, "max_rel": errors[-1]}
 
 
-def engine_runner(disabled=()) -> Callable[[Mapping], float]:
-    """``raw -> latency_s`` through ``g5 run``'s path (the engine, with symmetry)."""
-    from g5core.sim.run import run
+def _canonical(groups: Groups) -> Groups:
+    """Equal ``(new, cached)`` shapes merged, sorted: one key per step shape."""
+    merged: dict = {}
+    for n, c, k in groups:
+        merged[(n, c)] = merged.get((n, c), 0) + k
+    return tuple((n, c, k) for (n, c), k in sorted(merged.items()))
 
-    def go(raw: Mapping) -> float:
-        return run(dict(raw), disabled=disabled).latency_s
+
+def plan_step_runner(plan) -> Callable[[Groups], float]:
+    """``groups -> latency_s`` on a :class:`g5core.PreparedPlan` (the event engine)."""
+    from g5core.inputs.step import Step, StepGroup
+
+    def go(groups: Groups) -> float:
+        step = Step([StepGroup(new_tokens=n, cached_tokens=c, count=k) for n, c, k in groups])
+        return plan.simulate(step).latency_s
     return go
 
 
@@ -214,27 +237,23 @@ class KvSizing:
     per_chip_kv_bytes_per_token: tuple[float, ...] = ()
 
 
-def kv_sizing(raw: Mapping, largest_step_tokens: int, disabled=(), field: str = "serving"):
-    """Pool per chip = HBM - weights - activations of the largest step - workspace, per the
-    ledger (so cp and sp shrink a token's footprint exactly as the ledger says)."""
-    from g5core.sim.memory import memory_report
-    from g5core.sim.run import make_plan
+def kv_sizing(plan, largest_step_tokens: int, field: str = "serving") -> KvSizing:
+    """Pool per chip = HBM - weights - activations of the largest step (a prefill chunk of
+    ``largest_step_tokens``) - workspace, per the prepared plan's ledger, so cp and sp
+    shrink a token's footprint exactly as the ledger says."""
+    from g5core.inputs.step import Step
 
     n = int(largest_step_tokens)
-    plan = make_plan({**raw, "phase": "prefill", "batch": 1, "seq_len": n}, disabled)
-    mem = memory_report(plan.ctx)
-    pools, per_token, caps = [], [], []
-    for c in mem.per_chip:
-        pool = c.capacity_bytes - c.weights_bytes - c.activation_bytes - c.workspace_bytes
-        kvpt = c.kv_cache_bytes / n
-        pools.append(pool)
-        per_token.append(kvpt)
-        caps.append(math.inf if kvpt == 0 else max(pool, 0.0) / kvpt)
-    if min(pools) <= 0:
-        worst = min(range(len(pools)), key=lambda i: pools[i])
+    step = Step.prefill(1, n)
+    mem = plan.memory(step)
+    per_token = plan.kv_bytes_per_token_by_chip()
+    pools = {c.chip: c.capacity_bytes - c.weights_bytes - c.activation_bytes - c.workspace_bytes for c in mem.per_chip}
+    worst = min(pools, key=lambda c: (pools[c], c))
+    if pools[worst] <= 0:
         raise ConfigError(field, f"weights, activations and workspace of a {n:,}-token step fill chip {worst}'s HBM "
                                  f"({-pools[worst] / 2 ** 30:.2f} GiB over); no room is left for a KV cache: use more "
                                  "chips per instance or lower max_num_batched_tokens")
-    chips = plan.ctx.deployment.chips
-    return KvSizing(min(pools), max(per_token), int(min(caps)), chips, sum(per_token), tuple(per_token)), plan
-
+    capacity = plan.kv_capacity_tokens(step)
+    chips = sorted(per_token)
+    return KvSizing(pools[worst], max(per_token.values()), int(min(capacity, 2 ** 62)), len(chips),
+                    sum(per_token.values()), tuple(per_token[c] for c in chips))

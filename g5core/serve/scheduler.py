@@ -190,14 +190,14 @@ class VllmScheduler:
 
     @staticmethod
     def work(picked: list[Seq]) -> StepWork:
-        chunks, decodes, context = [], 0, 0
+        chunks, contexts = [], []
         for q in picked:
             if q.scheduled == 1 and q.computed > 0:
-                decodes += 1
-                context += q.computed
+                contexts.append(q.computed)
             else:
                 chunks.append((q.scheduled, q.computed))
-        return StepWork(tuple(chunks), decodes, context)
+        contexts.sort()
+        return StepWork(tuple(chunks), tuple(contexts))
 
     def finish_step(self, picked: list[Seq]) -> list[Seq]:
         """Apply a finished step: the sequences that emitted a token (each emits one)."""
