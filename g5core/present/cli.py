@@ -380,6 +380,45 @@ def _finish_sweep_output(sweep) -> None:
         sys.exit(1)
 
 
+@main.command("serve")
+@config_options
+@click.option("--workload", "workload", metavar="FILE|SPEC",
+              help="A trace file (.csv, .jsonl: g5, Azure or Mooncake format) or an arrival process: poisson, "
+                   "gamma:cv=C, closed (with --rate or --concurrency).")
+@click.option("--requests", type=int, default=None, metavar="N",
+              help="Requests of a synthetic workload (the first N of a trace).")
+@click.option("--rate", type=float, default=None, metavar="R", help="Arrivals per second (open loop).")
+@click.option("--concurrency", type=int, default=None, metavar="C", help="Requests in flight at once (closed loop).")
+@click.option("--isl", default=None, metavar="DIST",
+              help="Input lengths: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEDIAN:SIGMA or hist:LEN=W,... "
+                   "(append @MIN:MAX to clip).")
+@click.option("--osl", default=None, metavar="DIST", help="Output lengths, as --isl.")
+@click.option("--slo", default=None, metavar="LIMITS", help="Goodput limits, e.g. ttft=2s,tpot=50ms or ttft_p90=2s.")
+@click.option("--seed", type=int, default=None, help="Seed of a synthetic workload (default 0).")
+@click.option("--exact", is_flag=True, help="Run every distinct step through the engine (no predictor).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
+@click.option("--requests-csv", "requests_csv", help="Write one row per request here.")
+@click.option("--trace", "trace_path", help="Write a Perfetto trace (instances' steps, requests' spans) here.")
+@click.option("--db", "db_path", help="Add the run's summary to this results database (serving_results).")
+def serve_cmd(config, overrides, disabled, workload, requests, rate, concurrency, isl, osl, slo, seed, exact, as_json,
+              requests_csv, trace_path, db_path):
+    """Simulate a service: requests through routers and continuous-batching instances."""
+    from g5core.present.outputs import check_outputs
+    from g5core.serve.command import serve_command
+
+    from g5core.sim.run import input_files, load_raw
+
+    raw = load_raw(config, overrides)
+    inputs = input_files(config, raw)
+    if workload and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
+        inputs.append(("--workload", workload))
+    targets = check_outputs({"--requests-csv": requests_csv, "--trace": trace_path}, inputs)
+    text = serve_command(raw, disabled, targets, db_path, inputs, as_json=as_json, progress=sys.stderr.isatty(),
+                         workload=workload, requests=requests, rate=rate, concurrency=concurrency, isl=isl, osl=osl,
+                         slo=slo, seed=seed, exact=exact)
+    click.echo(text)
+
+
 @main.command("sweep")
 @config_options
 @click.option("--grid", "grid", multiple=True, required=True, metavar="KEY=V1,V2,...",

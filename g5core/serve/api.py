@@ -143,10 +143,16 @@ def parse_serving(block: Mapping, registry: ServingRegistry, slo_text=None) -> S
 
 
 def load_workload(spec: Mapping, registry: ServingRegistry, field: str = "serving.workload") -> Workload:
+    """A trace (``{trace: FILE[, requests: N]}``: its first ``N`` requests) or a synthetic workload."""
     if "trace" in spec:
-        if set(spec) != {"trace"}:
-            raise ConfigError(field, "a trace workload takes only the trace key")
-        return read_trace(spec["trace"], registry.formats, f"{field}.trace")
+        extra = set(spec) - {"trace", "requests"}
+        if extra:
+            raise ConfigError(f"{field}.{sorted(extra)[0]}", "a trace workload takes only trace and requests")
+        w = read_trace(spec["trace"], registry.formats, f"{field}.trace")
+        if "requests" in spec:
+            n = _positive_int(spec["requests"], "--requests")
+            w = attrs.evolve(w, requests=w.requests[:n])
+        return w
     return synthetic(spec, field)
 
 
@@ -256,10 +262,11 @@ def kv_transfer(pools, plans):
     return transfer_s, transfer_bytes
 
 
-def simulate_serving(raw: Mapping, workload: Optional[Workload] = None, *, disabled=(), slo=None,
+def simulate_serving(raw: Mapping, workload: Workload | Mapping | None = None, *, disabled=(), slo=None,
                      exact: bool = False, progress=None, runner: Optional[Callable[[Groups], float]] = None,
                      check_predictor: int = 16, overrides: Optional[Mapping] = None) -> ServeResult:
-    """Simulate serving ``workload`` (or the configuration's ``serving.workload``) on the
+    """Simulate serving ``workload`` (a :class:`Workload`, a workload mapping as
+    :func:`workload_spec` makes, or None: the configuration's ``serving.workload``) on the
     deployment ``raw`` describes. ``slo``: ``--slo``'s text (else ``serving.slo``).
     ``runner``: ``groups -> step latency`` (default: the engine, through each pool's
     prepared plan). ``check_predictor``: steps
@@ -276,6 +283,8 @@ def simulate_serving(raw: Mapping, workload: Optional[Workload] = None, *, disab
             raise ConfigError("--workload", "no workload: give --workload, --rate or --concurrency, or "
                                             "serving.workload in the configuration")
         workload = load_workload(spec.workload, registry)
+    elif isinstance(workload, Mapping):
+        workload = load_workload(workload, registry, "--workload")
     if not workload.requests:
         raise ConfigError("--requests", "the workload has no requests")
     dep, infos = build_pools(base, spec, registry, workload, disabled, exact, runner)
@@ -298,3 +307,68 @@ def _sample_steps(loop: LoopResult, pool: Pool, n: int) -> list[StepWork]:
     if len(seen) <= n:
         return seen
     return [seen[round(k * (len(seen) - 1) / (n - 1))] for k in range(n)]
+
+
+ARRIVAL_SPECS = {"poisson": ("rate",), "gamma": ("rate", "cv"), "closed": ("concurrency",)}
+
+
+def workload_spec(base: Optional[Mapping], workload: Optional[str] = None, requests: Optional[int] = None,
+                  rate: Optional[float] = None, concurrency: Optional[int] = None, isl=None, osl=None,
+                  seed: Optional[int] = None) -> Optional[dict]:
+    """The workload mapping that ``g5 serve``'s flags describe, over the configuration's
+    ``serving.workload`` (``base``). ``workload``: a trace file (``.csv``/``.jsonl``) or an
+    arrival process ``poisson``, ``gamma:cv=2`` or ``closed`` (with ``key=value`` settings:
+    ``rate``, ``cv``, ``concurrency``). ``None`` when nothing describes one."""
+    flags = {"--requests": requests, "--rate": rate, "--concurrency": concurrency, "--isl": isl, "--osl": osl,
+             "--seed": seed}
+    if rate is not None and concurrency is not None:
+        raise ConfigError("--rate", "give --rate (open loop) or --concurrency (closed loop), not both")
+    if workload is not None and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
+        given = [k for k, v in flags.items() if v is not None and k != "--requests"]
+        if given:
+            raise ConfigError(given[0], "applies to a synthetic workload, not to a trace file")
+        return {"trace": workload, **({"requests": requests} if requests is not None else {})}
+    spec = dict(base or {})
+    if "trace" in spec:
+        if any(v is not None for v in flags.values()) or workload is not None:
+            raise ConfigError("--workload", "the configuration's serving.workload is a trace; give a synthetic "
+                                            "workload in full (--workload, --rate, --isl, --osl) or none")
+        return spec
+    if not spec and workload is None and all(v is None for v in flags.values()):
+        return None
+    arrival = dict(spec.get("arrival", {}))
+    if workload is not None:
+        kind, _, rest = workload.partition(":")
+        if kind not in ARRIVAL_SPECS:
+            raise ConfigError("--workload", f"{workload!r} is neither a trace file (.csv, .jsonl) nor an arrival "
+                                            "process (poisson, gamma:cv=C, closed)")
+        arrival = {"kind": kind}
+        for part in filter(None, rest.split(",")):
+            key, eq, value = part.partition("=")
+            if not eq or key not in ARRIVAL_SPECS[kind]:
+                raise ConfigError("--workload", f"{kind} takes {', '.join(k + '=N' for k in ARRIVAL_SPECS[kind])}; "
+                                                f"got {part!r}")
+            try:
+                number = float(value) if key != "concurrency" else int(value)
+            except ValueError:
+                raise ConfigError("--workload", f"{key}={value!r} is not a number") from None
+            arrival[{"rate": "rate_per_s"}.get(key, key)] = number
+    if rate is not None:
+        if arrival.get("kind") == "closed":
+            raise ConfigError("--rate", "a closed loop has no arrival rate; give --concurrency")
+        arrival = {**arrival, "kind": arrival.get("kind", "poisson"), "rate_per_s": rate}
+        arrival.pop("concurrency", None)
+    if concurrency is not None:
+        arrival = {"kind": "closed", "concurrency": concurrency}
+    if arrival:
+        spec["arrival"] = arrival
+    for key, value in (("requests", requests), ("input_tokens", isl), ("output_tokens", osl), ("seed", seed)):
+        if value is not None:
+            spec[key] = value
+    for key, flag in (("arrival", "--rate or --concurrency"), ("input_tokens", "--isl"), ("output_tokens", "--osl"),
+                      ("requests", "--requests")):
+        if key not in spec or (key == "arrival" and not spec["arrival"]):
+            raise ConfigError(flag, f"a synthetic workload needs {flag} (or serving.workload.{key})")
+    if spec["arrival"].get("kind", "poisson") in ("poisson", "gamma") and "rate_per_s" not in spec["arrival"]:
+        raise ConfigError("--rate", "an open-loop workload needs its arrival rate")
+    return spec

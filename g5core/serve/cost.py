@@ -97,12 +97,20 @@ def grid_above(x: float) -> int:
     return p + p // 2 if g == p and p >= 2 else 2 * p
 
 
-def _interp(f: Callable[[int], float], x: float) -> float:
+def _interp(f: Callable[[int], float], x: float, tokens: bool = True) -> float:
+    """``f`` at ``x`` from the grid cell ``(lo, hi]`` around it. Along a token count
+    (``tokens``: the GEMMs' M) the engine's step latency jumps just past grid points (kernel
+    tiles and the measured tables' shapes are powers of two and 1.5 times them: a 1,025-token
+    prefill costs 26% more than a 1,024-token one on llama-3.1-8b), so the line runs from
+    ``lo + 1`` to ``hi``; along a context length it is smooth and runs from ``lo``."""
     lo, hi = grid_below(x), grid_above(x)
     if lo == hi:
         return f(lo)
-    w = (x - lo) / (hi - lo)
-    return (1 - w) * f(lo) + w * f(hi)
+    left = lo + 1 if tokens else lo
+    if left >= hi:
+        return f(hi)
+    w = max(x - left, 0.0) / (hi - left)
+    return (1 - w) * f(left) + w * f(hi)
 
 
 Groups = tuple  # ((new_tokens, cached_tokens, count), ...)
@@ -123,8 +131,9 @@ class PlanCost:
     where ``N`` is the step's new tokens, ``G(n)`` a step of ``n`` one-token sequences at
     context 1 (the token-proportional work: GEMMs, norms, communication), ``F(T, P)`` a
     step of one chunk of ``T`` tokens after ``P`` cached, and ``D(b, c)`` a decode of ``b``
-    sequences at their mean context ``c``. A step of one group is that group's own
-    latency (up to the grid). :meth:`predictor_error` checks a sample against the engine.
+    sequences at their mean context ``c`` (``D - G`` is interpolated on a coarser grid of
+    ``b``: it is smooth). A prefill step of one chunk is ``F(T, P)`` (up to the grid).
+    :meth:`predictor_error` checks a sample against the engine.
     """
 
     step_s: Callable[[Groups], float]
@@ -166,22 +175,31 @@ class PlanCost:
             return 0.0
         if len(parts) == 1 and not work.decodes:
             return _interp(lambda t: self._f_cached(t, parts[0][1]), parts[0][0])
-        if not parts:
-            return self._d(work.decodes, ctx)
         total = _interp(self.g, work.new_tokens)
         for n, c in parts:
             total += _interp(lambda t: self._f_cached(t, c), n) - _interp(self.g, n)
         if work.decodes:
-            total += self._d(work.decodes, ctx) - _interp(self.g, work.decodes)
+            total += self._attention(work.decodes, ctx)
         return total
 
     def _f_cached(self, t: int, cached: float) -> float:
         if cached == 0:
             return self.f(t, 0)
-        return _interp(lambda p: self.f(t, p), cached)
+        return _interp(lambda p: self.f(t, p), cached, tokens=False)
 
-    def _d(self, b: int, c: float) -> float:
-        return _interp(lambda bb: _interp(lambda cc: self.d(bb, cc), max(c, 1.0)), b)
+    def _attention(self, b: int, c: float) -> float:
+        """``D(b, c) - G(b)``: what decoding at context ``c`` adds to ``b`` tokens' work
+        (the attention over the KV cache), bilinear over ``b`` in powers of 4 and the grid of
+        ``c``: it is close to proportional to ``b * c`` (within 0.01% for llama-3.1-70b tp8
+        at b = 26..250, 0.6% at b = 9)."""
+        def at(bb: int) -> float:
+            return _interp(lambda cc: self.d(bb, cc) - self.g(bb), max(c, 1.0), tokens=False)
+        lo = 1 << (2 * ((b.bit_length() - 1) // 2))
+        if lo == b:
+            return at(b)
+        hi = 4 * lo
+        w = (b - lo) / (hi - lo)
+        return (1 - w) * at(lo) + w * at(hi)
 
     def latency_s(self, work: StepWork, exact: Optional[bool] = None) -> float:
         exact = self.exact if exact is None else exact
