@@ -62,13 +62,14 @@ class Deployment:
 
 
 class Instance:
-    __slots__ = ("pool", "index", "scheduler", "busy", "picked", "step_start_s", "steps")
+    __slots__ = ("pool", "index", "scheduler", "busy", "picked", "work", "step_start_s", "steps")
 
     def __init__(self, pool: Pool, index: int):
         self.pool, self.index = pool, index
         self.scheduler = pool.scheduler_factory(pool.scheduler, pool.total_blocks)
         self.busy = False
         self.picked: list = []
+        self.work = None
         self.step_start_s = 0.0
         # one row per step: start_s, end_s, prefill tokens, decodes, used blocks, running, waiting
         self.steps = array("d")
@@ -139,6 +140,9 @@ def simulate(dep: Deployment, workload: Workload, progress: Optional[Callable[[i
         for k, r in enumerate(reqs):
             push(r.arrival_s, ARRIVAL, k)
 
+    scheduled_s, first_token_s, finish_s = log.scheduled_s, log.first_token_s, log.finish_s
+    max_itl_s, last_token_s, itl_append = log.max_itl_s, log.last_token_s, log.itl_s.append
+
     def start(inst: Instance, now: float) -> None:
         sched = inst.scheduler
         picked = sched.schedule()
@@ -148,13 +152,14 @@ def simulate(dep: Deployment, workload: Workload, progress: Optional[Callable[[i
                               "more KV blocks than the pool has); raise the KV pool or lower the lengths")
             return
         for q in picked:
-            k = q.req.id
             if q.admitted_s is None:
                 q.admitted_s = now
-                if log.scheduled_s[k] != log.scheduled_s[k]:
-                    log.scheduled_s[k] = now
-        latency = inst.pool.cost.latency_s(sched.work(picked))
-        inst.busy, inst.picked, inst.step_start_s = True, picked, now
+                k = q.req.id
+                if scheduled_s[k] != scheduled_s[k]:
+                    scheduled_s[k] = now
+        work = sched.work(picked)
+        latency = inst.pool.cost.latency_s(work)
+        inst.busy, inst.picked, inst.work, inst.step_start_s = True, picked, work, now
         push(now + latency, STEP_END, inst)
 
     done = 0
@@ -183,25 +188,28 @@ def simulate(dep: Deployment, workload: Workload, progress: Optional[Callable[[i
             continue
         inst = a
         sched = inst.scheduler
-        picked = inst.picked
         steps += 1
-        work = sched.work(picked)
-        inst.steps.extend((inst.step_start_s, now, work.new_tokens - work.decodes, work.decodes, 0, 0, 0))
-        for q in sched.finish_step(picked):
+        work = inst.work
+        decodes = len(work.decode_contexts)
+        inst.steps.extend((inst.step_start_s, now, work.new_tokens - decodes, decodes, 0, 0, 0))
+        prefill_pool = split and inst.pool.role == "prefill"
+        for q in sched.finish_step(inst.picked):
             k = q.req.id
-            log.emitted[k] += 1
-            if q.emitted == 1 and log.emitted[k] == 1:
-                log.first_token_s[k] = now
-                log.last_token_s[k] = now
-            elif log.emitted[k] > 1:
-                gap = now - log.last_token_s[k]
-                log.itl_s.append(gap)
-                if not gap <= log.max_itl_s[k]:
-                    log.max_itl_s[k] = gap
-                log.last_token_s[k] = now
+            if q.last_s is None:          # its first token
+                first_token_s[k] = now
+                q.last_s = now
+            else:
+                gap = now - q.last_s
+                itl_append(gap)
+                if gap > q.max_itl_s:
+                    q.max_itl_s = gap
+                q.last_s = now
             if q.emitted >= q.req.output_tokens:
                 sched.release(q)
-                log.finish_s[k] = now
+                finish_s[k] = now
+                last_token_s[k] = now
+                max_itl_s[k] = q.max_itl_s if q.emitted > 1 else float("nan")
+                log.emitted[k] = q.emitted
                 in_system -= 1
                 done += 1
                 if progress is not None and (done % 256 == 0 or done == n):
@@ -209,16 +217,16 @@ def simulate(dep: Deployment, workload: Workload, progress: Optional[Callable[[i
                 if workload.closed and next_closed < n:
                     push(now, ARRIVAL, next_closed)
                     next_closed += 1
-            elif split and inst.pool.role == "prefill" and q.emitted == 1:
+            elif prefill_pool and q.emitted == 1:
                 sched.release(q)
                 j = last[0].pool.router.choose(q.req, last)
                 log.decode_instance[k] = j
                 move = dep.transfer_s(q.req.input_tokens, inst.index, j)
                 log.transfer_s[k] = move
                 # the first token reaches the user with the KV: TTFT includes the transfer
-                log.first_token_s[k] = now + move
-                log.last_token_s[k] = now + move
+                first_token_s[k] = now + move
                 moved = Seq(q.req, computed=q.computed, emitted=q.emitted)
+                moved.last_s = now + move
                 push(now + move, ENQUEUE, moved, last[j])
         row = len(inst.steps) - 7
         inst.steps[row + 4] = sched.used_blocks

@@ -69,7 +69,8 @@ class SchedulerSettings:
 class Seq:
     """One request's state on one instance."""
 
-    __slots__ = ("req", "computed", "num_tokens", "emitted", "blocks", "admitted_s", "scheduled")
+    __slots__ = ("req", "computed", "num_tokens", "emitted", "blocks", "admitted_s", "scheduled", "last_s",
+                 "max_itl_s")
 
     def __init__(self, req: Request, computed: int = 0, emitted: int = 0):
         self.req = req
@@ -79,6 +80,8 @@ class Seq:
         self.blocks = 0
         self.admitted_s: Optional[float] = None
         self.scheduled = 0
+        self.last_s: Optional[float] = None   # when its last token was emitted (the loop keeps it)
+        self.max_itl_s = 0.0
 
 
 class VllmScheduler:
@@ -137,34 +140,38 @@ class VllmScheduler:
         """The sequences of the next step, each with ``scheduled`` tokens (empty: nothing fits)."""
         s = self.s
         budget = s.max_num_batched_tokens
+        bs = s.block_size
+        cap = s.long_prefill_token_threshold
         picked: list[Seq] = []
         preempted = False
+        running = self.running
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
+        while i < len(running) and budget > 0:
+            seq = running[i]
             n = seq.num_tokens - seq.computed
-            if 0 < s.long_prefill_token_threshold < n:
-                n = s.long_prefill_token_threshold
-            n = min(n, budget)
-            need = self._blocks_for(seq.computed + n) - seq.blocks
-            while need > self.free_blocks:
-                victim = self.running.pop()
-                preempted = True
-                if victim.scheduled:
-                    budget += victim.scheduled
-                    picked.remove(victim)
-                self._preempt(victim)
+            if 0 < cap < n:
+                n = cap
+            if n > budget:
+                n = budget
+            need = -(-(seq.computed + n) // bs) - seq.blocks
+            if need > self.free_blocks:
+                while need > self.free_blocks:
+                    victim = running.pop()
+                    preempted = True
+                    if victim.scheduled:
+                        budget += victim.scheduled
+                        picked.remove(victim)
+                    self._preempt(victim)
+                    if victim is seq:
+                        break
                 if victim is seq:
                     break
-            else:
-                self.free_blocks -= need
-                seq.blocks += need
-                seq.scheduled = n
-                budget -= n
-                picked.append(seq)
-                i += 1
-                continue
-            break
+            self.free_blocks -= need
+            seq.blocks += need
+            seq.scheduled = n
+            budget -= n
+            picked.append(seq)
+            i += 1
         if not preempted:
             while self.waiting and budget > 0 and len(self.running) < s.max_num_seqs:
                 seq = self.waiting[0]
@@ -206,7 +213,7 @@ class VllmScheduler:
             q.computed += q.scheduled
             q.scheduled = 0
             if q.computed == q.num_tokens:
-                if q.emitted == 0:
+                if q.emitted == 0 and q.req.prefix:
                     for key, _ in q.req.prefix:
                         self.prefixes.add(key)
                 q.emitted += 1
