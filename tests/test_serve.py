@@ -209,3 +209,53 @@ def test_goodput_counts_requests_meeting_every_limit():
     # TTFTs are 0.1, 0.2, 0.3, 0.4 s
     assert s["goodput"]["requests_meeting"] == 2 and s["goodput"]["share"] == 0.5
     assert math.isclose(s["goodput"]["requests_per_s"], 2 / s["duration_s"])
+
+
+# -- plugins -----------------------------------------------------------------------------------
+
+
+class _Shortest:
+    """A router a plugin registers: the instance with the fewest running sequences."""
+
+    def choose(self, request, instances):
+        return min(range(len(instances)), key=lambda i: (len(instances[i].scheduler.running), i))
+
+
+class ServingPlugin:
+    from g5core import hookimpl
+
+    @hookimpl
+    def g5_register_routers(self, register):
+        register("fewest_running", _Shortest)
+
+    @hookimpl
+    def g5_register_schedulers(self, register):
+        from g5core.serve.scheduler import VllmScheduler
+
+        register("vllm_copy", VllmScheduler)
+
+
+def test_a_plugin_registers_a_router_and_a_scheduler_and_passes_the_contract():
+    from g5core.api.plugins import Hooks, make_plugin_manager
+    from g5core.api.testing import check_plugin
+    from g5core.serve.registry import serving_registry
+
+    reg = serving_registry(Hooks(make_plugin_manager(extra_plugins=[("myserve", ServingPlugin())])))
+    assert reg.routers["fewest_running"][0] == "myserve" and reg.schedulers["vllm_copy"][0] == "myserve"
+    assert "serving_registrations" in " ".join(check_plugin("myserve", [LLAMA8 | {"phase": "decode", "batch": 1,
+                                                                                   "seq_len": 8}],
+                                                            [("myserve", ServingPlugin())]))
+
+
+def test_registering_a_builtin_name_is_an_error():
+    from g5core import hookimpl
+    from g5core.api.errors import PluginError
+    from g5core.api.plugins import Hooks, make_plugin_manager
+    from g5core.serve.registry import serving_registry
+
+    class Bad:
+        @hookimpl
+        def g5_register_routers(self, register):
+            register("round_robin", RoundRobin)
+    with pytest.raises(PluginError, match="round_robin.*already registered by g5core"):
+        serving_registry(Hooks(make_plugin_manager(extra_plugins=[("bad", Bad())])))
