@@ -31,6 +31,9 @@ from g5core.build.shape import LocalShape, collect_shard_axes, merge_factors
 from g5core.inputs.systems import SystemSpec, get_system
 
 
+_MISSING = object()
+
+
 @attrs.define(eq=False)
 class BuildContext:
     """Everything a plugin may read while contributing to a run. Plugins must not mutate it."""
@@ -44,13 +47,14 @@ class BuildContext:
     topology: Topology
     hooks: Hooks = attrs.field(repr=False)
     _layer_chips: dict = attrs.field(factory=dict, repr=False)
+    _works: dict = attrs.field(factory=dict, repr=False)
     #: when set, the only chips ops are placed on (one replica of a symmetric run:
     #: g5core.build.symmetry); every other field still describes the whole cluster
     replica_chips: Optional[tuple[int, ...]] = attrs.field(default=None, repr=False)
 
     def restricted(self, chips: tuple[int, ...]) -> "BuildContext":
         """The same context with ops placed on ``chips`` only."""
-        return attrs.evolve(self, layer_chips={}, replica_chips=tuple(chips))
+        return attrs.evolve(self, layer_chips={}, works=self._works, replica_chips=tuple(chips))
 
     @property
     def phase(self) -> str:
@@ -80,7 +84,12 @@ class BuildContext:
         return tuple(sorted(chips))
 
     def work(self, kind: str) -> Optional[Work]:
-        return default_work(kind, self.model, self.deployment, self.shape)
+        """The default work of ``kind`` on one chip, made once per context (it depends on
+        the kind, the model, the deployment and the shape only; a Work is immutable)."""
+        got = self._works.get(kind, _MISSING)
+        if got is _MISSING:
+            got = self._works[kind] = default_work(kind, self.model, self.deployment, self.shape)
+        return got
 
     def hidden_states_bytes(self, tokens: float) -> float:
         """Bytes of ``tokens`` hidden-state rows (``tokens x hidden x activation dtype``)."""
@@ -187,7 +196,7 @@ def plan_for_step(plan: Plan, deployment: Deployment, axes: tuple[str, ...], loo
     and layer placement are reused; ``lookup`` is the compute-latency lookup to keep."""
     ctx = plan.ctx
     shape = validated_shape(plan.hooks, deployment, ctx.model, ctx.system, axes)
-    step_ctx = attrs.evolve(ctx, deployment=deployment, shape=shape, layer_chips=ctx._layer_chips)
+    step_ctx = attrs.evolve(ctx, deployment=deployment, shape=shape, layer_chips=ctx._layer_chips, works={})
     return Plan(pm=plan.pm, hooks=plan.hooks, ctx=step_ctx, primitives=plan.primitives, lookup=lookup)
 
 

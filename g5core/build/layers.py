@@ -14,6 +14,7 @@ import attrs
 from g5core.build import flops as F
 from g5core.sim.compute import Attention, Elementwise, Gemm
 from g5core.inputs.config import Deployment
+from g5core.api.errors import DagError
 from g5core.inputs.models import ModelSpec
 from g5core.build.shape import LocalShape
 
@@ -236,6 +237,10 @@ def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: Loc
                     kernels=projection_kernels(model, shape, kind, shape.tokens, wbytes, act)
                     + ((rotary_kernel(model, shape, act),) if kind == "qkv_proj" else ()))
     if kind == "attention":
+        if deployment.phase != "decode" and (shape.factor("tokens") > 1 or shape.factor("kv_len") > 1):
+            raise DagError(f"prefill attention over a sharded sequence ({shape.factor('tokens')}-way queries, "
+                           f"{shape.factor('kv_len')}-way keys) needs a plugin that owns it; enable the plugin for "
+                           "the dimension that shards the sequence")
         if not shape.uniform:
             return step_attention_work(model, deployment, shape)
         block = "decode" if deployment.phase == "decode" else "causal"
@@ -280,11 +285,13 @@ def expert_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
 def attention_kernel(model: ModelSpec, deployment: Deployment, shape: LocalShape,
                      q_len: float, kv_len: float, block: str) -> Attention:
     """The attention kernel of one chip over a ``q_len x kv_len`` block per sequence."""
-    return _attention_kernel(model, deployment, shape, shape.batch, q_len, kv_len, block, deployment.phase)
+    return attention_kernel_of(model, deployment, shape, shape.batch, q_len, kv_len, block, deployment.phase)
 
 
-def _attention_kernel(model: ModelSpec, deployment: Deployment, shape: LocalShape, batch: float,
-                      q_len: float, kv_len: float, block: str, phase: str) -> Attention:
+def attention_kernel_of(model: ModelSpec, deployment: Deployment, shape: LocalShape, batch: float,
+                        q_len: float, kv_len: float, block: str, phase: str) -> Attention:
+    """The attention kernel of ``batch`` sequences, ``q_len x kv_len`` each, with the head
+    dims of ``phase`` (MLA: decompressed for prefill, absorbed for decode)."""
     d_qk, d_v = attention_dims(model, phase)
     return Attention(batch=batch, q_len=q_len, kv_len=kv_len, heads=shape.q_heads, kv_heads=shape.kv_heads,
                      d_qk=d_qk, d_v=d_v, block=block, mla=model.attention.kind == "mla",
@@ -324,13 +331,13 @@ def step_attention_kernels(model: ModelSpec, deployment: Deployment, shape: Loca
     out = []
     for g in groups:
         if not g.decode:
-            out.append(_attention_kernel(model, deployment, shape, g.count, g.q_tokens, g.kv_len, "causal",
+            out.append(attention_kernel_of(model, deployment, shape, g.count, g.q_tokens, g.kv_len, "causal",
                                          "prefill"))
     decode = [g for g in groups if g.decode]
     if decode:
         count = sum(g.count for g in decode)
         kv_len = decode[0].kv_len if len(decode) == 1 else sum(g.count * g.kv_len for g in decode) / count
-        out.append(_attention_kernel(model, deployment, shape, count, 1.0, kv_len, "decode", "decode"))
+        out.append(attention_kernel_of(model, deployment, shape, count, 1.0, kv_len, "decode", "decode"))
     return tuple(out)
 
 

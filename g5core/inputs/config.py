@@ -393,11 +393,29 @@ def apply_overrides(data: Mapping, overrides: Iterable[str]) -> dict:
             value = raw
         node = out
         for i, key in enumerate(keys[:-1]):
-            child = node.get(key)
+            child = _child(node, key, dotted, keys[:i])
             if child is None:
                 child = node[key] = {}
-            elif not isinstance(child, dict):
+            elif not isinstance(child, (dict, list)):
                 raise ConfigError("--set", f"cannot set {dotted}: {'.'.join(keys[:i + 1])} is not a mapping")
             node = child
-        node[keys[-1]] = value
+        if isinstance(node, list):
+            node[_list_index(node, keys[-1], dotted, keys[:-1])] = value
+        else:
+            node[keys[-1]] = value
     return out
+
+
+def _child(node, key: str, dotted: str, above: list[str]):
+    """``node[key]`` of a mapping, or entry ``int(key)`` of a list (``step.0.count``)."""
+    if isinstance(node, list):
+        return node[_list_index(node, key, dotted, above)]
+    return node.get(key)
+
+
+def _list_index(node: list, key: str, dotted: str, above: list[str]) -> int:
+    where = ".".join(above)
+    if not key.isdigit() or int(key) >= len(node):
+        raise ConfigError("--set", f"cannot set {dotted}: {where} is a list of {len(node)} entries; "
+                                   f"use an index 0..{len(node) - 1} after {where}.")
+    return int(key)

@@ -5,7 +5,7 @@ at results that rest on an assumption worth knowing:
 
 - the tensor-parallel group spans nodes (its all-reduces leave the NVLink domain);
 - heads are split more ways than the model has KV heads (KV heads are replicated);
-- the sequence is longer than the context the model was trained for;
+- the sequence (a step's cached + new tokens) is longer than the context the model was trained for;
 - the layout does not fit in memory (the summary says so too; a --json run only here).
 """
 from __future__ import annotations
@@ -39,7 +39,8 @@ def deployment_warnings(ctx, memory: Optional[MemoryReport] = None) -> list[str]
                    "do not shrink beyond that)")
     limit = model.max_context_tokens
     if limit is not None and dep.seq_len > limit:
-        out.append(f"seq_len {dep.seq_len:,} is beyond the {limit:,}-token context {model.name} was trained for "
+        what = "the step's longest context (cached + new tokens)" if dep.step_form else "seq_len"
+        out.append(f"{what} {dep.seq_len:,} is beyond the {limit:,}-token context {model.name} was trained for "
                    "(max_position_embeddings); the timing is still computed, the model's quality there is not known")
     if memory is not None:
         short = memory.shortfall_summary()

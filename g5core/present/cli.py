@@ -12,6 +12,7 @@ from g5core.build.builder import DEFAULT_MAX_OPS
 from g5core.sim.compute import render_compute
 from g5core.api.errors import ConfigError, G5Error
 from g5core.sim.memory import GIB
+from g5core.sim.prepared import step_choices
 
 
 
@@ -162,10 +163,13 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
     lines = []
     par = " ".join(f"{k}={v}" for k, v in dep.parallel if not _unused(dep, k))
     model, system = out.plan.ctx.model.name, out.plan.ctx.system.name
-    lines.append(f"{model} on {dep.chips} x {system}  [{par}{_options_note(dep)}]  "
-                 f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}, path {dep.path}")
-    metric = "TTFT" if dep.phase == "prefill" else "TPOT"
+    work = (f"{dep.phase} step {dep.step.describe()}" if dep.step_form
+            else f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}")
+    lines.append(f"{model} on {dep.chips} x {system}  [{par}{_options_note(dep)}]  {work}, path {dep.path}")
+    metric = {"prefill": "TTFT", "decode": "TPOT"}.get(dep.phase, "step latency")
     lines.append(f"{metric}: {_fmt_s(out.latency_s)}")
+    for plugin, choice in step_choices(out.plan.ctx).items():
+        lines.append(f"{plugin} chose " + ", ".join(f"{k} {v}" for k, v in choice.items()))
     if out.sim is None:
         lines.append(f"closed form: compute {_fmt_s(out.math.compute_s)} + communication {_fmt_s(out.math.comm_s)} "
                      "(alpha-beta), no overlap, no contention")

@@ -143,10 +143,12 @@ def core_terms(ctx) -> list[MemoryTerm]:
     weights: dict[int, float] = {c: 0.0 for c in ctx.all_chips}
     layers_on: dict[int, list[int]] = {c: [] for c in ctx.all_chips}
     per_layer: dict[int, float] = {}
+    per_kind: dict[str, float] = {}  # one chip's weight bytes of a kind: the same in every layer
     for lop in build_program(m):
-        wclass = WEIGHT_CLASS.get(lop.kind, "default")
-        per_layer[lop.layer] = per_layer.get(lop.layer, 0.0) + (
-            weight_elements(lop.kind, m, s) * dep.dtypes.weight_element_bytes(wclass))
+        if lop.kind not in per_kind:
+            wclass = WEIGHT_CLASS.get(lop.kind, "default")
+            per_kind[lop.kind] = weight_elements(lop.kind, m, s) * dep.dtypes.weight_element_bytes(wclass)
+        per_layer[lop.layer] = per_layer.get(lop.layer, 0.0) + per_kind[lop.kind]
     for layer, nbytes in per_layer.items():
         for c in ctx.layer_chips(layer):
             weights[c] += nbytes

@@ -43,6 +43,10 @@ from g5core.sim.compute import LatencyLookup
 from g5core.sim.memory import MemoryReport, kv_cache_bytes, memory_report
 
 
+#: prepared runs of distinct steps kept for plan_for / memory (each holds its shape only)
+PLANS_KEPT = 1024
+
+
 @attrs.frozen(kw_only=True)
 class StepMemory:
     """A step's memory ledger, per chip: each figure the largest over the chips.
@@ -122,16 +126,23 @@ class PreparedPlan:
         got = self._plans.get(step)
         if got is None:
             dep = self.deployment.with_step(step)
-            got = self._plans[step] = plan_for_step(self.plan, dep, self._axes)
+            got = plan_for_step(self.plan, dep, self._axes)
+            if len(self._plans) < PLANS_KEPT:
+                self._plans[step] = got
         got.lookup = self.lookup
         return got
 
-    def simulate(self, step) -> StepResult:
+    def simulate(self, step, detail: bool = False) -> StepResult:
         """Simulate one step (a :class:`Step`, StepGroups, or a configuration list of
-        ``{new_tokens, cached_tokens, count}``); cached per step shape."""
+        ``{new_tokens, cached_tokens, count}``); cached per step shape.
+
+        ``detail``: also return the full simulation (``sim``: op DAG, timings, traffic by
+        reason) and memory ledger (``ledger``); the cache keeps only the figures (a cached
+        DAG per shape would hold thousands of DAGs), so a detailed call of a cached shape
+        simulates it again."""
         step = as_step(step)
         hit = self._results.get(step)
-        if hit is not None:
+        if hit is not None and not detail:
             self.hits += 1
             return hit
         self.misses += 1
@@ -153,9 +164,9 @@ class PreparedPlan:
             step=step, phase=dep.phase, latency_s=sim.latency_s, ttft_s=metrics.get("ttft_s"),
             tpot_s=metrics.get("tpot_s"), new_tokens=step.new_tokens,
             tokens_per_s_per_chip=tokens_per_s_per_chip(dep, sim.latency_s),
-            memory=self._step_memory(ledger, plan), choices=step_choices(plan.ctx), sim=sim, ledger=ledger)
+            memory=self._step_memory(ledger, plan), choices=step_choices(plan.ctx))
         self._results[step] = result
-        return result
+        return attrs.evolve(result, sim=sim, ledger=ledger) if detail else result
 
     def memory(self, step) -> MemoryReport:
         """The memory ledger of ``step`` (no simulation)."""

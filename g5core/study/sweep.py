@@ -30,7 +30,8 @@ import attrs
 import yaml
 
 from g5core import __version__
-from g5core.inputs.config import Deployment, apply_overrides, disabled_from_config
+from g5core.inputs.config import Deployment, apply_overrides, disabled_from_config, shorthand_of
+from g5core.inputs.step import Step
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.api.plugins import Hooks, make_plugin_manager
@@ -205,9 +206,15 @@ def _input_columns(resolved: Mapping) -> dict[str, Any]:
         return v if isinstance(v, kind) and not isinstance(v, bool) else None
 
     par = resolved.get("parallel")
-    return {"model": pick("model", str), "system": pick("system", str), "phase": pick("phase", str),
-            "chips": pick("chips", int), "batch": pick("batch", int), "seq_len": pick("seq_len", int),
-            "parallel": dict(par) if isinstance(par, Mapping) else None}
+    out = {"model": pick("model", str), "system": pick("system", str), "phase": pick("phase", str),
+           "chips": pick("chips", int), "batch": pick("batch", int), "seq_len": pick("seq_len", int),
+           "parallel": dict(par) if isinstance(par, Mapping) else None}
+    if "step" in resolved:  # a step list: its phase, sequences and longest context
+        try:
+            out["phase"], out["batch"], out["seq_len"] = shorthand_of(Step.from_list(resolved["step"]))
+        except ConfigError:
+            pass  # the cell's run reports the error
+    return out
 
 
 # ----------------------------------------------------------------------------------------
