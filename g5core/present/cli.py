@@ -439,7 +439,15 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
     from g5core.study.sweep import default_progress, parse_grid, run_sweep
 
     raw = load_raw(config, overrides)
-    report = run_sweep(raw, parse_grid(grid), db_path, disabled=disabled, workers=workers, executor=executor,
+    axes = parse_grid(grid)
+    from g5core.serve.sweep import is_serving_sweep, render_rows, run_serving_sweep
+
+    if is_serving_sweep(raw, axes):  # a configuration with a serving block: g5 serve at every point
+        rows = run_serving_sweep(raw, axes, db_path, disabled, inputs=[config],
+                                 progress=(lambda line: click.echo(line, err=True)) if sys.stderr.isatty() else None)
+        click.echo(render_rows(rows))
+        return
+    report = run_sweep(raw, axes, db_path, disabled=disabled, workers=workers, executor=executor,
                        progress=default_progress(), inputs=[config])
     _finish_sweep_output(report)
 
@@ -473,10 +481,14 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
 @click.argument("db", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "output", default=None, type=click.Path(dir_okay=False),
               help="Image file, .png or .svg [default: g5-KIND.png].")
-@click.option("--kind", type=click.Choice(["latency", "memory", "pareto", "timeline"]), default="latency",
+@click.option("--kind", type=click.Choice(["latency", "memory", "pareto", "timeline", "serve-cdf", "serve-occupancy",
+                                          "serve-throughput"]), default="latency",
               show_default=True, help="latency: TTFT/TPOT against --x, one line per S; memory: stacked per-chip "
                                       "memory against capacity; pareto: latency against memory; timeline: one layer "
-                                      "across the chips of a group, compute against communication.")
+                                      "across the chips of a group, compute against communication; serve-cdf: "
+                                      "TTFT/TPOT CDFs of serving runs; serve-occupancy: KV use and waiting requests "
+                                      "over time; serve-throughput: tokens/s per chip against per-user speed across "
+                                      "a rate sweep.")
 @click.option("--sweep", "sweep_id", type=int, default=None, help="Only this sweep's rows [default: every row].")
 @click.option("--x", "x_dim", default="cp", show_default=True,
               help="The parallel dimension on the x axis (latency) or whose group the timeline shows.")
@@ -491,7 +503,12 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key):
     output = output or f"g5-{kind}.png"
     fmt = image_format(output)
     target = check_output_path(output, "-o", inputs=[db])
-    fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key)
+    if kind.startswith("serve-"):
+        from g5core.serve.plots import load_serving_rows, serve_figure
+
+        fig = serve_figure(kind, load_serving_rows(db))
+    else:
+        fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key)
     write_atomically(target, lambda fh: fh.write(figure_bytes(fig, fmt)), "-o", binary=True)
     click.echo(f"{kind} plot written to {output}")
 

@@ -48,7 +48,9 @@ def serve_command(raw: Mapping, disabled, targets, db_path, inputs, *, as_json: 
         except G5Error as exc:
             write_error = exc
     if db is not None:
-        db.add(raw, disabled, spec, out)
+        from g5core.serve.metrics import series
+
+        db.add(raw, disabled, spec, out, series(result.loop))
         db.close()
     text = (json.dumps(out, indent=2, sort_keys=True, allow_nan=False) if as_json
             else render_summary(out, {} if write_error else {o: targets.path(o) for o in ("--requests-csv", "--trace")}))

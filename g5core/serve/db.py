@@ -19,6 +19,7 @@ CREATE TABLE IF NOT EXISTS serving_results (
     ttft_p50_s REAL, ttft_p99_s REAL, tpot_p50_s REAL, tpot_p99_s REAL, e2e_p50_s REAL,
     output_tokens_per_s REAL, output_tokens_per_s_per_chip REAL, requests_per_s REAL, goodput_share REAL,
     summary TEXT NOT NULL,           -- JSON, g5 serve --json's object
+    series TEXT NOT NULL,            -- JSON, g5core.serve.metrics.series (latency CDFs, occupancy over time)
     finished_at TEXT NOT NULL
 )
 """
@@ -30,14 +31,15 @@ class ServingDB:
         with sqlite_errors(db.path, db.busy_timeout_s):
             db.con.execute(SERVING_SCHEMA)
 
-    def add(self, raw: Mapping, disabled: Sequence[str], workload: Mapping | None, out: Mapping) -> bool:
+    def add(self, raw: Mapping, disabled: Sequence[str], workload: Mapping | None, out: Mapping,
+            series: Mapping) -> bool:
         key = config_hash({"config": dict(raw), "workload": dict(workload or {})}, disabled)
         t, g = out["throughput"], out.get("goodput") or {}
         rate = (workload or {}).get("arrival", {}).get("rate_per_s") if workload else None
         row = (key, canonical_json(dict(raw)), canonical_json(dict(workload or {})), canonical_json(list(disabled)),
                rate, out["requests"], out["chips"], out["ttft_s"]["p50"], out["ttft_s"]["p99"], out["tpot_s"]["p50"],
                out["tpot_s"]["p99"], out["e2e_s"]["p50"], t["output_tokens_per_s"], t["output_tokens_per_s_per_chip"],
-               t["requests_per_s"], g.get("share"), canonical_json(out),
+               t["requests_per_s"], g.get("share"), canonical_json(out), canonical_json(series),
                datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
         with sqlite_errors(self.db.path, self.db.busy_timeout_s):
             cur = self.db.con.execute(f"INSERT OR IGNORE INTO serving_results VALUES ({', '.join('?' * len(row))})",

@@ -191,3 +191,37 @@ def _occupancy(result) -> tuple[dict, dict, dict]:
         return {"mean": float(np.mean([p[0] for p in pairs])) if pairs else 0.0,
                 "max": float(max((p[1] for p in pairs), default=0.0))}
     return fold(use), fold(run), fold(wait)
+
+
+#: points of each latency CDF and time series a database row keeps (for ``g5 plot``)
+SERIES_POINTS = 101
+
+
+def series(result) -> dict:
+    """Compact series for plots: TTFT and TPOT quantiles (0, 1, ..., 100 %), and KV-pool use,
+    running and waiting sequences over time (summed over instances, sampled at
+    ``SERIES_POINTS`` times through the run, each instance at its last step ending by then)."""
+    arrays = per_request(result)
+    q = np.linspace(0, 100, SERIES_POINTS)
+
+    def cdf(values):
+        v = values[~np.isnan(values)]
+        return np.percentile(v, q).tolist() if len(v) else []
+    times = np.linspace(0.0, result.makespan_s, SERIES_POINTS)
+    used = np.zeros(SERIES_POINTS)
+    running = np.zeros(SERIES_POINTS)
+    waiting = np.zeros(SERIES_POINTS)
+    total = 0
+    for inst in result.instances:
+        rows = np.frombuffer(inst.steps, dtype=float).reshape(-1, 7)
+        total += inst.scheduler.total_blocks
+        if not len(rows):
+            continue
+        idx = np.searchsorted(rows[:, 1], times, side="right") - 1
+        have = idx >= 0
+        used[have] += rows[idx[have], 4]
+        running[have] += rows[idx[have], 5]
+        waiting[have] += rows[idx[have], 6]
+    return {"quantiles": q.tolist(), "ttft_s": cdf(arrays["ttft_s"]), "tpot_s": cdf(arrays["tpot_s"]),
+            "time_s": times.tolist(), "kv_pool_use": (used / total).tolist() if total else [],
+            "running": running.tolist(), "waiting": waiting.tolist()}
