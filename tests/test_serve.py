@@ -259,3 +259,21 @@ def test_registering_a_builtin_name_is_an_error():
             register("round_robin", RoundRobin)
     with pytest.raises(PluginError, match="round_robin.*already registered by g5core"):
         serving_registry(Hooks(make_plugin_manager(extra_plugins=[("bad", Bad())])))
+
+
+def test_cp_shrinks_each_sequences_footprint_as_the_ledger_says():
+    """cp=2 stores half of each sequence's KV per chip: the pool of two chips holds twice the
+    tokens of one; at cp > 1 the engine sees groups padded to the balanced split and no mixed step."""
+    def runner(groups):
+        return 1e-3 * len(groups)
+    w = Workload(tuple(Request(k, 0.01 * k, 3001, 5) for k in range(4)))
+    one = simulate_serving(LLAMA8, w, runner=runner, check_predictor=0)
+    two = simulate_serving({**LLAMA8, "chips": 2, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 2}}, w,
+                           runner=runner, exact=True)
+    p1, p2 = one.pools[0], two.pools[0]
+    assert p2["kv_bytes_per_token_per_chip"] == p1["kv_bytes_per_token_per_chip"] / 2
+    # (not exactly twice: cp=2 also halves each chip's activations)
+    assert p2["kv_capacity_tokens"] == pytest.approx(2 * p1["kv_capacity_tokens"], rel=1e-2)
+    for groups in two.costs[0]._groups:
+        assert all((n if n > 1 else c + 1) % 4 == 0 and (n == 1 or c % 4 == 0) for n, c, k in groups)
+        assert len({n == 1 for n, c, k in groups}) == 1      # never prefill and decode together

@@ -44,7 +44,7 @@ SERVING_KEYS = ("instances", "router", "routing_s", "scheduler", "slo", "workloa
 POOL_KEYS = ("instances", "chips", "parallel", "scheduler", "router")
 # phase, batch and seq_len of a configuration are not used by serving (each step sets its
 # own); a configuration written for serving may leave them out
-PLACEHOLDERS = {"phase": "decode", "batch": 1, "seq_len": 1}
+PLACEHOLDERS = {"phase": "decode", "batch": 1, "seq_len": 4096}
 GIB = float(2 ** 30)
 
 
@@ -211,8 +211,10 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
             raise ConfigError(field, f"KV pool {_gib(sizing.pool_bytes_per_chip)} per chip holds "
                                      f"{blocks * s.block_size:,} tokens; the longest request needs {need:,}: "
                                      "use more chips per instance (tp, pp, cp) or shorter requests")
-        cost = PlanCost(runner or plan_step_runner(prepared), exact, sizing.kv_bytes_per_token_per_chip,
-                        sizing.pool_bytes_per_chip, sizing.capacity_tokens, sizing.chips)
+        cp = plan.ctx.deployment.size("cp")
+        cost = PlanCost(runner or plan_step_runner(prepared), exact, 2 * cp if cp > 1 else 1, cp > 1,
+                        sizing.kv_bytes_per_token_per_chip, sizing.pool_bytes_per_chip, sizing.capacity_tokens,
+                        sizing.chips)
         pool = Pool(ps.role, ps.instances, cost, s, blocks, registry.router(ps.router)(),
                     registry.scheduler(ps.scheduler_name), first_chip)
         first_chip += pool.chips

@@ -134,10 +134,19 @@ class PlanCost:
     sequences at their mean context ``c`` (``D - G`` is interpolated on a coarser grid of
     ``b``: it is smooth). A prefill step of one chunk is ``F(T, P)`` (up to the grid).
     :meth:`predictor_error` checks a sample against the engine.
+
+    Context parallelism splits every sequence into ``2 cp`` balanced chunks (the cp
+    plugin's rule), so at ``cp > 1`` the engine runs each group padded up to multiples of
+    ``token_multiple = 2 cp`` (new and cached tokens of a chunk, the context of a decode),
+    as CP implementations pad a sequence; and since a CP layout cannot run prefill and
+    decode groups in one step, ``split_mixed`` runs a mixed step's prefill and decode groups
+    as two steps, one after the other.
     """
 
     step_s: Callable[[Groups], float]
     exact: bool = False
+    token_multiple: int = 1     # every group's token counts padded to a multiple of this
+    split_mixed: bool = False   # a step's prefill and decode groups run one after the other
     kv_bytes_per_token_per_chip: float = 0.0
     kv_pool_bytes_per_chip: float = 0.0
     kv_capacity_tokens: int = 0
@@ -154,9 +163,19 @@ class PlanCost:
         return self.kv_capacity_tokens
 
     def engine_s(self, groups: Groups) -> float:
+        """The engine's latency of a step, padded to ``token_multiple`` and split where the
+        layout cannot run prefill and decode groups in one step (see the class doc)."""
+        if self.token_multiple > 1:
+            groups = _canonical(tuple(_pad(g, self.token_multiple) for g in groups))
         hit = self._groups.get(groups)
         if hit is None:
-            hit = self._groups[groups] = self.step_s(groups)
+            prefill = tuple(g for g in groups if g[0] > 1)
+            decode = tuple(g for g in groups if g[0] == 1)
+            if self.split_mixed and prefill and decode:
+                hit = self.engine_s(prefill) + self.engine_s(decode)
+            else:
+                hit = self.step_s(groups)
+            self._groups[groups] = hit
         return hit
 
     def g(self, n: int) -> float:
@@ -223,6 +242,14 @@ class PlanCost:
         mid = len(errors) // 2
         median = errors[mid] if len(errors) % 2 else 0.5 * (errors[mid - 1] + errors[mid])
         return {"steps_checked": len(errors), "median_rel": median, "max_rel": errors[-1]}
+
+
+def _pad(group: tuple, m: int) -> tuple:
+    n, c, k = group
+    up = lambda x: -(-x // m) * m  # noqa: E731
+    if n == 1:  # a decode: its context (cached + the new token) is split
+        return (1, up(c + 1) - 1, k)
+    return (up(n), up(c), k)
 
 
 def _canonical(groups: Groups) -> Groups:
