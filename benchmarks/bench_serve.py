@@ -2,7 +2,7 @@
 
 Not a test: it reports figures. Each case runs in a fresh Python process (its own
 ``ru_maxrss``). The issue's case: 10,000 requests of ISL 2,048 / OSL 256 (Poisson at 40
-requests/s) on 8 instances of llama-3.1-70b tp8 on h100-sxm (examples/llama-3.1-70b-serve.yaml),
+requests/s) on 8 instances of llama-3.1-70b tp8 on h100-sxm (examples/serving/llama-3.1-70b-serve.yaml),
 with the step predictor; the scaling cases repeat it at 1,000 and 100,000 requests. Usage:
 
     python benchmarks/bench_serve.py                 # 1k, 10k, 100k requests
@@ -26,7 +26,7 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-CONFIG = ROOT / "examples" / "llama-3.1-70b-serve.yaml"
+CONFIG = ROOT / "examples" / "serving" / "llama-3.1-70b-serve.yaml"
 
 
 def one(requests: int, exact: bool, rate: float) -> dict:

@@ -1,7 +1,7 @@
 """Serving from a configuration: the ``serving:`` block, the pools it builds, and
 :func:`simulate_serving`, the function ``g5 serve`` (and later ``g5 best --serve``) calls.
 
-    raw = load_raw("examples/llama-3.1-70b-serve.yaml")
+    raw = load_raw("examples/serving/llama-3.1-70b-serve.yaml")
     result = simulate_serving(raw, synthetic_workload(raw, requests=1000, rate_per_s=8))
     print(result.summary["ttft_s"]["p99"])
 

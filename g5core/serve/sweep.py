@@ -3,7 +3,7 @@ with ``serving.*`` keys) runs :func:`~g5core.serve.api.simulate_serving` at ever
 and adds each run's row to the database's ``serving_results`` table, so a rate sweep is one
 command:
 
-    g5 sweep examples/llama-3.1-70b-serve.yaml --db s.db \\
+    g5 sweep examples/serving/llama-3.1-70b-serve.yaml --db s.db \\
         --set serving.workload='{requests: 2000, arrival: {kind: poisson, rate_per_s: 10}, input_tokens: 2048, output_tokens: 256}' \\
         --grid serving.workload.arrival.rate_per_s=10,20,40,80
 
