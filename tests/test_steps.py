@@ -296,3 +296,74 @@ def test_auto_picks_per_the_papers_rule_and_says_so():
 def test_a_mixed_step_under_cp_is_refused():
     with pytest.raises(ConfigError, match="mixing prefill and decode"):
         run(dict(CP4, step=[{"new_tokens": 1024, "count": 1}, {"new_tokens": 1, "cached_tokens": 1023, "count": 4}]))
+
+
+# ----------------------------------------------------------------------------------------
+# The prepared plan reuses the op DAG of a step structure
+# ----------------------------------------------------------------------------------------
+
+
+def _sim_json(sim) -> dict:
+    data = json.loads(json.dumps(sim.to_json_dict(), sort_keys=True, allow_nan=False))
+    data.pop("sim_wall_s")
+    return data
+
+
+def test_a_reused_dag_gives_the_fresh_runs_results_bit_for_bit():
+    plan = g5core.prepare(DECODE, overrides=TP8)
+    base = {k: v for k, v in load_raw(DECODE, TP8).items() if k not in ("phase", "batch", "seq_len")}
+    plan.simulate(Step.decode(16, 4096))
+    plan.simulate([StepGroup(new_tokens=256, count=1), StepGroup(new_tokens=1, cached_tokens=99, count=8)])
+    for step in (Step.decode(16, 30000),
+                 Step([StepGroup(new_tokens=256, cached_tokens=4096, count=1),
+                       StepGroup(new_tokens=1, cached_tokens=2047, count=8)])):
+        reused = plan.simulate(step, detail=True)
+        fresh = run(dict(base, step=step.to_list()))
+        assert _sim_json(reused.sim) == _sim_json(fresh.sim)
+    assert plan.cache_info()["dags_reused"] == 2
+
+
+def test_no_dag_is_reused_where_the_cached_tokens_shape_the_ops():
+    plan = _cp_plan("pass_kv")
+    plan.simulate([StepGroup(new_tokens=1024, cached_tokens=1024, count=1)])
+    res = plan.simulate([StepGroup(new_tokens=1024, cached_tokens=8192, count=1)], detail=True)
+    assert plan.cache_info()["dags_reused"] == 0
+    assert res.latency_s == run(dict(CP4, step=res.step.to_list())).latency_s
+
+
+def test_sweeps_and_search_read_the_step():
+    from g5core.study.search import _objective
+    from g5core.study.sweep import _input_columns
+
+    assert _objective(None, "mixed") == "latency" and _objective(None, "prefill") == "ttft"
+    cols = _input_columns(_with_step([{"new_tokens": 2048, "cached_tokens": 30000, "count": 1},
+                                      {"new_tokens": 1, "cached_tokens": 8191, "count": 64}]))
+    assert (cols["phase"], cols["batch"], cols["seq_len"]) == ("mixed", 65, 32048)
+
+
+def test_a_sweep_grid_varies_step_entries(tmp_path):
+    from g5core.study.sweep import parse_grid, run_sweep
+
+    base = _with_step([{"new_tokens": 1, "cached_tokens": 1023, "count": 8},
+                       {"new_tokens": 256, "cached_tokens": 0, "count": 1}])
+    report = run_sweep(base, parse_grid(["step.1.cached_tokens=0,4096"]), tmp_path / "s.db")
+    rows = report.rows
+    assert [r["status"] for r in rows] == ["ok", "ok"]
+    assert [r["phase"] for r in rows] == ["mixed", "mixed"]
+    assert rows[0]["latency_s"] < rows[1]["latency_s"]                 # attention over a 4096-token prefix
+    assert rows[0]["kv_cache_bytes"] < rows[1]["kv_cache_bytes"]
+    assert rows[0]["ttft_s"] is None and rows[0]["tpot_s"] is None
+
+
+def test_the_measured_tables_see_a_prefix_block_by_its_flops():
+    from g5core.sim.compute import Attention
+    from g5plugins.measured import _table_length
+
+    def kernel(q, kv):
+        return Attention(batch=1, q_len=q, kv_len=kv, heads=8, kv_heads=1, d_qk=128, d_v=128, block="causal",
+                         kv_bytes_per_token=512, act_bytes=2)
+
+    assert _table_length(kernel(2048, 2048)) == 2048
+    prefix = kernel(2048, 2048 + 30000)
+    length = _table_length(prefix)
+    assert kernel(length, length).flops == pytest.approx(prefix.flops, rel=1e-12)

@@ -271,7 +271,8 @@ def render_explain(plan, given_dims: tuple[str, ...] = ()) -> str:
                 else "full-bisection fabric"),
              f"layout  {plural(dep.chips, 'chip')} on {plural(rm.nodes, 'node')}; rank order (outer to inner): "
              + ", ".join(f"{n}={s}" for n, s in zip(rm.factor_names, rm.factor_sizes) if not _unused(dep, n)),
-             f"phase   {dep.phase}, batch {dep.batch} per replica, seq_len {dep.seq_len}, path {dep.path}"
+             (f"step    {dep.phase}: {dep.step.describe()} per replica, path {dep.path}" if dep.step_form else
+              f"phase   {dep.phase}, batch {dep.batch} per replica, seq_len {dep.seq_len}, path {dep.path}")
              + "".join(f", {item}" for item in _option_items(dep, given=True)),
              f"dtypes  {_describe_dtypes(dep.dtypes)}"]
     # the defaults this run used: dimensions the configuration left out (those of every
@@ -454,8 +455,8 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
 
 @main.command("best")
 @config_options
-@click.option("--objective", type=click.Choice(["ttft", "tpot", "tokens_per_s_per_chip"]), default=None,
-              help="What to rank by [default: ttft for prefill, tpot for decode].")
+@click.option("--objective", type=click.Choice(["ttft", "tpot", "tokens_per_s_per_chip", "latency"]), default=None,
+              help="What to rank by [default: ttft for prefill, tpot for decode, latency for a mixed step].")
 @click.option("--top", "top", default=10, show_default=True, type=click.IntRange(min=1), help="How many to show.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes.")

@@ -40,7 +40,7 @@ from g5core.build.symmetry import off_reason, plan_symmetry
 from g5core.inputs.config import Deployment, apply_overrides, load_config_file
 from g5core.inputs.step import Step, as_step, phase_metrics
 from g5core.sim.compute import LatencyLookup
-from g5core.sim.memory import MemoryReport, kv_cache_bytes, memory_report
+from g5core.sim.memory import ChipMemory, MemoryReport, kv_cache_bytes, memory_report
 
 
 #: prepared runs of distinct steps kept for plan_for / memory (each holds its shape only)
@@ -48,20 +48,13 @@ PLANS_KEPT = 1024
 
 
 @attrs.frozen(kw_only=True)
-class StepMemory:
-    """A step's memory ledger, per chip: each figure the largest over the chips.
+class StepMemory(ChipMemory):
+    """A step's memory ledger, per chip: ``chip`` is the fullest chip (its total is
+    ``total_bytes``), every other figure the largest over the chips (fields of
+    :class:`~g5core.sim.memory.ChipMemory`), and ``kv_bytes_per_token``: KV-cache bytes one
+    context token of one sequence costs on the chip that stores the most per token (its
+    layers' ``c_kv``, divided by the head and sequence splits)."""
 
-    ``kv_bytes_per_token``: KV-cache bytes one context token of one sequence costs on the
-    chip that stores the most per token (its layers' ``c_kv``, divided by the head and
-    sequence splits); ``kv_cache_bytes`` is that chip's KV of the step's sequences."""
-
-    weights_bytes: float
-    kv_cache_bytes: float
-    activation_bytes: float
-    workspace_bytes: float
-    total_bytes: float
-    capacity_bytes: int
-    fits: bool
     kv_bytes_per_token: float
 
 
@@ -114,6 +107,8 @@ class PreparedPlan:
         self._plans: dict[Step, Any] = {self.deployment.step: plan}
         self.hits = 0
         self.misses = 0
+        self.reused = 0
+        self._templates: dict = {}
         # the configuration's own step is checked against the size guard once, here
         check_size(plan, max_ops, self.symmetry.replicas)
 
@@ -150,7 +145,10 @@ class PreparedPlan:
 
         plan = self.plan_for(step)
         self.lookup.deployment = plan.ctx.deployment
-        sim = simulate_plan(plan, check=self.check, symmetry=self._symmetry_arg, max_ops=self.max_ops)
+        sim = self._from_template(step, plan)
+        if sim is None:
+            sim = simulate_plan(plan, check=self.check, symmetry=self._symmetry_arg, max_ops=self.max_ops)
+            self._keep_template(step, plan, sim)
         total = sim.ops + sim.flows
         if total > self.max_ops:
             raise ResourceError(f"step {step.describe()} simulated {total:,} ops and flows, above the limit of "
@@ -164,9 +162,43 @@ class PreparedPlan:
             step=step, phase=dep.phase, latency_s=sim.latency_s, ttft_s=metrics.get("ttft_s"),
             tpot_s=metrics.get("tpot_s"), new_tokens=step.new_tokens,
             tokens_per_s_per_chip=tokens_per_s_per_chip(dep, sim.latency_s),
-            memory=self._step_memory(ledger, plan), choices=step_choices(plan.ctx))
+            memory=self._step_memory(ledger), choices=step_choices(plan.ctx))
         self._results[step] = result
         return attrs.evolve(result, sim=sim, ledger=ledger) if detail else result
+
+    # -- the op DAG of a step structure, reused ------------------------------------------
+
+    def _keep_template(self, step: Step, plan, sim) -> None:
+        key = _structure(step)
+        if key is not None and key not in self._templates and _reusable(plan, sim.dag):
+            if len(self._templates) >= TEMPLATES_KEPT:
+                self._templates.pop(next(iter(self._templates)))
+            self._templates[key] = (sim.dag, sim.symmetry, plan)
+
+    def _from_template(self, step: Step, plan):
+        """The step simulated on the op DAG of an earlier step of the same structure (the
+        same groups but for their cached tokens), its attention specs replaced by this
+        step's; None where there is none or it does not apply (:func:`_reusable`)."""
+        key = _structure(step)
+        got = self._templates.get(key) if key is not None else None
+        if got is None:
+            return None
+        dag, sym, old_plan = got
+        old_ctx, ctx = old_plan.ctx, plan.ctx
+        kinds = {lop_kind for lop_kind in _program_kinds(ctx.model) if lop_kind != "attention"}
+        if any(old_ctx.work(k) != ctx.work(k) for k in kinds):
+            return None
+        old_work, work = old_ctx.work("attention"), ctx.work("attention")
+        specs = list(dag.specs)
+        for i, (spec, comm) in enumerate(zip(specs, dag.spec_is_comm)):
+            if comm or spec[1] != "attention":
+                continue
+            if spec[3] != "core" or spec[4] != old_work.kernels:
+                return None
+            specs[i] = spec[:4] + (work.kernels, work.flops, work.hbm_bytes)
+        self.reused += 1
+        step_dag = attrs.evolve(dag, specs=specs, spec_ids={}, index={}, indexed=0, graph=None, graph_size=(-1, -1))
+        return _run_built(plan, step_dag, sym, self.check)
 
     def memory(self, step) -> MemoryReport:
         """The memory ledger of ``step`` (no simulation)."""
@@ -203,18 +235,68 @@ class PreparedPlan:
                 room.append(free / per_token[c.chip])
         return min(room) if room else math.inf
 
-    def _step_memory(self, ledger: MemoryReport, plan) -> StepMemory:
+    def _step_memory(self, ledger: MemoryReport) -> StepMemory:
         chips = ledger.per_chip
-        return StepMemory(
-            weights_bytes=max(c.weights_bytes for c in chips), kv_cache_bytes=max(c.kv_cache_bytes for c in chips),
-            activation_bytes=max(c.activation_bytes for c in chips),
-            workspace_bytes=max(c.workspace_bytes for c in chips), total_bytes=ledger.max_total_bytes,
-            capacity_bytes=chips[0].capacity_bytes, fits=ledger.fits, kv_bytes_per_token=self.kv_bytes_per_token)
+        fullest = max(chips, key=lambda c: (c.total_bytes, -c.chip))
+        most = {k: max(getattr(c, k) for c in chips)
+                for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes", "workspace_bytes")}
+        return StepMemory(chip=fullest.chip, **most, total_bytes=ledger.max_total_bytes,
+                          capacity_bytes=chips[0].capacity_bytes, fits=ledger.fits,
+                          kv_bytes_per_token=self.kv_bytes_per_token)
 
     def cache_info(self) -> dict:
         """Step results cached, and how often :meth:`simulate` found one."""
         return {"steps": len(self._results), "hits": self.hits, "misses": self.misses,
-                "latency_answers": len(self.lookup.answers)}
+                "dags_reused": self.reused, "latency_answers": len(self.lookup.answers)}
+
+
+#: op DAGs kept for reuse, one per step structure (oldest dropped first)
+TEMPLATES_KEPT = 64
+#: owners whose ops depend on the step only through its new tokens (the built-in TP, EP, PP
+#: and DP plugins: shape.tokens, moe_tokens, norm_tokens), never on its cached tokens
+CACHE_FREE_OWNERS = frozenset({"core", "tp", "ep", "pp", "dp"})
+
+
+def _structure(step: Step):
+    """A step's groups without their cached tokens: steps alike here differ only in the
+    attention over their cached prefixes."""
+    return tuple((g.new_tokens, g.count) for g in step)
+
+
+def _reusable(plan, dag) -> bool:
+    """Whether another step's DAG may be this one's with other attention specs: no context
+    parallelism (its rings carry the cached KV), every op owned by the core or a plugin of
+    ``CACHE_FREE_OWNERS``, and attention the core's default work."""
+    if plan.ctx.size("cp") > 1:
+        return False
+    owners = {spec[4] if comm else spec[3] for spec, comm in zip(dag.specs, dag.spec_is_comm)}
+    return owners <= CACHE_FREE_OWNERS
+
+
+def _program_kinds(model) -> tuple[str, ...]:
+    from g5core.build.layers import build_program
+
+    return tuple(dict.fromkeys(lop.kind for lop in build_program(model)))
+
+
+def _run_built(plan, dag, sym, check: bool):
+    """Compile, run and summarise an op DAG already built for ``plan`` (one replica where
+    ``sym`` applies, as it did for the DAG's first step)."""
+    import time
+
+    from g5core.sim.engine import Engine, compile_dag
+    from g5core.sim.results import check_conservation, summarize
+    from g5core.sim.run import _check_finite, _gc_paused
+
+    with _gc_paused():
+        t0 = time.perf_counter()
+        compiled = compile_dag(dag, plan)
+        engine = Engine(compiled).run()
+        _check_finite([engine.makespan_s])
+        result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0, sym)
+        if check:
+            check_conservation(result.kpis)
+    return result
 
 
 def _layers_by_chip(ctx) -> dict[int, int]:

@@ -18,6 +18,7 @@ from typing import Mapping, Optional, Sequence
 
 import attrs
 
+from g5core.inputs.step import Step
 from g5core.inputs.config import disabled_from_config
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, G5Error, PluginError
@@ -25,7 +26,8 @@ from g5core.sim.memory import GIB
 from g5core.api.plugins import Hooks, make_plugin_manager
 
 #: objective -> (column, best is the largest)
-OBJECTIVES = {"ttft": ("ttft_s", False), "tpot": ("tpot_s", False), "tokens_per_s_per_chip": ("tokens_per_s_per_chip", True)}
+OBJECTIVES = {"ttft": ("ttft_s", False), "tpot": ("tpot_s", False), "tokens_per_s_per_chip": ("tokens_per_s_per_chip", True),
+              "latency": ("latency_s", False)}
 OBJECTIVE_PHASE = {"ttft": "prefill", "tpot": "decode"}
 
 
@@ -104,8 +106,8 @@ class SearchResult:
 
 
 def _objective(objective: Optional[str], phase: str) -> str:
-    if objective is None:
-        return "ttft" if phase == "prefill" else "tpot"
+    if objective is None:  # a step's own metric: TTFT (prefill), TPOT (decode), its latency (mixed)
+        return {"prefill": "ttft", "decode": "tpot"}.get(phase, "latency")
     if objective not in OBJECTIVES:
         raise ConfigError("--objective", f"unknown objective {objective!r}; use {', '.join(OBJECTIVES)}")
     need = OBJECTIVE_PHASE.get(objective)
@@ -158,6 +160,11 @@ def best_layouts(raw: Mapping, objective: Optional[str] = None, db_path=None, di
     from g5core.study.sweep import run_sweep
 
     phase = raw.get("phase")
+    if "step" in raw:  # a step list: its phase (prefill, decode or mixed)
+        try:
+            phase = Step.from_list(raw["step"]).phase
+        except ConfigError:
+            pass  # the layouts' runs report the error
     objective = _objective(objective, phase)
     names = tuple(dict.fromkeys(tuple(disabled) + disabled_from_config(raw)))
     dims = collect_dimensions(Hooks(make_plugin_manager(disabled=names, extra_plugins=extra_plugins)))
@@ -198,7 +205,8 @@ def best_layouts(raw: Mapping, objective: Optional[str] = None, db_path=None, di
 
 def render_best(result: SearchResult, top: int, fmt_s, fmt_bytes, table) -> str:
     """The text of ``g5 best``: top K, the Pareto front, and why the others were excluded."""
-    obj_col = {"ttft": "TTFT", "tpot": "TPOT", "tokens_per_s_per_chip": "tokens/s/chip"}[result.objective]
+    obj_col = {"ttft": "TTFT", "tpot": "TPOT", "tokens_per_s_per_chip": "tokens/s/chip",
+               "latency": "latency"}[result.objective]
 
     def rows(cands, rank=True):
         return [([i + 1] if rank else []) + [layout_label(c.parallel), fmt_s(c.latency_s),
