@@ -12,7 +12,6 @@ bytes one token of one sequence takes per chip, and the KV pool per chip. Two mo
 """
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional, Protocol
 
 import attrs
