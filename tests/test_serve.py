@@ -277,3 +277,19 @@ def test_cp_shrinks_each_sequences_footprint_as_the_ledger_says():
     for groups in two.costs[0]._groups:
         assert all((n if n > 1 else c + 1) % 4 == 0 and (n == 1 or c % 4 == 0) for n, c, k in groups)
         assert len({n == 1 for n, c, k in groups}) == 1      # never prefill and decode together
+    # a token budget off the balanced split is sized at the next multiple of 2 cp
+    odd = {**LLAMA8, "chips": 2, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 2},
+           "serving": {"scheduler": {"max_num_batched_tokens": 1001}}}
+    assert simulate_serving(odd, w, runner=runner, check_predictor=0).summary["completed"] == 4
+
+
+def test_conversations_reuse_their_earlier_turns():
+    w = synthetic({"requests": 12, "arrival": {"kind": "poisson", "rate_per_s": 0.01}, "input_tokens": 100,
+                   "output_tokens": 50, "conversation": {"turns": 3, "think_s": 10.0}, "seed": 1})
+    reqs = w.requests
+    assert [r.input_tokens for r in reqs[:3]] == [100, 250, 400]    # the conversation so far + 100 new
+    cost = SyntheticCost(0.0, 1e-3)
+    ttft = per_request(run(w, pool(cost)))["ttft_s"]
+    # every turn computes only its own 100 new tokens: the earlier turns are cached
+    np.testing.assert_allclose(ttft, 0.1, rtol=1e-9)
+    assert check_conservation(run(w, pool(cost, instances=2)))["requests_with_wrong_token_count"] == 0

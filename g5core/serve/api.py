@@ -206,15 +206,16 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
                               "raise max_num_batched_tokens")
         prepared = prepare(praw, disabled=disabled)
         plan = prepared.plan
-        sizing = kv_sizing(prepared, s.max_num_batched_tokens, field)
+        cp = plan.ctx.deployment.size("cp")
+        multiple = 2 * cp if cp > 1 else 1   # the cp plugin's balanced split (see PlanCost)
+        sizing = kv_sizing(prepared, -(-s.max_num_batched_tokens // multiple) * multiple, field)
         need = longest_prompt if ps.role == "prefill" else longest
         blocks = sizing.capacity_tokens // s.block_size
         if blocks * s.block_size < need:
             raise ConfigError(field, f"KV pool {_gib(sizing.pool_bytes_per_chip)} per chip holds "
                                      f"{blocks * s.block_size:,} tokens; the longest request needs {need:,}: "
                                      "use more chips per instance (tp, pp, cp) or shorter requests")
-        cp = plan.ctx.deployment.size("cp")
-        cost = PlanCost(runner or plan_step_runner(prepared), exact, 2 * cp if cp > 1 else 1, cp > 1,
+        cost = PlanCost(runner or plan_step_runner(prepared), exact, multiple, cp > 1,
                         sizing.kv_bytes_per_token_per_chip, sizing.pool_bytes_per_chip, sizing.capacity_tokens,
                         sizing.chips)
         pool = Pool(ps.role, ps.instances, cost, s, blocks, registry.router(ps.router)(),

@@ -219,6 +219,8 @@ class VllmScheduler:
                 q.emitted += 1
                 q.num_tokens += 1
                 emitted.append(q)
+                if q.emitted == q.req.output_tokens and q.req.cache_key is not None:
+                    self.prefixes.add(q.req.cache_key)
         return emitted
 
     def release(self, seq: Seq) -> None:

@@ -15,9 +15,11 @@ strings (:func:`parse_lengths`):
   (each optionally ``...@MIN:MAX`` to clip; the default clip is ``[1, 2^40]``) or
   ``hist:LEN=WEIGHT,LEN=WEIGHT...``;
 - shared prefixes ``{groups: G, tokens: P}``: each request starts with one of ``G``
-  prompts prefixes of ``P`` tokens, drawn uniformly; an instance that has already computed
-  a prefix serves it from its prefix cache (multi-turn conversations whose earlier turns
-  are cached).
+  prompt prefixes of ``P`` tokens, drawn uniformly; an instance that has already computed
+  a prefix serves it from its prefix cache;
+- multi-turn conversations ``{turns: K, think_s: T}``: each arrival starts a conversation
+  of ``K`` turns ``T`` seconds apart, each turn's prompt holding the earlier turns (prompts
+  and outputs), which are cached where the previous turn finished.
 
 Trace files are read by the formats registered through ``g5_register_workload_formats``
 (:mod:`g5core.serve.registry`; the built-in ones are in :mod:`g5core.serve.traces`).
@@ -55,6 +57,7 @@ class Request:
     output_tokens: int
     cached_tokens: int = 0
     prefix: tuple = ()
+    cache_key: Optional[str] = None   # what the instance caches when the request finishes (its whole context)
 
 
 @attrs.frozen
@@ -208,7 +211,7 @@ def arrival_times(spec: Mapping, n: int, rng: np.random.Generator, field: str = 
 
 def synthetic(spec: Mapping, field: str = "serving.workload") -> Workload:
     """A seeded synthetic workload from its mapping form (see the module doc)."""
-    _keys(spec, field, ("requests", "arrival", "input_tokens", "output_tokens", "prefix", "seed"),
+    _keys(spec, field, ("requests", "arrival", "input_tokens", "output_tokens", "prefix", "conversation", "seed"),
           ("requests", "arrival", "input_tokens", "output_tokens"))
     n = int(_num(spec["requests"], f"{field}.requests", integer=True))
     if n > MAX_REQUESTS:
@@ -238,5 +241,34 @@ def synthetic(spec: Mapping, field: str = "serving.workload") -> Workload:
         picks = rng.integers(0, groups, size=n)
         isl = isl + tokens  # the shared prefix comes before each request's own prompt
         prefixes = [((f"p{int(g)}", tokens),) for g in picks]
+    conv = spec.get("conversation")
+    if conv is not None:
+        if prefix is not None or concurrency is not None:
+            raise ConfigError(f"{field}.conversation", "conversations take an open-loop arrival and no prefix")
+        return Workload(_conversations(conv, f"{field}.conversation", times, isl, osl), None,
+                        f"synthetic conversations (seed {seed})")
     reqs = tuple(Request(i, float(times[i]), int(isl[i]), int(osl[i]), 0, prefixes[i]) for i in range(n))
     return Workload(reqs, concurrency, f"synthetic (seed {seed})")
+
+
+def _conversations(conv, field: str, times, isl, osl) -> tuple[Request, ...]:
+    """Multi-turn conversations: requests ``k * turns .. k * turns + turns - 1`` are the turns
+    of conversation ``k``, which starts at the ``k``-th arrival; turn ``t`` arrives ``t *
+    think_s`` later, its prompt is the conversation so far (earlier prompts and outputs) plus
+    its own new tokens, and the conversation so far is cached on the instance that finished
+    the previous turn (if it has finished by then)."""
+    if not isinstance(conv, Mapping):
+        raise ConfigError(field, "must be a mapping {turns: K, think_s: T}")
+    _keys(conv, field, ("turns", "think_s"), ("turns", "think_s"))
+    turns = int(_num(conv["turns"], f"{field}.turns", integer=True))
+    think = float(_num(conv["think_s"], f"{field}.think_s", positive=False))
+    rows = []
+    for i in range(len(isl)):
+        c, t = divmod(i, turns)
+        context = 0 if t == 0 else rows[-1][5]
+        prompt = context + int(isl[i])
+        prefix = ((f"c{c}t{t - 1}", context),) if t else ()
+        rows.append((float(times[c * turns]) + t * think, i, prompt, int(osl[i]), prefix, prompt + int(osl[i]),
+                     f"c{c}t{t}"))
+    rows.sort(key=lambda r: (r[0], r[1]))
+    return tuple(Request(k, r[0], r[2], r[3], 0, r[4], r[6]) for k, r in enumerate(rows))
