@@ -30,7 +30,8 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
     pools = out["pools"]
     lines = []
     layout = "; ".join(
-        f"{p['role']}: {p['instances']} x {p['chips_per_instance']} chips "
+        f"{p['role']}: {p['instances']} instance{'s' if p['instances'] > 1 else ''} of {p['chips_per_instance']} "
+        f"chip{'s' if p['chips_per_instance'] > 1 else ''} "
         f"({', '.join(f'{k}={v}' for k, v in p['layout'].items() if v != 1) or 'one chip'}), KV pool "
         f"{p['kv_pool_bytes_per_chip'] / GIB:.2f} GiB per chip = {p['kv_capacity_tokens']:,} tokens per instance"
         for p in pools)
