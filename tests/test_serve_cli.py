@@ -104,3 +104,15 @@ def test_disaggregated_config(tmp_path):
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert [q["role"] for q in out["pools"]] == ["prefill", "decode"] and out["kv_transfer_s"]["mean"] > 0
+
+
+def test_db_row_and_a_db_that_is_another_output(config, tmp_path):
+    from g5core.serve.plots import load_serving_rows
+
+    db = tmp_path / "s.db"
+    r = invoke(config, *FLAGS, "--db", db)
+    assert r.exit_code == 0, r.output
+    rows = load_serving_rows(db)
+    assert len(rows) == 1 and rows[0]["requests"] == 40 and rows[0]["rate_per_s"] == 20
+    clash = invoke(config, *FLAGS, "--db", tmp_path / "x.csv", "--requests-csv", tmp_path / "x.csv")
+    assert clash.exit_code == 2 and "--db" in clash.output

@@ -32,8 +32,15 @@ def serve_command(raw: Mapping, disabled, targets, db_path, inputs, *, as_json: 
     """Run ``g5 serve``; returns the text to print (the summary or the JSON object)."""
     db = None
     if db_path:
+        import os
+
+        from g5core.api.errors import ConfigError
         from g5core.serve.db import open_serving_db
 
+        for option in ("--requests-csv", "--trace"):
+            other = targets.path(option)
+            if other and os.path.realpath(other) == os.path.realpath(db_path):
+                raise ConfigError("--db", f"{db_path} is also {option}'s file; give each output its own file")
         db = open_serving_db(db_path, inputs)
     _, block = split_config(raw)
     spec = workload_spec(block.get("workload"), workload, requests, rate, concurrency, isl, osl, seed)
