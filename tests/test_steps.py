@@ -320,15 +320,27 @@ def test_a_reused_dag_gives_the_fresh_runs_results_bit_for_bit():
         reused = plan.simulate(step, detail=True)
         fresh = run(dict(base, step=step.to_list()))
         assert _sim_json(reused.sim) == _sim_json(fresh.sim)
-    assert plan.cache_info()["dags_reused"] == 2
+    assert plan.cache_info()["dags_reused"] == 3          # the mixed step too: the decode step's ops and edges
 
 
-def test_no_dag_is_reused_where_the_cached_tokens_shape_the_ops():
+def test_a_reused_dag_carries_the_new_steps_messages_and_work():
+    """Another batch, another prefix, another ring's bytes: the same ops and edges, so the
+    DAG is reused with the step's own specs, and the results are a fresh run's."""
     plan = _cp_plan("pass_kv")
     plan.simulate([StepGroup(new_tokens=1024, cached_tokens=1024, count=1)])
-    res = plan.simulate([StepGroup(new_tokens=1024, cached_tokens=8192, count=1)], detail=True)
-    assert plan.cache_info()["dags_reused"] == 0
-    assert res.latency_s == run(dict(CP4, step=res.step.to_list())).latency_s
+    base = {k: v for k, v in load_raw(DECODE, TP8).items() if k not in ("phase", "batch", "seq_len")}
+    for step in ([StepGroup(new_tokens=1024, cached_tokens=8192, count=3)],
+                 [StepGroup(new_tokens=4096, count=1), StepGroup(new_tokens=512, cached_tokens=512, count=2)]):
+        res = plan.simulate(step, detail=True)
+        assert _sim_json(res.sim) == _sim_json(run(dict(CP4, step=res.step.to_list())).sim)
+    assert plan.cache_info()["dags_reused"] == 2
+    tp8 = g5core.prepare(DECODE, overrides=TP8)
+    tp8.simulate(Step.decode(16, 4096))
+    res = tp8.simulate(Step.decode(48, 1000), detail=True)                   # another batch
+    assert _sim_json(res.sim) == _sim_json(run(dict(base, step=res.step.to_list())).sim)
+    res = tp8.simulate(Step.prefill(2, 512), detail=True)                    # prefill on the decode DAG
+    assert _sim_json(res.sim) == _sim_json(run(dict(base, step=res.step.to_list())).sim)
+    assert tp8.cache_info()["dags_reused"] == 2
 
 
 def test_sweeps_and_search_read_the_step():
@@ -355,15 +367,16 @@ def test_a_sweep_grid_varies_step_entries(tmp_path):
     assert rows[0]["ttft_s"] is None and rows[0]["tpot_s"] is None
 
 
-def test_the_measured_tables_see_a_prefix_block_by_its_flops():
+def test_the_measured_tables_leave_a_prefix_block_to_the_roofline():
     from g5core.sim.compute import Attention
-    from g5plugins.measured import _table_length
+    from g5core.inputs.systems import get_system
+    from g5plugins.measured import attention_ms, has_prefix
 
     def kernel(q, kv):
         return Attention(batch=1, q_len=q, kv_len=kv, heads=8, kv_heads=1, d_qk=128, d_v=128, block="causal",
                          kv_bytes_per_token=512, act_bytes=2)
 
-    assert _table_length(kernel(2048, 2048)) == 2048
-    prefix = kernel(2048, 2048 + 30000)
-    length = _table_length(prefix)
-    assert kernel(length, length).flops == pytest.approx(prefix.flops, rel=1e-12)
+    assert not has_prefix(kernel(2048, 2048)) and has_prefix(kernel(2048, 2048 + 30000))
+    system = get_system("h100-sxm")
+    dep = make_plan(load_raw(DECODE, TP8)).ctx.deployment
+    assert attention_ms(None, kernel(2048, 32048), "bf16", dep, system) is None

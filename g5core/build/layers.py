@@ -7,6 +7,7 @@ how any strategy shards it. Synchronisation points (``*_gather``, ``*_reduce``,
 """
 from __future__ import annotations
 
+import functools
 from typing import Iterator
 
 import attrs
@@ -54,8 +55,10 @@ def layer_tag(layer: int) -> str:
     return f"L{layer:03d}"
 
 
+@functools.lru_cache(maxsize=64)
 def build_program(model: ModelSpec) -> tuple[LogicalOp, ...]:
-    """The logical ops of one forward step, in order, with their data dependencies."""
+    """The logical ops of one forward step, in order, with their data dependencies (made
+    once per model: the tuple and its ops are immutable)."""
     ops: list[LogicalOp] = []
 
     def add(kind: str, layer: int, *inputs: LogicalOp) -> LogicalOp:

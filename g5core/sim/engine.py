@@ -27,6 +27,8 @@ from collections import defaultdict
 from functools import partial
 from collections.abc import Sequence
 
+from typing import Optional
+
 import attrs
 import numpy as np
 
@@ -156,10 +158,12 @@ class CompiledDag:
         return self.succ.targets_array()
 
 
-def compile_dag(dag: OpDag, plan) -> CompiledDag:
+def compile_dag(dag: OpDag, plan, edges: Optional[tuple] = None) -> CompiledDag:
     """Ask the plugins once per distinct op (spec) for durations and lowerings; validate;
     return columns made with numpy from the per-spec answers (no Python work per op).
-    Edges are de-duplicated and turned into successor lists."""
+    Edges are de-duplicated and turned into successor lists; ``edges``, when given, are
+    those lists (``(succ, pred_count)`` of a compiled DAG with the same ops and edges,
+    already checked acyclic: a prepared plan's DAG reused for another step)."""
     ctx = plan.ctx
     topo: Topology = ctx.topology
     n = len(dag)
@@ -212,8 +216,11 @@ def compile_dag(dag: OpDag, plan) -> CompiledDag:
     flow_op = np.repeat(np.arange(n, dtype=i32), counts)
     # each flow's row in the per-spec template: its op's first template flow + its rank in the op
     t_index = s_fstart[spec[flow_op]] + (np.arange(len(flow_op), dtype=np.int64) - flow_ptr[flow_op])
-    succ, pred_count = _successor_lists(dag.edge_array(), n)
-    _check_acyclic(dag, succ, pred_count)
+    if edges is None:
+        succ, pred_count = _successor_lists(dag.edge_array(), n)
+        _check_acyclic(dag, succ, pred_count)
+    else:
+        succ, pred_count = edges
     return CompiledDag(
         n_chips=topo.chips, source=dag, spec=spec,
         chip=dag.chip_array(),

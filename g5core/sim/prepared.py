@@ -109,6 +109,9 @@ class PreparedPlan:
         self.misses = 0
         self.reused = 0
         self._templates: dict = {}
+        # the layers a step's DAG is recognised by: the same for every step (placement and
+        # the model's program do not depend on it)
+        self._sample_program = sample_program(plan.ctx)
         # the configuration's own step is checked against the size guard once, here
         check_size(plan, max_ops, self.symmetry.replicas)
 
@@ -169,36 +172,34 @@ class PreparedPlan:
     # -- the op DAG of a step structure, reused ------------------------------------------
 
     def _keep_template(self, step: Step, plan, sim) -> None:
-        key = _structure(step)
-        if key is not None and key not in self._templates and _reusable(plan, sim.dag):
-            if len(self._templates) >= TEMPLATES_KEPT:
-                self._templates.pop(next(iter(self._templates)))
-            self._templates[key] = (sim.dag, sim.symmetry, plan)
+        """Keep a fully built step's op DAG, keyed on the structure of its sample (one layer
+        of each kind, :func:`sample_program`), where the sample's specs are the whole
+        DAG's (layers alike expand alike, so every spec appears first in a sample layer)."""
+        sample = _sample_dag(plan, sim.symmetry, self._sample_program)
+        if _specs_key(sample.specs) != _specs_key(sim.dag.specs) or len(self._templates) >= TEMPLATES_KEPT:
+            return
+        self._templates.setdefault(_structure_key(sample), (sim.dag, sim.symmetry,
+                                                            (sim.compiled.succ, sim.compiled.pred_count)))
 
     def _from_template(self, step: Step, plan):
-        """The step simulated on the op DAG of an earlier step of the same structure (the
-        same groups but for their cached tokens), its attention specs replaced by this
-        step's; None where there is none or it does not apply (:func:`_reusable`)."""
-        key = _structure(step)
-        got = self._templates.get(key) if key is not None else None
+        """The step simulated on the op DAG of an earlier step whose sample layers expand to
+        the same ops, edges and keys: that DAG with this step's specs (its FLOPs, bytes,
+        kernels and messages, from its own sample). None where no kept DAG matches."""
+        got = sample = None
+        for sym in {t[1].applied: t[1] for t in self._templates.values()}.values():
+            sample = _sample_dag(plan, sym, self._sample_program)
+            got = self._templates.get(_structure_key(sample))
+            if got is not None:
+                break
         if got is None:
             return None
-        dag, sym, old_plan = got
-        old_ctx, ctx = old_plan.ctx, plan.ctx
-        kinds = {lop_kind for lop_kind in _program_kinds(ctx.model) if lop_kind != "attention"}
-        if any(old_ctx.work(k) != ctx.work(k) for k in kinds):
-            return None
-        old_work, work = old_ctx.work("attention"), ctx.work("attention")
-        specs = list(dag.specs)
-        for i, (spec, comm) in enumerate(zip(specs, dag.spec_is_comm)):
-            if comm or spec[1] != "attention":
-                continue
-            if spec[3] != "core" or spec[4] != old_work.kernels:
-                return None
-            specs[i] = spec[:4] + (work.kernels, work.flops, work.hbm_bytes)
-        self.reused += 1
-        step_dag = attrs.evolve(dag, specs=specs, spec_ids={}, index={}, indexed=0, graph=None, graph_size=(-1, -1))
-        return _run_built(plan, step_dag, sym, self.check)
+        dag, sym, edges = got
+        step_dag = attrs.evolve(dag, specs=list(sample.specs), spec_is_comm=list(sample.spec_is_comm), spec_ids={},
+                                index={}, indexed=0, graph=None, graph_size=(-1, -1))
+        result = _run_built(plan, step_dag, sym, self.check, edges)
+        if result is not None:
+            self.reused += 1
+        return result
 
     def memory(self, step) -> MemoryReport:
         """The memory ledger of ``step`` (no simulation)."""
@@ -250,47 +251,69 @@ class PreparedPlan:
                 "dags_reused": self.reused, "latency_answers": len(self.lookup.answers)}
 
 
-#: op DAGs kept for reuse, one per step structure (oldest dropped first)
+#: op DAGs kept for reuse, one per structure
 TEMPLATES_KEPT = 64
-#: owners whose ops depend on the step only through its new tokens (the built-in TP, EP, PP
-#: and DP plugins: shape.tokens, moe_tokens, norm_tokens), never on its cached tokens
-CACHE_FREE_OWNERS = frozenset({"core", "tp", "ep", "pp", "dp"})
 
 
-def _structure(step: Step):
-    """A step's groups without their cached tokens: steps alike here differ only in the
-    attention over their cached prefixes."""
-    return tuple((g.new_tokens, g.count) for g in step)
-
-
-def _reusable(plan, dag) -> bool:
-    """Whether another step's DAG may be this one's with other attention specs: no context
-    parallelism (its rings carry the cached KV), every op owned by the core or a plugin of
-    ``CACHE_FREE_OWNERS``, and attention the core's default work."""
-    if plan.ctx.size("cp") > 1:
-        return False
-    owners = {spec[4] if comm else spec[3] for spec, comm in zip(dag.specs, dag.spec_is_comm)}
-    return owners <= CACHE_FREE_OWNERS
-
-
-def _program_kinds(model) -> tuple[str, ...]:
+def sample_program(ctx):
+    """The logical ops of one layer of each kind (the same logical ops, on the same chips,
+    after a layer on the same chips: the size estimate's classes), the embedding and the
+    head, in program order, each keeping only the inputs the sample holds."""
     from g5core.build.layers import build_program
 
-    return tuple(dict.fromkeys(lop.kind for lop in build_program(model)))
+    model = ctx.model
+    program = build_program(model)
+    layers: dict[int, list] = {}
+    for lop in program:
+        layers.setdefault(lop.layer, []).append(lop)
+    seen, keep, previous = set(), set(), ()
+    for layer, lops in layers.items():
+        chips = ctx.layer_chips(layer) if 0 <= layer < model.n_layers else (layer,)
+        kind = (tuple(lop.kind for lop in lops), chips, previous)
+        if kind not in seen:
+            seen.add(kind)
+            keep.add(layer)
+        previous = chips
+    kept = [lop for lop in program if lop.layer in keep]
+    ids = {lop.id for lop in kept}
+    return tuple(attrs.evolve(lop, inputs=tuple(i for i in lop.inputs if i in ids)) for lop in kept)
 
 
-def _run_built(plan, dag, sym, check: bool):
+def _sample_dag(plan, sym, program):
+    from g5core.build.builder import build_dag
+
+    return build_dag(plan, program=program, chips=sym.chips() if sym.applied else None)
+
+
+def _specs_key(specs) -> tuple:
+    return tuple(specs)
+
+
+def _structure_key(dag) -> tuple:
+    """What a sample DAG's ops, edges and keys are, without their work and bytes: two steps
+    alike here build whole DAGs alike but for their specs' numbers (and messages)."""
+    kinds = tuple((spec[0], spec[3] if not comm else spec[4], spec[1] if comm else spec[2])
+                  for spec, comm in zip(dag.specs, dag.spec_is_comm))
+    return (dag.chip.tobytes(), dag.layer.tobytes(), dag.spec.tobytes(), dag.key_stem.tobytes(), dag.key_arg.tobytes(),
+            dag.edge_pairs.tobytes(), tuple(dag.stems), tuple(dag.odd_keys), tuple(dag.spec_is_comm), kinds)
+
+
+def _run_built(plan, dag, sym, check: bool, edges):
     """Compile, run and summarise an op DAG already built for ``plan`` (one replica where
-    ``sym`` applies, as it did for the DAG's first step)."""
+    ``sym`` applies, as it did for the DAG's first step), ``edges`` its successor lists."""
     import time
 
     from g5core.sim.engine import Engine, compile_dag
     from g5core.sim.results import check_conservation, summarize
     from g5core.sim.run import _check_finite, _gc_paused
 
+    from g5core.build.symmetry import check_resources
+
     with _gc_paused():
         t0 = time.perf_counter()
-        compiled = compile_dag(dag, plan)
+        compiled = compile_dag(dag, plan, edges)
+        if sym.applied and check_resources(sym, dag, compiled, plan) is not None:
+            return None  # this step's messages leave the replica: the full path decides
         engine = Engine(compiled).run()
         _check_finite([engine.makespan_s])
         result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0, sym)

@@ -99,19 +99,21 @@ def gemm_ms(profile, kernel: Gemm, dtype: str, system):
 
 def _table_length(kernel: Attention) -> float:
     """The causal-table length with the block's FLOPs: ``q`` for a causal block,
-    ``sqrt(2 q kv)`` for an unmasked ``q x kv`` block (a CP ring step off the diagonal), and
-    ``sqrt(q^2 + 2 q P)`` for a causal block after a cached prefix of ``P = kv - q`` keys.
-    The context tables have a prefix column (``step``), but every shipped table holds only
-    ``step = 0`` (aiconfigurator-core's context_attention tables, every GPU and framework,
-    checked 2026-12-01), so a prefix block maps onto the table by FLOPs, like a ring step."""
-    if kernel.block != "causal":
-        return math.sqrt(2.0 * kernel.q_len * kernel.kv_len)
-    if kernel.kv_len == kernel.q_len:
-        return kernel.q_len
-    return math.sqrt(kernel.q_len * kernel.q_len + 2.0 * kernel.q_len * (kernel.kv_len - kernel.q_len))
+    ``sqrt(2 q kv)`` for an unmasked ``q x kv`` block (a CP ring step off the diagonal)."""
+    return kernel.q_len if kernel.block == "causal" else math.sqrt(2.0 * kernel.q_len * kernel.kv_len)
+
+
+def has_prefix(kernel: Attention) -> bool:
+    """A causal block after a cached prefix (``kv_len > q_len``). The context tables have a
+    prefix column (``step``), but every shipped table holds only ``step = 0``
+    (aiconfigurator-core's context_attention tables, every GPU and framework, checked
+    2026-12-01): such a kernel is not covered, and the roofline times it."""
+    return kernel.block == "causal" and kernel.kv_len != kernel.q_len
 
 
 def attention_ms(profile, kernel: Attention, dtype: str, deployment, system):
+    if has_prefix(kernel):
+        return None
     act = TABLE_DTYPE.get(dtype)
     kv = TABLE_DTYPE.get(deployment.dtypes.kv_cache)
     if act is None or kv is None:
