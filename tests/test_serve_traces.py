@@ -67,3 +67,23 @@ def test_arrivals_are_sorted_and_given_times_kept(tmp_path):
     p = write(tmp_path, "t.csv", "arrival_s,input_tokens,output_tokens\n5,10,5\n2,20,5\n")
     reqs = read_trace(p).requests
     assert [(r.arrival_s, r.input_tokens, r.id) for r in reqs] == [(2.0, 20, 0), (5.0, 10, 1)]
+
+
+def test_synthetic_arrivals_and_lengths_follow_their_distributions():
+    import numpy as np
+
+    from g5core.serve.workload import synthetic
+
+    def gaps(arrival):
+        w = synthetic({"requests": 40_000, "arrival": arrival, "input_tokens": "lognormal:1000:0.5@1:100000",
+                       "output_tokens": "hist:10=1,30=3", "seed": 7})
+        t = np.array([r.arrival_s for r in w.requests])
+        return np.diff(t), w
+    g, w = gaps({"kind": "poisson", "rate_per_s": 5})
+    assert np.mean(g) == pytest.approx(0.2, rel=0.02) and np.std(g) / np.mean(g) == pytest.approx(1.0, rel=0.03)
+    g, _ = gaps({"kind": "gamma", "rate_per_s": 5, "cv": 3})
+    assert np.mean(g) == pytest.approx(0.2, rel=0.05) and np.std(g) / np.mean(g) == pytest.approx(3.0, rel=0.05)
+    isl = np.array([r.input_tokens for r in w.requests])
+    osl = np.array([r.output_tokens for r in w.requests])
+    assert np.median(isl) == pytest.approx(1000, rel=0.02)
+    assert set(osl) == {10, 30} and np.mean(osl == 30) == pytest.approx(0.75, abs=0.01)
