@@ -100,10 +100,15 @@ def test_unknown_serving_key(tmp_path):
 def test_disaggregated_config(tmp_path):
     p = tmp_path / "d.yaml"
     p.write_text(CONFIG.replace("  instances: 2\n", "  disaggregation: {prefill: {instances: 1}, decode: {instances: 1}}\n"))
-    r = invoke(p, *FLAGS, "--json")
+    trace = tmp_path / "t.json"
+    r = invoke(p, *FLAGS, "--json", "--trace", trace)
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert [q["role"] for q in out["pools"]] == ["prefill", "decode"] and out["kv_transfer_s"]["mean"] > 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert {"prefill instance 0", "decode instance 0", "requests"} <= names
+    assert sum(e["name"] == "KV transfer" for e in events if e["ph"] == "X") == 40
 
 
 def test_db_row_and_a_db_that_is_another_output(config, tmp_path):
