@@ -416,3 +416,13 @@ def test_reuse_across_layouts_is_a_fresh_runs_result(parallel, model):
         res = plan.simulate(step, detail=True)
         assert _sim_json(res.sim) == _sim_json(run(dict(base, step=res.step.to_list())).sim)
     assert plan.cache_info()["dags_reused"] == len(steps) - 1
+
+
+def test_a_step_on_a_windowed_model_warns_that_its_attention_spans_the_context():
+    from g5core.present.caveats import deployment_warnings
+
+    base = {"model": "gemma-2-9b", "system": "h100-sxm", "chips": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1}}
+    step = make_plan(dict(base, step=[{"new_tokens": 1024, "cached_tokens": 8192, "count": 1}]))
+    assert any("windowed attention" in w and "cached prefix" in w for w in deployment_warnings(step.ctx))
+    short = make_plan(dict(base, phase="prefill", batch=1, seq_len=8192))
+    assert not any("windowed attention" in w for w in deployment_warnings(short.ctx))
