@@ -813,6 +813,61 @@ def check_sweep_presets(plugin: str, configs, extra_plugins: Sequence = ()) -> N
         raise _fail(plugin, check_sweep_presets, f"presets {left} are still registered with the plugin disabled")
 
 
+@_contract_check
+def check_serving_registrations(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_register_schedulers`` / ``g5_register_routers`` / ``g5_register_workload_formats``:
+    what the plugin registers is owned by it, the same on a second call, usable, and gone with it.
+
+    A scheduler factory called with the default settings and 64 blocks returns an object
+    with ``add``, ``schedule``, ``work``, ``finish_step``, ``release``, ``running``,
+    ``waiting``, ``used_blocks``, ``total_blocks`` and ``preemptions``, whose ``schedule()``
+    on an empty queue picks nothing; a router factory returns an object with ``choose``;
+    formats are :class:`g5core.serve.traces.TraceFormat` values with a container (csv or
+    jsonl) and identifying columns.
+    """
+    from g5core.serve.registry import serving_registry
+    from g5core.serve.scheduler import SchedulerSettings
+
+    def own():
+        reg = serving_registry(Hooks(_pm(extra_plugins)))
+        return ({n: f for n, (o, f) in reg.schedulers.items() if o == plugin},
+                {n: f for n, (o, f) in reg.routers.items() if o == plugin},
+                [f for f in reg.formats if f not in _builtin_formats()])
+    first, again = own(), own()
+    if first != again:
+        raise _fail(plugin, check_serving_registrations, "registers different serving names on two calls")
+    schedulers, routers, formats = first
+    needed = ("add", "schedule", "work", "finish_step", "release", "running", "waiting", "used_blocks",
+              "total_blocks", "preemptions")
+    for name, factory in schedulers.items():
+        sched = factory(SchedulerSettings(), 64)
+        missing = [a for a in needed if not hasattr(sched, a)]
+        if missing:
+            raise _fail(plugin, check_serving_registrations, f"scheduler '{name}' lacks {', '.join(missing)}")
+        if sched.schedule():
+            raise _fail(plugin, check_serving_registrations, f"scheduler '{name}' schedules work from an empty queue")
+    for name, factory in routers.items():
+        if not callable(getattr(factory(), "choose", None)):
+            raise _fail(plugin, check_serving_registrations, f"router '{name}' has no choose(request, instances)")
+    for fmt in formats:
+        if fmt.container not in ("csv", "jsonl") or not fmt.columns:
+            raise _fail(plugin, check_serving_registrations, f"trace format '{fmt.name}' needs a container (csv or "
+                                                             "jsonl) and the columns that identify it")
+    try:
+        off = serving_registry(Hooks(_pm(extra_plugins, disabled=[plugin])))
+    except G5Error:
+        return
+    left = sorted(n for n, (o, _) in {**off.schedulers, **off.routers}.items() if o == plugin)
+    if left:
+        raise _fail(plugin, check_serving_registrations, f"{left} are still registered with the plugin disabled")
+
+
+def _builtin_formats():
+    from g5core.serve.traces import BUILTIN_FORMATS
+
+    return BUILTIN_FORMATS
+
+
 # ----------------------------------------------------------------------------------------
 # Registry, selection, meta-check
 # ----------------------------------------------------------------------------------------
@@ -842,6 +897,9 @@ HOOK_CHECKS: Mapping[str, tuple[CheckFn, ...]] = {
     "g5_topology": (check_topology,),
     "g5_compute_latency": (check_compute_latency,),
     "g5_register_sweep_presets": (check_sweep_presets,),
+    "g5_register_schedulers": (check_serving_registrations,),
+    "g5_register_routers": (check_serving_registrations,),
+    "g5_register_workload_formats": (check_serving_registrations,),
 }
 
 #: Every check by name.
@@ -891,6 +949,14 @@ def plugin_contributions(plugin: str, raw: Mapping, extra_plugins: Sequence = ()
                    if isinstance(o, ComputeOp)}
             n = sum(a is not None for o in ops.values()
                     for a in _call_own(hooks, hook, plugin, op=o, system=ctx.system, deployment=ctx.deployment))
+        elif hook in ("g5_register_schedulers", "g5_register_routers", "g5_register_workload_formats"):
+            from g5core.serve.registry import serving_registry
+            from g5core.serve.traces import BUILTIN_FORMATS
+
+            reg = serving_registry(hooks)
+            n = (sum(o == plugin for o, _ in reg.schedulers.values()) if hook == "g5_register_schedulers" else
+                 sum(o == plugin for o, _ in reg.routers.values()) if hook == "g5_register_routers" else
+                 len(reg.formats) - len(BUILTIN_FORMATS))
         else:  # a hook added to hookspecs without a counter here: count implementations
             n = len(_own_impls(hooks, hook, plugin))
         out[hook] = n

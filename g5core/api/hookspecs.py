@@ -223,3 +223,40 @@ def g5_register_sweep_presets(register: Callable[["SweepPreset"], None]) -> None
     violations (``g5 scan`` runs the ``cp`` plugin's preset). Registering a name that
     another plugin registered is an error naming both plugins.
     """
+
+
+# --------------------------------------------------------------------------------------
+# Family 7: serving (``g5 serve``)
+# --------------------------------------------------------------------------------------
+
+
+@hookspec
+def g5_register_schedulers(register: Callable[[str, Callable], None]) -> None:
+    """Register per-instance schedulers for ``serving.scheduler.name`` (registration hook).
+
+    ``register(name, factory)`` where ``factory(settings, total_blocks)`` returns an object
+    with the interface of :class:`g5core.serve.scheduler.VllmScheduler` (``add``,
+    ``schedule``, ``work``, ``finish_step``, ``release``, ``running``, ``waiting``,
+    ``used_blocks``, ``total_blocks``, ``preemptions``). The core's ``vllm`` is built in.
+    Registering a name twice is an error naming both plugins.
+    """
+
+
+@hookspec
+def g5_register_routers(register: Callable[[str, Callable], None]) -> None:
+    """Register request routers for ``serving.router`` (registration hook).
+
+    ``register(name, factory)`` where ``factory()`` returns an object with
+    ``choose(request, instances) -> index``. Built in: ``round_robin``,
+    ``least_outstanding_tokens``, ``least_kv``.
+    """
+
+
+@hookspec
+def g5_register_workload_formats(register: Callable[[object], None]) -> None:
+    """Register request-trace formats (registration hook).
+
+    ``register(TraceFormat(...))`` (:class:`g5core.serve.traces.TraceFormat`): the
+    container (``csv`` or ``jsonl``), the columns that identify the format and how one
+    record becomes a request. Built in: ``g5`` (CSV and JSONL), ``azure``, ``mooncake``.
+    """

@@ -203,6 +203,45 @@ def _finish_sweep_output(sweep) -> None:
         sys.exit(1)
 
 
+@main.command("serve")
+@config_options
+@click.option("--workload", "workload", metavar="FILE|SPEC",
+              help="A trace file (.csv, .jsonl: g5, Azure or Mooncake format) or an arrival process: poisson, "
+                   "gamma:cv=C, closed (with --rate or --concurrency).")
+@click.option("--requests", type=int, default=None, metavar="N",
+              help="Requests of a synthetic workload (the first N of a trace).")
+@click.option("--rate", type=float, default=None, metavar="R", help="Arrivals per second (open loop).")
+@click.option("--concurrency", type=int, default=None, metavar="C", help="Requests in flight at once (closed loop).")
+@click.option("--isl", default=None, metavar="DIST",
+              help="Input lengths: N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEDIAN:SIGMA or hist:LEN=W,... "
+                   "(append @MIN:MAX to clip).")
+@click.option("--osl", default=None, metavar="DIST", help="Output lengths, as --isl.")
+@click.option("--slo", default=None, metavar="LIMITS", help="Goodput limits, e.g. ttft=2s,tpot=50ms or ttft_p90=2s.")
+@click.option("--seed", type=int, default=None, help="Seed of a synthetic workload (default 0).")
+@click.option("--exact", is_flag=True, help="Run every distinct step through the engine (no predictor).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
+@click.option("--requests-csv", "requests_csv", help="Write one row per request here.")
+@click.option("--trace", "trace_path", help="Write a Perfetto trace (instances' steps, requests' spans) here.")
+@click.option("--db", "db_path", help="Add the run's summary to this results database (serving_results).")
+def serve_cmd(config, overrides, disabled, workload, requests, rate, concurrency, isl, osl, slo, seed, exact, as_json,
+              requests_csv, trace_path, db_path):
+    """Simulate a service: requests through routers and continuous-batching instances."""
+    from g5core.present.outputs import check_outputs
+    from g5core.serve.command import serve_command
+
+    from g5core.sim.run import input_files, load_raw
+
+    raw = load_raw(config, overrides)
+    inputs = input_files(config, raw)
+    if workload and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
+        inputs.append(("--workload", workload))
+    targets = check_outputs({"--requests-csv": requests_csv, "--trace": trace_path}, inputs)
+    text = serve_command(raw, disabled, targets, db_path, inputs, as_json=as_json, progress=sys.stderr.isatty(),
+                         workload=workload, requests=requests, rate=rate, concurrency=concurrency, isl=isl, osl=osl,
+                         slo=slo, seed=seed, exact=exact)
+    click.echo(text)
+
+
 @main.command("sweep")
 @config_options
 @click.option("--grid", "grid", multiple=True, required=True, metavar="KEY=V1,V2,...",
@@ -219,7 +258,15 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
     from g5core.study.sweep import default_progress, parse_grid, run_sweep
 
     raw = load_raw(config, overrides)
-    report = run_sweep(raw, parse_grid(grid), db_path, disabled=disabled, workers=workers, executor=executor,
+    axes = parse_grid(grid)
+    from g5core.serve.sweep import is_serving_sweep, render_rows, run_serving_sweep
+
+    if is_serving_sweep(raw, axes):  # a configuration with a serving block: g5 serve at every point
+        rows = run_serving_sweep(raw, axes, db_path, disabled, inputs=[config],
+                                 progress=(lambda line: click.echo(line, err=True)) if sys.stderr.isatty() else None)
+        click.echo(render_rows(rows))
+        return
+    report = run_sweep(raw, axes, db_path, disabled=disabled, workers=workers, executor=executor,
                        progress=default_progress(), inputs=[config])
     _finish_sweep_output(report)
 
@@ -254,10 +301,14 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
 @click.argument("db", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "output", default=None, type=click.Path(dir_okay=False),
               help="Image file, .png or .svg [default: g5-KIND.png].")
-@click.option("--kind", type=click.Choice(["latency", "memory", "pareto", "timeline"]), default="latency",
+@click.option("--kind", type=click.Choice(["latency", "memory", "pareto", "timeline", "serve-cdf", "serve-occupancy",
+                                          "serve-throughput"]), default="latency",
               show_default=True, help="latency: TTFT/TPOT against --x, one line per S; memory: stacked per-chip "
                                       "memory against capacity; pareto: latency against memory; timeline: one layer "
-                                      "across the chips of a group, compute against communication.")
+                                      "across the chips of a group, compute against communication; serve-cdf: "
+                                      "TTFT/TPOT CDFs of serving runs; serve-occupancy: KV use and waiting requests "
+                                      "over time; serve-throughput: tokens/s per chip against per-user speed across "
+                                      "a rate sweep.")
 @click.option("--sweep", "sweep_id", type=int, default=None, help="Only this sweep's rows [default: every row].")
 @click.option("--x", "x_dim", default="cp", show_default=True,
               help="The parallel dimension on the x axis (latency) or whose group the timeline shows.")
@@ -276,8 +327,13 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key, where):
     fmt = image_format(output)
     conditions = parse_where(where)
     target = check_output_path(output, "-o", inputs=[db])
-    fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key, where=conditions,
-                      auto_dims=auto_dims(db, sweep_id))
+    if kind.startswith("serve-"):
+        from g5core.serve.plots import load_serving_rows, serve_figure
+
+        fig = serve_figure(kind, load_serving_rows(db))
+    else:
+        fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key,
+                          where=conditions, auto_dims=auto_dims(db, sweep_id))
     write_atomically(target, lambda fh: fh.write(figure_bytes(fig, fmt)), "-o", binary=True)
     click.echo(f"{kind} plot written to {output}")
 

@@ -1,0 +1,380 @@
+"""Serving from a configuration: the ``serving:`` block, the pools it builds, and
+:func:`simulate_serving`, the function ``g5 serve`` (and later ``g5 best --serve``) calls.
+
+    raw = load_raw("examples/serving/llama-3.1-70b-serve.yaml")
+    result = simulate_serving(raw, synthetic_workload(raw, requests=1000, rate_per_s=8))
+    print(result.summary["ttft_s"]["p99"])
+
+The ``serving:`` block (every key optional)::
+
+    serving:
+      instances: 8                    # copies of the configuration's layout
+      router: round_robin             # or least_outstanding_tokens, least_kv, a plugin's
+      routing_s: 0.0                  # delay from arrival to the instance's queue
+      scheduler: {name: vllm, max_num_seqs: 256, max_num_batched_tokens: 8192,
+                  chunked_prefill: true, long_prefill_token_threshold: 0, block_size: 16}
+      slo: {ttft: 2s, tpot: 50ms}     # like --slo
+      workload: {requests: 1000, arrival: {kind: poisson, rate_per_s: 8},
+                 input_tokens: 2048, output_tokens: 256, seed: 0}   # or {trace: FILE}
+      disaggregation:                 # instead of instances: a prefill and a decode pool
+        prefill: {instances: 2, chips: 8, parallel: {tp: 8}, scheduler: {...}}
+        decode:  {instances: 1, chips: 16, parallel: {tp: 8, pp: 2}}
+
+A pool's ``chips`` and ``parallel`` replace the configuration's (the layout of one of its
+instances); the pools sit on disjoint chips, prefill first, on one network of
+``prefill chips + decode chips`` chips of the system.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Mapping, Optional
+
+import attrs
+
+from g5core.api.errors import ConfigError, G5Error
+from g5core.serve.cost import Groups, PlanCost, StepWork, kv_sizing, plan_step_runner
+from g5core.serve.loop import Deployment, LoopResult, Pool, check_conservation, simulate, summarize_pools
+from g5core.serve.metrics import SloLimit, parse_slo, summary
+from g5core.serve.registry import ServingRegistry, serving_registry
+from g5core.serve.scheduler import SchedulerSettings
+from g5core.serve.traces import read_trace
+from g5core.serve.workload import Workload, synthetic
+
+SERVING_KEYS = ("instances", "router", "routing_s", "scheduler", "slo", "workload", "disaggregation")
+POOL_KEYS = ("instances", "chips", "parallel", "scheduler", "router")
+# phase, batch and seq_len of a configuration are not used by serving (each step sets its
+# own); a configuration written for serving may leave them out
+PLACEHOLDERS = {"phase": "decode", "batch": 1, "seq_len": 4096}
+GIB = float(2 ** 30)
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB" if n < 10 * GIB else f"{n / GIB:.1f} GiB"
+
+
+@attrs.frozen
+class PoolSpec:
+    role: str
+    instances: int
+    overrides: tuple        # (key, value) pairs replacing the configuration's chips/parallel
+    scheduler: SchedulerSettings
+    scheduler_name: str
+    router: str
+
+
+@attrs.frozen
+class ServingSpec:
+    pools: tuple[PoolSpec, ...]
+    routing_s: float
+    slo: tuple[SloLimit, ...]
+    workload: Optional[Mapping]
+
+
+def _positive_int(value, field) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(field, f"must be a positive whole number, got {value!r}")
+    return value
+
+
+def _mapping(value, field) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise ConfigError(field, f"must be a mapping, got {value!r}")
+    return value
+
+
+def split_config(raw: Mapping) -> tuple[dict, Mapping]:
+    """The deployment part of a configuration and its ``serving:`` block."""
+    raw = dict(raw)
+    block = raw.pop("serving", None) or {}
+    for key, value in PLACEHOLDERS.items():
+        raw.setdefault(key, value)
+    return raw, _mapping(block, "serving")
+
+
+def parse_serving(block: Mapping, registry: ServingRegistry, slo_text=None) -> ServingSpec:
+    for key in block:
+        if key not in SERVING_KEYS:
+            raise ConfigError(f"serving.{key}", f"unknown key; valid keys: {', '.join(SERVING_KEYS)}")
+    routing_s = block.get("routing_s", 0.0)
+    if isinstance(routing_s, bool) or not isinstance(routing_s, (int, float)) or not 0 <= routing_s < math.inf:
+        raise ConfigError("serving.routing_s", f"must be a number of seconds >= 0, got {routing_s!r}")
+    sched = _mapping(block.get("scheduler", {}), "serving.scheduler")
+    router = block.get("router", "round_robin")
+
+    def pool(role: str, data: Mapping, field: str, instances_default: int) -> PoolSpec:
+        s = {**sched, **_mapping(data.get("scheduler", {}), f"{field}.scheduler")}
+        name = s.get("name", "vllm")
+        if name not in registry.schedulers:
+            raise ConfigError(f"{field}.scheduler.name", f"unknown scheduler {name!r}; known: "
+                                                         f"{', '.join(sorted(registry.schedulers))}")
+        r = data.get("router", router)
+        if r not in registry.routers:
+            raise ConfigError(f"{field}.router", f"unknown router {r!r}; known: {', '.join(sorted(registry.routers))}")
+        over = tuple((k, data[k]) for k in ("chips", "parallel") if k in data)
+        return PoolSpec(role, _positive_int(data.get("instances", instances_default), f"{field}.instances"), over,
+                        SchedulerSettings.from_dict(s, f"{field}.scheduler"), name, r)
+
+    disagg = block.get("disaggregation")
+    if disagg is not None:
+        disagg = _mapping(disagg, "serving.disaggregation")
+        for key in disagg:
+            if key not in ("prefill", "decode"):
+                raise ConfigError(f"serving.disaggregation.{key}", "unknown key; give prefill and decode")
+        if "instances" in block:
+            raise ConfigError("serving.instances", "give the instances of each pool under serving.disaggregation "
+                                                   "instead")
+        pools = []
+        for role in ("prefill", "decode"):
+            if role not in disagg:
+                raise ConfigError(f"serving.disaggregation.{role}", "is required")
+            data = _mapping(disagg[role], f"serving.disaggregation.{role}")
+            for key in data:
+                if key not in POOL_KEYS:
+                    raise ConfigError(f"serving.disaggregation.{role}.{key}",
+                                      f"unknown key; valid keys: {', '.join(POOL_KEYS)}")
+            pools.append(pool(role, data, f"serving.disaggregation.{role}", 1))
+        pools = tuple(pools)
+    else:
+        pools = (pool("serve", {"instances": block.get("instances", 1)}, "serving", 1),)
+    slo = parse_slo(slo_text if slo_text is not None else block.get("slo"),
+                    "--slo" if slo_text is not None else "serving.slo")
+    workload = block.get("workload")
+    return ServingSpec(pools, float(routing_s), slo, _mapping(workload, "serving.workload") if workload else None)
+
+
+def load_workload(spec: Mapping, registry: ServingRegistry, field: str = "serving.workload") -> Workload:
+    """A trace (``{trace: FILE[, requests: N]}``: its first ``N`` requests) or a synthetic workload."""
+    if "trace" in spec:
+        extra = set(spec) - {"trace", "requests"}
+        if extra:
+            raise ConfigError(f"{field}.{sorted(extra)[0]}", "a trace workload takes only trace and requests")
+        w = read_trace(spec["trace"], registry.formats, f"{field}.trace")
+        if "requests" in spec:
+            n = _positive_int(spec["requests"], "--requests")
+            w = attrs.evolve(w, requests=w.requests[:n])
+        return w
+    return synthetic(spec, field)
+
+
+@attrs.define(eq=False)
+class ServeResult:
+    """What :func:`simulate_serving` returns: the loop's record, the summary (``g5 serve
+    --json``'s keys), the pools, and the step-cost models (with their engine run counts).
+    ``sim_wall_s``: the whole call (plans, KV sizing, engine steps, loop, predictor check)."""
+
+    loop: LoopResult
+    summary: dict
+    pools: list
+    costs: list
+    conservation: dict
+    sim_wall_s: float
+    predictor: Optional[dict] = None
+
+    def to_json_dict(self) -> dict:
+        out = dict(self.summary)
+        out["pools"] = self.pools
+        out["kv_pool_bytes_per_chip"] = min(p["kv_pool_bytes_per_chip"] for p in self.pools)
+        out["chips"] = self.loop.deployment.chips
+        out["conservation"] = self.conservation
+        out["engine_runs"] = sum(getattr(c, "runs", 0) for c in self.costs)
+        out["step_predictor"] = self.predictor
+        out["sim_wall_s"] = self.sim_wall_s
+        out["workload"] = self.loop.workload.source
+        return out
+
+
+def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, workload: Workload, disabled=(),
+                exact: bool = False, runner: Optional[Callable[[Groups], float]] = None) -> tuple[Deployment, list]:
+    """The pools of a deployment, each a prepared plan with its KV pool from the ledger,
+    checked against the workload's longest request before anything is simulated.
+    ``runner``: ``groups -> latency_s`` instead of the plan's engine (tests)."""
+    from g5core.sim.prepared import prepare
+
+    longest_prompt = max(r.input_tokens for r in workload.requests)
+    longest = max(r.input_tokens + r.output_tokens - 1 for r in workload.requests)
+    pools, infos, plans = [], [], []
+    first_chip = 0
+    for ps in spec.pools:
+        praw = {**raw, **dict(ps.overrides)}
+        field = "serving" if ps.role == "serve" else f"serving.disaggregation.{ps.role}"
+        s = ps.scheduler
+        if not s.chunked_prefill and longest_prompt > s.max_num_batched_tokens:
+            raise ConfigError(f"{field}.scheduler.max_num_batched_tokens",
+                              f"{s.max_num_batched_tokens:,} tokens cannot hold the longest prompt "
+                              f"({longest_prompt:,} tokens) without chunked prefill; turn chunked_prefill on or "
+                              "raise max_num_batched_tokens")
+        prepared = prepare(praw, disabled=disabled)
+        plan = prepared.plan
+        cp = plan.ctx.deployment.size("cp")
+        multiple = 2 * cp if cp > 1 else 1   # the cp plugin's balanced split (see PlanCost)
+        sizing = kv_sizing(prepared, -(-s.max_num_batched_tokens // multiple) * multiple, field)
+        need = longest_prompt if ps.role == "prefill" else longest
+        blocks = sizing.capacity_tokens // s.block_size
+        if blocks * s.block_size < need:
+            raise ConfigError(field, f"KV pool {_gib(sizing.pool_bytes_per_chip)} per chip holds "
+                                     f"{blocks * s.block_size:,} tokens; the longest request needs {need:,}: "
+                                     "use more chips per instance (tp, pp, cp) or shorter requests")
+        cost = PlanCost(runner or plan_step_runner(prepared), exact, multiple, cp > 1,
+                        sizing.kv_bytes_per_token_per_chip, sizing.pool_bytes_per_chip, sizing.capacity_tokens,
+                        sizing.chips)
+        pool = Pool(ps.role, ps.instances, cost, s, blocks, registry.router(ps.router)(),
+                    registry.scheduler(ps.scheduler_name), first_chip)
+        first_chip += pool.chips
+        pools.append(pool)
+        plans.append((plan, sizing))
+        infos.append({"kv_pool_bytes_per_chip": sizing.pool_bytes_per_chip,
+                      "kv_bytes_per_token_per_chip": sizing.kv_bytes_per_token_per_chip,
+                      "kv_capacity_tokens": blocks * s.block_size, "layout": dict(plan.ctx.deployment.parallel)})
+    dep = Deployment(tuple(pools), spec.routing_s)
+    if len(pools) == 2:
+        dep.transfer_s, dep.transfer_bytes = kv_transfer(pools, plans)
+    for info, base in zip(infos, summarize_pools(pools)):
+        info.update(base)
+    return dep, infos
+
+
+def kv_transfer(pools, plans):
+    """``(transfer_s(tokens, i, j), transfer_bytes(tokens))`` of a prompt's KV from prefill
+    instance ``i`` to decode instance ``j``: chip ``k`` of the prefill instance sends the KV it
+    holds (the ledger's bytes per token on that chip) to chip ``k * Cd // Cp`` of the decode
+    instance, all at once, over the network of both pools' chips (scale-up links inside a
+    node, NICs and fabric between nodes); the time is when the busiest link is done plus one
+    message's start latency. Transfers do not contend with one another or with the steps."""
+    from g5core.build.builder import make_topology
+    from g5core.sim.collective import idle_transfer_s
+
+    (pp, (plan, sizing)), dp = (pools[0], plans[0]), pools[1]
+    topo = make_topology(plan.hooks, plan.ctx.system, pools[0].chips + pools[1].chips)
+    cp, cd = pp.cost.chips, dp.cost.chips
+    per_token = sizing.per_chip_kv_bytes_per_token
+    cache: dict = {}
+
+    def per_token_s(i: int, j: int) -> tuple[float, float]:
+        if (i, j) not in cache:
+            flows = [(pp.first_chip + i * cp + k, dp.first_chip + j * cd + k * cd // cp, per_token[k])
+                     for k in range(cp) if per_token[k] > 0]
+            latency = max(topo.message_latency_s([a, b]) for a, b, _ in flows) if flows else 0.0
+            cache[(i, j)] = (idle_transfer_s(flows, topo), latency)
+        return cache[(i, j)]
+
+    def transfer_s(tokens: int, i: int, j: int) -> float:
+        rate, latency = per_token_s(i, j)
+        return tokens * rate + latency
+
+    def transfer_bytes(tokens: int) -> float:
+        return tokens * sizing.kv_bytes_per_token
+    return transfer_s, transfer_bytes
+
+
+def simulate_serving(raw: Mapping, workload: Workload | Mapping | None = None, *, disabled=(), slo=None,
+                     exact: bool = False, progress=None, runner: Optional[Callable[[Groups], float]] = None,
+                     check_predictor: int = 16, overrides: Optional[Mapping] = None) -> ServeResult:
+    """Simulate serving ``workload`` (a :class:`Workload`, a workload mapping as
+    :func:`workload_spec` makes, or None: the configuration's ``serving.workload``) on the
+    deployment ``raw`` describes. ``slo``: ``--slo``'s text (else ``serving.slo``).
+    ``runner``: ``groups -> step latency`` (default: the engine, through each pool's
+    prepared plan). ``check_predictor``: steps
+    checked against the engine when the predictor is used (0: none)."""
+    from g5core.api.plugins import Hooks, make_plugin_manager
+    from g5core.inputs.config import disabled_from_config
+
+    t0 = time.perf_counter()
+    base, block = split_config(raw)
+    names = tuple(dict.fromkeys(tuple(disabled) + tuple(disabled_from_config(base))))
+    registry = serving_registry(Hooks(make_plugin_manager(disabled=names)))
+    spec = parse_serving(block, registry, slo)
+    if workload is None:
+        if spec.workload is None:
+            raise ConfigError("--workload", "no workload: give --workload, --rate or --concurrency, or "
+                                            "serving.workload in the configuration")
+        workload = load_workload(spec.workload, registry)
+    elif isinstance(workload, Mapping):
+        workload = load_workload(workload, registry, "--workload")
+    if not workload.requests:
+        raise ConfigError("--requests", "the workload has no requests")
+    dep, infos = build_pools(base, spec, registry, workload, disabled, exact, runner)
+    loop = simulate(dep, workload, progress)
+    checks = check_conservation(loop)
+    if any(checks.values()):
+        raise G5Error("serving invariants violated: " + ", ".join(f"{k}={v}" for k, v in checks.items() if v))
+    predictor = None
+    if not exact and check_predictor:
+        predictor = {}
+        for pool in dep.pools:
+            predictor[pool.role] = pool.cost.predictor_error(_sample_steps(loop, pool, check_predictor))
+    return ServeResult(loop, summary(loop, spec.slo), infos, [p.cost for p in dep.pools], checks,
+                       time.perf_counter() - t0, predictor)
+
+
+def _sample_steps(loop: LoopResult, pool: Pool, n: int) -> list[StepWork]:
+    """Up to ``n`` distinct steps the pool ran, spread evenly over the cost cache's order."""
+    seen = list(pool.cost.predicted_steps())
+    if len(seen) <= n:
+        return seen
+    return [seen[round(k * (len(seen) - 1) / (n - 1))] for k in range(n)]
+
+
+ARRIVAL_SPECS = {"poisson": ("rate",), "gamma": ("rate", "cv"), "closed": ("concurrency",)}
+
+
+def workload_spec(base: Optional[Mapping], workload: Optional[str] = None, requests: Optional[int] = None,
+                  rate: Optional[float] = None, concurrency: Optional[int] = None, isl=None, osl=None,
+                  seed: Optional[int] = None) -> Optional[dict]:
+    """The workload mapping that ``g5 serve``'s flags describe, over the configuration's
+    ``serving.workload`` (``base``). ``workload``: a trace file (``.csv``/``.jsonl``) or an
+    arrival process ``poisson``, ``gamma:cv=2`` or ``closed`` (with ``key=value`` settings:
+    ``rate``, ``cv``, ``concurrency``). ``None`` when nothing describes one."""
+    flags = {"--requests": requests, "--rate": rate, "--concurrency": concurrency, "--isl": isl, "--osl": osl,
+             "--seed": seed}
+    if rate is not None and concurrency is not None:
+        raise ConfigError("--rate", "give --rate (open loop) or --concurrency (closed loop), not both")
+    if workload is not None and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
+        given = [k for k, v in flags.items() if v is not None and k != "--requests"]
+        if given:
+            raise ConfigError(given[0], "applies to a synthetic workload, not to a trace file")
+        return {"trace": workload, **({"requests": requests} if requests is not None else {})}
+    spec = dict(base or {})
+    if "trace" in spec:
+        if any(v is not None for v in flags.values()) or workload is not None:
+            raise ConfigError("--workload", "the configuration's serving.workload is a trace; give a synthetic "
+                                            "workload in full (--workload, --rate, --isl, --osl) or none")
+        return spec
+    if not spec and workload is None and all(v is None for v in flags.values()):
+        return None
+    arrival = dict(spec.get("arrival", {}))
+    if workload is not None:
+        kind, _, rest = workload.partition(":")
+        if kind not in ARRIVAL_SPECS:
+            raise ConfigError("--workload", f"{workload!r} is neither a trace file (.csv, .jsonl) nor an arrival "
+                                            "process (poisson, gamma:cv=C, closed)")
+        arrival = {"kind": kind}
+        for part in filter(None, rest.split(",")):
+            key, eq, value = part.partition("=")
+            if not eq or key not in ARRIVAL_SPECS[kind]:
+                raise ConfigError("--workload", f"{kind} takes {', '.join(k + '=N' for k in ARRIVAL_SPECS[kind])}; "
+                                                f"got {part!r}")
+            try:
+                number = float(value) if key != "concurrency" else int(value)
+            except ValueError:
+                raise ConfigError("--workload", f"{key}={value!r} is not a number") from None
+            arrival[{"rate": "rate_per_s"}.get(key, key)] = number
+    if rate is not None:
+        if arrival.get("kind") == "closed":
+            raise ConfigError("--rate", "a closed loop has no arrival rate; give --concurrency")
+        arrival = {**arrival, "kind": arrival.get("kind", "poisson"), "rate_per_s": rate}
+        arrival.pop("concurrency", None)
+    if concurrency is not None:
+        arrival = {"kind": "closed", "concurrency": concurrency}
+    if arrival:
+        spec["arrival"] = arrival
+    for key, value in (("requests", requests), ("input_tokens", isl), ("output_tokens", osl), ("seed", seed)):
+        if value is not None:
+            spec[key] = value
+    for key, flag in (("arrival", "--rate or --concurrency"), ("input_tokens", "--isl"), ("output_tokens", "--osl"),
+                      ("requests", "--requests")):
+        if key not in spec or (key == "arrival" and not spec["arrival"]):
+            raise ConfigError(flag, f"a synthetic workload needs {flag} (or serving.workload.{key})")
+    if spec["arrival"].get("kind", "poisson") in ("poisson", "gamma") and "rate_per_s" not in spec["arrival"]:
+        raise ConfigError("--rate", "an open-loop workload needs its arrival rate")
+    return spec

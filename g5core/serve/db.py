@@ -1,0 +1,60 @@
+"""Serving runs in the results database: a ``serving_results`` table beside ``results``,
+one row per (configuration, workload, disabled plugins), added with ``INSERT OR IGNORE``
+like a sweep's rows. ``g5 plot`` reads it for the serving kinds."""
+from __future__ import annotations
+
+import datetime
+from typing import Mapping, Sequence
+
+from g5core.study.resultsdb import ResultsDB, canonical_json, config_hash, sqlite_errors
+
+SERVING_SCHEMA = """
+CREATE TABLE IF NOT EXISTS serving_results (
+    key TEXT PRIMARY KEY,            -- config_hash of the configuration, the workload and disabled plugins
+    config TEXT NOT NULL,            -- JSON, the configuration (with its serving block)
+    workload TEXT NOT NULL,          -- JSON, the workload description
+    disabled TEXT NOT NULL,          -- JSON list
+    rate_per_s REAL,                 -- the workload's arrival rate (open loop), for rate sweeps
+    requests INTEGER, chips INTEGER,
+    ttft_p50_s REAL, ttft_p99_s REAL, tpot_p50_s REAL, tpot_p99_s REAL, e2e_p50_s REAL,
+    output_tokens_per_s REAL, output_tokens_per_s_per_chip REAL, requests_per_s REAL, goodput_share REAL,
+    summary TEXT NOT NULL,           -- JSON, g5 serve --json's object
+    series TEXT NOT NULL,            -- JSON, g5core.serve.metrics.series (latency CDFs, occupancy over time)
+    finished_at TEXT NOT NULL
+)
+"""
+
+
+class ServingDB:
+    def __init__(self, db: ResultsDB):
+        self.db = db
+        with sqlite_errors(db.path, db.busy_timeout_s):
+            db.con.execute(SERVING_SCHEMA)
+
+    def add(self, raw: Mapping, disabled: Sequence[str], workload: Mapping | None, out: Mapping,
+            series: Mapping) -> bool:
+        key = config_hash({"config": dict(raw), "workload": dict(workload or {})}, disabled)
+        t, g = out["throughput"], out.get("goodput") or {}
+        rate = (workload or {}).get("arrival", {}).get("rate_per_s") if workload else None
+        row = (key, canonical_json(dict(raw)), canonical_json(dict(workload or {})), canonical_json(list(disabled)),
+               rate, out["requests"], out["chips"], out["ttft_s"]["p50"], out["ttft_s"]["p99"], out["tpot_s"]["p50"],
+               out["tpot_s"]["p99"], out["e2e_s"]["p50"], t["output_tokens_per_s"], t["output_tokens_per_s_per_chip"],
+               t["requests_per_s"], g.get("share"), canonical_json(out), canonical_json(series),
+               datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+        with sqlite_errors(self.db.path, self.db.busy_timeout_s):
+            cur = self.db.con.execute(f"INSERT OR IGNORE INTO serving_results VALUES ({', '.join('?' * len(row))})",
+                                      row)
+        return cur.rowcount == 1
+
+    def rows(self) -> list[dict]:
+        with sqlite_errors(self.db.path, self.db.busy_timeout_s):
+            cur = self.db.con.execute("SELECT * FROM serving_results ORDER BY rate_per_s, key")
+            names = [d[0] for d in cur.description]
+            return [dict(zip(names, r)) for r in cur.fetchall()]
+
+    def close(self) -> None:
+        self.db.close()
+
+
+def open_serving_db(path, inputs: Sequence = ()) -> ServingDB:
+    return ServingDB(ResultsDB.open(path, inputs=inputs))

@@ -1,0 +1,84 @@
+"""``g5 plot`` serving kinds, from the ``serving_results`` rows of a results database:
+
+- ``serve-cdf``: TTFT and TPOT latency CDFs, one line per row;
+- ``serve-occupancy``: KV-pool use and waiting requests over time, one line per row;
+- ``serve-throughput``: output tokens/s per chip against per-user speed (1 / TPOT p50,
+  tokens/s) across the rows of a rate sweep, each point labelled with its arrival rate.
+"""
+from __future__ import annotations
+
+import json
+from typing import Mapping, Sequence
+
+from g5core.api.errors import ConfigError
+
+SERVE_KINDS = ("serve-cdf", "serve-occupancy", "serve-throughput")
+
+
+def _label(row: Mapping) -> str:
+    rate = row.get("rate_per_s")
+    return f"{rate:g} req/s" if rate is not None else row["key"][:8]
+
+
+def serve_figure(kind: str, rows: Sequence[Mapping]):
+    from g5core.present.plots import FIGSIZE_IN, _pyplot
+
+    if not rows:
+        raise ConfigError("--kind", f"{kind} needs serving rows: run g5 serve --db or a serving sweep first")
+    plt = _pyplot()
+    if kind == "serve-cdf":
+        fig, (a, b) = plt.subplots(1, 2, figsize=FIGSIZE_IN)
+        for r in rows:
+            s = json.loads(r["series"])
+            q = [x / 100 for x in s["quantiles"]]
+            if s["ttft_s"]:
+                a.plot(s["ttft_s"], q, label=_label(r))
+            if s["tpot_s"]:
+                b.plot([x * 1e3 for x in s["tpot_s"]], q, label=_label(r))
+        a.set_xlabel("TTFT (s)")
+        b.set_xlabel("TPOT (ms)")
+        for ax in (a, b):
+            ax.set_ylabel("share of requests")
+            ax.grid(alpha=0.3)
+        a.legend()
+        fig.suptitle("latency CDFs")
+    elif kind == "serve-occupancy":
+        fig, (a, b) = plt.subplots(2, 1, figsize=FIGSIZE_IN, sharex=True)
+        for r in rows:
+            s = json.loads(r["series"])
+            a.plot(s["time_s"], [x * 100 for x in s["kv_pool_use"]], label=_label(r))
+            b.plot(s["time_s"], s["waiting"], label=_label(r))
+        a.set_ylabel("KV pool use (%)")
+        b.set_ylabel("waiting requests")
+        b.set_xlabel("time (s)")
+        a.legend()
+        for ax in (a, b):
+            ax.grid(alpha=0.3)
+    elif kind == "serve-throughput":
+        fig, ax = plt.subplots(figsize=FIGSIZE_IN)
+        pts = sorted((1.0 / r["tpot_p50_s"], r["output_tokens_per_s_per_chip"], _label(r)) for r in rows
+                     if r["tpot_p50_s"])
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o")
+        for x, y, label in pts:
+            ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4))
+        ax.set_xlabel("per-user speed, 1 / TPOT p50 (tokens/s)")
+        ax.set_ylabel("output tokens/s per chip")
+        ax.grid(alpha=0.3)
+    else:
+        raise ConfigError("--kind", f"unknown serving kind {kind!r}; use {', '.join(SERVE_KINDS)}")
+    fig.tight_layout()
+    return fig
+
+
+def load_serving_rows(db_path) -> list[dict]:
+    from g5core.serve.db import ServingDB
+    from g5core.study.resultsdb import ResultsDB
+
+    db = ResultsDB.open_existing(db_path)
+    try:
+        tables = {r[0] for r in db.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "serving_results" not in tables:
+            return []
+        return ServingDB(db).rows()
+    finally:
+        db.close()

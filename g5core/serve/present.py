@@ -1,0 +1,131 @@
+"""What ``g5 serve`` shows and writes: the readable summary, the per-request CSV and the
+Perfetto trace (one track per instance with its steps, one per request with its spans)."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+
+from g5core.serve.metrics import per_request
+
+GIB = float(2 ** 30)
+REQUEST_COLUMNS = ("id", "arrival_s", "input_tokens", "output_tokens", "cached_tokens", "instance", "decode_instance",
+                   "queue_s", "ttft_s", "tpot_s", "max_itl_s", "e2e_s", "kv_transfer_s")
+
+
+def _s(x) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if x >= 1 or x == 0:
+        return f"{x:.4g} s"
+    if x >= 1e-3:
+        return f"{x * 1e3:.4g} ms"
+    return f"{x * 1e6:.4g} us"
+
+
+def render_summary(out: dict, outputs: dict | None = None) -> str:
+    """The summary of ``g5 serve`` (``out``: the ``--json`` object)."""
+    t = out["throughput"]
+    pools = out["pools"]
+    lines = []
+    layout = "; ".join(
+        f"{p['role']}: {p['instances']} instance{'s' if p['instances'] > 1 else ''} of {p['chips_per_instance']} "
+        f"chip{'s' if p['chips_per_instance'] > 1 else ''} "
+        f"({', '.join(f'{k}={v}' for k, v in p['layout'].items() if v != 1) or 'one chip'}), KV pool "
+        f"{p['kv_pool_bytes_per_chip'] / GIB:.2f} GiB per chip = {p['kv_capacity_tokens']:,} tokens per instance"
+        for p in pools)
+    lines.append(f"deployment   {out['chips']} chips; {layout}")
+    lines.append(f"workload     {out['workload']}: {out['requests']:,} requests, {out['tokens']['input']:,} input and "
+                 f"{out['tokens']['output']:,} output tokens over {_s(out['duration_s'])}")
+    lines.append(f"completed    {out['completed']:,} of {out['requests']:,}; {out['steps']:,} steps; "
+                 f"{out['preemptions']:,} preemptions")
+    lines.append("")
+    lines.append(f"{'latency':<13}{'mean':>11}{'p50':>11}{'p90':>11}{'p99':>11}")
+    for key, label in (("queue_s", "queueing"), ("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "inter-token"),
+                       ("e2e_s", "end to end"), ("kv_transfer_s", "KV transfer")):
+        st = out.get(key)
+        if st is None:
+            continue
+        lines.append(f"{label:<13}" + "".join(f"{_s(st[q]):>11}" for q in ("mean", "p50", "p90", "p99")))
+    lines.append("")
+    lines.append(f"throughput   {t['output_tokens_per_s']:,.0f} output tokens/s ({t['output_tokens_per_s_per_chip']:,.1f} "
+                 f"per chip), {t['input_tokens_per_s']:,.0f} input tokens/s, {t['requests_per_s']:.3g} requests/s")
+    lines.append(f"occupancy    KV pool {out['kv_pool_use']['mean']:.1%} mean, {out['kv_pool_use']['max']:.1%} max; "
+                 f"running {out['running_seqs']['mean']:.1f} mean, {out['running_seqs']['max']:.0f} max; "
+                 f"waiting {out['waiting_seqs']['mean']:.1f} mean, {out['waiting_seqs']['max']:.0f} max")
+    g = out.get("goodput")
+    if g:
+        limits = ", ".join(f"{k} <= {_s(v)}" for k, v in g["limits"].items())
+        lines.append(f"goodput      {g['share']:.1%} of requests meet {limits}: {g['requests_per_s']:.3g} requests/s")
+        for key, c in g["percentile_limits"].items():
+            lines.append(f"             {key} = {_s(c['value_s'])} ({'met' if c['met'] else 'missed'})")
+    p = out.get("step_predictor")
+    if p:
+        parts = [f"{role}: median {e['median_rel']:.2%}, max {e['max_rel']:.2%} on {e['steps_checked']} steps"
+                 for role, e in p.items() if e.get("steps_checked")]
+        if parts:
+            lines.append(f"predictor    error against the engine: {'; '.join(parts)} (--exact runs every step)")
+    lines.append(f"simulated    {out['engine_runs']} distinct steps through the engine; {out['sim_wall_s']:.2f} s")
+    for option, path in (outputs or {}).items():
+        if path:
+            lines.append(f"wrote        {option} {path}")
+    return "\n".join(lines)
+
+
+def write_requests_csv(result, fh) -> None:
+    """One row per request (the workload's order), the columns of :data:`REQUEST_COLUMNS`."""
+    a = per_request(result)
+    log = result.requests
+    fh.write(",".join(REQUEST_COLUMNS) + "\n")
+
+    def cell(x):
+        return "" if isinstance(x, float) and math.isnan(x) else repr(float(x)) if isinstance(x, float) else str(x)
+    for k, r in enumerate(result.workload.requests):
+        row = (r.id, float(a["arrival_s"][k]), r.input_tokens, r.output_tokens, r.cached_tokens, log.instance[k],
+               log.decode_instance[k] if log.decode_instance[k] >= 0 else "", float(a["queue_s"][k]),
+               float(a["ttft_s"][k]), float(a["tpot_s"][k]), float(a["max_itl_s"][k]), float(a["e2e_s"][k]),
+               float(a["kv_transfer_s"][k]))
+        fh.write(",".join(cell(x) for x in row) + "\n")
+
+
+def dump_trace(result, fh) -> None:
+    """Perfetto / Chrome JSON: a process per instance (its steps: prefill tokens, decodes,
+    KV blocks in use), and a process of requests with a thread each (queued, prefill, KV
+    transfer, decode spans). Times in microseconds."""
+    us = 1e6
+    events = []
+    for pid, inst in enumerate(result.instances):
+        name = f"{inst.pool.role} instance {inst.index}"
+        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}})
+        events.append({"ph": "M", "pid": pid, "tid": 0, "name": "thread_name", "args": {"name": "steps"}})
+        rows = np.frombuffer(inst.steps, dtype=float).reshape(-1, 7)
+        for start, end, prefill, decodes, blocks, running, waiting in rows.tolist():
+            events.append({"ph": "X", "pid": pid, "tid": 0, "ts": start * us, "dur": (end - start) * us,
+                           "name": f"step: {int(prefill)} prefill tokens + {int(decodes)} decodes",
+                           "args": {"prefill_tokens": int(prefill), "decodes": int(decodes),
+                                    "kv_blocks_used": int(blocks), "running": int(running), "waiting": int(waiting)}})
+            events.append({"ph": "C", "pid": pid, "ts": end * us, "name": "sequences",
+                           "args": {"running": int(running), "waiting": int(waiting)}})
+            events.append({"ph": "C", "pid": pid, "ts": end * us, "name": "KV blocks used",
+                           "args": {"blocks": int(blocks)}})
+    rpid = len(result.instances)
+    events.append({"ph": "M", "pid": rpid, "name": "process_name", "args": {"name": "requests"}})
+    a = per_request(result)
+    log = result.requests
+    for k, r in enumerate(result.workload.requests):
+        events.append({"ph": "M", "pid": rpid, "tid": k, "name": "thread_name", "args": {"name": f"request {r.id}"}})
+        arrival, sched = float(a["arrival_s"][k]), float(log.scheduled_s[k])
+        first, finish = float(log.first_token_s[k]), float(log.finish_s[k])
+        move = float(a["kv_transfer_s"][k])
+        prefill_end = first - move if move == move else first
+        spans = [("queued", arrival, sched), ("prefill", sched, prefill_end)]
+        if move == move:
+            spans.append(("KV transfer", prefill_end, first))
+        spans.append(("decode", first, finish))
+        for name, t0, t1 in spans:
+            if t1 > t0:
+                events.append({"ph": "X", "pid": rpid, "tid": k, "ts": t0 * us, "dur": (t1 - t0) * us, "name": name,
+                               "args": {"input_tokens": r.input_tokens, "output_tokens": r.output_tokens,
+                                        "instance": int(log.instance[k])}})
+    json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, fh, allow_nan=False)

@@ -1,0 +1,295 @@
+"""g5 serve: the request-level loop, its scheduler, routers, metrics and workloads."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from g5core.api.errors import ConfigError
+from g5core.serve.api import simulate_serving
+from g5core.serve.cost import StepWork, SyntheticCost
+from g5core.serve.loop import Deployment, Pool, check_conservation, simulate
+from g5core.serve.metrics import parse_slo, per_request, summary
+from g5core.serve.router import LeastKvUse, LeastOutstandingTokens, RoundRobin
+from g5core.serve.scheduler import SchedulerSettings
+from g5core.serve.workload import Request, Workload, synthetic
+
+LLAMA8 = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1}}
+
+
+def pool(cost, instances=1, blocks=None, router=None, **sched):
+    s = SchedulerSettings(**sched)
+    total = blocks if blocks is not None else cost.kv_tokens() // s.block_size
+    return Pool("serve", instances, cost, s, total, router or RoundRobin())
+
+
+def run(workload, *pools, **kw):
+    return simulate(Deployment(tuple(pools), **kw), workload)
+
+
+def fixed(n, rate, isl, osl, seed=0, **extra):
+    return synthetic({"requests": n, "arrival": {"kind": "poisson", "rate_per_s": rate}, "input_tokens": isl,
+                      "output_tokens": osl, "seed": seed, **extra})
+
+
+# -- conservation --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("router", [RoundRobin, LeastOutstandingTokens, LeastKvUse])
+def test_conservation_every_request_once_all_tokens_blocks_return(router):
+    w = synthetic({"requests": 400, "arrival": {"kind": "gamma", "rate_per_s": 30, "cv": 2},
+                   "input_tokens": "lognormal:1024:0.8@8:6000", "output_tokens": "uniform:1:300", "seed": 3})
+    cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=60_000)
+    res = run(w, pool(cost, instances=3, router=router(), max_num_batched_tokens=2048))
+    assert check_conservation(res) == {"requests_with_wrong_token_count": 0, "requests_out_of_order": 0,
+                                       "steps_over_kv_pool": 0, "kv_blocks_left_at_end": 0}
+    assert sum(res.requests.emitted) == sum(r.output_tokens for r in w.requests)
+    arrays = per_request(res)
+    assert np.all(arrays["queue_s"] >= 0) and np.all(arrays["ttft_s"] > 0)
+    # no instance ever holds more blocks than its pool
+    for inst in res.instances:
+        used = np.frombuffer(inst.steps, dtype=float).reshape(-1, 7)[:, 4]
+        assert used.max() <= inst.scheduler.total_blocks
+
+
+def test_closed_loop_keeps_concurrency():
+    w = synthetic({"requests": 50, "arrival": {"kind": "closed", "concurrency": 4}, "input_tokens": 100,
+                   "output_tokens": 10})
+    res = run(w, pool(SyntheticCost(0.01)))
+    rows = np.frombuffer(res.instances[0].steps, dtype=float).reshape(-1, 7)
+    assert rows[:, 5].max() == 4          # never more than the concurrency in flight
+    assert check_conservation(res)["requests_with_wrong_token_count"] == 0
+
+
+# -- low load: exact -------------------------------------------------------------------------
+
+
+def test_low_load_ttft_and_tpot_are_the_step_latencies():
+    isl, osl = 500, 20
+    cost = SyntheticCost(fixed_s=0.01, per_token_s=1e-5, per_context_token_s=1e-7)
+    reqs = tuple(Request(k, 100.0 * k, isl, osl) for k in range(3))
+    res = run(Workload(reqs), pool(cost), routing_s=0.002)
+    a = per_request(res)
+    prefill = cost.latency_s(StepWork(((isl, 0),), ()))
+    decodes = [cost.latency_s(StepWork((), (isl + j,))) for j in range(osl - 1)]
+    # exact up to the rounding of absolute times (arrivals at 0, 100, 200 s)
+    np.testing.assert_allclose(a["ttft_s"], prefill + 0.002, rtol=0, atol=1e-12)
+    assert a["ttft_s"][0] == prefill + 0.002
+    np.testing.assert_allclose(a["tpot_s"], sum(decodes) / (osl - 1), rtol=1e-9)
+    np.testing.assert_allclose(a["queue_s"], 0.002, rtol=0, atol=1e-12)
+
+
+def test_low_load_with_the_engine_is_the_engine_prefill():
+    import g5core
+    from g5core import Step, StepGroup
+
+    raw = {**LLAMA8, "serving": {"scheduler": {"max_num_batched_tokens": 4096}}}
+    w = Workload((Request(0, 0.0, 1000, 3),))
+    plan = g5core.prepare({**LLAMA8, "phase": "prefill", "batch": 1, "seq_len": 1000})
+    prefill = plan.simulate(Step.prefill(1, 1000)).latency_s
+    d1, d2 = (plan.simulate(Step([StepGroup(new_tokens=1, cached_tokens=c)])).latency_s for c in (1000, 1001))
+    s = simulate_serving(raw, w, exact=True, check_predictor=0).summary
+    assert s["ttft_s"]["mean"] == prefill
+    assert s["tpot_s"]["mean"] == pytest.approx((d1 + d2) / 2, rel=1e-12)
+    # the predictor interpolates between grid points (768 and 1,024 tokens here)
+    s = simulate_serving(raw, w, exact=False, check_predictor=0).summary
+    assert s["ttft_s"]["mean"] == pytest.approx(prefill, rel=0.02)
+    assert s["tpot_s"]["mean"] == pytest.approx((d1 + d2) / 2, rel=0.02)
+    assert simulate_serving(raw, w, exact=True).to_json_dict()["engine_runs"] == 3
+
+
+# -- queueing ------------------------------------------------------------------------------
+
+
+def test_md1_waiting_and_littles_law():
+    service = 0.01
+    rate = 0.5 / service               # 50% load
+    w = fixed(60_000, rate, 1, 1, seed=11)
+    res = run(w, pool(SyntheticCost(fixed_s=service), max_num_seqs=1))
+    a = per_request(res)
+    rho = rate * service
+    md1 = rho * service / (2 * (1 - rho))
+    assert np.mean(a["queue_s"]) == pytest.approx(md1, rel=0.05)
+    s = summary(res)
+    little = s["throughput"]["requests_per_s"] * s["e2e_s"]["mean"]
+    assert s["mean_in_system"] == pytest.approx(little, rel=0.02)
+
+
+def test_saturation_throughput_flattens_and_ttft_grows():
+    cost = SyntheticCost(fixed_s=0.02, per_token_s=2e-5)
+    out, p99 = [], []
+    for rate in (2, 4, 8, 16, 32, 64):
+        res = run(fixed(600, rate, 512, 64, seed=5), pool(cost, max_num_seqs=16))
+        s = summary(res)
+        out.append(s["throughput"]["requests_per_s"])
+        p99.append(s["ttft_s"]["p99"])
+        for key in ("ttft_s", "tpot_s", "e2e_s", "queue_s"):
+            assert s[key]["p50"] <= s[key]["p90"] <= s[key]["p99"]
+    assert out[0] < out[1] < out[2]                   # below saturation it follows the rate
+    assert out[-1] == pytest.approx(out[-2], rel=0.1)  # past it, flat
+    assert p99[-1] > 3 * p99[2]                        # TTFT p99 keeps growing past saturation
+
+
+# -- chunked prefill, preemption -----------------------------------------------------------------
+
+
+def test_chunked_prefill_lowers_the_worst_tpot_of_running_decodes():
+    reqs = [Request(k, 0.001 * k, 100, 200) for k in range(8)] + [Request(8, 0.5, 30_000, 2)]
+    cost = SyntheticCost(fixed_s=0.005, per_token_s=1e-5)
+    worst = {}
+    for chunked in (False, True):
+        res = run(Workload(tuple(reqs)), pool(cost, chunked_prefill=chunked, max_num_batched_tokens=32_768
+                                              if not chunked else 2048))
+        worst[chunked] = float(np.max(per_request(res)["max_itl_s"][:8]))
+    assert worst[True] < 0.5 * worst[False]
+
+
+def test_preemption_when_the_pool_is_small_and_outputs_still_complete():
+    w = fixed(60, 50, 300, 200, seed=2)
+    cost = SyntheticCost(0.01, 1e-5)
+    res = run(w, pool(cost, blocks=120, block_size=16))   # 1,920 tokens: a few requests at once
+    assert res.preemptions > 0
+    assert check_conservation(res) == {"requests_with_wrong_token_count": 0, "requests_out_of_order": 0,
+                                       "steps_over_kv_pool": 0, "kv_blocks_left_at_end": 0}
+    assert summary(res)["preemptions"] == res.preemptions
+
+
+def test_shared_prefix_is_computed_once_per_instance():
+    w = synthetic({"requests": 20, "arrival": {"kind": "poisson", "rate_per_s": 0.1}, "input_tokens": 100,
+                   "output_tokens": 2, "prefix": {"groups": 2, "tokens": 1000}, "seed": 4})
+    groups = [r.prefix[0][0] for r in w.requests]
+    cost = SyntheticCost(0.0, 1e-3)
+    ttft = per_request(run(w, pool(cost)))["ttft_s"]
+    for k, g in enumerate(groups):   # at this low load every request runs alone
+        assert ttft[k] == pytest.approx((1100 if g not in groups[:k] else 100) * 1e-3)
+    assert len(set(groups)) == 2
+    # on two instances, each computes a prefix once
+    ttft2 = per_request(run(w, pool(cost, instances=2)))["ttft_s"]
+    assert np.count_nonzero(ttft2 > 1.0) == 4
+
+
+# -- determinism ------------------------------------------------------------------------------------
+
+
+def test_same_seed_same_output_bit_for_bit():
+    def once(seed):
+        w = synthetic({"requests": 300, "arrival": {"kind": "gamma", "rate_per_s": 20, "cv": 3},
+                       "input_tokens": "normal:800:300@1:4000", "output_tokens": "hist:10=1,100=2", "seed": seed})
+        res = run(w, pool(SyntheticCost(0.01, 1e-5, 1e-8, kv_pool_bytes_per_chip=50_000), instances=2,
+                          router=LeastOutstandingTokens()))
+        return repr(summary(res, parse_slo("ttft=0.5s,tpot=20ms")))
+    assert once(1) == once(1)
+    assert once(1) != once(2)
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+def test_pool_too_small_for_one_request_is_a_clear_error():
+    raw = {**LLAMA8, "serving": {"scheduler": {"max_num_batched_tokens": 8192}}}
+    w = Workload((Request(0, 0.0, 2_000_000, 10),))
+    with pytest.raises(ConfigError, match=r"KV pool .* GiB per chip holds [\d,]+ tokens; the longest request "
+                                          r"needs 2,000,009"):
+        simulate_serving(raw, w, runner=lambda r: 1.0)
+
+
+def test_slo_parsing():
+    limits = parse_slo("ttft=2s,tpot=50ms,ttft_p90=1.5s")
+    assert [(x.key, x.limit_s) for x in limits] == [("ttft", 2.0), ("tpot", 0.05), ("ttft_p90", 1.5)]
+    for bad in ("ttft=2", "ttfx=2s", "ttft=-1s", "ttft_p100=1s"):
+        with pytest.raises(ConfigError, match="--slo"):
+            parse_slo(bad)
+
+
+def test_goodput_counts_requests_meeting_every_limit():
+    reqs = tuple(Request(k, 10.0 * k, 100 * (k + 1), 5) for k in range(4))
+    res = run(Workload(reqs), pool(SyntheticCost(0.0, 1e-3)))
+    s = summary(res, parse_slo("ttft=0.25s"))
+    # TTFTs are 0.1, 0.2, 0.3, 0.4 s
+    assert s["goodput"]["requests_meeting"] == 2 and s["goodput"]["share"] == 0.5
+    assert math.isclose(s["goodput"]["requests_per_s"], 2 / s["duration_s"])
+
+
+# -- plugins -----------------------------------------------------------------------------------
+
+
+class _Shortest:
+    """A router a plugin registers: the instance with the fewest running sequences."""
+
+    def choose(self, request, instances):
+        return min(range(len(instances)), key=lambda i: (len(instances[i].scheduler.running), i))
+
+
+class ServingPlugin:
+    from g5core import hookimpl
+
+    @hookimpl
+    def g5_register_routers(self, register):
+        register("fewest_running", _Shortest)
+
+    @hookimpl
+    def g5_register_schedulers(self, register):
+        from g5core.serve.scheduler import VllmScheduler
+
+        register("vllm_copy", VllmScheduler)
+
+
+def test_a_plugin_registers_a_router_and_a_scheduler_and_passes_the_contract():
+    from g5core.api.plugins import Hooks, make_plugin_manager
+    from g5core.testing import check_plugin
+    from g5core.serve.registry import serving_registry
+
+    reg = serving_registry(Hooks(make_plugin_manager(extra_plugins=[("myserve", ServingPlugin())])))
+    assert reg.routers["fewest_running"][0] == "myserve" and reg.schedulers["vllm_copy"][0] == "myserve"
+    assert "serving_registrations" in " ".join(check_plugin("myserve", [LLAMA8 | {"phase": "decode", "batch": 1,
+                                                                                   "seq_len": 8}],
+                                                            [("myserve", ServingPlugin())]))
+
+
+def test_registering_a_builtin_name_is_an_error():
+    from g5core import hookimpl
+    from g5core.api.errors import PluginError
+    from g5core.api.plugins import Hooks, make_plugin_manager
+    from g5core.serve.registry import serving_registry
+
+    class Bad:
+        @hookimpl
+        def g5_register_routers(self, register):
+            register("round_robin", RoundRobin)
+    with pytest.raises(PluginError, match="round_robin.*already registered by g5core"):
+        serving_registry(Hooks(make_plugin_manager(extra_plugins=[("bad", Bad())])))
+
+
+def test_cp_shrinks_each_sequences_footprint_as_the_ledger_says():
+    """cp=2 stores half of each sequence's KV per chip: the pool of two chips holds twice the
+    tokens of one; at cp > 1 the engine sees groups padded to the balanced split and no mixed step."""
+    def runner(groups):
+        return 1e-3 * len(groups)
+    w = Workload(tuple(Request(k, 0.01 * k, 3001, 5) for k in range(4)))
+    one = simulate_serving(LLAMA8, w, runner=runner, check_predictor=0)
+    two = simulate_serving({**LLAMA8, "chips": 2, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 2}}, w,
+                           runner=runner, exact=True)
+    p1, p2 = one.pools[0], two.pools[0]
+    assert p2["kv_bytes_per_token_per_chip"] == p1["kv_bytes_per_token_per_chip"] / 2
+    # (not exactly twice: cp=2 also halves each chip's activations)
+    assert p2["kv_capacity_tokens"] == pytest.approx(2 * p1["kv_capacity_tokens"], rel=1e-2)
+    for groups in two.costs[0]._groups:
+        assert all((n if n > 1 else c + 1) % 4 == 0 and (n == 1 or c % 4 == 0) for n, c, k in groups)
+        assert len({n == 1 for n, c, k in groups}) == 1      # never prefill and decode together
+    # a token budget off the balanced split is sized at the next multiple of 2 cp
+    odd = {**LLAMA8, "chips": 2, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 2},
+           "serving": {"scheduler": {"max_num_batched_tokens": 1001}}}
+    assert simulate_serving(odd, w, runner=runner, check_predictor=0).summary["completed"] == 4
+
+
+def test_conversations_reuse_their_earlier_turns():
+    w = synthetic({"requests": 12, "arrival": {"kind": "poisson", "rate_per_s": 0.01}, "input_tokens": 100,
+                   "output_tokens": 50, "conversation": {"turns": 3, "think_s": 10.0}, "seed": 1})
+    reqs = w.requests
+    assert [r.input_tokens for r in reqs[:3]] == [100, 250, 400]    # the conversation so far + 100 new
+    cost = SyntheticCost(0.0, 1e-3)
+    ttft = per_request(run(w, pool(cost)))["ttft_s"]
+    # every turn computes only its own 100 new tokens: the earlier turns are cached
+    np.testing.assert_allclose(ttft, 0.1, rtol=1e-9)
+    assert check_conservation(run(w, pool(cost, instances=2)))["requests_with_wrong_token_count"] == 0

@@ -1,0 +1,123 @@
+"""``g5 serve``: the --json object, the summary, output files, bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from g5core.present.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = """model: llama-3.1-8b
+system: h100-sxm
+chips: 1
+parallel: {dp: 1, tp: 1, pp: 1, cp: 1}
+serving:
+  instances: 2
+  router: least_outstanding_tokens
+  scheduler: {max_num_batched_tokens: 2048}
+"""
+FLAGS = ["--rate", "20", "--requests", "40", "--isl", "uniform:200:1500", "--osl", "32", "--seed", "3"]
+
+
+@pytest.fixture
+def config(tmp_path):
+    p = tmp_path / "serve.yaml"
+    p.write_text(CONFIG)
+    return p
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, ["serve", *map(str, args)])
+
+
+def test_json_has_the_issues_keys_and_is_deterministic(config):
+    a = invoke(config, *FLAGS, "--json", "--slo", "ttft=100ms,tpot=15ms")
+    assert a.exit_code == 0, a.output
+    out = json.loads(a.output)
+    for key in ("requests", "completed", "ttft_s", "tpot_s", "e2e_s", "throughput", "goodput", "preemptions",
+                "kv_pool_bytes_per_chip", "sim_wall_s"):
+        assert key in out
+    assert set(out["ttft_s"]) == {"mean", "p50", "p90", "p99"}
+    assert set(out["throughput"]) >= {"input_tokens_per_s", "output_tokens_per_s", "output_tokens_per_s_per_chip",
+                                      "requests_per_s"}
+    assert out["requests"] == out["completed"] == 40 and out["chips"] == 2
+    assert out["conservation"] == {"requests_with_wrong_token_count": 0, "requests_out_of_order": 0,
+                                   "steps_over_kv_pool": 0, "kv_blocks_left_at_end": 0}
+    b = json.loads(invoke(config, *FLAGS, "--json", "--slo", "ttft=100ms,tpot=15ms").output)
+    for d in (out, b):
+        d.pop("sim_wall_s")
+    assert out == b
+
+
+def test_summary_and_files(config, tmp_path):
+    csv_path, trace_path = tmp_path / "req.csv", tmp_path / "t.json"
+    r = invoke(config, *FLAGS, "--requests-csv", csv_path, "--trace", trace_path, "--slo", "ttft=1s")
+    assert r.exit_code == 0, r.output
+    assert "TTFT" in r.output and "goodput" in r.output and f"wrote        --trace {trace_path}" in r.output
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].startswith("id,arrival_s,input_tokens") and len(lines) == 41
+    trace = json.loads(trace_path.read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "process_name"}
+    assert {"serve instance 0", "serve instance 1", "requests"} <= names
+    spans = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X" and e["pid"] == 2}
+    assert {"prefill", "decode"} <= spans
+
+
+def test_trace_workload_file(config):
+    r = invoke(config, "--workload", REPO / "examples" / "traces" / "sample-azure.csv", "--requests", "10", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["requests"] == 10
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--rate", "5", "--requests", "10", "--isl", "100"], "--osl"),
+    (["--rate", "5", "--concurrency", "3", "--requests", "10", "--isl", "100", "--osl", "4"], "not both"),
+    (["--rate", "5", "--requests", "10", "--isl", "lognormal:1", "--osl", "4"], "two numbers"),
+    (["--rate", "5", "--requests", "10", "--isl", "100", "--osl", "4", "--slo", "ttft=2"], "--slo"),
+    (["--workload", "nope.csv"], "does not exist"),
+    (["--workload", "uniform", "--requests", "3"], "neither a trace file"),
+    (["--rate", "5", "--requests", "10", "--isl", "3000000", "--osl", "4"], "KV pool"),
+])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(config, tmp_path, args, message):
+    out = tmp_path / "req.csv"
+    r = invoke(config, *args, "--requests-csv", out)
+    assert r.exit_code == 2, r.output
+    err = r.stderr if hasattr(r, "stderr") else r.output
+    assert message in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_unknown_serving_key(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text(CONFIG.replace("  instances: 2", "  instance: 2"))
+    r = invoke(p, *FLAGS)
+    assert r.exit_code == 2 and "serving.instance" in r.output
+
+
+def test_disaggregated_config(tmp_path):
+    p = tmp_path / "d.yaml"
+    p.write_text(CONFIG.replace("  instances: 2\n", "  disaggregation: {prefill: {instances: 1}, decode: {instances: 1}}\n"))
+    trace = tmp_path / "t.json"
+    r = invoke(p, *FLAGS, "--json", "--trace", trace)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert [q["role"] for q in out["pools"]] == ["prefill", "decode"] and out["kv_transfer_s"]["mean"] > 0
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    assert {"prefill instance 0", "decode instance 0", "requests"} <= names
+    assert sum(e["name"] == "KV transfer" for e in events if e["ph"] == "X") == 40
+
+
+def test_db_row_and_a_db_that_is_another_output(config, tmp_path):
+    from g5core.serve.plots import load_serving_rows
+
+    db = tmp_path / "s.db"
+    r = invoke(config, *FLAGS, "--db", db)
+    assert r.exit_code == 0, r.output
+    rows = load_serving_rows(db)
+    assert len(rows) == 1 and rows[0]["requests"] == 40 and rows[0]["rate_per_s"] == 20
+    clash = invoke(config, *FLAGS, "--db", tmp_path / "x.csv", "--requests-csv", tmp_path / "x.csv")
+    assert clash.exit_code == 2 and "--db" in clash.output
