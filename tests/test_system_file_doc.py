@@ -43,3 +43,14 @@ def test_the_example_file_loads():
     block = DOC.split("```yaml\n", 1)[1].split("```", 1)[0]
     spec = SystemSpec._from_text(block, "docs/system-file.md")
     assert spec.name == "my-cluster" and spec.chips_per_node == 4
+
+
+def test_compute_model_keys_have_rows_with_their_ranges():
+    from g5core.sim.compute import ComputeModel
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `compute_model\.(\w+)` \| [^|]+ \| ([^|]+) \|", DOC, re.M)}
+    assert set(rows) == set(ComputeModel.KEYS)
+    kinds = {"gemm_tile_m": "tile", "gemm_tile_n": "tile", "gemm_tile_k": "tile", "sm_count": "sm_count",
+             "attention_half_length_tokens": "tokens", "attention_peak_fraction": "fraction",
+             "hbm_fraction": "fraction", "gemm_peak_fraction": "fraction", "kernel_floor_s": "seconds"}
+    for key, kind in kinds.items():
+        assert _range(rows[key]) == LIMITS[kind][:2], key

@@ -10,6 +10,7 @@ is as good as a shipped one. Every figure is per chip; bandwidths are per direct
 """
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 import re
@@ -256,6 +257,10 @@ def _fabric_map(instance, attribute, value) -> None:
                           f"oversubscribed), got {_describe(o)}")
 
 
+#: the first CUDA compute capability whose NVSwitch reduces in place (NVLS: Hopper, 9.0;
+#: NCCL enables NVLS only from sm90, and its NVLS efficiency table is zero below it)
+NVLS_COMPUTE_CAPABILITY = 9.0
+
 #: what a system file may force, per collective (the NCCL plugin checks the rest)
 NCCL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
 NCCL_ALGORITHMS = ("ring", "tree", "nvls")
@@ -374,6 +379,10 @@ class SystemSpec:
             if unused:
                 raise ConfigError("system.nic_of_chip", f"no chip uses NIC {unused[0]}; every NIC of nics_per_node "
                                                         "needs at least one chip (or lower nics_per_node)")
+        if self.nvls and self.compute_capability is not None and self.compute_capability < NVLS_COMPUTE_CAPABILITY:
+            raise ConfigError("system.nvls", f"NVLS (NVLink SHARP) needs compute capability "
+                                             f"{NVLS_COMPUTE_CAPABILITY:.1f} or newer (Hopper), and compute_capability is "
+                                             f"{self.compute_capability:.1f}; set nvls: false")
         if self.nccl:
             for coll, choice in self.nccl.items():
                 if choice.get("algorithm") == "nvls" and not self.nvls:
@@ -465,7 +474,17 @@ class SystemSpec:
     def from_yaml(cls, path) -> SystemSpec:
         """Load one system from a YAML file (shipped or user-written: same checks)."""
         path = Path(path)
-        return cls._from_text(read_text(path, "system", "system file"), str(path))
+        real = os.path.realpath(path)
+        chain = _BASE_CHAIN.get()
+        if real in (r for r, _ in chain):
+            names = [given for _, given in chain] + [str(path)]
+            raise ConfigError("system.base", f"the base: chain loops back to a file it started from: "
+                                             f"{' -> '.join(names)}; end the chain at a file without base:")
+        token = _BASE_CHAIN.set(chain + ((real, str(path)),))
+        try:
+            return cls._from_text(read_text(path, "system", "system file"), str(path))
+        finally:
+            _BASE_CHAIN.reset(token)
 
     @classmethod
     def _from_text(cls, text: str, source: str) -> SystemSpec:
@@ -487,6 +506,10 @@ class SystemSpec:
         if "base" in data:
             data = _with_base(data, source)
         return cls.from_dict(data, source=source)
+
+
+#: the system files being read through ``base:`` (real path, path as given), outermost first
+_BASE_CHAIN: contextvars.ContextVar = contextvars.ContextVar("g5_system_base_chain", default=())
 
 
 def _with_base(data: Mapping, source: str) -> dict:

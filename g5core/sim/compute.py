@@ -367,18 +367,23 @@ FLOOR_KEYS = ("gemm", "attention", "decode_attention", "elementwise")
 
 def _cm_fraction(field: str, v) -> float:
     from g5core.api.errors import ConfigError
+    from g5core.inputs.reading import check_range
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1:
         raise ConfigError(field, f"expected a fraction in (0, 1], got {v!r}")
+    check_range(field, v, "fraction")
     return float(v)
 
 
-def _cm_positive(field: str, v, integer: bool = False) -> float:
+def _cm_positive(field: str, v, kind: str, integer: bool = False) -> float:
+    """A positive number of the compute_model block, inside its range (``LIMITS[kind]``)."""
     from g5core.api.errors import ConfigError
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-    if ok and integer and float(v) != int(v):
+    from g5core.inputs.reading import check_range
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (isinstance(v, int) or math.isfinite(v)) and v > 0
+    if ok and integer and not isinstance(v, int) and not float(v).is_integer():
         ok = False
     if not ok:
         raise ConfigError(field, f"expected a positive {'integer' if integer else 'number'}, got {v!r}")
+    check_range(field, v, kind)
     return int(v) if integer else float(v)
 
 
@@ -406,6 +411,7 @@ class ComputeModel:
     @classmethod
     def from_mapping(cls, data, field: str = "system.compute_model") -> "ComputeModel":
         from g5core.api.errors import ConfigError, suggest
+        from g5core.inputs.reading import check_range
         if not hasattr(data, "items"):
             raise ConfigError(field, f"expected a mapping with keys {', '.join(cls.KEYS)}, got {data!r}")
         for key in data:
@@ -430,19 +436,21 @@ class ComputeModel:
             if key not in floors:
                 raise ConfigError(f"{field}.kernel_floor_s.{key}", f"missing; give all of {', '.join(FLOOR_KEYS)}")
             v = floors[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (isinstance(v, int) or math.isfinite(v)) \
+                    or v < 0:
                 raise ConfigError(f"{field}.kernel_floor_s.{key}", f"expected seconds >= 0, got {v!r}")
+            check_range(f"{field}.kernel_floor_s.{key}", v, "seconds")
             out[key] = float(v)
         return cls(
             gemm_peak_fraction=tuple(sorted((str(k), _cm_fraction(f"{field}.gemm_peak_fraction.{k}", v))
                                             for k, v in peaks.items())),
-            gemm_tile_m=_cm_positive(f"{field}.gemm_tile_m", data["gemm_tile_m"], True),
-            gemm_tile_n=_cm_positive(f"{field}.gemm_tile_n", data["gemm_tile_n"], True),
-            gemm_tile_k=_cm_positive(f"{field}.gemm_tile_k", data["gemm_tile_k"], True),
-            sm_count=_cm_positive(f"{field}.sm_count", data["sm_count"], True),
+            gemm_tile_m=_cm_positive(f"{field}.gemm_tile_m", data["gemm_tile_m"], "tile", True),
+            gemm_tile_n=_cm_positive(f"{field}.gemm_tile_n", data["gemm_tile_n"], "tile", True),
+            gemm_tile_k=_cm_positive(f"{field}.gemm_tile_k", data["gemm_tile_k"], "tile", True),
+            sm_count=_cm_positive(f"{field}.sm_count", data["sm_count"], "sm_count", True),
             attention_peak_fraction=_cm_fraction(f"{field}.attention_peak_fraction", data["attention_peak_fraction"]),
             attention_half_length_tokens=_cm_positive(f"{field}.attention_half_length_tokens",
-                                                      data["attention_half_length_tokens"]),
+                                                      data["attention_half_length_tokens"], "tokens"),
             hbm_fraction=_cm_fraction(f"{field}.hbm_fraction", data["hbm_fraction"]),
             kernel_floor_s=tuple((k, out[k]) for k in FLOOR_KEYS),
         )
