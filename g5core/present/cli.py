@@ -102,20 +102,27 @@ def _check_max_ops(max_ops) -> None:
 @config_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
 @click.option("--trace", "trace_path", help="Write a Perfetto/Chrome trace here.")
+@click.option("--trace-layers", "trace_layers",
+              help="Draw only these layers in the trace, e.g. 0-3 or 0-1,80 (a 100-layer trace of many chips is "
+                   "too big for Perfetto's UI).")
 @click.option("--timeline", "timeline_path",
               help="Write every op's start and end (and chips, owner, reason, bytes) as CSV here.")
 @click.option("--compare-math", is_flag=True, help="Also compute the closed-form Math path and show both.")
 @click.option("--no-symmetry", is_flag=True,
               help="Simulate every chip, even where identical replicas could be simulated once.")
 @_max_ops_option
-def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, compare_math, no_symmetry, max_ops):
+def run_cmd(config, overrides, disabled, as_json, trace_path, trace_layers, timeline_path, compare_math, no_symmetry,
+            max_ops):
     """Simulate one configuration (prefill: TTFT; decode: TPOT)."""
     from g5core.present.caveats import deployment_warnings
     from g5core.present.outputs import check_outputs
     from g5core.sim.run import input_files, load_raw, run
-    from g5core.present.trace import dump_timeline, dump_trace
+    from g5core.present.trace import dump_timeline, dump_trace, parse_layers
 
     _check_max_ops(max_ops)
+    if trace_layers is not None and not trace_path:
+        raise ConfigError("--trace-layers", "selects the layers of the trace; give --trace FILE too")
+    layers = None if trace_layers is None else parse_layers(trace_layers)
     raw = load_raw(config, overrides)
     targets = check_outputs({"--trace": trace_path, "--timeline": timeline_path}, input_files(config, raw))
     if targets and raw.get("path") == "math":
@@ -129,7 +136,7 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, com
     write_error = None
     if targets:
         try:
-            targets.write({"--trace": lambda fh: dump_trace(out.sim, out.plan.ctx.topology, fh),
+            targets.write({"--trace": lambda fh: dump_trace(out.sim, out.plan.ctx.topology, fh, layers),
                            "--timeline": lambda fh: dump_timeline(out.sim, fh)})
         except G5Error as exc:  # the run is done: show its result, then the failed write
             write_error, trace_path, timeline_path = exc, None, None
