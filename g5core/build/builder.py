@@ -61,15 +61,29 @@ class BuildContext:
 
     @property
     def all_chips(self) -> tuple[int, ...]:
-        return tuple(range(self.rankmap.chips))
+        chips = self._layer_chips.get("all")
+        if chips is None:
+            chips = self._layer_chips["all"] = tuple(range(self.rankmap.chips))
+        return chips
 
     def layer_chips(self, layer: int) -> tuple[int, ...]:
-        """Chips holding ``layer`` (intersection of every plugin's answer)."""
+        """Chips holding ``layer`` (intersection of every plugin's answer). Layers with the
+        same answers (the same objects: a plugin that answers each stage with one tuple)
+        share one result, so the chips are gone through once per distinct answer, not per layer."""
         if layer not in self._layer_chips:
-            chips = set(self.all_chips if self.replica_chips is None else self.replica_chips)
-            for plugin, answer in self.hooks.call_each("g5_layer_chips", ctx=self, layer=layer):
-                chips &= _chip_set(plugin, "g5_layer_chips", answer, self.rankmap.chips)
-            self._layer_chips[layer] = tuple(sorted(chips))
+            answers = self.hooks.call_each("g5_layer_chips", ctx=self, layer=layer)
+            key = ("answers",) + tuple((plugin, id(answer)) for plugin, answer in answers)
+            known = self._layer_chips.get(key)
+            if known is None or any(a is not b for (_, a), b in zip(answers, known[0])):
+                if not answers and self.replica_chips is None:
+                    chips = self.all_chips
+                else:
+                    base = set(self.all_chips if self.replica_chips is None else self.replica_chips)
+                    for plugin, answer in answers:
+                        base &= _chip_set(plugin, "g5_layer_chips", answer, self.rankmap.chips)
+                    chips = tuple(sorted(base))
+                known = self._layer_chips[key] = (tuple(a for _, a in answers), chips)
+            self._layer_chips[layer] = known[1]
         return self._layer_chips[layer]
 
     def place(self, lop: LogicalOp) -> tuple[int, ...]:
@@ -244,6 +258,10 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
     program = program if program is not None else build_program(ctx.model)
     dag = OpDag()
     n_chips = ctx.rankmap.chips
+    if chips is not None and tuple(chips) == tuple(range(len(chips))):
+        # one replica, chips 0 .. R-1: the per-chip columns of the build span those alone,
+        # so its cost does not grow with the replicas; an op outside is a ReplicaSpill
+        n_chips = _ReplicaChips(len(chips), n_chips)
     seen: dict[str, int] | None = None if _prefix_free(program) else {}
     last_use: dict[str, int] = {}
     for at, lop in enumerate(program):
@@ -400,6 +418,8 @@ def _add_ops(dag: OpDag, frag: Fragment, lop: LogicalOp, owner: str, prefixes: t
         chips, ids, per_chip = [], [], {}
         for chip, keys in entries:
             if not (type(chip) is int and 0 <= chip < n_chips):
+                if type(chip) is int and n_chips <= chip < getattr(n_chips, "full", n_chips):
+                    raise ReplicaSpill(f"plugin '{owner}' names a {label} of {lop.id} outside the simulated replica")
                 raise DagError(f"{lop.id}: plugin '{owner}' names a {label} on chip {chip!r}, outside 0..{n_chips - 1}")
             for k in keys:
                 if k not in own:
@@ -444,8 +464,7 @@ def _add_tiled(dag: OpDag, rep: Replicated | Tiled, lop: LogicalOp, owner: str, 
                 if not (type(c) is int and 0 <= c < n_chips):
                     on = [op for op in ops if s in (op.chips if type(op) is CommOp else (op.chip,))] or [None]
                     key = _tile_key(on[0], tile, lop)
-                    raise DagError(f"op {key!r} made by plugin '{owner}' is placed on chip {c!r}, outside "
-                                   f"0..{n_chips - 1}")
+                    raise _outside(key, owner, c, n_chips)
         cached = tiles_cache.tiles[tiles] = (np.array(tiles, dtype=np.int64).reshape(n, m), len(tiles_cache.tiles))
     T, tiles_id = cached
     t_chip = np.full(k, -1, dtype=np.int64)
@@ -559,8 +578,7 @@ def _add_replicated(dag: OpDag, rep: Replicated, owner: str, n_chips: int, tiles
     if cached is None:
         for c in chips:
             if not (type(c) is int and 0 <= c < n_chips):
-                raise DagError(f"op {rep.key(c)!r} made by plugin '{owner}' is placed on chip {c!r}, "
-                               f"outside 0..{n_chips - 1}")
+                raise _outside(rep.key(c), owner, c, n_chips)
         column = np.array(chips, dtype=np.int64)
         order = np.argsort(column, kind="stable")
         ptr = np.zeros(n_chips + 1, dtype=np.int64)
@@ -584,6 +602,29 @@ def _tile_key(op, tile: tuple, lop: LogicalOp) -> str:
         return op.key
 
 
+class ReplicaSpill(DagError):
+    """A plugin placed an op outside the replica a symmetric build makes (condition 5 of
+    :mod:`g5core.build.symmetry`): the run falls back to every chip."""
+
+
+class _ReplicaChips(int):
+    """The chip count a symmetric build makes ops on (one replica: chips ``0 .. self - 1``),
+    which remembers the whole cluster's (``full``): a chip in between is a plugin placing an
+    op outside the replica, not a chip that does not exist."""
+
+    def __new__(cls, chips: int, full: int):
+        self = super().__new__(cls, chips)
+        self.full = full
+        return self
+
+
+def _outside(key: str, owner: str, chip, n_chips: int) -> DagError:
+    """The error for an op placed on ``chip``, outside ``0 .. n_chips - 1``."""
+    if type(chip) is int and n_chips <= chip < getattr(n_chips, "full", n_chips):
+        return ReplicaSpill(f"plugin '{owner}' placed op {key!r} outside the simulated replica")
+    return DagError(f"op {key!r} made by plugin '{owner}' is placed on chip {chip!r}, outside 0..{n_chips - 1}")
+
+
 def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives: Mapping) -> None:
     kind = type(op)
     if kind is ComputeOp:
@@ -600,7 +641,7 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
                        f"{prefixes[0][:-1]!r}")
     for c in members:
         if not (type(c) is int and 0 <= c < chips):
-            raise DagError(f"op {op.key!r} made by plugin '{owner}' is placed on chip {c!r}, outside 0..{chips - 1}")
+            raise _outside(op.key, owner, c, chips)
 
 
 # ----------------------------------------------------------------------------------------
@@ -683,6 +724,34 @@ def _refuse(est: "SizeEstimate", limit: int, exact: bool) -> None:
                         f"use fewer chips or layers, or raise the limit with --max-ops {est.total}")
 
 
+def _check_placed_floor(plan: Plan, limit: int) -> None:
+    """Refuse at once a run whose ops alone are certainly above ``limit``: every chip a
+    layer's logical ops are placed on runs at least one op of that layer, so the sum over
+    the layers of the chips they are placed on is a floor on the op count. Found from the
+    placements (set operations over the chips, once per alike layer), before any op is
+    made: a run too large for the guard's own expansion is refused in about a second."""
+    ctx = plan.ctx
+    layers: dict[int, list[LogicalOp]] = {}
+    for lop in build_program(ctx.model):
+        if 0 <= lop.layer < ctx.model.n_layers:
+            layers.setdefault(lop.layer, []).append(lop)
+    floor = 0
+    seen: dict[tuple, int] = {}
+    for layer, lops in layers.items():
+        chips = ctx.layer_chips(layer)
+        kind = (tuple(lop.kind for lop in lops), chips)
+        if kind not in seen:
+            placed: set = set()
+            for lop in lops:
+                placed.update(ctx.place(lop))
+                if len(placed) == len(chips):
+                    break
+            seen[kind] = len(placed)
+        floor += seen[kind]
+    if floor > limit:
+        _refuse(SizeEstimate(ops=floor, flows=0), limit, exact=False)
+
+
 def estimate_size(plan: Plan, program: tuple[LogicalOp, ...] | None = None) -> SizeEstimate:
     """Ops and flows :func:`build_dag` would make, from the same expansion hooks and lowerings,
     without building the DAG: one layer of each kind (the same sequence of logical ops, on
@@ -736,13 +805,18 @@ def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1) -> Siz
     """Refuse, before building anything, a run above ``max_ops`` ops and flows together
     (default :data:`DEFAULT_MAX_OPS`), stating the estimate and the memory it would need.
     With ``replicas > 1`` one of that many identical replicas is simulated (g5core.build.symmetry):
-    its share is what counts."""
+    the estimate is that replica's, from the reduced plan (the cost of the check does not
+    grow with the replicas)."""
     limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
     if limit > ID_LIMIT:
         raise ConfigError("--max-ops", f"must be at most {ID_LIMIT:,} (op and flow ids are 32-bit), got {limit:,}")
+    if replicas > 1:
+        # one replica, the one the symmetric run builds: chips 0 .. chips/replicas - 1
+        plan = attrs.evolve(plan, ctx=plan.ctx.restricted(tuple(range(plan.ctx.rankmap.chips // replicas))))
+    _check_placed_floor(plan, limit)
     est = estimate_size(plan)
     if replicas > 1:
-        est = SizeEstimate(ops=est.ops // replicas, flows=est.flows // replicas, replicas=replicas)
+        est = attrs.evolve(est, replicas=replicas)
     if est.total > limit:
         _refuse(est, limit, exact=True)
     return est

@@ -218,7 +218,7 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
         lines.extend(render_compute(report))
     mem = out.memory
     lines.append("")
-    worst = max(mem.per_chip, key=lambda c: (c.total_bytes, -c.chip))
+    worst = mem.worst()
     lines.append(f"memory per chip (largest: chip {worst.chip})")
     lines.append(_table([[
         _fmt_bytes(worst.weights_bytes), _fmt_bytes(worst.kv_cache_bytes), _fmt_bytes(worst.activation_bytes),

@@ -165,7 +165,7 @@ def output_columns(out) -> dict[str, Any]:
     """The result columns of a database row from one :class:`~g5core.sim.run.RunOutput`."""
     data = out.to_json_dict()
     mem = out.memory
-    worst = max(mem.per_chip, key=lambda c: (c.total_bytes, -c.chip))
+    worst = mem.worst()
     return {
         "status": "ok", "error": None, "latency_s": out.latency_s, "ttft_s": data.get("ttft_s"),
         "tpot_s": data.get("tpot_s"), "tokens_per_s_per_chip": tokens_per_s_per_chip(out.deployment, out.latency_s),
