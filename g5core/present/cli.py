@@ -135,17 +135,18 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, trace_layers, time
         click.echo(f"g5: warning: {line}", err=True)
     write_error = None
     if targets:
-        try:
-            targets.write({"--trace": lambda fh: dump_trace(out.sim, out.plan.ctx.topology, fh, layers),
-                           "--timeline": lambda fh: dump_timeline(out.sim, fh)})
-        except G5Error as exc:  # the run is done: show its result, then the failed write
-            write_error, trace_path, timeline_path = exc, None, None
+        # each file on its own: a trace too large for the disk leaves the timeline written
+        written, write_error = targets.write_each({
+            "--trace": lambda fh: dump_trace(out.sim, out.plan.ctx.topology, fh, layers),
+            "--timeline": lambda fh: dump_timeline(out.sim, fh)})
+        trace_path = trace_path if "--trace" in written else None
+        timeline_path = timeline_path if "--timeline" in written else None
     if as_json:
         click.echo(json.dumps(out.to_json_dict(), indent=2, sort_keys=True, allow_nan=False))
     else:
         click.echo(render_summary(out, trace_path, timeline_path))
     if write_error is not None:
-        _fail(G5Error(f"{write_error}; nothing was written"))
+        _fail(write_error)
 
 
 def _option_items(dep, given: bool) -> list[str]:
@@ -586,12 +587,16 @@ def validate_cmd(measured, overrides, as_json):
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="System file to write (never overwritten).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
-def calibrate_cmd(measured, fit, output, as_json):
+@click.option("--force", is_flag=True,
+              help="Write the file even when its leave-one-out error is worse than the prior's.")
+def calibrate_cmd(measured, fit, output, as_json, force):
     """Fit system parameters to MEASURED.csv by bounded least squares on log error."""
     from g5core.study.validate import calibrate
-    report = calibrate(measured, fit.split(","), output, say=lambda line: click.echo(line, err=True)
-                       if sys.stderr.isatty() else None)
-    click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_calibrate(report))
+
+    def show(report):  # the fit, printed before the file is written (a failed write keeps it)
+        click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_calibrate(report))
+    calibrate(measured, fit.split(","), output, say=lambda line: click.echo(line, err=True)
+              if sys.stderr.isatty() else None, force=force, show=show)
 
 
 def render_validate(report: dict) -> str:
@@ -604,6 +609,7 @@ def render_validate(report: dict) -> str:
 
 
 def render_calibrate(report: dict) -> str:
+    from g5core.study.validate import describe_suspect
     lines = [f"fitted on system {report['system']} (bounded least squares on log error):"]
     for k, v in report["fitted"].items():
         note = "  NOT identifiable from these rows (no row depends on it)" if k in report["unidentifiable"] else ""
@@ -613,7 +619,10 @@ def render_calibrate(report: dict) -> str:
             + ([f"{r['loo_error_pct']:+.2f}%"] if has_loo else []) for r in report["rows"]]
     lines += ["", _table(rows, ["row", "config", "measured ms", "fitted ms", "residual"]
                          + (["leave-one-out"] if has_loo else [])), ""]
-    lines.append(f"rms log error {report['rms_log_error']:.4f}"
-                 + (f"; leave-one-out MAPE {report['loo_mape_pct']:.2f}%" if has_loo else ""))
-    lines.append(f"written to {report['output']}")
+    lines.append(f"rms log error {report['rms_log_error']:.4f}; MAPE {report['mape_pct']:.2f}% in sample "
+                 f"(prior {report['prior_mape_pct']:.2f}%)"
+                 + (f", leave-one-out {report['loo_mape_pct']:.2f}%" if has_loo else ""))
+    for s in report["suspect"]:
+        lines.append(f"suspect: {describe_suspect(s)}")
+    lines.append(f"writing {report['output']}" if report["written"] else f"not written: {report['refused']}")
     return "\n".join(lines)
