@@ -145,7 +145,7 @@ def check_case(raw: dict, slow_s: float) -> tuple[str, str]:
     return "ok", f"{out.latency_s:.6g} s"
 
 
-def fuzz(cases: int, seed: int, slow_s: float = 10.0, show: bool = False, out=sys.stdout) -> dict:
+def fuzz(cases: int, seed: int, slow_s: float = 10.0, show: bool = False, out=sys.stdout, progress: int = 0) -> dict:
     """Run ``cases`` cases from ``seed``; returns the counts and the failures."""
     rng = random.Random(seed)
     counts = {"ok": 0, "error": 0, "FAIL": 0}
@@ -162,6 +162,8 @@ def fuzz(cases: int, seed: int, slow_s: float = 10.0, show: bool = False, out=sy
                                   "files": files}, default=str), file=out, flush=True)
             if outcome == "FAIL":
                 failures.append((n, detail))
+            if progress and (n + 1) % progress == 0:
+                print(json.dumps({"done": n + 1, **counts}), file=sys.stderr, flush=True)
     return {"seed": seed, "cases": cases, **counts, "failures": failures}
 
 
@@ -171,8 +173,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--slow-s", type=float, default=10.0, help="a case slower than this fails")
     ap.add_argument("--show", action="store_true", help="print every case, not only failures")
+    ap.add_argument("--progress", type=int, default=0, metavar="N", help="a progress line on stderr every N cases")
     args = ap.parse_args()
-    summary = fuzz(args.cases, args.seed, args.slow_s, args.show)
+    summary = fuzz(args.cases, args.seed, args.slow_s, args.show, progress=args.progress)
     print(json.dumps({k: v for k, v in summary.items() if k != "failures"}))
     return 1 if summary["FAIL"] else 0
 
