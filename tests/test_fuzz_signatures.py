@@ -142,6 +142,18 @@ def test_values_outside_their_physical_range_are_refused(tmp_path, field, value)
     assert "\n" not in msg
 
 
+@pytest.mark.parametrize("field", ["efficiency__gemm", "compute_model__gemm_peak_fraction__fp8",
+                                   "compute_model__attention_peak_fraction", "fabric"])
+def test_a_401_digit_integer_where_a_fraction_goes_is_one_line(tmp_path, field):
+    # found by tests/fuzz/fuzzer.py (seed 1, cases 950 and 1016; seed 2, case 1260): an
+    # OverflowError from math.isfinite on an integer too large for a double
+    value = {"nodes_per_leaf": 10 ** 400, "oversubscription": 2.0} if field == "fabric" else 10 ** 400
+    path = _system_file(tmp_path, **{field: value})
+    with pytest.raises(ConfigError) as e:
+        get_system(path)
+    assert str(e.value).startswith("system.") and "\n" not in str(e.value)
+
+
 def test_the_shipped_systems_are_inside_every_range():
     from g5core.inputs.systems import CATALOG_NAMES
     for name in CATALOG_NAMES:

@@ -199,7 +199,7 @@ def _efficiency_map(instance, attribute, value) -> None:
                 f"(each a fraction in (0, 1])",
             )
         v = value[key]
-        if not _is_number(v) or not math.isfinite(v) or not (0 < v <= 1):
+        if not _finite_number(v) or not (0 < v <= 1):
             raise ConfigError(f"{field}.{key}", f"expected a fraction in (0, 1], got {_describe(v)}")
         check_range(f"{field}.{key}", v, "fraction")
 
@@ -248,10 +248,10 @@ def _fabric_map(instance, attribute, value) -> None:
         if key not in value:
             raise ConfigError(f"{field}.{key}", f"missing; a fabric tier needs both {' and '.join(FABRIC_KEYS)}")
     n = value["nodes_per_leaf"]
-    if not _is_number(n) or not math.isfinite(n) or n != int(n) or not 1 <= n <= 2 ** 24:
+    if not _finite_number(n) or n != int(n) or not 1 <= n <= 2 ** 24:
         raise ConfigError(f"{field}.nodes_per_leaf", f"expected a whole number of nodes in 1 .. 2^24, got {_describe(n)}")
     o = value["oversubscription"]
-    if not _is_number(o) or not math.isfinite(o) or not 1 <= o <= MAX_OVERSUBSCRIPTION:
+    if not _finite_number(o) or not 1 <= o <= MAX_OVERSUBSCRIPTION:
         raise ConfigError(f"{field}.oversubscription",
                           f"expected a number in 1 .. {MAX_OVERSUBSCRIPTION:g} (1: full bisection, 2: 2:1 "
                           f"oversubscribed), got {_describe(o)}")

@@ -387,7 +387,8 @@ FLOOR_KEYS = ("gemm", "attention", "decode_attention", "elementwise")
 def _cm_fraction(field: str, v) -> float:
     from g5core.api.errors import ConfigError
     from g5core.inputs.reading import check_range
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (isinstance(v, int) or math.isfinite(v)) \
+            or not 0 < v <= 1:
         raise ConfigError(field, f"expected a fraction in (0, 1], got {v!r}")
     check_range(field, v, "fraction")
     return float(v)
