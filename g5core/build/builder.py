@@ -648,20 +648,25 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
 # Size guard: the op and flow count, estimated before the DAG is built
 # ----------------------------------------------------------------------------------------
 
-#: Ops plus flows a run may build unless ``--max-ops`` says otherwise: about 1.1 GiB of
-#: memory and 22 s on the 2-core development machine (the figures below).
-DEFAULT_MAX_OPS = 8_000_000
+#: Ops plus flows a run may build unless ``--max-ops`` says otherwise: a refused run would
+#: take more than about 30 s. Measured (issue 25) on the 2-core development machine,
+#: 2026-12-01, CPU seconds of ``run(..., symmetry=False)`` (the machine was shared, load
+#: average 8 to 10, so wall times were 5 to 10 times these), two runs just under 8 M ops and
+#: flows (commands in README, "Benchmarks"): llama-3.1-70b 128K prefill on 1,792 H100s
+#: (tp8 cp16 dp14; 7,922,656 ops and flows) 37.6 s = 4.75 us each; deepseek-v3 32K decode on
+#: 1,792 H200s (tp2 ep32 dp896; 7,647,584) 17.5 s = 2.28 us each. At the faster of the two
+#: a run of 12 M takes 27 s, at the slower 57 s; 12 M ops and flows need about 1.7 GiB.
+DEFAULT_MAX_OPS = 12_000_000
 #: Peak memory per op or flow: the llama-3.1-405b 1M-token benchmark with every chip
 #: simulated (README, `benchmarks/bench.py`, case llama-3.1-405b-1m-cp16-256chips-nosym,
 #: 2026-12-01, median of three runs) peaks at 245 MiB for 1,169,568 ops + 612,864 flows =
 #: 144 B each (rounded up; larger runs need less each).
 PEAK_BYTES_PER_OP = 150
-#: Wall time per op or flow: the largest run measured, the last point of the scaling series
-#: (`python benchmarks/bench.py --scaling`, llama-3.1-70b on 2,048 H100s, every chip,
-#: 2026-12-01): 15.30 s / 9,054,464 = 1.69 us, the slowest per op and flow from 0.5 M up
-#: (the 405B run above: 2.51 s / 1,782,432 = 1.41 us; the wide-EP decode on 1,024 chips:
-#: 3.72 s / 4,370,048 = 0.85 us).
-WALL_S_PER_OP = 1.7e-6
+#: Time per op or flow for the estimate the guard prints: the slower of the two runs above
+#: (4.75 us, rounded up), so that "about N s" is not an underestimate on a shared machine;
+#: on an idle one the scaling series' largest run took 1.69 us (15.30 s for 9,054,464,
+#: `python benchmarks/bench.py --scaling`, llama-3.1-70b on 2,048 H100s).
+WALL_S_PER_OP = 4.8e-6
 
 
 @attrs.frozen
@@ -726,8 +731,9 @@ def _refuse(est: "SizeEstimate", limit: int, exact: bool) -> None:
 
 def _check_placed_floor(plan: Plan, limit: int) -> None:
     """Refuse at once a run whose ops alone are certainly above ``limit``: every chip a
-    layer's logical ops are placed on runs at least one op of that layer, so the sum over
-    the layers of the chips they are placed on is a floor on the op count. Found from the
+    layer's work op (not a synchronisation kind) is placed on runs at least one op of it, so
+    the sum over the layers' work ops of the chips they are placed on is a floor on the op
+    count. Found from the
     placements (set operations over the chips, once per alike layer), before any op is
     made: a run too large for the guard's own expansion is refused in about a second."""
     ctx = plan.ctx
@@ -741,12 +747,8 @@ def _check_placed_floor(plan: Plan, limit: int) -> None:
         chips = ctx.layer_chips(layer)
         kind = (tuple(lop.kind for lop in lops), chips)
         if kind not in seen:
-            placed: set = set()
-            for lop in lops:
-                placed.update(ctx.place(lop))
-                if len(placed) == len(chips):
-                    break
-            seen[kind] = len(placed)
+            # a work op placed on a chip makes at least one op there (_check_floor's premise)
+            seen[kind] = sum(len(ctx.place(lop)) for lop in lops if lop.kind not in SYNC_KINDS)
         floor += seen[kind]
     if floor > limit:
         _refuse(SizeEstimate(ops=floor, flows=0), limit, exact=False)
