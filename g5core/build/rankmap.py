@@ -6,7 +6,7 @@ fastest and a TP group is a run of consecutive chips: it stays inside one node w
 ``tp <= chips_per_node`` and ``chips_per_node % tp == 0``.
 
 A non-factor dimension (ep) regroups the chips that vary over the dimensions it names
-(dp x tp) at each fixed coordinate of the others (pp, cp): those chips, in chip-id order,
+(dp x sp x tp) at each fixed coordinate of the others (pp, cp): those chips, in chip-id order,
 are cut into consecutive groups of its size.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ class _Groups(Mapping):
         return int(a.shape[1]) if a is not None and len(a) else 1
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class RankMap:
     chips: int
     chips_per_node: int
@@ -104,7 +104,8 @@ class RankMap:
             idx = np.empty(chips, dtype=np.int64)
             idx[arr.ravel()] = np.repeat(np.arange(len(arr), dtype=np.int64), arr.shape[1])
             index[name] = idx
-        return cls(chips, chips_per_node, names, fsizes, _Groups(arrays), index)
+        return cls(chips=chips, chips_per_node=chips_per_node, factor_names=names, factor_sizes=fsizes,
+                   groups=_Groups(arrays), group_index=index)
 
     @staticmethod
     def _coords_of(chip: int, sizes: tuple[int, ...]) -> tuple[int, ...]:

@@ -17,11 +17,11 @@ import yaml
 
 from g5core.api.dimensions import DimensionRegistry
 from g5core.api.options import OptionRegistry, option_value
-from g5core.inputs.dtypes import dtype_bytes
+from g5core.inputs.dtypes import dtype_bytes, number_format
 from g5core.api.errors import ConfigError, suggest
 from g5core.inputs.reading import (
-    MAX_BATCH, MAX_CHIPS, MAX_SEQ_LEN, MAX_TOKENS, DuplicateKeyError, check_size, duplicate_key_error, load_json,
-    load_yaml, read_text,
+    MAX_BATCH, MAX_CHIPS, MAX_SEQ_LEN, MAX_TOKENS, DuplicateKeyError, check_keys, check_size, duplicate_key_error,
+    load_json, load_yaml, read_text,
 )
 
 if sys.version_info >= (3, 11):
@@ -60,8 +60,14 @@ class Dtypes:
         table = dict(self.weights)
         return table.get(weight_class, table["default"])
 
-    def weight_element_bytes(self, weight_class: str) -> int:
-        return dtype_bytes(self.weight_dtype(weight_class))
+    def weight_element_bytes(self, weight_class: str) -> float:
+        """Bytes per weight element of ``weight_class``, block scales included (int4: 0.52)."""
+        return dtype_bytes(self.weight_dtype(weight_class), weights=True)
+
+    def gemm_dtype(self, weight_class: str) -> str:
+        """The peak rate the GEMMs of ``weight_class`` run at: the weights' format (fp8,
+        bf16, FP4 for nvfp4/mxfp4), or the activations' for weight-only int4."""
+        return number_format(self.weight_dtype(weight_class), weights=True).peak or self.activations
 
     @property
     def activation_element_bytes(self) -> int:
@@ -77,13 +83,7 @@ class Dtypes:
             data = {}
         if not isinstance(data, Mapping):
             raise ConfigError("dtypes", "must be a mapping with keys weights, activations, kv_cache")
-        for key in data:
-            if key not in ("weights", "activations", "kv_cache"):
-                raise ConfigError(
-                    f"dtypes.{key}",
-                    f"unknown key{suggest(key, ('weights', 'activations', 'kv_cache'))}; "
-                    "valid keys: weights, activations, kv_cache",
-                )
+        check_keys(data, "dtypes", ("weights", "activations", "kv_cache"))
         weights = data.get("weights", DEFAULT_DTYPE)
         if isinstance(weights, Mapping):
             table = {}
@@ -94,13 +94,13 @@ class Dtypes:
                         f"unknown weight class{suggest(cls_name, WEIGHT_CLASSES)}; "
                         f"valid: {', '.join(WEIGHT_CLASSES)}",
                     )
-                dtype_bytes(dt, f"dtypes.weights.{cls_name}")
+                dtype_bytes(dt, f"dtypes.weights.{cls_name}", weights=True)
                 table[cls_name] = dt
             if "default" not in table:
                 raise ConfigError("dtypes.weights", "a per-class mapping needs a 'default' entry, e.g. {default: bf16, ffn: fp8}")
             weight_items = tuple(sorted(table.items()))
         else:
-            dtype_bytes(weights, "dtypes.weights")
+            dtype_bytes(weights, "dtypes.weights", weights=True)
             weight_items = (("default", weights),)
         acts = data.get("activations", DEFAULT_DTYPE)
         kv = data.get("kv_cache", DEFAULT_DTYPE)
@@ -115,7 +115,7 @@ class Dtypes:
         return {"weights": weights, "activations": self.activations, "kv_cache": self.kv_cache}
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Deployment:
     """One validated deployment. Build it with :meth:`from_dict`, never ``Deployment(**data)``."""
 
@@ -151,12 +151,7 @@ class Deployment:
         if not isinstance(data, Mapping):
             raise ConfigError("", f"{source}: the top level must be a mapping of keys to values")
         keys = TOP_LEVEL_KEYS + tuple(options.legacy_keys)
-        for key in data:
-            if key not in keys:
-                raise ConfigError(str(key), f"unknown key{suggest(str(key), keys)}; valid keys: {', '.join(keys)}")
-        for key in REQUIRED_KEYS:
-            if key not in data:
-                raise ConfigError(key, "is required")
+        check_keys(data, "", keys, REQUIRED_KEYS, missing="is required")
         for key in ("model", "system"):
             if not isinstance(data[key], str) or not data[key]:
                 raise ConfigError(key, f"must be a name or a file path, got {data[key]!r}")
@@ -284,6 +279,14 @@ def disabled_from_config(data: Mapping) -> tuple[str, ...]:
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise ConfigError("plugins.disable", "must be a list of plugin names")
     return tuple(names)
+
+
+def all_disabled(raw: Mapping | Deployment | None, disabled: Iterable[str] = ()) -> tuple[str, ...]:
+    """The plugins a run disables: ``disabled`` (the command line's), then the configuration's
+    ``plugins.disable`` (a Deployment's ``disabled_plugins``), each name once, in that order."""
+    from_config = () if raw is None else (raw.disabled_plugins if isinstance(raw, Deployment)
+                                          else disabled_from_config(raw))
+    return tuple(dict.fromkeys(tuple(disabled) + tuple(from_config)))
 
 
 # ----------------------------------------------------------------------------------------

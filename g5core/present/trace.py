@@ -29,8 +29,8 @@ import json
 
 import numpy as np
 
-from g5core.build.topology import KIND_NAMES, Topology
-from g5core.build.dag import KEY_VERBATIM, CommOp, ComputeOp
+from g5core.build.topology import KIND_NAMES, LINK_RX, LINK_TX, Topology
+from g5core.api.ops import KEY_VERBATIM, CommOp, ComputeOp
 from g5core.api.errors import ConfigError, G5Error
 from g5core.sim.results import SimResult
 
@@ -135,9 +135,9 @@ def iter_trace_events(sim: SimResult, topo: Topology, layers: frozenset | None =
         s = spec[i]
         text = args.get(s)
         if text is None:
-            p = specs[s]   # (op_class, name, dtype, owner, kernels, flops, hbm_bytes)
-            cat[s] = _dumps(p[0])
-            text = args[s] = _dumps({"flops": p[5], "hbm_bytes": p[6], "owner": p[3]})
+            p = specs[s]   # a ComputeSpec
+            cat[s] = _dumps(p.op_class)
+            text = args[s] = _dumps({"flops": p.flops, "hbm_bytes": p.hbm_bytes, "owner": p.owner})
         yield (f'{{"ph":"X","name":{name_json(i)},"cat":{cat[s]},"pid":{chip[i]},"tid":{COMPUTE_TID},'
                f'"ts":{ts_us[i]!r},"dur":{dur_us[i]!r},"args":{text}}}')
 
@@ -145,7 +145,7 @@ def iter_trace_events(sim: SimResult, topo: Topology, layers: frozenset | None =
     algos, spec_algo = d.algos, d.spec_algo
     per_chip: dict[int, list[int]] = {}
     for i in np.flatnonzero(comm & kept).tolist():
-        for c in specs[spec[i]][1]:
+        for c in specs[spec[i]].group:
             per_chip.setdefault(c, []).append(i)
     args.clear()
     for c, idx in sorted(per_chip.items()):
@@ -154,11 +154,11 @@ def iter_trace_events(sim: SimResult, topo: Topology, layers: frozenset | None =
             s = spec[i]
             text = args.get(s)
             if text is None:
-                p = specs[s]   # (primitive, group, reason, name, owner, bytes_per_rank)
+                p = specs[s]   # a CommSpec
                 algorithm, protocol, channels = algos[spec_algo[s]]
-                cat[s] = _dumps(p[2])
-                text = args[s] = _dumps({"reason": p[2], "primitive": p[0], "bytes_per_rank": p[5],
-                                         "group": list(p[1]), "algorithm": algorithm, "protocol": protocol,
+                cat[s] = _dumps(p.reason)
+                text = args[s] = _dumps({"reason": p.reason, "primitive": p.primitive, "bytes_per_rank": p.bytes_per_rank,
+                                         "group": list(p.group), "algorithm": algorithm, "protocol": protocol,
                                          "channels": channels})
             tid = COMM_TID_BASE + lane
             threads[(c, tid)] = _lane_name("comm ops", lane)
@@ -195,11 +195,11 @@ def iter_trace_events(sim: SimResult, topo: Topology, layers: frozenset | None =
             okey = op_key.get(i)
             if okey is None:
                 okey = op_key[i] = name_json(i)
-            reason = specs[spec[i]][2]
+            reason = specs[spec[i]].reason
             tid = tid_base + lane
             threads[(pid, tid)] = _lane_name(f"port {KIND_NAMES[kind]}", lane)
             r = cat.get(spec[i]) or _dumps(reason)
-            yield (f'{{"ph":"X","name":{_string(f"{reason} c{src[f]}->c{dst[f]}")},"cat":{r},"pid":{pid},'
+            yield (f'{{"ph":"X","name":{_string(f"{reason} {flow_ends(topo, src[f], dst[f], port)}")},"cat":{r},"pid":{pid},'
                    f'"tid":{tid},"ts":{fts_us[f]!r},"dur":{fdur_us[f]!r},'
                    f'"args":{{"reason":{r},"bytes":{nbytes[f]!r},"op":{okey},"port":{port_name}}}}}')
     del flow_of_entry, op_key
@@ -266,6 +266,20 @@ def _key_encoder(dag):
     return name_json
 
 
+def flow_ends(topo: Topology, src: int, dst: int, port: int) -> str:
+    """``c0->c1``; a flow to an in-switch reduction (NVLS: ``src == dst``) names the switch:
+    ``c0->node0.nvswitch`` on the chip's send link, ``node0.nvswitch->c0`` on its receive link."""
+    if src != dst:
+        return f"c{src}->c{dst}"
+    switch = f"node{topo.node_of(src)}.nvswitch"
+    kind = topo.resource_kind(port)
+    if kind == LINK_TX:
+        return f"c{src}->{switch}"
+    if kind == LINK_RX:
+        return f"{switch}->c{dst}"
+    return f"c{src}->{topo.resource_name(port)}"
+
+
 def trace_events(sim: SimResult, topo: Topology, layers: frozenset | None = None) -> list[dict]:
     """The trace's events as a list of dicts (for inspection; files are streamed by
     :func:`dump_trace`)."""
@@ -307,12 +321,13 @@ def timeline_rows(sim: SimResult):
         part = parts.get(s)
         if part is None:
             p = specs[s]
-            if is_comm[s]:   # (primitive, group, reason, name, owner, bytes_per_rank)
+            if is_comm[s]:   # a CommSpec
                 algorithm, protocol, channels = algos[spec_algo[s]]
-                part = parts[s] = ("comm", p[3], p[4], " ".join(map(str, p[1])), "", p[2], p[0], algorithm,
-                                   protocol, channels, "", "", repr(p[5]))
-            else:            # (op_class, name, dtype, owner, kernels, flops, hbm_bytes)
-                part = parts[s] = ("compute", p[1], p[3], None, p[0], "", "", "", "", "", repr(p[5]), repr(p[6]), "")
+                part = parts[s] = ("comm", p.name, p.owner, " ".join(map(str, p.group)), "", p.reason, p.primitive, algorithm,
+                                   protocol, channels, "", "", repr(p.bytes_per_rank))
+            else:            # a ComputeSpec
+                part = parts[s] = ("compute", p.name, p.owner, None, p.op_class, "", "", "", "", "", repr(p.flops),
+                                   repr(p.hbm_bytes), "")
         kind, name, owner, chips, *rest = part
         yield (key(i), kind, name, layer[i], owner, str(chip[i]) if chips is None else chips, *rest,
                repr(start[i]), repr(end[i]))
