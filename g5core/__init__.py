@@ -11,7 +11,8 @@ from .build.dag import CommOp, ComputeOp, Fragment
 from .api.dimensions import Dimension
 from .api.errors import ConfigError, DagError, G5Error, PluginError
 from .build.flops import activation_tensor_bytes, causal_attention_flops
-from .build.layers import Work, attention_dims, attention_kernel, attention_work, default_work, local_kv_bytes_per_token
+from .build.layers import (Work, attention_dims, attention_kernel, attention_work, default_work, expert_work,
+                           local_kv_bytes_per_token, weight_elements)
 from .sim.memory import MemoryTerm
 from .api.options import PluginOption
 from .api.plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_manager
@@ -20,6 +21,6 @@ __all__ = [
     "CommOp", "ComputeOp", "ConfigError", "DagError", "Dimension", "Fragment", "G5Error", "Hooks", "Lowering",
     "MemoryTerm", "PluginError", "PluginInfo", "PluginOption", "Topology", "Work", "activation_tensor_bytes",
     "attention_dims", "attention_kernel", "attention_work", "causal_attention_flops", "default_work", "describe_plugins",
-    "hookimpl", "idle_transfer_s", "local_kv_bytes_per_token", "make_plugin_manager",
+    "expert_work", "hookimpl", "idle_transfer_s", "local_kv_bytes_per_token", "make_plugin_manager", "weight_elements",
 ]
 __version__ = "0.1.0"

@@ -56,8 +56,20 @@ class MoESpec:
     n_shared_experts: int = attrs.field(default=0, validator=_NONNEG)
     shared_expert_ffn_dim: int = attrs.field(default=0, validator=_NONNEG)  # per shared expert
     first_dense_layers: int = attrs.field(default=0, validator=_NONNEG)
+    # group-limited routing (DeepSeek-V3 config.json ``n_group`` / ``topk_group``): the routed
+    # experts form ``n_groups`` equal contiguous groups and each token picks its experts from
+    # ``topk_groups`` of them; 1 / 1 is plain top-k routing
+    n_groups: int = attrs.field(default=1, validator=_POS)
+    topk_groups: int = attrs.field(default=1, validator=_POS)
 
     def __attrs_post_init__(self) -> None:
+        if self.n_routed_experts % self.n_groups:
+            raise ConfigError("n_group", f"{self.n_routed_experts} routed experts do not split into "
+                                         f"{self.n_groups} equal groups")
+        if self.topk_groups > self.n_groups or (self.n_groups > 1 and self.topk_groups
+                                                * (self.n_routed_experts // self.n_groups) < self.n_active_experts):
+            raise ConfigError("topk_group", f"topk_group {self.topk_groups} of n_group {self.n_groups} cannot hold "
+                                            f"{self.n_active_experts} routed experts per token")
         if self.n_active_experts > self.n_routed_experts:
             raise ConfigError(
                 "num_experts_per_tok",
@@ -307,7 +319,8 @@ def _parse_deepseek_v3(f: _Fields, name: str) -> ModelSpec:
     shared = f.integer("n_shared_experts", 0, minimum=0)
     moe = MoESpec(f.integer("n_routed_experts"), f.integer("num_experts_per_tok"), expert,
                   n_shared_experts=shared, shared_expert_ffn_dim=expert if shared else 0,
-                  first_dense_layers=f.integer("first_k_dense_replace", 0, minimum=0))
+                  first_dense_layers=f.integer("first_k_dense_replace", 0, minimum=0),
+                  n_groups=f.integer("n_group", 1), topk_groups=f.integer("topk_group", 1))
     # num_nextn_predict_layers (the MTP module) is not part of the served model: ignored.
     return ModelSpec(name=name, attention=attention, moe=moe, **f.common())
 
@@ -342,7 +355,8 @@ _MODELS = (  # name, hidden_size, n_layers, vocab_size, ffn_dim, attention
         AttentionSpec("mla", 128, 128, 192, q_lora_rank=1536, kv_lora_rank=512,
                       qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
         moe=MoESpec(n_routed_experts=256, n_active_experts=8, expert_ffn_dim=2048,
-                    n_shared_experts=1, shared_expert_ffn_dim=2048, first_dense_layers=3),
+                    n_shared_experts=1, shared_expert_ffn_dim=2048, first_dense_layers=3,
+                    n_groups=8, topk_groups=4),
         max_context_tokens=163840,
     ),
 )
