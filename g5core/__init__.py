@@ -5,7 +5,7 @@ Plugins, built-in or third-party, import what they need from here and nowhere el
 helpers that turn a chip's share of the model into work and bytes. Everything in
 ``__all__`` is public API; the submodules are the core's own business.
 """
-from .sim.collective import Lowering, idle_transfer_s
+from .sim.collective import NVLINK_COPY_EFFICIENCY, Lowering, idle_transfer_s
 from .build.topology import Topology
 from .build.dag import CommOp, ComputeOp, Fragment
 from .api.dimensions import Dimension
@@ -19,7 +19,7 @@ from .api.plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plu
 
 __all__ = [
     "CommOp", "ComputeOp", "ConfigError", "DagError", "Dimension", "Fragment", "G5Error", "Hooks", "Lowering",
-    "MemoryTerm", "PluginError", "PluginInfo", "PluginOption", "Topology", "Work", "activation_tensor_bytes",
+    "MemoryTerm", "NVLINK_COPY_EFFICIENCY", "PluginError", "PluginInfo", "PluginOption", "Topology", "Work", "activation_tensor_bytes",
     "attention_dims", "attention_kernel", "attention_work", "causal_attention_flops", "default_work", "describe_plugins",
     "expert_work", "hookimpl", "idle_transfer_s", "local_kv_bytes_per_token", "make_plugin_manager", "weight_elements",
 ]

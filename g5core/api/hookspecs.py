@@ -178,6 +178,20 @@ def g5_topology(system: "SystemSpec", chips: int) -> Optional["Topology"]:
     """
 
 
+@hookspec
+def g5_bench_ops(name: str, topology: "Topology", params: Mapping) -> Optional[tuple]:
+    """The ops of ``g5 collective NAME`` when NAME is more than one primitive (collect-all;
+    one plugin answers per name).
+
+    ``params`` are the command's options (e.g. ``tokens``, ``topk``). Return ``None`` for a
+    name the plugin does not know, else ``(fragment, logical_bytes)``: a
+    :class:`~g5core.build.dag.Fragment` of communication ops over chips ``0 .. n-1`` of
+    ``topology`` (its edges order them) and a mapping from a bandwidth column's name to the
+    bytes per rank it divides by the time (the figures the benchmark being reproduced
+    reports).
+    """
+
+
 # --------------------------------------------------------------------------------------
 # Family 5: compute latency
 # --------------------------------------------------------------------------------------

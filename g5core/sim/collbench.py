@@ -123,3 +123,59 @@ def render_rows(primitive: str, system_name: str, chips: int, nodes: int, rows: 
         lines.append(f" {r['size_bytes']:>12} {r['time_s'] * 1e6:>11.2f} {r['algbw_bytes_per_s'] / 1e9:>8.2f} "
                      f"{r['busbw_bytes_per_s'] / 1e9:>8.2f}  {r['algorithm']:<9} {r['protocol']:<8} {r['channels']}")
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ multi-op benchmarks
+def bench_rows(name: str, system_name: str, chips: int, tokens: Iterable[int], params: dict,
+               disabled: Iterable[str] = ()) -> list[dict]:
+    """``g5 collective NAME`` for a name a plugin answers through ``g5_bench_ops`` (EP
+    dispatch and combine): one row per token count, ``tokens, time_s, <column>_bytes_per_s``
+    for every logical-bytes column the plugin gives (bytes per rank / time), ``algorithm``."""
+    from g5core.build.builder import make_topology
+    from g5core.build.dag import OpDag
+    from g5core.sim.collective import collect_primitives
+    from g5core.sim.engine import Engine, compile_dag
+    from g5core.api.plugins import Hooks, make_plugin_manager
+    from g5core.inputs.systems import get_system
+
+    if isinstance(chips, bool) or not isinstance(chips, int) or chips < 2:
+        raise ConfigError("--chips", f"an exchange needs at least 2 chips, got {chips!r}")
+    hooks = Hooks(make_plugin_manager(disabled=tuple(disabled)))
+    primitives = collect_primitives(hooks)
+    system = get_system(system_name)
+    topo = make_topology(hooks, system, chips)
+    plan = types.SimpleNamespace(ctx=types.SimpleNamespace(topology=topo, system=system, deployment=None), hooks=hooks,
+                                 primitives=primitives)
+    rows = []
+    for n_tokens in tokens:
+        answers = hooks.call_each("g5_bench_ops", name=name, topology=topo, params={**params, "tokens": n_tokens})
+        if not answers:
+            raise ConfigError("OP", f"no enabled plugin offers the benchmark {name!r}")
+        _plugin, (fragment, logical) = answers[0]
+        dag = OpDag()
+        for op in fragment.ops:
+            dag.add_op(op)
+        for a, b in fragment.edges:
+            dag.add_edge(a, b)
+        compiled = compile_dag(dag, plan)
+        time_s = Engine(compiled).run().makespan_s
+        row = {"tokens": int(n_tokens), "time_s": time_s}
+        for column, nbytes in logical.items():
+            row[f"{column}_bytes_per_s"] = nbytes / time_s if time_s > 0 else 0.0
+        row["algorithm"] = "+".join(dict.fromkeys(a[0] for a in compiled.comm_algo))
+        rows.append(row)
+    return rows
+
+
+def render_bench_rows(name: str, system_name: str, chips: int, nodes: int, params: dict, rows: list[dict]) -> str:
+    """The table DeepEP's tests print: time per call and each logical bandwidth in GB/s."""
+    columns = [k for k in rows[0] if k.endswith("_bytes_per_s")] if rows else []
+    given = ", ".join(f"{k} {v}" for k, v in sorted(params.items()) if v is not None)
+    lines = [f"# {name} on {chips} chips of {system_name} ({nodes} node{'s' if nodes != 1 else ''}); {given}; "
+             "time of the call alone, GB/s = 1e9 bytes/s of the logical bytes per rank",
+             f"#{'tokens':>9} {'time(us)':>11} " + " ".join(f"{c[:-len('_bytes_per_s')] + ' GB/s':>10}" for c in columns)
+             + "  algorithm"]
+    for r in rows:
+        lines.append(f" {r['tokens']:>9} {r['time_s'] * 1e6:>11.2f} "
+                     + " ".join(f"{r[c] / 1e9:>10.2f}" for c in columns) + f"  {r['algorithm']}")
+    return "\n".join(lines)

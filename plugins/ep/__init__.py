@@ -10,8 +10,8 @@ after them run one of three kernel families (``plugins: {ep: {kernel: ...}}``):
   is the mirror image. Per rank: ``ep_rdma`` carries ``T x E[nodes] x (N-1)/N`` copies to
   the other ``N - 1`` nodes of the group, spread evenly, each on the sender's and the
   receiver's rail NIC; at the same time an ``all_to_all`` inside each node carries the
-  forwarded copies, ``T x E[ranks]`` per rank of which ``(ppn-1)/ppn`` leave the GPU
-  (lowered by the collectives plugin: NVLink copies at their measured efficiency). The
+  forwarded copies (``ep_nvl``), ``T x E[ranks]`` per rank of which ``(ppn-1)/ppn`` leave
+  the GPU, as NVLink copies at their measured efficiency. The
   experts wait for both; the op takes what its busier resource needs, as DeepEP's
   pipelined forwarding does.
 - ``low_latency`` (DeepEP's low-latency kernels, pure RDMA; the default for decode): one
@@ -49,8 +49,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from g5core import (CommOp, ConfigError, Dimension, Fragment, Lowering, MemoryTerm, PluginOption, Topology,
-                    expert_work, hookimpl, weight_elements)
+from g5core import (NVLINK_COPY_EFFICIENCY, CommOp, ConfigError, Dimension, Fragment, Lowering, MemoryTerm,
+                    PluginOption, Topology, expert_work, hookimpl, weight_elements)
 
 from .routing import expected_units_hit, routing_imbalance
 
@@ -252,7 +252,7 @@ def exchange_ops(kernel: str, direction: str, group, topo: Topology, tokens: flo
         out.append((rdma, tuple(group)))
     if len(nodes[0]) > 1:
         for members in nodes:
-            out.append((_comm(prefix, "all_to_all", members, tokens * e_ranks * copy, reason, layer, name,
+            out.append((_comm(prefix, "ep_nvl", members, tokens * e_ranks * copy, reason, layer, name,
                               f"{direction}_nvl"), members))
     return out
 
@@ -357,9 +357,20 @@ def ep_ll_combine(group, nbytes, topo: Topology) -> Lowering:
     return _ll(group, nbytes, topo, LL_COMBINE_LATENCY_S)
 
 
+def ep_nvl(group, nbytes, topo: Topology) -> Lowering:
+    """DeepEP's NVLink leg inside one node: each rank sends ``nbytes / n`` to each of the
+    ``n - 1`` others (the ``n``-th share stays), as SM copies at NVLink's measured copy
+    efficiency (:data:`g5core.NVLINK_COPY_EFFICIENCY`: the flows carry the payload over it)."""
+    own = 1.0 / NVLINK_COPY_EFFICIENCY
+    flows = [(s, t, nbytes / len(group) * own) for s in group for t in group if s != t]
+    return Lowering(flows, topo.link_latency_s, algorithm="deepep_normal", protocol="nvlink",
+                    wire_bytes_per_payload_byte=own)
+
+
 @hookimpl
 def g5_register_primitives(register):
     register("ep_rdma", ep_rdma)
+    register("ep_nvl", ep_nvl)
     register("ep_ll_dispatch", ep_ll_dispatch)
     register("ep_ll_combine", ep_ll_combine)
 
@@ -402,3 +413,47 @@ def g5_memory_terms(ctx):
                     held[c] += each
         terms.append(MemoryTerm("eplb_redundant_experts", "weights", held))
     return terms
+
+
+# ------------------------------------------------------------------------------ g5 collective
+#: ``g5 collective ep_dispatch|ep_combine`` settings and their defaults: DeepEP's benchmark
+#: (tests/legacy/test_internode.py: 4096 tokens, hidden 7168, 256 experts, top-8, the nodes
+#: as routing groups with min(nodes, 4) of them per token)
+BENCH_DEFAULTS = {"tokens": 4096, "topk": 8, "hidden": 7168, "experts": 256, "groups": None, "topk_groups": None,
+                  "kernel": "normal", "dtype": None}
+
+
+@hookimpl
+def g5_bench_ops(name, topology, params):
+    if name not in ("ep_dispatch", "ep_combine"):
+        return None
+    direction = name[len("ep_"):]
+    p = {**BENCH_DEFAULTS, **{k: v for k, v in params.items() if v is not None}}
+    unknown = sorted(set(params) - set(BENCH_DEFAULTS))
+    if unknown:
+        raise ConfigError(f"--{unknown[0]}", f"{name} has no option {unknown[0]!r}")
+    group = tuple(range(topology.chips))
+    ep, n_nodes = len(group), len(topology.nodes_of(group))
+    groups = p["groups"] or n_nodes
+    topk_groups = p["topk_groups"] or min(groups, 4)
+    tokens, topk, hidden, experts = (int(p[k]) for k in ("tokens", "topk", "hidden", "experts"))
+    kernel = p["kernel"]
+    if kernel not in ("normal", "low_latency"):
+        raise ConfigError("--kernel", f"must be normal or low_latency, got {kernel!r}")
+    for what, n in (("--experts", ep), ("--experts", groups)):
+        if experts % n:
+            raise ConfigError(what, f"{experts} experts do not split over {n}; give a multiple")
+    if topk_groups > groups or topk_groups * (experts // groups) < topk or topk > experts:
+        raise ConfigError("--topk-groups", f"{topk_groups} of {groups} groups cannot hold top-{topk}")
+    copy = copy_bytes(p["dtype"] or ("fp8" if direction == "dispatch" else "bf16"), hidden)
+    if kernel == "low_latency" and direction == "dispatch":
+        copy += LL_HEADER_BYTES
+    fan = fanout(experts, topk, ep, n_nodes, (groups, topk_groups))
+    ops = exchange_ops(kernel, direction, group, topology, float(tokens), copy, topk, fan, "E", 0, name)
+    fragment = Fragment(ops=[op for op, _ in ops])
+    if kernel == "low_latency":
+        logical = {"rdma": tokens * topk * copy}
+    else:
+        logical = {"rdma": tokens * fan[0] * copy} if n_nodes > 1 else {}
+        logical["nvl"] = tokens * fan[1] * copy
+    return fragment, logical
