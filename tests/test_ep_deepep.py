@@ -192,3 +192,13 @@ def test_flat_reproduces_the_lowering_of_before_bit_for_bit(case):
     assert sorted(got) == sorted(want)
     for key in sorted(want):
         assert got[key] == want[key], key
+
+
+def test_summary_states_the_kernel_and_the_load_factor():
+    from g5core.present.cli import render_summary
+
+    out = run(_deepseek(16, batch=1, seq_len=256, imbalance="from_routing"))
+    text = render_summary(out)
+    factor = ep_plugin.imbalance_factor(out.deployment, out.plan.ctx.model, out.plan.ctx.shape.moe_tokens)
+    assert f"ep: normal kernels, dispatch fp8, combine bf16; expert load max/mean {factor:.3f}" in text
+    assert factor > 1.0

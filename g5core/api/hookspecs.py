@@ -192,6 +192,12 @@ def g5_bench_ops(name: str, topology: "Topology", params: Mapping) -> Optional[t
     """
 
 
+@hookspec
+def g5_run_notes(ctx: "BuildContext") -> Optional[Iterable[str]]:
+    """Lines the run's summary shows under its latency: how this plugin ran the deployment
+    (a kernel it chose, a factor it applied). Collect-all; ``None`` for nothing."""
+
+
 # --------------------------------------------------------------------------------------
 # Family 5: compute latency
 # --------------------------------------------------------------------------------------

@@ -166,6 +166,8 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
                  f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}, path {dep.path}")
     metric = "TTFT" if dep.phase == "prefill" else "TPOT"
     lines.append(f"{metric}: {_fmt_s(out.latency_s)}")
+    for _plugin, notes in out.plan.hooks.call_each("g5_run_notes", ctx=out.plan.ctx):
+        lines.extend(str(n) for n in notes)
     if out.sim is None:
         lines.append(f"closed form: compute {_fmt_s(out.math.compute_s)} + communication {_fmt_s(out.math.comm_s)} "
                      "(alpha-beta), no overlap, no contention")

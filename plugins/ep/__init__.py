@@ -415,6 +415,23 @@ def g5_memory_terms(ctx):
     return terms
 
 
+@hookimpl
+def g5_run_notes(ctx):
+    if ctx.size("ep") == 1 or ctx.model.moe is None:
+        return None
+    dep, m = ctx.deployment, ctx.model
+    kernel = kernel_of(dep)
+    value = dep.option("ep", "imbalance")
+    factor = imbalance_factor(dep, m, ctx.shape.moe_tokens)
+    how = (f"from a seeded routing draw of {ctx.shape.moe_tokens * ctx.size('ep'):g} tokens"
+           if value == "from_routing" else "as given")
+    eplb = f", EPLB with {redundant_experts(dep)} redundant experts" if redundant_experts(dep) else ""
+    dtypes = "" if kernel == "flat" else (f", dispatch {dep.option('ep', 'dispatch_dtype')}, "
+                                          f"combine {dep.option('ep', 'combine_dtype')}")
+    return [f"ep: {kernel} kernels{dtypes}; expert load max/mean {factor:.3f} {how}{eplb} (the busiest rank's "
+            "experts and all-to-all share follow it)"]
+
+
 # ------------------------------------------------------------------------------ g5 collective
 #: ``g5 collective ep_dispatch|ep_combine`` settings and their defaults: DeepEP's benchmark
 #: (tests/legacy/test_internode.py: 4096 tokens, hidden 7168, 256 experts, top-8, the nodes
