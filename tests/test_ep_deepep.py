@@ -202,3 +202,44 @@ def test_summary_states_the_kernel_and_the_load_factor():
     factor = ep_plugin.imbalance_factor(out.deployment, out.plan.ctx.model, out.plan.ctx.shape.moe_tokens)
     assert f"ep: normal kernels, dispatch fp8, combine bf16; expert load max/mean {factor:.3f}" in text
     assert factor > 1.0
+
+
+# ------------------------------------------------------------------------------ two-batch overlap
+def _tbo(phase, batch, tbo):
+    raw = _deepseek(16, phase=phase, batch=batch, seq_len=4096, two_batch_overlap=tbo)
+    return simulate(make_plan(raw))
+
+
+@pytest.mark.parametrize("phase, batch, kernel", [("prefill", 2, "deepep_normal"),
+                                                  ("decode", 128, "deepep_low_latency")])
+def test_two_batch_overlap_hides_most_of_the_all_to_all_where_compute_and_comm_are_comparable(phase, batch, kernel):
+    one, two = _tbo(phase, batch, False), _tbo(phase, batch, True)
+    assert {c["algorithm"] for c in two.collectives if c["reason"] == "ep_dispatch"} == {kernel}
+    compute_s = one.latency_s - one.overlap["exposed_comm_s"]
+    ratio = compute_s / one.overlap["comm_time_s"]
+    assert 0.5 <= ratio <= 2.0                      # compute and communication comparable
+    assert one.overlap["hidden_fraction"] < 0.25     # one batch: the exchange waits in line
+    assert two.overlap["hidden_fraction"] > 0.5      # two: most of it runs under the other's compute
+    for reason in ("ep_dispatch", "ep_combine"):
+        assert two.overlap["by_reason"][reason]["hidden_fraction"] > one.overlap["by_reason"][reason]["hidden_fraction"]
+    assert two.latency_s < one.latency_s
+
+
+def test_two_batch_overlap_splits_the_program_and_says_so():
+    from g5core.present.cli import render_summary
+
+    plan = make_plan(_deepseek(16, batch=3, seq_len=256, two_batch_overlap=True))
+    assert [c.deployment.batch for c in plan.micro] == [2, 1]
+    dag = build_dag(plan)
+    assert any(k.startswith("L003.m1.moe_experts") for k in dag.keys)
+    assert not any(k.startswith("L003.moe_experts") for k in dag.keys)
+    text = render_summary(run(_deepseek(16, batch=2, seq_len=256, two_batch_overlap=True)))
+    assert "two-batch overlap, micro-batches of 1 and 1" in text
+
+
+@pytest.mark.parametrize("raw", [_deepseek(16, batch=1, two_batch_overlap=True),
+                                 {**_deepseek(16, two_batch_overlap=True), "parallel": {"dp": 16, "tp": 1, "pp": 1, "cp": 1, "ep": 1}}])
+def test_two_batch_overlap_needs_two_sequences_and_ep(raw):
+    with pytest.raises(ConfigError) as err:
+        make_plan(raw)
+    assert err.value.field == "plugins.ep.two_batch_overlap"

@@ -101,6 +101,16 @@ def g5_shard_factors(
 
 
 @hookspec
+def g5_micro_batches(deployment: "Deployment", model: "ModelSpec") -> Optional[Iterable[int]]:
+    """Split the step into micro-batches that run as independent copies of the program
+    (collect-all; at most one plugin may answer): the ``batch`` of each, summing to the
+    deployment's. Every logical op is then expanded once per micro-batch, with that
+    micro-batch's deployment and local shape, its ids tagged ``.m0``, ``.m1``...; the engine
+    overlaps one micro-batch's communication with another's compute (two-batch overlap).
+    """
+
+
+@hookspec
 def g5_layer_chips(ctx: "BuildContext", layer: int) -> Optional[Iterable[int]]:
     """Chips that hold ``layer`` (its weights and its work), or ``None`` for no opinion.
 

@@ -21,7 +21,7 @@ from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError, ResourceError
 from g5core.build.flops import activation_tensor_bytes
 from g5core.build.layers import (
-    SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token,
+    SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token, micro_program,
 )
 from g5core.inputs.models import ModelSpec, get_model
 from g5core.api.plugins import Hooks, describe_plugins
@@ -136,6 +136,23 @@ class Plan:
     hooks: Hooks
     ctx: BuildContext
     primitives: Mapping
+    #: one context per micro-batch when a plugin splits the step (``g5_micro_batches``):
+    #: the same deployment with that micro-batch's ``batch``, and its local shape
+    micro: tuple = ()
+
+    def program(self) -> tuple[LogicalOp, ...]:
+        """The logical ops of the step: the model's, once per micro-batch when split."""
+        program = build_program(self.ctx.model)
+        return micro_program(program, len(self.micro)) if self.micro else program
+
+    def context(self, micro: int, ctx: BuildContext | None = None) -> BuildContext:
+        """The context the ops of micro-batch ``micro`` (-1: the whole step) expand in,
+        restricted to ``ctx``'s chips."""
+        ctx = self.ctx if ctx is None else ctx
+        if micro < 0:
+            return ctx
+        part = self.micro[micro]
+        return part if ctx.replica_chips is None else part.restricted(ctx.replica_chips)
 
 
 def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configuration",
@@ -169,7 +186,28 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
         raise ConfigError("parallel", str(exc)) from None
     topology = make_topology(hooks, system, rankmap.chips)
     ctx = BuildContext(deployment, model, system, dims, rankmap, shape, topology, hooks)
-    return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks))
+    micro = tuple(attrs.evolve(ctx, deployment=part, shape=LocalShape.from_factors(part, model, factors),
+                               layer_chips={})
+                  for part in _micro_batches(hooks, deployment, model))
+    return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks), micro=micro)
+
+
+def _micro_batches(hooks: Hooks, deployment: Deployment, model: ModelSpec) -> tuple[Deployment, ...]:
+    """The deployment of each micro-batch when a plugin splits the step (``g5_micro_batches``
+    answers the batch of each), else none."""
+    answers = hooks.call_each("g5_micro_batches", deployment=deployment, model=model)
+    if not answers:
+        return ()
+    if len(answers) > 1:
+        raise ConfigError("plugins", f"plugins {' and '.join(p for p, _ in answers)} both split the step into "
+                                     "micro-batches; enable one of their options")
+    plugin, batches = answers[0]
+    batches = tuple(batches)
+    if (len(batches) < 2 or any(type(b) is not int or b < 1 for b in batches)
+            or sum(batches) != deployment.batch):
+        raise PluginError(plugin, f"g5_micro_batches must give two or more positive batches summing to "
+                                  f"{deployment.batch}, got {batches!r}")
+    return tuple(attrs.evolve(deployment, batch=b) for b in batches)
 
 
 def make_topology(hooks: Hooks, system: SystemSpec, chips: int) -> Topology:
@@ -241,7 +279,8 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
     (checked once; every op key starts with its logical op's prefix), so keys are checked
     for repeats within each fragment, and across the whole DAG only otherwise."""
     ctx = plan.ctx if chips is None else plan.ctx.restricted(chips)
-    program = program if program is not None else build_program(ctx.model)
+    program = program if program is not None else plan.program()
+    contexts = {m: plan.context(m, ctx) for m in range(-1, len(plan.micro))}
     dag = OpDag()
     n_chips = ctx.rankmap.chips
     seen: dict[str, int] | None = None if _prefix_free(program) else {}
@@ -253,7 +292,7 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
     pairs = dag.edge_pairs
     tiles_cache = _TileCache()
     for at, lop in enumerate(program):
-        owner, frag = expand(ctx, lop)
+        owner, frag = expand(contexts[lop.micro], lop)
         prefixes = (lop.prefix + ".", lop.prefix + "@")
         base = len(dag)
         if frag.repeated is not None and frag.plain:
@@ -692,7 +731,7 @@ def estimate_size(plan: Plan, program: tuple[LogicalOp, ...] | None = None) -> S
 
     """
     ctx = plan.ctx
-    program = program if program is not None else build_program(ctx.model)
+    program = program if program is not None else plan.program()
     layers: dict[int, list[LogicalOp]] = {}
     for lop in program:
         layers.setdefault(lop.layer, []).append(lop)
@@ -708,7 +747,7 @@ def estimate_size(plan: Plan, program: tuple[LogicalOp, ...] | None = None) -> S
     for same in kinds.values():
         n_ops = n_flows = 0
         for lop in layers[same[0]]:
-            _, frag = expand(ctx, lop)
+            _, frag = expand(plan.context(lop.micro), lop)
             n_ops += len(frag.ops)
             for op in frag.ops:
                 if type(op) is CommOp:

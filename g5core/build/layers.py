@@ -35,8 +35,11 @@ class LogicalOp:
     kind: str
     layer: int
     inputs: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    #: which micro-batch of a split step it belongs to (:func:`micro_program`); -1: the whole step
+    micro: int = attrs.field(default=-1, kw_only=True)
     id: str = attrs.field(init=False, eq=False,
-                          default=attrs.Factory(lambda self: f"{layer_tag(self.layer)}.{self.kind}", takes_self=True))
+                          default=attrs.Factory(lambda self: f"{layer_tag(self.layer)}{micro_tag(self.micro)}"
+                                                             f".{self.kind}", takes_self=True))
 
     @property
     def prefix(self) -> str:
@@ -46,6 +49,25 @@ class LogicalOp:
     def key(self, chip: int, part: str = "") -> str:
         """Stable op key: ``L003.qkv_proj@c12`` or ``L003.attention.step02@c12``."""
         return f"{self.id}.{part}@c{chip}" if part else f"{self.id}@c{chip}"
+
+
+def micro_tag(micro: int) -> str:
+    """``.m0``, ``.m1``... in the ids of a micro-batch's ops; nothing for the whole step."""
+    return "" if micro < 0 else f".m{micro}"
+
+
+def micro_program(program: tuple[LogicalOp, ...], n: int) -> tuple[LogicalOp, ...]:
+    """``program`` once per micro-batch, interleaved op by op (micro-batch 0's op, then 1's),
+    each copy consuming its own micro-batch's outputs: ``n`` independent streams of the same
+    work that the engine overlaps (one's communication under the other's compute)."""
+    ids: dict[tuple[str, int], str] = {}
+    out = []
+    for lop in program:
+        for m in range(n):
+            op = LogicalOp(lop.kind, lop.layer, tuple(ids[(i, m)] for i in lop.inputs), micro=m)
+            ids[(lop.id, m)] = op.id
+            out.append(op)
+    return tuple(out)
 
 
 def layer_tag(layer: int) -> str:

@@ -36,6 +36,13 @@ model's ``n_group`` / ``topk_group`` (DeepSeek-V3: 4 of 8 groups; 1 / 1 for mode
 an integer ``n`` makes the nodes of the group the routing groups, at most ``n`` per token
 (DeepEP's own benchmark routing).
 
+Two-batch overlap (``two_batch_overlap: true``, as SGLang and DeepSeek run it): the step is
+split into two micro-batches of half the sequences each (``g5_micro_batches``); the core
+expands the whole program once per micro-batch, and the engine runs one micro-batch's
+dispatch/combine while the other's attention and experts hold the compute stream (nothing
+is assumed to overlap: dependencies and the one compute stream per chip decide). The
+summary's ``hidden`` column says how much of the all-to-all ran under compute.
+
 Expert load (``imbalance``): ``from_routing`` (default) draws the step's (token, expert) slots
 of one EP group with a fixed seed and takes the busiest rank's share over the mean; a
 number >= 1 is a given max/mean factor; ``1.0`` is uniform. Every rank is then modelled as
@@ -128,6 +135,21 @@ def g5_register_options(register):
                           kind="value", parse=_parse_imbalance))
     register(PluginOption("eplb", None, "EPLB redundant experts: {redundant_experts: N}", kind="value",
                           parse=_parse_eplb))
+    register(PluginOption("two_batch_overlap", False, "split the step into two micro-batches so one's dispatch/"
+                                                      "combine runs under the other's compute (SGLang/DeepSeek TBO)"))
+
+
+@hookimpl
+def g5_micro_batches(deployment, model):
+    if not deployment.option("ep", "two_batch_overlap", False):
+        return None
+    if deployment.size("ep") == 1:
+        raise ConfigError("plugins.ep.two_batch_overlap", "overlaps the EP dispatch/combine, but ep is 1; set ep > 1 "
+                                                          "or remove the option")
+    if deployment.batch < 2:
+        raise ConfigError("plugins.ep.two_batch_overlap", f"splits the batch into two micro-batches, but the batch "
+                                                          f"is {deployment.batch}; use batch >= 2 per replica")
+    return (deployment.batch - deployment.batch // 2, deployment.batch // 2)
 
 
 @hookimpl
@@ -328,7 +350,7 @@ def ep_rdma(group, nbytes, topo: Topology) -> Lowering:
     other nodes of the group, to the rank of the same local index there, NIC to NIC."""
     nodes = _members_by_node(group, topo)
     flows = []
-    per = nbytes / (len(nodes) - 1)
+    per = nbytes / max(1, len(nodes) - 1)   # a group inside one node sends nothing this way
     for a in nodes:
         for b in nodes:
             if a is b:
@@ -428,8 +450,13 @@ def g5_run_notes(ctx):
     eplb = f", EPLB with {redundant_experts(dep)} redundant experts" if redundant_experts(dep) else ""
     dtypes = "" if kernel == "flat" else (f", dispatch {dep.option('ep', 'dispatch_dtype')}, "
                                           f"combine {dep.option('ep', 'combine_dtype')}")
-    return [f"ep: {kernel} kernels{dtypes}; expert load max/mean {factor:.3f} {how}{eplb} (the busiest rank's "
-            "experts and all-to-all share follow it)"]
+    notes = [f"ep: {kernel} kernels{dtypes}; expert load max/mean {factor:.3f} {how}{eplb} (the busiest rank's "
+             "experts and all-to-all share follow it)"]
+    if dep.option("ep", "two_batch_overlap"):
+        b = dep.batch
+        notes.append(f"ep: two-batch overlap, micro-batches of {b - b // 2} and {b // 2} sequences per replica "
+                     "(their ep_dispatch/ep_combine 'hidden' share below is what ran under the other's compute)")
+    return notes
 
 
 # ------------------------------------------------------------------------------ g5 collective

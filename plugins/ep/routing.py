@@ -72,8 +72,8 @@ def expected_units_hit(unit_sizes: tuple[int, ...], n_experts: int, topk: int, n
                 for s, w in ways[t].items():
                     ways[t + 1][s + a] = ways[t + 1].get(s + a, 0) + w
         missed = 0
-        for t, by_sum in enumerate(ways):
-            rest = comb(zero, topk_groups - t) if topk_groups >= t else 0
+        for t, by_sum in enumerate(ways[:topk_groups + 1]):
+            rest = comb(zero, topk_groups - t)
             for s, w in by_sum.items():
                 missed += w * rest * comb(candidates - s, topk)
         expected += 1.0 - missed / (subsets * total_ways)
