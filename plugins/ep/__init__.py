@@ -163,14 +163,20 @@ def g5_validate_deployment(deployment, model, system):
                                          f"dp x tp chips, so ep must divide {space}")
     if model.moe is None:
         raise ConfigError("parallel.ep", f"{model.name} has no MoE layers; set ep: 1")
-    if model.moe.n_routed_experts % ep:
-        raise ConfigError("parallel.ep", f"{model.name} has {model.moe.n_routed_experts} routed experts, "
-                                         f"not divisible by ep={ep}")
     redundant = redundant_experts(deployment)
-    if redundant % ep:
+    physical = model.moe.n_routed_experts + redundant
+    if physical % ep:
+        if not redundant:
+            raise ConfigError("parallel.ep", f"{model.name} has {model.moe.n_routed_experts} routed experts, "
+                                             f"not divisible by ep={ep} (EPLB's redundant experts can make up the "
+                                             f"difference: plugins.ep.eplb.redundant_experts)")
         raise ConfigError("plugins.ep.eplb.redundant_experts",
-                          f"{redundant} redundant experts do not spread evenly over ep={ep} ranks (EPLB gives every "
-                          f"GPU the same number of experts); use a multiple of {ep}")
+                          f"{model.moe.n_routed_experts} routed + {redundant} redundant experts do not spread evenly "
+                          f"over ep={ep} ranks (EPLB gives every GPU the same number of experts)")
+    groups = model.moe.n_groups
+    if physical % groups:
+        raise ConfigError("plugins.ep.eplb.redundant_experts",
+                          f"{physical} physical experts do not split into the model's {groups} routing groups")
 
 
 @hookimpl
@@ -183,6 +189,13 @@ def g5_shard_factors(deployment, model):
 def redundant_experts(deployment) -> int:
     eplb = deployment.option("ep", "eplb")
     return eplb["redundant_experts"] if eplb else 0
+
+
+def physical_experts(deployment, model) -> int:
+    """Routed experts plus EPLB's redundant ones: the experts the EP ranks hold. Routing is
+    modelled over them (a replica takes an equal share of its expert's tokens), so with
+    redundant experts ``E + N`` need not divide by ep but by the ranks and the groups."""
+    return model.moe.n_routed_experts + redundant_experts(deployment)
 
 
 def kernel_of(deployment) -> str:
@@ -205,9 +218,9 @@ def routing_groups(deployment, model, n_nodes: int) -> tuple[int, int]:
     limit = deployment.option("ep", "node_limit", "model")
     if limit == "model":
         return model.moe.n_groups, model.moe.topk_groups
-    if model.moe.n_routed_experts % n_nodes:
-        raise ConfigError("plugins.ep.node_limit", f"{model.moe.n_routed_experts} experts do not split over the "
-                                                   f"{n_nodes} nodes of an EP group; use node_limit: model")
+    if physical_experts(deployment, model) % n_nodes:
+        raise ConfigError("plugins.ep.node_limit", f"{physical_experts(deployment, model)} experts do not split "
+                                                   f"over the {n_nodes} nodes of an EP group; use node_limit: model")
     return n_nodes, min(limit, n_nodes)
 
 
@@ -325,7 +338,7 @@ def g5_expand_op(ctx, lop):
     d_copy, c_copy = exchange_copies(dep, m.hidden_size, kernel)
     frags = []
     for group in groups:
-        fan = fanout(m.moe.n_routed_experts, topk, ep, len(topo.nodes_of(group)),
+        fan = fanout(physical_experts(dep, m), topk, ep, len(topo.nodes_of(group)),
                      routing_groups(dep, m, len(topo.nodes_of(group))))
         args = (group, topo, tokens * factor, )
         dispatch = exchange_ops(kernel, "dispatch", *args, d_copy, topk, fan, lop.prefix, lop.layer, lop.kind)
@@ -417,7 +430,7 @@ def g5_memory_terms(ctx):
             per_chip = 2.0 * (m.moe.n_routed_experts / ep) * ep * tokens * (d_copy + c_copy)
         else:
             n_nodes = len(ctx.topology.nodes_of(ctx.rankmap.groups("ep")[0]))
-            _, e_ranks = fanout(m.moe.n_routed_experts, m.moe.n_active_experts, ep, n_nodes,
+            _, e_ranks = fanout(physical_experts(dep, m), m.moe.n_active_experts, ep, n_nodes,
                                 routing_groups(dep, m, n_nodes))
             # receive buffers of the dispatch and of the combine
             per_chip = tokens * e_ranks * (d_copy + c_copy)
