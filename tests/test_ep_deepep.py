@@ -243,3 +243,22 @@ def test_two_batch_overlap_needs_two_sequences_and_ep(raw):
     with pytest.raises(ConfigError) as err:
         make_plan(raw)
     assert err.value.field == "plugins.ep.two_batch_overlap"
+
+
+def test_g5_collective_gains_ep_dispatch_and_ep_combine_rows():
+    from click.testing import CliRunner
+
+    from g5core.present.cli import main
+
+    runner = CliRunner()
+    res = runner.invoke(main, ["collective", "ep_dispatch", "--system", "h800", "--chips", "16", "--tokens",
+                               "1024,4096", "--topk", "8", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert [r["tokens"] for r in rows] == [1024, 4096]
+    assert {"rdma_bytes_per_s", "nvl_bytes_per_s"} <= set(rows[0]) and rows[1]["time_s"] > rows[0]["time_s"]
+    res = runner.invoke(main, ["collective", "ep_combine", "--system", "h800", "--chips", "32", "--tokens", "128",
+                               "--kernel", "low_latency"])
+    assert res.exit_code == 0 and "deepep_low_latency" in res.output and "rdma GB/s" in res.output
+    res = runner.invoke(main, ["collective", "all_reduce", "--system", "h800", "--chips", "8", "--tokens", "128"])
+    assert res.exit_code == 2 and "--tokens" in res.output

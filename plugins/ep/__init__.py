@@ -411,12 +411,18 @@ def g5_register_primitives(register):
 
 
 # ------------------------------------------------------------------------------ memory, notes
-@hookimpl
-def g5_memory_terms(ctx):
+def _ep_run(ctx):
+    """``(deployment, model, kernel)`` of a run with expert parallelism, else ``None``."""
     if ctx.size("ep") == 1 or ctx.model.moe is None:
         return None
-    dep, m = ctx.deployment, ctx.model
-    kernel = kernel_of(dep)
+    return ctx.deployment, ctx.model, kernel_of(ctx.deployment)
+
+
+@hookimpl
+def g5_memory_terms(ctx):
+    if (run := _ep_run(ctx)) is None:
+        return None
+    dep, m, kernel = run
     tokens = ctx.shape.moe_tokens
     if kernel == "flat":
         # send and receive buffers of one all-to-all, reused layer after layer
@@ -425,9 +431,10 @@ def g5_memory_terms(ctx):
         d_copy, c_copy = exchange_copies(dep, m.hidden_size, kernel)
         ep = ctx.size("ep")
         if kernel == "low_latency":
-            # DeepEP's layout: room for every rank's tokens in each local expert's buffer, two
-            # buffers (one call's while the next is issued)
-            per_chip = 2.0 * (m.moe.n_routed_experts / ep) * ep * tokens * (d_copy + c_copy)
+            # DeepEP's layout: room for every one of the ep ranks' tokens in each of the
+            # physical_experts / ep local experts' buffers, two buffers (one call's while the
+            # next is issued)
+            per_chip = 2.0 * physical_experts(dep, m) * tokens * (d_copy + c_copy)
         else:
             n_nodes = len(ctx.topology.nodes_of(ctx.rankmap.groups("ep")[0]))
             _, e_ranks = fanout(physical_experts(dep, m), m.moe.n_active_experts, ep, n_nodes,
@@ -452,10 +459,9 @@ def g5_memory_terms(ctx):
 
 @hookimpl
 def g5_run_notes(ctx):
-    if ctx.size("ep") == 1 or ctx.model.moe is None:
+    if (run := _ep_run(ctx)) is None:
         return None
-    dep, m = ctx.deployment, ctx.model
-    kernel = kernel_of(dep)
+    dep, m, kernel = run
     value = dep.option("ep", "imbalance")
     factor = imbalance_factor(dep, m, ctx.shape.moe_tokens)
     how = (f"from a seeded routing draw of {ctx.shape.moe_tokens * ctx.size('ep'):g} tokens"
