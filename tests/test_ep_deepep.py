@@ -262,3 +262,16 @@ def test_g5_collective_gains_ep_dispatch_and_ep_combine_rows():
     assert res.exit_code == 0 and "deepep_low_latency" in res.output and "rdma GB/s" in res.output
     res = runner.invoke(main, ["collective", "all_reduce", "--system", "h800", "--chips", "8", "--tokens", "128"])
     assert res.exit_code == 2 and "--tokens" in res.output
+
+
+def test_auto_runs_flat_where_an_ep_group_is_uneven_over_nodes_and_normal_refuses():
+    """ep=12 on 8-chip nodes: each EP group has 8 chips on one node and 4 on the next."""
+    raw = {**_deepseek(24), "parallel": {"dp": 24, "tp": 1, "pp": 1, "cp": 1, "ep": 12}}
+    raw["model"] = "qwen3-235b-a22b"        # 128 experts: 12 does not divide, so give EPLB 4 more
+    raw["plugins"]["ep"]["eplb"] = {"redundant_experts": 4}
+    dag = build_dag(make_plan(raw))
+    assert {op.primitive for op in dag.comm_ops("ep_dispatch")} == {"all_to_all"}
+    raw["plugins"]["ep"]["kernel"] = "normal"
+    with pytest.raises(ConfigError) as err:
+        build_dag(make_plan(raw))
+    assert err.value.field == "plugins.ep.kernel"

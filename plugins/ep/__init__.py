@@ -206,6 +206,18 @@ def kernel_of(deployment) -> str:
     return kernel
 
 
+def kernel_for(ctx) -> str:
+    """The kernel family a run's EP groups use: :func:`kernel_of`, except that ``auto`` runs
+    the flat all-to-all where an EP group has unequal chips on its nodes (the normal kernels'
+    per-node forwarding needs the same count on each; asking for ``normal`` there is an error)."""
+    kernel = kernel_of(ctx.deployment)
+    if kernel == "normal" and ctx.deployment.option("ep", "kernel") == "auto":
+        counts = {len(m) for m in _members_by_node(ctx.rankmap.groups("ep")[0], ctx.topology)}
+        if len(counts) > 1:
+            return "flat"
+    return kernel
+
+
 def copy_bytes(dtype: str, hidden: int) -> float:
     """Bytes of one token copy: fp8 is a byte an element plus an fp32 scale per 128."""
     if dtype == "fp8":
@@ -318,7 +330,7 @@ def g5_expand_op(ctx, lop):
     if lop.kind != "moe_experts" or ep == 1:
         return None
     m, dep = ctx.model, ctx.deployment
-    kernel = kernel_of(dep)
+    kernel = kernel_for(ctx)
     topk = m.moe.n_active_experts
     tokens = ctx.shape.moe_tokens
     factor = imbalance_factor(dep, m, tokens)
@@ -415,7 +427,7 @@ def _ep_run(ctx):
     """``(deployment, model, kernel)`` of a run with expert parallelism, else ``None``."""
     if ctx.size("ep") == 1 or ctx.model.moe is None:
         return None
-    return ctx.deployment, ctx.model, kernel_of(ctx.deployment)
+    return ctx.deployment, ctx.model, kernel_for(ctx)
 
 
 @hookimpl
