@@ -475,17 +475,20 @@ def g5_run_notes(ctx):
         return None
     dep, m, kernel = run
     value = dep.option("ep", "imbalance")
-    factor = imbalance_factor(dep, m, ctx.shape.moe_tokens)
-    how = (f"from a seeded routing draw of {ctx.shape.moe_tokens * ctx.size('ep'):g} tokens"
-           if value == "from_routing" else "as given")
+    b = dep.batch
+    # the routed tokens of each micro-batch (of the whole step without two-batch overlap)
+    parts = (b - b // 2, b // 2) if dep.option("ep", "two_batch_overlap") else (b,)
+    tokens = [ctx.shape.moe_tokens * part / b for part in parts]
+    factors = " and ".join(f"{imbalance_factor(dep, m, t):.3f}" for t in tokens)
+    drawn = " and ".join(f"{t * ctx.size('ep'):g}" for t in tokens)
+    how = f"from a seeded routing draw of {drawn} tokens" if value == "from_routing" else "as given"
     eplb = f", EPLB with {redundant_experts(dep)} redundant experts" if redundant_experts(dep) else ""
     dtypes = "" if kernel == "flat" else (f", dispatch {dep.option('ep', 'dispatch_dtype')}, "
                                           f"combine {dep.option('ep', 'combine_dtype')}")
-    notes = [f"ep: {kernel} kernels{dtypes}; expert load max/mean {factor:.3f} {how}{eplb} (the busiest rank's "
+    notes = [f"ep: {kernel} kernels{dtypes}; expert load max/mean {factors} {how}{eplb} (the busiest rank's "
              "experts and all-to-all share follow it)"]
-    if dep.option("ep", "two_batch_overlap"):
-        b = dep.batch
-        notes.append(f"ep: two-batch overlap, micro-batches of {b - b // 2} and {b // 2} sequences per replica "
+    if len(parts) > 1:
+        notes.append(f"ep: two-batch overlap, micro-batches of {parts[0]} and {parts[1]} sequences per replica "
                      "(their ep_dispatch/ep_combine 'hidden' share below is what ran under the other's compute)")
     return notes
 
