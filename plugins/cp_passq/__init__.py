@@ -19,10 +19,9 @@ Neither message depends on ``S``.
 """
 from __future__ import annotations
 
-from g5core import Fragment, hookimpl
-from g5core.build.flops import activation_tensor_bytes
-from g5core.build.layers import Work, attention_kernel, attention_work
-from g5core.sim.reference import passq_reduce_elements
+from g5core import (
+    Fragment, Work, activation_tensor_bytes, attention_kernel, attention_work, hookimpl, passq_reduce_elements,
+)
 
 
 def dispatch_bytes_per_rank(batch: int, hidden: float, act_bytes: int) -> float:

@@ -69,11 +69,11 @@ FP32_BYTES = 4
 LL_HEADER_BYTES = 16
 
 # Per-call latency of the low-latency kernels, from the smallest EP of DeepEP's pure-RDMA
-# table (tests/data/deepep/deepep-legacy-perf.csv, README at commit ebfe47e, H800 + CX7):
+# table (tests/data/deepep/deepep-performance.csv, README at commit ebfe47e, H800 + CX7):
 # EP8 dispatch 163 us and combine 318 us, less the time their bytes need on one NIC at the
 # h800 system file's 48 GB/s (128 tokens x 8 copies x 7/8 to other ranks, 7408 B a dispatch
 # copy, 14336 B a combine copy: 138.3 us and 267.6 us). No lower-level measurement of it is
-# published; tests/test_deepep.py re-derives both from the table.
+# published; tests/test_ep_deepep.py re-derives both from the table.
 LL_DISPATCH_LATENCY_S = 24.7e-6
 LL_COMBINE_LATENCY_S = 50.4e-6
 
@@ -115,28 +115,28 @@ def _parse_eplb(value, field):
 
 @hookimpl
 def g5_register_dimensions(register):
-    register(Dimension("ep", factor=False, regroups=("dp", "tp"), default=1,
+    register(Dimension(name="ep", factor=False, regroups=("dp", "tp"), default=1,
                        doc="expert parallelism: EP groups carved from the dp x tp chips (default 1)"))
 
 
 @hookimpl
 def g5_register_options(register):
-    register(PluginOption("kernel", "auto", "dispatch/combine kernels: normal, low_latency (DeepEP's), flat (a "
-                                            "plain all-to-all); auto: normal for prefill, low_latency for decode",
-                          kind="choice", choices=KERNELS))
-    register(PluginOption("dispatch_dtype", "fp8", "dispatch copies: fp8 with its scales (DeepEP's) or bf16",
-                          kind="choice", choices=("fp8", "bf16")))
-    register(PluginOption("combine_dtype", "bf16", "combine copies: bf16 (DeepEP's) or fp8",
-                          kind="choice", choices=("bf16", "fp8")))
-    register(PluginOption("node_limit", "model", "routing group limit: 'model' (topk_group of n_group) or at most "
-                                                 "N nodes per token", kind="value", parse=_parse_node_limit))
-    register(PluginOption("imbalance", "from_routing", "expert load max/mean: from_routing (seeded draw at the "
-                                                       "step's tokens) or a factor >= 1",
-                          kind="value", parse=_parse_imbalance))
-    register(PluginOption("eplb", None, "EPLB redundant experts: {redundant_experts: N}", kind="value",
-                          parse=_parse_eplb))
-    register(PluginOption("two_batch_overlap", False, "split the step into two micro-batches so one's dispatch/"
-                                                      "combine runs under the other's compute (SGLang/DeepSeek TBO)"))
+    register(PluginOption(name="kernel", default="auto", kind="choice", choices=KERNELS,
+                          doc="dispatch/combine kernels: normal, low_latency (DeepEP's), flat (a plain all-to-all); "
+                              "auto: normal for prefill, low_latency for decode"))
+    register(PluginOption(name="dispatch_dtype", default="fp8", kind="choice", choices=("fp8", "bf16"),
+                          doc="dispatch copies: fp8 with its scales (DeepEP's) or bf16"))
+    register(PluginOption(name="combine_dtype", default="bf16", kind="choice", choices=("bf16", "fp8"),
+                          doc="combine copies: bf16 (DeepEP's) or fp8"))
+    register(PluginOption(name="node_limit", default="model", kind="value", parse=_parse_node_limit,
+                          doc="routing group limit: 'model' (topk_group of n_group) or at most N nodes per token"))
+    register(PluginOption(name="imbalance", default="from_routing", kind="value", parse=_parse_imbalance,
+                          doc="expert load max/mean: from_routing (seeded draw at the step's tokens) or a factor >= 1"))
+    register(PluginOption(name="eplb", default=None, kind="value", parse=_parse_eplb,
+                          doc="EPLB redundant experts: {redundant_experts: N}"))
+    register(PluginOption(name="two_batch_overlap", default=False,
+                          doc="split the step into two micro-batches so one's dispatch/combine runs under the "
+                              "other's compute (SGLang/DeepSeek TBO)"))
 
 
 @hookimpl
@@ -383,14 +383,14 @@ def ep_rdma(group, nbytes, topo: Topology) -> Lowering:
             for s, t in zip(a, b):
                 flows.append((s, t, per, topo.network_route(topo.node_of(s), topo.rail_of(s), topo.node_of(t),
                                                             topo.rail_of(t))))
-    return Lowering(flows, topo.network_latency_s, algorithm="deepep_normal", protocol="rdma")
+    return Lowering(flows=flows, latency_s=topo.network_latency_s, algorithm="deepep_normal", protocol="rdma")
 
 
 def _ll(group, nbytes, topo: Topology, latency_s: float) -> Lowering:
     per = nbytes / (len(group) - 1)
     flows = [(s, t, per, topo.network_route(topo.node_of(s), topo.rail_of(s), topo.node_of(t), topo.rail_of(t)))
              for s in group for t in group if s != t]
-    return Lowering(flows, latency_s, algorithm="deepep_low_latency", protocol="rdma")
+    return Lowering(flows=flows, latency_s=latency_s, algorithm="deepep_low_latency", protocol="rdma")
 
 
 def ep_ll_dispatch(group, nbytes, topo: Topology) -> Lowering:
@@ -410,7 +410,7 @@ def ep_nvl(group, nbytes, topo: Topology) -> Lowering:
     efficiency (:data:`g5core.NVLINK_COPY_EFFICIENCY`: the flows carry the payload over it)."""
     own = 1.0 / NVLINK_COPY_EFFICIENCY
     flows = [(s, t, nbytes / len(group) * own) for s in group for t in group if s != t]
-    return Lowering(flows, topo.link_latency_s, algorithm="deepep_normal", protocol="nvlink",
+    return Lowering(flows=flows, latency_s=topo.link_latency_s, algorithm="deepep_normal", protocol="nvlink",
                     wire_bytes_per_payload_byte=own)
 
 
