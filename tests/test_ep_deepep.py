@@ -275,3 +275,16 @@ def test_auto_runs_flat_where_an_ep_group_is_uneven_over_nodes_and_normal_refuse
     with pytest.raises(ConfigError) as err:
         build_dag(make_plan(raw))
     assert err.value.field == "plugins.ep.kernel"
+
+
+def test_micro_program_is_the_program_once_per_micro_batch_with_its_own_inputs():
+    from g5core.build.layers import build_program, micro_program
+    from g5core.inputs.models import get_model
+
+    program = build_program(get_model("mixtral-8x7b"))
+    split = micro_program(program, 2)
+    assert len(split) == 2 * len(program)
+    assert [lop.kind for lop in split[::2]] == [lop.kind for lop in program] == [lop.kind for lop in split[1::2]]
+    ids = {lop.id: lop.micro for lop in split}
+    assert len(ids) == len(split) and all(ids[i] == lop.micro for lop in split for i in lop.inputs)
+    assert split[2].id == "L000.m0.boundary" and split[2].inputs == ("E.m0.embedding",)
