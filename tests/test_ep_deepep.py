@@ -288,3 +288,16 @@ def test_micro_program_is_the_program_once_per_micro_batch_with_its_own_inputs()
     ids = {lop.id: lop.micro for lop in split}
     assert len(ids) == len(split) and all(ids[i] == lop.micro for lop in split for i in lop.inputs)
     assert split[2].id == "L000.m0.boundary" and split[2].inputs == ("E.m0.embedding",)
+
+
+def test_low_latency_ops_carry_one_copy_per_token_and_expert():
+    """Decode on EP16: dispatch copies are 7168 B + 224 B of scales + DeepEP's 16-byte header,
+    combine copies 2 x 7168 B; (ep-1)/ep of the top-8 copies leave the rank."""
+    plan = make_plan(_deepseek(16, phase="decode", batch=32, seq_len=1024))
+    dag = build_dag(plan)
+    tokens = plan.ctx.shape.moe_tokens
+    (d,) = {op.bytes_per_rank for op in dag.comm_ops("ep_dispatch")}
+    (c,) = {op.bytes_per_rank for op in dag.comm_ops("ep_combine")}
+    assert d == pytest.approx(tokens * 8 * (7168 + 224 + 16) * 15 / 16, rel=1e-12)
+    assert c == pytest.approx(tokens * 8 * 2 * 7168 * 15 / 16, rel=1e-12)
+    assert {op.primitive for op in dag.comm_ops()} == {"ep_ll_dispatch", "ep_ll_combine"}
