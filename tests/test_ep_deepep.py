@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import plugins.ep as ep_plugin
+import g5plugins.ep as ep_plugin
 from g5core.api.errors import ConfigError
 from g5core.build.builder import build_dag
 from g5core.sim.collbench import bench_rows
 from g5core.sim.memory import memory_report
 from g5core.sim.run import load_raw, make_plan, run, simulate
-from plugins.ep.routing import expected_units_hit, route_tokens, routing_imbalance
+from g5plugins.ep.routing import expected_units_hit, route_tokens, routing_imbalance
 
 DATA = Path(__file__).resolve().parent / "data"
 REPO = DATA.parent.parent
