@@ -6,7 +6,7 @@ acyclic, keys owned) -> hand arrays to the engine. No hook is called after this.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Optional
 
 import attrs
 import numpy as np
@@ -31,12 +31,29 @@ from g5core.build.shape import LocalShape, collect_shard_axes, merge_factors
 from g5core.inputs.systems import SystemSpec, get_system
 
 
+_MISSING = object()
+
+
 @attrs.define(eq=False)
 class CoreBuildContext(BuildContext):
     """The build context the core makes: :class:`BuildContext` answered by the core's formulas."""
 
+    _works: dict = attrs.field(factory=dict, repr=False)
+
+    def restricted(self, chips: tuple[int, ...]) -> "BuildContext":
+        """The same context with ops placed on ``chips`` only (the works made are shared)."""
+        return attrs.evolve(self, layer_chips={}, works=self._works, replica_chips=tuple(chips))
+
     def work(self, kind: str, layer: int | None = None) -> Work | None:
-        return default_work(kind, self.model, self.deployment, self.shape, layer)
+        """The default work of ``kind`` on one chip (of ``layer``, whose attention window it
+        follows), made once per context and kind, and per layer for a windowed layer's
+        attention (it depends on those, the model, the deployment and the shape only; a Work
+        is immutable)."""
+        key = (kind, layer) if kind == "attention" and layer is not None and self.model.kv_window(layer) else kind
+        got = self._works.get(key, _MISSING)
+        if got is _MISSING:
+            got = self._works[key] = default_work(kind, self.model, self.deployment, self.shape, layer)
+        return got
 
     def hidden_states_bytes(self, tokens: float) -> float:
         return activation_tensor_bytes(tokens, self.model.hidden_size, self.deployment.dtypes.activation_element_bytes)
@@ -54,6 +71,9 @@ class Plan:
     hooks: Hooks
     ctx: BuildContext
     primitives: Mapping
+    #: the compute-latency lookup to compile with, when one outlives the run (a prepared
+    #: plan's, shared by its steps: g5core.sim.prepared); None: a fresh one per compile
+    lookup: Optional[object] = None
     #: one context per micro-batch when a plugin splits the step (``g5_micro_batches``):
     #: the same deployment with that micro-batch's ``batch``, and its local shape
     micro: tuple = ()
@@ -92,10 +112,7 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
             raise _name_disabled_plugins(exc, pm, dims) from None
     model = get_model(deployment.model)
     system = get_system(deployment.system)
-    for _plugin, _ in hooks.call_each("g5_validate_deployment", deployment=deployment, model=model, system=system):
-        pass
-    factors = merge_factors(hooks.call_each("g5_shard_factors", deployment=deployment, model=model), axes)
-    shape = LocalShape.from_factors(deployment, model, factors)
+    shape = validated_shape(hooks, deployment, model, system, axes)
     _check_floor(deployment, model, max_ops)
     sizes = dict(deployment.parallel)
     try:
@@ -105,8 +122,8 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
     topology = make_topology(hooks, system, rankmap.chips)
     ctx = CoreBuildContext(deployment=deployment, model=model, system=system, dims=dims, rankmap=rankmap, shape=shape,
                            topology=topology, hooks=hooks)
-    micro = tuple(attrs.evolve(ctx, deployment=part, shape=LocalShape.from_factors(part, model, factors),
-                               layer_chips={})
+    micro = tuple(attrs.evolve(ctx, deployment=part, shape=validated_shape(hooks, part, model, system, axes),
+                               layer_chips={}, works={})
                   for part in _micro_batches(hooks, deployment, model))
     return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks), micro=micro)
 
@@ -126,7 +143,34 @@ def _micro_batches(hooks: Hooks, deployment: Deployment, model: ModelSpec) -> tu
             or sum(batches) != deployment.batch):
         raise PluginError(plugin, f"g5_micro_batches must give two or more positive batches summing to "
                                   f"{deployment.batch}, got {batches!r}")
-    return tuple(attrs.evolve(deployment, batch=b) for b in batches)
+    return tuple(_micro_deployment(deployment, b) for b in batches)
+
+
+def _micro_deployment(deployment: Deployment, batch: int) -> Deployment:
+    """``deployment`` running ``batch`` of its step's sequences (a step of one group of
+    sequences; a split of a mixed step is refused by the plugin that asks for it)."""
+    (group,) = deployment.step
+    part = attrs.evolve(deployment, batch=batch)
+    return attrs.evolve(part, step=type(deployment.step)([attrs.evolve(group, count=batch)]))
+
+
+def validated_shape(hooks: Hooks, deployment: Deployment, model: ModelSpec, system: SystemSpec,
+                    axes: tuple[str, ...]) -> LocalShape:
+    """The plugins' checks of a deployment, then one chip's share of its step."""
+    for _plugin, _ in hooks.call_each("g5_validate_deployment", deployment=deployment, model=model, system=system):
+        pass
+    factors = merge_factors(hooks.call_each("g5_shard_factors", deployment=deployment, model=model), axes)
+    return LocalShape.from_factors(deployment, model, factors)
+
+
+def plan_for_step(plan: Plan, deployment: Deployment, axes: tuple[str, ...], lookup=None) -> Plan:
+    """``plan`` running another step (``deployment`` differs from the plan's in its step
+    only): validated and shaped again; the plugin manager, rank map, topology, primitives
+    and layer placement are reused; ``lookup`` is the compute-latency lookup to keep."""
+    ctx = plan.ctx
+    shape = validated_shape(plan.hooks, deployment, ctx.model, ctx.system, axes)
+    step_ctx = attrs.evolve(ctx, deployment=deployment, shape=shape, layer_chips=ctx._layer_chips, works={})
+    return Plan(pm=plan.pm, hooks=plan.hooks, ctx=step_ctx, primitives=plan.primitives, lookup=lookup)
 
 
 def make_topology(hooks: Hooks, system: SystemSpec, chips: int) -> Topology:

@@ -157,6 +157,9 @@ def g5_micro_batches(deployment, model):
     if deployment.size("ep") == 1:
         raise ConfigError("plugins.ep.two_batch_overlap", "overlaps the EP dispatch/combine, but ep is 1; set ep > 1 "
                                                           "or remove the option")
+    if len(deployment.step) != 1:
+        raise ConfigError("plugins.ep.two_batch_overlap", "splits the sequences of one group into two micro-batches; "
+                                                          "this step has several groups: give one, or remove the option")
     if deployment.batch < 2:
         raise ConfigError("plugins.ep.two_batch_overlap", f"splits the batch into two micro-batches, but the batch "
                                                           f"is {deployment.batch}; use batch >= 2 per replica")
