@@ -301,3 +301,12 @@ def test_low_latency_ops_carry_one_copy_per_token_and_expert():
     assert d == pytest.approx(tokens * 8 * (7168 + 224 + 16) * 15 / 16, rel=1e-12)
     assert c == pytest.approx(tokens * 8 * 2 * 7168 * 15 / 16, rel=1e-12)
     assert {op.primitive for op in dag.comm_ops()} == {"ep_ll_dispatch", "ep_ll_combine"}
+
+
+def test_a_prepared_plan_splits_its_steps_like_a_run():
+    from g5core import PreparedPlan
+
+    raw = _deepseek(16, phase="decode", batch=16, seq_len=1024, two_batch_overlap=True)
+    prepared = PreparedPlan(make_plan(raw))
+    got = prepared.simulate([{"new_tokens": 1, "cached_tokens": 1023, "count": 16}])
+    assert got.latency_s == simulate(make_plan(raw)).latency_s

@@ -122,10 +122,14 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
     topology = make_topology(hooks, system, rankmap.chips)
     ctx = CoreBuildContext(deployment=deployment, model=model, system=system, dims=dims, rankmap=rankmap, shape=shape,
                            topology=topology, hooks=hooks)
-    micro = tuple(attrs.evolve(ctx, deployment=part, shape=validated_shape(hooks, part, model, system, axes),
-                               layer_chips={}, works={})
-                  for part in _micro_batches(hooks, deployment, model))
-    return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks), micro=micro)
+    return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks), micro=_micro_contexts(ctx, axes))
+
+
+def _micro_contexts(ctx: BuildContext, axes: tuple[str, ...]) -> tuple:
+    """One context per micro-batch when a plugin splits the step (``g5_micro_batches``)."""
+    return tuple(attrs.evolve(ctx, deployment=part, shape=validated_shape(ctx.hooks, part, ctx.model, ctx.system, axes),
+                              layer_chips={}, works={})
+                 for part in _micro_batches(ctx.hooks, ctx.deployment, ctx.model))
 
 
 def _micro_batches(hooks: Hooks, deployment: Deployment, model: ModelSpec) -> tuple[Deployment, ...]:
@@ -170,7 +174,8 @@ def plan_for_step(plan: Plan, deployment: Deployment, axes: tuple[str, ...], loo
     ctx = plan.ctx
     shape = validated_shape(plan.hooks, deployment, ctx.model, ctx.system, axes)
     step_ctx = attrs.evolve(ctx, deployment=deployment, shape=shape, layer_chips=ctx._layer_chips, works={})
-    return Plan(pm=plan.pm, hooks=plan.hooks, ctx=step_ctx, primitives=plan.primitives, lookup=lookup)
+    return Plan(pm=plan.pm, hooks=plan.hooks, ctx=step_ctx, primitives=plan.primitives, lookup=lookup,
+                micro=_micro_contexts(step_ctx, axes))
 
 
 def make_topology(hooks: Hooks, system: SystemSpec, chips: int) -> Topology:
