@@ -311,3 +311,14 @@ def test_a_prepared_plan_splits_its_steps_like_a_run():
     prepared = PreparedPlan(make_plan(raw))
     got = prepared.simulate([{"new_tokens": 1, "cached_tokens": 1023, "count": 16}])
     assert got.latency_s == simulate(make_plan(raw)).latency_s
+
+
+def test_pipeline_micro_batches_with_two_batch_overlap_are_refused_naming_the_field():
+    """Both split the program into copies (LogicalOp.micro); G5 runs one split at a time."""
+    raw = _deepseek(16, phase="decode", batch=8, seq_len=4096, two_batch_overlap=True)
+    raw["parallel"] = {"dp": 8, "tp": 1, "pp": 2, "cp": 1, "ep": 8}
+    raw["plugins"]["pp"] = {"microbatches": 2}
+    with pytest.raises(ConfigError) as err:
+        make_plan(raw)
+    assert err.value.field == "plugins.pp.microbatches"
+    assert "two_batch_overlap" in str(err.value)
