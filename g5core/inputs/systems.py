@@ -258,8 +258,24 @@ def _fabric_map(instance, attribute, value) -> None:
 
 #: what a system file may force, per collective (the NCCL plugin checks the rest)
 NCCL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
-NCCL_ALGORITHMS = ("ring", "tree", "nvls")
+NCCL_ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree")
 NCCL_PROTOCOLS = ("ll", "ll128", "simple")
+#: ``nccl: {p2p: {net_peer_channels: N}}``: NCCL_NCHANNELS_PER_NET_PEER (1 .. MAXCHANNELS)
+NCCL_P2P_KEYS = ("net_peer_channels",)
+NCCL_MAX_CHANNELS = 32
+#: the algorithms whose node-crossing steps ``network_hop_latency_s`` may time
+HOP_ALGORITHMS = ("ring", "tree", "nvls_tree")
+
+
+def _hop_map(instance, attribute, value) -> None:
+    field = _field(attribute)
+    if not isinstance(value, Mapping):
+        raise ConfigError(field, f"expected a mapping like {{ring: 10e-6, tree: 20e-6}}, got {_describe(value)}")
+    for key, v in value.items():
+        if key not in HOP_ALGORITHMS:
+            raise ConfigError(f"{field}.{key}", f"unknown algorithm{suggest(str(key), HOP_ALGORITHMS)}; "
+                                                f"valid keys: {', '.join(HOP_ALGORITHMS)}")
+        _in_range(f"{field}.{key}", v, "seconds")
 
 
 def _to_frozen_nested_map(value: Any) -> Any:
@@ -274,6 +290,9 @@ def _nccl_map(instance, attribute, value) -> None:
         raise ConfigError(field, f"expected a mapping like {{all_reduce: {{algorithm: ring, protocol: simple}}}}, "
                                  f"got {_describe(value)}")
     for coll, choice in value.items():
+        if coll == "p2p":
+            _nccl_p2p(f"{field}.p2p", choice)
+            continue
         if coll not in NCCL_COLLECTIVES:
             raise ConfigError(f"{field}.{coll}", f"unknown collective{suggest(str(coll), NCCL_COLLECTIVES)}; "
                                                  f"NCCL's choice can be forced for {', '.join(NCCL_COLLECTIVES)}")
@@ -287,9 +306,24 @@ def _nccl_map(instance, attribute, value) -> None:
             if v not in allowed:
                 raise ConfigError(f"{field}.{coll}.{key}", f"unknown {key} {v!r}{suggest(str(v), allowed)}; "
                                                            f"choose one of {', '.join(allowed)}")
+        if choice.get("algorithm") == "nvls_tree" and coll != "all_reduce":
+            raise ConfigError(f"{field}.{coll}.algorithm", f"NCCL runs nvls_tree only for all_reduce, not {coll}; "
+                                                           "choose ring")
         if choice.get("algorithm") == "tree" and coll != "all_reduce":
             raise ConfigError(f"{field}.{coll}.algorithm", f"NCCL runs tree only for all_reduce, not {coll}; "
                                                            "choose ring (or nvls)")
+
+
+def _nccl_p2p(field: str, choice: Any) -> None:
+    if not isinstance(choice, Mapping) or not choice:
+        raise ConfigError(field, f"expected a mapping like {{net_peer_channels: 2}}, got {_describe(choice)}")
+    for key, v in choice.items():
+        if key not in NCCL_P2P_KEYS:
+            raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), NCCL_P2P_KEYS)}; "
+                                                f"valid keys: {', '.join(NCCL_P2P_KEYS)}")
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= NCCL_MAX_CHANNELS:
+            raise ConfigError(f"{field}.{key}", f"expected a whole number of channels in 1 .. {NCCL_MAX_CHANNELS} "
+                                                f"(NCCL_NCHANNELS_PER_NET_PEER), got {_describe(v)}")
 
 
 def _to_compute_model(value: Any) -> Any:
@@ -356,6 +390,10 @@ class SystemSpec:
     #: forced NCCL choices per collective, e.g. {all_reduce: {algorithm: ring, protocol: simple}}
     nccl: Mapping[str, Mapping[str, str]] = attrs.field(factory=FrozenMap, converter=_to_frozen_nested_map,
                                                         validator=_nccl_map)
+    #: measured latency of one node-crossing step per algorithm (ring, tree, nvls_tree), which
+    #: replaces NCCL's network latency in the time of the algorithm NCCL chose (not in its choice)
+    network_hop_latency_s: Mapping[str, float] = attrs.field(factory=FrozenMap, converter=_to_frozen_float_map,
+                                                             validator=_hop_map)
 
     def __attrs_post_init__(self) -> None:
         if self.chips_per_node % self.nics > 0:
@@ -376,7 +414,7 @@ class SystemSpec:
                                                         "needs at least one chip (or lower nics_per_node)")
         if self.nccl:
             for coll, choice in self.nccl.items():
-                if choice.get("algorithm") == "nvls" and not self.nvls:
+                if choice.get("algorithm") in ("nvls", "nvls_tree") and not self.nvls:
                     raise ConfigError(f"system.nccl.{coll}.algorithm",
                                       "nvls needs a switch that reduces in place; set nvls: true or choose ring/tree")
 
@@ -426,6 +464,7 @@ class SystemSpec:
         if out["fabric"]:
             out["fabric"]["nodes_per_leaf"] = int(out["fabric"]["nodes_per_leaf"])
         out["nccl"] = {k: dict(v) for k, v in self.nccl.items()}
+        out["network_hop_latency_s"] = dict(self.network_hop_latency_s)
         out["nic_of_chip"] = list(self.nic_of_chip)
         return out
 

@@ -529,8 +529,9 @@ def systems_show_cmd(name):
 def collective_cmd(op, system_name, chips, sizes, factor, disabled, as_json):
     """One collective alone on SYSTEM, size by size, shaped like nccl-tests output.
 
-    OP is all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, gather or p2p
-    (nccl-tests names such as allreduce and alltoall work too)."""
+    OP is all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, gather, p2p (2 chips)
+    or sendrecv (nccl-tests' sendrecv_perf: each chip sends to the next, receives from the
+    previous); nccl-tests names such as allreduce and alltoall work too."""
     from g5core.sim.collbench import collective_rows, render_rows, size_range
     from g5core.inputs.systems import get_system
 
