@@ -175,3 +175,16 @@ def test_two_node_nvls_tree_from_1_gib_is_below_one_node_and_within_15_percent_o
     # NVIDIA/nccl #1221: 430 GB/s on two 8 x H100 nodes with NVLS; HF playbook (AWS P5): 479
     for published in (430e9, 479e9):
         assert abs(two[-1]["busbw_bytes_per_s"] / published - 1) <= 0.15
+
+
+# ------------------------------------------------------------------------------ trends that follow
+def test_cross_node_tp16_decode_costs_more_per_layer_than_tp8_plus_one_intra_node_all_reduce_latency():
+    from g5core.sim.run import run
+
+    def per_layer_s(tp):
+        cfg = {"model": "llama-3.1-70b", "system": "h100-sxm", "chips": tp, "phase": "decode", "batch": 1,
+               "seq_len": 4096, "parallel": {"dp": 1, "tp": tp, "pp": 1, "cp": 1}}
+        return run(cfg).latency_s / 80
+    g8 = _nccl_group("all_reduce", tuple(range(8)), Topology.from_system(H100, 8))
+    intra_latency_s = min(nccl.latency_us(g8, a, p) for a in ("ring", "tree") for p in nccl.PROTOCOLS) * 1e-6
+    assert per_layer_s(16) > per_layer_s(8) + intra_latency_s

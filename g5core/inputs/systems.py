@@ -20,6 +20,7 @@ from typing import Any, Iterator, Mapping
 import attrs
 import yaml
 
+from g5core.inputs.framework import Framework
 from g5core.sim.compute import ComputeModel, Profile
 from g5core.inputs.dtypes import BYTES_PER_ELEMENT
 from g5core.api.errors import ConfigError, suggest
@@ -330,12 +331,16 @@ def _to_compute_model(value: Any) -> Any:
     return value if value is None or isinstance(value, ComputeModel) else ComputeModel.from_mapping(value)
 
 
+def _to_framework(value: Any) -> Any:
+    return value if value is None or isinstance(value, Framework) else Framework.from_mapping(value)
+
+
 def _to_profile(value: Any) -> Any:
     return value if value is None or isinstance(value, Profile) else Profile.from_mapping(value)
 
 
 #: Fields a system file may leave out (each documented on SystemSpec).
-OPTIONAL_KEYS: tuple[str, ...] = ("compute_model", "profile")
+OPTIONAL_KEYS: tuple[str, ...] = ("compute_model", "profile", "framework")
 
 
 # ---------------------------------------------------------------------------------------
@@ -394,6 +399,8 @@ class SystemSpec:
     #: replaces NCCL's network latency in the time of the algorithm NCCL chose (not in its choice)
     network_hop_latency_s: Mapping[str, float] = attrs.field(factory=FrozenMap, converter=_to_frozen_float_map,
                                                              validator=_hop_map)
+    #: optional: how the serving framework launches kernels (g5core/inputs/framework.py)
+    framework: Framework | None = attrs.field(default=None, converter=_to_framework)
 
     def __attrs_post_init__(self) -> None:
         if self.chips_per_node % self.nics > 0:

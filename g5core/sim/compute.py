@@ -34,7 +34,8 @@ from g5core.build import flops as F
 from g5core.api.errors import DagError, PluginError
 
 ATTENTION_BLOCKS = ("causal", "full", "decode")
-ELEMENTWISE_KINDS = ("rmsnorm", "residual_add", "rotary", "embedding")
+ELEMENTWISE_KINDS = ("rmsnorm", "residual_add", "rotary", "embedding", "swiglu", "fp8_quant", "kv_append",
+                     "splitkv_combine", "attn_merge", "moe_topk", "moe_permute", "moe_unpermute")
 
 
 def _nonneg(instance, attribute, value) -> None:
@@ -62,6 +63,10 @@ class Gemm:
     @property
     def flops(self) -> float:
         return F.grouped_gemm(self.m, self.k, self.n, self.groups, self.weight_bytes, self.act_bytes)[0]
+
+    def describe(self) -> str:
+        groups = f",groups={self.groups:g}" if self.groups != 1 else ""
+        return f"gemm(m={self.m:g},n={self.n:g},k={self.k:g}{groups})"
 
     @property
     def hbm_bytes(self) -> float:
@@ -97,6 +102,10 @@ class Attention:
         return F.attention_block_bytes(self.batch, self.q_len, self.kv_len, self.heads, self.d_qk, self.d_v,
                                        self.kv_bytes_per_token, self.act_bytes)
 
+    def describe(self) -> str:
+        return (f"attention_{self.block}(batch={self.batch:g},q={self.q_len:g},kv={self.kv_len:g},"
+                f"heads={self.heads:g},kv_heads={self.kv_heads:g},d_qk={self.d_qk:g},d_v={self.d_v:g})")
+
     @property
     def length_tokens(self) -> float:
         """The block length that sets a flash kernel's efficiency: its KV length."""
@@ -105,19 +114,43 @@ class Attention:
 
 @attrs.frozen(kw_only=True, cache_hash=True)
 class Elementwise:
-    """A memory-bound kernel over ``tokens x width`` elements."""
+    """A memory-bound kernel over ``tokens x width`` elements. ``parts``: the partials a
+    merge reads (``splitkv_combine``, ``attn_merge``: ``tokens`` are (query, head) rows and
+    ``width`` is ``d_v``) or the experts per token (``moe_topk``: ``width`` is the expert
+    count; ``moe_unpermute``: ``tokens`` are the (token, expert) slots); ``kv_append``:
+    ``width`` KV elements per token of ``act_bytes`` each (the cache's dtype)."""
 
     tokens: float = _num()
     width: float = _num()
     kind: str = attrs.field(validator=attrs.validators.in_(ELEMENTWISE_KINDS))
     act_bytes: float = _num()
+    parts: float = attrs.field(converter=float, default=1.0, validator=_nonneg)
 
     op_class = "elementwise"
 
     def _work(self) -> tuple[float, float]:
+        t, w, b = self.tokens, self.width, self.act_bytes
         if self.kind == "residual_add":
-            return F.residual_add(self.tokens, self.width, self.act_bytes)
-        return F.elementwise(self.tokens, self.width, self.act_bytes)
+            return F.residual_add(t, w, b)
+        if self.kind == "swiglu":
+            return F.swiglu(t, w, b)
+        if self.kind == "fp8_quant":
+            return F.fp8_quantize(t, w, b)
+        if self.kind == "kv_append":
+            return F.kv_cache_append(t, w, b)
+        if self.kind in ("splitkv_combine", "attn_merge"):
+            return F.partials_merge(t, w, self.parts, b)
+        if self.kind == "moe_topk":
+            return F.moe_topk(t, w, self.parts)
+        if self.kind == "moe_permute":
+            return F.moe_permute(t, w, b)
+        if self.kind == "moe_unpermute":
+            return F.moe_unpermute(t, w, self.parts, b)
+        return F.elementwise(t, w, b)
+
+    def describe(self) -> str:
+        extra = f",parts={self.parts:g}" if self.parts != 1 else ""
+        return f"{self.kind}(tokens={self.tokens:g},width={self.width:g}{extra})"
 
     @property
     def flops(self) -> float:
@@ -165,11 +198,19 @@ class LatencyLookup:
     #: every distinct answer, by id: (op class, dtype, seconds, source, measured seconds)
     answers: list = attrs.field(factory=list)
     _answer_ids: dict = attrs.field(factory=dict)  # key -> id into ``answers``
+    #: per answer id: the seconds the kernel launches added to its time (g5core.inputs.framework)
+    launch: list = attrs.field(factory=list)
+    _added: dict = attrs.field(factory=dict)   # key -> launch seconds added
+
+    def _launch_s(self, op) -> float:
+        from g5core.inputs.framework import launch_s
+
+        return launch_s(op, self.system, getattr(self.deployment, "phase", ""))
 
     def answer_id(self, op) -> int:
         """The id (into :attr:`answers`) of ``op``'s answer; compile records one per op."""
         kernels = op.kernels
-        fast = (op.op_class, op.dtype, id(kernels), op.flops, op.hbm_bytes)
+        fast = (op.op_class, op.dtype, id(kernels), op.flops, op.hbm_bytes, self._launch_s(op))
         seen = self._by_kernels.get(fast)
         if seen is not None and seen[0] is kernels:
             return seen[2]
@@ -178,11 +219,12 @@ class LatencyLookup:
 
     def _answer(self, op) -> tuple[float, str, float]:
         kernels = op.kernels
-        fast = (op.op_class, op.dtype, id(kernels), op.flops, op.hbm_bytes)
+        launch = self._launch_s(op)
+        fast = (op.op_class, op.dtype, id(kernels), op.flops, op.hbm_bytes, launch)
         seen = self._by_kernels.get(fast)
         if seen is not None and seen[0] is kernels:
             return seen[1]
-        key = (op.op_class, op.dtype, kernels, op.flops, op.hbm_bytes)
+        key = (op.op_class, op.dtype, kernels, op.flops, op.hbm_bytes, launch)
         hit = self._cache.get(key)
         if hit is None:
             answer = self.hooks.call_first("g5_compute_latency", op=op, system=self.system, deployment=self.deployment)
@@ -204,11 +246,14 @@ class LatencyLookup:
                 raise PluginError(plugin, f"g5_compute_latency for {op.key}: measured_s {measured!r} is not within "
                                           f"0..{seconds!r}")
             source = ROOFLINE if plugin in (ROOFLINE, MEASURED) else plugin
-            hit = self._cache[key] = (seconds, source, float(measured))
+            # an uncaptured op's kernel launches add to its time (g5core.inputs.framework)
+            hit = self._cache[key] = (seconds + launch, source, float(measured))
+            self._added[key] = launch
         aid = self._answer_ids.get(key)
         if aid is None:
             aid = self._answer_ids[key] = len(self.answers)
             self.answers.append((op.op_class, op.dtype) + hit)
+            self.launch.append(self._added[key])
         self._by_kernels[fast] = (kernels, hit, aid)
         return hit
 
@@ -317,10 +362,16 @@ def coverage_from_columns(answer_ids, chips, flops, system, latency_s: float, n_
                  "achieved_tflops": (chip_flops[c] / latency_s / 1e12) if latency_s > 0 else 0.0,
                  "mfu": (chip_peak_s[c] / latency_s) if latency_s > 0 else 0.0}
                 for c in range(n_chips)]
+    launch = np.asarray(lookup.launch, dtype=float)
+    chip_launch = np.bincount(chip, weights=launch[ids], minlength=n_chips) if len(ids) and len(launch) \
+        else np.zeros(n_chips)
     model = "size-aware roofline" if system.compute_model is not None else \
         "flat roofline (the system file has no compute_model block)"
+    fw = getattr(system, "framework", None)
     return {"model": model,
             "profile": system.profile.to_dict() if system.profile is not None else None,
+            "launch": {"framework": fw.to_dict() if fw is not None else None,
+                       "added_s": float(chip_launch.max()) if len(chip_launch) else 0.0},
             "coverage": {"all": shares(total), **{k: shares(v) for k, v in sorted(by_class.items())}},
             "per_chip": per_chip}
 
@@ -333,6 +384,11 @@ def render_compute(report: dict) -> list[str]:
     parts = ", ".join(f"{k} {100 * v[MEASURED]:.0f}%" for k, v in cov.items() if k != "all")
     lines = [f"compute time: {100 * cov['all'][MEASURED]:.1f}% measured ({where}), "
              f"{100 * (1 - cov['all'][MEASURED]):.1f}% {report['model']}; measured by class: {parts or 'none'}"]
+    launch = report.get("launch") or {}
+    if launch.get("framework"):
+        fw = launch["framework"]
+        lines.append(f"kernel launches: {launch['added_s'] * 1e3:.3f} ms added on the busiest chip "
+                     f"(cuda_graphs: {fw['cuda_graphs']}, {fw['kernel_launch_s'] * 1e6:g} us per kernel not captured)")
     chips = report["per_chip"]
     if chips:
         best = max(chips, key=lambda c: (c["mfu"], -c["chip"]))
@@ -341,6 +397,12 @@ def render_compute(report: dict) -> list[str]:
                      f"(chip {best['chip']}; lowest: chip {low['chip']}, {low['achieved_tflops']:.1f} TFLOP/s, "
                      f"MFU {100 * low['mfu']:.1f}%)")
     return lines
+
+
+def describe_kernels(kernels) -> str:
+    """The kernels of a compute op as the timeline shows them: each kernel's name and shape,
+    its FLOPs and HBM bytes (:mod:`g5core.build.flops`), separated by ``;``."""
+    return "; ".join(f"{k.describe()} flops={k.flops!r} bytes={k.hbm_bytes!r}" for k in kernels)
 
 
 def scaled_kernel(kernel: Kernel, factor: float) -> Kernel:
@@ -399,9 +461,13 @@ class ComputeModel:
     attention_half_length_tokens: float  # block length at which it reaches half that fraction
     hbm_fraction: float              # achieved fraction of HBM bandwidth of a streaming kernel
     kernel_floor_s: tuple            # ((kernel kind, seconds), ...) for FLOOR_KEYS
+    #: optional other attention kernel families: ((name, (peak_fraction, half_length_tokens)), ...),
+    #: chosen by the system file's ``framework: {attention: NAME}``
+    attention_curves: tuple = ()
 
     KEYS = ("gemm_peak_fraction", "gemm_tile_m", "gemm_tile_n", "gemm_tile_k", "sm_count",
             "attention_peak_fraction", "attention_half_length_tokens", "hbm_fraction", "kernel_floor_s")
+    OPTIONAL = ("attention_curves",)
 
     @classmethod
     def from_mapping(cls, data, field: str = "system.compute_model") -> "ComputeModel":
@@ -409,9 +475,21 @@ class ComputeModel:
         if not hasattr(data, "items"):
             raise ConfigError(field, f"expected a mapping with keys {', '.join(cls.KEYS)}, got {data!r}")
         for key in data:
-            if key not in cls.KEYS:
-                raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), cls.KEYS)}; "
-                                                    f"valid keys: {', '.join(cls.KEYS)}")
+            if key not in cls.KEYS + cls.OPTIONAL:
+                raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), cls.KEYS + cls.OPTIONAL)}; "
+                                                    f"valid keys: {', '.join(cls.KEYS + cls.OPTIONAL)}")
+        curves = data.get("attention_curves", {})
+        if not hasattr(curves, "items"):
+            raise ConfigError(f"{field}.attention_curves", "expected a mapping such as "
+                                                           "{fa3: {peak_fraction: 0.645, half_length_tokens: 614}}")
+        parsed_curves = []
+        for name, curve in sorted(curves.items()):
+            where = f"{field}.attention_curves.{name}"
+            if not hasattr(curve, "items") or set(curve) != {"peak_fraction", "half_length_tokens"}:
+                raise ConfigError(where, "expected {peak_fraction: F, half_length_tokens: N}")
+            parsed_curves.append((str(name), (_cm_fraction(f"{where}.peak_fraction", curve["peak_fraction"]),
+                                              _cm_positive(f"{where}.half_length_tokens",
+                                                           curve["half_length_tokens"]))))
         for key in cls.KEYS:
             if key not in data:
                 raise ConfigError(f"{field}.{key}", f"missing; the compute_model block needs all of "
@@ -445,13 +523,29 @@ class ComputeModel:
                                                       data["attention_half_length_tokens"]),
             hbm_fraction=_cm_fraction(f"{field}.hbm_fraction", data["hbm_fraction"]),
             kernel_floor_s=tuple((k, out[k]) for k in FLOOR_KEYS),
+            attention_curves=tuple(parsed_curves),
         )
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.KEYS}
         out["gemm_peak_fraction"] = dict(self.gemm_peak_fraction)
         out["kernel_floor_s"] = dict(self.kernel_floor_s)
+        if self.attention_curves:
+            out["attention_curves"] = {n: {"peak_fraction": p, "half_length_tokens": h}
+                                       for n, (p, h) in self.attention_curves}
         return out
+
+    def attention_curve(self, name: str = "default") -> tuple[float, float]:
+        """(peak fraction, half length in tokens) of the attention kernel family ``name``."""
+        from g5core.api.errors import ConfigError
+        if name == "default":
+            return self.attention_peak_fraction, self.attention_half_length_tokens
+        table = dict(self.attention_curves)
+        if name not in table:
+            raise ConfigError("system.framework.attention",
+                              f"no attention curve {name!r} in compute_model.attention_curves (it lists "
+                              f"{', '.join(['default', *table]) }); add it or choose one of those")
+        return table[name]
 
     def gemm_fraction(self, dtype: str) -> float:
         from g5core.api.errors import ConfigError

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from g5core import Fragment, hookimpl
 from g5core.build.flops import attention_block_bytes, causal_attention_flops
-from g5core.build.layers import Work, attention_dims, attention_kernel
+from g5core.build.layers import Work, attention_dims, attention_kernel, merge_kernel
 from g5core.sim.memory import MemoryTerm
 
 
@@ -59,14 +59,33 @@ def ring_step_kernels(ctx):
     return diagonal, off
 
 
+def ring_side_kernels(ctx) -> tuple[tuple, tuple, tuple]:
+    """The side kernels of step 0 and the middle steps (none) and of the last step: the merge
+    of the cp partial outputs by their log-sum-exp, ``L`` queries per sequence and head (the
+    partials are kept and merged once after the ring)."""
+    dep, s = ctx.deployment, ctx.shape
+    _, d_v = attention_dims(ctx.model, dep.phase)
+    cp = ctx.size("cp")
+    block = dep.seq_len / cp
+    return (), (), (merge_kernel(s.batch * block * s.q_heads, d_v, cp, dep),)
+
+
 def ring_parts(ctx) -> tuple[list[Work], float]:
     """The work of ring step 0 and of every later step, and the bytes of one KV block: made
     once per logical op, so that its ops share them (one spec each in the op DAG)."""
     step_flops, step_bytes = ring_work(ctx)
+    diagonal, off = ring_step_kernels(ctx)
     work = [Work(op_class="attention", flops=step_flops, hbm_bytes=step_bytes, weight_class="", weight_elements=0.0,
-                 kernels=(k,)) for k in ring_step_kernels(ctx)]
+                 kernels=(k,) + side) for k, side in zip((diagonal, off, off), ring_side_kernels(ctx))]
     cp = ctx.size("cp")
     return work, block_bytes(ctx.deployment.seq_len, cp, ctx.kv_bytes_per_token_local, ctx.deployment.batch)
+
+
+def _step_work(i: int, cp: int, kinds: int) -> int:
+    """Which of the works (step 0, a middle step, the last step) step ``i`` runs."""
+    if i == 0:
+        return 0
+    return 2 if i == cp - 1 and kinds > 2 else 1
 
 
 def placed_rings(ctx, lop) -> list[tuple[int, ...]]:
@@ -85,7 +104,8 @@ def ring_fragment(ctx, lop, ring, work: list[Work], nbytes: float) -> Fragment:
     p2p = [[None] * (cp - 1) for _ in ring]
     for r, chip in enumerate(ring):
         for i in range(cp):
-            compute[r][i] = ctx.compute_op(lop, chip, work[min(i, 1)], owner="cp_passkv", part=f"step{i:02d}")
+            compute[r][i] = ctx.compute_op(lop, chip, work[_step_work(i, cp, len(work))], owner="cp_passkv",
+                                           part=f"step{i:02d}")
             ops.append(compute[r][i])
         for i in range(cp - 1):
             p2p[r][i] = ctx.comm_op(lop, "p2p", (chip, ring[(r + 1) % cp]), nbytes, "cp_passkv", owner="cp_passkv",

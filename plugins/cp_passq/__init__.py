@@ -19,9 +19,11 @@ Neither message depends on ``S``.
 """
 from __future__ import annotations
 
+import attrs
+
 from g5core import Fragment, hookimpl
 from g5core.build.flops import activation_tensor_bytes
-from g5core.build.layers import Work, attention_kernel, attention_work
+from g5core.build.layers import Work, attention_kernel, attention_side_kernels, attention_work, merge_kernel
 from g5core.sim.reference import passq_reduce_elements
 
 
@@ -54,6 +56,13 @@ def g5_expand_op(ctx, lop):
     flops, hbm = attention_work(ctx.model, dep, s, 1, s.kv_len)
     work = Work(op_class="attention", flops=flops, hbm_bytes=hbm, weight_class="", weight_elements=0.0,
                 kernels=(attention_kernel(ctx.model, dep, s, 1, s.kv_len, "decode"),))
+    # the side kernels of a decode attention (layers.attention_side_kernels): every partial's
+    # split-KV combine over its shard; on the root also the merge of the cp partials
+    # (layers.merge_kernel). The merge follows the reduce; it is counted in the root's
+    # partial, which the reduce waits for: the same critical path, and the spec's DAG unchanged
+    work = attrs.evolve(work, kernels=work.kernels + attention_side_kernels(ctx.model, dep, s))
+    merge = merge_kernel(dep.batch * s.q_heads, partial_value_dim(ctx.model), cp, dep)
+    root_work = attrs.evolve(work, kernels=work.kernels + (merge,))
     placed = set(ctx.place(lop))
     ops, edges, heads, tails = [], [], {}, {}
     for group in ctx.rankmap.groups("cp"):
@@ -64,7 +73,8 @@ def g5_expand_op(ctx, lop):
         reduce = ctx.comm_op(lop, "gather", group, r_bytes, "cp_passq_reduce", owner="cp_passq", part="reduce")
         ops += [dispatch, reduce]
         for chip in group:
-            partial = ctx.compute_op(lop, chip, work, owner="cp_passq", part="partial")
+            partial = ctx.compute_op(lop, chip, root_work if chip == root else work, owner="cp_passq",
+                                     part="partial")
             ops.append(partial)
             if chip == root:
                 heads[chip] = (dispatch.key, partial.key)
