@@ -76,3 +76,13 @@ def test_the_framework_chooses_the_attention_kernel_family_and_the_default_is_un
     assert fa3.latency_s < trt.latency_s          # FA3's curve is the faster one at 16K tokens
     with pytest.raises(ConfigError, match="no attention curve 'fa2'"):
         _decode(_system(tmp_path, attention="fa2"), **long)
+
+
+def test_a_framework_that_fuses_fp8_quantisation_runs_no_separate_kernel(tmp_path):
+    from g5core.sim.compute import Elementwise
+    from g5core.sim.roofline import kernel_latency_s
+
+    quant = Elementwise(tokens=2048, width=8192, kind="fp8_quant", act_bytes=2)
+    fused = get_system(_system(tmp_path, fused_fp8_quant="true"))
+    assert kernel_latency_s(quant, "fp8", fused) == 0.0
+    assert kernel_latency_s(quant, "fp8", get_system("h100-sxm")) > 0.0

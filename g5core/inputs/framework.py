@@ -11,6 +11,11 @@
 - ``eager_passkv_ring``: the pass-KV ring's steps run eagerly (a host loop of send/receive and
   attention per step, as ring attention implementations drive it) even where the rest of the
   step is captured. Default true.
+- ``fused_fp8_quant``: the FP8 quantisation of a GEMM's input runs inside the kernel that
+  produces it (TensorRT-LLM fuses residual add + RMSNorm + FP8 quantisation, NVIDIA/
+  TensorRT-LLM PR #12674, and the attention output's quantisation into attention, PR #11910;
+  vLLM does so only with its fusion pass on, vllm-project/vllm PR #27883): no separate
+  ``fp8_quant`` kernel time. Default false.
 - ``attention``: the attention kernel family of the size-aware roofline: ``default`` (the
   system file's ``compute_model`` attention fit) or a curve the file's
   ``compute_model.attention_curves`` names (e.g. ``fa3``).
@@ -32,7 +37,7 @@ import attrs
 from g5core.api.errors import ConfigError, suggest
 
 CUDA_GRAPH_MODES = ("decode", "all", "none")
-FRAMEWORK_KEYS = ("cuda_graphs", "kernel_launch_s", "eager_passkv_ring", "attention")
+FRAMEWORK_KEYS = ("cuda_graphs", "kernel_launch_s", "eager_passkv_ring", "fused_fp8_quant", "attention")
 DEFAULT_KERNEL_LAUNCH_S = 5.0e-6
 
 
@@ -41,6 +46,7 @@ class Framework:
     cuda_graphs: str = "decode"
     kernel_launch_s: float = DEFAULT_KERNEL_LAUNCH_S
     eager_passkv_ring: bool = True
+    fused_fp8_quant: bool = False
     attention: str = "default"
 
     @classmethod
@@ -63,10 +69,14 @@ class Framework:
         eager = data.get("eager_passkv_ring", True)
         if not isinstance(eager, bool):
             raise ConfigError(f"{field}.eager_passkv_ring", f"expected true or false, got {eager!r}")
+        fused = data.get("fused_fp8_quant", False)
+        if not isinstance(fused, bool):
+            raise ConfigError(f"{field}.fused_fp8_quant", f"expected true or false, got {fused!r}")
         attention = data.get("attention", "default")
         if not isinstance(attention, str) or not attention:
             raise ConfigError(f"{field}.attention", f"expected a curve name (default, fa3, ...), got {attention!r}")
-        return cls(cuda_graphs=mode, kernel_launch_s=float(launch), eager_passkv_ring=eager, attention=attention)
+        return cls(cuda_graphs=mode, kernel_launch_s=float(launch), eager_passkv_ring=eager, fused_fp8_quant=fused,
+                   attention=attention)
 
     def to_dict(self) -> dict:
         return attrs.asdict(self)
@@ -85,3 +95,9 @@ def launch_s(op, system, phase: str) -> float:
     if fw is None or fw.captured(phase, op.owner):
         return 0.0
     return max(1, len(op.kernels)) * fw.kernel_launch_s
+
+
+def fused_away(kernel, system) -> bool:
+    """Whether ``kernel`` runs inside its producer under the system's framework (no time)."""
+    fw = getattr(system, "framework", None)
+    return fw is not None and fw.fused_fp8_quant and getattr(kernel, "kind", "") == "fp8_quant"

@@ -67,6 +67,10 @@ def attention_efficiency(kernel: Attention, cm, curve: str = "default") -> float
 
 def kernel_latency_s(kernel, dtype: str, system) -> float:
     """One kernel's time on the size-aware roofline (``system.compute_model`` must be set)."""
+    from g5core.inputs.framework import fused_away
+
+    if fused_away(kernel, system):
+        return 0.0
     cm = system.compute_model
     memory_s = kernel.hbm_bytes / (system.hbm_bw_bytes_per_s * cm.hbm_fraction)
     if isinstance(kernel, Gemm):

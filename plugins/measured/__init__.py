@@ -19,6 +19,7 @@ from functools import lru_cache
 
 from g5core import ConfigError, hookimpl
 from g5core.sim.compute import Attention, ComputeTime, Elementwise, Gemm
+from g5core.inputs.framework import fused_away
 from g5core.sim.roofline import kernel_latency_s, roofline_latency_s
 
 from . import tables as T
@@ -182,7 +183,8 @@ def kernel_ms(profile, kernel, dtype: str, deployment, system):
         return gemm_ms(profile, kernel, dtype, system)
     if isinstance(kernel, Attention):
         return attention_ms(profile, kernel, dtype, deployment, system)
-    if isinstance(kernel, Elementwise) and kernel.kind == "fp8_quant" and kernel.tokens > 0:
+    if isinstance(kernel, Elementwise) and kernel.kind == "fp8_quant" and kernel.tokens > 0 \
+            and not fused_away(kernel, system):
         return fp8_quant_ms(profile, kernel, dtype, system)
     return None  # norms, residual adds, rotary, embedding, SwiGLU, merges, MoE routing: no table
 
