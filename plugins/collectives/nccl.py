@@ -347,15 +347,23 @@ def p2p_peer_channels(peer_bytes: float, n_ranks: int, node_channels: int) -> in
     scheduleP2pTasksToPlan's nChannelsMin (all channels, halved until one op per channel
     covers the ranks), then addP2pToPlan's part bounds (parts of at least chunk/8, doubled
     channels while a part exceeds 32 chunks)."""
+    return split_channels(peer_bytes, n_ranks, node_channels, node_channels,
+                          P2P_NVL_CHUNK_BYTES // 8, P2P_NVL_CHUNK_BYTES * 32)
+
+
+def split_channels(peer_bytes: float, n_ranks: int, peer_channels: int, p2p_channels: int,
+                   min_part: int, max_part: int) -> int:
+    """scheduleP2pTasksToPlan's nChannelsMin (the peer's channels, halved until one op per
+    channel covers the ranks), then addP2pToPlan's parts of ``min_part .. max_part`` bytes
+    (channels doubled while a part exceeds ``max_part`` and the peer has more)."""
     if peer_bytes <= 0:
         return 1
-    c_min = node_channels
-    while c_min * n_ranks > node_channels and c_min > 1:
+    c_min = peer_channels
+    while c_min * n_ranks > p2p_channels and c_min > 1:
         c_min //= 2
-    min_part, max_part = P2P_NVL_CHUNK_BYTES // 8, P2P_NVL_CHUNK_BYTES * 32
     nc = min(c_min, math.ceil(peer_bytes / min_part))
     part = max(min_part, math.ceil(peer_bytes / nc))
-    while part > max_part and nc <= node_channels // 2:
+    while part > max_part and nc <= peer_channels // 2:
         nc *= 2
         part = math.ceil(peer_bytes / nc)
     return nc
@@ -420,18 +428,8 @@ def net_op_channels(peer_bytes: float, n_ranks: int, peer_channels: int, p2p_cha
     """Channels one cross-node send of ``peer_bytes`` runs on (scheduleP2pTasksToPlan's
     nChannelsMin, then addP2pToPlan's parts of at least chunk/2, doubled while a part
     exceeds one chunk and channels remain)."""
-    if peer_bytes <= 0:
-        return 1
-    c_min = peer_channels
-    while c_min * n_ranks > p2p_channels and c_min > 1:
-        c_min //= 2
-    min_part, max_part = P2P_NET_CHUNK_BYTES // 2, P2P_NET_CHUNK_BYTES
-    nc = min(c_min, math.ceil(peer_bytes / min_part))
-    part = max(min_part, math.ceil(peer_bytes / nc))
-    while part > max_part and nc <= peer_channels // 2:
-        nc *= 2
-        part = math.ceil(peer_bytes / nc)
-    return nc
+    return split_channels(peer_bytes, n_ranks, peer_channels, p2p_channels, P2P_NET_CHUNK_BYTES // 2,
+                          P2P_NET_CHUNK_BYTES)
 
 
 def net_copy_time_us(peer_bytes: float, channels: int, rate_gbps: float = None) -> float:

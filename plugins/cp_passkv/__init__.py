@@ -113,12 +113,7 @@ def ring_fragment(ctx, lop, ring, work: list[Work], nbytes: float) -> Fragment:
             ops.append(p2p[r][i])
         heads[chip] = (compute[r][0].key, p2p[r][0].key)
         tails[chip] = tuple(c.key for c in compute[r])
-    for r in range(cp):
-        prev = (r - 1) % cp
-        for i in range(1, cp):
-            edges.append((p2p[prev][i - 1].key, compute[r][i].key))
-            if i < cp - 1:
-                edges.append((p2p[prev][i - 1].key, p2p[r][i].key))
+    edges += Fragment.ring_edges(p2p, compute)
     return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)
 
 

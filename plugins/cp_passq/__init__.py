@@ -168,10 +168,5 @@ def ring_form(ctx, lop, cp: int) -> Fragment:
             edges.append((a2a.key, merged.key))
             heads[chip] = (compute[r][0].key,) + ((sends[r][0].key,) if cp > 1 else ())
             tails[chip] = (merged.key,)
-        for r in range(cp):
-            prev = (r - 1) % cp
-            for i in range(1, cp):
-                edges.append((sends[prev][i - 1].key, compute[r][i].key))
-                if i < cp - 1:
-                    edges.append((sends[prev][i - 1].key, sends[r][i].key))
+        edges += Fragment.ring_edges(sends, compute)
     return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)
