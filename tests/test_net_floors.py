@@ -172,8 +172,9 @@ def test_two_node_nvls_tree_from_1_gib_is_below_one_node_and_within_15_percent_o
     two = collective_rows("all_reduce", H100, 16, big)
     for a, b in zip(one, two):
         assert b["algorithm"] == "nvls_tree" and b["busbw_bytes_per_s"] < a["busbw_bytes_per_s"]
-    # NVIDIA/nccl #1221: 430 GB/s on two 8 x H100 nodes with NVLS; HF playbook (AWS P5): 479
-    for published in (430e9, 479e9):
+    # NVIDIA/nccl #1221: 430 GB/s on two 8 x H100 nodes with NVLS; HF playbook (AWS P5): 479;
+    # nccl-tests #309: 470 (two HGX hosts' maximum)
+    for published in (430e9, 479e9, 470e9):
         assert abs(two[-1]["busbw_bytes_per_s"] / published - 1) <= 0.15
 
 
