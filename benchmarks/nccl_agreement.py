@@ -62,7 +62,7 @@ def agreement():
         measured_us = float(row["time_us"])
         out.append({"source": name, "op": op, "gpus": gpus, "nodes": int(row["nodes"]), "size_bytes": size,
                     "measured_us": measured_us, "g5_us": g5["time_s"] * 1e6,
-                    "measured_busbw_gbps": float(row["busbw_gbps"]), "g5_busbw_gbps": g5["busbw_bytes_per_s"] / 1e9,
+                    "measured_busbw_gbytes_per_s": float(row["busbw_gbytes_per_s"]), "g5_busbw_gbytes_per_s": g5["busbw_bytes_per_s"] / 1e9,
                     "error": measured_us / (g5["time_s"] * 1e6) - 1.0,   # busbw error = time ratio - 1
                     "algorithm": g5["algorithm"], "protocol": g5["protocol"]})
     return out
@@ -82,12 +82,12 @@ def main(argv):
         print("|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['source'].split('.csv')[0]} | {r['op']} | {r['gpus']} | {r['size_bytes']} | "
-                  f"{r['measured_busbw_gbps']:.1f} | {r['g5_busbw_gbps']:.1f} | {r['error'] * 100:+.0f}% | "
+                  f"{r['measured_busbw_gbytes_per_s']:.1f} | {r['g5_busbw_gbytes_per_s']:.1f} | {r['error'] * 100:+.0f}% | "
                   f"{r['algorithm']}/{r['protocol']} |")
         return
     for r in rows:
         print(f"{r['source'][:28]:28} {r['op']:>14} {r['gpus']:>3} {r['size_bytes']:>11} meas {r['measured_us']:>10.1f}us "
-              f"g5 {r['g5_us']:>10.1f}us busbw {r['measured_busbw_gbps']:7.1f} vs {r['g5_busbw_gbps']:7.1f} "
+              f"g5 {r['g5_us']:>10.1f}us busbw {r['measured_busbw_gbytes_per_s']:7.1f} vs {r['g5_busbw_gbytes_per_s']:7.1f} "
               f"{r['error'] * 100:+6.1f}% {r['algorithm']}/{r['protocol']}")
 
 

@@ -5,21 +5,35 @@ Plugins, built-in or third-party, import what they need from here and nowhere el
 helpers that turn a chip's share of the model into work and bytes. Everything in
 ``__all__`` is public API; the submodules are the core's own business.
 """
-from .sim.collective import Lowering, idle_transfer_s
-from .build.topology import Topology
-from .build.dag import CommOp, ComputeOp, Fragment
+from .api.context import BuildContext
 from .api.dimensions import Dimension
-from .api.errors import ConfigError, DagError, G5Error, PluginError
-from .build.flops import activation_tensor_bytes, causal_attention_flops
-from .build.layers import Work, attention_dims, attention_kernel, attention_work, default_work, local_kv_bytes_per_token
-from .sim.memory import MemoryTerm
+from .api.errors import ConfigError, DagError, G5Error, PluginError, suggest
+from .api.ops import CommOp, ComputeOp, Fragment
 from .api.options import PluginOption
 from .api.plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_manager
+from .api.records import Lowering, MemoryTerm, SweepPreset
+from .api.work import LogicalOp, Work
+from .build.flops import activation_tensor_bytes, attention_block_bytes, causal_attention_flops
+from .build.layers import (
+    attention_dims, attention_kernel, attention_side_kernels, attention_work, default_work, expert_work,
+    local_kv_bytes_per_token, merge_kernel,
+)
+from .build.topology import Topology
+from .inputs.framework import fused_away
+from .inputs.reading import check_keys
+from .sim.collective import idle_transfer_s
+from .sim.compute import Attention, ComputeTime, Elementwise, Gemm
+from .sim.reference import passq_reduce_elements
+from .sim.roofline import gemm_padded_flops, kernel_latency_s, op_latency_s, roofline_latency_s
+from .version import __version__
 
 __all__ = [
-    "CommOp", "ComputeOp", "ConfigError", "DagError", "Dimension", "Fragment", "G5Error", "Hooks", "Lowering",
-    "MemoryTerm", "PluginError", "PluginInfo", "PluginOption", "Topology", "Work", "activation_tensor_bytes",
-    "attention_dims", "attention_kernel", "attention_work", "causal_attention_flops", "default_work", "describe_plugins",
-    "hookimpl", "idle_transfer_s", "local_kv_bytes_per_token", "make_plugin_manager",
+    "Attention", "BuildContext", "CommOp", "ComputeOp", "ComputeTime", "ConfigError", "DagError", "Dimension",
+    "Elementwise", "Fragment", "G5Error", "Gemm", "Hooks", "LogicalOp", "Lowering", "MemoryTerm", "PluginError",
+    "PluginInfo", "PluginOption", "SweepPreset", "Topology", "Work", "activation_tensor_bytes",
+    "attention_block_bytes", "attention_dims", "attention_kernel", "attention_side_kernels", "attention_work",
+    "causal_attention_flops", "check_keys", "default_work", "describe_plugins", "expert_work", "fused_away",
+    "gemm_padded_flops", "hookimpl", "idle_transfer_s", "kernel_latency_s", "local_kv_bytes_per_token",
+    "make_plugin_manager", "merge_kernel", "op_latency_s", "passq_reduce_elements",
+    "roofline_latency_s", "suggest",
 ]
-__version__ = "0.1.0"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -242,3 +243,16 @@ def test_explain_disable_tp_with_tp_in_config():
 
 def test_cli_version():
     assert "0.1.0" in ok("--version")
+
+
+def test_run_as_a_script_every_command_is_registered():
+    """``python -m g5core.present.cli`` registers every command before it runs (the
+    ``__main__`` guard stands below the last one)."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "g5core.present.cli", "--help"], capture_output=True, text=True,
+                          check=True)
+    listed = {line.split()[0] for line in proc.stdout.split("Commands:")[1].splitlines() if line.strip()}
+    from g5core.present.cli import main
+
+    assert listed == set(main.commands) and {"validate", "calibrate"} <= listed

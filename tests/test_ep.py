@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from g5core.build.builder import build_dag
-from g5core.build.dag import CommOp
+from g5core.api.ops import CommOp
 from g5core.sim.engine import compile_dag
 from g5core.api.errors import ConfigError
 from g5core.sim.memory import memory_report

@@ -30,7 +30,7 @@ def test_a_cuda_graph_decode_is_faster_than_an_eager_one_by_its_kernels_launch_c
     assert added == pytest.approx(kernels * 5e-6, rel=1e-9)
     # TP decode runs its compute ops one after another: the step is longer by exactly that
     assert eager.latency_s - graphs.latency_s == pytest.approx(added, rel=1e-6)
-    assert "kernel launches:" in __import__("g5core.sim.compute", fromlist=["render_compute"]).render_compute(
+    assert "kernel launches:" in __import__("g5core.present.render", fromlist=["render_compute"]).render_compute(
         eager.sim.compute)[1]
 
 

@@ -13,12 +13,12 @@ from click.testing import CliRunner
 
 from g5core.present.cli import main
 from g5core.sim.collbench import collective_rows, size_range
-from g5core.build.dag import CommOp
+from g5core.api.ops import CommOp
 from g5core.api.errors import ConfigError
 from g5core.sim.run import run
 from g5core.inputs.systems import SystemSpec, get_system
 from g5core.build.topology import Topology
-from g5plugins.collectives import dtree_edges, lower_collective
+from g5plugins.collectives import dtree_edges, forced_choices, lower_collective
 from g5plugins.collectives import nccl
 
 from helpers_engine import SYSTEM_FIELDS
@@ -166,10 +166,7 @@ def test_an_oversubscribed_fabric_slows_cross_node_traffic_that_a_full_bisection
     ({"fabric": {"nodes_per_leaf": 2, "oversubscription": 1e300}}, "system.fabric.oversubscription", "1 .. 1000"),
     ({"compute_capability": 0.5}, "system.compute_capability", "such as 9.0"),
     ({"fabric": {"nodes_per_leaf": 2}}, "system.fabric.oversubscription", "missing"),
-    ({"nccl": {"all_reduce": {"algorithm": "butterfly"}}}, "system.nccl.all_reduce.algorithm", "ring, tree, nvls"),
-    ({"nccl": {"all_gather": {"algorithm": "tree"}}}, "system.nccl.all_gather.algorithm", "only for all_reduce"),
-    ({"nccl": {"all_reduce": {"algorithm": "nvls"}}}, "system.nccl.all_reduce.algorithm", "set nvls: true"),
-    ({"nccl": {"all_reduce": {"protocol": "ll256"}}}, "system.nccl.all_reduce.protocol", "ll, ll128, simple"),
+    ({"nccl": {"all_reduce": "ring"}}, "system.nccl.all_reduce", "expected a mapping"),
     ({"nvls": "yes"}, "system.nvls", "true or false"),
 ])
 def test_an_impossible_topology_is_a_one_line_error_naming_the_field(change, field, message):
@@ -177,6 +174,32 @@ def test_an_impossible_topology_is_a_one_line_error_naming_the_field(change, fie
         SystemSpec.from_dict(dict(SYSTEM_FIELDS, **change))
     text = str(info.value)
     assert text.startswith(field) and message in text and "\n" not in text
+
+
+NCCL_BLOCKS = [
+    ({"all_reduce": {"algorithm": "butterfly"}}, "system.nccl.all_reduce.algorithm", "ring, tree, nvls"),
+    ({"all_gather": {"algorithm": "tree"}}, "system.nccl.all_gather.algorithm", "only for all_reduce"),
+    ({"all_reduce": {"algorithm": "nvls"}}, "system.nccl.all_reduce.algorithm", "set nvls: true"),
+    ({"all_reduce": {"protocol": "ll256"}}, "system.nccl.all_reduce.protocol", "ll, ll128, simple"),
+    ({"all_reduce": {"algo": "ring"}}, "system.nccl.all_reduce.algo", "valid keys: algorithm, protocol"),
+    ({"alltoall": {"algorithm": "ring"}}, "system.nccl.alltoall", "unknown collective"),
+]
+
+
+@pytest.mark.parametrize("block, field, message", NCCL_BLOCKS)
+def test_the_collectives_plugin_refuses_a_bad_nccl_block_naming_the_field(tmp_path, block, field, message):
+    """The nccl block is the collectives plugin's schema: it checks it when a run is prepared
+    (and when g5 collective lowers), one line naming the field."""
+    system = SystemSpec.from_dict(dict(SYSTEM_FIELDS, nccl=block))   # the core only sees a mapping of mappings
+    with pytest.raises(ConfigError) as info:
+        forced_choices(system)
+    text = str(info.value)
+    assert text.startswith(field) and message in text and "\n" not in text
+    path = tmp_path / "system.yaml"
+    path.write_text(yaml.safe_dump(dict(SYSTEM_FIELDS, nccl=block)))
+    with pytest.raises(ConfigError, match=f"^{field}"):
+        run({"model": "llama-3.1-8b", "system": str(path), "chips": 4, "parallel": {"dp": 1, "pp": 1, "cp": 1, "tp": 4},
+             "phase": "decode", "batch": 1, "seq_len": 1024})
 
 
 def test_an_old_system_file_keeps_working_with_one_nic_per_chip_and_asks_only_for_the_gpu_generation(tmp_path):

@@ -16,7 +16,7 @@ from g5core.build.topology import Topology
 from g5core.inputs.systems import SystemSpec, get_system
 from g5core.present.cli import main
 from g5core.sim.collbench import collective_rows
-from g5plugins.collectives import _nccl_group, lower_collective, nccl, p2p, sendrecv
+from g5plugins.collectives import _nccl_group, forced_choices, lower_collective, nccl, p2p, sendrecv
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("fit_net_floors", ROOT / "tools" / "fit_net_floors.py")
@@ -140,9 +140,13 @@ def test_a_cross_node_p2p_uses_the_channels_nccl_gives_one_peer_at_the_fitted_ra
     assert slow.latency_s == pytest.approx(H100.network_latency_s + copy_s - 2 ** 26 / 48e9, rel=1e-9)
     inside = p2p((0, 1), 2 ** 26, topo)      # inside a node: one flow at the link's rate, as before
     assert inside.channels == 1 and inside.latency_s == H100.intra_node_latency_s
+    # the collectives plugin owns the nccl block and checks it when a run is prepared
+    data["nccl"] = {"p2p": {"net_peer_channels": 64}}
     with pytest.raises(ConfigError, match="1 .. 32"):
-        data["nccl"] = {"p2p": {"net_peer_channels": 64}}
-        SystemSpec.from_dict(data)
+        forced_choices(SystemSpec.from_dict(data))
+    data["nccl"] = {"p2p": {"net_peer_chanels": 2}}
+    with pytest.raises(ConfigError, match="did you mean 'net_peer_channels'"):
+        forced_choices(SystemSpec.from_dict(data))
 
 
 def test_eight_concurrent_cross_node_sends_from_one_node_use_eight_nics():

@@ -43,7 +43,7 @@ def test_layouts_cover_every_registered_dimension_including_a_third_party_one():
     assert len({json.dumps(l, sort_keys=True) for l in layouts}) == len(layouts)
     assert {"dp": 1, "pp": 1, "cp": 2, "tp": 4, "ep": 4} in layouts
     plugin = types.SimpleNamespace(g5_register_dimensions=hookimpl(
-        lambda register: register(Dimension("sp", factor=True, rank_order=25, doc="test"))))
+        lambda register: register(Dimension(name="sp", factor=True, rank_order=25, doc="test"))))
     with_sp = enumerate_layouts(8, _dims([("sp_test", plugin)]))
     assert all(l["dp"] * l["pp"] * l["cp"] * l["sp"] * l["tp"] == 8 for l in with_sp)
     assert any(l["sp"] == 8 for l in with_sp)

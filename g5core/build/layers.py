@@ -16,6 +16,7 @@ from g5core.build import flops as F
 from g5core.sim.compute import Attention, Elementwise, Gemm
 from g5core.inputs.config import Deployment
 from g5core.api.errors import DagError
+from g5core.api.work import LogicalOp, Work
 from g5core.inputs.models import ModelSpec
 from g5core.build.shape import LocalShape
 
@@ -23,36 +24,6 @@ EMBED_LAYER = -1
 
 # Kinds whose default expansion creates no op: they exist so a plugin can claim them.
 SYNC_KINDS = frozenset({"boundary", "attn_in_gather", "attn_out_reduce", "ffn_in_gather", "ffn_out_reduce"})
-
-
-@attrs.frozen
-class LogicalOp:
-    """One logical op of the model program: ``kind`` in one ``layer``.
-
-    ``inputs`` are the ids of the logical ops whose output it consumes. ``layer`` is -1 for
-    the embedding and ``n_layers`` for the final norm and LM head.
-    """
-
-    kind: str
-    layer: int
-    inputs: tuple[str, ...] = attrs.field(converter=tuple, default=())
-    id: str = attrs.field(init=False, eq=False,
-                          default=attrs.Factory(lambda self: f"{layer_tag(self.layer)}.{self.kind}", takes_self=True))
-
-    @property
-    def prefix(self) -> str:
-        """Every concrete op key of this logical op starts with this prefix."""
-        return self.id
-
-    def key(self, chip: int, part: str = "") -> str:
-        """Stable op key: ``L003.qkv_proj@c12`` or ``L003.attention.step02@c12``."""
-        return f"{self.id}.{part}@c{chip}" if part else f"{self.id}@c{chip}"
-
-
-def layer_tag(layer: int) -> str:
-    if layer < 0:
-        return "E"
-    return f"L{layer:03d}"
 
 
 def build_program(model: ModelSpec) -> tuple[LogicalOp, ...]:
@@ -125,16 +96,6 @@ def attention_dims(model: ModelSpec, phase: str) -> tuple[int, int]:
 def local_kv_bytes_per_token(model: ModelSpec, deployment: Deployment, shape: LocalShape) -> float:
     """c_kv on one chip: the model's c_kv divided by the KV-head split (1 for MLA)."""
     return model.kv_bytes_per_token_per_layer(deployment.dtypes.kv_cache_element_bytes) / shape.kv_shard
-
-
-@attrs.frozen(kw_only=True)
-class Work:
-    op_class: str        # gemm | attention | elementwise
-    flops: float
-    hbm_bytes: float
-    weight_class: str    # which dtypes.weights entry sets the compute dtype ("" = activations)
-    weight_elements: float  # weight elements resident on the chip for this op
-    kernels: tuple = attrs.field(converter=tuple)  # the kernels it runs, with shapes (g5core.sim.compute)
 
 
 def weight_elements(kind: str, model: ModelSpec, shape: LocalShape) -> float:

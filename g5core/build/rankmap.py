@@ -18,7 +18,7 @@ import attrs
 from g5core.api.dimensions import DimensionRegistry
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class RankMap:
     chips: int
     chips_per_node: int
@@ -65,7 +65,8 @@ class RankMap:
                 for chip in g:
                     idx[chip] = gi
             index[name] = tuple(idx)
-        return cls(chips, chips_per_node, names, fsizes, groups, index)
+        return cls(chips=chips, chips_per_node=chips_per_node, factor_names=names, factor_sizes=fsizes, groups=groups,
+                   group_index=index)
 
     @staticmethod
     def _coords_of(chip: int, sizes: tuple[int, ...]) -> tuple[int, ...]:

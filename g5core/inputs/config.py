@@ -20,8 +20,8 @@ from g5core.api.options import OptionRegistry, option_value
 from g5core.inputs.dtypes import dtype_bytes
 from g5core.api.errors import ConfigError, suggest
 from g5core.inputs.reading import (
-    MAX_BATCH, MAX_CHIPS, MAX_SEQ_LEN, MAX_TOKENS, DuplicateKeyError, check_size, duplicate_key_error, load_json,
-    load_yaml, read_text,
+    MAX_BATCH, MAX_CHIPS, MAX_SEQ_LEN, MAX_TOKENS, DuplicateKeyError, check_keys, check_size, duplicate_key_error,
+    load_json, load_yaml, read_text,
 )
 
 if sys.version_info >= (3, 11):
@@ -77,13 +77,7 @@ class Dtypes:
             data = {}
         if not isinstance(data, Mapping):
             raise ConfigError("dtypes", "must be a mapping with keys weights, activations, kv_cache")
-        for key in data:
-            if key not in ("weights", "activations", "kv_cache"):
-                raise ConfigError(
-                    f"dtypes.{key}",
-                    f"unknown key{suggest(key, ('weights', 'activations', 'kv_cache'))}; "
-                    "valid keys: weights, activations, kv_cache",
-                )
+        check_keys(data, "dtypes", ("weights", "activations", "kv_cache"))
         weights = data.get("weights", DEFAULT_DTYPE)
         if isinstance(weights, Mapping):
             table = {}
@@ -115,7 +109,7 @@ class Dtypes:
         return {"weights": weights, "activations": self.activations, "kv_cache": self.kv_cache}
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Deployment:
     """One validated deployment. Build it with :meth:`from_dict`, never ``Deployment(**data)``."""
 
@@ -151,12 +145,7 @@ class Deployment:
         if not isinstance(data, Mapping):
             raise ConfigError("", f"{source}: the top level must be a mapping of keys to values")
         keys = TOP_LEVEL_KEYS + tuple(options.legacy_keys)
-        for key in data:
-            if key not in keys:
-                raise ConfigError(str(key), f"unknown key{suggest(str(key), keys)}; valid keys: {', '.join(keys)}")
-        for key in REQUIRED_KEYS:
-            if key not in data:
-                raise ConfigError(key, "is required")
+        check_keys(data, "", keys, REQUIRED_KEYS, missing="is required")
         for key in ("model", "system"):
             if not isinstance(data[key], str) or not data[key]:
                 raise ConfigError(key, f"must be a name or a file path, got {data[key]!r}")
@@ -284,6 +273,14 @@ def disabled_from_config(data: Mapping) -> tuple[str, ...]:
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise ConfigError("plugins.disable", "must be a list of plugin names")
     return tuple(names)
+
+
+def all_disabled(raw: Mapping | Deployment | None, disabled: Iterable[str] = ()) -> tuple[str, ...]:
+    """The plugins a run disables: ``disabled`` (the command line's), then the configuration's
+    ``plugins.disable`` (a Deployment's ``disabled_plugins``), each name once, in that order."""
+    from_config = () if raw is None else (raw.disabled_plugins if isinstance(raw, Deployment)
+                                          else disabled_from_config(raw))
+    return tuple(dict.fromkeys(tuple(disabled) + tuple(from_config)))
 
 
 # ----------------------------------------------------------------------------------------

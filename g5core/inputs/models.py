@@ -19,7 +19,7 @@ _POS = [instance_of(int), gt(0)]
 _NONNEG = [instance_of(int), ge(0)]
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class AttentionSpec:
     kind: str = attrs.field(validator=in_(("gqa", "mla")))
     n_heads: int = attrs.field(validator=_POS)
@@ -48,7 +48,7 @@ class AttentionSpec:
                 raise ConfigError("head_dim", "MLA head_dim must be qk_nope_head_dim + qk_rope_head_dim")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class MoESpec:
     n_routed_experts: int = attrs.field(validator=_POS)
     n_active_experts: int = attrs.field(validator=_POS)  # top-k
@@ -67,7 +67,7 @@ class MoESpec:
             raise ConfigError("n_shared_experts", "shared experts need a shared expert FFN size and vice versa")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class LayerParams:
     """Parameter count of one decoder layer, by part."""
 
@@ -96,7 +96,7 @@ class ParamCounts:
     active: int
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ModelSpec:
     name: str = attrs.field(validator=instance_of(str))
     hidden_size: int = attrs.field(validator=_POS)
@@ -169,12 +169,12 @@ class ModelSpec:
         if a.kind == "mla":
             norms += a.q_lora_rank + a.kv_lora_rank  # q_a_layernorm, kv_a_layernorm
         if not self.is_moe_layer(layer):
-            return LayerParams(attention, norms, dense_ffn=self.ffn_params(self.ffn_dim))
+            return LayerParams(attention=attention, attention_norms=norms, dense_ffn=self.ffn_params(self.ffn_dim))
         m = self.moe
         expert = self.ffn_params(m.expert_ffn_dim)
         return LayerParams(
-            attention,
-            norms,
+            attention=attention,
+            attention_norms=norms,
             router=d * m.n_routed_experts,
             routed_experts=m.n_routed_experts * expert,
             routed_experts_active=m.n_active_experts * expert,
@@ -263,8 +263,8 @@ class _Fields:
         if "head_dim" not in self.data and hidden % heads:
             raise self._bad("num_attention_heads", f"{heads} does not divide hidden_size {hidden}")
         return AttentionSpec(
-            "gqa", heads, self.integer("num_key_value_heads", heads),
-            self.integer("head_dim", hidden // heads), qkv_bias=qkv_bias, qk_norm=qk_norm,
+            kind="gqa", n_heads=heads, n_kv_heads=self.integer("num_key_value_heads", heads),
+            head_dim=self.integer("head_dim", hidden // heads), qkv_bias=qkv_bias, qk_norm=qk_norm,
         )
 
 
@@ -281,15 +281,15 @@ def _parse_qwen3_moe(f: _Fields, name: str) -> ModelSpec:
     dense = f.data.get("mlp_only_layers") or []
     if not isinstance(dense, list) or dense != list(range(len(dense))):
         raise f._bad("mlp_only_layers", "only a leading run of dense layers [0, 1, ..] is supported")
-    moe = MoESpec(f.integer("num_experts"), f.integer("num_experts_per_tok"),
-                  f.integer("moe_intermediate_size"), first_dense_layers=len(dense))
+    moe = MoESpec(n_routed_experts=f.integer("num_experts"), n_active_experts=f.integer("num_experts_per_tok"),
+                  expert_ffn_dim=f.integer("moe_intermediate_size"), first_dense_layers=len(dense))
     return ModelSpec(name=name, attention=f.gqa(f.flag("attention_bias", False), qk_norm=True),
                      moe=moe, **f.common())
 
 
 def _parse_mixtral(f: _Fields, name: str) -> ModelSpec:
-    moe = MoESpec(f.integer("num_local_experts"), f.integer("num_experts_per_tok"),
-                  f.integer("intermediate_size"))  # every expert is a full-size FFN
+    moe = MoESpec(n_routed_experts=f.integer("num_local_experts"), n_active_experts=f.integer("num_experts_per_tok"),
+                  expert_ffn_dim=f.integer("intermediate_size"))  # every expert is a full-size FFN
     return ModelSpec(name=name, attention=f.gqa(False), moe=moe, **f.common())
 
 
@@ -299,13 +299,13 @@ def _parse_deepseek_v3(f: _Fields, name: str) -> ModelSpec:
     heads = f.integer("num_attention_heads")
     nope, rope = f.integer("qk_nope_head_dim"), f.integer("qk_rope_head_dim")
     attention = AttentionSpec(
-        "mla", heads, heads, nope + rope,
+        kind="mla", n_heads=heads, n_kv_heads=heads, head_dim=nope + rope,
         q_lora_rank=f.integer("q_lora_rank", 0, minimum=0), kv_lora_rank=f.integer("kv_lora_rank"),
         qk_nope_head_dim=nope, qk_rope_head_dim=rope, v_head_dim=f.integer("v_head_dim"),
     )
     expert = f.integer("moe_intermediate_size")
     shared = f.integer("n_shared_experts", 0, minimum=0)
-    moe = MoESpec(f.integer("n_routed_experts"), f.integer("num_experts_per_tok"), expert,
+    moe = MoESpec(n_routed_experts=f.integer("n_routed_experts"), n_active_experts=f.integer("num_experts_per_tok"), expert_ffn_dim=expert,
                   n_shared_experts=shared, shared_expert_ffn_dim=expert if shared else 0,
                   first_dense_layers=f.integer("first_k_dense_replace", 0, minimum=0))
     # num_nextn_predict_layers (the MTP module) is not part of the served model: ignored.
@@ -324,22 +324,22 @@ _HF_PARSERS: dict[str, Callable[[_Fields, str], ModelSpec]] = {
 
 # -- catalog -------------------------------------------------------------------------------------
 def _gqa(heads: int, kv: int, head_dim: int = 128, **kw: Any) -> AttentionSpec:
-    return AttentionSpec("gqa", heads, kv, head_dim, **kw)
+    return AttentionSpec(kind="gqa", n_heads=heads, n_kv_heads=kv, head_dim=head_dim, **kw)
 
 
 # max_context_tokens: max_position_embeddings of each model's published config.json
 _MODELS = (  # name, hidden_size, n_layers, vocab_size, ffn_dim, attention
-    ModelSpec("llama-3.1-8b", 4096, 32, 128256, 14336, _gqa(32, 8), max_context_tokens=131072),
-    ModelSpec("llama-3.1-70b", 8192, 80, 128256, 28672, _gqa(64, 8), max_context_tokens=131072),
-    ModelSpec("llama-3.1-405b", 16384, 126, 128256, 53248, _gqa(128, 8), max_context_tokens=131072),
-    ModelSpec("qwen2.5-72b", 8192, 80, 152064, 29568, _gqa(64, 8, qkv_bias=True), max_context_tokens=32768),
-    ModelSpec("qwen3-235b-a22b", 4096, 94, 151936, 12288, _gqa(64, 4, qk_norm=True),
+    ModelSpec(name="llama-3.1-8b", hidden_size=4096, n_layers=32, vocab_size=128256, ffn_dim=14336, attention=_gqa(32, 8), max_context_tokens=131072),
+    ModelSpec(name="llama-3.1-70b", hidden_size=8192, n_layers=80, vocab_size=128256, ffn_dim=28672, attention=_gqa(64, 8), max_context_tokens=131072),
+    ModelSpec(name="llama-3.1-405b", hidden_size=16384, n_layers=126, vocab_size=128256, ffn_dim=53248, attention=_gqa(128, 8), max_context_tokens=131072),
+    ModelSpec(name="qwen2.5-72b", hidden_size=8192, n_layers=80, vocab_size=152064, ffn_dim=29568, attention=_gqa(64, 8, qkv_bias=True), max_context_tokens=32768),
+    ModelSpec(name="qwen3-235b-a22b", hidden_size=4096, n_layers=94, vocab_size=151936, ffn_dim=12288, attention=_gqa(64, 4, qk_norm=True),
               moe=MoESpec(n_routed_experts=128, n_active_experts=8, expert_ffn_dim=1536), max_context_tokens=40960),
-    ModelSpec("mixtral-8x7b", 4096, 32, 32000, 14336, _gqa(32, 8),
+    ModelSpec(name="mixtral-8x7b", hidden_size=4096, n_layers=32, vocab_size=32000, ffn_dim=14336, attention=_gqa(32, 8),
               moe=MoESpec(n_routed_experts=8, n_active_experts=2, expert_ffn_dim=14336), max_context_tokens=32768),
     ModelSpec(
-        "deepseek-v3", 7168, 61, 129280, 18432,
-        AttentionSpec("mla", 128, 128, 192, q_lora_rank=1536, kv_lora_rank=512,
+        name="deepseek-v3", hidden_size=7168, n_layers=61, vocab_size=129280, ffn_dim=18432,
+        attention=AttentionSpec(kind="mla", n_heads=128, n_kv_heads=128, head_dim=192, q_lora_rank=1536, kv_lora_rank=512,
                       qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
         moe=MoESpec(n_routed_experts=256, n_active_experts=8, expert_ffn_dim=2048,
                     n_shared_experts=1, shared_expert_ffn_dim=2048, first_dense_layers=3),

@@ -197,7 +197,7 @@ def pareto_figure(rows: Sequence[Mapping]):
 
 def timeline_figure(row: Mapping, group_dim: str = "cp", layer: Optional[int] = None):
     """One layer across the chips of the group of chip 0 along ``group_dim``, from a fresh simulation."""
-    from g5core.build.dag import ComputeOp
+    from g5core.api.ops import ComputeOp
     from g5core.sim.run import run
 
     plt = _pyplot()

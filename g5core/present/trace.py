@@ -27,7 +27,7 @@ import heapq
 import json
 
 from g5core.build.topology import KIND_NAMES, Topology
-from g5core.build.dag import CommOp, ComputeOp
+from g5core.api.ops import CommOp, ComputeOp
 from g5core.api.errors import G5Error
 from g5core.sim.compute import describe_kernels
 from g5core.sim.results import SimResult

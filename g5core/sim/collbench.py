@@ -11,7 +11,6 @@ of all_gather, the input of reduce_scatter.
 from __future__ import annotations
 
 import re
-import types
 from typing import Iterable
 
 from g5core.api.errors import ConfigError
@@ -68,7 +67,7 @@ def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterabl
     rows = []
     for size in sizes:
         compiled = compile_one(size)
-        time_s = Engine(compiled).run().makespan_s
+        time_s = Engine(dag=compiled).run().makespan_s
         algorithm, protocol, channels = compiled.comm_algo[0]
         algbw = size / time_s if time_s > 0 else 0.0
         rows.append({"size_bytes": int(size), "time_s": time_s, "algbw_bytes_per_s": algbw,
@@ -82,8 +81,9 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
     chips ``0 .. chips - 1`` of ``system_name``, lowered by the enabled plugins."""
     from g5core.build.builder import make_topology
     from g5core.sim.collective import collect_primitives
-    from g5core.build.dag import CommOp, OpDag
-    from g5core.sim.engine import compile_dag
+    from g5core.api.ops import CommOp
+    from g5core.build.dag import OpDag
+    from g5core.sim.engine import compile_ops
     from g5core.api.plugins import Hooks, make_plugin_manager
     from g5core.inputs.systems import SystemSpec, get_system
 
@@ -101,26 +101,14 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
                                 f"the enabled plugins lower {', '.join(primitives) or 'none'}")
     system = system_name if isinstance(system_name, SystemSpec) else get_system(system_name)
     topo = make_topology(hooks, system, chips)
-    plan = types.SimpleNamespace(ctx=types.SimpleNamespace(topology=topo, system=system, deployment=None), hooks=hooks,
-                                 primitives=primitives)
     group = tuple(range(chips))
 
     def compile_one(size: float):
         dag = OpDag()
         dag.add_op(CommOp(key="collective", primitive=primitive, group=group, bytes_per_rank=float(size),
                           reason="collective", layer=0, name="collective", owner="g5"))
-        return compile_dag(dag, plan)
+        return compile_ops(dag, topology=topo, primitives=primitives, hooks=hooks, system=system, deployment=None)
 
     return compile_one
 
 
-def render_rows(primitive: str, system_name: str, chips: int, nodes: int, rows: list[dict]) -> str:
-    """The table nccl-tests prints (size, time in us, algbw and busbw in GB/s), plus the
-    algorithm, protocol and channels G5's NCCL model chose."""
-    lines = [f"# {ALIASES.get(primitive, primitive)} on {chips} chips of {system_name} ({nodes} node"
-             f"{'s' if nodes != 1 else ''}); time of the op alone, GB/s = 1e9 bytes/s",
-             f"#{'size':>12} {'time(us)':>11} {'algbw':>8} {'busbw':>8}  {'algorithm':<9} {'protocol':<8} channels"]
-    for r in rows:
-        lines.append(f" {r['size_bytes']:>12} {r['time_s'] * 1e6:>11.2f} {r['algbw_bytes_per_s'] / 1e9:>8.2f} "
-                     f"{r['busbw_bytes_per_s'] / 1e9:>8.2f}  {r['algorithm']:<9} {r['protocol']:<8} {r['channels']}")
-    return "\n".join(lines)

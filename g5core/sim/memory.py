@@ -6,32 +6,12 @@ op DAG, so the Math path reports the same ledger.
 """
 from __future__ import annotations
 
-from typing import Mapping
-
 import attrs
 
 from g5core.api.errors import PluginError
+from g5core.api.records import CATEGORIES, MemoryTerm
 
-CATEGORIES = ("weights", "kv_cache", "activations", "workspace")
 GIB = float(2 ** 30)
-
-
-def _chip_items(value) -> tuple[tuple[int, float], ...]:
-    if isinstance(value, Mapping):
-        value = value.items()
-    return tuple(sorted((int(c), float(b)) for c, b in value))
-
-
-@attrs.frozen
-class MemoryTerm:
-    """A named per-chip memory term. ``bytes_per_chip`` maps chip -> bytes (absent = 0)."""
-
-    name: str
-    category: str = attrs.field(validator=attrs.validators.in_(CATEGORIES))
-    bytes_per_chip: tuple[tuple[int, float], ...] = attrs.field(converter=_chip_items)
-
-    def on(self, chip: int) -> float:
-        return dict(self.bytes_per_chip).get(chip, 0.0)
 
 
 def kv_cache_bytes(batch: int, seq_len: int, kv_bytes_per_token_per_layer: int, layers: int,
@@ -73,7 +53,7 @@ def activation_peak_bytes(ctx, layers: list[int]) -> float:
     return ctx.deployment.dtypes.activation_element_bytes * s.tokens * (2.0 * d + max(widths))
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ChipMemory:
     chip: int
     weights_bytes: float

@@ -13,8 +13,9 @@ from g5core.sim.engine import CompiledDag, Engine
 from g5core.api.errors import ConservationError
 from g5core.build.symmetry import WHOLE_RUN, Symmetry
 
-# Interval sums agree with one another to about this relative precision (float rounding).
-ROUNDING_TIME_REL = 1e-9
+# Sums of intervals (comm time, its exposed part) agree with one another to about this
+# fraction of their size: closer than this they are equal, the difference float rounding.
+INTERVAL_SUM_ROUNDING_REL = 1e-9
 # A port's rate is a float sum of its flows' shares, so it may exceed the capacity by a few
 # ulps; over a very long run that rounding adds up to whole bytes. Excess below this
 # fraction of what all ports can carry in the run is rounding, not a violation.
@@ -56,14 +57,7 @@ def conservation_kpis(engine: Engine) -> dict[str, float]:
         del comp
         c, s, e = d.chip[o], start[o], end[o]
         overlap = int(np.count_nonzero((c[1:] == c[:-1]) & (s[1:] < e[:-1])))
-    return {
-        "ops_not_executed_once": not_once,
-        "ops_started_before_predecessor_finished": early,
-        "bytes_injected_minus_delivered": bytes_kpi,
-        "dag_flops_minus_executed_flops": flops_kpi,
-        "port_bytes_beyond_capacity": port_kpi,
-        "overlapping_compute_intervals": overlap,
-    }
+    return dict(zip(KPI_NAMES, (not_once, early, bytes_kpi, flops_kpi, port_kpi, overlap), strict=True))
 
 
 #: Ops whose out-edges the causality KPI checks at once (bounds its temporary arrays).
@@ -97,7 +91,7 @@ def check_conservation(kpis: dict) -> None:
 # ----------------------------------------------------------------------------------------
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class SimResult:
     phase: str
     latency_s: float
@@ -190,7 +184,7 @@ def collectives_report(dag: OpDag, d: CompiledDag, replicas: int = 1) -> list[di
     groups: dict[tuple, list] = {}
     for s_id, count in zip(spec_ids.tolist(), counts.tolist()):
         spec, a_id = specs[s_id], int(d.spec_algo[s_id])
-        groups.setdefault((spec[2], spec[0]) + tuple(d.algos[a_id]), []).append((spec[5], count))
+        groups.setdefault((spec.reason, spec.primitive) + tuple(d.algos[a_id]), []).append((spec.bytes_per_rank, count))
     return [{"reason": r, "primitive": p, "algorithm": a, "protocol": pr, "channels": ch,
              "ops": sum(c for _, c in b) * replicas,
              "bytes_per_rank": exact_sum_repeated((v, c * replicas) for v, c in b)}
@@ -200,7 +194,7 @@ def collectives_report(dag: OpDag, d: CompiledDag, replicas: int = 1) -> list[di
 def _spec_reason_ids(dag: OpDag, reasons: list[str]) -> np.ndarray:
     """Per spec: the id (in ``reasons``) of a comm spec's reason, -1 for compute."""
     rindex = {r: k for k, r in enumerate(reasons)}
-    return np.asarray([rindex.get(spec[2], -1) if comm else -1 for spec, comm in zip(dag.specs, dag.spec_is_comm)],
+    return np.asarray([rindex.get(spec.reason, -1) if comm else -1 for spec, comm in zip(dag.specs, dag.spec_is_comm)],
                       dtype=np.int64)
 
 
@@ -216,7 +210,7 @@ def compute_report(dag: OpDag, d: CompiledDag, latency_s: float, symmetry: Symme
 
 def _reasons(dag: OpDag) -> list[str]:
     used = set(np.unique(dag.spec_array()).tolist())
-    return sorted({spec[2] for s, (spec, comm) in enumerate(zip(dag.specs, dag.spec_is_comm)) if comm and s in used})
+    return sorted({spec.reason for s, (spec, comm) in enumerate(zip(dag.specs, dag.spec_is_comm)) if comm and s in used})
 
 
 def comm_bytes_by_reason(dag: OpDag, d: CompiledDag, replicas: int = 1) -> dict:
@@ -291,7 +285,7 @@ def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarra
     del is_comm, done
     # every (member chip, comm op) pair, from each spec's group
     spec = d.spec[comm]
-    groups = [spec_[1] if is_c else () for spec_, is_c in zip(dag.specs, dag.spec_is_comm)]
+    groups = [spec_.group if is_c else () for spec_, is_c in zip(dag.specs, dag.spec_is_comm)]
     g_size = np.asarray([len(g) for g in groups], dtype=np.int64)
     g_start = np.zeros(len(groups) + 1, dtype=np.int64)
     np.cumsum(g_size, out=g_start[1:])
@@ -336,9 +330,9 @@ def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarra
         best = cand[np.lexsort((cand, -comm_row[cand], -exposed[cand]))[0]]
         total, exp = float(comm_row[best]), float(min(exposed[best], comm_row[best]))
         # the union arithmetic rounds; snap differences below a nanosecond-per-second
-        if abs(total - exp) <= ROUNDING_TIME_REL * total:
+        if abs(total - exp) <= INTERVAL_SUM_ROUNDING_REL * total:
             exp = total
-        elif exp <= ROUNDING_TIME_REL * total:
+        elif exp <= INTERVAL_SUM_ROUNDING_REL * total:
             exp = 0.0
         return {"comm_time_s": total, "exposed_comm_s": exp,
                 "hidden_fraction": 1.0 - exp / total if total > 0 else 1.0, "chip": int(best)}

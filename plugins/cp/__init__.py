@@ -24,7 +24,7 @@ PHASE_PLUGIN = {"prefill": "cp_passkv", "decode": "cp_passq"}
 
 @hookimpl
 def g5_register_dimensions(register):
-    register(Dimension("cp", factor=True, rank_order=20, default=None,
+    register(Dimension(name="cp", factor=True, rank_order=20, default=None,
                        doc="context parallelism: the sequence split over cp chips (required)"))
 
 

@@ -19,10 +19,10 @@ case, ``M_passkv`` bytes.
 """
 from __future__ import annotations
 
-from g5core import Fragment, hookimpl
-from g5core.build.flops import attention_block_bytes, causal_attention_flops
-from g5core.build.layers import Work, attention_dims, attention_kernel, merge_kernel
-from g5core.sim.memory import MemoryTerm
+from g5core import (
+    Fragment, MemoryTerm, Work, attention_block_bytes, attention_dims, attention_kernel, causal_attention_flops,
+    hookimpl, merge_kernel,
+)
 
 
 def passkv_bytes_per_rank_per_layer(seq_len: int, cp: int, kv_bytes_per_token: float, batch: int = 1) -> float:

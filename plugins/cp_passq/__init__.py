@@ -38,10 +38,10 @@ import math
 
 import attrs
 
-from g5core import Fragment, PluginOption, hookimpl
-from g5core.build.flops import activation_tensor_bytes
-from g5core.build.layers import Work, attention_kernel, attention_side_kernels, attention_work, merge_kernel
-from g5core.sim.reference import passq_reduce_elements
+from g5core import (
+    Fragment, PluginOption, Work, activation_tensor_bytes, attention_kernel, attention_side_kernels, attention_work,
+    hookimpl, merge_kernel, passq_reduce_elements,
+)
 
 
 def dispatch_bytes_per_rank(batch: int, hidden: float, act_bytes: int) -> float:
@@ -65,9 +65,9 @@ FORMS = ("gather", "ring")
 
 @hookimpl
 def g5_register_options(register):
-    register(PluginOption("form", "gather", "pass-Q decode: gather (the spec's dispatch, partials, reduce) or ring "
-                                            "(queries around the ring, all-to-all of partials, merge)",
-                          kind="choice", choices=FORMS))
+    register(PluginOption(name="form", default="gather",
+                          doc="pass-Q decode: gather (the spec's dispatch, partials, reduce) or ring (queries around "
+                              "the ring, all-to-all of partials, merge)", kind="choice", choices=FORMS))
 
 
 def queries_per_rank(batch: int, cp: int) -> int:

@@ -10,14 +10,12 @@ not affected.
 """
 from __future__ import annotations
 
-from g5core import ConfigError, Dimension, Fragment, hookimpl
-from g5core.build.layers import expert_work
-from g5core.sim.memory import MemoryTerm
+from g5core import ConfigError, Dimension, Fragment, MemoryTerm, expert_work, hookimpl
 
 
 @hookimpl
 def g5_register_dimensions(register):
-    register(Dimension("ep", factor=False, regroups=("dp", "tp"), default=1,
+    register(Dimension(name="ep", factor=False, regroups=("dp", "tp"), default=1,
                        doc="expert parallelism: EP groups carved from the dp x tp chips (default 1)"))
 
 

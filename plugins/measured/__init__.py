@@ -17,10 +17,10 @@ import math
 import warnings
 from functools import lru_cache
 
-from g5core import ConfigError, hookimpl
-from g5core.sim.compute import Attention, ComputeTime, Elementwise, Gemm
-from g5core.inputs.framework import fused_away
-from g5core.sim.roofline import kernel_latency_s, roofline_latency_s
+from g5core import (
+    Attention, ComputeTime, ConfigError, Elementwise, Gemm, fused_away, hookimpl, kernel_latency_s,
+    roofline_latency_s,
+)
 
 from . import tables as T
 

@@ -107,14 +107,14 @@ def a2a_bytes_per_rank(model, phase: str, tp: int, sp: int, tokens: float, act_b
 
 @hookimpl
 def g5_register_dimensions(register):
-    register(Dimension(DIM, factor=True, rank_order=25, default=1,
+    register(Dimension(name=DIM, factor=True, rank_order=25, default=1,
                        doc="Ulysses sequence parallelism: tokens split outside attention, heads inside"))
 
 
 @hookimpl
 def g5_register_options(register):
-    register(PluginOption("replicate_kv", False,
-                          "accept replicated KV heads (GQA with fewer KV heads than tp x sp) or a replicated MLA "
+    register(PluginOption(name="replicate_kv", default=False,
+                          doc="accept replicated KV heads (GQA with fewer KV heads than tp x sp) or a replicated MLA "
                           "latent; the KV memory is multiplied accordingly"))
 
 
