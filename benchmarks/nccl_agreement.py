@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import pathlib
+import re
 import sys
 
 import attrs
@@ -68,14 +69,30 @@ def agreement():
     return out
 
 
+def summary_rows(rows):
+    """The rows the README's table shows: 8 GPUs or more, sizes a decade or so apart."""
+    keep = {2 ** 10, 2 ** 16, 2 ** 20, 2 ** 24, 2 ** 26, 2 ** 28, 2 ** 30, 2 ** 33}
+    keep_a2a = {2 ** 10, 2 ** 20, 2 ** 24, 2 ** 29}     # alltoall tables end at 512 MiB
+    return [r for r in rows if r["gpus"] >= 8
+            and (r["size_bytes"] in (keep_a2a if r["op"] == "all_to_all" else keep)
+                 or r["source"].startswith("nccl-issue"))]
+
+
+def source_label(name: str) -> str:
+    """``aiconfigurator-h200-sxm-nccl2.29.2.csv`` -> ``aiconfigurator nccl_perf, H200, NCCL 2.29.2``
+    (with whether the p2p constants were fitted to it)."""
+    m = re.match(r"aiconfigurator-(\w+?)-(?:sxm-)?nccl([\d.]+?)\.csv$", name)
+    if not m:
+        return name.removesuffix(".csv")
+    gpu, version = m.group(1).upper(), m.group(2)
+    fitted = "p2p fit" if name == "aiconfigurator-h100-sxm-nccl2.29.2.csv" else "not fitted"
+    return f"aiconfigurator nccl_perf, {gpu}, NCCL {version} ({fitted})"
+
+
 def main(argv):
     rows = agreement()
     if "--summary" in argv:
-        keep = {2 ** 10, 2 ** 16, 2 ** 20, 2 ** 24, 2 ** 26, 2 ** 28, 2 ** 30, 2 ** 33}
-        keep_a2a = {2 ** 10, 2 ** 20, 2 ** 24, 2 ** 29}     # alltoall tables end at 512 MiB
-        rows = [r for r in rows if r["gpus"] >= 8
-                and (r["size_bytes"] in (keep_a2a if r["op"] == "all_to_all" else keep)
-                     or r["source"].startswith("nccl-issue"))]
+        rows = summary_rows(rows)
         argv = ["--markdown"]
     if "--markdown" in argv:
         print("| source | op | GPUs | size | measured busbw GB/s | G5 busbw GB/s | error | G5 algorithm |")

@@ -16,13 +16,14 @@ from .api.work import LogicalOp, Work
 from .build.flops import activation_tensor_bytes, attention_block_bytes, causal_attention_flops
 from .build.layers import (
     attention_dims, attention_kernel, attention_side_kernels, attention_work, default_work, expert_work,
-    local_kv_bytes_per_token, merge_kernel,
+    local_kv_bytes_per_token, merge_kernel, window_attention_work,
 )
 from .build.topology import Topology
 from .inputs.framework import fused_away
 from .inputs.reading import check_keys
 from .sim.collective import idle_transfer_s
 from .sim.compute import Attention, ComputeTime, Elementwise, Gemm
+from .sim.memory import weight_bytes_by_chip
 from .sim.reference import passq_reduce_elements
 from .sim.roofline import gemm_padded_flops, kernel_latency_s, op_latency_s, roofline_latency_s
 from .version import __version__
@@ -35,5 +36,5 @@ __all__ = [
     "causal_attention_flops", "check_keys", "default_work", "describe_plugins", "expert_work", "fused_away",
     "gemm_padded_flops", "hookimpl", "idle_transfer_s", "kernel_latency_s", "local_kv_bytes_per_token",
     "make_plugin_manager", "merge_kernel", "op_latency_s", "passq_reduce_elements",
-    "roofline_latency_s", "suggest",
+    "roofline_latency_s", "suggest", "weight_bytes_by_chip", "window_attention_work",
 ]

@@ -118,7 +118,7 @@ def test_ep_adds_all_to_all_buffers_as_workspace():
 
 @pytest.mark.parametrize("dp, tp, ep", [(1, 2, 4), (3, 1, 2), (1, 1, 2), (3, 2, 4)])
 def test_ep_must_divide_dp_times_tp(dp, tp, ep):
-    with pytest.raises(ConfigError, match="does not divide dp x tp") as info:
+    with pytest.raises(ConfigError, match="does not divide dp x sp x tp") as info:
         make_plan(_raw(dp=dp, tp=tp, ep=ep))
     assert info.value.field == "parallel.ep"
 

@@ -223,7 +223,17 @@ def test_g5_collective_prints_an_nccl_tests_table_and_json_rows():
     assert result.exit_code == 0, result.output
     lines = [ln for ln in result.output.splitlines() if ln and not ln.startswith("#")]
     assert [int(ln.split()[0]) for ln in lines] == size_range("8B:8GiB", 64)
-    assert "time(us)" in result.output and "busbw" in result.output
+    assert "out-of-place" in result.output and "in-place" in result.output and "busbw" in result.output
+    header = next(ln for ln in result.output.splitlines() if ln.startswith("#") and "count" in ln).split()
+    assert header[:14] == ["#", "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+                           "time", "algbw", "busbw", "#wrong"]  # nccl-tests' columns, in its order
+    first = lines[0].split()
+    assert first[1:5] == ["2", "float", "sum", "-1"]  # 8 B = 2 floats
+    assert first[5:8] == first[9:12]  # in-place repeats out-of-place
+    bf = CliRunner().invoke(main, ["collective", "allgather", "--system", "h100-sxm", "--chips", "8", "--sizes",
+                                   "1K:1K", "--dtype", "bfloat16", "--redop", "max"])
+    row = [ln for ln in bf.output.splitlines() if ln and not ln.startswith("#")][0].split()
+    assert row[1:5] == ["512", "bfloat16", "none", "-1"]  # all_gather reduces nothing: redop none
     js = CliRunner().invoke(main, ["collective", "allgather", "--system", "h100-sxm", "--chips", "8",
                                    "--sizes", "1K:1M", "--json"])
     rows = json.loads(js.output)
@@ -239,6 +249,8 @@ def test_g5_collective_prints_an_nccl_tests_table_and_json_rows():
     (["all_reduse", "--system", "h100-sxm", "--chips", "8"], "did you mean 'all_reduce'"),
     (["all_reduce", "--system", "h100-sxm", "--chips", "8", "--sizes", "8GiB:1K"], "--sizes: need 0 < MIN <= MAX"),
     (["all_reduce", "--system", "h100-sxm", "--chips", "8", "--sizes", "1Q:2K"], "cannot read size '1Q'"),
+    (["all_reduce", "--system", "h100-sxm", "--chips", "8", "--dtype", "bf16"], "did you mean 'bfloat16'"),
+    (["all_reduce", "--system", "h100-sxm", "--chips", "8", "--redop", "add"], "--redop: unknown reduction"),
 ])
 def test_g5_collective_bad_input_is_one_line(args, message):
     result = CliRunner().invoke(main, ["collective"] + args)
@@ -382,3 +394,16 @@ def test_every_comm_op_in_the_timeline_names_its_algorithm_protocol_and_channels
     assert comm and all(r["algorithm"] in ("ring", "tree", "nvls", "nvls_tree") and r["protocol"]
                         and int(r["channels"]) >= 1 for r in comm)
     assert all(r["algorithm"] == "" for r in rows if r["kind"] == "compute")
+
+
+def test_nvls_flows_in_the_trace_name_the_switch():
+    from g5core.present.trace import trace_events
+
+    out = run({"model": "llama-3.1-8b", "system": "h200", "chips": 8,
+               "parallel": {"dp": 1, "tp": 8, "pp": 1, "cp": 1}, "phase": "prefill", "batch": 1, "seq_len": 4096})
+    assert any(e["algorithm"].startswith("nvls") for e in out.to_json_dict()["collectives"])
+    names = [e["name"] for e in trace_events(out.sim, out.plan.ctx.topology)
+             if e["ph"] == "X" and "port" in e.get("args", {})]
+    assert any(n.endswith("c0->node0.nvswitch") for n in names)
+    assert any(n.endswith("node0.nvswitch->c0") for n in names)
+    assert not [n for n in names if any(n.endswith(f"c{c}->c{c}") for c in range(8))]

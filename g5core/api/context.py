@@ -71,9 +71,10 @@ class BuildContext:
             chips &= _chip_set(plugin, "g5_place_op", answer, self.rankmap.chips)
         return tuple(sorted(chips))
 
-    def work(self, kind: str) -> Optional[Work]:
+    def work(self, kind: str, layer: Optional[int] = None) -> Optional[Work]:
         """The core's work of one logical op of ``kind`` on one chip (``None`` for a
-        synchronisation point)."""
+        synchronisation point); ``layer`` sets a windowed layer's attention (sliding or
+        chunked: :meth:`g5core.inputs.models.ModelSpec.kv_window`)."""
         raise NotImplementedError("answered by the core's build context")
 
     def hidden_states_bytes(self, tokens: float) -> float:
@@ -88,7 +89,7 @@ class BuildContext:
     def compute_dtype(self, work_or_class) -> str:
         weight_class = work_or_class.weight_class if isinstance(work_or_class, Work) else work_or_class
         d = self.deployment.dtypes
-        return d.weight_dtype(weight_class) if weight_class else d.activations
+        return d.gemm_dtype(weight_class) if weight_class else d.activations
 
     def compute_op(self, lop: LogicalOp, chip: int, work: Work, owner: str, part: str = "",
                    flops: float | None = None, hbm_bytes: float | None = None) -> ComputeOp:

@@ -26,6 +26,9 @@ class Dimension:
     ``replicas``: the slices of chips along this (factor) dimension are independent replicas
     running the same work, so the core may simulate one and replicate its results where
     it proves that exact (:mod:`g5core.build.symmetry`).
+    ``moe_only``: the dimension splits routed experts, so a model without MoE layers has
+    nothing for it to split: the layout search does not enumerate it, and leaves it out of
+    what it prints, for a dense model.
     """
 
     name: str = attrs.field(validator=attrs.validators.matches_re(_NAME))
@@ -36,6 +39,7 @@ class Dimension:
     doc: str = ""
     owner: str = ""
     replicas: bool = False
+    moe_only: bool = False
 
     def __attrs_post_init__(self):
         if self.factor and self.regroups:

@@ -37,7 +37,7 @@ def g5_register_dimensions(register: Callable[["Dimension"], None]) -> None:
     """Register the parallel dimensions this plugin owns (registration hook).
 
     Call ``register(Dimension(...))`` once per dimension. A dimension is a factor of the
-    chip count (dp, tp, pp, cp) or regroups factor dimensions (ep regroups dp x tp). A
+    chip count (dp, tp, pp, cp) or regroups factor dimensions (ep regroups dp x sp x tp). A
     ``parallel`` key that no enabled plugin registers is an unknown key. Registering a name
     that another plugin registered is an error naming both plugins.
     """

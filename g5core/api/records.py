@@ -16,11 +16,16 @@ def _chip_items(value) -> tuple[tuple[int, float], ...]:
 
 @attrs.frozen
 class MemoryTerm:
-    """A named per-chip memory term. ``bytes_per_chip`` maps chip -> bytes (absent = 0)."""
+    """A named per-chip memory term. ``bytes_per_chip`` maps chip -> bytes (absent = 0).
+
+    ``part_of``: the name of another term this one breaks down (e.g. the attention weights a
+    strategy replicates, within ``weights``): shown in the ledger, not added to the totals
+    again; it may not exceed that term on any chip."""
 
     name: str
     category: str = attrs.field(validator=attrs.validators.in_(CATEGORIES))
     bytes_per_chip: tuple[tuple[int, float], ...] = attrs.field(converter=_chip_items)
+    part_of: str = ""
 
     def on(self, chip: int) -> float:
         return dict(self.bytes_per_chip).get(chip, 0.0)

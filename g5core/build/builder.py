@@ -35,8 +35,8 @@ from g5core.inputs.systems import SystemSpec, get_system
 class CoreBuildContext(BuildContext):
     """The build context the core makes: :class:`BuildContext` answered by the core's formulas."""
 
-    def work(self, kind: str) -> Work | None:
-        return default_work(kind, self.model, self.deployment, self.shape)
+    def work(self, kind: str, layer: int | None = None) -> Work | None:
+        return default_work(kind, self.model, self.deployment, self.shape, layer)
 
     def hidden_states_bytes(self, tokens: float) -> float:
         return activation_tensor_bytes(tokens, self.model.hidden_size, self.deployment.dtypes.activation_element_bytes)
@@ -125,7 +125,7 @@ def _name_disabled_plugins(exc: ConfigError, pm: pluggy.PluginManager, dims: Dim
 def default_fragment(ctx: BuildContext, lop: LogicalOp, chips: tuple[int, ...]) -> Fragment:
     if lop.kind in SYNC_KINDS:
         return Fragment(ops=())
-    work = ctx.work(lop.kind)
+    work = ctx.work(lop.kind, lop.layer)
     # one template for every chip; its key and chip stand for each chip's (lop.key(chip))
     template = ctx.compute_op(lop, chips[0] if chips else 0, work, owner="core")
     return Fragment.replicated(template, lop.prefix, chips)
@@ -595,7 +595,7 @@ def _check_floor(deployment: Deployment, model: ModelSpec, max_ops: int | None) 
     the op count that needs neither the rank map nor the full program."""
     limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
     first = model.moe.first_dense_layers if model.moe is not None else 0
-    sample = attrs.evolve(model, n_layers=min(model.n_layers, first + 1))  # one dense and one MoE layer
+    sample = model.first_layers(min(model.n_layers, first + 1))  # one dense and one MoE layer
     per_layer: dict[int, int] = {}
     for lop in build_program(sample):
         if lop.kind not in SYNC_KINDS and 0 <= lop.layer < sample.n_layers:

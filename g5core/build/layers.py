@@ -160,16 +160,20 @@ def ffn_kernels(tokens: float, hidden: float, cols: float, weight_bytes: float, 
             Gemm(m=tokens, n=hidden, k=cols, groups=groups, weight_bytes=weight_bytes, act_bytes=act_bytes))
 
 
-def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalShape) -> Work | None:
+def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalShape,
+                 layer: int | None = None) -> Work | None:
     """Work of one logical op on one chip when nothing but the shard factors changes it:
     :func:`base_work` with the memory-bound kernels around its GEMMs and attention
-    (:func:`with_side_kernels`). Returns ``None`` for synchronisation kinds (no compute)."""
-    work = base_work(kind, model, deployment, shape)
+    (:func:`with_side_kernels`); ``layer`` sets the attention window of a model whose
+    attention varies by layer. Returns ``None`` for synchronisation kinds (no compute)."""
+    work = base_work(kind, model, deployment, shape, layer)
     return None if work is None else with_side_kernels(kind, work, model, deployment, shape)
 
 
-def base_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalShape) -> Work | None:
-    """The GEMMs, attention and norms of one logical op on one chip (no side kernels).
+def base_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalShape,
+              layer: int | None = None) -> Work | None:
+    """The GEMMs, attention and norms of one logical op on one chip (no side kernels);
+    ``layer`` sets the attention window of a model whose attention varies by layer.
 
     Returns ``None`` for synchronisation kinds (no compute).
     """
@@ -207,6 +211,9 @@ def base_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalS
                     kernels=projection_kernels(model, shape, kind, shape.tokens, wbytes, act)
                     + ((rotary_kernel(model, shape, act),) if kind == "qkv_proj" else ()))
     if kind == "attention":
+        windowed = window_attention_work(model, deployment, shape, layer)
+        if windowed is not None:
+            return windowed
         block = "decode" if deployment.phase == "decode" else "causal"
         fl, hb = attention_work(model, deployment, shape, shape.q_tokens, shape.kv_len)
         return Work(op_class="attention", flops=fl, hbm_bytes=hb, weight_class="", weight_elements=0.0,
@@ -262,6 +269,49 @@ def attention_kernel(model: ModelSpec, deployment: Deployment, shape: LocalShape
                      d_qk=d_qk, d_v=d_v, block=block, mla=model.attention.kind == "mla",
                      kv_bytes_per_token=local_kv_bytes_per_token(model, deployment, shape),
                      act_bytes=deployment.dtypes.activation_element_bytes)
+
+
+def window_attention_kernels(model: ModelSpec, deployment: Deployment, shape: LocalShape,
+                             layer: int | None, q_tokens: float | None = None) -> tuple[Attention, ...]:
+    """Attention kernels of a windowed layer whose window is shorter than the context, or ()
+    (a full layer, a window the context fits in, or a context a plugin shards).
+
+    Sliding window ``w`` over ``S`` prefill tokens: the first ``w`` queries as a causal block,
+    the other ``S - w`` against ``w`` keys each; decode reads the last ``w`` tokens. Chunked
+    (Llama 4): each whole chunk of ``w`` is a causal block, the remainder one more; decode
+    reads the tokens of its own chunk. ``q_tokens``: the query tokens per sequence the chip
+    attends for (default the shape's; a strategy that gathers the whole sequence, such as
+    Ulysses, gives ``S``)."""
+    if layer is None or not 0 <= layer < model.n_layers or shape.factor("kv_len") != 1:
+        return ()
+    w, S = model.kv_window(layer), shape.seq_len
+    if not w or w >= S:
+        return ()
+    chunked = model.window_kind == "chunked"
+    if deployment.phase == "decode":
+        kv = (S - 1) % w + 1 if chunked else w
+        return (attention_kernel(model, deployment, shape, 1, kv, "decode"),)
+    if (shape.q_tokens if q_tokens is None else q_tokens) != S:
+        return ()
+    if chunked:
+        whole, rest = divmod(S, w)
+        blocks = [attrs.evolve(attention_kernel(model, deployment, shape, w, w, "causal"), batch=shape.batch * whole)]
+        if rest:
+            blocks.append(attention_kernel(model, deployment, shape, rest, rest, "causal"))
+        return tuple(blocks)
+    return (attention_kernel(model, deployment, shape, w, w, "causal"),
+            attention_kernel(model, deployment, shape, S - w, w, "full"))
+
+
+def window_attention_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
+                          layer: int | None, q_tokens: float | None = None) -> Work | None:
+    """The attention Work of a windowed layer (:func:`window_attention_kernels`), or None."""
+    kernels = window_attention_kernels(model, deployment, shape, layer, q_tokens)
+    if not kernels:
+        return None
+    return Work(op_class="attention", flops=math.fsum(k.flops for k in kernels),
+                hbm_bytes=math.fsum(k.hbm_bytes for k in kernels), weight_class="", weight_elements=0.0,
+                kernels=kernels)
 
 
 def attention_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,

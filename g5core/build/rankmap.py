@@ -6,7 +6,7 @@ fastest and a TP group is a run of consecutive chips: it stays inside one node w
 ``tp <= chips_per_node`` and ``chips_per_node % tp == 0``.
 
 A non-factor dimension (ep) regroups the chips that vary over the dimensions it names
-(dp x tp) at each fixed coordinate of the others (pp, cp): those chips, in chip-id order,
+(dp x sp x tp) at each fixed coordinate of the others (pp, cp): those chips, in chip-id order,
 are cut into consecutive groups of its size.
 """
 from __future__ import annotations

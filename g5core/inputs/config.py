@@ -17,7 +17,7 @@ import yaml
 
 from g5core.api.dimensions import DimensionRegistry
 from g5core.api.options import OptionRegistry, option_value
-from g5core.inputs.dtypes import dtype_bytes
+from g5core.inputs.dtypes import dtype_bytes, number_format
 from g5core.api.errors import ConfigError, suggest
 from g5core.inputs.reading import (
     MAX_BATCH, MAX_CHIPS, MAX_SEQ_LEN, MAX_TOKENS, DuplicateKeyError, check_keys, check_size, duplicate_key_error,
@@ -60,8 +60,14 @@ class Dtypes:
         table = dict(self.weights)
         return table.get(weight_class, table["default"])
 
-    def weight_element_bytes(self, weight_class: str) -> int:
-        return dtype_bytes(self.weight_dtype(weight_class))
+    def weight_element_bytes(self, weight_class: str) -> float:
+        """Bytes per weight element of ``weight_class``, block scales included (int4: 0.52)."""
+        return dtype_bytes(self.weight_dtype(weight_class), weights=True)
+
+    def gemm_dtype(self, weight_class: str) -> str:
+        """The peak rate the GEMMs of ``weight_class`` run at: the weights' format (fp8,
+        bf16, FP4 for nvfp4/mxfp4), or the activations' for weight-only int4."""
+        return number_format(self.weight_dtype(weight_class), weights=True).peak or self.activations
 
     @property
     def activation_element_bytes(self) -> int:
@@ -88,13 +94,13 @@ class Dtypes:
                         f"unknown weight class{suggest(cls_name, WEIGHT_CLASSES)}; "
                         f"valid: {', '.join(WEIGHT_CLASSES)}",
                     )
-                dtype_bytes(dt, f"dtypes.weights.{cls_name}")
+                dtype_bytes(dt, f"dtypes.weights.{cls_name}", weights=True)
                 table[cls_name] = dt
             if "default" not in table:
                 raise ConfigError("dtypes.weights", "a per-class mapping needs a 'default' entry, e.g. {default: bf16, ffn: fp8}")
             weight_items = tuple(sorted(table.items()))
         else:
-            dtype_bytes(weights, "dtypes.weights")
+            dtype_bytes(weights, "dtypes.weights", weights=True)
             weight_items = (("default", weights),)
         acts = data.get("activations", DEFAULT_DTYPE)
         kv = data.get("kv_cache", DEFAULT_DTYPE)

@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping
 import attrs
 import yaml
 
-from g5core.inputs.dtypes import BYTES_PER_ELEMENT
+from g5core.inputs.dtypes import PEAK_DTYPES
 from g5core.inputs.framework import Framework
 from g5core.api.errors import ConfigError, suggest
 from g5core.inputs.reading import (
@@ -167,13 +167,13 @@ def _peak_flops_map(instance, attribute, value) -> None:
         )
     if not value:
         raise ConfigError(field, f"give the dense peak FLOP/s of at least one dtype of "
-                                 f"{', '.join(BYTES_PER_ELEMENT)}")
+                                 f"{', '.join(PEAK_DTYPES)}")
     for key in value:
-        if key not in BYTES_PER_ELEMENT:
+        if key not in PEAK_DTYPES:
             raise ConfigError(
                 f"{field}.{key}",
-                f"unknown dtype {key!r}{suggest(str(key), BYTES_PER_ELEMENT)}; "
-                f"use any of {', '.join(BYTES_PER_ELEMENT)}",
+                f"unknown dtype {key!r}{suggest(str(key), PEAK_DTYPES)}; "
+                f"use any of {', '.join(PEAK_DTYPES)}",
             )
         _check_positive_number(f"{field}.{key}", value[key])
 
@@ -548,7 +548,11 @@ class SystemSpec:
         except (KeyError, TypeError):
             pass
         known = ", ".join(self.peak_flops_per_s)
-        if dtype in BYTES_PER_ELEMENT:
+        if dtype == "fp4":
+            msg = (f"system '{self.name}' has no FP4 tensor-core peak (it lists {known}): nvfp4/mxfp4 weights "
+                   f"run their GEMMs in FP4; use int4 (weight-only) or fp8 weights here, or a chip with "
+                   f"FP4 (b200, gb200-nvl72, gb300-nvl72)")
+        elif dtype in PEAK_DTYPES:
             msg = (f"system '{self.name}' has no peak FLOP/s for dtype '{dtype}' "
                    f"(it lists {known}); choose one of those or add it to the system file")
         else:
@@ -754,4 +758,34 @@ def system_source(name_or_path: str) -> str:
     if name_or_path in CATALOG_NAMES:
         return (_catalog_dir() / f"{name_or_path}.yaml").read_text(encoding="utf-8")
     text = read_text(Path(os.fspath(name_or_path)).expanduser(), "system", "system file")
-    return f"# {spec.name}, from {os.fspath(name_or_path)}\n{text}"
+    out = f"# {spec.name}, from {os.fspath(name_or_path)}\n{text}"
+    own = yaml.load(text, Loader=_Loader)
+    if isinstance(own, Mapping) and "base" in own:
+        out = out.rstrip("\n") + "\n\n" + resolved_listing(spec, own)
+    return out
+
+
+def resolved_listing(spec: "SystemSpec", own: Mapping) -> str:
+    """Every field of a system with ``base:`` as it resolves: this file's keys marked, the
+    rest taken from the base."""
+    lines = [f"# resolved: every field of '{spec.name}' (base {own['base']}, then this file's keys over it)"]
+    for key, value in spec.to_dict().items():
+        where = "this file" if key in own else f"base {own['base']}"
+        lines.append(f"{key}: {_yaml_value(value)}  # {where}")
+    return "\n".join(lines)
+
+
+def _yaml_value(value: Any) -> str:
+    """A value in YAML flow style, floats short (4.8e+12, 6.4e-06)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if value and not 1e-3 <= abs(value) < 1e6:
+            mantissa, exponent = f"{value:.12e}".split("e")
+            return f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
+        return format(value, ".12g")
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_yaml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml_value(v) for v in value) + "]"
+    return str(value)

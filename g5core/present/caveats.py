@@ -6,6 +6,8 @@ at results that rest on an assumption worth knowing:
 - the tensor-parallel group spans nodes (its all-reduces leave the NVLink domain);
 - heads are split more ways than the model has KV heads (KV heads are replicated);
 - the sequence is longer than the context the model was trained for;
+- a model with windowed (sliding or chunked) layers runs context parallelism, whose ring
+  attention G5 models over the whole context (an overestimate for those layers);
 - the layout does not fit in memory (the summary says so too; a --json run only here).
 """
 from __future__ import annotations
@@ -41,6 +43,10 @@ def deployment_warnings(ctx, memory: Optional[MemoryReport] = None) -> list[str]
     if limit is not None and dep.seq_len > limit:
         out.append(f"seq_len {dep.seq_len:,} is beyond the {limit:,}-token context {model.name} was trained for "
                    "(max_position_embeddings); the timing is still computed, the model's quality there is not known")
+    if model.has_windows and dep.size("cp") > 1:
+        out.append(f"{model.name} has windowed attention ({model.attention_pattern()}); with cp={dep.size('cp')} "
+                   "the CP plugin's attention runs over the whole context of every layer, so those layers' "
+                   "attention time is overestimated (their KV cache keeps only the window)")
     if memory is not None:
         short = memory.shortfall_summary()
         if short:

@@ -230,7 +230,7 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
               help="What to rank by [default: ttft for prefill, tpot for decode].")
 @click.option("--top", "top", default=10, show_default=True, type=click.IntRange(min=1), help="How many to show.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes.")
+              help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes, tokens_per_s_per_chip, objective_value and the full configuration.")
 @click.option("--db", "db_path", default=None, type=click.Path(dir_okay=False),
               help="Keep the simulated layouts in this results database (and reuse what it holds).")
 @sweep_options
@@ -263,16 +263,21 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
               help="The parallel dimension on the x axis (latency) or whose group the timeline shows.")
 @click.option("--layer", type=int, default=None, help="Timeline: the layer to show [default: the middle one].")
 @click.option("--row", "row_key", default=None, help="Timeline: the row (a prefix of its config_hash) to re-simulate.")
-def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key):
+@click.option("--where", "where", default=None, metavar="KEY=VALUE,..",
+              help="Only the rows whose inputs match, e.g. --where seq_len=131072,parallel.cp=8 "
+                   "(the timeline draws the one row it leaves).")
+def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key, where):
     """Plot a results database (PNG or SVG)."""
-    from g5core.present.plots import figure_bytes, image_format, make_figure
-    from g5core.present.report import load_rows
+    from g5core.present.plots import figure_bytes, image_format, make_figure, parse_where
+    from g5core.present.report import auto_dims, load_rows
     from g5core.present.outputs import check_output_path, write_atomically
 
     output = output or f"g5-{kind}.png"
     fmt = image_format(output)
+    conditions = parse_where(where)
     target = check_output_path(output, "-o", inputs=[db])
-    fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key)
+    fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key, where=conditions,
+                      auto_dims=auto_dims(db, sweep_id))
     write_atomically(target, lambda fh: fh.write(figure_bytes(fig, fmt)), "-o", binary=True)
     click.echo(f"{kind} plot written to {output}")
 
@@ -307,9 +312,9 @@ def models_cmd():
         c = m.param_counts()
         rows.append([name, m.attention.kind, m.n_layers, m.hidden_size, f"{c.total / 1e9:.1f}B",
                      f"{c.active / 1e9:.1f}B", m.moe.n_routed_experts if m.moe else "-",
-                     m.kv_bytes_per_token_per_layer(2)])
+                     m.kv_bytes_per_token_per_layer(2), m.attention_pattern()])
     click.echo(table(rows, ["model", "attention", "layers", "hidden", "params", "active", "experts",
-                             "c_kv bf16 (B)"]))
+                            "c_kv bf16 (B)", "attention by layer"]))
     click.echo("\nA model can also be a path to a Hugging Face config.json.")
 
 
@@ -349,8 +354,12 @@ def systems_show_cmd(name):
 @click.option("--sizes", default="8B:8GiB", show_default=True, help="MIN:MAX bytes, e.g. 1K:1G.")
 @click.option("--factor", type=int, default=2, show_default=True, help="Each size is FACTOR times the last.")
 @click.option("--disable", "disabled", multiple=True, metavar="NAME", help="Disable a plugin (repeatable).")
+@click.option("--dtype", "dtype", default="float", show_default=True,
+              help="nccl-tests' -d: the element type that sets the count column (float, half, bfloat16, int8, ...).")
+@click.option("--redop", default="sum", show_default=True,
+              help="nccl-tests' -o: the reduction of all_reduce and reduce_scatter (sum, prod, max, min, avg).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows instead of the table.")
-def collective_cmd(op, system_name, chips, sizes, factor, disabled, as_json):
+def collective_cmd(op, system_name, chips, sizes, factor, disabled, dtype, redop, as_json):
     """One collective alone on SYSTEM, size by size, shaped like nccl-tests output.
 
     OP is all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, gather, p2p (2 chips)
@@ -361,7 +370,7 @@ def collective_cmd(op, system_name, chips, sizes, factor, disabled, as_json):
     from g5core.inputs.systems import get_system
 
     sizes_list = size_range(sizes, factor)
-    rows = collective_rows(op, system_name, chips, sizes_list, disabled)
+    rows = collective_rows(op, system_name, chips, sizes_list, disabled, dtype=dtype, redop=redop)
     if as_json:
         click.echo(json.dumps(rows, indent=1, allow_nan=False))
         return

@@ -10,6 +10,7 @@ from typing import Any
 from g5core.sim.collbench import ALIASES
 from g5core.sim.compute import MEASURED
 from g5core.sim.memory import GIB
+from g5core.sim.results import network_load
 from g5core.study.search import SearchResult, layout_label
 
 
@@ -93,6 +94,14 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
                                        "hidden"]))
         else:
             lines.append("  none")
+        tiers = network_load(sim, out.plan.ctx.topology)
+        if tiers:
+            lines.append("network load by tier (the busiest port of each; wire bytes)")
+            lines.append(table([[t["tier"], t["ports"], fmt_bytes(t["bytes"]), t["busiest_port"],
+                                 fmt_bytes(t["busiest_bytes"]), f"{100 * t['utilization']:.1f}%",
+                                 f"{100 * t['busy_fraction']:.1f}%"] for t in tiers],
+                               ["tier", "ports used", "bytes sent", "busiest port", "its bytes",
+                                "its utilization", "its busy time"]))
         how: dict = {}
         for c in sim.collectives:
             label = f"{c['algorithm']}/{c['protocol']}" if c["protocol"] else c["algorithm"]
@@ -113,6 +122,9 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
         fmt_bytes(worst.weights_bytes), fmt_bytes(worst.kv_cache_bytes), fmt_bytes(worst.activation_bytes),
         fmt_bytes(worst.workspace_bytes), fmt_bytes(worst.total_bytes), fmt_bytes(worst.capacity_bytes)]],
         ["weights", "kv cache", "activations", "workspace", "total", "capacity"]))
+    for term in mem.terms:
+        if term.part_of:
+            lines.append(f"  of the {term.part_of}: {term.name.replace('_', ' ')} {fmt_bytes(term.on(worst.chip))}")
     short = mem.shortfall_summary()
     lines.append(f"DOES NOT FIT: {short}" if short else "fits on every chip")
     if trace_path:
@@ -135,7 +147,8 @@ def render_explain(plan, given_dims: tuple[str, ...] = ()) -> str:
     lines = [f"model   {m.name}: {m.n_layers} layers, hidden {m.hidden_size}, {a.kind.upper()} "
              f"({a.n_heads} heads, {kv_desc}), "
              f"{counts.total / 1e9:.1f}B params ({counts.active / 1e9:.1f}B active), "
-             f"c_kv {m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)} B/token/layer ({dep.dtypes.kv_cache})",
+             f"c_kv {m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)} B/token/layer ({dep.dtypes.kv_cache})"
+             + (f"; attention {m.attention_pattern()}" if m.has_windows else ""),
              f"system  {sysm.name}: {sysm.chips_per_node} chips/node, {sysm.hbm_capacity_bytes / GIB:.0f} GiB HBM, "
              f"link {sysm.intra_node_bw_bytes_per_s / 1e9:.1f} GB/s per chip, {sysm.nics} NICs of "
              f"{sysm.network_bw_bytes_per_s / 1e9:.0f} GB/s per node (per direction), "
@@ -173,11 +186,15 @@ def render_explain(plan, given_dims: tuple[str, ...] = ()) -> str:
         lines.append("")
         lines.append(f"{dim} groups: {len(groups)} of {size}"
                      + (f"; {len(crossing)} cross node boundaries" if crossing else "; all inside one node"))
-        for g in groups[:16]:
+        # up to four groups in full; more as the first, a count, and the last
+        shown = groups if len(groups) <= 4 else (groups[0], None, groups[-1])
+        for g in shown:
+            if g is None:
+                lines.append(f"  ... {len(groups) - 2} more groups"
+                             + (f" ({len(crossing)} of all {len(groups)} cross nodes)" if crossing else ""))
+                continue
             mark = "  (crosses nodes)" if rm.crosses_nodes(g) else ""
             lines.append(f"  {list(g)}{mark}")
-        if len(groups) > 16:
-            lines.append(f"  ... {len(groups) - 16} more")
     return "\n".join(lines)
 
 
@@ -237,15 +254,20 @@ def render_compute(report: dict) -> list[str]:
 
 
 def render_best(result: SearchResult, top: int) -> str:
-    """The text of ``g5 best``: top K, the Pareto front, and why the others were excluded."""
+    """The text of ``g5 best``: top K, the Pareto front, and why the others were excluded.
+    One column per dimension the candidates use and vary (a dense model's search has no ep;
+    a dimension at 1 in every candidate says nothing and is left out)."""
     obj_col = {"ttft": "TTFT", "tpot": "TPOT", "tokens_per_s_per_chip": "tokens/s/chip"}[result.objective]
+    cands = (*result.ranked, *result.pareto)
+    dims = sorted({d for c in cands for d in c.parallel})
+    dims = [d for d in dims if any(c.parallel.get(d, 1) != 1 for c in cands)] or dims
 
     def rows(cands, rank=True):
-        return [([i + 1] if rank else []) + [layout_label(c.parallel), fmt_s(c.latency_s),
-                                              f"{c.tokens_per_s_per_chip:.4g}", fmt_bytes(c.max_total_bytes)]
+        return [([i + 1] if rank else []) + [c.parallel.get(d, 1) for d in dims]
+                + [fmt_s(c.latency_s), f"{c.tokens_per_s_per_chip:.4g}", fmt_bytes(c.max_total_bytes)]
                 for i, c in enumerate(cands)]
 
-    head = ["parallel", "latency", "tokens/s/chip", "max memory per chip"]
+    head = dims + ["latency", "tokens/s/chip", "max memory per chip"]
     simulated = len(result.ranked)
     lines = [f"{result.layouts} layouts: {simulated} simulated, {len(result.excluded)} excluded; "
              f"ranked by {obj_col} (best first)", table(rows(result.ranked[:top]), ["rank"] + head)]
@@ -267,12 +289,21 @@ def render_best(result: SearchResult, top: int) -> str:
 
 
 def render_collective(primitive: str, system_name: str, chips: int, nodes: int, rows: list[dict]) -> str:
-    """The table nccl-tests prints (size, time in us, algbw and busbw in GB/s), plus the
-    algorithm, protocol and channels G5's NCCL model chose."""
+    """The table nccl-tests prints (size, count, type, redop, root; time in us, algbw and
+    busbw in GB/s and #wrong, out-of-place then in-place), plus the algorithm, protocol and
+    channels G5's NCCL model chose."""
     lines = [f"# {ALIASES.get(primitive, primitive)} on {chips} chips of {system_name} ({nodes} node"
-             f"{'s' if nodes != 1 else ''}); time of the op alone, GB/s = 1e9 bytes/s",
-             f"#{'size':>12} {'time(us)':>11} {'algbw':>8} {'busbw':>8}  {'algorithm':<9} {'protocol':<8} channels"]
+             f"{'s' if nodes != 1 else ''}); time of the op alone, GB/s = 1e9 bytes/s; in-place = out-of-place "
+             f"in G5 (same bytes moved), #wrong not checked",
+             f"#{'':>51}{'out-of-place':>30}   {'in-place':>29}",
+             f"#{'size':>12} {'count':>12} {'type':>8} {'redop':>6} {'root':>6} "
+             f"{'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6} {'time':>9} {'algbw':>7} {'busbw':>7} {'#wrong':>6}"
+             f"  {'algorithm':<9} {'protocol':<8} channels",
+             f"#{'(B)':>12} {'(elements)':>12} {'':>8} {'':>6} {'':>6} "
+             f"{'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6} {'(us)':>9} {'(GB/s)':>7} {'(GB/s)':>7}"]
     for r in rows:
-        lines.append(f" {r['size_bytes']:>12} {r['time_s'] * 1e6:>11.2f} {r['algbw_bytes_per_s'] / 1e9:>8.2f} "
-                     f"{r['busbw_bytes_per_s'] / 1e9:>8.2f}  {r['algorithm']:<9} {r['protocol']:<8} {r['channels']}")
+        half = (f"{r['time_s'] * 1e6:>9.2f} {r['algbw_bytes_per_s'] / 1e9:>7.2f} "
+                f"{r['busbw_bytes_per_s'] / 1e9:>7.2f} {'-':>6}")
+        lines.append(f" {r['size_bytes']:>12} {r['count']:>12} {r['type']:>8} {r['redop']:>6} {r['root']:>6} "
+                     f"{half} {half}  {r['algorithm']:<9} {r['protocol']:<8} {r['channels']}")
     return "\n".join(lines)

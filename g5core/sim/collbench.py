@@ -7,6 +7,16 @@ nccl-tests (doc/PERFORMANCE.md): ``algbw = size / time``; ``busbw = algbw x 2(n-
 all_reduce, ``x (n-1)/n`` for all_gather, reduce_scatter and all_to_all, ``x 1`` otherwise.
 ``size`` is nccl-tests' size: the buffer of all_reduce and all_to_all, the gathered output
 of all_gather, the input of reduce_scatter.
+
+The table has nccl-tests' columns (size, count, type, redop, root, then time, algbw, busbw
+and #wrong out-of-place and in-place), so a user's nccl-tests output compares line for
+line. ``count`` is ``size`` over the element size of ``--dtype`` (nccl-tests -d, default
+float); ``redop`` (-o, default sum) is printed for the reducing collectives and ``none``
+for the others, as nccl-tests does; root is -1 (nccl-tests' value for rootless ops; the
+rooted broadcast and gather run from chip 0). G5 moves the same bytes either way and does
+not model the data type's or the reduction's arithmetic, nor an in-place buffer: the
+in-place columns repeat the out-of-place ones, and #wrong (a correctness check of real
+data) is "-".
 """
 from __future__ import annotations
 
@@ -21,6 +31,12 @@ ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter"
 _UNITS = {"": 1, "B": 1, "K": 2 ** 10, "KB": 2 ** 10, "KIB": 2 ** 10, "M": 2 ** 20, "MB": 2 ** 20, "MIB": 2 ** 20,
           "G": 2 ** 30, "GB": 2 ** 30, "GIB": 2 ** 30}
 MAX_SIZE_BYTES = 2 ** 50
+#: nccl-tests' data types (-d) and their bytes per element
+NCCL_TYPES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "half": 2, "float": 4,
+              "double": 8, "bfloat16": 2, "f8e4m3": 1, "f8e5m2": 1}
+#: nccl-tests' reduction operations (-o)
+NCCL_REDOPS = ("sum", "prod", "max", "min", "avg")
+REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 
 
 def bus_factor(primitive: str, n: int) -> float:
@@ -57,12 +73,20 @@ def size_range(spec: str, factor: int = 2) -> list[int]:
 
 
 def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterable[int],
-                    disabled: Iterable[str] = ()) -> list[dict]:
-    """One row per size: ``size_bytes, time_s, algbw_bytes_per_s, busbw_bytes_per_s,
-    algorithm, protocol, channels``."""
+                    disabled: Iterable[str] = (), dtype: str = "float", redop: str = "sum") -> list[dict]:
+    """One row per size: ``size_bytes, count, type, redop, root, time_s, algbw_bytes_per_s,
+    busbw_bytes_per_s, in_place_time_s, algorithm, protocol, channels``."""
+    from g5core.api.errors import suggest
     from g5core.sim.engine import Engine
 
     primitive = ALIASES.get(primitive, primitive)
+    if dtype not in NCCL_TYPES:
+        raise ConfigError("--dtype", f"unknown type {dtype!r}{suggest(dtype, NCCL_TYPES)}; nccl-tests' -d takes "
+                                     f"{', '.join(NCCL_TYPES)}")
+    if redop not in NCCL_REDOPS:
+        raise ConfigError("--redop", f"unknown reduction {redop!r}{suggest(redop, NCCL_REDOPS)}; nccl-tests' -o "
+                                     f"takes {', '.join(NCCL_REDOPS)}")
+    element = NCCL_TYPES[dtype]
     compile_one = collective_compiler(primitive, system_name, chips, disabled)
     rows = []
     for size in sizes:
@@ -70,9 +94,11 @@ def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterabl
         time_s = Engine(dag=compiled).run().makespan_s
         algorithm, protocol, channels = compiled.comm_algo[0]
         algbw = size / time_s if time_s > 0 else 0.0
-        rows.append({"size_bytes": int(size), "time_s": time_s, "algbw_bytes_per_s": algbw,
-                     "busbw_bytes_per_s": algbw * bus_factor(primitive, chips), "algorithm": algorithm,
-                     "protocol": protocol, "channels": channels})
+        rows.append({"size_bytes": int(size), "count": int(size) // element, "type": dtype,
+                     "redop": redop if primitive in REDUCING else "none", "root": -1,
+                     "time_s": time_s, "algbw_bytes_per_s": algbw,
+                     "busbw_bytes_per_s": algbw * bus_factor(primitive, chips), "in_place_time_s": time_s,
+                     "algorithm": algorithm, "protocol": protocol, "channels": channels})
     return rows
 
 

@@ -6,6 +6,8 @@ op DAG, so the Math path reports the same ledger.
 """
 from __future__ import annotations
 
+import math
+
 import attrs
 
 from g5core.api.errors import PluginError
@@ -23,6 +25,19 @@ def kv_cache_bytes(batch: int, seq_len: int, kv_bytes_per_token_per_layer: int, 
     (``kv_cache_heads``, e.g. Ulysses); 1 for MLA's latent unless a plugin splits it.
     """
     return batch * seq_len * kv_bytes_per_token_per_layer * layers / (seq_shards * head_shards)
+
+
+def kv_bytes_on(m, dep, s, c_kv: int, layers: list[int]) -> float:
+    """KV cache of the layers one chip holds: a windowed layer keeps at most its window of
+    tokens per sequence (:meth:`ModelSpec.kv_tokens`), a full layer the whole context."""
+    groups: dict[int, int] = {}
+    for layer in layers:
+        tokens = m.kv_tokens(layer, dep.seq_len)
+        groups[tokens] = groups.get(tokens, 0) + 1
+    if not groups:
+        groups = {dep.seq_len: 0}
+    return math.fsum(kv_cache_bytes(dep.batch, tokens, c_kv, n, s.factor("kv_len"), s.kv_shard * s.kv_cache_shard)
+                     for tokens, n in groups.items())
 
 
 def activation_peak_bytes(ctx, layers: list[int]) -> float:
@@ -93,7 +108,8 @@ class MemoryReport:
             "per_chip": [attrs.asdict(c) for c in self.per_chip],
             "max_total_bytes": self.max_total_bytes,
             "fits": self.fits,
-            "terms": {t.name: {"category": t.category, "max_bytes": max((b for _, b in t.bytes_per_chip), default=0.0)}
+            "terms": {t.name: {"category": t.category, "max_bytes": max((b for _, b in t.bytes_per_chip), default=0.0),
+                               **({"part_of": t.part_of} if t.part_of else {})}
                       for t in self.terms},
         }
 
@@ -111,8 +127,9 @@ def _ranges(chips: list[int]) -> str:
     return ",".join(parts)
 
 
-def core_terms(ctx) -> list[MemoryTerm]:
-    """Weights, KV cache and activations from the sharded shapes and the layers each chip holds."""
+def weight_bytes_by_chip(ctx, kinds=None) -> tuple[dict[int, float], dict[int, list[int]]]:
+    """Weight bytes each chip holds, of the logical ops of ``kinds`` (None: every op), and
+    the decoder layers each chip holds (the one formula: weight elements x their bytes)."""
     from g5core.build.layers import WEIGHT_CLASS, build_program, weight_elements
 
     m, dep, s = ctx.model, ctx.deployment, ctx.shape
@@ -120,6 +137,9 @@ def core_terms(ctx) -> list[MemoryTerm]:
     layers_on: dict[int, list[int]] = {c: [] for c in ctx.all_chips}
     per_layer: dict[int, float] = {}
     for lop in build_program(m):
+        if kinds is not None and lop.kind not in kinds:
+            per_layer.setdefault(lop.layer, 0.0)
+            continue
         wclass = WEIGHT_CLASS.get(lop.kind, "default")
         per_layer[lop.layer] = per_layer.get(lop.layer, 0.0) + (
             weight_elements(lop.kind, m, s) * dep.dtypes.weight_element_bytes(wclass))
@@ -128,10 +148,15 @@ def core_terms(ctx) -> list[MemoryTerm]:
             weights[c] += nbytes
             if 0 <= layer < m.n_layers:
                 layers_on[c].append(layer)
+    return weights, layers_on
+
+
+def core_terms(ctx) -> list[MemoryTerm]:
+    """Weights, KV cache and activations from the sharded shapes and the layers each chip holds."""
+    m, dep, s = ctx.model, ctx.deployment, ctx.shape
+    weights, layers_on = weight_bytes_by_chip(ctx)
     c_kv = m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)
-    kv = {c: kv_cache_bytes(dep.batch, dep.seq_len, c_kv, len(layers_on[c]), s.factor("kv_len"),
-                            s.kv_shard * s.kv_cache_shard)
-          for c in ctx.all_chips}
+    kv = {c: kv_bytes_on(m, dep, s, c_kv, layers_on[c]) for c in ctx.all_chips}
     acts = {c: activation_peak_bytes(ctx, layers_on[c]) for c in ctx.all_chips}
     return [
         MemoryTerm("weights", "weights", weights),
@@ -150,13 +175,21 @@ def memory_report(ctx) -> MemoryReport:
                 raise PluginError(plugin, f"memory term {term.name!r} has negative bytes")
             if term.name in {t.name for t in terms}:
                 raise PluginError(plugin, f"memory term {term.name!r} is already contributed")
+            if term.part_of:
+                whole = next((t for t in terms if t.name == term.part_of), None)
+                if whole is None or whole.part_of or whole.category != term.category:
+                    raise PluginError(plugin, f"memory term {term.name!r} is part of {term.part_of!r}, which is not "
+                                              f"a {term.category} term of the ledger")
+                if any(b > whole.on(c) * (1 + 1e-12) for c, b in term.bytes_per_chip):
+                    raise PluginError(plugin, f"memory term {term.name!r} exceeds the {term.part_of!r} it is part of")
             terms.append(term)
     cap = ctx.system.hbm_capacity_bytes
     per_chip = []
     for c in ctx.all_chips:
         by_cat = {k: 0.0 for k in CATEGORIES}
         for t in terms:
-            by_cat[t.category] += t.on(c)
+            if not t.part_of:
+                by_cat[t.category] += t.on(c)
         total = sum(by_cat.values())
         per_chip.append(ChipMemory(
             chip=c, weights_bytes=by_cat["weights"], kv_cache_bytes=by_cat["kv_cache"],

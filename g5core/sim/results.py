@@ -340,3 +340,50 @@ def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarra
     out = worst(0)
     out["by_reason"] = {r: worst(1 + i) for i, r in enumerate(reasons)}
     return out
+
+
+#: network tiers of the summary: (name, the resource kinds of its two directions)
+NETWORK_TIERS = (("NVLink", ("link_tx", "link_rx")), ("NIC", ("nic_tx", "nic_rx")),
+                 ("leaf uplink", ("leaf_up", "leaf_down")))
+
+
+def network_load(sim: SimResult, topology) -> list[dict]:
+    """The load on each network tier a run used (scale-up links, NICs, leaf uplinks):
+    ``tier, ports`` (used, of the tier's ports in the simulated chips' reach), ``bytes``
+    (carried one way: the sending direction, wire bytes, times the symmetric replicas),
+    ``busiest_port``, ``busiest_bytes``, ``utilization`` (its bytes over its capacity times
+    the step) and ``busy_fraction`` (the share of the step a flow was on it). A tier no
+    flow crossed is left out."""
+    from g5core.build.topology import KIND_NAMES
+
+    d = sim.compiled
+    n_ports = len(d.port_capacity)
+    if not len(d.flow_bytes) or sim.latency_s <= 0:
+        return []
+    route_bytes = np.bincount(d.flow_route, weights=d.flow_bytes, minlength=len(d.routes))
+    port_bytes = np.zeros(n_ports)
+    for rid, route in enumerate(d.routes):
+        if route_bytes[rid]:
+            port_bytes[list(route)] += route_bytes[rid]
+    kinds = np.asarray([topology.resource_kind(p) for p in range(n_ports)])
+    capacity = np.asarray(d.port_capacity, dtype=float)
+    out = []
+    for tier, names in NETWORK_TIERS:
+        ids = [KIND_NAMES.index(n) for n in names]
+        in_tier = np.isin(kinds, ids)
+        used = in_tier & (port_bytes > 0)
+        if not used.any():
+            continue
+        busiest = int(np.flatnonzero(used)[np.argmax((port_bytes / capacity)[used])])
+        on = np.asarray([busiest in route for route in d.routes], dtype=bool)[d.flow_route]
+        fs, fe = np.asarray(sim.flow_start_s)[on], np.asarray(sim.flow_end_s)[on]
+        order = np.argsort(fs, kind="stable")
+        out.append({
+            "tier": tier, "ports": int(used.sum()),
+            "bytes": float(port_bytes[kinds == ids[0]].sum()) * sim.symmetry.replicas,
+            "busiest_port": topology.resource_name(busiest), "busiest_bytes": float(port_bytes[busiest]),
+            "utilization": float(port_bytes[busiest] / (capacity[busiest] * sim.latency_s)),
+            "busy_fraction": _merged_length(fs[order], fe[order]) / sim.latency_s,
+        })
+    return out
+

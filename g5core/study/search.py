@@ -41,10 +41,11 @@ def factorizations(n: int, slots: int) -> list[tuple[int, ...]]:
     return [(d,) + rest for d in divisors(n) for rest in factorizations(n // d, slots - 1)]
 
 
-def enumerate_layouts(chips: int, dims: DimensionRegistry) -> list[dict[str, int]]:
-    """Every split of ``chips`` over the registered dimensions, in a fixed order."""
+def enumerate_layouts(chips: int, dims: DimensionRegistry, moe: bool = True) -> list[dict[str, int]]:
+    """Every split of ``chips`` over the registered dimensions, in a fixed order; with
+    ``moe=False`` (a dense model) the expert-only dimensions are left out (they stay 1)."""
     factor_names = [d.name for d in dims.factors]
-    others = [d for d in dims.dims if not d.factor]
+    others = [d for d in dims.dims if not d.factor and (moe or not d.moe_only)]
     out = []
     for split in factorizations(chips, len(factor_names)):
         sizes = dict(zip(factor_names, split))
@@ -80,9 +81,13 @@ class Candidate:
     max_total_bytes: float
     tokens_per_s_per_chip: float
 
+    #: the full resolved configuration the candidate ran (model, system, dtypes, options...)
+    config: dict = attrs.field(factory=dict, eq=False)
+
     def to_json_dict(self) -> dict:
         return {"parallel": dict(sorted(self.parallel.items())), "latency_s": self.latency_s, "fits": self.fits,
-                "max_total_bytes": self.max_total_bytes}
+                "max_total_bytes": self.max_total_bytes, "tokens_per_s_per_chip": self.tokens_per_s_per_chip,
+                "objective_value": self.objective_value, "config": self.config}
 
 
 @attrs.frozen(kw_only=True)
@@ -163,7 +168,9 @@ def best_layouts(raw: Mapping, objective: Optional[str] = None, db_path=None, di
     chips = raw.get("chips")
     if isinstance(chips, bool) or not isinstance(chips, int) or chips <= 0:
         raise ConfigError("chips", f"must be a positive whole number, got {chips!r}")
-    layouts = enumerate_layouts(chips, dims)
+    from g5core.inputs.models import get_model
+    model = get_model(raw.get("model")) if isinstance(raw.get("model"), str) else None
+    layouts = enumerate_layouts(chips, dims, moe=model is None or model.moe is not None)
     keep, excluded = prefilter(raw, layouts, disabled, extra_plugins)
     if not keep:
         mem = [e for e in excluded if e.family == "memory"]
@@ -188,7 +195,7 @@ def best_layouts(raw: Mapping, objective: Optional[str] = None, db_path=None, di
         cands.append(Candidate(parallel=row["point"]["parallel"], latency_s=row["latency_s"],
                                objective_value=row[column], fits=bool(row["fits"]),
                                max_total_bytes=row["max_total_bytes"],
-                               tokens_per_s_per_chip=row["tokens_per_s_per_chip"]))
+                               tokens_per_s_per_chip=row["tokens_per_s_per_chip"], config=row["config"]))
     sign = -1.0 if largest else 1.0
     ranked = sorted(cands, key=lambda c: (sign * c.objective_value, c.max_total_bytes, layout_label(c.parallel)))
     return SearchResult(objective=objective, layouts=len(layouts), ranked=tuple(ranked), pareto=pareto_front(cands),
