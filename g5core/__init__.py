@@ -4,6 +4,13 @@ Plugins, built-in or third-party, import what they need from here and nowhere el
 ``hookimpl`` marker, the value types they register or return, the errors they raise, and the
 helpers that turn a chip's share of the model into work and bytes. Everything in
 ``__all__`` is public API; the submodules are the core's own business.
+
+Simulating steps (:mod:`g5core.sim.prepared`): ``prepare(config)`` validates a deployment
+once and returns a :class:`PreparedPlan`; ``plan.simulate(Step([StepGroup(new_tokens=1,
+cached_tokens=8191, count=64)]))`` returns a :class:`StepResult` (``latency_s``,
+``ttft_s``/``tpot_s`` for a pure prefill/decode step, ``memory``: the per-chip ledger with
+``kv_bytes_per_token``), cached per step shape; ``plan.kv_capacity_tokens(step)`` sizes a
+KV pool from the ledger.
 """
 from .api.context import BuildContext
 from .api.dimensions import Dimension
@@ -13,28 +20,33 @@ from .api.options import PluginOption
 from .api.plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_manager
 from .api.records import Lowering, MemoryTerm, SweepPreset
 from .api.work import LogicalOp, Work
-from .build.flops import activation_tensor_bytes, attention_block_bytes, causal_attention_flops
+from .build.flops import activation_tensor_bytes, attention_block_bytes, causal_attention_flops, prefix_attention_flops
 from .build.layers import (
-    attention_dims, attention_kernel, attention_side_kernels, attention_work, default_work, expert_work,
-    local_kv_bytes_per_token, merge_kernel, window_attention_work,
+    attention_dims, attention_kernel, attention_kernel_of, attention_side_kernels, attention_work, default_work,
+    expert_work, local_kv_bytes_per_token, merge_kernel, step_attention_work, window_attention_work,
 )
 from .build.topology import Topology
 from .inputs.framework import fused_away
+from .inputs.step import Step, StepGroup
 from .inputs.reading import check_keys
 from .sim.collective import idle_transfer_s
 from .sim.compute import Attention, ComputeTime, Elementwise, Gemm
 from .sim.memory import weight_bytes_by_chip
 from .sim.reference import passq_reduce_elements
 from .sim.roofline import gemm_padded_flops, kernel_latency_s, op_latency_s, roofline_latency_s
+from .sim.prepared import PreparedPlan, StepMemory, StepResult, prepare
 from .version import __version__
 
 __all__ = [
     "Attention", "BuildContext", "CommOp", "ComputeOp", "ComputeTime", "ConfigError", "DagError", "Dimension",
     "Elementwise", "Fragment", "G5Error", "Gemm", "Hooks", "LogicalOp", "Lowering", "MemoryTerm", "PluginError",
-    "PluginInfo", "PluginOption", "SweepPreset", "Topology", "Work", "activation_tensor_bytes",
-    "attention_block_bytes", "attention_dims", "attention_kernel", "attention_side_kernels", "attention_work",
-    "causal_attention_flops", "check_keys", "default_work", "describe_plugins", "expert_work", "fused_away",
-    "gemm_padded_flops", "hookimpl", "idle_transfer_s", "kernel_latency_s", "local_kv_bytes_per_token",
-    "make_plugin_manager", "merge_kernel", "op_latency_s", "passq_reduce_elements",
-    "roofline_latency_s", "suggest", "weight_bytes_by_chip", "window_attention_work",
+    "PluginInfo", "PluginOption", "PreparedPlan", "Step", "StepGroup", "StepMemory", "StepResult", "SweepPreset",
+    "Topology", "Work", "activation_tensor_bytes",
+    "attention_block_bytes", "attention_dims", "attention_kernel", "attention_kernel_of", "attention_side_kernels",
+    "attention_work", "causal_attention_flops", "check_keys",
+    "default_work", "describe_plugins", "expert_work", "fused_away", "gemm_padded_flops", "hookimpl",
+    "idle_transfer_s", "kernel_latency_s", "local_kv_bytes_per_token", "make_plugin_manager", "merge_kernel",
+    "op_latency_s", "passq_reduce_elements",
+    "prefix_attention_flops", "prepare", "roofline_latency_s", "step_attention_work", "suggest",
+    "weight_bytes_by_chip", "window_attention_work",
 ]

@@ -2,7 +2,10 @@
 
 In the spirit of scikit-learn's ``parametrize_with_checks``: a plugin author gives the
 plugin's name and a few raw configurations that make it active, and gets back named
-checks of the extension contract (:mod:`g5core.api.hookspecs`)::
+checks of the extension contract (:mod:`g5core.api.hookspecs`). Each check also runs on
+every configuration's step variant (:func:`step_variant`: the same deployment on a mixed
+step, or on a partial prefill or decode at two context lengths where cp > 1 refuses a mixed
+step), wherever the plugins accept it::
 
     from g5core.testing import CHECKS, applicable_checks
 
@@ -49,7 +52,7 @@ from g5core.sim.compute import answer_seconds, scaled_kernel
 from g5core.api.ops import CommOp, ComputeOp, Fragment
 from g5core.build.dag import OpDag
 from g5core.api.dimensions import collect_dimensions
-from g5core.api.errors import DagError, G5Error, PluginError
+from g5core.api.errors import ConfigError, DagError, G5Error, PluginError
 from g5core.build.layers import SYNC_KINDS, build_program, iter_layers
 from g5core.api.records import CATEGORIES, MemoryTerm
 from g5core.sim.memory import memory_report
@@ -90,7 +93,9 @@ def hook_names() -> tuple[str, ...]:
                  if callable(f) and hasattr(f, "g5_spec"))
 
 
-def _as_configs(configs) -> tuple[Mapping, ...]:
+def _as_configs(configs, extra_plugins: Sequence = ()) -> tuple[Mapping, ...]:
+    """The configurations given, each followed by its step variant (:func:`step_variant`)
+    where the plugins accept it: every check also runs the plugin on a mixed step."""
     if isinstance(configs, Mapping):
         configs = (configs,)
     configs = tuple(configs)
@@ -99,7 +104,60 @@ def _as_configs(configs) -> tuple[Mapping, ...]:
     for c in configs:
         if not isinstance(c, Mapping):
             raise TypeError(f"a configuration must be a raw mapping, got {type(c).__name__}")
-    return configs
+    out = list(configs)
+    for c in configs:
+        variant = step_variant(c)
+        if variant is not None and variant not in out and _accepted(variant, tuple(extra_plugins)):
+            out.append(variant)
+    return tuple(out)
+
+
+def step_variant(raw: Mapping) -> Mapping | None:
+    """A configuration given in the shorthand (``phase``, ``batch: b``, ``seq_len: S``) run
+    as a step of several kinds of sequences instead, for the contract suite:
+
+    - ``cp = 1``: a mixed step, ``b`` prompts of ``S`` new tokens after ``S`` cached ones
+      and ``b * S`` decode sequences at context ``S`` (``2 b S`` new tokens: divisible by
+      whatever divides ``b`` or ``S``);
+    - ``cp > 1`` (where a mixed step is refused), prefill: a partial prefill, ``b`` prompts
+      of ``S`` new tokens after ``S`` cached; decode: decode at two context lengths, ``S``
+      and ``2 S``.
+
+    None for a configuration that already gives a ``step:``."""
+    if "step" in raw or not all(k in raw for k in ("phase", "batch", "seq_len")):
+        return None
+    b, s, phase = raw["batch"], raw["seq_len"], raw["phase"]
+    if not (isinstance(b, int) and isinstance(s, int) and b > 0 and s > 1):
+        return None
+    par = raw.get("parallel")
+    cp = par.get("cp", 1) if isinstance(par, Mapping) else 1
+    if cp == 1:
+        step = [{"new_tokens": s, "cached_tokens": s, "count": b}, {"new_tokens": 1, "cached_tokens": s - 1, "count": b * s}]
+    elif phase == "prefill":
+        step = [{"new_tokens": s, "cached_tokens": s, "count": b}]
+    else:
+        step = [{"new_tokens": 1, "cached_tokens": s - 1, "count": b}, {"new_tokens": 1, "cached_tokens": 2 * s - 1,
+                                                                         "count": b}]
+    out = {k: v for k, v in raw.items() if k not in ("phase", "batch", "seq_len")}
+    out["step"] = step
+    return out
+
+
+_ACCEPTED: dict = {}
+
+
+def _accepted(raw: Mapping, extra_plugins: tuple) -> bool:
+    """Whether the enabled plugins accept ``raw`` (a ConfigError: a step they refuse)."""
+    import json
+
+    key = (json.dumps(raw, sort_keys=True, default=str), tuple(name for name, _ in extra_plugins))
+    if key not in _ACCEPTED:
+        try:
+            _plan(raw, extra_plugins)
+            _ACCEPTED[key] = True
+        except ConfigError:
+            _ACCEPTED[key] = False
+    return _ACCEPTED[key]
 
 
 def _pm(extra_plugins: Sequence, disabled: Iterable[str] = (), raw: Mapping | None = None):
@@ -137,7 +195,8 @@ def _where(raw: Mapping) -> str:
     par = " ".join(f"{k}={v}" for k, v in sorted(par.items())) if isinstance(par, Mapping) else str(par)
     opts = {k: v for k, v in (raw.get("plugins") or {}).items() if k != "disable"} if isinstance(raw.get("plugins"), Mapping) else {}
     legacy = " ".join(f"{k}={v}" for k, v in sorted(raw.items()) if k not in TOP_LEVEL_KEYS)  # e.g. tp_sp
-    return f"[{raw.get('model')} {raw.get('phase')} {par}{' ' + str(opts) if opts else ''}{' ' + legacy if legacy else ''}]"
+    work = raw.get("phase") if "step" not in raw else f"step {raw.get('step')}"
+    return f"[{raw.get('model')} {work} {par}{' ' + str(opts) if opts else ''}{' ' + legacy if legacy else ''}]"
 
 
 def _chips_ok(chips: Iterable, n: int) -> bool:
@@ -180,7 +239,7 @@ def check_configs_exercise_plugin(plugin: str, configs, extra_plugins: Sequence 
     show it contributing: a registered dimension or primitive, a shard factor, a layer or
     op placement, a claimed logical op, a memory term, or a compute latency.
     """
-    configs = _as_configs(configs)
+    configs = _as_configs(configs, extra_plugins)
     implemented = set(_implemented_hooks(plugin, extra_plugins)) - GUARD_HOOKS
     seen: dict[str, int] = {h: 0 for h in implemented}
     for raw in configs:
@@ -238,7 +297,7 @@ def check_options(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     for o in own:
         if not o.doc:
             raise _fail(plugin, check_options, f"option '{o.name}' has no doc string")
-    for raw in _as_configs(configs):
+    for raw in _as_configs(configs, extra_plugins):
         dep = _plan(raw, extra_plugins).ctx.deployment
         for o in own:
             if dep.option(plugin, o.name, _MISSING) is _MISSING:
@@ -281,7 +340,7 @@ def check_shard_axes(plugin: str, configs, extra_plugins: Sequence = ()) -> None
     mine = tuple(a for a in own if a not in off)
     if not mine:
         raise _fail(plugin, check_shard_axes, "registers no axis of its own (or they stay registered when disabled)")
-    for raw in _as_configs(configs):
+    for raw in _as_configs(configs, extra_plugins):
         factors = dict(_plan(raw, extra_plugins).ctx.shape.factors)
         missing = [a for a in mine if a not in factors]
         if missing:
@@ -295,7 +354,7 @@ def check_validate_deployment(plugin: str, configs, extra_plugins: Sequence = ()
     The hook's contract is to raise :class:`~g5core.api.errors.ConfigError` or return ``None``;
     a plugin returning a value would be ignored silently. Called twice, it answers the same.
     """
-    for raw in _as_configs(configs):
+    for raw in _as_configs(configs, extra_plugins):
         plan = _plan(raw, extra_plugins)
         ctx = plan.ctx
         for _ in range(2):
@@ -313,7 +372,7 @@ def check_shard_factors(plugin: str, configs, extra_plugins: Sequence = ()) -> N
     Axes must be among :data:`g5core.build.shape.SHARD_AXES` or the registered ones, values positive ``int`` (not bool);
     two calls on the same deployment give equal answers.
     """
-    for raw in _as_configs(configs):
+    for raw in _as_configs(configs, extra_plugins):
         plan = _plan(raw, extra_plugins)
         ctx = plan.ctx
         first = _call_own(plan.hooks, "g5_shard_factors", plugin, deployment=ctx.deployment, model=ctx.model)
@@ -340,7 +399,7 @@ def check_placement(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     plugin's answers are intersected, every layer (embedding, decoder layers, head) is held
     by at least one chip and every logical op that does work runs on at least one chip.
     """
-    for raw in _as_configs(configs):
+    for raw in _as_configs(configs, extra_plugins):
         plan = _plan(raw, extra_plugins)
         ctx = plan.ctx
         n = ctx.rankmap.chips
@@ -407,7 +466,7 @@ def check_fragments(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     those of its fragments, field for field (a :meth:`~g5core.api.ops.Fragment.tiled` or
     ``replicated`` fragment, stored as columns, reads back as the ops it stands for).
     """
-    for raw in _as_configs(configs):
+    for raw in _as_configs(configs, extra_plugins):
         plan = _plan(raw, extra_plugins)
         ctx = plan.ctx
         made: dict[str, object] = {}
@@ -434,7 +493,7 @@ def check_require_owner(plugin: str, configs, extra_plugins: Sequence = ()) -> N
     Asked for every logical op of each configuration; a message must name the fix in one
     line (it becomes the CLI's one-line ``g5: error: ...``).
     """
-    for raw in _as_configs(configs):
+    for raw in _as_configs(configs, extra_plugins):
         plan = _plan(raw, extra_plugins)
         for lop in build_program(plan.ctx.model):
             for answer in _call_own(plan.hooks, "g5_require_owner", plugin, ctx=plan.ctx, lop=lop):
@@ -454,7 +513,7 @@ def check_memory_terms(plugin: str, configs, extra_plugins: Sequence = ()) -> No
     unique; :func:`g5core.sim.memory.memory_report` accepts them and each chip's total is at
     least the plugin's terms on it.
     """
-    for raw in _as_configs(configs):
+    for raw in _as_configs(configs, extra_plugins):
         plan = _plan(raw, extra_plugins)
         ctx = plan.ctx
         n = ctx.rankmap.chips
@@ -509,6 +568,21 @@ def _lone_comm_time_s(probe, primitive: str, group: tuple, nbytes: float) -> tup
 
 
 @_contract_check
+def check_step_choices(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_step_choices``: ``None`` or a mapping of string keys to JSON scalars (what the
+    plugin chose for the step: the run's JSON and summary report it as given)."""
+    for raw in _as_configs(configs, extra_plugins):
+        plan = _plan(raw, extra_plugins)
+        for answer in _call_own(plan.hooks, "g5_step_choices", plugin, ctx=plan.ctx):
+            if answer is None:
+                continue
+            if not isinstance(answer, Mapping) or not all(
+                    isinstance(k, str) and (v is None or isinstance(v, (str, int, float, bool)))
+                    for k, v in answer.items()):
+                raise _fail(plugin, check_step_choices, f"{_where(raw)} answered {answer!r}, not a mapping of "
+                                                        "names to strings or numbers")
+
+
 def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_register_primitives``: a primitive's cost grows with the bytes it carries.
 
@@ -521,7 +595,7 @@ def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ())
     larger send over more channels, so a send limited by its channels' copy rate takes as
     long at twice the size, as nccl-tests alltoall measures between 128 KiB and 2 MiB.)
     """
-    configs = _as_configs(configs)
+    configs = _as_configs(configs, extra_plugins)
     plans = [_plan(raw, extra_plugins) for raw in configs]
     base = max(plans, key=lambda p: p.ctx.rankmap.chips)
     mine = sorted(name for name, (owner, _) in base.primitives.items() if owner == plugin)
@@ -567,7 +641,7 @@ def check_topology(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     asked for, every resource with a positive, finite capacity, and every chip's
     point-to-point routes made of valid resources.
     """
-    for raw in _as_configs(configs):
+    for raw in _as_configs(configs, extra_plugins):
         plan = _plan(raw, extra_plugins)
         chips = plan.ctx.rankmap.chips
         for answer in _call_own(plan.hooks, "g5_topology", plugin, system=plan.ctx.system, chips=chips):
@@ -593,7 +667,7 @@ def check_compute_latency(plugin: str, configs, extra_plugins: Sequence = ()) ->
     (let the next plugin answer) or a finite number ``>= 0``; where it answers, doubling the
     op's FLOPs and HBM bytes does not make it faster.
     """
-    for raw in _as_configs(configs):
+    for raw in _as_configs(configs, extra_plugins):
         plan = _plan(raw, extra_plugins)
         ctx = plan.ctx
         seen = set()
@@ -641,7 +715,7 @@ def check_disabled_contributes_nothing(plugin: str, configs, extra_plugins: Sequ
     info = {p.name: p for p in describe_plugins(pm)}.get(plugin)
     if info is not None and (info.enabled or info.hooks):
         raise _fail(plugin, check_disabled_contributes_nothing, f"described as {info} when disabled")
-    for raw in _as_configs(configs):
+    for raw in _as_configs(configs, extra_plugins):
         try:
             plan = _plan(raw, extra_plugins, disabled=[plugin])
             dag = build_dag(plan)
@@ -669,7 +743,7 @@ def check_deterministic(plugin: str, configs, extra_plugins: Sequence = ()) -> N
     """
     from g5core.sim.engine import compile_dag
 
-    for raw in _as_configs(configs):
+    for raw in _as_configs(configs, extra_plugins):
         outs = []
         for _ in range(2):
             plan = _plan(raw, extra_plugins)
@@ -736,6 +810,7 @@ HOOK_CHECKS: Mapping[str, tuple[CheckFn, ...]] = {
     "g5_expand_op": (check_fragments,),
     "g5_require_owner": (check_require_owner,),
     "g5_memory_terms": (check_memory_terms,),
+    "g5_step_choices": (check_step_choices,),
     "g5_register_primitives": (check_comm_cost_monotone,),
     "g5_topology": (check_topology,),
     "g5_compute_latency": (check_compute_latency,),
@@ -815,7 +890,7 @@ def plugin_checks(plugin: str, configs, extra_plugins: Sequence = ()) -> list[tu
     ``extra_plugins``) and raises :class:`ContractError` on a breach. Meant for
     ``pytest.mark.parametrize``; the names are stable test ids.
     """
-    configs = _as_configs(configs)
+    configs = _as_configs(configs, extra_plugins)
     out = []
     for name in applicable_checks(plugin, extra_plugins):
         f = CHECKS[name]

@@ -345,3 +345,32 @@ def test_disabled_plugin_needed_by_a_config_is_a_clear_error_not_a_pass(models):
     assert dag.ops and not any(op.owner == "cp_passkv" for op in dag.ops)
     with pytest.raises(ConfigError, match="cp_passkv"):
         build_dag(prepare(_cfg(models, cp=2), make_plugin_manager(disabled=["cp_passkv"])))
+
+
+# ------------------------------------------------------------------------------------------
+# Every check also runs on a mixed step
+# ------------------------------------------------------------------------------------------
+
+
+def test_each_configuration_is_also_checked_on_a_step(models):
+    raws = [_cfg(models), _cfg(models, cp=2), _cfg(models, cp=2, phase="decode")]
+    configs = contract._as_configs(raws)
+    steps = [c["step"] for c in configs if "step" in c]
+    assert configs[:3] == tuple(raws) and len(steps) == 3
+    assert steps[0] == [{"new_tokens": 256, "cached_tokens": 256, "count": 2},       # cp = 1: a mixed step
+                        {"new_tokens": 1, "cached_tokens": 255, "count": 512}]
+    assert steps[1] == [{"new_tokens": 256, "cached_tokens": 256, "count": 2}]        # cp > 1: partial prefill
+    assert [g["cached_tokens"] for g in steps[2]] == [255, 511]                     # decode at two contexts
+    assert contract._as_configs(configs) == configs                                  # no variant of a variant
+
+
+def test_a_plugin_broken_only_on_a_mixed_step_is_caught(models):
+    class BadOnMixedSteps:
+        @hookimpl
+        def g5_memory_terms(self, ctx):
+            nbytes = -1.0 if ctx.deployment.phase == "mixed" else 1.0
+            return [MemoryTerm("scratch", "workspace", {0: nbytes})]
+
+    extra = (("bad", BadOnMixedSteps()),)
+    with pytest.raises(ContractError, match=r"step .* has -1.0 bytes"):
+        contract.check_memory_terms("bad", [_cfg(models)], extra)

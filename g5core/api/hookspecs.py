@@ -146,6 +146,13 @@ def g5_memory_terms(ctx: "BuildContext") -> Optional[Iterable["MemoryTerm"]]:
     """
 
 
+@hookspec
+def g5_step_choices(ctx: "BuildContext") -> Optional[Mapping[str, object]]:
+    """What this plugin chose for the step the context runs (collect-all), e.g.
+    ``{"prefill": "pass_q", "rule": "..."}`` for a per-step algorithm choice. The run reports
+    the answers by plugin name in its JSON (``choices``) and summary; ``None``: no choice."""
+
+
 # --------------------------------------------------------------------------------------
 # Family 4: communication primitives
 # --------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ acyclic, keys owned) -> hand arrays to the engine. No hook is called after this.
 """
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, Optional
 
 import attrs
 import numpy as np
@@ -31,12 +31,29 @@ from g5core.build.shape import LocalShape, collect_shard_axes, merge_factors
 from g5core.inputs.systems import SystemSpec, get_system
 
 
+_MISSING = object()
+
+
 @attrs.define(eq=False)
 class CoreBuildContext(BuildContext):
     """The build context the core makes: :class:`BuildContext` answered by the core's formulas."""
 
+    _works: dict = attrs.field(factory=dict, repr=False)
+
+    def restricted(self, chips: tuple[int, ...]) -> "BuildContext":
+        """The same context with ops placed on ``chips`` only (the works made are shared)."""
+        return attrs.evolve(self, layer_chips={}, works=self._works, replica_chips=tuple(chips))
+
     def work(self, kind: str, layer: int | None = None) -> Work | None:
-        return default_work(kind, self.model, self.deployment, self.shape, layer)
+        """The default work of ``kind`` on one chip (of ``layer``, whose attention window it
+        follows), made once per context and kind, and per layer for a windowed layer's
+        attention (it depends on those, the model, the deployment and the shape only; a Work
+        is immutable)."""
+        key = (kind, layer) if kind == "attention" and layer is not None and self.model.kv_window(layer) else kind
+        got = self._works.get(key, _MISSING)
+        if got is _MISSING:
+            got = self._works[key] = default_work(kind, self.model, self.deployment, self.shape, layer)
+        return got
 
     def hidden_states_bytes(self, tokens: float) -> float:
         return activation_tensor_bytes(tokens, self.model.hidden_size, self.deployment.dtypes.activation_element_bytes)
@@ -54,6 +71,9 @@ class Plan:
     hooks: Hooks
     ctx: BuildContext
     primitives: Mapping
+    #: the compute-latency lookup to compile with, when one outlives the run (a prepared
+    #: plan's, shared by its steps: g5core.sim.prepared); None: a fresh one per compile
+    lookup: Optional[object] = None
 
 
 def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configuration",
@@ -75,10 +95,7 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
             raise _name_disabled_plugins(exc, pm, dims) from None
     model = get_model(deployment.model)
     system = get_system(deployment.system)
-    for _plugin, _ in hooks.call_each("g5_validate_deployment", deployment=deployment, model=model, system=system):
-        pass
-    factors = merge_factors(hooks.call_each("g5_shard_factors", deployment=deployment, model=model), axes)
-    shape = LocalShape.from_factors(deployment, model, factors)
+    shape = validated_shape(hooks, deployment, model, system, axes)
     _check_floor(deployment, model, max_ops)
     sizes = dict(deployment.parallel)
     try:
@@ -89,6 +106,25 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
     ctx = CoreBuildContext(deployment=deployment, model=model, system=system, dims=dims, rankmap=rankmap, shape=shape,
                            topology=topology, hooks=hooks)
     return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks))
+
+
+def validated_shape(hooks: Hooks, deployment: Deployment, model: ModelSpec, system: SystemSpec,
+                    axes: tuple[str, ...]) -> LocalShape:
+    """The plugins' checks of a deployment, then one chip's share of its step."""
+    for _plugin, _ in hooks.call_each("g5_validate_deployment", deployment=deployment, model=model, system=system):
+        pass
+    factors = merge_factors(hooks.call_each("g5_shard_factors", deployment=deployment, model=model), axes)
+    return LocalShape.from_factors(deployment, model, factors)
+
+
+def plan_for_step(plan: Plan, deployment: Deployment, axes: tuple[str, ...], lookup=None) -> Plan:
+    """``plan`` running another step (``deployment`` differs from the plan's in its step
+    only): validated and shaped again; the plugin manager, rank map, topology, primitives
+    and layer placement are reused; ``lookup`` is the compute-latency lookup to keep."""
+    ctx = plan.ctx
+    shape = validated_shape(plan.hooks, deployment, ctx.model, ctx.system, axes)
+    step_ctx = attrs.evolve(ctx, deployment=deployment, shape=shape, layer_chips=ctx._layer_chips, works={})
+    return Plan(pm=plan.pm, hooks=plan.hooks, ctx=step_ctx, primitives=plan.primitives, lookup=lookup)
 
 
 def make_topology(hooks: Hooks, system: SystemSpec, chips: int) -> Topology:

@@ -123,6 +123,7 @@ class OpDag:
     specs: list = attrs.field(factory=list, repr=False)
     spec_is_comm: list = attrs.field(factory=list, repr=False)
     _spec_ids: dict = attrs.field(factory=dict, repr=False)
+    _alive: list = attrs.field(factory=list, repr=False)  # kernels tuples whose ids key _spec_ids
     key_stem: array = attrs.field(factory=lambda: array("i"), repr=False)
     key_arg: array = attrs.field(factory=lambda: array("i"), repr=False)
     stems: list = attrs.field(factory=list, repr=False)
@@ -226,8 +227,17 @@ class OpDag:
         fast = (op.op_class, op.name, op.dtype, op.owner, id(kernels), op.flops, op.hbm_bytes)
         s = self._spec_ids.get(fast)
         if s is None:
-            s = self._new_spec(ComputeSpec(op_class=op.op_class, name=op.name, dtype=op.dtype, owner=op.owner,
-                                           kernels=kernels, flops=op.flops, hbm_bytes=op.hbm_bytes), fast, False)
+            # then by value: ops alike made from distinct Work objects (a plugin that makes
+            # its work per logical op) share one spec, so alike layers add no spec
+            spec = ComputeSpec(op_class=op.op_class, name=op.name, dtype=op.dtype, owner=op.owner, kernels=kernels,
+                               flops=op.flops, hbm_bytes=op.hbm_bytes)
+            s = self._spec_ids.get(spec)
+            if s is None:
+                s = self._new_spec(spec, fast, False)
+                self._spec_ids[spec] = s
+            else:
+                self._spec_ids[fast] = s
+                self._alive.append(kernels)  # its id stays in the fast key: keep it from reuse
         return s
 
     def _comm_spec(self, *, primitive: str, group: tuple, reason: str, name: str, owner: str,

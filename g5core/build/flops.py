@@ -7,6 +7,9 @@ Each function returns ``(flops, hbm_bytes)`` for the work one chip does. Convent
 - causal prefill attention counts half the score matrix: per sequence and head,
   ``QK^T`` and ``PV`` cost ``2 * S^2 * d / 2`` each, so a layer costs
   ``b * S^2 * n_heads * (d_qk + d_v)`` FLOPs;
+- causal attention of ``T`` new queries after a cached prefix of ``P`` keys adds the
+  unmasked ``T x P`` rectangle to the diagonal block: ``b * h * (d_qk + d_v) * (T^2 + 2 T P)``
+  (``P = 0`` is the prefill above);
 - decode attention is one query against ``kv_len`` keys: ``2 * kv_len * n_heads *
   (d_qk + d_v)`` FLOPs per sequence; it reads the whole local KV cache;
 - an elementwise op (norm, residual, activation) costs ``ELEMENTWISE_FLOPS_PER_ELEMENT``
@@ -67,6 +70,24 @@ def prefill_attention(
 ) -> tuple[float, float]:
     flops = causal_attention_flops(batch, seq, n_heads, d_qk, d_v)
     return flops, attention_block_bytes(batch, seq, seq, n_heads, d_qk, d_v, kv_bytes_per_token, act_bytes)
+
+
+def prefix_attention_flops(batch: float, new: float, cached: float, n_heads: float, d_qk: float,
+                           d_v: float) -> float:
+    """Causal attention of ``new`` queries over ``cached + new`` keys: the causal diagonal
+    block of the new tokens plus the unmasked ``new x cached`` block of the prefix."""
+    return (causal_attention_flops(batch, new, n_heads, d_qk, d_v)
+            + block_attention_flops(batch, new, cached, n_heads, d_qk, d_v))
+
+
+def prefix_attention(
+    batch: float, new: float, cached: float, n_heads: float, d_qk: float, d_v: float, kv_bytes_per_token: float,
+    act_bytes: float,
+) -> tuple[float, float]:
+    """(FLOPs, HBM bytes) of prefill attention after a cached prefix: reads Q of the new
+    tokens, the KV of all ``cached + new`` tokens, writes O of the new tokens."""
+    flops = prefix_attention_flops(batch, new, cached, n_heads, d_qk, d_v)
+    return flops, attention_block_bytes(batch, new, cached + new, n_heads, d_qk, d_v, kv_bytes_per_token, act_bytes)
 
 
 def block_attention_flops(batch: float, q_len: float, kv_len: float, n_heads: float, d_qk: float, d_v: float) -> float:

@@ -7,6 +7,7 @@ how any strategy shards it. Synchronisation points (``*_gather``, ``*_reduce``,
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterator
 
@@ -26,8 +27,10 @@ EMBED_LAYER = -1
 SYNC_KINDS = frozenset({"boundary", "attn_in_gather", "attn_out_reduce", "ffn_in_gather", "ffn_out_reduce"})
 
 
+@functools.lru_cache(maxsize=64)
 def build_program(model: ModelSpec) -> tuple[LogicalOp, ...]:
-    """The logical ops of one forward step, in order, with their data dependencies."""
+    """The logical ops of one forward step, in order, with their data dependencies (made
+    once per model: the tuple and its ops are immutable)."""
     ops: list[LogicalOp] = []
 
     def add(kind: str, layer: int, *inputs: LogicalOp) -> LogicalOp:
@@ -211,6 +214,12 @@ def base_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalS
                     kernels=projection_kernels(model, shape, kind, shape.tokens, wbytes, act)
                     + ((rotary_kernel(model, shape, act),) if kind == "qkv_proj" else ()))
     if kind == "attention":
+        if deployment.phase != "decode" and (shape.factor("tokens") > 1 or shape.factor("kv_len") > 1):
+            raise DagError(f"prefill attention over a sharded sequence ({shape.factor('tokens')}-way queries, "
+                           f"{shape.factor('kv_len')}-way keys) needs a plugin that owns it; enable the plugin for "
+                           "the dimension that shards the sequence")
+        if not shape.uniform:
+            return step_attention_work(model, deployment, shape)
         windowed = window_attention_work(model, deployment, shape, layer)
         if windowed is not None:
             return windowed
@@ -264,8 +273,15 @@ def _expert_gemm_work(model: ModelSpec, deployment: Deployment, shape: LocalShap
 def attention_kernel(model: ModelSpec, deployment: Deployment, shape: LocalShape,
                      q_len: float, kv_len: float, block: str) -> Attention:
     """The attention kernel of one chip over a ``q_len x kv_len`` block per sequence."""
-    d_qk, d_v = attention_dims(model, deployment.phase)
-    return Attention(batch=shape.batch, q_len=q_len, kv_len=kv_len, heads=shape.q_heads, kv_heads=shape.kv_heads,
+    return attention_kernel_of(model, deployment, shape, shape.batch, q_len, kv_len, block, deployment.phase)
+
+
+def attention_kernel_of(model: ModelSpec, deployment: Deployment, shape: LocalShape, batch: float,
+                        q_len: float, kv_len: float, block: str, phase: str) -> Attention:
+    """The attention kernel of ``batch`` sequences, ``q_len x kv_len`` each, with the head
+    dims of ``phase`` (MLA: decompressed for prefill, absorbed for decode)."""
+    d_qk, d_v = attention_dims(model, phase)
+    return Attention(batch=batch, q_len=q_len, kv_len=kv_len, heads=shape.q_heads, kv_heads=shape.kv_heads,
                      d_qk=d_qk, d_v=d_v, block=block, mla=model.attention.kind == "mla",
                      kv_bytes_per_token=local_kv_bytes_per_token(model, deployment, shape),
                      act_bytes=deployment.dtypes.activation_element_bytes)
@@ -324,8 +340,44 @@ def attention_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
         return F.decode_attention(shape.batch, kv_len, shape.q_heads, d_qk, d_v, c_kv, act)
     if q_tokens == kv_len:
         return F.prefill_attention(shape.batch, q_tokens, shape.q_heads, d_qk, d_v, c_kv, act)
-    raise DagError(f"prefill attention over {q_tokens:g} of {kv_len:g} tokens (a sharded sequence) needs a plugin "
-                   "that owns it; enable the plugin for the dimension that shards the sequence")
+    # the queries are the last q_tokens of kv_len keys (a cached prefix before them)
+    return F.prefix_attention(shape.batch, q_tokens, kv_len - q_tokens, shape.q_heads, d_qk, d_v, c_kv, act)
+
+
+def group_kind(group) -> str:
+    """The phase whose attention runs a step group: ``decode`` or ``prefill``."""
+    return "decode" if group.decode else "prefill"
+
+
+def step_attention_kernels(model: ModelSpec, deployment: Deployment, shape: LocalShape,
+                           groups=None) -> tuple[Attention, ...]:
+    """The attention kernels of a step on one chip, as a varlen engine runs them: one causal
+    kernel per prefill group (its new queries over its cached and new keys: ``q_tokens``
+    of ``kv_len`` per sequence), and one decode kernel for every decode sequence together
+    (flash-decoding / paged attention over per-sequence KV lengths: FLOPs and bytes are
+    linear in each sequence's length, so the kernel runs ``sum(count)`` sequences at the
+    mean length ``sum(count * kv_len) / sum(count)``). MLA prefill groups run on
+    decompressed heads, MLA decode groups absorbed (:func:`attention_dims`)."""
+    groups = shape.groups if groups is None else groups
+    out = []
+    for g in groups:
+        if not g.decode:
+            out.append(attention_kernel_of(model, deployment, shape, g.count, g.q_tokens, g.kv_len, "causal",
+                                         "prefill"))
+    decode = [g for g in groups if g.decode]
+    if decode:
+        count = sum(g.count for g in decode)
+        kv_len = decode[0].kv_len if len(decode) == 1 else sum(g.count * g.kv_len for g in decode) / count
+        out.append(attention_kernel_of(model, deployment, shape, count, 1.0, kv_len, "decode", "decode"))
+    return tuple(out)
+
+
+def step_attention_work(model: ModelSpec, deployment: Deployment, shape: LocalShape, groups=None) -> Work:
+    """The attention work of a step on one chip: :func:`step_attention_kernels`, their FLOPs
+    and bytes summed (each kernel's from :mod:`g5core.build.flops`)."""
+    kernels = step_attention_kernels(model, deployment, shape, groups)
+    return Work(op_class="attention", flops=sum(k.flops for k in kernels), hbm_bytes=sum(k.hbm_bytes for k in kernels),
+                weight_class="", weight_elements=0.0, kernels=kernels)
 
 
 def _head_tokens(shape: LocalShape) -> float:

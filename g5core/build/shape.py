@@ -13,7 +13,7 @@ from g5core.inputs.models import ModelSpec
 # Shard axes a plugin may divide (g5_shard_factors). The core knows the model's structure,
 # not the strategies: "q_heads" is divided by whoever shards heads.
 SHARD_AXES = (
-    "tokens",       # tokens each chip runs non-attention ops on (prefill: b*S; decode: b)
+    "tokens",       # tokens each chip runs non-attention ops on (prefill: b*S; decode: b; a step: its new tokens)
     "kv_len",       # context tokens of each sequence whose KV a chip holds
     "q_heads",      # query heads (and the attention output width)
     "kv_heads",     # KV heads (GQA); plugins keep the quotient whole (replicate when fewer)
@@ -63,12 +63,30 @@ def merge_factors(answers: Iterable[tuple[str, Mapping[str, int]]], axes: tuple[
 
 
 @attrs.frozen(kw_only=True)
+class LocalGroup:
+    """One group of the step (:class:`g5core.inputs.step.StepGroup`) as one chip sees it."""
+
+    count: int              # sequences (per data-parallel replica)
+    new_tokens: int         # new tokens of each sequence (whole step)
+    cached_tokens: int      # tokens of each sequence already in the KV cache
+    q_tokens: float         # query tokens per sequence on a chip (new / the tokens split; 1 for decode)
+    kv_len: float           # keys per sequence whose KV this chip holds: (cached + new) / the kv_len split
+    decode: bool            # one new token per sequence (the decode kernel)
+
+
+@attrs.frozen(kw_only=True)
 class LocalShape:
-    """Sizes one chip works on. Floats where a quotient need not be whole (tokens in decode)."""
+    """Sizes one chip works on. Floats where a quotient need not be whole (tokens in decode).
+
+    ``groups`` are the step's groups as this chip sees them. Where the deployment is
+    ``uniform`` (one group, as the shorthand phase/batch/seq_len says), ``batch``,
+    ``seq_len``, ``q_tokens`` and ``kv_len`` describe it exactly; otherwise ``batch`` is the
+    step's sequences, ``seq_len`` its longest context, and ``q_tokens``/``kv_len`` the means
+    per sequence: read ``groups`` for per-sequence shapes."""
 
     batch: int              # sequences per data-parallel replica
-    seq_len: int            # S: prompt length (prefill) or context length (decode)
-    tokens: float           # tokens per chip for non-attention ops
+    seq_len: int            # S: prompt length (prefill) or context length (decode); longest context (a step)
+    tokens: float           # tokens per chip for non-attention ops (the step's new tokens, split)
     q_tokens: float         # query tokens per sequence per chip in attention (S/cp prefill, 1 decode)
     kv_len: float           # context tokens per sequence whose KV this chip holds
     q_heads: float
@@ -82,21 +100,36 @@ class LocalShape:
     vocab: float
     norm_tokens: float
     factors: tuple[tuple[str, int], ...]
+    groups: tuple[LocalGroup, ...] = ()
+    uniform: bool = True    # the shorthand fields say the whole step
 
     @classmethod
     def from_factors(cls, deployment: Deployment, model: ModelSpec, factors: Mapping[str, int]) -> "LocalShape":
         b, s = deployment.batch, deployment.seq_len
         a = model.attention
-        prefill = deployment.phase == "prefill"
-        total_tokens = b * s if prefill else b
+        step = deployment.step
+        uniform = deployment.uniform
+        if uniform:
+            prefill = deployment.phase == "prefill"
+            total_tokens = b * s if prefill else b
+            q_tokens = (s / factors["tokens"]) if prefill else 1.0
+            kv_len = s / factors["kv_len"]
+        else:
+            total_tokens = step.new_tokens
+            q_tokens = step.new_tokens / step.sequences / factors["tokens"]
+            kv_len = step.context_tokens / step.sequences / factors["kv_len"]
+        groups = tuple(LocalGroup(count=g.count, new_tokens=g.new_tokens, cached_tokens=g.cached_tokens,
+                                  q_tokens=1.0 if g.is_decode else g.new_tokens / factors["tokens"],
+                                  kv_len=g.context_tokens / factors["kv_len"], decode=g.is_decode)
+                       for g in step)
         tokens = total_tokens / factors["tokens"]
         kv_shard = 1 if a.kind == "mla" else factors["kv_heads"]
         return cls(
             batch=b,
             seq_len=s,
             tokens=tokens,
-            q_tokens=(s / factors["tokens"]) if prefill else 1.0,
-            kv_len=s / factors["kv_len"],
+            q_tokens=q_tokens,
+            kv_len=kv_len,
             q_heads=a.n_heads / factors["q_heads"],
             kv_heads=a.n_kv_heads / kv_shard,
             kv_shard=kv_shard,
@@ -108,6 +141,8 @@ class LocalShape:
             vocab=model.vocab_size / factors["vocab"],
             norm_tokens=tokens / factors["norm_tokens"],
             factors=tuple(sorted(factors.items())),
+            groups=groups,
+            uniform=uniform,
         )
 
     def factor(self, axis: str) -> int:

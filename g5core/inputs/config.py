@@ -1,7 +1,8 @@
 """Deployment configuration: loading (YAML, TOML, JSON), ``--set`` overrides, validation.
 
 A configuration names the model, the system, the chip count, one size per registered
-parallel dimension, the phase, the batch and sequence length, dtypes and the path. The
+parallel dimension, the step (a ``step:`` list of sequence groups, or its shorthand
+``phase``, ``batch`` and ``seq_len``: :mod:`g5core.inputs.step`), dtypes and the path. The
 ``parallel`` keys are whatever the enabled plugins register; ``cp`` is required. Plugin
 options live under ``plugins: {NAME: {option: value}}`` (:mod:`g5core.api.options`).
 """
@@ -19,6 +20,7 @@ from g5core.api.dimensions import DimensionRegistry
 from g5core.api.options import OptionRegistry, option_value
 from g5core.inputs.dtypes import dtype_bytes, number_format
 from g5core.api.errors import ConfigError, suggest
+from g5core.inputs.step import Step, as_step
 from g5core.inputs.reading import (
     MAX_BATCH, MAX_CHIPS, MAX_SEQ_LEN, MAX_TOKENS, DuplicateKeyError, check_keys, check_size, duplicate_key_error,
     load_json, load_yaml, read_text,
@@ -34,11 +36,13 @@ PATHS = ("g5", "math")
 # Weight classes a `dtypes.weights` mapping may name; `default` is required in a mapping.
 WEIGHT_CLASSES = ("default", "attention", "ffn", "experts", "embedding")
 TOP_LEVEL_KEYS = (
-    "name", "model", "system", "chips", "parallel", "phase", "batch", "seq_len",
+    "name", "model", "system", "chips", "parallel", "phase", "batch", "seq_len", "step",
     "dtypes", "path", "plugins",
 )
 NO_OPTIONS = OptionRegistry()
-REQUIRED_KEYS = ("model", "system", "chips", "parallel", "phase", "batch", "seq_len")
+REQUIRED_KEYS = ("model", "system", "chips", "parallel")
+#: the shorthand of a step (g5core.inputs.step): all three, or a ``step:`` list instead
+SHORTHAND_KEYS = ("phase", "batch", "seq_len")
 DEFAULT_DTYPE = "bf16"
 
 
@@ -124,6 +128,9 @@ class Deployment:
     chips: int
     parallel: tuple[tuple[str, int], ...]  # every registered dimension, sorted by name
     options: tuple[tuple[str, tuple[tuple[str, object], ...]], ...]  # (plugin, ((option, value), ...)), sorted
+    # The step's shorthand: phase (prefill | decode | mixed), sequences per replica, and the
+    # longest context. Where ``uniform`` (the shorthand says exactly the step), they describe
+    # the step completely and every consumer may read them alone.
     phase: str
     batch: int
     seq_len: int
@@ -135,6 +142,22 @@ class Deployment:
     # filled from their registered defaults. Not part of equality; ``to_dict`` leaves them out,
     # so installing a plugin whose dimension defaults to 1 does not change the echo of a run.
     implicit: tuple[str, ...] = attrs.field(default=(), eq=False)
+    #: the step (g5core.inputs.step.Step) this deployment runs, groups of sequences
+    step: Step = attrs.field(default=None, kw_only=True)
+    #: whether the configuration gave a ``step:`` list (echoed as such) rather than the shorthand
+    step_form: bool = attrs.field(default=False, eq=False, kw_only=True)
+
+    @property
+    def uniform(self) -> bool:
+        """Whether ``phase``, ``batch`` and ``seq_len`` say exactly the step (one group: a
+        prompt with nothing cached, or decode tokens at one context length)."""
+        return self.step.shorthand() is not None or not self.step_form and self.step.uniform
+
+    def with_step(self, step) -> "Deployment":
+        """The same deployment running ``step`` (a Step, StepGroups, or a configuration list)."""
+        step = check_step_limits(as_step(step))
+        phase, batch, seq_len = shorthand_of(step)
+        return attrs.evolve(self, phase=phase, batch=batch, seq_len=seq_len, step=step, step_form=True)
 
     def size(self, dim: str) -> int:
         """Size of a parallel dimension; 1 for a dimension no enabled plugin registers."""
@@ -173,21 +196,12 @@ class Deployment:
                 "parallel",
                 f"{expr} = {product}, but chips = {chips}; the product of the parallel sizes must equal chips{hint}",
             )
-        phase = data["phase"]
-        if phase not in PHASES:
-            raise ConfigError("phase", f"unknown phase {phase!r}{suggest(str(phase), PHASES)}; use prefill or decode")
         path = data.get("path", "g5")
         if path not in PATHS:
             raise ConfigError("path", f"unknown path {path!r}{suggest(str(path), PATHS)}; use g5 or math")
         disabled = disabled_from_config(data)
         resolved, implicit_options = options.resolve(data, disabled)
-        batch = _positive_int(data["batch"], "batch")
-        check_size("batch", batch, MAX_BATCH)
-        seq_len = _positive_int(data["seq_len"], "seq_len")
-        check_size("seq_len", seq_len, MAX_SEQ_LEN, " for a sequence length")
-        if batch * seq_len > MAX_TOKENS:
-            raise ConfigError("batch", f"batch x seq_len = {batch * seq_len:,} tokens per replica is larger than G5 "
-                                       f"accepts (at most {MAX_TOKENS:,}); lower batch or seq_len")
+        phase, batch, seq_len, step = _parse_step(data)
         name = data.get("name", "")
         if not isinstance(name, str):
             raise ConfigError("name", f"must be a string, got {name!r}")
@@ -205,6 +219,8 @@ class Deployment:
             name=name,
             disabled_plugins=disabled,
             implicit=implicit_dims + implicit_options,
+            step=step,
+            step_form="step" in data,
         )
 
     def to_dict(self) -> dict:
@@ -213,12 +229,12 @@ class Deployment:
             "system": self.system,
             "chips": self.chips,
             "parallel": {k: v for k, v in self.parallel if k not in self.implicit},
-            "phase": self.phase,
-            "batch": self.batch,
-            "seq_len": self.seq_len,
-            "dtypes": self.dtypes.to_dict(),
-            "path": self.path,
         }
+        if self.step_form:
+            out["step"] = self.step.to_list()
+        else:
+            out.update(phase=self.phase, batch=self.batch, seq_len=self.seq_len)
+        out.update(dtypes=self.dtypes.to_dict(), path=self.path)
         if self.name:
             out["name"] = self.name
         plugins: dict[str, Any] = {}
@@ -231,6 +247,55 @@ class Deployment:
         if plugins:
             out["plugins"] = plugins
         return out
+
+
+def shorthand_of(step: Step) -> tuple[str, int, int]:
+    """``(phase, batch, seq_len)`` of a step: its shorthand where it has one, else its
+    phase (prefill | mixed), its sequences and its longest context."""
+    short = step.shorthand()
+    if short is not None:
+        return short
+    return step.phase, step.sequences, step.max_context_tokens
+
+
+def check_step_limits(step: Step, given=None) -> Step:
+    """``step`` if its sizes are within G5's input limits, else a ConfigError naming the
+    group (``step.<i>`` of ``given``, the list as written, or of the canonical step)."""
+    for i, g in enumerate(given if given is not None else step.to_list()):
+        check_size(f"step.{i}.count", g["count"], MAX_BATCH)
+        check_size(f"step.{i}.new_tokens", g["new_tokens"], MAX_SEQ_LEN, " for a sequence length")
+        check_size(f"step.{i}.cached_tokens", g.get("cached_tokens", 0), MAX_SEQ_LEN, " for a sequence length")
+    if step.context_tokens > MAX_TOKENS:
+        raise ConfigError("step", f"the step holds {step.context_tokens:,} tokens per replica in the KV cache, "
+                                  f"more than G5 accepts (at most {MAX_TOKENS:,}); lower the counts or the tokens")
+    return step
+
+
+def _parse_step(data: Mapping) -> tuple[str, int, int, Step]:
+    """The step of a configuration: a ``step:`` list, or the shorthand (all three keys)."""
+    given = [k for k in SHORTHAND_KEYS if k in data]
+    if "step" in data:
+        if given:
+            raise ConfigError(given[0], f"cannot be given together with step: (the step's shorthand is "
+                                        f"{'/'.join(SHORTHAND_KEYS)}); remove {', '.join(given)} or the step list")
+        step = check_step_limits(Step.from_list(data["step"]), data["step"])
+        phase, batch, seq_len = shorthand_of(step)
+        return phase, batch, seq_len, step
+    for key in SHORTHAND_KEYS:
+        if key not in data:
+            raise ConfigError(key, "is required (or give a step: list of {new_tokens, cached_tokens, count} "
+                                   "groups instead of phase/batch/seq_len)")
+    phase = data["phase"]
+    if phase not in PHASES:
+        raise ConfigError("phase", f"unknown phase {phase!r}{suggest(str(phase), PHASES)}; use prefill or decode")
+    batch = _positive_int(data["batch"], "batch")
+    check_size("batch", batch, MAX_BATCH)
+    seq_len = _positive_int(data["seq_len"], "seq_len")
+    check_size("seq_len", seq_len, MAX_SEQ_LEN, " for a sequence length")
+    if batch * seq_len > MAX_TOKENS:
+        raise ConfigError("batch", f"batch x seq_len = {batch * seq_len:,} tokens per replica is larger than G5 "
+                                   f"accepts (at most {MAX_TOKENS:,}); lower batch or seq_len")
+    return phase, batch, seq_len, Step.from_shorthand(phase, batch, seq_len)
 
 
 def _parse_parallel(data: Any, dims: DimensionRegistry) -> tuple[dict[str, int], tuple[str, ...]]:
@@ -337,11 +402,29 @@ def apply_overrides(data: Mapping, overrides: Iterable[str]) -> dict:
             value = raw
         node = out
         for i, key in enumerate(keys[:-1]):
-            child = node.get(key)
+            child = _child(node, key, dotted, keys[:i])
             if child is None:
                 child = node[key] = {}
-            elif not isinstance(child, dict):
+            elif not isinstance(child, (dict, list)):
                 raise ConfigError("--set", f"cannot set {dotted}: {'.'.join(keys[:i + 1])} is not a mapping")
             node = child
-        node[keys[-1]] = value
+        if isinstance(node, list):
+            node[_list_index(node, keys[-1], dotted, keys[:-1])] = value
+        else:
+            node[keys[-1]] = value
     return out
+
+
+def _child(node, key: str, dotted: str, above: list[str]):
+    """``node[key]`` of a mapping, or entry ``int(key)`` of a list (``step.0.count``)."""
+    if isinstance(node, list):
+        return node[_list_index(node, key, dotted, above)]
+    return node.get(key)
+
+
+def _list_index(node: list, key: str, dotted: str, above: list[str]) -> int:
+    where = ".".join(above)
+    if not key.isdigit() or int(key) >= len(node):
+        raise ConfigError("--set", f"cannot set {dotted}: {where} is a list of {len(node)} entries; "
+                                   f"use an index 0..{len(node) - 1} after {where}.")
+    return int(key)

@@ -226,8 +226,8 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
 
 @main.command("best")
 @config_options
-@click.option("--objective", type=click.Choice(["ttft", "tpot", "tokens_per_s_per_chip"]), default=None,
-              help="What to rank by [default: ttft for prefill, tpot for decode].")
+@click.option("--objective", type=click.Choice(["ttft", "tpot", "tokens_per_s_per_chip", "latency"]), default=None,
+              help="What to rank by [default: ttft for prefill, tpot for decode, latency for a mixed step].")
 @click.option("--top", "top", default=10, show_default=True, type=click.IntRange(min=1), help="How many to show.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes, tokens_per_s_per_chip, objective_value and the full configuration.")

@@ -10,7 +10,7 @@ from typing import Any
 from g5core.sim.collbench import ALIASES
 from g5core.sim.compute import MEASURED
 from g5core.sim.memory import GIB
-from g5core.sim.results import network_load
+from g5core.sim.results import network_load, step_choices
 from g5core.study.search import SearchResult, layout_label
 
 
@@ -59,10 +59,13 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
     lines = []
     par = " ".join(f"{k}={v}" for k, v in dep.parallel if not _unused(dep, k))
     model, system = out.plan.ctx.model.name, out.plan.ctx.system.name
-    lines.append(f"{model} on {dep.chips} x {system}  [{par}{_options_note(dep)}]  "
-                 f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}, path {dep.path}")
-    metric = "TTFT" if dep.phase == "prefill" else "TPOT"
+    work = (f"{dep.phase} step {dep.step.describe()}" if dep.step_form
+            else f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}")
+    lines.append(f"{model} on {dep.chips} x {system}  [{par}{_options_note(dep)}]  {work}, path {dep.path}")
+    metric = {"prefill": "TTFT", "decode": "TPOT"}.get(dep.phase, "step latency")
     lines.append(f"{metric}: {fmt_s(out.latency_s)}")
+    for plugin, choice in step_choices(out.plan.ctx).items():
+        lines.append(f"{plugin} chose " + ", ".join(f"{k} {v}" for k, v in choice.items()))
     if out.sim is None:
         lines.append(f"closed form: compute {fmt_s(out.math.compute_s)} + communication {fmt_s(out.math.comm_s)} "
                      "(alpha-beta), no overlap, no contention")
@@ -158,7 +161,8 @@ def render_explain(plan, given_dims: tuple[str, ...] = ()) -> str:
                 else "full-bisection fabric"),
              f"layout  {plural(dep.chips, 'chip')} on {plural(rm.nodes, 'node')}; rank order (outer to inner): "
              + ", ".join(f"{n}={s}" for n, s in zip(rm.factor_names, rm.factor_sizes) if not _unused(dep, n)),
-             f"phase   {dep.phase}, batch {dep.batch} per replica, seq_len {dep.seq_len}, path {dep.path}"
+             (f"step    {dep.phase}: {dep.step.describe()} per replica, path {dep.path}" if dep.step_form else
+              f"phase   {dep.phase}, batch {dep.batch} per replica, seq_len {dep.seq_len}, path {dep.path}")
              + "".join(f", {item}" for item in _option_items(dep, given=True)),
              f"dtypes  {_describe_dtypes(dep.dtypes)}"]
     # the defaults this run used: dimensions the configuration left out (those of every
@@ -257,7 +261,8 @@ def render_best(result: SearchResult, top: int) -> str:
     """The text of ``g5 best``: top K, the Pareto front, and why the others were excluded.
     One column per dimension the candidates use and vary (a dense model's search has no ep;
     a dimension at 1 in every candidate says nothing and is left out)."""
-    obj_col = {"ttft": "TTFT", "tpot": "TPOT", "tokens_per_s_per_chip": "tokens/s/chip"}[result.objective]
+    obj_col = {"ttft": "TTFT", "tpot": "TPOT", "tokens_per_s_per_chip": "tokens/s/chip",
+               "latency": "latency"}[result.objective]
     cands = (*result.ranked, *result.pareto)
     dims = sorted({d for c in cands for d in c.parallel})
     dims = [d for d in dims if any(c.parallel.get(d, 1) != 1 for c in cands)] or dims

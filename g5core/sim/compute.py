@@ -7,7 +7,8 @@ kernels it runs, each with its shape:
   (a grouped expert GEMM: ``m`` token slots spread over ``groups`` experts);
 - :class:`Attention`: ``batch`` sequences, ``q_len`` query and ``kv_len`` key tokens each,
   ``heads`` query and ``kv_heads`` KV heads, head dims ``d_qk`` / ``d_v``; ``block`` is
-  ``causal`` (a prefill diagonal block, ``q_len == kv_len``), ``full`` (a rectangular block
+  ``causal`` (a prefill block: the ``q_len`` queries are the last of ``kv_len`` keys, so
+  ``kv_len - q_len`` keys are a cached prefix, none for a diagonal block), ``full`` (a rectangular block
   with no mask, a CP ring step off the diagonal) or ``decode`` (one new token per
   sequence); ``mla`` marks DeepSeek multi-head latent attention;
 - :class:`Elementwise`: a memory-bound kernel over ``tokens x width`` elements (``kind``
@@ -94,7 +95,9 @@ class Attention:
     @property
     def flops(self) -> float:
         if self.block == "causal":
-            return F.causal_attention_flops(self.batch, self.q_len, self.heads, self.d_qk, self.d_v)
+            # the queries are the last q_len of kv_len keys: a cached prefix when kv_len > q_len
+            return F.prefix_attention_flops(self.batch, self.q_len, self.kv_len - self.q_len, self.heads, self.d_qk,
+                                            self.d_v)
         return F.block_attention_flops(self.batch, self.q_len, self.kv_len, self.heads, self.d_qk, self.d_v)
 
     @property

@@ -27,6 +27,8 @@ from collections import defaultdict
 from functools import partial
 from collections.abc import Mapping, Sequence
 
+from typing import Optional
+
 import attrs
 import numpy as np
 
@@ -154,22 +156,28 @@ class CompiledDag:
         return TableView(self.algos, self.comm_algo_id)
 
 
-def compile_dag(dag: OpDag, plan) -> CompiledDag:
-    """:func:`compile_ops` of a prepared run's DAG (``plan``: g5core.build.builder.Plan)."""
+def compile_dag(dag: OpDag, plan, edges: Optional[tuple] = None) -> CompiledDag:
+    """:func:`compile_ops` of a prepared run's DAG (``plan``: g5core.build.builder.Plan),
+    with the plan's compute-latency lookup where it keeps one (a prepared plan's, shared by
+    its steps); ``edges`` as :func:`compile_ops` takes them."""
     ctx = plan.ctx
     return compile_ops(dag, topology=ctx.topology, primitives=plan.primitives, hooks=plan.hooks, system=ctx.system,
-                       deployment=ctx.deployment)
+                       deployment=ctx.deployment, lookup=getattr(plan, "lookup", None), edges=edges)
 
 
-def compile_ops(dag: OpDag, *, topology: Topology, primitives: Mapping, hooks, system, deployment) -> CompiledDag:
+def compile_ops(dag: OpDag, *, topology: Topology, primitives: Mapping, hooks, system, deployment,
+                lookup: Optional[LatencyLookup] = None, edges: Optional[tuple] = None) -> CompiledDag:
     """Ask the plugins once per distinct op (spec) for durations and lowerings; validate;
     return columns made with numpy from the per-spec answers (no Python work per op).
     Edges are de-duplicated and turned into successor lists. ``primitives`` are the
     lowerings (g5core.sim.collective.collect_primitives); ``hooks``, ``system`` and
-    ``deployment`` answer the compute latencies (a DAG of comm ops only needs none)."""
+    ``deployment`` answer the compute latencies (a DAG of comm ops only needs none), through
+    ``lookup`` when given (its cache kept), else a fresh lookup. ``edges``, when given, are
+    the successor lists (``(succ, pred_count)`` of a compiled DAG with the same ops and
+    edges, already checked acyclic: a prepared plan's DAG reused for another step)."""
     topo = topology
     n = len(dag)
-    compute = LatencyLookup(hooks=hooks, system=system, deployment=deployment)
+    compute = lookup or LatencyLookup(hooks=hooks, system=system, deployment=deployment)
     answer_id, answers = compute.answer_id, compute.answers
     spec = dag.spec_array()
     n_specs = len(dag.specs)
@@ -218,8 +226,11 @@ def compile_ops(dag: OpDag, *, topology: Topology, primitives: Mapping, hooks, s
     flow_op = np.repeat(np.arange(n, dtype=i32), counts)
     # each flow's row in the per-spec template: its op's first template flow + its rank in the op
     t_index = s_fstart[spec[flow_op]] + (np.arange(len(flow_op), dtype=np.int64) - flow_ptr[flow_op])
-    succ, pred_count = _successor_lists(dag.edge_array(), n)
-    _check_acyclic(dag, succ, pred_count)
+    if edges is None:
+        succ, pred_count = _successor_lists(dag.edge_array(), n)
+        _check_acyclic(dag, succ, pred_count)
+    else:
+        succ, pred_count = edges
     return CompiledDag(
         n_chips=topo.chips, source=dag, spec=spec,
         chip=dag.chip_array(),

@@ -13,6 +13,7 @@ from __future__ import annotations
 import attrs
 
 from g5core.build.builder import Plan, expand
+from g5core.inputs.step import phase_metrics
 from g5core.sim.collective import idle_transfer_s, lower_op
 from g5core.sim.compute import LatencyLookup, coverage_report
 from g5core.build.topology import Topology
@@ -29,8 +30,7 @@ class MathResult:
     compute: dict = attrs.field(factory=dict)  # g5core.sim.compute.coverage_report
 
     def to_json_dict(self) -> dict:
-        key = "ttft_s" if self.phase == "prefill" else "tpot_s"
-        return {"phase": self.phase, "latency_s": self.latency_s, key: self.latency_s,
+        return {"phase": self.phase, "latency_s": self.latency_s, **phase_metrics(self.phase, self.latency_s),
                 "compute_s": self.compute_s, "comm_s": self.comm_s, "compute": self.compute}
 
 

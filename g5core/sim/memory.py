@@ -16,27 +16,30 @@ from g5core.api.records import CATEGORIES, MemoryTerm
 GIB = float(2 ** 30)
 
 
-def kv_cache_bytes(batch: int, seq_len: int, kv_bytes_per_token_per_layer: int, layers: int,
+def kv_cache_bytes(context_tokens: int, kv_bytes_per_token_per_layer: int, layers: int,
                    seq_shards: int, head_shards: int) -> float:
-    """Per-chip KV cache: ``b * S * c_kv * L_local / (seq_shards * head_shards)``.
+    """Per-chip KV cache: ``tokens * c_kv * L_local / (seq_shards * head_shards)``.
 
-    ``seq_shards`` is cp (the spec's formula ``b * S * c_kv * L_local / cp``); ``head_shards``
+    ``context_tokens`` are the KV tokens of every sequence of the replica after the step,
+    ``sum(count * (cached + new))`` (``b * S`` for the shorthand: the spec's formula
+    ``b * S * c_kv * L_local / cp``). ``seq_shards`` is cp; ``head_shards``
     divides GQA KV heads across TP, times any further head split of the stored cache
     (``kv_cache_heads``, e.g. Ulysses); 1 for MLA's latent unless a plugin splits it.
     """
-    return batch * seq_len * kv_bytes_per_token_per_layer * layers / (seq_shards * head_shards)
+    return context_tokens * kv_bytes_per_token_per_layer * layers / (seq_shards * head_shards)
 
 
 def kv_bytes_on(m, dep, s, c_kv: int, layers: list[int]) -> float:
-    """KV cache of the layers one chip holds: a windowed layer keeps at most its window of
-    tokens per sequence (:meth:`ModelSpec.kv_tokens`), a full layer the whole context."""
-    groups: dict[int, int] = {}
+    """KV cache of the layers one chip holds, for every sequence of the step (its cached and
+    new tokens): a windowed layer keeps at most its window of tokens per sequence
+    (:meth:`ModelSpec.kv_tokens`), a full layer the whole context."""
+    groups: dict[int, int] = {}  # KV tokens of the replica in one layer -> layers holding that many
     for layer in layers:
-        tokens = m.kv_tokens(layer, dep.seq_len)
+        tokens = sum(g.count * m.kv_tokens(layer, g.context_tokens) for g in dep.step)
         groups[tokens] = groups.get(tokens, 0) + 1
     if not groups:
-        groups = {dep.seq_len: 0}
-    return math.fsum(kv_cache_bytes(dep.batch, tokens, c_kv, n, s.factor("kv_len"), s.kv_shard * s.kv_cache_shard)
+        groups = {dep.step.context_tokens: 0}
+    return math.fsum(kv_cache_bytes(tokens, c_kv, n, s.factor("kv_len"), s.kv_shard * s.kv_cache_shard)
                      for tokens, n in groups.items())
 
 
@@ -49,16 +52,18 @@ def activation_peak_bytes(ctx, layers: list[int]) -> float:
     ``2 * ffn_cols`` (gate and up), the shared expert's, and the routed experts'
     ``top_k * 2 * expert_cols`` scaled by the share of tokens the chip routes. Attention is
     fused (flash): no score matrix is stored. ``tokens`` is the chip's local token count,
-    so sequence-direction activations divide by cp in prefill.
+    so sequence-direction activations divide by cp in prefill; in a step it is the step's new
+    tokens only (a chunk of a long prompt needs the activations of the chunk, not the prompt).
     """
     if not layers:
         return 0.0
-    from g5core.build.layers import attention_dims, local_projections
+    from g5core.build.layers import attention_dims, group_kind, local_projections
 
     m, s = ctx.model, ctx.shape
     d = m.hidden_size
     widths = [sum(o for name, _, o in local_projections(m, s) if name != "o_proj" and not name.endswith("_a_proj"))]
-    widths.append(s.q_heads * attention_dims(m, ctx.deployment.phase)[1])
+    phases = (ctx.deployment.phase,) if s.uniform else tuple({group_kind(g): 1 for g in s.groups})
+    widths.extend(s.q_heads * attention_dims(m, phase)[1] for phase in phases)
     if any(not m.is_moe_layer(layer) for layer in layers):
         widths.append(2.0 * s.ffn_cols)
     if m.moe is not None and any(m.is_moe_layer(layer) for layer in layers):
@@ -136,13 +141,15 @@ def weight_bytes_by_chip(ctx, kinds=None) -> tuple[dict[int, float], dict[int, l
     weights: dict[int, float] = {c: 0.0 for c in ctx.all_chips}
     layers_on: dict[int, list[int]] = {c: [] for c in ctx.all_chips}
     per_layer: dict[int, float] = {}
+    per_kind: dict[str, float] = {}  # one chip's weight bytes of a kind: the same in every layer
     for lop in build_program(m):
         if kinds is not None and lop.kind not in kinds:
             per_layer.setdefault(lop.layer, 0.0)
             continue
-        wclass = WEIGHT_CLASS.get(lop.kind, "default")
-        per_layer[lop.layer] = per_layer.get(lop.layer, 0.0) + (
-            weight_elements(lop.kind, m, s) * dep.dtypes.weight_element_bytes(wclass))
+        if lop.kind not in per_kind:
+            wclass = WEIGHT_CLASS.get(lop.kind, "default")
+            per_kind[lop.kind] = weight_elements(lop.kind, m, s) * dep.dtypes.weight_element_bytes(wclass)
+        per_layer[lop.layer] = per_layer.get(lop.layer, 0.0) + per_kind[lop.kind]
     for layer, nbytes in per_layer.items():
         for c in ctx.layer_chips(layer):
             weights[c] += nbytes

@@ -7,6 +7,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from g5core.inputs.step import phase_metrics
 from g5core.sim.compute import coverage_from_columns, exact_sum_repeated
 from g5core.build.dag import OpDag
 from g5core.sim.engine import CompiledDag, Engine
@@ -123,7 +124,7 @@ class SimResult:
         out = {
             "phase": self.phase,
             "latency_s": self.latency_s,
-            ("ttft_s" if self.phase == "prefill" else "tpot_s"): self.latency_s,
+            **phase_metrics(self.phase, self.latency_s),
             "conservation": dict(self.kpis),
             "comm_bytes": self.comm_bytes,
             "overlap": self.overlap,
@@ -387,3 +388,8 @@ def network_load(sim: SimResult, topology) -> list[dict]:
         })
     return out
 
+
+
+def step_choices(ctx) -> dict:
+    """What plugins chose for the step a context runs (``g5_step_choices`` answers, by plugin)."""
+    return {plugin: dict(answer) for plugin, answer in ctx.hooks.call_each("g5_step_choices", ctx=ctx) if answer}

@@ -21,7 +21,7 @@ from g5core.sim.engine import Engine, compile_dag
 from g5core.sim.mathpath import MathResult, math_estimate
 from g5core.sim.memory import MemoryReport, memory_report
 from g5core.api.plugins import make_plugin_manager
-from g5core.sim.results import SimResult, check_conservation, summarize
+from g5core.sim.results import SimResult, check_conservation, step_choices, summarize
 from g5core.build.symmetry import check_reduced_dag, check_resources, off_reason, plan_symmetry
 
 
@@ -153,6 +153,9 @@ class RunOutput:
         out = {"path": dep.path, **out}
         out["deployment"] = dep.to_dict()
         out["memory"] = self.memory.to_json_dict()
+        choices = step_choices(self.plan.ctx)
+        if choices:  # what plugins chose for this step (e.g. the CP prefill algorithm under auto)
+            out["choices"] = choices
         if self.sim is not None and self.math is not None:
             out["math"] = self.math.to_json_dict()
         return out

@@ -18,13 +18,15 @@ from typing import Mapping, Optional, Sequence
 
 import attrs
 
+from g5core.inputs.step import Step
 from g5core.inputs.config import all_disabled
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.api.plugins import Hooks, make_plugin_manager
 
 #: objective -> (column, best is the largest)
-OBJECTIVES = {"ttft": ("ttft_s", False), "tpot": ("tpot_s", False), "tokens_per_s_per_chip": ("tokens_per_s_per_chip", True)}
+OBJECTIVES = {"ttft": ("ttft_s", False), "tpot": ("tpot_s", False), "tokens_per_s_per_chip": ("tokens_per_s_per_chip", True),
+              "latency": ("latency_s", False)}
 OBJECTIVE_PHASE = {"ttft": "prefill", "tpot": "decode"}
 
 
@@ -108,8 +110,8 @@ class SearchResult:
 
 
 def _objective(objective: Optional[str], phase: str) -> str:
-    if objective is None:
-        return "ttft" if phase == "prefill" else "tpot"
+    if objective is None:  # a step's own metric: TTFT (prefill), TPOT (decode), its latency (mixed)
+        return {"prefill": "ttft", "decode": "tpot"}.get(phase, "latency")
     if objective not in OBJECTIVES:
         raise ConfigError("--objective", f"unknown objective {objective!r}; use {', '.join(OBJECTIVES)}")
     need = OBJECTIVE_PHASE.get(objective)
@@ -162,6 +164,11 @@ def best_layouts(raw: Mapping, objective: Optional[str] = None, db_path=None, di
     from g5core.study.sweep import run_sweep
 
     phase = raw.get("phase")
+    if "step" in raw:  # a step list: its phase (prefill, decode or mixed)
+        try:
+            phase = Step.from_list(raw["step"]).phase
+        except ConfigError:
+            pass  # the layouts' runs report the error
     objective = _objective(objective, phase)
     names = all_disabled(raw, disabled)
     dims = collect_dimensions(Hooks(make_plugin_manager(disabled=names, extra_plugins=extra_plugins)))

@@ -30,7 +30,8 @@ import attrs
 import yaml
 
 from g5core.version import __version__
-from g5core.inputs.config import Deployment, all_disabled, apply_overrides
+from g5core.inputs.config import Deployment, all_disabled, apply_overrides, shorthand_of
+from g5core.inputs.step import Step
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, G5Error
 from g5core.api.plugins import Hooks, make_plugin_manager
@@ -155,11 +156,11 @@ def resolved_config(raw: Mapping, dims: DimensionRegistry) -> dict:
 def tokens_per_s_per_chip(deployment: Deployment, latency_s: float) -> float:
     """Tokens the whole deployment produces per second, per chip.
 
-    ``batch`` is per data-parallel replica (the configuration's contract), so the deployment
-    serves ``batch x dp`` sequences; prefill processes ``seq_len`` tokens of each, decode one.
+    The step's counts are per data-parallel replica (the configuration's contract), so the
+    deployment runs ``dp`` times the step's new tokens (prefill shorthand: ``batch x seq_len``
+    per replica; decode: ``batch``).
     """
-    per_seq = deployment.seq_len if deployment.phase == "prefill" else 1
-    return deployment.batch * deployment.size("dp") * per_seq / latency_s / deployment.chips
+    return deployment.step.new_tokens * deployment.size("dp") / latency_s / deployment.chips
 
 
 def output_columns(out) -> dict[str, Any]:
@@ -206,9 +207,15 @@ def _input_columns(resolved: Mapping) -> dict[str, Any]:
         return v if isinstance(v, kind) and not isinstance(v, bool) else None
 
     par = resolved.get("parallel")
-    return {"model": pick("model", str), "system": pick("system", str), "phase": pick("phase", str),
-            "chips": pick("chips", int), "batch": pick("batch", int), "seq_len": pick("seq_len", int),
-            "parallel": dict(par) if isinstance(par, Mapping) else None}
+    out = {"model": pick("model", str), "system": pick("system", str), "phase": pick("phase", str),
+           "chips": pick("chips", int), "batch": pick("batch", int), "seq_len": pick("seq_len", int),
+           "parallel": dict(par) if isinstance(par, Mapping) else None}
+    if "step" in resolved:  # a step list: its phase, sequences and longest context
+        try:
+            out["phase"], out["batch"], out["seq_len"] = shorthand_of(Step.from_list(resolved["step"]))
+        except ConfigError:
+            pass  # the cell's run reports the error
+    return out
 
 
 # ----------------------------------------------------------------------------------------

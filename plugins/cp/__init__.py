@@ -17,9 +17,12 @@
 """
 from __future__ import annotations
 
-from g5core import ConfigError, Dimension, hookimpl
+from g5core import ConfigError, Dimension, PluginOption, hookimpl, idle_transfer_s
 
 PHASE_PLUGIN = {"prefill": "cp_passkv", "decode": "cp_passq"}
+#: the ``plugins.cp.prefill`` choices: the ring algorithm of context-parallel prefill
+PREFILL_MODES = ("pass_kv", "pass_q", "auto")
+MODE_PLUGIN = {"pass_kv": "cp_passkv", "pass_q": "cp_passq"}
 
 
 @hookimpl
@@ -29,13 +32,90 @@ def g5_register_dimensions(register):
 
 
 @hookimpl
+def g5_register_options(register):
+    register(PluginOption(name="prefill", default="pass_kv",
+                          doc="ring algorithm of CP prefill: pass_kv rotates the KV of the cached and new tokens, "
+                              "pass_q the new queries (then returns partial outputs); auto picks per step by the "
+                              "rule of arXiv:2411.01783 (Algorithm 5)",
+                          kind="choice", choices=PREFILL_MODES))
+
+
+@hookimpl
 def g5_validate_deployment(deployment, model, system):
     cp = deployment.size("cp")
     if cp == 1:
         return
-    if deployment.seq_len % (2 * cp):
-        raise ConfigError("seq_len", f"seq_len={deployment.seq_len} is not divisible by 2 x cp = {2 * cp} "
-                                     f"(balanced chunk split); use a multiple of {2 * cp}")
+    if deployment.uniform:
+        if deployment.seq_len % (2 * cp):
+            raise ConfigError("seq_len", f"seq_len={deployment.seq_len} is not divisible by 2 x cp = {2 * cp} "
+                                         f"(balanced chunk split); use a multiple of {2 * cp}")
+        return
+    step = deployment.step
+    if step.phase == "mixed":
+        raise ConfigError("step", f"a step mixing prefill and decode groups is not supported at cp={cp} (CP prefill "
+                                  "rotates a ring over the sequence, CP decode runs on the CP root); simulate the "
+                                  "prefill and the decode groups as separate steps, or set parallel.cp: 1")
+    for g in step:
+        # the cached KV is sharded like the new tokens: balanced chunks of both
+        sizes = (("context", g.context_tokens),) if g.is_decode else (("new", g.new_tokens),
+                                                                      ("cached", g.cached_tokens))
+        for what, n in sizes:
+            if n % (2 * cp):
+                raise ConfigError("step", f"group {g.to_dict()}: {what} tokens {n} are not divisible by 2 x cp = "
+                                          f"{2 * cp} (balanced chunk split); use a multiple of {2 * cp}")
+
+
+def ring_bandwidth_bytes_per_s(ctx, ring) -> float:
+    """The slowest hop of a CP ring alone on idle links (bytes/s): ``BW`` of the rule."""
+    topo = ctx.topology
+    return min(1.0 / idle_transfer_s([(a, b, 1.0)], topo) for a, b in zip(ring, ring[1:] + ring[:1]))
+
+
+def auto_prefill_mode(new_tokens: float, cached_tokens: float, cp: int, peak_flops: float, bandwidth: float,
+                      kv_to_q_bytes: float, element_bytes: float) -> tuple[str, str]:
+    """The pass-KV / pass-Q selection of arXiv:2411.01783 (Algorithm 5, from its Eqs. 2 and 5),
+    with ``T`` new and ``P`` cached tokens, ``N = cp``, ``C`` the peak FLOP/s, ``BW`` the ring's
+    bytes/s and ``e`` the element bytes: pass-KV when
+    ``T >= N * C * N_KV * e / (2 * N_H * BW)`` (the KV messages hide behind attention) or
+    ``T / (T + P) >= 2 * N_KV / N_H - 4 * T * BW / (N * C * e)`` (the KV messages are not
+    much larger than the query messages), else pass-Q. ``2 N_KV / N_H`` is the ratio of a
+    token's KV bytes to its query bytes (``kv_to_q_bytes``; for MLA its latent over the
+    queries). Returns the mode and the rule's figures as a line."""
+    ratio = kv_to_q_bytes
+    hide_tokens = cp * peak_flops * (ratio / 2.0) * element_bytes / (2.0 * bandwidth)
+    miss = new_tokens / (new_tokens + cached_tokens)
+    bound = ratio - 4.0 * new_tokens * bandwidth / (cp * peak_flops * element_bytes)
+    mode = "pass_kv" if new_tokens >= hide_tokens or miss >= bound else "pass_q"
+    why = (f"T={new_tokens:g} {'>=' if new_tokens >= hide_tokens else '<'} {hide_tokens:.6g} "
+           f"and T/(T+P)={miss:.6g} {'>=' if miss >= bound else '<'} {bound:.6g}")
+    return mode, why
+
+
+def prefill_mode(ctx) -> tuple[str, str]:
+    """(``pass_kv`` | ``pass_q``, why) of this step's CP prefill: the ``plugins.cp.prefill``
+    option, or with ``auto`` the paper's rule on the step's largest prefill group."""
+    mode = ctx.deployment.option("cp", "prefill", "pass_kv")
+    if mode != "auto":
+        return mode, "plugins.cp.prefill"
+    s, dep = ctx.shape, ctx.deployment
+    group = max(s.groups, key=lambda g: (g.count * g.new_tokens, g.cached_tokens))
+    ring = ctx.rankmap.groups("cp")[0]
+    from g5core import attention_dims
+
+    d_qk = attention_dims(ctx.model, "prefill")[0]
+    act = dep.dtypes.activation_element_bytes
+    kv_to_q = ctx.kv_bytes_per_token_local / (s.q_heads * d_qk * act)
+    return auto_prefill_mode(group.new_tokens, group.cached_tokens, ctx.size("cp"),
+                             ctx.system.peak_flops(dep.dtypes.activations), ring_bandwidth_bytes_per_s(ctx, list(ring)),
+                             kv_to_q, act)
+
+
+@hookimpl
+def g5_step_choices(ctx):
+    if ctx.size("cp") == 1 or ctx.phase != "prefill" or ctx.deployment.option("cp", "prefill") != "auto":
+        return None
+    mode, why = prefill_mode(ctx)
+    return {"prefill": mode, "rule": why}
 
 
 @hookimpl
@@ -71,7 +151,7 @@ def g5_require_owner(ctx, lop):
     cp = ctx.size("cp")
     if cp == 1 or lop.kind != "attention":
         return None
-    plugin = PHASE_PLUGIN[ctx.phase]
+    plugin = MODE_PLUGIN[prefill_mode(ctx)[0]] if ctx.phase == "prefill" else PHASE_PLUGIN[ctx.phase]
     return (f"attention at cp={cp} in {ctx.phase} needs the {plugin} plugin, which is disabled; "
             f"enable it (drop --disable {plugin}) or set parallel.cp: 1")
 

@@ -20,13 +20,15 @@ case, ``M_passkv`` bytes.
 from __future__ import annotations
 
 from g5core import (
-    Fragment, MemoryTerm, Work, attention_block_bytes, attention_dims, attention_kernel, causal_attention_flops,
-    hookimpl, merge_kernel,
+    Attention, Fragment, MemoryTerm, Work, attention_block_bytes, attention_dims, attention_kernel_of, hookimpl,
+    merge_kernel, prefix_attention_flops,
 )
+from g5plugins.cp import prefill_mode
 
 
 def passkv_bytes_per_rank_per_layer(seq_len: int, cp: int, kv_bytes_per_token: float, batch: int = 1) -> float:
-    """``M_passkv = (cp - 1) * (S / cp) * c_kv`` per sequence (times the batch)."""
+    """``M_passkv = (cp - 1) * (S / cp) * c_kv`` per sequence (times the batch); with a cached
+    prefix ``S`` is every token whose KV rotates, ``P + T``."""
     return (cp - 1) * block_bytes(seq_len, cp, kv_bytes_per_token, batch)
 
 
@@ -35,50 +37,58 @@ def block_bytes(seq_len: int, cp: int, kv_bytes_per_token: float, batch: int = 1
     return batch * seq_len * kv_bytes_per_token / cp
 
 
-def ring_work(ctx):
-    """(FLOPs, HBM bytes) of one ring step on one rank."""
+def step_block_bytes(ctx) -> float:
+    """One KV block of the step: every prefill group's ``count * (P + T) / cp`` tokens' KV."""
+    cp = ctx.size("cp")
+    return sum(block_bytes(g.cached_tokens + g.new_tokens, cp, ctx.kv_bytes_per_token_local, g.count)
+               for g in ctx.shape.groups)
+
+
+def group_ring_step(ctx, g) -> tuple[float, float, Attention, Attention]:
+    """(FLOPs, HBM bytes, step-0 kernel, later-step kernel) of one ring step of one group on
+    one rank, under the balanced (zig-zag) split of the new tokens and of the cached prefix:
+    each rank holds ``T/cp`` new queries and ``(P+T)/cp`` keys. Every step does
+    ``F(P, T) / cp^2`` FLOPs (``F``: causal attention of ``T`` queries after ``P`` cached
+    keys). Step 0 is the rank's own queries over its own keys, causal on the new tokens
+    (``T/cp`` of ``(P+T)/cp`` keys); every later step an unmasked rectangle of ``T/cp``
+    queries against the keys that do the same FLOPs, ``(T/2 + P)/cp``: half a block of new
+    tokens, as without a prefix, and the visiting prefix whole."""
     dep, s = ctx.deployment, ctx.shape
     cp = ctx.size("cp")
-    d_qk, d_v = attention_dims(ctx.model, dep.phase)
-    f_attn = causal_attention_flops(s.batch, s.seq_len, s.q_heads, d_qk, d_v)
-    block = s.seq_len / cp
-    hbm = attention_block_bytes(s.batch, block, block, s.q_heads, d_qk, d_v, ctx.kv_bytes_per_token_local,
+    d_qk, d_v = attention_dims(ctx.model, "prefill")
+    t, p = g.new_tokens, g.cached_tokens
+    f_attn = prefix_attention_flops(g.count, t, p, s.q_heads, d_qk, d_v)
+    q_block, kv_block = t / cp, (p + t) / cp
+    hbm = attention_block_bytes(g.count, q_block, kv_block, s.q_heads, d_qk, d_v, ctx.kv_bytes_per_token_local,
                                 dep.dtypes.activation_element_bytes)
-    return f_attn / (cp * cp), hbm
+    off_keys = q_block / 2 if p == 0 else (t / 2 + p) / cp
+    diagonal = attention_kernel_of(ctx.model, dep, s, g.count, q_block, kv_block, "causal", "prefill")
+    off = attention_kernel_of(ctx.model, dep, s, g.count, q_block, off_keys, "full", "prefill")
+    return f_attn / (cp * cp), hbm, diagonal, off
 
 
-def ring_step_kernels(ctx):
-    """The kernels of ring step 0 and of every later step, under the balanced (zig-zag)
-    split: each rank holds chunks ``r`` and ``2cp-1-r`` (``L = S/cp`` tokens). Step 0 is the
-    causal block of the rank's own ``L`` tokens (the diagonal); every later step is an
-    unmasked rectangle of ``L`` queries against half a block (``L/2`` keys) -- or, by
-    symmetry, half the queries against the whole block; both do ``F_attn / cp^2`` FLOPs."""
-    block = ctx.deployment.seq_len / ctx.size("cp")
-    diagonal = attention_kernel(ctx.model, ctx.deployment, ctx.shape, block, block, "causal")
-    off = attention_kernel(ctx.model, ctx.deployment, ctx.shape, block, block / 2, "full")
-    return diagonal, off
-
-
-def ring_side_kernels(ctx) -> tuple[tuple, tuple, tuple]:
-    """The side kernels of step 0 and the middle steps (none) and of the last step: the merge
-    of the cp partial outputs by their log-sum-exp, ``L`` queries per sequence and head (the
-    partials are kept and merged once after the ring)."""
+def ring_merge_kernels(ctx) -> tuple:
+    """The last ring step's side kernels: per prefill group, the merge of the cp partial
+    outputs by their log-sum-exp, ``T/cp`` queries per sequence and head (the partials are
+    kept and merged once after the ring)."""
     dep, s = ctx.deployment, ctx.shape
-    _, d_v = attention_dims(ctx.model, dep.phase)
+    _, d_v = attention_dims(ctx.model, "prefill")
     cp = ctx.size("cp")
-    block = dep.seq_len / cp
-    return (), (), (merge_kernel(s.batch * block * s.q_heads, d_v, cp, dep),)
+    return tuple(merge_kernel(g.count * g.new_tokens / cp * s.q_heads, d_v, cp, dep) for g in s.groups)
 
 
 def ring_parts(ctx) -> tuple[list[Work], float]:
-    """The work of ring step 0 and of every later step, and the bytes of one KV block: made
-    once per logical op, so that its ops share them (one spec each in the op DAG)."""
-    step_flops, step_bytes = ring_work(ctx)
-    diagonal, off = ring_step_kernels(ctx)
-    work = [Work(op_class="attention", flops=step_flops, hbm_bytes=step_bytes, weight_class="", weight_elements=0.0,
-                 kernels=(k,) + side) for k, side in zip((diagonal, off, off), ring_side_kernels(ctx))]
-    cp = ctx.size("cp")
-    return work, block_bytes(ctx.deployment.seq_len, cp, ctx.kv_bytes_per_token_local, ctx.deployment.batch)
+    """The work of ring step 0, of every middle step and of the last step (every prefill
+    group's kernels; the last step also merges the cp partial outputs,
+    :func:`ring_merge_kernels`), and the bytes of one KV block: made once per logical op, so
+    that its ops share them (one spec each in the op DAG)."""
+    parts = [group_ring_step(ctx, g) for g in ctx.shape.groups]
+    flops = sum(p[0] for p in parts)
+    hbm = sum(p[1] for p in parts)
+    work = [Work(op_class="attention", flops=flops, hbm_bytes=hbm, weight_class="", weight_elements=0.0,
+                 kernels=tuple(p[k] for p in parts) + extra)
+            for k, extra in ((2, ()), (3, ()), (3, ring_merge_kernels(ctx)))]
+    return work, step_block_bytes(ctx)
 
 
 def _step_work(i: int, cp: int, kinds: int) -> int:
@@ -98,29 +108,36 @@ def ring_fragment(ctx, lop, ring, work: list[Work], nbytes: float) -> Fragment:
     """One ring's ops on ``ring`` (chips in cp rank order; ``range(cp)`` for the slots of
     a tiled template): per rank its ``cp`` steps, then its ``cp - 1`` sends; the
     dependency contract above as edges, heads and tails."""
+    ops, edges, heads, tails = ring_fragment_parts(ctx, lop, ring, work, nbytes, "cp_passkv", "cp_passkv")
+    return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)
+
+
+def ring_fragment_parts(ctx, lop, ring, work: list[Work], nbytes: float, owner: str, reason: str):
+    """:func:`ring_fragment`'s ops, edges, heads and tails; its sends carry ``nbytes`` each
+    (one KV block, or for pass-Q prefill one query block) for ``reason``."""
     cp = len(ring)
     ops, edges, heads, tails = [], [], {}, {}
     compute = [[None] * cp for _ in ring]
     p2p = [[None] * (cp - 1) for _ in ring]
     for r, chip in enumerate(ring):
         for i in range(cp):
-            compute[r][i] = ctx.compute_op(lop, chip, work[_step_work(i, cp, len(work))], owner="cp_passkv",
+            compute[r][i] = ctx.compute_op(lop, chip, work[_step_work(i, cp, len(work))], owner=owner,
                                            part=f"step{i:02d}")
             ops.append(compute[r][i])
         for i in range(cp - 1):
-            p2p[r][i] = ctx.comm_op(lop, "p2p", (chip, ring[(r + 1) % cp]), nbytes, "cp_passkv", owner="cp_passkv",
+            p2p[r][i] = ctx.comm_op(lop, "p2p", (chip, ring[(r + 1) % cp]), nbytes, reason, owner=owner,
                                     part=f"p2p{i:02d}")
             ops.append(p2p[r][i])
         heads[chip] = (compute[r][0].key, p2p[r][0].key)
         tails[chip] = tuple(c.key for c in compute[r])
     edges += Fragment.ring_edges(p2p, compute)
-    return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)
+    return ops, edges, heads, tails
 
 
 @hookimpl
 def g5_expand_op(ctx, lop):
     cp = ctx.size("cp")
-    if lop.kind != "attention" or ctx.phase != "prefill" or cp == 1:
+    if lop.kind != "attention" or ctx.phase != "prefill" or cp == 1 or prefill_mode(ctx)[0] != "pass_kv":
         return None
     rings = placed_rings(ctx, lop)
     if not rings:
@@ -132,11 +149,10 @@ def g5_expand_op(ctx, lop):
 @hookimpl
 def g5_memory_terms(ctx):
     cp = ctx.size("cp")
-    if cp == 1 or ctx.phase != "prefill":
+    if cp == 1 or ctx.phase != "prefill" or prefill_mode(ctx)[0] != "pass_kv":
         return None
     # The contract lets the ring run ahead of compute (a P2P never waits for a step), so all
     # cp - 1 received blocks of a layer may be resident at once: M_passkv bytes per chip,
     # reused layer after layer. The rank's own block is already in its KV cache.
-    per_chip = passkv_bytes_per_rank_per_layer(ctx.deployment.seq_len, cp, ctx.kv_bytes_per_token_local,
-                                               ctx.deployment.batch)
+    per_chip = (cp - 1) * step_block_bytes(ctx)
     return [MemoryTerm("cp_ring_buffers", "workspace", {c: per_chip for c in ctx.all_chips})]

@@ -104,7 +104,17 @@ def _table_length(kernel: Attention) -> float:
     return kernel.q_len if kernel.block == "causal" else math.sqrt(2.0 * kernel.q_len * kernel.kv_len)
 
 
+def has_prefix(kernel: Attention) -> bool:
+    """A causal block after a cached prefix (``kv_len > q_len``). The context tables have a
+    prefix column (``step``), but every shipped table holds only ``step = 0``
+    (aiconfigurator-core's context_attention tables, every GPU and framework, checked
+    2026-12-01): such a kernel is not covered, and the roofline times it."""
+    return kernel.block == "causal" and kernel.kv_len != kernel.q_len
+
+
 def attention_ms(profile, kernel: Attention, dtype: str, deployment, system):
+    if has_prefix(kernel):
+        return None
     act = TABLE_DTYPE.get(dtype)
     kv = TABLE_DTYPE.get(deployment.dtypes.kv_cache)
     if act is None or kv is None:

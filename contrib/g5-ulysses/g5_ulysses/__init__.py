@@ -47,7 +47,7 @@ import attrs
 
 from g5core import (
     ConfigError, Dimension, Fragment, MemoryTerm, PluginOption, Work, activation_tensor_bytes, attention_dims,
-    attention_kernel, attention_work, hookimpl, weight_bytes_by_chip, window_attention_work,
+    attention_kernel, attention_work, hookimpl, step_attention_work, weight_bytes_by_chip, window_attention_work,
 )
 
 NAME = "ulysses"
@@ -160,6 +160,13 @@ def g5_validate_deployment(deployment, model, system):
                                              f"{sp // kv_tp} times (KV memory x{sp // kv_tp}); use fewer sp "
                                              f"(sp <= {kv_tp}), more tp, or cp instead, or set "
                                              f"plugins.ulysses.replicate_kv: true to accept the replication")
+    if not deployment.uniform:
+        # a step of several groups: every token of the step is split over the SP group
+        if deployment.step.new_tokens % sp:
+            raise ConfigError("step", f"the step's {deployment.step.new_tokens} new tokens are not divisible by "
+                                      f"sp={sp} (each chip holds 1/sp of them outside attention); use counts and "
+                                      f"new_tokens whose total is a multiple of {sp}")
+        return
     if deployment.phase == "prefill" and deployment.seq_len % sp:
         raise ConfigError("seq_len", f"seq_len={deployment.seq_len} is not divisible by sp={sp} (each chip holds "
                                      f"S/sp tokens outside attention); use a multiple of {sp}")
@@ -191,6 +198,10 @@ def attention_op_work(ctx, layer: int | None = None) -> Work:
     """One chip's attention for its heads over the whole sequence; a windowed layer (sliding
     or chunked, ``layer``'s) attends over its window, as the core's attention does."""
     dep, s = ctx.deployment, ctx.shape
+    if not s.uniform:
+        # each chip runs whole sequences on 1/sp of the heads: every group's queries whole
+        groups = tuple(attrs.evolve(g, q_tokens=1.0 if g.decode else float(g.new_tokens)) for g in s.groups)
+        return step_attention_work(ctx.model, dep, _attention_shape(ctx), groups)
     q_tokens = 1 if dep.phase == "decode" else s.seq_len
     shape = _attention_shape(ctx)
     windowed = window_attention_work(ctx.model, dep, shape, layer, q_tokens=q_tokens)

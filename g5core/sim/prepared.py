@@ -1,0 +1,360 @@
+"""A deployment prepared once, simulating many steps: the API a serving simulator drives.
+
+    import g5core
+    from g5core import Step, StepGroup
+
+    plan = g5core.prepare("examples/llama-3.1-70b-decode.yaml", overrides=["parallel.pp=1", "chips=8"])
+    step = Step([StepGroup(new_tokens=2048, cached_tokens=30000, count=1),   # a prefill chunk
+                 StepGroup(new_tokens=1, cached_tokens=8191, count=64)])     # 64 decode tokens
+    result = plan.simulate(step)
+    result.latency_s                 # seconds the step takes
+    result.memory.kv_bytes_per_token # KV bytes one context token costs on the fullest chip
+    plan.kv_capacity_tokens(step)    # context tokens per replica that fit beside weights,
+                                     # this step's activations and the workspace
+
+:func:`prepare` validates the deployment once and keeps what does not depend on the step:
+the plugin manager, the validated deployment, rank map, topology, collective primitives,
+the symmetry decision (which replicas are alike) and the compute-latency lookup with its
+cache (shared by every step: a kernel shape seen in one step costs a dictionary lookup in
+the next). :meth:`PreparedPlan.simulate` then validates and shapes the step, expands each
+logical op once, compiles, runs the event engine and checks the conservation KPIs; its
+result is cached per step shape (:class:`~g5core.inputs.step.Step` is canonical, so a step
+and the same groups in another order are one shape), so a repeated shape costs a lookup.
+
+The compute-latency answers are cached across steps on the op's kernels (their shapes),
+FLOPs, bytes and dtype: a ``g5_compute_latency`` plugin's answer must depend on those, the
+system and the deployment's dtypes, not on other fields of the step.
+"""
+from __future__ import annotations
+
+import math
+import pathlib
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+import attrs
+
+from g5core.api.errors import ResourceError
+from g5core.build.builder import DEFAULT_MAX_OPS, check_size, plan_for_step
+from g5core.build.shape import collect_shard_axes
+from g5core.build.symmetry import off_reason, plan_symmetry
+from g5core.inputs.config import Deployment, apply_overrides, load_config_file
+from g5core.inputs.step import Step, as_step, phase_metrics
+from g5core.sim.results import step_choices
+from g5core.sim.compute import LatencyLookup
+from g5core.sim.memory import ChipMemory, MemoryReport, kv_cache_bytes, memory_report
+
+
+#: prepared runs of distinct steps kept for plan_for / memory (each holds its shape only)
+PLANS_KEPT = 1024
+
+
+@attrs.frozen(kw_only=True)
+class StepMemory(ChipMemory):
+    """A step's memory ledger, per chip: ``chip`` is the fullest chip (its total is
+    ``total_bytes``), every other figure the largest over the chips (fields of
+    :class:`~g5core.sim.memory.ChipMemory`), and ``kv_bytes_per_token``: KV-cache bytes one
+    context token of one sequence costs on the chip that stores the most per token (its
+    layers' ``c_kv``, divided by the head and sequence splits)."""
+
+    kv_bytes_per_token: float
+
+
+@attrs.frozen(kw_only=True, eq=False)
+class StepResult:
+    """What one step costs. ``ttft_s`` / ``tpot_s`` are set where the step is a pure
+    prefill or a pure decode (else None); ``new_tokens`` are per replica."""
+
+    step: Step
+    phase: str
+    latency_s: float
+    ttft_s: Optional[float]
+    tpot_s: Optional[float]
+    new_tokens: int
+    tokens_per_s_per_chip: float
+    memory: StepMemory
+    #: per plugin, the choices it made for this step (e.g. ``{"cp": {"prefill": "pass_q"}}``)
+    choices: dict = attrs.field(factory=dict)
+    #: the full simulation result (g5core.sim.results.SimResult; a MathResult for
+    #: ``path: math``), for detail
+    sim: Any = attrs.field(default=None, repr=False)
+    ledger: Optional[MemoryReport] = attrs.field(default=None, repr=False)
+
+    def to_json_dict(self) -> dict:
+        out = {"step": self.step.to_list(), "phase": self.phase, "latency_s": self.latency_s,
+               **phase_metrics(self.phase, self.latency_s), "new_tokens": self.new_tokens,
+               "tokens_per_s_per_chip": self.tokens_per_s_per_chip, "memory": attrs.asdict(self.memory)}
+        if self.choices:
+            out["choices"] = self.choices
+        return out
+
+
+class PreparedPlan:
+    """One deployment, validated and prepared once; :meth:`simulate` runs any step on it.
+
+    Build it with :func:`prepare`. Attributes: ``deployment`` (the validated deployment of
+    the configuration's own step), ``plan`` (the prepared run of that step,
+    :class:`g5core.build.builder.Plan`), ``symmetry`` (the replica decision, made once),
+    ``lookup`` (the compute-latency lookup shared by every step)."""
+
+    def __init__(self, plan, symmetry: bool | str = True, max_ops: Optional[int] = None, check: bool = True):
+        self.plan = plan
+        self.deployment: Deployment = plan.ctx.deployment
+        self.max_ops = DEFAULT_MAX_OPS if max_ops is None else max_ops
+        self.check = check
+        self._symmetry_arg = symmetry
+        self.symmetry = plan_symmetry(plan.ctx, off_reason(symmetry))
+        self._axes = collect_shard_axes(plan.hooks)
+        self.lookup = LatencyLookup(hooks=plan.hooks, system=plan.ctx.system, deployment=self.deployment)
+        self._results: dict[Step, StepResult] = {}
+        self._plans: dict[Step, Any] = {self.deployment.step: plan}
+        self.hits = 0
+        self.misses = 0
+        self.reused = 0
+        self._templates: dict = {}
+        # the layers a step's DAG is recognised by: the same for every step (placement and
+        # the model's program do not depend on it)
+        self._sample_program = sample_program(plan.ctx)
+        # the configuration's own step is checked against the size guard once, here
+        check_size(plan, max_ops, self.symmetry.replicas)
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def plan_for(self, step) -> Any:
+        """The prepared run (:class:`g5core.build.builder.Plan`) of ``step``: validated and
+        shaped, everything else shared with this plan."""
+        step = as_step(step)
+        got = self._plans.get(step)
+        if got is None:
+            dep = self.deployment.with_step(step)
+            got = plan_for_step(self.plan, dep, self._axes)
+            if len(self._plans) < PLANS_KEPT:
+                self._plans[step] = got
+        got.lookup = self.lookup
+        return got
+
+    def simulate(self, step, detail: bool = False) -> StepResult:
+        """Simulate one step (a :class:`Step`, StepGroups, or a configuration list of
+        ``{new_tokens, cached_tokens, count}``); cached per step shape.
+
+        ``detail``: also return the full simulation (``sim``: op DAG, timings, traffic by
+        reason) and memory ledger (``ledger``); the cache keeps only the figures (a cached
+        DAG per shape would hold thousands of DAGs), so a detailed call of a cached shape
+        simulates it again."""
+        step = as_step(step)
+        hit = self._results.get(step)
+        if hit is not None and not detail:
+            self.hits += 1
+            return hit
+        self.misses += 1
+        from g5core.sim.run import simulate as simulate_plan  # run imports this module's users
+
+        plan = self.plan_for(step)
+        self.lookup.deployment = plan.ctx.deployment
+        if plan.ctx.deployment.path == "math":  # the closed form, as `g5 run` gives it for path: math
+            from g5core.sim.mathpath import math_estimate
+
+            sim = math_estimate(plan)
+        else:
+            sim = self._from_template(step, plan)
+            if sim is None:
+                sim = simulate_plan(plan, check=self.check, symmetry=self._symmetry_arg, max_ops=self.max_ops)
+                self._keep_template(step, plan, sim)
+        total = getattr(sim, "ops", 0) + getattr(sim, "flows", 0)
+        if total > self.max_ops:
+            raise ResourceError(f"step {step.describe()} simulated {total:,} ops and flows, above the limit of "
+                                f"{self.max_ops:,}; raise the limit (max_ops) or use a smaller deployment")
+        ledger = memory_report(plan.ctx)
+        dep = plan.ctx.deployment
+        from g5core.study.sweep import tokens_per_s_per_chip
+
+        metrics = phase_metrics(dep.phase, sim.latency_s)
+        result = StepResult(
+            step=step, phase=dep.phase, latency_s=sim.latency_s, ttft_s=metrics.get("ttft_s"),
+            tpot_s=metrics.get("tpot_s"), new_tokens=step.new_tokens,
+            tokens_per_s_per_chip=tokens_per_s_per_chip(dep, sim.latency_s),
+            memory=self._step_memory(ledger), choices=step_choices(plan.ctx))
+        self._results[step] = result
+        return attrs.evolve(result, sim=sim, ledger=ledger) if detail else result
+
+    # -- the op DAG of a step structure, reused ------------------------------------------
+
+    def _keep_template(self, step: Step, plan, sim) -> None:
+        """Keep a fully built step's op DAG, keyed on the structure of its sample (one layer
+        of each kind, :func:`sample_program`), where the sample's specs are the whole
+        DAG's (layers alike expand alike, so every spec appears first in a sample layer)."""
+        sample = _sample_dag(plan, sim.symmetry, self._sample_program)
+        if _specs_key(sample.specs) != _specs_key(sim.dag.specs) or len(self._templates) >= TEMPLATES_KEPT:
+            return
+        self._templates.setdefault(_structure_key(sample), (sim.dag, sim.symmetry,
+                                                            (sim.compiled.succ, sim.compiled.pred_count)))
+
+    def _from_template(self, step: Step, plan):
+        """The step simulated on the op DAG of an earlier step whose sample layers expand to
+        the same ops, edges and keys: that DAG with this step's specs (its FLOPs, bytes,
+        kernels and messages, from its own sample). None where no kept DAG matches."""
+        got = sample = None
+        for sym in {t[1].applied: t[1] for t in self._templates.values()}.values():
+            sample = _sample_dag(plan, sym, self._sample_program)
+            got = self._templates.get(_structure_key(sample))
+            if got is not None:
+                break
+        if got is None:
+            return None
+        dag, sym, edges = got
+        step_dag = attrs.evolve(dag, specs=list(sample.specs), spec_is_comm=list(sample.spec_is_comm), spec_ids={},
+                                index={}, indexed=0, graph=None, graph_size=(-1, -1))
+        result = _run_built(plan, step_dag, sym, self.check, edges)
+        if result is not None:
+            self.reused += 1
+        return result
+
+    def memory(self, step) -> MemoryReport:
+        """The memory ledger of ``step`` (no simulation)."""
+        return memory_report(self.plan_for(step).ctx)
+
+    # -- KV-cache sizing -------------------------------------------------------------------
+
+    def kv_bytes_per_token_by_chip(self) -> dict[int, float]:
+        """KV-cache bytes per context token (one token of one sequence) on each chip."""
+        ctx = self.plan.ctx
+        c_kv = ctx.model.kv_bytes_per_token_per_layer(self.deployment.dtypes.kv_cache_element_bytes)
+        s = ctx.shape
+        out = {}
+        for c, layers in _layers_by_chip(ctx).items():
+            out[c] = kv_cache_bytes(1, c_kv, layers, s.factor("kv_len"), s.kv_shard * s.kv_cache_shard)
+        return out
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV-cache bytes per context token on the chip that stores the most per token."""
+        return max(self.kv_bytes_per_token_by_chip().values())
+
+    def kv_capacity_tokens(self, step) -> float:
+        """Context tokens per replica whose KV fits beside the weights, the activations of
+        ``step`` (size a pool with the largest step it will run) and the workspace, on the
+        tightest chip: ``min over chips (capacity - weights - activations - workspace) /
+        kv_bytes_per_token``. Negative when the step does not fit even with no KV."""
+        ledger = self.memory(step)
+        per_token = self.kv_bytes_per_token_by_chip()
+        room = []
+        for c in ledger.per_chip:
+            free = c.capacity_bytes - c.weights_bytes - c.activation_bytes - c.workspace_bytes
+            if per_token.get(c.chip, 0.0) > 0:
+                room.append(free / per_token[c.chip])
+        return min(room) if room else math.inf
+
+    def _step_memory(self, ledger: MemoryReport) -> StepMemory:
+        chips = ledger.per_chip
+        fullest = max(chips, key=lambda c: (c.total_bytes, -c.chip))
+        most = {k: max(getattr(c, k) for c in chips)
+                for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes", "workspace_bytes")}
+        return StepMemory(chip=fullest.chip, **most, total_bytes=ledger.max_total_bytes,
+                          capacity_bytes=chips[0].capacity_bytes, fits=ledger.fits,
+                          kv_bytes_per_token=self.kv_bytes_per_token)
+
+    def cache_info(self) -> dict:
+        """Step results cached, and how often :meth:`simulate` found one."""
+        return {"steps": len(self._results), "hits": self.hits, "misses": self.misses,
+                "dags_reused": self.reused, "latency_answers": len(self.lookup.answers)}
+
+
+#: op DAGs kept for reuse, one per structure
+TEMPLATES_KEPT = 64
+
+
+def sample_program(ctx):
+    """The logical ops of one layer of each kind (the same logical ops, on the same chips,
+    after a layer on the same chips: the size estimate's classes), the embedding and the
+    head, in program order, each keeping only the inputs the sample holds."""
+    from g5core.build.layers import build_program
+
+    model = ctx.model
+    program = build_program(model)
+    layers: dict[int, list] = {}
+    for lop in program:
+        layers.setdefault(lop.layer, []).append(lop)
+    seen, keep, previous = set(), set(), ()
+    for layer, lops in layers.items():
+        chips = ctx.layer_chips(layer) if 0 <= layer < model.n_layers else (layer,)
+        kind = (tuple(lop.kind for lop in lops), chips, previous)
+        if kind not in seen:
+            seen.add(kind)
+            keep.add(layer)
+        previous = chips
+    kept = [lop for lop in program if lop.layer in keep]
+    ids = {lop.id for lop in kept}
+    return tuple(attrs.evolve(lop, inputs=tuple(i for i in lop.inputs if i in ids)) for lop in kept)
+
+
+def _sample_dag(plan, sym, program):
+    from g5core.build.builder import build_dag
+
+    return build_dag(plan, program=program, chips=sym.chips() if sym.applied else None)
+
+
+def _specs_key(specs) -> tuple:
+    return tuple(specs)
+
+
+def _structure_key(dag) -> tuple:
+    """What a sample DAG's ops, edges and keys are, without their work and bytes: two steps
+    alike here build whole DAGs alike but for their specs' numbers (and messages)."""
+    kinds = tuple((spec.primitive, spec.owner, spec.group) if comm else (spec.op_class, spec.owner, spec.dtype)
+                  for spec, comm in zip(dag.specs, dag.spec_is_comm))
+    return (dag.chip.tobytes(), dag.layer.tobytes(), dag.spec.tobytes(), dag.key_stem.tobytes(), dag.key_arg.tobytes(),
+            dag.edge_pairs.tobytes(), tuple(dag.stems), tuple(dag.odd_keys), tuple(dag.spec_is_comm), kinds)
+
+
+def _run_built(plan, dag, sym, check: bool, edges):
+    """Compile, run and summarise an op DAG already built for ``plan`` (one replica where
+    ``sym`` applies, as it did for the DAG's first step), ``edges`` its successor lists."""
+    import time
+
+    from g5core.sim.engine import Engine, compile_dag
+    from g5core.sim.results import check_conservation, summarize
+    from g5core.sim.run import _check_finite, _gc_paused
+
+    from g5core.build.symmetry import check_resources
+
+    with _gc_paused():
+        t0 = time.perf_counter()
+        compiled = compile_dag(dag, plan, edges)
+        if sym.applied and check_resources(sym, dag, compiled, plan) is not None:
+            return None  # this step's messages leave the replica: the full path decides
+        engine = Engine(dag=compiled).run()
+        _check_finite([engine.makespan_s])
+        result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0, sym)
+        if check:
+            check_conservation(result.kpis)
+    return result
+
+
+def _layers_by_chip(ctx) -> dict[int, int]:
+    """Transformer layers each chip holds."""
+    out = {c: 0 for c in ctx.all_chips}
+    for layer in range(ctx.model.n_layers):
+        for c in ctx.layer_chips(layer):
+            out[c] += 1
+    return out
+
+
+def prepare(config: Mapping | Deployment | str | pathlib.Path, *, overrides: Iterable[str] = (),
+            disabled: Iterable[str] = (), extra_plugins: Sequence = (), symmetry: bool | str = True,
+            max_ops: Optional[int] = None, check: bool = True) -> PreparedPlan:
+    """Validate a deployment once and return a :class:`PreparedPlan` that simulates steps.
+
+    ``config``: a configuration mapping, a validated Deployment, or the path of a YAML, TOML
+    or JSON file; ``overrides`` are ``dotted.key=value`` strings as ``--set`` takes them
+    (``step.0.cached_tokens=4096``); ``disabled`` names plugins to disable; ``symmetry``
+    and ``max_ops`` as for :func:`g5core.sim.run.run`. Bad input raises ConfigError."""
+    from g5core.sim.run import make_plan
+
+    if isinstance(config, (str, pathlib.Path)):
+        config = load_config_file(config)
+    overrides = tuple(overrides)
+    if overrides:
+        if isinstance(config, Deployment):
+            config = config.to_dict()
+        config = apply_overrides(config, overrides)
+    plan = make_plan(config, disabled, extra_plugins, max_ops=max_ops)
+    return PreparedPlan(plan, symmetry=symmetry, max_ops=max_ops, check=check)
