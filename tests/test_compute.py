@@ -72,7 +72,9 @@ def test_every_compute_op_carries_kernel_shapes_whose_work_matches_the_op():
         if not hasattr(op, "kernels"):
             continue
         assert op.kernels, op.key
-        main = [k for k in op.kernels if not (isinstance(k, Elementwise) and k.kind in ("residual_add", "rotary"))]
+        side = ("residual_add", "rotary", "swiglu", "fp8_quant", "kv_append", "splitkv_combine", "attn_merge",
+                "moe_topk", "moe_permute", "moe_unpermute")       # time, not the op's FLOPs (layers.py)
+        main = [k for k in op.kernels if not (isinstance(k, Elementwise) and k.kind in side)]
         assert math.isclose(sum(k.flops for k in main), op.flops, rel_tol=1e-9), op.key
 
 
@@ -233,7 +235,8 @@ def test_mla_and_grouped_gemm_and_full_blocks_map_onto_tables():
 def test_measured_run_reports_coverage_and_achieved_flops(aic_system_file):
     out = run(_cfg(system=aic_system_file))
     cov = out.sim.compute["coverage"]
-    assert cov["gemm"]["measured"] > 0.9 and cov["attention"]["measured"] > 0.9
+    # the attention op's KV append and split-KV combine have no table: about a sixth of its time here
+    assert cov["gemm"]["measured"] > 0.9 and cov["attention"]["measured"] > 0.8
     assert cov["elementwise"]["measured"] == 0.0
     assert 0 < cov["all"]["measured"] < 1
     assert math.isclose(cov["all"]["measured"] + cov["all"]["roofline"], 1.0)

@@ -133,8 +133,9 @@ def middle(workdir, tiny_llama):
     zero = {"intra_node_latency_s": 0.0, "network_latency_s": 0.0, "launch_overhead_s": 0.0}
     probe = make_plan(raw_config(tiny_llama, system=write_system(workdir / "probe.yaml", **zero), seq_len=seq_len))
     compiled = compile_dag(build_dag(probe), probe)
-    step_key = f"L{LAYER:03d}.attention.step00@c0"
-    step_compute_s = float(compiled.duration_s[compiled.keys.index(step_key)])
+    # the mean step: the last one also merges the cp partial outputs (layers.merge_kernel)
+    step_keys = [f"L{LAYER:03d}.attention.step{i:02d}@c0" for i in range(CP)]
+    step_compute_s = sum(float(compiled.duration_s[compiled.keys.index(k)]) for k in step_keys) / CP
     assert step_compute_s > 0
     nbytes = block_bytes(seq_len, CP, probe.ctx.kv_bytes_per_token_local)
     bw_bytes_per_s = nbytes / (step_compute_s / STEP_COMPUTE_OVER_COMM)

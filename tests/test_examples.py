@@ -141,10 +141,10 @@ def test_decode_claims():
     cp4 = ("parallel.cp=4", "parallel.dp=8")
     assert latency(name, cp4) > latency(name)
     assert not fits(name, cp4)
-    assert "At a short context the weights dominate and TPOT rises slightly with cp" in text
+    assert "At a short context the weights dominate and TPOT rises with cp" in text
     short = ("seq_len=32768",)
     rising = latency(name, short) / latency(name, ("seq_len=32768",) + cp4)
-    assert 1.0 < rising < 1.1  # rises, slightly
+    assert 1.0 < rising < 1.2  # rises: cp=8's pass-Q messages cross nodes at the measured floors
 
 
 def test_405b_example_uses_fp8_ffn_weights_as_the_readme_says():

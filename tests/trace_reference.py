@@ -29,6 +29,7 @@ import json
 from g5core.build.topology import KIND_NAMES, LINK_RX, LINK_TX, Topology
 from g5core.api.ops import CommOp, ComputeOp
 from g5core.api.errors import G5Error
+from g5core.sim.compute import describe_kernels
 from g5core.sim.results import SimResult
 
 COMPUTE_TID = 0
@@ -167,7 +168,8 @@ def _port_pid(topo: Topology, port: int, leaf_pid: int, events) -> tuple[int, in
 
 
 TIMELINE_COLUMNS = ("key", "kind", "name", "layer", "owner", "chips", "op_class", "reason", "primitive",
-                    "algorithm", "protocol", "channels", "flops", "hbm_bytes", "bytes_per_rank", "start_s", "end_s")
+                    "algorithm", "protocol", "channels", "flops", "hbm_bytes", "bytes_per_rank", "start_s", "end_s",
+                    "kernels")
 
 
 def timeline_rows(sim: SimResult):
@@ -177,11 +179,11 @@ def timeline_rows(sim: SimResult):
         start, end = repr(float(sim.start_s[i])), repr(float(sim.end_s[i]))
         if isinstance(op, ComputeOp):
             yield (op.key, "compute", op.name, op.layer, op.owner, str(op.chip), op.op_class, "", "", "", "", "",
-                   repr(op.flops), repr(op.hbm_bytes), "", start, end)
+                   repr(op.flops), repr(op.hbm_bytes), "", start, end, describe_kernels(op.kernels))
         else:
             algorithm, protocol, channels = sim.compiled.comm_algo[i]
             yield (op.key, "comm", op.name, op.layer, op.owner, " ".join(map(str, op.group)), "", op.reason,
-                   op.primitive, algorithm, protocol, channels, "", "", repr(op.bytes_per_rank), start, end)
+                   op.primitive, algorithm, protocol, channels, "", "", repr(op.bytes_per_rank), start, end, "")
 
 
 def dump_timeline(sim: SimResult, fh) -> None:

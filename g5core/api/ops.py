@@ -288,6 +288,22 @@ class Fragment:
         return cls(ops=(before, after) + computes, edges=edges, heads={c: (before.key,) for c in before.group},
                    tails={c: (after.key,) for c in after.group})
 
+    @staticmethod
+    def ring_edges(sends, steps) -> list[tuple[str, str]]:
+        """The edges of a ring of ``cp`` ranks that passes a block along: ``sends[r][i]`` (``cp
+        - 1`` per rank, rank ``r`` to ``r + 1``) and ``steps[r][i]`` (``cp`` per rank). Step
+        ``i`` on rank ``r`` and its forward wait for send ``i - 1`` of rank ``r - 1``; a send
+        never waits for its rank's step (that would serialise the ring)."""
+        cp = len(steps)
+        edges = []
+        for r in range(cp):
+            prev = (r - 1) % cp
+            for i in range(1, cp):
+                edges.append((sends[prev][i - 1].key, steps[r][i].key))
+                if i < cp - 1:
+                    edges.append((sends[prev][i - 1].key, sends[r][i].key))
+        return edges
+
     @classmethod
     def combine(cls, fragments: Iterable["Fragment"]) -> "Fragment":
         """Fragments on disjoint chips as one (ops and edges in order)."""

@@ -111,3 +111,60 @@ def expected_active_experts(local_experts: float, total_experts: float, routed_t
         return 0.0
     miss = (1.0 - 1.0 / total_experts) ** routed_token_slots
     return local_experts * (1.0 - miss)
+
+
+# ---------------------------------------------------------------------------------------
+# The memory-bound kernels around the GEMMs and attention (issue 22). Each returns
+# ``(flops, hbm_bytes)``; ``LSE_BYTES`` is one fp32 log-sum-exp (or max / sum) per row.
+# ---------------------------------------------------------------------------------------
+LSE_BYTES = 4.0
+#: bytes of one expert index and one routing weight per (token, expert) slot (int32, fp32)
+ROUTE_SLOT_BYTES = 8.0
+
+
+def swiglu(tokens: float, cols: float, act_bytes: float) -> tuple[float, float]:
+    """``silu(gate) * up`` over ``tokens x cols``: reads gate and up, writes the product;
+    ``ELEMENTWISE_FLOPS_PER_ELEMENT`` per output element."""
+    elements = tokens * cols
+    return ELEMENTWISE_FLOPS_PER_ELEMENT * elements, 3.0 * elements * act_bytes
+
+
+def fp8_quantize(tokens: float, width: float, act_bytes: float) -> tuple[float, float]:
+    """Per-tensor FP8 quantisation of a ``tokens x width`` activation before an FP8 GEMM: one
+    pass for the absolute maximum (the scale), one that scales and converts: reads the input
+    twice, writes one byte per element; 3 FLOPs per element (abs-max, scale, convert)."""
+    elements = tokens * width
+    return 3.0 * elements, elements * (2.0 * act_bytes + 1.0)
+
+
+def kv_cache_append(tokens: float, kv_elements_per_token: float, kv_bytes: float) -> tuple[float, float]:
+    """Writing ``tokens`` new tokens' K and V into the KV cache: reads them, writes them (in the
+    cache's dtype); no FLOPs."""
+    return 0.0, 2.0 * tokens * kv_elements_per_token * kv_bytes
+
+
+def partials_merge(rows: float, d_v: float, parts: float, act_bytes: float) -> tuple[float, float]:
+    """Merging ``parts`` partial attention outputs of ``rows`` (query, head) rows by their
+    online-softmax statistics (flash-decoding's split-KV combine, pass-KV / pass-Q merge):
+    reads each part's ``d_v`` outputs and its LSE, writes one output and LSE; per part and
+    element a rescale and an add (2 FLOPs), per part and row 4 for the statistics."""
+    return rows * parts * (2.0 * d_v + 4.0), rows * (parts + 1.0) * (d_v * act_bytes + LSE_BYTES)
+
+
+def moe_topk(tokens: float, n_experts: float, top_k: float) -> tuple[float, float]:
+    """Routing: the softmax (or sigmoid) of the fp32 router logits and their top-k: reads the
+    logits, writes ``top_k`` indices and weights per token."""
+    return ELEMENTWISE_FLOPS_PER_ELEMENT * tokens * n_experts, tokens * (n_experts * LSE_BYTES
+                                                                           + top_k * ROUTE_SLOT_BYTES)
+
+
+def moe_permute(slots: float, hidden: float, act_bytes: float) -> tuple[float, float]:
+    """Gathering the hidden states into expert order: ``slots`` (token, expert) rows read and
+    written, plus their indices; no FLOPs."""
+    return 0.0, slots * (2.0 * hidden * act_bytes + ROUTE_SLOT_BYTES)
+
+
+def moe_unpermute(slots: float, hidden: float, top_k: float, act_bytes: float) -> tuple[float, float]:
+    """The weighted sum of each token's ``top_k`` expert outputs back in token order: reads the
+    ``slots`` rows and their weights, writes ``slots / top_k`` rows; 2 FLOPs per element read."""
+    return 2.0 * slots * hidden, slots * (hidden * act_bytes + ROUTE_SLOT_BYTES) + slots / top_k * hidden * act_bytes

@@ -187,7 +187,17 @@ def ffn_kernels(tokens: float, hidden: float, cols: float, weight_bytes: float, 
 
 def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalShape,
                  layer: int | None = None) -> Work | None:
-    """Work of one logical op on one chip when nothing but the shard factors changes it;
+    """Work of one logical op on one chip when nothing but the shard factors changes it:
+    :func:`base_work` with the memory-bound kernels around its GEMMs and attention
+    (:func:`with_side_kernels`); ``layer`` sets the attention window of a model whose
+    attention varies by layer. Returns ``None`` for synchronisation kinds (no compute)."""
+    work = base_work(kind, model, deployment, shape, layer)
+    return None if work is None else with_side_kernels(kind, work, model, deployment, shape)
+
+
+def base_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalShape,
+              layer: int | None = None) -> Work | None:
+    """The GEMMs, attention and norms of one logical op on one chip (no side kernels);
     ``layer`` sets the attention window of a model whose attention varies by layer.
 
     Returns ``None`` for synchronisation kinds (no compute).
@@ -261,9 +271,17 @@ def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: Loc
 
 
 def expert_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
-                token_slots: float, group_token_slots: float) -> Work:
+                token_slots: float, group_token_slots: float, permute: bool = True) -> Work:
     """Routed experts on one chip: ``token_slots`` (token, expert) pairs land here; the
-    experts read are those expected to receive a token under uniform routing."""
+    experts read are those expected to receive a token under uniform routing. With
+    ``permute`` (no all-to-all kernel that lays the tokens out by expert), the permute and
+    unpermute kernels around the grouped GEMMs (:func:`expert_side_kernels`)."""
+    work = _expert_gemm_work(model, deployment, shape, token_slots, group_token_slots)
+    return _with_kernels(work, expert_side_kernels(model, deployment, token_slots, work.kernels, permute))
+
+
+def _expert_gemm_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
+                      token_slots: float, group_token_slots: float) -> Work:
     d = model.hidden_size
     act = deployment.dtypes.activation_element_bytes
     wbytes = deployment.dtypes.weight_element_bytes("experts")
@@ -394,3 +412,120 @@ def iter_layers(model: ModelSpec) -> Iterator[int]:
     yield EMBED_LAYER
     yield from range(model.n_layers)
     yield model.n_layers
+
+
+# ----------------------------------------------------------------------------------------
+# Side kernels: the memory-bound kernels around the GEMMs and attention (issue 22). Each
+# kernel's FLOPs and bytes are g5core.build.flops formulas.
+# ----------------------------------------------------------------------------------------
+
+#: vLLM's paged attention v2 cuts the KV into partitions of 512 tokens and combines them with
+#: a reduce kernel (vllm/attention/ops/paged_attn.py ``_PARTITION_SIZE = 512``, "Should be the
+#: same as PARTITION_SIZE in paged_attention_v2_launcher"); it runs v1 (no split) when
+#: ``max_seq_len <= 8192 and (max_num_partitions == 1 or num_seqs * num_heads > 512)``
+SPLIT_KV_PARTITION_TOKENS = 512
+SPLIT_KV_MAX_V1_SEQ_TOKENS = 8192
+SPLIT_KV_V1_MIN_ROWS = 512
+
+
+def split_kv_partitions(batch: float, heads: float, kv_len: float) -> int:
+    """Partitions flash-decoding splits one sequence's KV into (1: no split, no combine)."""
+    parts = max(1, math.ceil(kv_len / SPLIT_KV_PARTITION_TOKENS))
+    if kv_len <= SPLIT_KV_MAX_V1_SEQ_TOKENS and (parts == 1 or batch * heads > SPLIT_KV_V1_MIN_ROWS):
+        return 1
+    return parts
+
+
+def _with_kernels(work: Work, extra: tuple) -> Work:
+    """``work`` with ``extra`` kernels appended. The op's totals (its FLOPs for MFU, its bytes)
+    stay those of its GEMMs, attention and norms: each side kernel carries its own FLOPs and
+    bytes (the timeline lists them) and its time comes from the size-aware roofline or a
+    table."""
+    if not extra:
+        return work
+    return attrs.evolve(work, kernels=work.kernels + tuple(extra))
+
+
+def fp8_input_kernels(gemms, deployment: Deployment, weight_class: str) -> tuple[Elementwise, ...]:
+    """Per-tensor FP8 quantisation of each FP8 GEMM's input (``m x k``), once per distinct
+    input: the fused gate/up GEMM and a QKV projection read one tensor."""
+    if not weight_class or deployment.dtypes.weight_dtype(weight_class) != "fp8":
+        return ()
+    act = deployment.dtypes.activation_element_bytes
+    seen, out = set(), []
+    for g in gemms:
+        if isinstance(g, Gemm) and (g.m, g.k) not in seen:
+            seen.add((g.m, g.k))
+            out.append(Elementwise(tokens=g.m, width=g.k, kind="fp8_quant", act_bytes=act))
+    return tuple(out)
+
+
+def swiglu_kernels(gemms, act_bytes: float) -> tuple[Elementwise, ...]:
+    """The gated activation between a gated FFN's gate/up GEMM (``n = 2 cols``) and its down GEMM."""
+    gate_up = gemms[0]
+    return (Elementwise(tokens=gate_up.m, width=gate_up.n / 2.0, kind="swiglu", act_bytes=act_bytes),)
+
+
+def kv_append_kernel(model: ModelSpec, deployment: Deployment, shape: LocalShape) -> Elementwise:
+    """The KV-cache append of this chip's new tokens, after the QKV projection and rotary
+    (TensorRT-LLM fuses it with rotary, vLLM runs reshape_and_cache; G5 counts it once)."""
+    kv_bytes = deployment.dtypes.kv_cache_element_bytes
+    kv_elements = local_kv_bytes_per_token(model, deployment, shape) / kv_bytes
+    return Elementwise(tokens=shape.tokens, width=kv_elements, kind="kv_append", act_bytes=kv_bytes)
+
+
+def attention_side_kernels(model: ModelSpec, deployment: Deployment, shape: LocalShape) -> tuple[Elementwise, ...]:
+    """In decode, flash-decoding's split-KV combine (:func:`split_kv_partitions`)."""
+    out = []
+    if deployment.phase == "decode":
+        parts = split_kv_partitions(shape.batch, shape.q_heads, shape.kv_len)
+        if parts > 1:
+            _, d_v = attention_dims(model, deployment.phase)
+            out.append(merge_kernel(shape.batch * shape.q_heads, d_v, parts, deployment, "splitkv_combine"))
+    return tuple(out)
+
+
+def merge_kernel(rows: float, d_v: float, parts: float, deployment: Deployment, kind: str = "attn_merge") -> Elementwise:
+    """Merging ``parts`` partial attention outputs of ``rows`` (query, head) rows by their
+    online-softmax statistics: flash-decoding's combine, the pass-KV and pass-Q merges."""
+    return Elementwise(tokens=rows, width=d_v, kind=kind, act_bytes=deployment.dtypes.activation_element_bytes,
+                       parts=parts)
+
+
+def router_side_kernels(model: ModelSpec, shape: LocalShape) -> tuple[Elementwise, ...]:
+    """The router's softmax / sigmoid and top-k over its fp32 logits."""
+    m = model.moe
+    return (Elementwise(tokens=shape.tokens, width=m.n_routed_experts, kind="moe_topk", act_bytes=4.0,
+                        parts=m.n_active_experts),)
+
+
+def expert_side_kernels(model: ModelSpec, deployment: Deployment, token_slots: float, gemms,
+                        permute: bool) -> tuple[Elementwise, ...]:
+    """SwiGLU between the experts' grouped GEMMs, FP8 input quantisation where the experts
+    run in FP8, and (``permute``) the permute and unpermute around them."""
+    act = deployment.dtypes.activation_element_bytes
+    out = swiglu_kernels(gemms, act) + fp8_input_kernels(gemms, deployment, "experts")
+    if permute:
+        d, k = model.hidden_size, model.moe.n_active_experts
+        out += (Elementwise(tokens=token_slots, width=d, kind="moe_permute", act_bytes=act),
+                Elementwise(tokens=token_slots, width=d, kind="moe_unpermute", act_bytes=act, parts=k))
+    return out
+
+
+def with_side_kernels(kind: str, work: Work, model: ModelSpec, deployment: Deployment, shape: LocalShape) -> Work:
+    """``work`` of a logical op of ``kind`` with the side kernels it runs."""
+    act = deployment.dtypes.activation_element_bytes
+    if kind in ("ffn", "shared_expert"):
+        extra = swiglu_kernels(work.kernels, act) + fp8_input_kernels(work.kernels, deployment, WEIGHT_CLASS[kind])
+    elif kind == "qkv_proj":
+        extra = fp8_input_kernels(work.kernels, deployment, WEIGHT_CLASS[kind]) + (
+            kv_append_kernel(model, deployment, shape),)
+    elif kind in ("o_proj", "lm_head"):
+        extra = fp8_input_kernels(work.kernels, deployment, WEIGHT_CLASS[kind])
+    elif kind == "attention":
+        extra = attention_side_kernels(model, deployment, shape)
+    elif kind == "router":
+        extra = router_side_kernels(model, shape)
+    else:
+        extra = ()
+    return _with_kernels(work, extra)

@@ -22,6 +22,7 @@ import attrs
 import yaml
 
 from g5core.inputs.dtypes import PEAK_DTYPES
+from g5core.inputs.framework import Framework
 from g5core.api.errors import ConfigError, suggest
 from g5core.inputs.reading import (
     DuplicateKeyError, UniqueKeyLoader, check_keys, check_range, duplicate_key_error, read_text, safe_float,
@@ -263,6 +264,19 @@ def _nested_map(instance, attribute, value) -> None:
             raise ConfigError(f"{field}.{key}", f"expected a mapping with algorithm and/or protocol, got {_describe(inner)}")
 
 
+#: the algorithms whose node-crossing steps ``network_hop_latency_s`` may time
+HOP_ALGORITHMS = ("ring", "tree", "nvls_tree")
+
+
+def _hop_map(instance, attribute, value) -> None:
+    field = _field(attribute)
+    if not isinstance(value, Mapping):
+        raise ConfigError(field, f"expected a mapping like {{ring: 10e-6, tree: 20e-6}}, got {_describe(value)}")
+    check_keys(value, field, HOP_ALGORITHMS)
+    for key, v in value.items():
+        _in_range(f"{field}.{key}", v, "seconds")
+
+
 # ----------------------------------------------------------------------------------------
 # The size-aware roofline's parameters (the ``compute_model`` block of a system file)
 # ----------------------------------------------------------------------------------------
@@ -306,16 +320,34 @@ class ComputeModel:
     attention_half_length_tokens: float  # block length at which it reaches half that fraction
     hbm_fraction: float              # achieved fraction of HBM bandwidth of a streaming kernel
     kernel_floor_s: tuple            # ((kernel kind, seconds), ...) for FLOOR_KEYS
+    #: optional other attention kernel families: ((name, (peak_fraction, half_length_tokens)), ...),
+    #: chosen by the system file's ``framework: {attention: NAME}``
+    attention_curves: tuple = ()
 
     KEYS = ("gemm_peak_fraction", "gemm_tile_m", "gemm_tile_n", "gemm_tile_k", "sm_count",
             "attention_peak_fraction", "attention_half_length_tokens", "hbm_fraction", "kernel_floor_s")
+    OPTIONAL = ("attention_curves",)
 
     @classmethod
     def from_mapping(cls, data, field: str = "system.compute_model") -> "ComputeModel":
         if not hasattr(data, "items"):
             raise ConfigError(field, f"expected a mapping with keys {', '.join(cls.KEYS)}, got {data!r}")
-        check_keys(data, field, cls.KEYS, cls.KEYS, missing=f"missing; the compute_model block needs all of "
-                                                            f"{', '.join(cls.KEYS)} (see the shipped system files)")
+        check_keys(data, field, cls.KEYS + cls.OPTIONAL, cls.KEYS,
+                   missing=f"missing; the compute_model block needs all of {', '.join(cls.KEYS)} "
+                           "(see the shipped system files)")
+        curves = data.get("attention_curves", {})
+        if not hasattr(curves, "items"):
+            raise ConfigError(f"{field}.attention_curves", "expected a mapping such as "
+                                                           "{fa3: {peak_fraction: 0.645, half_length_tokens: 614}}")
+        parsed_curves = []
+        for name, curve in sorted(curves.items()):
+            where = f"{field}.attention_curves.{name}"
+            if not hasattr(curve, "items"):
+                raise ConfigError(where, "expected {peak_fraction: F, half_length_tokens: N}")
+            check_keys(curve, where, ("peak_fraction", "half_length_tokens"), ("peak_fraction", "half_length_tokens"))
+            parsed_curves.append((str(name), (_cm_fraction(f"{where}.peak_fraction", curve["peak_fraction"]),
+                                              _cm_positive(f"{where}.half_length_tokens",
+                                                           curve["half_length_tokens"], "tokens"))))
         peaks = data["gemm_peak_fraction"]
         if not hasattr(peaks, "items") or not peaks:
             raise ConfigError(f"{field}.gemm_peak_fraction", f"expected a mapping of dtype to fraction, got {peaks!r}")
@@ -347,13 +379,28 @@ class ComputeModel:
                                                       data["attention_half_length_tokens"], "tokens"),
             hbm_fraction=_cm_fraction(f"{field}.hbm_fraction", data["hbm_fraction"]),
             kernel_floor_s=tuple((k, out[k]) for k in FLOOR_KEYS),
+            attention_curves=tuple(parsed_curves),
         )
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.KEYS}
         out["gemm_peak_fraction"] = dict(self.gemm_peak_fraction)
         out["kernel_floor_s"] = dict(self.kernel_floor_s)
+        if self.attention_curves:
+            out["attention_curves"] = {n: {"peak_fraction": p, "half_length_tokens": h}
+                                       for n, (p, h) in self.attention_curves}
         return out
+
+    def attention_curve(self, name: str = "default") -> tuple[float, float]:
+        """(peak fraction, half length in tokens) of the attention kernel family ``name``."""
+        if name == "default":
+            return self.attention_peak_fraction, self.attention_half_length_tokens
+        table = dict(self.attention_curves)
+        if name not in table:
+            raise ConfigError("system.framework.attention",
+                              f"no attention curve {name!r} in compute_model.attention_curves (it lists "
+                              f"{', '.join(['default', *table])}); add it or choose one of those")
+        return table[name]
 
     def gemm_fraction(self, dtype: str) -> float:
         table = dict(self.gemm_peak_fraction)
@@ -409,12 +456,16 @@ def _to_compute_model(value: Any) -> Any:
     return value if value is None or isinstance(value, ComputeModel) else ComputeModel.from_mapping(value)
 
 
+def _to_framework(value: Any) -> Any:
+    return value if value is None or isinstance(value, Framework) else Framework.from_mapping(value)
+
+
 def _to_profile(value: Any) -> Any:
     return value if value is None or isinstance(value, Profile) else Profile.from_mapping(value)
 
 
 #: Fields a system file may leave out (each documented on SystemSpec).
-OPTIONAL_KEYS: tuple[str, ...] = ("compute_model", "profile")
+OPTIONAL_KEYS: tuple[str, ...] = ("compute_model", "profile", "framework")
 
 
 # ---------------------------------------------------------------------------------------
@@ -470,6 +521,12 @@ class SystemSpec:
     #: the collectives plugin owns its schema and checks it (g5plugins.collectives.forced_choices)
     nccl: Mapping[str, Mapping[str, str]] = attrs.field(factory=FrozenMap, converter=_to_frozen_nested_map,
                                                         validator=_nested_map)
+    #: measured latency of one node-crossing step per algorithm (ring, tree, nvls_tree), which
+    #: replaces NCCL's network latency in the time of the algorithm NCCL chose (not in its choice)
+    network_hop_latency_s: Mapping[str, float] = attrs.field(factory=FrozenMap, converter=_to_frozen_float_map,
+                                                             validator=_hop_map)
+    #: optional: how the serving framework launches kernels (g5core/inputs/framework.py)
+    framework: Framework | None = attrs.field(default=None, converter=_to_framework)
 
     def __attrs_post_init__(self) -> None:
         if self.chips_per_node % self.nics > 0:
@@ -543,6 +600,7 @@ class SystemSpec:
         if out["fabric"]:
             out["fabric"]["nodes_per_leaf"] = int(out["fabric"]["nodes_per_leaf"])
         out["nccl"] = {k: dict(v) for k, v in self.nccl.items()}
+        out["network_hop_latency_s"] = dict(self.network_hop_latency_s)
         out["nic_of_chip"] = list(self.nic_of_chip)
         return out
 

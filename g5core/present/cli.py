@@ -438,10 +438,11 @@ def collective_cmd(op, system_name, chips, sizes, factor, disabled, dtype, redop
                    experts, groups, topk_groups, kernel, copy_dtype):
     """One collective alone on SYSTEM, size by size, shaped like nccl-tests output.
 
-    OP is all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, gather or p2p
-    (nccl-tests names such as allreduce and alltoall work too), or ep_dispatch / ep_combine:
-    one MoE dispatch or combine over the chips, token count by token count, shaped like
-    DeepEP's tests (time per call, logical RDMA and NVLink bandwidth)."""
+    OP is all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, gather, p2p (2 chips)
+    or sendrecv (nccl-tests' sendrecv_perf: each chip sends to the next, receives from the
+    previous); nccl-tests names such as allreduce and alltoall work too. ep_dispatch /
+    ep_combine: one MoE dispatch or combine over the chips, token count by token count,
+    shaped like DeepEP's tests (time per call, logical RDMA and NVLink bandwidth)."""
     from g5core.sim.collbench import bench_rows, collective_rows, size_range
     from g5core.present.render import render_bench_rows, render_collective
     from g5core.inputs.systems import get_system

@@ -262,6 +262,11 @@ def render_compute(report: dict) -> list[str]:
     parts = ", ".join(f"{k} {100 * v[MEASURED]:.0f}%" for k, v in cov.items() if k != "all")
     lines = [f"compute time: {100 * cov['all'][MEASURED]:.1f}% measured ({where}), "
              f"{100 * (1 - cov['all'][MEASURED]):.1f}% {report['model']}; measured by class: {parts or 'none'}"]
+    launch = report.get("launch") or {}
+    if launch.get("framework"):
+        fw = launch["framework"]
+        lines.append(f"kernel launches: {launch['added_s'] * 1e3:.3f} ms added on the busiest chip "
+                     f"(cuda_graphs: {fw['cuda_graphs']}, {fw['kernel_launch_s'] * 1e6:g} us per kernel not captured)")
     chips = report["per_chip"]
     if chips:
         best = max(chips, key=lambda c: (c["mfu"], -c["chip"]))

@@ -32,6 +32,7 @@ import numpy as np
 from g5core.build.topology import KIND_NAMES, LINK_RX, LINK_TX, Topology
 from g5core.api.ops import KEY_VERBATIM, CommOp, ComputeOp
 from g5core.api.errors import ConfigError, G5Error
+from g5core.sim.compute import describe_kernels
 from g5core.sim.results import SimResult
 
 COMPUTE_TID = 0
@@ -303,7 +304,8 @@ def _fabric_process(topo: Topology, port: int, pid: int):
 
 
 TIMELINE_COLUMNS = ("key", "kind", "name", "layer", "owner", "chips", "op_class", "reason", "primitive",
-                    "algorithm", "protocol", "channels", "flops", "hbm_bytes", "bytes_per_rank", "start_s", "end_s")
+                    "algorithm", "protocol", "channels", "flops", "hbm_bytes", "bytes_per_rank", "start_s", "end_s",
+                    "kernels")
 
 
 def timeline_rows(sim: SimResult):
@@ -324,13 +326,13 @@ def timeline_rows(sim: SimResult):
             if is_comm[s]:   # a CommSpec
                 algorithm, protocol, channels = algos[spec_algo[s]]
                 part = parts[s] = ("comm", p.name, p.owner, " ".join(map(str, p.group)), "", p.reason, p.primitive, algorithm,
-                                   protocol, channels, "", "", repr(p.bytes_per_rank))
+                                   protocol, channels, "", "", repr(p.bytes_per_rank), "")
             else:            # a ComputeSpec
                 part = parts[s] = ("compute", p.name, p.owner, None, p.op_class, "", "", "", "", "", repr(p.flops),
-                                   repr(p.hbm_bytes), "")
-        kind, name, owner, chips, *rest = part
+                                   repr(p.hbm_bytes), "", describe_kernels(p.kernels))
+        kind, name, owner, chips, *rest, kernels = part
         yield (key(i), kind, name, layer[i], owner, str(chip[i]) if chips is None else chips, *rest,
-               repr(start[i]), repr(end[i]))
+               repr(start[i]), repr(end[i]), kernels)
 
 
 def dump_timeline(sim: SimResult, fh) -> None:

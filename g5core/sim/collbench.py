@@ -27,7 +27,7 @@ from g5core.api.errors import ConfigError
 
 #: nccl-tests names accepted as aliases
 ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-           "alltoall": "all_to_all", "sendrecv": "p2p"}
+           "alltoall": "all_to_all"}
 _UNITS = {"": 1, "B": 1, "K": 2 ** 10, "KB": 2 ** 10, "KIB": 2 ** 10, "M": 2 ** 20, "MB": 2 ** 20, "MIB": 2 ** 20,
           "G": 2 ** 30, "GB": 2 ** 30, "GIB": 2 ** 30}
 MAX_SIZE_BYTES = 2 ** 50
@@ -111,12 +111,13 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
     from g5core.build.dag import OpDag
     from g5core.sim.engine import compile_ops
     from g5core.api.plugins import Hooks, make_plugin_manager
-    from g5core.inputs.systems import get_system
+    from g5core.inputs.systems import SystemSpec, get_system
 
     if isinstance(chips, bool) or not isinstance(chips, int) or chips < 2:
         raise ConfigError("--chips", f"a collective needs at least 2 chips, got {chips!r}")
     if primitive == "p2p" and chips != 2:
-        raise ConfigError("--chips", "p2p (sendrecv) runs between 2 chips; give --chips 2")
+        raise ConfigError("--chips", "p2p runs between 2 chips; give --chips 2 (or run sendrecv, which runs "
+                                     "nccl-tests' sendrecv_perf over any number of chips)")
     hooks = Hooks(make_plugin_manager(disabled=tuple(disabled)))
     primitives = collect_primitives(hooks)
     if primitive not in primitives:
@@ -124,7 +125,7 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
 
         raise ConfigError("OP", f"unknown collective {primitive!r}{suggest(primitive, primitives)}; "
                                 f"the enabled plugins lower {', '.join(primitives) or 'none'}")
-    system = get_system(system_name)
+    system = system_name if isinstance(system_name, SystemSpec) else get_system(system_name)
     topo = make_topology(hooks, system, chips)
     group = tuple(range(chips))
 

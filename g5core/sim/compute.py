@@ -35,7 +35,8 @@ from g5core.build import flops as F
 from g5core.api.errors import DagError, PluginError
 
 ATTENTION_BLOCKS = ("causal", "full", "decode")
-ELEMENTWISE_KINDS = ("rmsnorm", "residual_add", "rotary", "embedding")
+ELEMENTWISE_KINDS = ("rmsnorm", "residual_add", "rotary", "embedding", "swiglu", "fp8_quant", "kv_append",
+                     "splitkv_combine", "attn_merge", "moe_topk", "moe_permute", "moe_unpermute")
 
 
 def _nonneg(instance, attribute, value) -> None:
@@ -63,6 +64,10 @@ class Gemm:
     @property
     def flops(self) -> float:
         return F.grouped_gemm(self.m, self.k, self.n, self.groups, self.weight_bytes, self.act_bytes)[0]
+
+    def describe(self) -> str:
+        groups = f",groups={self.groups:g}" if self.groups != 1 else ""
+        return f"gemm(m={self.m:g},n={self.n:g},k={self.k:g}{groups})"
 
     @property
     def hbm_bytes(self) -> float:
@@ -100,6 +105,10 @@ class Attention:
         return F.attention_block_bytes(self.batch, self.q_len, self.kv_len, self.heads, self.d_qk, self.d_v,
                                        self.kv_bytes_per_token, self.act_bytes)
 
+    def describe(self) -> str:
+        return (f"attention_{self.block}(batch={self.batch:g},q={self.q_len:g},kv={self.kv_len:g},"
+                f"heads={self.heads:g},kv_heads={self.kv_heads:g},d_qk={self.d_qk:g},d_v={self.d_v:g})")
+
     @property
     def length_tokens(self) -> float:
         """The block length that sets a flash kernel's efficiency: its KV length."""
@@ -108,19 +117,43 @@ class Attention:
 
 @attrs.frozen(kw_only=True, cache_hash=True)
 class Elementwise:
-    """A memory-bound kernel over ``tokens x width`` elements."""
+    """A memory-bound kernel over ``tokens x width`` elements. ``parts``: the partials a
+    merge reads (``splitkv_combine``, ``attn_merge``: ``tokens`` are (query, head) rows and
+    ``width`` is ``d_v``) or the experts per token (``moe_topk``: ``width`` is the expert
+    count; ``moe_unpermute``: ``tokens`` are the (token, expert) slots); ``kv_append``:
+    ``width`` KV elements per token of ``act_bytes`` each (the cache's dtype)."""
 
     tokens: float = _num()
     width: float = _num()
     kind: str = attrs.field(validator=attrs.validators.in_(ELEMENTWISE_KINDS))
     act_bytes: float = _num()
+    parts: float = attrs.field(converter=float, default=1.0, validator=_nonneg)
 
     op_class = "elementwise"
 
     def _work(self) -> tuple[float, float]:
+        t, w, b = self.tokens, self.width, self.act_bytes
         if self.kind == "residual_add":
-            return F.residual_add(self.tokens, self.width, self.act_bytes)
-        return F.elementwise(self.tokens, self.width, self.act_bytes)
+            return F.residual_add(t, w, b)
+        if self.kind == "swiglu":
+            return F.swiglu(t, w, b)
+        if self.kind == "fp8_quant":
+            return F.fp8_quantize(t, w, b)
+        if self.kind == "kv_append":
+            return F.kv_cache_append(t, w, b)
+        if self.kind in ("splitkv_combine", "attn_merge"):
+            return F.partials_merge(t, w, self.parts, b)
+        if self.kind == "moe_topk":
+            return F.moe_topk(t, w, self.parts)
+        if self.kind == "moe_permute":
+            return F.moe_permute(t, w, b)
+        if self.kind == "moe_unpermute":
+            return F.moe_unpermute(t, w, self.parts, b)
+        return F.elementwise(t, w, b)
+
+    def describe(self) -> str:
+        extra = f",parts={self.parts:g}" if self.parts != 1 else ""
+        return f"{self.kind}(tokens={self.tokens:g},width={self.width:g}{extra})"
 
     @property
     def flops(self) -> float:
@@ -158,6 +191,8 @@ class LatencyAnswer:
     seconds: float
     source: str
     measured_s: float
+    #: the seconds uncaptured kernel launches added to ``seconds`` (g5core.inputs.framework)
+    launch_s: float = 0.0
 
 
 @attrs.define(eq=False, kw_only=True)
@@ -179,22 +214,28 @@ class LatencyLookup:
     answers: list[LatencyAnswer] = attrs.field(factory=list)
     _answer_ids: dict = attrs.field(factory=dict)  # (class, dtype, kernels, FLOPs, bytes) -> id into ``answers``
 
+    def _launch_s(self, op) -> float:
+        from g5core.inputs.framework import launch_s
+
+        return launch_s(op, self.system, getattr(self.deployment, "phase", ""))
+
     def answer_id(self, op) -> int:
         """The id (into :attr:`answers`) of ``op``'s answer; compile records one per op."""
         kernels = op.kernels
-        fast = (op.op_class, op.dtype, id(kernels), op.flops, op.hbm_bytes)
+        launch = self._launch_s(op)
+        fast = (op.op_class, op.dtype, id(kernels), op.flops, op.hbm_bytes, launch)
         seen = self._by_kernels.get(fast)
         if seen is not None and seen[0] is kernels:
             return seen[1]
-        key = (op.op_class, op.dtype, kernels, op.flops, op.hbm_bytes)
+        key = (op.op_class, op.dtype, kernels, op.flops, op.hbm_bytes, launch)
         aid = self._answer_ids.get(key)
         if aid is None:
             aid = self._answer_ids[key] = len(self.answers)
-            self.answers.append(self._ask(op))
+            self.answers.append(self._ask(op, launch))
         self._by_kernels[fast] = (kernels, aid)
         return aid
 
-    def _ask(self, op) -> LatencyAnswer:
+    def _ask(self, op, launch: float = 0.0) -> LatencyAnswer:
         answer = self.hooks.call_first("g5_compute_latency", op=op, system=self.system, deployment=self.deployment)
         if answer is None:
             raise DagError(f"no enabled plugin gives the compute latency of {op.key} "
@@ -214,8 +255,9 @@ class LatencyLookup:
             raise PluginError(plugin, f"g5_compute_latency for {op.key}: measured_s {measured!r} is not within "
                                       f"0..{seconds!r}")
         source = ROOFLINE if plugin in (ROOFLINE, MEASURED) else plugin
-        return LatencyAnswer(op_class=op.op_class, dtype=op.dtype, seconds=seconds, source=source,
-                             measured_s=float(measured))
+        # an uncaptured op's kernel launches add to its time (g5core.inputs.framework)
+        return LatencyAnswer(op_class=op.op_class, dtype=op.dtype, seconds=seconds + launch, source=source,
+                             measured_s=float(measured), launch_s=launch)
 
     def seconds(self, op) -> float:
         return self.answers[self.answer_id(op)].seconds
@@ -336,12 +378,24 @@ def coverage_from_columns(answer_ids, chips, flops, system, latency_s: float, n_
                  "achieved_tflops": (chip_flops[c] / latency_s / 1e12) if latency_s > 0 else 0.0,
                  "mfu": (chip_peak_s[c] / latency_s) if latency_s > 0 else 0.0}
                 for c in range(n_chips)]
+    launch = np.asarray([a.launch_s for a in table], dtype=float)
+    chip_launch = np.bincount(chip, weights=launch[ids], minlength=n_chips) if len(ids) and len(launch) \
+        else np.zeros(n_chips)
+    fw = getattr(system, "framework", None)
     model = "size-aware roofline" if system.compute_model is not None else \
         "flat roofline (the system file has no compute_model block)"
     return {"model": model,
             "profile": system.profile.to_dict() if system.profile is not None else None,
+            "launch": {"framework": fw.to_dict() if fw is not None else None,
+                       "added_s": float(chip_launch.max()) if len(chip_launch) else 0.0},
             "coverage": {"all": shares(total), **{k: shares(v) for k, v in sorted(by_class.items())}},
             "per_chip": per_chip}
+
+
+def describe_kernels(kernels) -> str:
+    """The kernels of a compute op as the timeline shows them: each kernel's name and shape,
+    its FLOPs and HBM bytes (:mod:`g5core.build.flops`), separated by ``;``."""
+    return "; ".join(f"{k.describe()} flops={k.flops!r} bytes={k.hbm_bytes!r}" for k in kernels)
 
 
 def scaled_kernel(kernel: Kernel, factor: float) -> Kernel:

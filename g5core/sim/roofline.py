@@ -54,17 +54,23 @@ def gemm_padded_flops(kernel: Gemm, cm) -> float:
     return 2.0 * waves * sms * tm * tn * k_per_split
 
 
-def attention_efficiency(kernel: Attention, cm) -> float:
-    """Fraction of peak a flash-attention kernel reaches on this block."""
+def attention_efficiency(kernel: Attention, cm, curve: str = "default") -> float:
+    """Fraction of peak a flash-attention kernel reaches on this block (``curve``: the
+    attention kernel family, ``ComputeModel.attention_curve``)."""
+    peak, half = cm.attention_curve(curve)
     length = kernel.length_tokens
     units = kernel.batch * kernel.heads * math.ceil(kernel.q_len / cm.gemm_tile_m)
     waves = math.ceil(units / cm.sm_count)
     wave_eff = units / (waves * cm.sm_count) if waves else 1.0
-    return cm.attention_peak_fraction * length / (length + cm.attention_half_length_tokens) * wave_eff
+    return peak * length / (length + half) * wave_eff
 
 
 def kernel_latency_s(kernel, dtype: str, system) -> float:
     """One kernel's time on the size-aware roofline (``system.compute_model`` must be set)."""
+    from g5core.inputs.framework import fused_away
+
+    if fused_away(kernel, system):
+        return 0.0
     cm = system.compute_model
     memory_s = kernel.hbm_bytes / (system.hbm_bw_bytes_per_s * cm.hbm_fraction)
     if isinstance(kernel, Gemm):
@@ -72,7 +78,9 @@ def kernel_latency_s(kernel, dtype: str, system) -> float:
         floor_s = cm.floor_s("gemm")
     elif isinstance(kernel, Attention):
         flops = kernel.flops
-        compute_s = flops / (system.peak_flops(dtype) * attention_efficiency(kernel, cm)) if flops else 0.0
+        fw = getattr(system, "framework", None)
+        curve = fw.attention if fw is not None else "default"
+        compute_s = flops / (system.peak_flops(dtype) * attention_efficiency(kernel, cm, curve)) if flops else 0.0
         floor_s = cm.floor_s("decode_attention" if kernel.block == "decode" else "attention")
     else:
         compute_s = 0.0

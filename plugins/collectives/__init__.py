@@ -55,8 +55,10 @@ from . import nccl
 # ------------------------------------------------------------------------------ the system file's nccl block
 #: what a system file may force, per collective (``nccl: {COLLECTIVE: {algorithm: A, protocol: P}}``)
 NCCL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
-NCCL_ALGORITHMS = ("ring", "tree", "nvls")
+NCCL_ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree")
 NCCL_PROTOCOLS = ("ll", "ll128", "simple")
+#: ``nccl: {p2p: {net_peer_channels: N}}``: NCCL_NCHANNELS_PER_NET_PEER (1 .. MAXCHANNELS)
+NCCL_P2P_KEYS = ("net_peer_channels",)
 
 
 def forced_choices(system) -> Mapping[str, Mapping[str, str]]:
@@ -65,6 +67,9 @@ def forced_choices(system) -> Mapping[str, Mapping[str, str]]:
     switch reduces in place. Whether a choice applies to a group is checked where it meets one."""
     field = "system.nccl"
     for coll, choice in system.nccl.items():
+        if coll == "p2p":
+            _check_p2p(f"{field}.p2p", choice)
+            continue
         if coll not in NCCL_COLLECTIVES:
             raise ConfigError(f"{field}.{coll}", f"unknown collective{suggest(str(coll), NCCL_COLLECTIVES)}; "
                                                  f"NCCL's choice can be forced for {', '.join(NCCL_COLLECTIVES)}")
@@ -74,13 +79,21 @@ def forced_choices(system) -> Mapping[str, Mapping[str, str]]:
             if v not in allowed:
                 raise ConfigError(f"{field}.{coll}.{key}", f"unknown {key} {v!r}{suggest(str(v), allowed)}; "
                                                            f"choose one of {', '.join(allowed)}")
-        if choice.get("algorithm") == "tree" and coll != "all_reduce":
-            raise ConfigError(f"{field}.{coll}.algorithm", f"NCCL runs tree only for all_reduce, not {coll}; "
-                                                           "choose ring (or nvls)")
-        if choice.get("algorithm") == "nvls" and not system.nvls:
+        if choice.get("algorithm") in ("tree", "nvls_tree") and coll != "all_reduce":
+            raise ConfigError(f"{field}.{coll}.algorithm", f"NCCL runs {choice['algorithm']} only for all_reduce, "
+                                                           f"not {coll}; choose ring (or nvls)")
+        if choice.get("algorithm") in ("nvls", "nvls_tree") and not system.nvls:
             raise ConfigError(f"{field}.{coll}.algorithm",
                               "nvls needs a switch that reduces in place; set nvls: true or choose ring/tree")
     return system.nccl
+
+
+def _check_p2p(field: str, choice) -> None:
+    check_keys(choice, field, NCCL_P2P_KEYS)
+    for key, v in choice.items():
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= nccl.MAX_CHANNELS:
+            raise ConfigError(f"{field}.{key}", f"expected a whole number of channels in 1 .. {nccl.MAX_CHANNELS} "
+                                                f"(NCCL_NCHANNELS_PER_NET_PEER), got {v!r}")
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -234,6 +247,9 @@ def lower_collective(coll: str, group, nbytes: float, topo: Topology) -> Lowerin
                           f"{g.n_nodes} node(s) (nvls runs in one node, nvls_tree across nodes, both only with "
                           "protocol simple and nvls: true); change or remove it")
     algorithm, protocol, latency_us, transfer_us = choice
+    hop_us = _measured_hops_us(topo)
+    if hop_us and g.n_nodes > 1:    # NCCL picked with its model; the op runs at the measured floors
+        latency_us, transfer_us = nccl.cost_us(g, algorithm, protocol, nbytes, hop_us)
     n = len(group)
     nc = nccl.op_channels(nbytes, 2 * g.channels, protocol, algorithm, n)
     if algorithm == "ring":
@@ -248,9 +264,15 @@ def lower_collective(coll: str, group, nbytes: float, topo: Topology) -> Lowerin
     own = nccl.PROTOCOL_WIRE_FACTOR[protocol]
     if algorithm == "nvls":      # the switch's rate with NCCL's chunks (measured per-chunk cost)
         own = 1.0 / nccl.nvls_efficiency_of_chunk(nccl.nvls_chunk_bytes(nbytes, g.ppn))
-    elif algorithm == "nvls_tree":   # no measurement to do better than NCCL's own factor
-        own = 1.0 / nccl.NVLS_EFFICIENCY[nccl.comp_cap_index(g.compute_capability)]
-    flows = [(f[0], f[1], f[2] * own) + tuple(f[3:]) for f in flows]
+    elif algorithm == "nvls_tree":
+        # the switch part: NCCL's NVLS-tree chunks at the measured cost per chunk, and NCCL's bus-rate
+        # scaling from one node to n ranks; the NIC part: NCCL's 1 / nvlsEfficiency
+        own = (1.0 / nccl.nvls_efficiency_of_chunk(nccl.nvls_tree_chunk_bytes(nbytes, g.ppn, g.n_nodes))
+               * nccl.nvls_tree_bus_factor(g.n_ranks, g.ppn))
+        net_own = 1.0 / nccl.NVLS_EFFICIENCY[nccl.comp_cap_index(g.compute_capability)]
+    else:
+        net_own = own
+    flows = [(f[0], f[1], f[2] * (own if f[0] == f[1] else net_own)) + tuple(f[3:]) for f in flows]
     # what NCCL's model adds beyond the wires (a protocol's polling, a tree's pipeline) holds
     # the op but not its links: it joins the start latency
     extra_s = max(0.0, transfer_us * 1e-6 - idle_transfer_s(flows, topo))
@@ -271,10 +293,62 @@ def reduce_scatter(group, nbytes, topo: Topology) -> Lowering:
     return lower_collective("reduce_scatter", group, nbytes, topo)
 
 
+def _measured_hops_us(topo: Topology):
+    """The system's measured latency per node-crossing step, by algorithm, in us (None: NCCL's own)."""
+    hops = getattr(topo.system, "network_hop_latency_s", None) if topo.system is not None else None
+    return {a: v * 1e6 for a, v in hops.items()} if hops else None
+
+
+def _net_pair(src: int, dst: int, nbytes: float, n_ranks: int, topo: Topology) -> tuple[list, float, int, str]:
+    """One cross-node send of ``nbytes`` in a communicator of ``n_ranks``: (flows, start
+    latency, channels, protocol). NCCL gives the peer :func:`nccl.net_peer_channels`
+    channels and the op :func:`nccl.net_op_channels` of them; the flow crosses the sender's
+    and the receiver's NIC; what the channels' copies need beyond the wires joins the start
+    latency (the system's measured cross-node floor, ``network_latency_s``)."""
+    system = topo.system
+    p2p_channels = nccl.p2p_node_channels(topo.link_bw_bytes_per_s / 1e9, float(system.compute_capability)) \
+        if system is not None and system.compute_capability is not None else nccl.MAX_CHANNELS
+    per_peer = nccl.net_peer_channels(topo.nic_bw_bytes_per_s / 1e9, 1, n_ranks, p2p_channels,
+                                      _forced_net_peer_channels(topo))
+    nc = nccl.net_op_channels(nbytes, n_ranks, per_peer, p2p_channels)
+    flows = [(src, dst, nbytes)]
+    copy_s = nccl.net_copy_time_us(nbytes, nc) * 1e-6
+    extra_s = max(0.0, copy_s - idle_transfer_s(flows, topo))
+    return flows, topo.network_latency_s + extra_s, nc, nccl.p2p_protocol(nbytes, nc)
+
+
+def _forced_net_peer_channels(topo: Topology):
+    """NCCL_NCHANNELS_PER_NET_PEER as the system file sets it (``nccl: {p2p: {net_peer_channels: N}}``)."""
+    forced = topo.system.nccl.get("p2p", {}) if topo.system is not None else {}
+    return forced.get("net_peer_channels")
+
+
 def p2p(group, nbytes, topo: Topology) -> Lowering:
     src, dst = group
-    return Lowering(flows=((src, dst, nbytes),), latency_s=topo.message_latency_s(group), algorithm="p2p",
-                    protocol="simple")
+    if topo.same_node(src, dst):
+        return Lowering(flows=((src, dst, nbytes),), latency_s=topo.message_latency_s(group), algorithm="p2p",
+                        protocol="simple")
+    flows, latency_s, nc, protocol = _net_pair(src, dst, nbytes, 2, topo)
+    return Lowering(flows=flows, latency_s=latency_s, algorithm="p2p", protocol=protocol, channels=nc)
+
+
+def sendrecv(group, nbytes, topo: Topology) -> Lowering:
+    """nccl-tests' sendrecv_perf: every rank sends ``nbytes`` to the next and receives as
+    much from the previous, all at once (one grouped send/receive); a pair inside a node
+    is one flow at the link's rate, a pair across nodes runs as :func:`p2p` across nodes in
+    a communicator of all the ranks; the op starts when its slowest pair can."""
+    n = len(group)
+    flows, latency_s, channels, protocol = [], 0.0, 1, "simple"
+    for i, src in enumerate(group):
+        dst = group[(i + 1) % n]
+        if topo.same_node(src, dst):
+            flows.append((src, dst, nbytes))
+            latency_s = max(latency_s, topo.link_latency_s)
+        else:
+            pair, lat, channels, protocol = _net_pair(src, dst, nbytes, n, topo)
+            flows.extend(pair)
+            latency_s = max(latency_s, lat)
+    return Lowering(flows=flows, latency_s=latency_s, algorithm="p2p", protocol=protocol, channels=channels)
 
 
 def nvlink_p2p(group, peer_bytes: float, pairs, topo: Topology) -> Lowering:
@@ -317,6 +391,7 @@ def gather(group, nbytes, topo: Topology) -> Lowering:
 
 PRIMITIVES = {
     "p2p": p2p,
+    "sendrecv": sendrecv,
     "all_reduce": all_reduce,
     "all_gather": all_gather,
     "reduce_scatter": reduce_scatter,

@@ -95,6 +95,36 @@ def nvls_chunk_bytes(n_bytes: float, n_heads: int) -> int:
     return chunk
 
 
+# enqueue.cc calcCollChunking, NVLS_TREE: chunks of nvlsChunkSize (128 KiB, init.cc NCCL_NVLS_CHUNKSIZE),
+# at most 64 KiB from 4 nodes on (NCCL_NVLS_TREE_MAX_CHUNKSIZE default), cut to 64 and 32 KiB when the
+# message is below 4 and 1 x (channels x NVLS heads x chunk) bytes (the 256 KiB and 128 KiB steps of the
+# same code never apply to a 128 KiB chunk)
+NVLS_TREE_CHUNK_STEPS = ((4, 65536), (1, 32768))
+NVLS_TREE_MAX_CHUNK_BYTES_4_NODES = 65536
+
+
+def nvls_tree_chunk_bytes(n_bytes: float, n_heads: int, n_nodes: int) -> int:
+    """The chunk NCCL cuts an NVLS-tree all-reduce of ``n_bytes`` into (calcCollChunking)."""
+    concurrent = NVLS_CHANNELS * n_heads
+    chunk = NVLS_MAX_CHUNK_BYTES if n_nodes < 4 else NVLS_TREE_MAX_CHUNK_BYTES_4_NODES
+    for times, smaller in NVLS_TREE_CHUNK_STEPS:
+        if n_bytes < times * concurrent * chunk and chunk > smaller:
+            chunk = smaller
+    return chunk
+
+
+def nvls_tree_bus_factor(n_ranks: int, ppn: int) -> float:
+    """How much more each chip's NVLS traffic an NVLS-tree all-reduce over ``n_ranks`` costs
+    than an NVLS all-reduce of its ``ppn`` chips in one node. NCCL's model (tuning.cc
+    ncclTopoTuneModel) gives NVLS and NVLS-tree the same per-channel bus rate (the NVLink
+    rate x nvlsEfficiency) and converts bus to algorithm bandwidth by nRanks / nsteps for
+    both, so at equal bus rate an op over n ranks takes 2(n-1)/n over 2(ppn-1)/ppn times the
+    one-node op: ``(n - 1) / n * ppn / (ppn - 1)``."""
+    if ppn < 2:
+        return 1.0
+    return (n_ranks - 1) / n_ranks * ppn / (ppn - 1)
+
+
 def nvls_efficiency_of_chunk(chunk_bytes: float, cost_bytes: float = None) -> float:
     """Fraction of the large-chunk NVLS rate a chunk of ``chunk_bytes`` reaches."""
     cost = NVLS_CHUNK_COST_BYTES if cost_bytes is None else cost_bytes
@@ -194,11 +224,19 @@ def enabled(group: Group, algorithm: str, protocol: str) -> bool:
     return True
 
 
-def latency_us(group: Group, algorithm: str, protocol: str) -> float:
-    """ncclTopoTuneModel's latency of one op (before the ring plateau factor)."""
+def latency_us(group: Group, algorithm: str, protocol: str, hop_us=None) -> float:
+    """ncclTopoTuneModel's latency of one op (before the ring plateau factor).
+
+    ``hop_us`` (algorithm -> us), when given, replaces the network latency NCCL puts on each
+    node-crossing step (``interLat``: its ``hwLatencies[NET]`` plus the network's own
+    ``latencyInter``, which the IB plugin leaves at 0 -- src/transport/net_ib/init.cc
+    ``props->latency = 0; // Not set`` -- counted twice for Simple, the flush) by a measured
+    one; NCCL's own tuner never sees it (:func:`choose`)."""
     lat = BASE_LAT_US[algorithm][protocol]
     intra = HW_LAT_US["nvlink"][algorithm][protocol]
     inter = HW_LAT_US["net"]["tree" if group.ppn == 1 else algorithm][protocol]
+    if hop_us is not None and algorithm in hop_us:
+        inter = hop_us[algorithm]
     nodes = group.n_nodes
     if algorithm == "ring":
         if nodes > 1:
@@ -241,12 +279,12 @@ def algbw_gbytes_per_s(group: Group, algorithm: str, protocol: str) -> float:
     return bus * ratio
 
 
-def cost_us(group: Group, algorithm: str, protocol: str, n_bytes: float) -> tuple[float, float]:
+def cost_us(group: Group, algorithm: str, protocol: str, n_bytes: float, hop_us=None) -> tuple[float, float]:
     """ncclTopoGetAlgoTime for one op, as (latency, transfer): the time is
     ``lat + nBytes / (1000 * bw)``, with the tree correction factor on ``bw`` and the ring
-    plateau factor on ``lat``."""
+    plateau factor on ``lat``; ``hop_us`` as in :func:`latency_us`."""
     bw = algbw_gbytes_per_s(group, algorithm, protocol)
-    lat = latency_us(group, algorithm, protocol)
+    lat = latency_us(group, algorithm, protocol, hop_us)
     log_size = log2i(int(n_bytes) >> 6) if n_bytes >= 64 else -1
     if algorithm == "tree" and 0 <= log_size < 23:
         bw *= TREE_CORRECTION[protocol][log_size]
@@ -311,15 +349,23 @@ def p2p_peer_channels(peer_bytes: float, n_ranks: int, node_channels: int) -> in
     scheduleP2pTasksToPlan's nChannelsMin (all channels, halved until one op per channel
     covers the ranks), then addP2pToPlan's part bounds (parts of at least chunk/8, doubled
     channels while a part exceeds 32 chunks)."""
+    return split_channels(peer_bytes, n_ranks, node_channels, node_channels,
+                          P2P_NVL_CHUNK_BYTES // 8, P2P_NVL_CHUNK_BYTES * 32)
+
+
+def split_channels(peer_bytes: float, n_ranks: int, peer_channels: int, p2p_channels: int,
+                   min_part: int, max_part: int) -> int:
+    """scheduleP2pTasksToPlan's nChannelsMin (the peer's channels, halved until one op per
+    channel covers the ranks), then addP2pToPlan's parts of ``min_part .. max_part`` bytes
+    (channels doubled while a part exceeds ``max_part`` and the peer has more)."""
     if peer_bytes <= 0:
         return 1
-    c_min = node_channels
-    while c_min * n_ranks > node_channels and c_min > 1:
+    c_min = peer_channels
+    while c_min * n_ranks > p2p_channels and c_min > 1:
         c_min //= 2
-    min_part, max_part = P2P_NVL_CHUNK_BYTES // 8, P2P_NVL_CHUNK_BYTES * 32
     nc = min(c_min, math.ceil(peer_bytes / min_part))
     part = max(min_part, math.ceil(peer_bytes / nc))
-    while part > max_part and nc <= node_channels // 2:
+    while part > max_part and nc <= peer_channels // 2:
         nc *= 2
         part = math.ceil(peer_bytes / nc)
     return nc
@@ -349,3 +395,55 @@ def p2p_copy_time_us(peer_bytes: float, n_ranks: int, node_channels: int, rate_g
         step, wire = min(part, P2P_NVL_CHUNK_BYTES), 1.0
     ops_per_channel = math.ceil((n_ranks - 1) * nc / node_channels)
     return ops_per_channel * (part + step) * wire / (1000.0 * rate)
+
+
+# ------------------------------------------------------------------------------ point to point across nodes
+# NCCL 2.29.2 gives one remote peer few channels: paths.cc ncclTopoGetNchannels ("Remote rank, use
+# network"): nNetChannels = max(netCount, divUp(netBw, NCCL_P2P_PER_CHANNEL_NET_BW = 14 GB/s)), netCount
+# and netBw from topo.cc getLocalNetCountByBw (the GPU's local NICs, until their bandwidth covers the
+# GPU's own PCIe path); ncclTopoComputeP2pChannels rounds it up to a power of two and, with more than one
+# node, halves it while nChannelsPerPeer x divUp(nRanks, NCCL_MAX_DEV_WORK_P2P_PER_BATCH = 8) exceeds
+# p2pnChannels. enqueue.cc addP2pToPlan then splits one op over at most that many channels, in parts of
+# chunk/2 .. chunk with the network chunk NCCL_P2P_NET_CHUNKSIZE = 128 KiB (init.cc computeBuffSizes).
+# NCCL_NCHANNELS_PER_NET_PEER (config nChannelsPerNetPeer) replaces the computed figure.
+P2P_PER_CHANNEL_NET_BW_GBYTES_PER_S = 14.0
+P2P_NET_CHUNK_BYTES = 131072
+MAX_DEV_WORK_P2P_PER_BATCH = 8
+
+
+def net_peer_channels(gpu_net_bw_gbytes_per_s: float, local_nics: int, n_ranks: int, p2p_channels: int,
+                      per_net_peer: int | None = None) -> int:
+    """p2pnChannelsPerPeer of a communicator that spans nodes: the channels NCCL lets one
+    peer use. ``gpu_net_bw_gbytes_per_s`` is the bandwidth of the NICs local to one GPU that
+    getLocalNetCountByBw counts (``local_nics`` of them); ``per_net_peer`` is
+    NCCL_NCHANNELS_PER_NET_PEER where set (then NCCL keeps it, capped by p2pnChannels)."""
+    if per_net_peer is not None:
+        return min(p2p_channels, pow2_up(per_net_peer))
+    nc = pow2_up(max(local_nics, math.ceil(gpu_net_bw_gbytes_per_s / P2P_PER_CHANNEL_NET_BW_GBYTES_PER_S)))
+    batches = math.ceil(n_ranks / MAX_DEV_WORK_P2P_PER_BATCH)
+    while nc * batches > p2p_channels and nc > 1:
+        nc //= 2
+    return nc
+
+
+def net_op_channels(peer_bytes: float, n_ranks: int, peer_channels: int, p2p_channels: int) -> int:
+    """Channels one cross-node send of ``peer_bytes`` runs on (scheduleP2pTasksToPlan's
+    nChannelsMin, then addP2pToPlan's parts of at least chunk/2, doubled while a part
+    exceeds one chunk and channels remain)."""
+    return split_channels(peer_bytes, n_ranks, peer_channels, p2p_channels, P2P_NET_CHUNK_BYTES // 2,
+                          P2P_NET_CHUNK_BYTES)
+
+
+def net_copy_time_us(peer_bytes: float, channels: int, rate_gbytes_per_s: float = None) -> float:
+    """Time the ``channels`` CTAs of one cross-node send need to move ``peer_bytes`` through
+    the network FIFOs at the fitted per-channel rate (as :func:`p2p_copy_time_us`: each part
+    plus one step of pipeline fill, steps of at most one network chunk)."""
+    rate = P2P_CHANNEL_COPY_RATE_GBYTES_PER_S if rate_gbytes_per_s is None else rate_gbytes_per_s
+    if peer_bytes <= 0:
+        return 0.0
+    part = math.ceil(peer_bytes / channels)
+    if p2p_protocol(peer_bytes, channels) == "ll":
+        step, wire = 0, P2P_LL_WIRE_FACTOR
+    else:
+        step, wire = min(part, P2P_NET_CHUNK_BYTES), 1.0
+    return (part + step) * wire / (1000.0 * rate)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from g5core import (
     Attention, Fragment, MemoryTerm, Work, attention_block_bytes, attention_dims, attention_kernel_of, hookimpl,
-    prefix_attention_flops,
+    merge_kernel, prefix_attention_flops,
 )
 from g5plugins.cp import prefill_mode
 
@@ -67,16 +67,35 @@ def group_ring_step(ctx, g) -> tuple[float, float, Attention, Attention]:
     return f_attn / (cp * cp), hbm, diagonal, off
 
 
+def ring_merge_kernels(ctx) -> tuple:
+    """The last ring step's side kernels: per prefill group, the merge of the cp partial
+    outputs by their log-sum-exp, ``T/cp`` queries per sequence and head (the partials are
+    kept and merged once after the ring)."""
+    dep, s = ctx.deployment, ctx.shape
+    _, d_v = attention_dims(ctx.model, "prefill")
+    cp = ctx.size("cp")
+    return tuple(merge_kernel(g.count * g.new_tokens / cp * s.q_heads, d_v, cp, dep) for g in s.groups)
+
+
 def ring_parts(ctx) -> tuple[list[Work], float]:
-    """The work of ring step 0 and of every later step (every prefill group's kernels), and
-    the bytes of one KV block: made once per logical op, so that its ops share them (one
-    spec each in the op DAG)."""
+    """The work of ring step 0, of every middle step and of the last step (every prefill
+    group's kernels; the last step also merges the cp partial outputs,
+    :func:`ring_merge_kernels`), and the bytes of one KV block: made once per logical op, so
+    that its ops share them (one spec each in the op DAG)."""
     parts = [group_ring_step(ctx, g) for g in ctx.shape.groups]
     flops = sum(p[0] for p in parts)
     hbm = sum(p[1] for p in parts)
     work = [Work(op_class="attention", flops=flops, hbm_bytes=hbm, weight_class="", weight_elements=0.0,
-                 kernels=tuple(p[k] for p in parts)) for k in (2, 3)]
+                 kernels=tuple(p[k] for p in parts) + extra)
+            for k, extra in ((2, ()), (3, ()), (3, ring_merge_kernels(ctx)))]
     return work, step_block_bytes(ctx)
+
+
+def _step_work(i: int, cp: int, kinds: int) -> int:
+    """Which of the works (step 0, a middle step, the last step) step ``i`` runs."""
+    if i == 0:
+        return 0
+    return 2 if i == cp - 1 and kinds > 2 else 1
 
 
 def placed_rings(ctx, lop) -> list[tuple[int, ...]]:
@@ -102,7 +121,8 @@ def ring_fragment_parts(ctx, lop, ring, work: list[Work], nbytes: float, owner: 
     p2p = [[None] * (cp - 1) for _ in ring]
     for r, chip in enumerate(ring):
         for i in range(cp):
-            compute[r][i] = ctx.compute_op(lop, chip, work[min(i, 1)], owner=owner, part=f"step{i:02d}")
+            compute[r][i] = ctx.compute_op(lop, chip, work[_step_work(i, cp, len(work))], owner=owner,
+                                           part=f"step{i:02d}")
             ops.append(compute[r][i])
         for i in range(cp - 1):
             p2p[r][i] = ctx.comm_op(lop, "p2p", (chip, ring[(r + 1) % cp]), nbytes, reason, owner=owner,
@@ -110,12 +130,7 @@ def ring_fragment_parts(ctx, lop, ring, work: list[Work], nbytes: float, owner: 
             ops.append(p2p[r][i])
         heads[chip] = (compute[r][0].key, p2p[r][0].key)
         tails[chip] = tuple(c.key for c in compute[r])
-    for r in range(cp):
-        prev = (r - 1) % cp
-        for i in range(1, cp):
-            edges.append((p2p[prev][i - 1].key, compute[r][i].key))
-            if i < cp - 1:
-                edges.append((p2p[prev][i - 1].key, p2p[r][i].key))
+    edges += Fragment.ring_edges(p2p, compute)
     return ops, edges, heads, tails
 
 

@@ -27,12 +27,31 @@ per step); then an all-to-all (``cp_passq_prefill_return``) returns every partia
 with its online-softmax statistics to the rank that owns the queries, a buffer of
 ``count * T * (n_h * d_v + 2 n_h) * s_dtype`` per rank of which ``(cp-1)/cp`` crosses the
 links. Bytes per rank and layer: :func:`passq_prefill_bytes_per_rank_per_layer`.
+
+**The ring form** (``plugins: {cp_passq: {form: ring}}``; ``gather``, the spec's form above,
+is the default): the decode algorithm of the Meta paper (Yang et al., "Context Parallelism
+for Scalable Million-Token Inference", pass-Q decode). The batch's queries are owned round
+robin, ``q = ceil(b / cp)`` per rank (the batch padded to ``cp q``: batch 1 pads to cp, as the
+paper does); they go around the ring in ``cp - 1`` send/receive steps (``q * d * s_dtype``
+bytes each, ``cp_passq_ring``), each rank computing one partial attention per step, over its
+local KV shard, for the queries it holds; then an all-to-all returns every partial output and
+its log-sum-exp to the queries' owner (``cp q (n_h d_v + 2 n_h) s_dtype`` bytes per rank,
+nccl-tests' send-buffer convention; ``cp_passq_a2a``), and each rank merges its ``cp``
+partials (one ``attn_merge`` kernel). G5 keeps the rest of the layer on the root as in the
+gather form: the non-root ranks' query slices are taken as present when the layer starts.
+Dependencies as pass-KV's ring: step ``i`` on rank ``r`` and its forward wait for the send
+of step ``i - 1`` from rank ``r - 1``; the all-to-all waits for every partial, each merge
+for the all-to-all.
 """
 from __future__ import annotations
 
+import math
+
+import attrs
+
 from g5core import (
-    Fragment, Work, activation_tensor_bytes, attention_dims, attention_kernel, attention_work, hookimpl,
-    passq_reduce_elements,
+    Fragment, PluginOption, Work, activation_tensor_bytes, attention_dims, attention_kernel, attention_side_kernels,
+    attention_work, hookimpl, merge_kernel, passq_reduce_elements,
 )
 from g5plugins.cp import prefill_mode
 from g5plugins.cp_passkv import placed_rings, ring_fragment_parts, ring_parts
@@ -92,6 +111,31 @@ def prefill_ring_fragment(ctx, lop, ring) -> Fragment:
     return Fragment(ops=ops + [back], edges=edges, heads=heads, tails={chip: (back.key,) for chip in ring})
 
 
+FORMS = ("gather", "ring")
+
+
+@hookimpl
+def g5_register_options(register):
+    register(PluginOption(name="form", default="gather",
+                          doc="pass-Q decode: gather (the spec's dispatch, partials, reduce) or ring (queries around "
+                              "the ring, all-to-all of partials, merge)", kind="choice", choices=FORMS))
+
+
+def queries_per_rank(batch: int, cp: int) -> int:
+    """The ring form's queries per rank: the batch padded to a multiple of cp, split evenly."""
+    return math.ceil(batch / cp)
+
+
+def ring_step_bytes(queries: int, hidden: float, act_bytes: int) -> float:
+    """One ring step's message: ``q * d * s_dtype`` (the queries a rank holds)."""
+    return activation_tensor_bytes(queries, hidden, act_bytes)
+
+
+def ring_a2a_bytes_per_rank(queries: int, cp: int, n_heads: float, d_v: float, act_bytes: int) -> float:
+    """The ring form's all-to-all send buffer: ``cp * q * (n_h d_v + 2 n_h) * s_dtype``."""
+    return cp * activation_tensor_bytes(queries, passq_reduce_elements(n_heads, d_v), act_bytes)
+
+
 @hookimpl
 def g5_expand_op(ctx, lop):
     cp = ctx.size("cp")
@@ -102,6 +146,8 @@ def g5_expand_op(ctx, lop):
         return Fragment.tiled(prefill_ring_fragment(ctx, lop, tuple(range(cp))), rings)
     if lop.kind != "attention" or ctx.phase != "decode" or cp == 1:
         return None
+    if ctx.deployment.option("cp_passq", "form", "gather") == "ring":
+        return ring_form(ctx, lop, cp)
     dep, s = ctx.deployment, ctx.shape
     act = dep.dtypes.activation_element_bytes
     hidden_local = ctx.model.hidden_size / s.factor("q_heads")
@@ -110,6 +156,13 @@ def g5_expand_op(ctx, lop):
     flops, hbm = attention_work(ctx.model, dep, s, 1, s.kv_len)
     work = Work(op_class="attention", flops=flops, hbm_bytes=hbm, weight_class="", weight_elements=0.0,
                 kernels=(attention_kernel(ctx.model, dep, s, 1, s.kv_len, "decode"),))
+    # the side kernels of a decode attention (layers.attention_side_kernels): every partial's
+    # split-KV combine over its shard; on the root also the merge of the cp partials
+    # (layers.merge_kernel). The merge follows the reduce; it is counted in the root's
+    # partial, which the reduce waits for: the same critical path, and the spec's DAG unchanged
+    work = attrs.evolve(work, kernels=work.kernels + attention_side_kernels(ctx.model, dep, s))
+    merge = merge_kernel(dep.batch * s.q_heads, partial_value_dim(ctx.model), cp, dep)
+    root_work = attrs.evolve(work, kernels=work.kernels + (merge,))
     placed = set(ctx.place(lop))
     ops, edges, heads, tails = [], [], {}, {}
     for group in ctx.rankmap.groups("cp"):
@@ -120,7 +173,8 @@ def g5_expand_op(ctx, lop):
         reduce = ctx.comm_op(lop, "gather", group, r_bytes, "cp_passq_reduce", owner="cp_passq", part="reduce")
         ops += [dispatch, reduce]
         for chip in group:
-            partial = ctx.compute_op(lop, chip, work, owner="cp_passq", part="partial")
+            partial = ctx.compute_op(lop, chip, root_work if chip == root else work, owner="cp_passq",
+                                     part="partial")
             ops.append(partial)
             if chip == root:
                 heads[chip] = (dispatch.key, partial.key)
@@ -128,4 +182,47 @@ def g5_expand_op(ctx, lop):
                 edges.append((dispatch.key, partial.key))
             edges.append((partial.key, reduce.key))
         tails[root] = (reduce.key,)
+    return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)
+
+
+def ring_form(ctx, lop, cp: int) -> Fragment:
+    """The ring form's ops for every CP group (module docstring)."""
+    dep, s = ctx.deployment, ctx.shape
+    act = dep.dtypes.activation_element_bytes
+    q = queries_per_rank(dep.batch, cp)
+    hidden_local = ctx.model.hidden_size / s.factor("q_heads")
+    step_bytes = ring_step_bytes(q, hidden_local, act)
+    a2a_bytes = ring_a2a_bytes_per_rank(q, cp, s.q_heads, partial_value_dim(ctx.model), act)
+    kernel = attrs.evolve(attention_kernel(ctx.model, dep, s, 1, s.kv_len, "decode"), batch=q)
+    flops, hbm = kernel.flops, kernel.hbm_bytes
+    side = tuple(attrs.evolve(k, tokens=k.tokens * q / s.batch) for k in attention_side_kernels(ctx.model, dep, s))
+    step = Work(op_class="attention", flops=flops, hbm_bytes=hbm, weight_class="", weight_elements=0.0,
+                kernels=(kernel,) + side)
+    merge = merge_kernel(q * s.q_heads, partial_value_dim(ctx.model), cp, dep)
+    merge_work = Work(op_class="elementwise", flops=merge.flops, hbm_bytes=merge.hbm_bytes, weight_class="",
+                      weight_elements=0.0, kernels=(merge,))
+    placed = set(ctx.place(lop))
+    ops, edges, heads, tails = [], [], {}, {}
+    for group in ctx.rankmap.groups("cp"):
+        if not placed.issuperset(group):
+            continue
+        a2a = ctx.comm_op(lop, "all_to_all", group, a2a_bytes, "cp_passq_a2a", owner="cp_passq", part="a2a")
+        ops.append(a2a)
+        compute = [[None] * cp for _ in group]
+        sends = [[None] * (cp - 1) for _ in group]
+        for r, chip in enumerate(group):
+            for i in range(cp):
+                compute[r][i] = ctx.compute_op(lop, chip, step, owner="cp_passq", part=f"step{i:02d}")
+                ops.append(compute[r][i])
+                edges.append((compute[r][i].key, a2a.key))
+            for i in range(cp - 1):
+                sends[r][i] = ctx.comm_op(lop, "p2p", (chip, group[(r + 1) % cp]), step_bytes, "cp_passq_ring",
+                                          owner="cp_passq", part=f"p2p{i:02d}")
+                ops.append(sends[r][i])
+            merged = ctx.compute_op(lop, chip, merge_work, owner="cp_passq", part="merge")
+            ops.append(merged)
+            edges.append((a2a.key, merged.key))
+            heads[chip] = (compute[r][0].key,) + ((sends[r][0].key,) if cp > 1 else ())
+            tails[chip] = (merged.key,)
+        edges += Fragment.ring_edges(sends, compute)
     return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)

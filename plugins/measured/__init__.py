@@ -17,7 +17,10 @@ import math
 import warnings
 from functools import lru_cache
 
-from g5core import Attention, ComputeTime, ConfigError, Gemm, hookimpl, kernel_latency_s, roofline_latency_s
+from g5core import (
+    Attention, ComputeTime, ConfigError, Elementwise, Gemm, fused_away, hookimpl, kernel_latency_s,
+    roofline_latency_s,
+)
 
 from . import tables as T
 
@@ -167,13 +170,33 @@ def attention_ms(profile, kernel: Attention, dtype: str, deployment, system):
     return _lookup_ms(grid, point, make, dtype, system)
 
 
+def fp8_quant_ms(profile, kernel: Elementwise, dtype: str, system):
+    """FP8 activation quantisation of an ``m x k`` tensor: the quantize tables' compute_scale
+    (the amax pass) plus scale_matrix (scale and convert), both by (m, k)."""
+    total = 0.0
+    for table in ("computescale", "scale_matrix"):
+        grid = _grid(profile.gpu, profile.framework, profile.version, table, (("quant_dtype", "fp8"),), ("m", "k"))
+
+        def make(m, k):
+            return Elementwise(tokens=m, width=k, kind="fp8_quant", act_bytes=kernel.act_bytes)
+
+        one = _lookup_ms(grid, (kernel.tokens, kernel.width), make, dtype, system)
+        if one is None:
+            return None
+        total += one
+    return total
+
+
 def kernel_ms(profile, kernel, dtype: str, deployment, system):
     """Measured milliseconds of one kernel, or None where the tables do not cover it."""
     if isinstance(kernel, Gemm):
         return gemm_ms(profile, kernel, dtype, system)
     if isinstance(kernel, Attention):
         return attention_ms(profile, kernel, dtype, deployment, system)
-    return None  # norms, residual adds, rotary, embedding: no table
+    if isinstance(kernel, Elementwise) and kernel.kind == "fp8_quant" and kernel.tokens > 0 \
+            and not fused_away(kernel, system):
+        return fp8_quant_ms(profile, kernel, dtype, system)
+    return None  # norms, residual adds, rotary, embedding, SwiGLU, merges, MoE routing: no table
 
 
 def profile_available(profile) -> bool:

@@ -31,6 +31,7 @@ TABLES = {
     "context_mla": ("mla", "context_mla_perf.parquet"),
     "generation_mla": ("mla", "generation_mla_perf.parquet"),
     "computescale": ("quantize", "computescale_perf.parquet"),
+    "scale_matrix": ("quantize", "scale_matrix_perf.parquet"),
 }
 
 EXTRA_HINT = "install the extra: python3 -m pip install -e '.[measured]' (PyPI aiconfigurator-core, pandas, pyarrow)"
