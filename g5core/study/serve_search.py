@@ -24,7 +24,10 @@ SLO limits, which deployment serves the most?
    (every named percentile under its limit, every request completed), by a seeded run of
    ``requests`` requests per rate: from ``instances / lone end-to-end`` the rate doubles
    until the SLO fails (or reaches ``max_rate``, the rate ceiling), then bisects until
-   ``hi / lo <= 1 + tolerance``; the capacity is ``lo``. ``min_chips`` also lets a
+   ``hi / lo <= 1 + tolerance``; then ``lo`` must hold on ``confirm`` further seeds too
+   (else it steps down by the tolerance until it does): the capacity. Each run has
+   ``max(requests, settle x rate x (TTFT limit + mean output x TPOT limit))`` requests
+   (``settle`` times the requests in the system when the SLO holds, by Little's law). ``min_chips`` also lets a
    deployment use fewer chips and first asks whether it serves ``--rate``.
 5. **Ranking** by the objective: ``goodput_per_chip`` (requests/s per chip meeting the SLO
    at capacity), ``throughput_per_chip`` (output tokens/s per chip at capacity), or
@@ -61,8 +64,11 @@ DEFAULT_BEAM = 3
 #: SLO holds (``rate x (TTFT limit + mean output tokens x TPOT limit)``), so the queue
 #: reaches its steady state for most of the run; at most ``MAX_RUN_REQUESTS``
 DEFAULT_REQUESTS = 300
-SETTLE = 4
+SETTLE = 16
 MAX_RUN_REQUESTS = 20000
+#: seeds besides the workload's on which the capacity found must hold too (else it steps
+#: down by the tolerance): a finite run's percentile near the knee varies with the seed
+DEFAULT_CONFIRM = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS serve_search (
@@ -93,6 +99,8 @@ class SearchSettings:
     beam: int = DEFAULT_BEAM
     rate: Optional[float] = None               # min_chips: the rate to serve
     vary: Optional[tuple[str, ...]] = None     # only these dimensions vary (the others stay 1)
+    settle: float = SETTLE                     # runs hold this many times the requests in the system
+    confirm: int = DEFAULT_CONFIRM             # further seeds the capacity must hold on
 
     def check(self) -> None:
         if self.objective not in SERVE_OBJECTIVES:
@@ -113,6 +121,8 @@ class SearchSettings:
         for name, values in (("--chunks", self.chunks), ("--seqs", self.seqs or (1,))):
             if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
                 raise ConfigError(name, f"must be positive whole numbers, got {values!r}")
+        if not self.settle > 0 or self.confirm < 0:
+            raise ConfigError("--settle", "must be positive (and the confirming seeds >= 0)")
         if self.beam < 1:
             raise ConfigError("--beam", f"must be a positive whole number, got {self.beam!r}")
 
@@ -398,9 +408,9 @@ def _pool_peak_use(result) -> list[float]:
     return out
 
 
-def run_requests(workload: Mapping, rate: float, settle_s: float) -> int:
+def run_requests(workload: Mapping, rate: float, settle_s: float, settle: float = SETTLE) -> int:
     """Requests of the run at ``rate`` (see ``SETTLE``)."""
-    return int(max(workload["requests"], min(MAX_RUN_REQUESTS, math.ceil(SETTLE * rate * settle_s))))
+    return int(max(workload["requests"], min(MAX_RUN_REQUESTS, math.ceil(settle * rate * settle_s))))
 
 
 def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
@@ -417,14 +427,31 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
     floor = settings.rate if settings.objective == "min_chips" else None
     runs = {"n": 0}
 
-    def run(rate):
+    def run(rate, seed=None):
         runs["n"] += 1
-        return session.run(_at_rate({**workload, "requests": run_requests(workload, rate, settle_s)}, rate))
+        n = run_requests(workload, rate, settle_s, settings.settle)
+        return session.run(_at_rate({**workload, "requests": n, "seed": workload["seed"] if seed is None else seed},
+                                    rate))
     found = capacity_search(run, start_rate, settings.tolerance, settings.max_rate, floor)
+    confirm_steps = 0
+    seeds = [workload["seed"] + k for k in range(1, settings.confirm + 1)]
+    while found["capacity"] > 0 and seeds:
+        # the capacity must hold on the confirming seeds too, else one tolerance step down
+        rate = found["capacity"]
+        bad = next((r for r in [found["held"]] + [run(rate, sd) for sd in seeds] if not _holds(r)), None)
+        if bad is None:
+            break
+        confirm_steps += 1
+        lower = rate / (1 + settings.tolerance)
+        if confirm_steps > 20 or (floor is not None and lower < floor):
+            found = {"capacity": 0.0, "held": None, "failed": bad, "failed_rate": rate, "ceiling": False}
+            break
+        found = {"capacity": lower, "held": run(lower), "failed": bad, "failed_rate": rate, "ceiling": False}
+    found["confirm_steps"] = confirm_steps
     held, failed = found["held"], found["failed"]
     return {"status": "ok", "label": cand.label(), "disaggregated": cand.disaggregated, "chips": cand.chips,
             "capacity_requests_per_s": found["capacity"], "ceiling": found["ceiling"],
-            "runs": runs["n"], "failed_rate_per_s": found["failed_rate"], "build_s": session.build_s,
+            "runs": runs["n"], "failed_rate_per_s": found["failed_rate"], "confirm_steps": found["confirm_steps"], "build_s": session.build_s,
             "held": None if held is None else _run_summary(held, session),
             "failed": None if failed is None else _run_summary(failed, session)}
 
