@@ -196,3 +196,38 @@ def test_bad_input_is_a_clear_error():
         serve_search(raw, {**WL, "arrival": {"kind": "closed", "concurrency": 4}}, SearchSettings(slo=SLO))
     with pytest.raises(ConfigError, match="--vary"):
         serve_search(raw, WL, SearchSettings(slo=SLO, vary=("xx",)))
+
+
+# ----------------------------------------------------------------------------------------
+# What the search decides, from the engine (llama-3.1-8b on H100s). Short runs (settle 4,
+# no confirming seeds): these compare candidates, they do not pin a capacity.
+
+ENGINE = dict(settle=4, confirm=0, seqs=(32,), vary=("tp",), disagg="auto")
+
+
+def test_disaggregation_wins_prefill_heavy_under_a_tight_tpot_and_loses_decode_heavy():
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 2}
+    prefill_heavy = {"requests": 60, "arrival": {"kind": "poisson"}, "input_tokens": 4000, "output_tokens": 32}
+    r = serve_search(raw, prefill_heavy, SearchSettings(slo="ttft_p90=2s,tpot_p90=12ms", chunks=(2048,), **ENGINE))
+    kinds = {s.candidate.disaggregated for s in r.ranked}
+    assert kinds == {True, False}, "both kinds were simulated"
+    assert r.ranked[0].candidate.disaggregated, [(s.candidate.label(), s.capacity) for s in r.ranked]
+    decode_heavy = {"requests": 60, "arrival": {"kind": "poisson"}, "input_tokens": 128, "output_tokens": 128}
+    r = serve_search(raw, decode_heavy, SearchSettings(slo="ttft_p90=1s,tpot_p90=30ms", chunks=(2048,), **ENGINE))
+    assert {s.candidate.disaggregated for s in r.ranked} == {True, False}
+    assert not r.ranked[0].candidate.disaggregated, [(s.candidate.label(), s.capacity) for s in r.ranked]
+
+
+def test_128k_prompts_on_16_chips_need_context_parallelism_to_meet_the_ttft():
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 16}
+    wl = {"requests": 20, "arrival": {"kind": "poisson"}, "input_tokens": 128000, "output_tokens": 4}
+    settings = SearchSettings(slo="ttft_p90=900ms", chunks=(131072,), **{**ENGINE, "vary": ("tp", "cp"),
+                                                                          "seqs": (4,), "disagg": "off"})
+    r = serve_search(raw, wl, settings)
+    # tp alone (cp = 1, every chip count) cannot meet the limit: each such layout is pruned
+    # by its lone prefill (or does not fit)
+    tp_only = [p for p in r.pruned if p.parallel.get("cp", 1) == 1]
+    assert len(tp_only) == 5 and all(p.family in ("lone prefill misses TTFT", "memory") for p in tp_only)
+    assert not [s for s in r.ranked if dict(s.candidate.pools[0].parallel)["cp"] == 1]
+    win = r.ranked[0]
+    assert win.capacity > 0 and dict(win.candidate.pools[0].parallel)["cp"] > 1

@@ -269,7 +269,8 @@ def _shared_runner(praw: Mapping, prepared):
             _RUNNERS.clear()
             _CAPACITY.clear()
         _RUNNERS[key] = hit
-        _CAPACITY[id(hit)] = min(c.capacity_bytes for c in prepared.memory(Step.prefill(1, 16)).per_chip)
+        probe = 16 * 2 * int(praw["parallel"].get("cp", 1))   # any step the layout runs (cp: 2 cp chunks)
+        _CAPACITY[id(hit)] = min(c.capacity_bytes for c in prepared.memory(Step.prefill(1, probe)).per_chip)
     return hit
 
 
