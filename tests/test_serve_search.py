@@ -231,3 +231,45 @@ def test_128k_prompts_on_16_chips_need_context_parallelism_to_meet_the_ttft():
     assert not [s for s in r.ranked if dict(s.candidate.pools[0].parallel)["cp"] == 1]
     win = r.ranked[0]
     assert win.capacity > 0 and dict(win.candidate.pools[0].parallel)["cp"] > 1
+
+
+def test_a_second_search_on_the_same_database_reuses_every_row(tmp_path):
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 2}
+    calls = []
+
+    def counting(praw, prepared=None):
+        calls.append(1)
+        return layout_runner(praw)
+    settings = SearchSettings(slo=SLO, chunks=(1024,), seqs=(4,), vary=("tp",), settle=4)
+    first = serve_search(raw, WL, settings, db_path=tmp_path / "s.db", runner_for=counting)
+    n = len(calls)
+    again = serve_search(raw, WL, settings, db_path=tmp_path / "s.db", runner_for=counting)
+    assert len(calls) == n  # nothing rebuilt: every screen and candidate row came from the file
+    assert [s.to_json_dict() for s in again.ranked] == [s.to_json_dict() for s in first.ranked]
+
+
+def test_cli_best_serve_json_text_and_pareto_plot(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from g5core.present.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: llama-3.1-8b\nsystem: h100-sxm\nchips: 1\n")
+    db = tmp_path / "s.db"
+    args = ["best", str(cfg), "--serve", "--isl", "1000", "--osl", "16", "--requests", "40", "--slo",
+            "ttft_p90=1s,tpot_p90=30ms", "--chunks", "1024", "--seqs", "8", "--settle", "4", "--confirm", "0",
+            "--db", str(db)]
+    out = CliRunner().invoke(main, args + ["--json"])
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.stdout)
+    assert [r["disaggregated"] for r in rows] == [False] and rows[0]["capacity_requests_per_s"] > 0
+    text = CliRunner().invoke(main, args)
+    assert text.exit_code == 0 and "why: The winner" in text.stdout and "capacity req/s" in text.stdout
+    png = tmp_path / "p.png"
+    plot = CliRunner().invoke(main, ["plot", str(db), "--kind", "serve-pareto", "-o", str(png)])
+    assert plot.exit_code == 0, plot.output
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    bad = CliRunner().invoke(main, ["best", str(cfg), "--slo", "ttft=1s"])
+    assert bad.exit_code == 2 and "--serve" in bad.output

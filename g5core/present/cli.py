@@ -490,8 +490,13 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
               help="--serve: disaggregated pairs from this many best layouts per role [default: 3].")
 @click.option("--vary", default=None, metavar="DIMS",
               help="--serve: only these dimensions vary, e.g. tp,cp (the others stay 1) [default: all].")
+@click.option("--settle", type=float, default=None,
+              help="--serve: each run holds this many times the requests in the system [default: 16].")
+@click.option("--confirm", type=int, default=None,
+              help="--serve: further seeds the capacity must hold on [default: 2].")
 def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, workers, executor, serve, workload,
-             requests, isl, osl, slo, seed, rate, disagg, chunks, seqs, tolerance, max_rate, beam, vary):
+             requests, isl, osl, slo, seed, rate, disagg, chunks, seqs, tolerance, max_rate, beam, vary, settle,
+             confirm):
     """Layout search: every split of chips over the registered dimensions; those that are invalid or
     do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked.
 
@@ -503,7 +508,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     raw = load_raw(config, overrides)
     serve_only = {"--workload": workload, "--requests": requests, "--isl": isl, "--osl": osl, "--slo": slo,
                   "--seed": seed, "--rate": rate, "--chunks": chunks, "--seqs": seqs, "--tolerance": tolerance,
-                  "--max-rate": max_rate, "--beam": beam, "--vary": vary}
+                  "--max-rate": max_rate, "--beam": beam, "--vary": vary, "--settle": settle, "--confirm": confirm}
     if serve:
         from g5core.study.serve_search import best_serve_command
 
