@@ -71,7 +71,7 @@ WARM_CALLS = 8
 def bare_heapq_s(n_events: int, width: int) -> float:
     """Wall seconds of a bare ``heapq`` event loop over ``n_events`` events on a heap of
     ``width`` events (the engine's mean heap length: a pop costs the log of it): the same
-    event tuples as the engine's ``(time, priority, item, version)``, each pop pushing the
+    event tuples as the engine's ``(time, kind, item, tag)``, each pop pushing the
     next event, nothing else (the floor any heap-driven engine pays)."""
     import heapq
 
@@ -80,9 +80,9 @@ def bare_heapq_s(n_events: int, width: int) -> float:
     pushed = len(heap)
     t0 = time.perf_counter()
     while heap:
-        t, prio, item, version = heapq.heappop(heap)
+        t, kind, item, tag = heapq.heappop(heap)
         if pushed < n_events:
-            heapq.heappush(heap, (t + 1e-6 * (item % 7 + 1), prio, item, version))
+            heapq.heappush(heap, (t + 1e-6 * (item % 7 + 1), kind, item, tag))
             pushed += 1
     return time.perf_counter() - t0
 

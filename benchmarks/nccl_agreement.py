@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import pathlib
+import re
 import sys
 
 import attrs
@@ -62,32 +63,48 @@ def agreement():
         measured_us = float(row["time_us"])
         out.append({"source": name, "op": op, "gpus": gpus, "nodes": int(row["nodes"]), "size_bytes": size,
                     "measured_us": measured_us, "g5_us": g5["time_s"] * 1e6,
-                    "measured_busbw_gbps": float(row["busbw_gbps"]), "g5_busbw_gbps": g5["busbw_bytes_per_s"] / 1e9,
+                    "measured_busbw_gbytes_per_s": float(row["busbw_gbytes_per_s"]), "g5_busbw_gbytes_per_s": g5["busbw_bytes_per_s"] / 1e9,
                     "error": measured_us / (g5["time_s"] * 1e6) - 1.0,   # busbw error = time ratio - 1
                     "algorithm": g5["algorithm"], "protocol": g5["protocol"]})
     return out
 
 
+def summary_rows(rows):
+    """The rows the README's table shows: 8 GPUs or more, sizes a decade or so apart."""
+    keep = {2 ** 10, 2 ** 16, 2 ** 20, 2 ** 24, 2 ** 26, 2 ** 28, 2 ** 30, 2 ** 33}
+    keep_a2a = {2 ** 10, 2 ** 20, 2 ** 24, 2 ** 29}     # alltoall tables end at 512 MiB
+    return [r for r in rows if r["gpus"] >= 8
+            and (r["size_bytes"] in (keep_a2a if r["op"] == "all_to_all" else keep)
+                 or r["source"].startswith("nccl-issue"))]
+
+
+def source_label(name: str) -> str:
+    """``aiconfigurator-h200-sxm-nccl2.29.2.csv`` -> ``aiconfigurator nccl_perf, H200, NCCL 2.29.2``
+    (with whether the p2p constants were fitted to it)."""
+    m = re.match(r"aiconfigurator-(\w+?)-(?:sxm-)?nccl([\d.]+?)\.csv$", name)
+    if not m:
+        return name.removesuffix(".csv")
+    gpu, version = m.group(1).upper(), m.group(2)
+    fitted = "p2p fit" if name == "aiconfigurator-h100-sxm-nccl2.29.2.csv" else "not fitted"
+    return f"aiconfigurator nccl_perf, {gpu}, NCCL {version} ({fitted})"
+
+
 def main(argv):
     rows = agreement()
     if "--summary" in argv:
-        keep = {2 ** 10, 2 ** 16, 2 ** 20, 2 ** 24, 2 ** 26, 2 ** 28, 2 ** 30, 2 ** 33}
-        keep_a2a = {2 ** 10, 2 ** 20, 2 ** 24, 2 ** 29}     # alltoall tables end at 512 MiB
-        rows = [r for r in rows if r["gpus"] >= 8
-                and (r["size_bytes"] in (keep_a2a if r["op"] == "all_to_all" else keep)
-                     or r["source"].startswith("nccl-issue"))]
+        rows = summary_rows(rows)
         argv = ["--markdown"]
     if "--markdown" in argv:
         print("| source | op | GPUs | size | measured busbw GB/s | G5 busbw GB/s | error | G5 algorithm |")
         print("|---|---|---|---|---|---|---|---|")
         for r in rows:
             print(f"| {r['source'].split('.csv')[0]} | {r['op']} | {r['gpus']} | {r['size_bytes']} | "
-                  f"{r['measured_busbw_gbps']:.1f} | {r['g5_busbw_gbps']:.1f} | {r['error'] * 100:+.0f}% | "
+                  f"{r['measured_busbw_gbytes_per_s']:.1f} | {r['g5_busbw_gbytes_per_s']:.1f} | {r['error'] * 100:+.0f}% | "
                   f"{r['algorithm']}/{r['protocol']} |")
         return
     for r in rows:
         print(f"{r['source'][:28]:28} {r['op']:>14} {r['gpus']:>3} {r['size_bytes']:>11} meas {r['measured_us']:>10.1f}us "
-              f"g5 {r['g5_us']:>10.1f}us busbw {r['measured_busbw_gbps']:7.1f} vs {r['g5_busbw_gbps']:7.1f} "
+              f"g5 {r['g5_us']:>10.1f}us busbw {r['measured_busbw_gbytes_per_s']:7.1f} vs {r['g5_busbw_gbytes_per_s']:7.1f} "
               f"{r['error'] * 100:+6.1f}% {r['algorithm']}/{r['protocol']}")
 
 

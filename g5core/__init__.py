@@ -12,27 +12,40 @@ cached_tokens=8191, count=64)]))`` returns a :class:`StepResult` (``latency_s``,
 ``kv_bytes_per_token``), cached per step shape; ``plan.kv_capacity_tokens(step)`` sizes a
 KV pool from the ledger.
 """
-from .sim.collective import Lowering, idle_transfer_s
-from .build.topology import Topology
-from .build.dag import CommOp, ComputeOp, Fragment
+from .api.context import BuildContext
 from .api.dimensions import Dimension
-from .api.errors import ConfigError, DagError, G5Error, PluginError
-from .build.flops import activation_tensor_bytes, causal_attention_flops
-from .build.layers import (
-    Work, attention_dims, attention_kernel, attention_kernel_of, attention_work, default_work, local_kv_bytes_per_token,
-    step_attention_work,
-)
-from .sim.memory import MemoryTerm
+from .api.errors import ConfigError, DagError, G5Error, PluginError, suggest
+from .api.ops import CommOp, ComputeOp, Fragment
 from .api.options import PluginOption
 from .api.plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_manager
+from .api.records import Lowering, MemoryTerm, SweepPreset
+from .api.work import LogicalOp, Work
+from .build.flops import activation_tensor_bytes, attention_block_bytes, causal_attention_flops, prefix_attention_flops
+from .build.layers import (
+    attention_dims, attention_kernel, attention_kernel_of, attention_work, default_work, expert_work,
+    local_kv_bytes_per_token, step_attention_work,
+    window_attention_work,
+)
+from .build.topology import Topology
 from .inputs.step import Step, StepGroup
+from .inputs.reading import check_keys
+from .sim.collective import idle_transfer_s
+from .sim.compute import Attention, ComputeTime, Elementwise, Gemm
+from .sim.memory import weight_bytes_by_chip
+from .sim.reference import passq_reduce_elements
+from .sim.roofline import gemm_padded_flops, kernel_latency_s, op_latency_s, roofline_latency_s
 from .sim.prepared import PreparedPlan, StepMemory, StepResult, prepare
+from .version import __version__
 
 __all__ = [
-    "CommOp", "ComputeOp", "ConfigError", "DagError", "Dimension", "Fragment", "G5Error", "Hooks", "Lowering",
-    "MemoryTerm", "PluginError", "PluginInfo", "PluginOption", "PreparedPlan", "Step", "StepGroup", "StepMemory",
-    "StepResult", "Topology", "Work", "activation_tensor_bytes",
-    "attention_dims", "attention_kernel", "attention_kernel_of", "attention_work", "causal_attention_flops", "default_work", "describe_plugins",
-    "hookimpl", "idle_transfer_s", "local_kv_bytes_per_token", "make_plugin_manager", "prepare", "step_attention_work",
+    "Attention", "BuildContext", "CommOp", "ComputeOp", "ComputeTime", "ConfigError", "DagError", "Dimension",
+    "Elementwise", "Fragment", "G5Error", "Gemm", "Hooks", "LogicalOp", "Lowering", "MemoryTerm", "PluginError",
+    "PluginInfo", "PluginOption", "PreparedPlan", "Step", "StepGroup", "StepMemory", "StepResult", "SweepPreset",
+    "Topology", "Work", "activation_tensor_bytes",
+    "attention_block_bytes", "attention_dims", "attention_kernel", "attention_kernel_of", "attention_work",
+    "causal_attention_flops", "check_keys",
+    "default_work", "describe_plugins", "expert_work", "gemm_padded_flops", "hookimpl", "idle_transfer_s",
+    "kernel_latency_s", "local_kv_bytes_per_token", "make_plugin_manager", "op_latency_s", "passq_reduce_elements",
+    "prefix_attention_flops", "prepare", "roofline_latency_s", "step_attention_work", "suggest",
+    "weight_bytes_by_chip", "window_attention_work",
 ]
-__version__ = "0.1.0"

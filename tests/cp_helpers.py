@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from g5core.build.dag import ComputeOp
+from g5core.api.ops import ComputeOp
 from g5core.sim.results import KPI_NAMES
 from g5core.sim.run import make_plan, simulate
 

@@ -22,7 +22,8 @@ import attrs
 import yaml
 import numpy as np
 
-from g5core.build.dag import CommOp, ComputeOp, OpDag
+from g5core.api.ops import CommOp, ComputeOp
+from g5core.build.dag import OpDag
 from g5core.sim.engine import Engine, compile_dag
 from g5core.sim.results import conservation_kpis
 from g5core.sim.run import make_plan
@@ -94,7 +95,7 @@ def synthetic_plan(directory, chips: int, model: str = "llama-3.1-8b", **system_
     return make_plan(raw_config(model, system, chips, batch=chips, seq_len=128, dp=chips))
 
 
-@attrs.define
+@attrs.define(kw_only=True)
 class DagRun:
     """What one hand-built DAG produced."""
 
@@ -121,7 +122,7 @@ class DagRun:
 def run_dag(dag: OpDag, plan, engine_cls: type = Engine) -> DagRun:
     """compile_dag, run the engine, compute the KPIs."""
     compiled = compile_dag(dag, plan)
-    engine = engine_cls(compiled).run()
+    engine = engine_cls(dag=compiled).run()
     return DagRun(dag=dag, compiled=compiled, engine=engine, kpis=conservation_kpis(engine))
 
 

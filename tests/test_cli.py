@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,7 +22,7 @@ EXAMPLE_70B_DECODE = REPO / "examples" / "llama-3.1-70b-decode.yaml"
 
 MODELS = ("llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b", "qwen2.5-72b", "qwen3-235b-a22b", "mixtral-8x7b",
           "deepseek-v3")
-SYSTEMS = ("a100-80gb", "b200", "gb200-nvl72", "h100-sxm", "h200", "h800")
+SYSTEMS = ("a100-80gb", "b200", "gb200-nvl72", "gb300-nvl72", "gh200-nvl32", "h100-sxm", "h20", "h200", "h800")
 BUILTIN = ("collectives", "cp", "cp_passkv", "cp_passq", "dp", "ep", "math_guard", "pp", "roofline", "tp")
 
 
@@ -71,15 +72,16 @@ def _table_rows(text: str) -> dict[str, list[str]]:
 # ----------------------------------------------------------------------------------------
 
 
-def test_models_lists_the_seven_catalog_models():
+def test_models_lists_the_catalog_models():
     rows = _table_rows(ok("models"))
-    assert set(rows) == set(MODELS) == set(CATALOG)
+    assert set(MODELS) <= set(rows) == set(CATALOG)
+    assert rows["gpt-oss-120b"][-1] == "sliding window 128 on 18 of 36 layers, full on 18"
     assert rows["deepseek-v3"][0] == "mla"
     assert rows["llama-3.1-70b"][0] == "gqa"
     assert rows["llama-3.1-70b"][1] == "80"
 
 
-def test_systems_lists_the_six_systems():
+def test_systems_lists_the_shipped_systems():
     rows = _table_rows(ok("systems"))
     assert set(rows) == set(SYSTEMS) == set(CATALOG_NAMES)
     assert rows["h100-sxm"][0] == "8"
@@ -193,13 +195,14 @@ def test_explain_70b_decode_groups_and_node_crossing():
     assert members == ["[0, 1, 2, 3, 4, 5, 6, 7]", "[8, 9, 10, 11, 12, 13, 14, 15]"]
 
     head, members = sections["pp"]
-    assert head == "8 of 2; 8 cross node boundaries"
-    assert members == [f"[{c}, {c + 8}]  (crosses nodes)" for c in range(8)]
+    assert head == "8 of 2; 8 cross node boundaries"  # the first and last group, and a count between
+    assert members == ["[0, 8]  (crosses nodes)", "... 6 more groups (8 of all 8 cross nodes)",
+                       "[7, 15]  (crosses nodes)"]
 
     for dim in ("cp", "dp"):
         head, members = sections[dim]
         assert head == "16 of 1; all inside one node"
-        assert members == [f"[{c}]" for c in range(16)]
+        assert members == ["[0]", "... 14 more groups", "[15]"]
 
 
 def test_explain_with_cp_override_shows_cp_groups_crossing_nodes():
@@ -242,3 +245,16 @@ def test_explain_disable_tp_with_tp_in_config():
 
 def test_cli_version():
     assert "0.1.0" in ok("--version")
+
+
+def test_run_as_a_script_every_command_is_registered():
+    """``python -m g5core.present.cli`` registers every command before it runs (the
+    ``__main__`` guard stands below the last one)."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-m", "g5core.present.cli", "--help"], capture_output=True, text=True,
+                          check=True)
+    listed = {line.split()[0] for line in proc.stdout.split("Commands:")[1].splitlines() if line.strip()}
+    from g5core.present.cli import main
+
+    assert listed == set(main.commands) and {"validate", "calibrate"} <= listed

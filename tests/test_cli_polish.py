@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from g5core.present.cli import _fmt_s
+from g5core.present.render import fmt_s
 
 from test_cli import error_line, ok
 
@@ -68,4 +68,4 @@ def test_a_custom_system_file_shows_its_internal_name(tmp_path):
     (4.0e-6, "4 us"), (0.0, "0 s"),
 ])
 def test_times_have_four_significant_digits(seconds, text):
-    assert _fmt_s(seconds) == text
+    assert fmt_s(seconds) == text

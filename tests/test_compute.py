@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from g5core.sim.compute import Attention, ComputeModel, Elementwise, Gemm, Profile
+from g5core.inputs.systems import ComputeModel, Profile
+from g5core.sim.compute import Attention, Elementwise, Gemm
 from g5core.api.errors import ConfigError
 from g5core.sim.run import make_plan, run
 from g5core.inputs.systems import SystemSpec, get_system
@@ -58,7 +59,7 @@ def test_equal_flops_and_bytes_with_different_shapes_get_different_latencies(aic
     g = Gemm(m=64, n=8192, k=4096, weight_bytes=2, act_bytes=2)
     t = attrs.evolve(g, m=8192, n=64)
     assert (g.flops, g.hbm_bytes) == (t.flops, t.hbm_bytes)
-    lookup = LatencyLookup(plan.hooks, plan.ctx.system, plan.ctx.deployment)
+    lookup = LatencyLookup(hooks=plan.hooks, system=plan.ctx.system, deployment=plan.ctx.deployment)
     a = lookup.seconds(attrs.evolve(op, kernels=(g,), flops=g.flops, hbm_bytes=g.hbm_bytes))
     b = lookup.seconds(attrs.evolve(op, kernels=(t,), flops=g.flops, hbm_bytes=g.hbm_bytes))
     assert a != b

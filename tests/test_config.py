@@ -181,7 +181,7 @@ def test_chip_product_is_checked_with_ep_outside_it():
 def test_ep_must_divide_dp_times_tp():
     err = config_error(raw(model="mixtral-8x7b", chips=4, parallel={"dp": 1, "tp": 2, "pp": 2, "ep": 4}))
     assert err.field == "parallel.ep"
-    assert "ep=4 does not divide dp x tp = 2" in str(err)
+    assert "ep=4 does not divide dp x sp x tp = 2" in str(err)
 
 
 def test_ep_on_a_dense_model():

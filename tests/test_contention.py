@@ -21,7 +21,8 @@ import yaml
 
 from g5core import Lowering, hookimpl
 from g5core.build.builder import prepare
-from g5core.build.dag import CommOp, OpDag
+from g5core.api.ops import CommOp
+from g5core.build.dag import OpDag
 from g5core.sim.engine import Engine, compile_dag
 from g5core.api.plugins import make_plugin_manager
 from g5core.sim.results import KPI_NAMES, conservation_kpis
@@ -58,10 +59,10 @@ class Textbook:
     def g5_register_primitives(register):
         def all_reduce(group, nbytes, topo):
             n = len(group)
-            return Lowering(tuple((group[i], group[(i + 1) % n], 2 * (n - 1) / n * nbytes) for i in range(n)), 0.0)
+            return Lowering(flows=tuple((group[i], group[(i + 1) % n], 2 * (n - 1) / n * nbytes) for i in range(n)), latency_s=0.0)
 
         def all_to_all(group, nbytes, topo):
-            return Lowering(tuple((s, t, nbytes / len(group)) for s in group for t in group if s != t), 0.0)
+            return Lowering(flows=tuple((s, t, nbytes / len(group)) for s in group for t in group if s != t), latency_s=0.0)
 
         register("all_reduce", all_reduce)
         register("all_to_all", all_to_all)
@@ -81,7 +82,7 @@ def _run(plan, *ops):
     dag = OpDag()
     for op in ops:
         dag.add_op(op)
-    engine = Engine(compile_dag(dag, plan)).run()
+    engine = Engine(dag=compile_dag(dag, plan)).run()
     times = {op.key: engine.end_s[i] - engine.start_s[i] for i, op in enumerate(dag.ops)}
     return times, conservation_kpis(engine), engine
 

@@ -1,4 +1,4 @@
-"""The plugin contract suite (g5core.api.testing) run against every built-in plugin, and shown to fail.
+"""The plugin contract suite (g5core.testing) run against every built-in plugin, and shown to fail.
 
 Each installed plugin runs every check that applies to it (the general checks plus those of
 each hook it implements) on small configurations (two-layer synthetic models) chosen so
@@ -14,13 +14,12 @@ import pytest
 import yaml
 
 from g5core import Fragment, Lowering, MemoryTerm, hookimpl
-from g5core.api import testing as contract
+from g5core import testing as contract
 from g5core.api.plugins import available_plugin_names
 from plugin_sets import BUILTIN
 from g5core.inputs.systems import get_system
-from g5core.api.testing import (
-    CHECKS, ContractError, applicable_checks, check_hook_coverage, check_plugin, hook_names, plugin_checks,
-    plugin_contributions,
+from g5core.testing import (
+    CHECKS, ContractError, applicable_checks, check_hook_coverage, check_plugin, hook_names, plugin_checks, plugin_contributions,
 )
 
 TINY_DENSE = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 8,
@@ -247,7 +246,7 @@ class _NegativeMemory:
 
 def _shrinking_lowering(group, nbytes, topo):
     # more bytes, fewer bytes on the wire: the cost falls as the payload grows
-    return Lowering(((group[0], group[1], 1e9 / (1.0 + nbytes)),), 0.0)
+    return Lowering(flows=((group[0], group[1], 1e9 / (1.0 + nbytes)),), latency_s=0.0)
 
 
 class _ShrinkingPrimitive:
@@ -290,7 +289,7 @@ BROKEN = [
     ("cyclic fragment", _Cyclic(), "check_fragments", "cycle"),
     ("edge to a foreign op", _ForeignEdge(), "check_fragments", "outside its fragment"),
     ("owner is another plugin", _WrongOwner(), "check_fragments", "owner 'tp'"),
-    ("key outside the prefix", _WrongPrefix(), "check_fragments", "does not start with the prefix"),
+    ("key outside the prefix", _WrongPrefix(), "check_fragments", "does not start with its logical op's prefix"),
     ("head on a chip the op does not run on", _HeadOnWrongChip(), "check_fragments", "does not run on"),
     ("nondeterministic keys", _Counter(), "check_deterministic", "differs between two builds"),
     ("negative memory", _NegativeMemory(), "check_memory_terms", "-1.0 bytes"),

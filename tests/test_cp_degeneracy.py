@@ -13,7 +13,7 @@ import json
 import numpy as np
 import pytest
 
-from g5core.build.dag import CommOp
+from g5core.api.ops import CommOp
 from g5core.sim.run import run
 
 from cp_helpers import assert_kpis_zero, tiny_models_fixture

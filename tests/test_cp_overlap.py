@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from g5core.build.builder import build_dag
-from g5core.build.dag import CommOp, ComputeOp
+from g5core.api.ops import CommOp, ComputeOp
 from g5core.sim.engine import Engine, compile_dag
 from g5core.sim.results import summarize
 from g5core.sim.run import make_plan, simulate
@@ -175,7 +175,7 @@ def test_the_criterion_fails_when_the_ring_is_serialised(middle):
                 dag.add_edge(step_by_part["step" + step[3:]], dag.ops[i].key, owner="test")
                 added += 1
     assert added == CP * (CP - 1) * middle.ctx.model.n_layers
-    engine = Engine(compile_dag(dag, middle)).run()
+    engine = Engine(dag=compile_dag(dag, middle)).run()
     sim = summarize(dag, engine, "prefill", 0.0)
     assert_kpis_zero(sim)
     ms = measure_all(dag, middle.ctx.topology, sim.start_s, sim.end_s)
@@ -232,7 +232,7 @@ def test_exposure_measure_sees_a_serial_ring(workdir, tiny_llama, extremes):
         steps, sent, _ = ring_of(dag, LAYER, chip)
         for k, i in enumerate(sorted(sent, key=lambda j: dag.ops[j].key)):
             dag.add_edge(sorted((dag.ops[s].key for s in steps))[k], dag.ops[i].key, owner="test")
-    engine = Engine(compile_dag(dag, plan)).run()
+    engine = Engine(dag=compile_dag(dag, plan)).run()
     sim = summarize(dag, engine, "prefill", 0.0)
     assert_kpis_zero(sim)
     ms = measure_all(dag, plan.ctx.topology, sim.start_s, sim.end_s)

@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from g5core.build.dag import CommOp, ComputeOp
+from g5core.api.ops import CommOp, ComputeOp
 from g5core.build.flops import causal_attention_flops
 from g5core.sim.run import make_plan, run
 from g5plugins.cp_passkv import passkv_bytes_per_rank_per_layer

@@ -12,7 +12,7 @@ import functools
 
 import pytest
 
-from g5core.build.dag import CommOp, ComputeOp
+from g5core.api.ops import CommOp, ComputeOp
 from g5core.sim.run import run
 from g5plugins.cp_passq import dispatch_bytes_per_rank, reduce_bytes_per_rank
 

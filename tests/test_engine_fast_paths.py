@@ -22,7 +22,7 @@ class FromScratch(Engine):
     """Flows are released one by one, every flow that starts or ends goes through the
     connected-set re-share (found port by port), every set's rates are worked out again
     (progressive filling) each time, and the events of one time are taken sorted by
-    (priority, id, version)."""
+    (kind, item, tag)."""
 
     _settle_alone = False
     _keep_shares = False
@@ -46,8 +46,8 @@ def _log_by_time(log):
 def test_fast_paths_give_the_results_of_a_re_share_from_scratch(example, overrides, shared):
     plan = make_plan(load_raw(EX / f"{example}.yaml", overrides))
     compiled = compile_dag(build_dag(plan), plan)
-    fast = Engine(compiled, record_port_rates=True).run()
-    slow = FromScratch(compiled, record_port_rates=True).run()
+    fast = Engine(dag=compiled, record_port_rates=True).run()
+    slow = FromScratch(dag=compiled, record_port_rates=True).run()
     for name in ("start_s", "end_s", "executed", "executed_flops", "flow_start_s", "flow_end_s", "flow_injected",
                  "flow_delivered"):
         assert np.array_equal(np.asarray(getattr(fast, name)), np.asarray(getattr(slow, name)), equal_nan=True), name
@@ -114,8 +114,8 @@ def test_a_cohort_whose_flows_all_ended_sooner_ends_nothing():
     from g5core.sim.collbench import collective_compiler
 
     compiled = collective_compiler("all_reduce", "h100-sxm", 32)(2 ** 30)
-    fast = Engine(compiled).run()
-    slow = FromScratch(compiled).run()
+    fast = Engine(dag=compiled).run()
+    slow = FromScratch(dag=compiled).run()
     assert compiled.comm_algo[0][0] == "nvls_tree"
     for name in ("start_s", "end_s", "executed", "flow_end_s", "flow_delivered"):
         assert np.array_equal(np.asarray(getattr(fast, name)), np.asarray(getattr(slow, name))), name

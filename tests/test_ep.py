@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from g5core.build.builder import build_dag
-from g5core.build.dag import CommOp
+from g5core.api.ops import CommOp
 from g5core.sim.engine import compile_dag
 from g5core.api.errors import ConfigError
 from g5core.sim.memory import memory_report
@@ -118,7 +118,7 @@ def test_ep_adds_all_to_all_buffers_as_workspace():
 
 @pytest.mark.parametrize("dp, tp, ep", [(1, 2, 4), (3, 1, 2), (1, 1, 2), (3, 2, 4)])
 def test_ep_must_divide_dp_times_tp(dp, tp, ep):
-    with pytest.raises(ConfigError, match="does not divide dp x tp") as info:
+    with pytest.raises(ConfigError, match="does not divide dp x sp x tp") as info:
         make_plan(_raw(dp=dp, tp=tp, ep=ep))
     assert info.value.field == "parallel.ep"
 

@@ -13,12 +13,12 @@ from click.testing import CliRunner
 
 from g5core.present.cli import main
 from g5core.sim.collbench import collective_rows, size_range
-from g5core.build.dag import CommOp
+from g5core.api.ops import CommOp
 from g5core.api.errors import ConfigError
 from g5core.sim.run import run
 from g5core.inputs.systems import SystemSpec, get_system
 from g5core.build.topology import Topology
-from g5plugins.collectives import dtree_edges, lower_collective
+from g5plugins.collectives import dtree_edges, forced_choices, lower_collective
 from g5plugins.collectives import nccl
 
 from helpers_engine import SYSTEM_FIELDS
@@ -166,10 +166,7 @@ def test_an_oversubscribed_fabric_slows_cross_node_traffic_that_a_full_bisection
     ({"fabric": {"nodes_per_leaf": 2, "oversubscription": 1e300}}, "system.fabric.oversubscription", "1 .. 1000"),
     ({"compute_capability": 0.5}, "system.compute_capability", "such as 9.0"),
     ({"fabric": {"nodes_per_leaf": 2}}, "system.fabric.oversubscription", "missing"),
-    ({"nccl": {"all_reduce": {"algorithm": "butterfly"}}}, "system.nccl.all_reduce.algorithm", "ring, tree, nvls"),
-    ({"nccl": {"all_gather": {"algorithm": "tree"}}}, "system.nccl.all_gather.algorithm", "only for all_reduce"),
-    ({"nccl": {"all_reduce": {"algorithm": "nvls"}}}, "system.nccl.all_reduce.algorithm", "set nvls: true"),
-    ({"nccl": {"all_reduce": {"protocol": "ll256"}}}, "system.nccl.all_reduce.protocol", "ll, ll128, simple"),
+    ({"nccl": {"all_reduce": "ring"}}, "system.nccl.all_reduce", "expected a mapping"),
     ({"nvls": "yes"}, "system.nvls", "true or false"),
 ])
 def test_an_impossible_topology_is_a_one_line_error_naming_the_field(change, field, message):
@@ -177,6 +174,32 @@ def test_an_impossible_topology_is_a_one_line_error_naming_the_field(change, fie
         SystemSpec.from_dict(dict(SYSTEM_FIELDS, **change))
     text = str(info.value)
     assert text.startswith(field) and message in text and "\n" not in text
+
+
+NCCL_BLOCKS = [
+    ({"all_reduce": {"algorithm": "butterfly"}}, "system.nccl.all_reduce.algorithm", "ring, tree, nvls"),
+    ({"all_gather": {"algorithm": "tree"}}, "system.nccl.all_gather.algorithm", "only for all_reduce"),
+    ({"all_reduce": {"algorithm": "nvls"}}, "system.nccl.all_reduce.algorithm", "set nvls: true"),
+    ({"all_reduce": {"protocol": "ll256"}}, "system.nccl.all_reduce.protocol", "ll, ll128, simple"),
+    ({"all_reduce": {"algo": "ring"}}, "system.nccl.all_reduce.algo", "valid keys: algorithm, protocol"),
+    ({"alltoall": {"algorithm": "ring"}}, "system.nccl.alltoall", "unknown collective"),
+]
+
+
+@pytest.mark.parametrize("block, field, message", NCCL_BLOCKS)
+def test_the_collectives_plugin_refuses_a_bad_nccl_block_naming_the_field(tmp_path, block, field, message):
+    """The nccl block is the collectives plugin's schema: it checks it when a run is prepared
+    (and when g5 collective lowers), one line naming the field."""
+    system = SystemSpec.from_dict(dict(SYSTEM_FIELDS, nccl=block))   # the core only sees a mapping of mappings
+    with pytest.raises(ConfigError) as info:
+        forced_choices(system)
+    text = str(info.value)
+    assert text.startswith(field) and message in text and "\n" not in text
+    path = tmp_path / "system.yaml"
+    path.write_text(yaml.safe_dump(dict(SYSTEM_FIELDS, nccl=block)))
+    with pytest.raises(ConfigError, match=f"^{field}"):
+        run({"model": "llama-3.1-8b", "system": str(path), "chips": 4, "parallel": {"dp": 1, "pp": 1, "cp": 1, "tp": 4},
+             "phase": "decode", "batch": 1, "seq_len": 1024})
 
 
 def test_an_old_system_file_keeps_working_with_one_nic_per_chip_and_asks_only_for_the_gpu_generation(tmp_path):
@@ -200,7 +223,17 @@ def test_g5_collective_prints_an_nccl_tests_table_and_json_rows():
     assert result.exit_code == 0, result.output
     lines = [ln for ln in result.output.splitlines() if ln and not ln.startswith("#")]
     assert [int(ln.split()[0]) for ln in lines] == size_range("8B:8GiB", 64)
-    assert "time(us)" in result.output and "busbw" in result.output
+    assert "out-of-place" in result.output and "in-place" in result.output and "busbw" in result.output
+    header = next(ln for ln in result.output.splitlines() if ln.startswith("#") and "count" in ln).split()
+    assert header[:14] == ["#", "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+                           "time", "algbw", "busbw", "#wrong"]  # nccl-tests' columns, in its order
+    first = lines[0].split()
+    assert first[1:5] == ["2", "float", "sum", "-1"]  # 8 B = 2 floats
+    assert first[5:8] == first[9:12]  # in-place repeats out-of-place
+    bf = CliRunner().invoke(main, ["collective", "allgather", "--system", "h100-sxm", "--chips", "8", "--sizes",
+                                   "1K:1K", "--dtype", "bfloat16", "--redop", "max"])
+    row = [ln for ln in bf.output.splitlines() if ln and not ln.startswith("#")][0].split()
+    assert row[1:5] == ["512", "bfloat16", "none", "-1"]  # all_gather reduces nothing: redop none
     js = CliRunner().invoke(main, ["collective", "allgather", "--system", "h100-sxm", "--chips", "8",
                                    "--sizes", "1K:1M", "--json"])
     rows = json.loads(js.output)
@@ -216,6 +249,8 @@ def test_g5_collective_prints_an_nccl_tests_table_and_json_rows():
     (["all_reduse", "--system", "h100-sxm", "--chips", "8"], "did you mean 'all_reduce'"),
     (["all_reduce", "--system", "h100-sxm", "--chips", "8", "--sizes", "8GiB:1K"], "--sizes: need 0 < MIN <= MAX"),
     (["all_reduce", "--system", "h100-sxm", "--chips", "8", "--sizes", "1Q:2K"], "cannot read size '1Q'"),
+    (["all_reduce", "--system", "h100-sxm", "--chips", "8", "--dtype", "bf16"], "did you mean 'bfloat16'"),
+    (["all_reduce", "--system", "h100-sxm", "--chips", "8", "--redop", "add"], "--redop: unknown reduction"),
 ])
 def test_g5_collective_bad_input_is_one_line(args, message):
     result = CliRunner().invoke(main, ["collective"] + args)
@@ -361,3 +396,16 @@ def test_every_comm_op_in_the_timeline_names_its_algorithm_protocol_and_channels
     assert comm and all(r["algorithm"] in ("ring", "tree", "nvls", "nvls_tree") and r["protocol"]
                         and int(r["channels"]) >= 1 for r in comm)
     assert all(r["algorithm"] == "" for r in rows if r["kind"] == "compute")
+
+
+def test_nvls_flows_in_the_trace_name_the_switch():
+    from g5core.present.trace import trace_events
+
+    out = run({"model": "llama-3.1-8b", "system": "h200", "chips": 8,
+               "parallel": {"dp": 1, "tp": 8, "pp": 1, "cp": 1}, "phase": "prefill", "batch": 1, "seq_len": 4096})
+    assert any(e["algorithm"].startswith("nvls") for e in out.to_json_dict()["collectives"])
+    names = [e["name"] for e in trace_events(out.sim, out.plan.ctx.topology)
+             if e["ph"] == "X" and "port" in e.get("args", {})]
+    assert any(n.endswith("c0->node0.nvswitch") for n in names)
+    assert any(n.endswith("node0.nvswitch->c0") for n in names)
+    assert not [n for n in names if any(n.endswith(f"c{c}->c{c}") for c in range(8))]

@@ -6,7 +6,8 @@ import attrs
 import pytest
 
 from g5core.build.builder import build_dag, default_fragment
-from g5core.build.dag import CommOp, ComputeOp, Fragment, OpDag
+from g5core.api.ops import CommOp, ComputeOp, Fragment
+from g5core.build.dag import OpDag
 from g5core.api.errors import DagError, PluginError
 from g5core.build.layers import build_program
 from g5core.sim.run import make_plan, simulate

@@ -71,7 +71,7 @@ def test_the_constants_are_the_fit_of_the_h100_table():
     from g5core.inputs.systems import get_system
     fit = minimize(fit_p2p.loss, [20.0, 0.85], args=(get_system(system), fit_p2p.rows(name)), method="Nelder-Mead",
                    options={"xatol": 1e-4, "fatol": 1e-10})
-    assert fit.x[0] == pytest.approx(nccl.P2P_CHANNEL_COPY_RATE_GBPS, abs=0.01)
+    assert fit.x[0] == pytest.approx(nccl.P2P_CHANNEL_COPY_RATE_GBYTES_PER_S, abs=0.01)
     assert fit.x[1] == pytest.approx(nccl.P2P_NVLINK_EFFICIENCY, abs=0.001)
 
 
@@ -103,7 +103,7 @@ def test_small_sends_use_fewer_channels_and_ll():
 
 
 def test_a_channel_copies_its_part_plus_one_step():
-    r = nccl.P2P_CHANNEL_COPY_RATE_GBPS * 1e3      # bytes per us
+    r = nccl.P2P_CHANNEL_COPY_RATE_GBYTES_PER_S * 1e3      # bytes per us
     # 8 ranks, 64 MiB per peer: 4 channels of 16 MiB, steps of 512 KiB
     assert nccl.p2p_copy_time_us(2 ** 26, 8, 32) == pytest.approx((2 ** 24 + 2 ** 19) / r, rel=1e-12)
     # LL: twice the bytes, no step pipeline -- so the time does not fall where Simple takes over

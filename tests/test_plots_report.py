@@ -30,13 +30,17 @@ def db(tmp_path_factory):
     return path
 
 
+def _labelled(ax):
+    return [line for line in ax.get_lines() if not line.get_label().startswith("_")]
+
+
 def test_latency_plot_has_one_line_per_seq_len(db):
     fig = make_figure("latency", load_rows(db))
     ax = fig.axes[0]
-    assert len(ax.get_lines()) == 3
-    assert sorted(line.get_label() for line in ax.get_lines()) == ["seq_len=16384", "seq_len=4096", "seq_len=8192"]
-    assert all(list(line.get_xdata()) == [1, 2, 4] for line in ax.get_lines())
-    assert ax.get_ylabel() == "TTFT (s)" and "cp" in ax.get_xlabel()
+    lines = _labelled(ax)
+    assert [line.get_label() for line in lines] == ["seq_len=4K", "seq_len=8K", "seq_len=16K"]  # numeric order
+    assert all(list(line.get_xdata()) == [1, 2, 4] for line in lines)
+    assert ax.get_ylabel() in ("TTFT (s)", "TTFT (ms)") and "cp" in ax.get_xlabel()
 
 
 def test_memory_plot_stacks_four_parts_against_capacity(db):
@@ -52,12 +56,15 @@ def test_memory_plot_stacks_four_parts_against_capacity(db):
 
 def test_pareto_and_timeline_plots(db):
     ax = make_figure("pareto", load_rows(db)).axes[0]
-    assert len(ax.collections) == 1 and [l.get_label() for l in ax.get_lines()] == ["Pareto front"]
-    assert "GiB" in ax.get_xlabel() and "(s)" in ax.get_ylabel()
+    # one front per sequence length, not one cloud
+    assert [l.get_label() for l in _labelled(ax)] == [f"Pareto front, seq_len={s}" for s in ("4K", "8K", "16K")]
+    assert "GiB" in ax.get_xlabel() and "(s)" in ax.get_ylabel() or "(ms)" in ax.get_ylabel()
     ax = make_figure("timeline", load_rows(db)).axes[0]
-    assert len(ax.collections) == 2 * 4  # compute and communication rows for each chip of the cp=4 group
-    assert ax.get_legend() is not None and [t.get_text() for t in ax.get_legend().get_texts()] == \
-        ["compute", "communication"]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend[0] == "compute" and "cp_passkv" in legend  # ring traffic in its own colour
+    colours = {tuple(c.get_facecolor()[0]) for c in ax.collections}
+    assert len(colours) == len(legend)
+    assert any(t.get_text() == "attention" for t in ax.texts)  # ops are named
     assert "(ms)" in ax.get_xlabel()
 
 

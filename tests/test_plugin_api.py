@@ -149,14 +149,14 @@ def test_wrappers_are_refused_at_registration(marker):
 def test_tryfirst_sets_the_order_of_implementations():
     @hookimpl(tryfirst=True)
     def g5_register_dimensions(register):
-        register(Dimension("zz", factor=True, rank_order=5, default=1, doc="test"))
+        register(Dimension(name="zz", factor=True, rank_order=5, default=1, doc="test"))
 
     hooks = Hooks(make_plugin_manager(extra_plugins=[("early", types.SimpleNamespace(
         g5_register_dimensions=g5_register_dimensions))]))
     assert hooks.implementations("g5_register_dimensions")[0].plugin_name == "early"
     assert [i.plugin_name for i in hooks.plugin_implementations("g5_register_dimensions", "tp")] == ["tp"]
     seen = []
-    hooks.call_registration("g5_register_dimensions", lambda plugin: lambda dim: seen.append((plugin, dim.name)))
+    hooks.call_registration("g5_register_dimensions", lambda plugin, dim: seen.append((plugin, dim.name)))
     assert seen[0] == ("early", "zz") and ("tp", "tp") in seen
 
 
@@ -190,10 +190,19 @@ def _private_imports(path: pathlib.Path) -> list[str]:
     return bad
 
 
-def test_the_third_party_plugin_imports_only_the_public_api():
-    files = sorted((ROOT / "contrib" / "g5-ulysses").rglob("*.py"))
-    assert files
+def test_every_plugin_imports_only_the_public_api():
+    """Built-in (plugins/) and third-party (contrib/) plugins alike import ``g5core`` only,
+    never one of its submodules (their own tests may)."""
+    files = sorted((ROOT / "plugins").rglob("*.py")) + sorted((ROOT / "contrib").rglob("*.py"))
+    assert len([f for f in files if f.name == "__init__.py"]) >= 12
     assert [b for f in files if "tests" not in f.parts for b in _private_imports(f)] == []
+
+
+def test_the_import_check_catches_a_submodule_import(tmp_path):
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text("from g5core import hookimpl\nfrom g5core.build.layers import expert_work\n"
+                      "def f():\n    import g5core.sim.engine\n")
+    assert _private_imports(plugin) == ["plugin.py: from g5core.build.layers", "plugin.py: import g5core.sim.engine"]
 
 
 def test_the_core_uses_no_private_hook_names_outside_plugins_py():

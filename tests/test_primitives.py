@@ -183,7 +183,7 @@ def test_all_to_all_inside_a_node_takes_nccls_channel_copy_time_or_the_link_time
     channel per peer, and each 16 MiB send goes in 32 Simple steps of 512 KiB: one channel
     copies 16 MiB + one step at r; the links would need ``3 x 16 MiB / (eta B)``."""
     n = 4
-    r = nccl.P2P_CHANNEL_COPY_RATE_GBPS * 1e9
+    r = nccl.P2P_CHANNEL_COPY_RATE_GBYTES_PER_S * 1e9
     eta = nccl.P2P_NVLINK_EFFICIENCY
     b = DagBuilder()
     b.comm("a2a", "all_to_all", tuple(range(n)), N_BYTES)

@@ -43,7 +43,7 @@ def _chips(sizes):
 def test_registry_from_plugins(dims):
     assert tuple(d.name for d in dims.factors) == FACTORS
     ep = dims.get("ep")
-    assert not ep.factor and set(ep.regroups) == {"dp", "tp"}
+    assert not ep.factor and set(ep.regroups) == {"dp", "sp", "tp"}
 
 
 LAYOUT_SETTINGS = settings(max_examples=60, deadline=None)

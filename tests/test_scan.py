@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from g5core.present.cli import main
 from g5core.sim.run import run as run_one
-from g5plugins.cp.scan import Cell, check_monotone, run_scan
+from g5core.study.sweep import run_preset
+from g5plugins.cp.scan import Cell, check_monotone
 
 BASE = {
     "model": "llama-3.1-8b",
@@ -22,6 +23,15 @@ BASE = {
     "batch": 1,
     "seq_len": 8192,
 }
+
+
+def run_scan(raw, db, cp_values, seq_lens, runner=None):
+    """The cp plugin's preset, run as ``g5 scan`` runs it."""
+    return run_preset("cp", raw, db, axes={"parallel.cp": cp_values, "seq_len": seq_lens}, runner=runner)
+
+
+def _ok(report) -> bool:
+    return bool(report.sweep.ok_rows) and not report.violations
 
 
 def _rows(db):
@@ -59,7 +69,7 @@ def test_rows_appear_one_by_one_and_trend_holds(tmp_path):
         (1, 8192, 4, "ok"), (2, 8192, 2, "ok"), (4, 8192, 1, "ok"),
         (1, 16384, 4, "ok"), (2, 16384, 2, "ok"), (4, 16384, 1, "ok"),
     ]
-    assert report.ok, report.violations
+    assert _ok(report), report.violations
     for seq in (8192, 16384):
         lat = [r[4] for r in rows if r[1] == seq]
         assert lat == sorted(lat, reverse=True)
@@ -102,8 +112,8 @@ def test_invalid_cells_are_recorded_not_adjusted(tmp_path):
     rows = _rows(db)
     assert rows[1][3] == "error"
     # (an installed third-party factor dimension, such as Ulysses' sp, is named too)
-    assert re.search(r"parallel\.dp: auto: chips=4 is not divisible by pp x cp x (sp x )?tp = 8", report.cells[1].error)
-    assert report.ok
+    assert re.search(r"parallel\.dp: auto: chips=4 is not divisible by pp x cp x (sp x )?tp = 8", report.sweep.rows[1]["error"])
+    assert _ok(report)
 
 
 def test_scan_appends_a_new_scan_to_an_existing_database_and_reuses_its_rows(tmp_path):
@@ -114,8 +124,8 @@ def test_scan_appends_a_new_scan_to_an_existing_database_and_reuses_its_rows(tmp
         raise AssertionError("a configuration already in the database was simulated again")
 
     second = run_scan(BASE, db, cp_values=(1,), seq_lens=(8192,), runner=must_not_run)
-    assert second.scan_id == first.scan_id + 1
-    assert second.cells == first.cells
+    assert second.sweep.sweep_id == first.sweep.sweep_id + 1
+    assert [Cell.from_row(r) for r in second.sweep.rows] == [Cell.from_row(r) for r in first.sweep.rows]
     assert len(_rows(db)) == 2  # one cell per scan, both the same stored row
     con = sqlite3.connect(str(db))
     assert con.execute("SELECT COUNT(*) FROM results").fetchone() == (1,)
@@ -156,8 +166,12 @@ def test_cli_scan_reports_and_exits_nonzero_on_a_violation(tmp_path, monkeypatch
 
 
 def test_bad_grid_values_are_errors(tmp_path):
-    with pytest.raises(Exception, match="--cp"):
-        run_scan(BASE, tmp_path / "x.db", cp_values=(0,), seq_lens=(8192,))
+    import yaml
+
+    cfg = tmp_path / "base.yaml"
+    cfg.write_text(yaml.safe_dump(BASE))
+    res = CliRunner().invoke(main, ["scan", str(cfg), "--db", str(tmp_path / "x.db"), "--cp", "0", "--seq-len", "8192"])
+    assert res.exit_code == 2 and "--cp" in res.stderr
     assert not (tmp_path / "x.db").exists()
 
 
@@ -190,4 +204,4 @@ def test_a_scan_where_every_cell_failed_never_reports_success(tmp_path):
     assert "no cell ran" in res.stderr
     assert "non-increasing" not in res.output
     report = run_scan(BASE, db, cp_values=(8, 16), seq_lens=(8192,))
-    assert not report.ok and not report.violations
+    assert not _ok(report) and not report.violations

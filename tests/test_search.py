@@ -43,7 +43,7 @@ def test_layouts_cover_every_registered_dimension_including_a_third_party_one():
     assert len({json.dumps(l, sort_keys=True) for l in layouts}) == len(layouts)
     assert {"dp": 1, "pp": 1, "cp": 2, "tp": 4, "ep": 4} in layouts
     plugin = types.SimpleNamespace(g5_register_dimensions=hookimpl(
-        lambda register: register(Dimension("sp", factor=True, rank_order=25, doc="test"))))
+        lambda register: register(Dimension(name="sp", factor=True, rank_order=25, doc="test"))))
     with_sp = enumerate_layouts(8, _dims([("sp_test", plugin)]))
     assert all(l["dp"] * l["pp"] * l["cp"] * l["sp"] * l["tp"] == 8 for l in with_sp)
     assert any(l["sp"] == 8 for l in with_sp)
@@ -64,7 +64,7 @@ def test_best_returns_the_fastest_layout_of_an_exhaustive_simulation_and_says_wh
     result = best_layouts(RAW, db_path=tmp_path / "best.db")
     # exhaustive: simulate every layout the plugins accept, fitting or not
     latency, fits = {}, {}
-    for par in enumerate_layouts(4, _dims()):
+    for par in enumerate_layouts(4, _dims(), moe=False):  # a dense model: no ep
         try:
             out = run(dict(RAW, parallel=par))
         except ConfigError:
@@ -83,9 +83,10 @@ def test_best_returns_the_fastest_layout_of_an_exhaustive_simulation_and_says_wh
             assert e.reason.startswith("does not fit by") and e.shortfall_bytes > 0
             mem = memory_report(make_plan(dict(RAW, parallel=e.parallel)).ctx)
             assert e.shortfall_bytes == max(c.total_bytes - c.capacity_bytes for c in mem.per_chip)
-    # a dense model: ep > 1 is refused by the ep plugin, with its message
-    ep = [e for e in result.excluded if e.family == "parallel.ep"]
-    assert ep and all("no MoE layers" in e.reason for e in ep)
+    # a dense model: no ep layout is enumerated (none is excluded for it either)
+    assert all("ep" not in c.parallel for c in result.ranked)
+    assert not [e for e in result.excluded if e.family == "parallel.ep"]
+    assert len(enumerate_layouts(4, _dims())) > len(enumerate_layouts(4, _dims(), moe=False))
     assert result.pareto[0] == result.ranked[0]
 
 
@@ -98,13 +99,21 @@ def test_cli_best_json_schema_and_text(tmp_path):
     assert res.exit_code == 0, res.stderr
     data = json.loads(res.stdout)
     assert len(data) == 3
-    assert all(set(d) == {"parallel", "latency_s", "fits", "max_total_bytes"} for d in data)
-    assert all(d["fits"] is True and d["latency_s"] > 0 for d in data)
-    assert set(data[0]["parallel"]) == {"dp", "tp", "pp", "cp", "ep"}
-    res = CliRunner().invoke(main, ["best", str(cfg), "--top", "2"])
+    assert all(set(d) == {"parallel", "latency_s", "fits", "max_total_bytes", "tokens_per_s_per_chip",
+                          "objective_value", "config"} for d in data)
+    assert all(d["fits"] is True and d["latency_s"] > 0 and d["tokens_per_s_per_chip"] > 0 for d in data)
+    assert [d["objective_value"] for d in data] == [d["tokens_per_s_per_chip"] for d in data]
+    assert set(data[0]["parallel"]) == {"dp", "tp", "pp", "cp"}  # a dense model: no ep
+    # the full configuration: rerunning it gives the candidate's latency
+    cfg0 = data[0]["config"]
+    assert cfg0["model"] == RAW["model"] and cfg0["parallel"] == {**cfg0["parallel"], **data[0]["parallel"]}
+    assert run(cfg0, disabled=THIRD_PARTY).latency_s == data[0]["latency_s"]
+    res = CliRunner().invoke(main, ["best", str(cfg), "--top", "2"] + no_third_party)
     assert res.exit_code == 0
     assert "Pareto front" in res.stdout and "does not fit: 1 layout(s), short by" in res.stdout
-    assert "parallel.ep:" in res.stdout
+    header = next(l for l in res.stdout.splitlines() if l.startswith("rank"))
+    assert header.split()[:5] == ["rank", "cp", "dp", "pp", "tp"] and " ep " not in header
+    assert "parallel.ep:" not in res.stdout
 
 
 def test_an_objective_of_the_other_phase_is_refused():

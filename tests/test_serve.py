@@ -237,7 +237,7 @@ class ServingPlugin:
 
 def test_a_plugin_registers_a_router_and_a_scheduler_and_passes_the_contract():
     from g5core.api.plugins import Hooks, make_plugin_manager
-    from g5core.api.testing import check_plugin
+    from g5core.testing import check_plugin
     from g5core.serve.registry import serving_registry
 
     reg = serving_registry(Hooks(make_plugin_manager(extra_plugins=[("myserve", ServingPlugin())])))

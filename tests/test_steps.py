@@ -380,3 +380,49 @@ def test_the_measured_tables_leave_a_prefix_block_to_the_roofline():
     system = get_system("h100-sxm")
     dep = make_plan(load_raw(DECODE, TP8)).ctx.deployment
     assert attention_ms(None, kernel(2048, 32048), "bf16", dep, system) is None
+
+
+def test_a_prepared_plan_refuses_a_step_beyond_the_input_limits():
+    plan = g5core.prepare(DECODE, overrides=TP8)
+    with pytest.raises(ConfigError) as err:
+        plan.simulate([StepGroup(new_tokens=1, cached_tokens=2 ** 41, count=1)])
+    assert err.value.field == "step.0.cached_tokens"
+    with pytest.raises(ConfigError, match="must be a positive whole number"):
+        plan.simulate([{"new_tokens": 0, "count": 1}])
+
+
+def test_a_prepared_plan_on_the_math_path_gives_the_closed_form():
+    raw = load_raw(DECODE, TP8 + ["path=math"])
+    plan = g5core.prepare(raw)
+    res = plan.simulate(Step.decode(raw["batch"], raw["seq_len"]))
+    assert res.latency_s == run(raw).latency_s
+    assert plan.simulate([StepGroup(new_tokens=512, count=1), StepGroup(new_tokens=1, cached_tokens=99, count=4)]
+                         ).latency_s > 0
+
+
+@pytest.mark.parametrize("parallel,model", [
+    ({"dp": 2, "tp": 2, "pp": 2, "cp": 1}, "llama-3.1-8b"),               # pipeline stages, replicas simulated once
+    ({"dp": 2, "tp": 2, "pp": 1, "cp": 2, "ep": 4}, "mixtral-8x7b"),      # experts and a CP ring
+])
+def test_reuse_across_layouts_is_a_fresh_runs_result(parallel, model):
+    base = {"model": model, "system": "h100-sxm", "chips": 8, "parallel": parallel}
+    if parallel["cp"] == 1:
+        steps = [[StepGroup(new_tokens=1, cached_tokens=1023, count=4)], [StepGroup(new_tokens=1, cached_tokens=4095, count=12)],
+                 [StepGroup(new_tokens=512, count=1), StepGroup(new_tokens=1, cached_tokens=999, count=8)]]
+    else:
+        steps = [[StepGroup(new_tokens=1024, count=1)], [StepGroup(new_tokens=512, cached_tokens=2048, count=2)]]
+    plan = g5core.prepare(dict(base, step=[g.to_dict() for g in steps[0]]))
+    for step in steps:
+        res = plan.simulate(step, detail=True)
+        assert _sim_json(res.sim) == _sim_json(run(dict(base, step=res.step.to_list())).sim)
+    assert plan.cache_info()["dags_reused"] == len(steps) - 1
+
+
+def test_a_step_on_a_windowed_model_warns_that_its_attention_spans_the_context():
+    from g5core.present.caveats import deployment_warnings
+
+    base = {"model": "gemma-2-9b", "system": "h100-sxm", "chips": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1}}
+    step = make_plan(dict(base, step=[{"new_tokens": 1024, "cached_tokens": 8192, "count": 1}]))
+    assert any("windowed attention" in w and "cached prefix" in w for w in deployment_warnings(step.ctx))
+    short = make_plan(dict(base, phase="prefill", batch=1, seq_len=8192))
+    assert not any("windowed attention" in w for w in deployment_warnings(short.ctx))

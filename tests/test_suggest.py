@@ -21,14 +21,16 @@ EX_70B = Path(__file__).resolve().parent.parent / "examples" / "llama-3.1-70b-pr
     ("llama3.1-8b", "llama-3.1-8b"),  # punctuation
     ("llama-70b", "llama-3.1-70b"),   # a family: every part of the name appears
     ("deepseek", "deepseek-v3"),
-    ("qwen3", "qwen3-235b-a22b"),
+    ("qwen3-235", "qwen3-235b-a22b"),
+    ("gpt-oss-12", "gpt-oss-120b"),
 ])
 def test_closest_prefers_prefix_and_family(typed, meant):
     assert closest(typed, list(CATALOG_NAMES) + list(CATALOG)) == [meant]
 
 
 def test_an_ambiguous_prefix_lists_the_candidates_and_a_typo_still_gets_one():
-    assert suggest("llama", CATALOG) == " (did you mean one of 'llama-3.1-405b', 'llama-3.1-70b', 'llama-3.1-8b'?)"
+    assert suggest("llama-3", CATALOG) == " (did you mean one of 'llama-3.1-405b', 'llama-3.1-70b', 'llama-3.1-8b'?)"
+    assert suggest("qwen3", CATALOG) == " (did you mean one of 'qwen3-235b-a22b', 'qwen3-30b-a3b', 'qwen3-8b'?)"
     assert suggest("tpp", ["tp", "pp", "dp"]) == " (did you mean 'tp'?)"
     assert suggest("zzz", ["tp", "pp"]) == ""
 

@@ -96,7 +96,7 @@ def test_auto_derives_dp_from_chips_and_refuses_a_remainder():
 
 def test_auto_counts_a_third_party_dimension():
     plugin = types.SimpleNamespace(g5_register_dimensions=hookimpl(
-        lambda register: register(Dimension("sp", factor=True, rank_order=25, doc="test"))))
+        lambda register: register(Dimension(name="sp", factor=True, rank_order=25, doc="test"))))
     dims = _dims([("sp_test", plugin)])
     raw = dict(BASE, parallel={"dp": "auto", "tp": 2, "pp": 1, "cp": 1, "sp": 2})
     assert resolve_auto(raw, dims)["parallel"]["dp"] == 2

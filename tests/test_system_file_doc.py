@@ -43,3 +43,23 @@ def test_the_example_file_loads():
     block = DOC.split("```yaml\n", 1)[1].split("```", 1)[0]
     spec = SystemSpec._from_text(block, "docs/system-file.md")
     assert spec.name == "my-cluster" and spec.chips_per_node == 4
+
+
+def test_the_worked_nodes_per_leaf_example():
+    """The 4-node example's figures are the topology's: two leaves of two nodes, 384 GB/s up."""
+    from g5core.build.topology import Topology
+    from g5core.inputs.systems import get_system
+
+    assert "fabric: {nodes_per_leaf: 2, oversubscription: 2}" in DOC
+    spec = attrs.evolve(get_system("h100-sxm"), fabric={"nodes_per_leaf": 2, "oversubscription": 2.0})
+    topo = Topology.from_system(spec, 32)
+    assert [topo.leaf_of(n) for n in range(4)] == [0, 0, 1, 1]
+    caps = topo.capacities()
+    names = [topo.resource_name(r) for r in range(len(caps))]
+    assert caps[names.index("leaf0.up")] == 2 * 8 * 48e9 / 2 == 384e9
+    assert "2 x 8 x 48 / 2 = 384 GB/s" in DOC
+    # node 0 to node 1: NICs only; node 0 to node 2: through leaf0.up and leaf1.down
+    inside = [names[r] for r in topo.network_route(0, 0, 1, 0)]
+    across = [names[r] for r in topo.network_route(0, 0, 2, 0)]
+    assert not any(n.startswith("leaf") for n in inside)
+    assert "leaf0.up" in across and "leaf1.down" in across

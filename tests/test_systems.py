@@ -16,7 +16,7 @@ from g5core.inputs.systems import (
     get_system,
 )
 
-EXPECTED = {"h100-sxm", "h200", "h800", "b200", "a100-80gb", "gb200-nvl72"}
+EXPECTED = {"h100-sxm", "h200", "h800", "b200", "a100-80gb", "gb200-nvl72", "gb300-nvl72", "gh200-nvl32", "h20"}
 
 GOOD = {
     "name": "my-cluster",
@@ -58,7 +58,7 @@ def test_every_catalog_system_loads(name):
     spec = get_system(name)
     assert isinstance(spec, SystemSpec)
     assert spec.name == name
-    assert spec.chips_per_node == (72 if name == "gb200-nvl72" else 8)
+    assert spec.chips_per_node == {"gb200-nvl72": 72, "gb300-nvl72": 72, "gh200-nvl32": 32}.get(name, 8)
     assert set(spec.efficiency) == set(EFFICIENCY_KEYS)
     for op in OP_CLASSES + ("hbm",):
         assert 0 < spec.op_efficiency(op) <= 1
@@ -75,7 +75,7 @@ def test_unknown_system_name_suggests_and_lists():
     msg = str(info.value)
     assert msg.startswith("system: unknown system 'h100'")
     assert "did you mean" in msg
-    assert "known: a100-80gb, b200, gb200-nvl72, h100-sxm, h200, h800" in msg
+    assert "known: a100-80gb, b200, gb200-nvl72, gb300-nvl72, gh200-nvl32, h100-sxm, h20, h200, h800" in msg
     assert "path to a system YAML file" in msg
 
 
@@ -334,3 +334,22 @@ def test_figures_sanity():
     assert b200.peak_flops("bf16") > h100.peak_flops("bf16") > a100.peak_flops("bf16")
     assert h100.peak_flops("bf16") == 989.4e12
     assert a100.peak_flops("fp32") == 19.5e12
+
+
+def test_systems_show_prints_the_resolved_values_of_a_base_file(tmp_path):
+    from click.testing import CliRunner
+    from g5core.present.cli import main
+    from g5core.inputs.systems import SystemSpec, get_system
+
+    path = tmp_path / "h200-fast-nic.yaml"
+    path.write_text("base: h200\nname: h200-fast-nic\nnetwork_bw_bytes_per_s: 96e9\n")
+    res = CliRunner().invoke(main, ["systems", "show", str(path)])
+    assert res.exit_code == 0, res.output
+    head, resolved = res.output.split("# resolved:")
+    assert "network_bw_bytes_per_s: 96e9" in head
+    lines = resolved.splitlines()[1:]
+    assert "network_bw_bytes_per_s: 9.6e+10  # this file" in lines
+    assert "hbm_bw_bytes_per_s: 4.8e+12  # base h200" in lines
+    assert SystemSpec._from_text("\n".join(lines), "<resolved>") == get_system(str(path))  # every field, as run
+    plain = CliRunner().invoke(main, ["systems", "show", "h200"])
+    assert "# resolved" not in plain.output  # a file without base: is its own listing

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from g5core import ConfigError, DagError, Dimension, hookimpl
-from g5core.present.cli import render_explain
+from g5core.present.render import render_explain
 from g5core.sim.run import make_plan, run
 from plugin_sets import THIRD_PARTY
 
@@ -16,7 +16,7 @@ from plugin_sets import THIRD_PARTY
 def _sp_plugin():
     @hookimpl
     def g5_register_dimensions(register):
-        register(Dimension("sp", factor=True, rank_order=25, doc="sequence parallel (test)"))
+        register(Dimension(name="sp", factor=True, rank_order=25, doc="sequence parallel (test)"))
 
     @hookimpl
     def g5_shard_factors(deployment, model):

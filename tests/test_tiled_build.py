@@ -9,8 +9,10 @@ import pytest
 
 from g5core import CommOp, ComputeOp, DagError, Fragment
 from g5core.build.builder import _prefix_free, build_dag
-from g5core.build.dag import KEY_GROUP, KEY_PAIR, KEY_VERBATIM, OpDag, join_key, split_key
-from g5core.build.layers import LogicalOp, build_program
+from g5core.api.ops import KEY_GROUP, KEY_PAIR, KEY_VERBATIM, join_key, split_key
+from g5core.build.dag import OpDag
+from g5core.api.work import LogicalOp
+from g5core.build.layers import build_program
 from g5core.sim.run import make_plan
 from plugin_sets import THIRD_PARTY
 import plugins.cp_passkv as passkv

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from g5core.build.builder import build_dag
-from g5core.build.dag import CommOp, ComputeOp
+from g5core.api.ops import CommOp, ComputeOp
 from g5core.sim.engine import compile_dag
 from g5core.sim.memory import memory_report
 from g5core.inputs.models import get_model

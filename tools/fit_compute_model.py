@@ -21,8 +21,9 @@ from g5plugins.measured.tables import table_frame
 GPUS = {"a100_sxm": ("a100-80gb", {"bfloat16": 312e12}, 2.039e12),
         "h100_sxm": ("h100-sxm", {"bfloat16": 989.4e12, "fp8": 1978.9e12}, 3.35e12),
         "h200_sxm": ("h200", {"bfloat16": 989.4e12, "fp8": 1978.9e12}, 4.8e12),
-        "b200_sxm": ("b200", {"bfloat16": 2250e12, "fp8": 4500e12}, 8.0e12),
-        "gb200": ("gb200-nvl72", {"bfloat16": 2500e12, "fp8": 5000e12}, 8.0e12)}
+        "b200_sxm": ("b200", {"bfloat16": 2250e12, "fp8": 4500e12, "nvfp4": 9000e12}, 8.0e12),
+        "gb200": ("gb200-nvl72", {"bfloat16": 2500e12, "fp8": 5000e12, "nvfp4": 10000e12}, 8.0e12),
+        "gb300": ("gb300-nvl72", {"bfloat16": 2500e12, "fp8": 5000e12, "nvfp4": 15000e12}, 8.0e12)}
 
 
 def main() -> int:

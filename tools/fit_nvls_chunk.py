@@ -24,7 +24,7 @@ from scipy.optimize import minimize_scalar
 from g5plugins.collectives import nccl
 
 DATA = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / "nccl"
-LINK_GBPS = 370.8           # H100/H200: 18 NVLinks x 20.6 GB/s (NCCL topo.h), the shipped figure
+LINK_GBYTES_PER_S = 370.8           # H100/H200: 18 NVLinks x 20.6 GB/s (NCCL topo.h), the shipped figure
 N = 8
 
 
@@ -37,7 +37,7 @@ def rows(name):
 
 def model_us(size, c0):
     eff = nccl.nvls_efficiency_of_chunk(nccl.nvls_chunk_bytes(size, N), c0)
-    algbw = LINK_GBPS * eff / (1.0 + 1.0 / N)
+    algbw = LINK_GBYTES_PER_S * eff / (1.0 + 1.0 / N)
     return nccl.HW_LAT_US["nvlink"]["nvls"]["simple"] + size / (1000.0 * algbw)
 
 

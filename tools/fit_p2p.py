@@ -45,14 +45,14 @@ def rows(name: str) -> list[tuple[int, int, float]]:
             if not any(n2 == n and s2 > s and t2 < t for n2, s2, t2 in data)]
 
 
-def model_us(system, n: int, size: int, rate_gbps: float, efficiency: float) -> float:
-    link_gbps = system.intra_node_bw_bytes_per_s / 1e9
-    channels = nccl.p2p_node_channels(link_gbps, system.compute_capability)
+def model_us(system, n: int, size: int, rate_gbytes_per_s: float, efficiency: float) -> float:
+    link_gbytes_per_s = system.intra_node_bw_bytes_per_s / 1e9
+    channels = nccl.p2p_node_channels(link_gbytes_per_s, system.compute_capability)
     m = size / n
     nc = nccl.p2p_peer_channels(m, n, channels)
     wire = nccl.P2P_LL_WIRE_FACTOR if nccl.p2p_protocol(m, nc) == "ll" else 1.0
-    copy = nccl.p2p_copy_time_us(m, n, channels, rate_gbps)
-    link = (n - 1) * m * wire / (efficiency * link_gbps * 1000.0)
+    copy = nccl.p2p_copy_time_us(m, n, channels, rate_gbytes_per_s)
+    link = (n - 1) * m * wire / (efficiency * link_gbytes_per_s * 1000.0)
     return system.intra_node_latency_s * 1e6 + max(copy, link)
 
 
@@ -77,11 +77,11 @@ def main(argv) -> None:
                    options={"xatol": 1e-4, "fatol": 1e-10})
     rate, eff = fit.x
     print(f"r = {rate:.2f} GB/s per channel, eta = {eff:.3f} (fitted on {len(h100)} H100 rows; rms log error "
-          f"{math.sqrt(fit.fun / len(h100)):.3f}); nccl.py has r = {nccl.P2P_CHANNEL_COPY_RATE_GBPS}, "
+          f"{math.sqrt(fit.fun / len(h100)):.3f}); nccl.py has r = {nccl.P2P_CHANNEL_COPY_RATE_GBYTES_PER_S}, "
           f"eta = {nccl.P2P_NVLINK_EFFICIENCY}")
     for data_name, sysname in (FIT,) + CHECKS:
         system, data = get_system(sysname), rows(data_name)
-        errs = errors(system, data, nccl.P2P_CHANNEL_COPY_RATE_GBPS, nccl.P2P_NVLINK_EFFICIENCY)
+        errs = errors(system, data, nccl.P2P_CHANNEL_COPY_RATE_GBYTES_PER_S, nccl.P2P_NVLINK_EFFICIENCY)
         for n in (2, 4, 8):
             all_e = [e for g, _, e in errs if g == n]
             big = [e for g, s, e in errs if g == n and s >= 2 ** 26]

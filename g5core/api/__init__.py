@@ -1,1 +1,1 @@
-"""What plugins see: the hook specifications, the plugin manager, plugin options, dimensions, errors, and the contract suite for plugin authors."""
+"""What plugins see: the hook specifications, the build context, the ops and fragments they make, the records they return (memory terms, lowerings, sweep presets), plugin options, dimensions, errors, and the plugin manager. It imports nothing else of the core."""

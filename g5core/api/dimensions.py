@@ -12,7 +12,7 @@ from g5core.api.plugins import Hooks
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Dimension:
     """One parallel dimension.
 
@@ -26,6 +26,9 @@ class Dimension:
     ``replicas``: the slices of chips along this (factor) dimension are independent replicas
     running the same work, so the core may simulate one and replicate its results where
     it proves that exact (:mod:`g5core.build.symmetry`).
+    ``moe_only``: the dimension splits routed experts, so a model without MoE layers has
+    nothing for it to split: the layout search does not enumerate it, and leaves it out of
+    what it prints, for a dense model.
     """
 
     name: str = attrs.field(validator=attrs.validators.matches_re(_NAME))
@@ -36,6 +39,7 @@ class Dimension:
     doc: str = ""
     owner: str = ""
     replicas: bool = False
+    moe_only: bool = False
 
     def __attrs_post_init__(self):
         if self.factor and self.regroups:
@@ -68,21 +72,7 @@ class DimensionRegistry:
 
 def collect_dimensions(hooks: Hooks) -> DimensionRegistry:
     """Ask every plugin to register its dimensions; duplicates and bad specs are errors."""
-    found: dict[str, Dimension] = {}
-
-    def make_register(plugin: str):
-        def register(dim: Dimension) -> None:
-            if not isinstance(dim, Dimension):
-                raise PluginError(plugin, f"g5_register_dimensions: expected a Dimension, got {dim!r}")
-            if dim.name in found:
-                raise PluginError(
-                    plugin,
-                    f"dimension '{dim.name}' is already registered by plugin '{found[dim.name].owner}'",
-                )
-            found[dim.name] = attrs.evolve(dim, owner=plugin)
-        return register
-
-    hooks.call_registration("g5_register_dimensions", make_register)
+    found: dict[str, Dimension] = hooks.collect_named("g5_register_dimensions", Dimension, "dimension")
     registry = DimensionRegistry(tuple(found[name] for name in sorted(found)))
     for d in registry.dims:
         for other in d.regroups:

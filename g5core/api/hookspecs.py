@@ -8,28 +8,22 @@ inside the engine's event loop. Calling modes:
 - contribution hooks are collect-all: every plugin may answer and the core merges the
   answers (``None`` means "nothing to add");
 - guard hooks return ``None`` for "no objection" or a message explaining the refusal;
-- ``g5_compute_latency`` is ``firstresult``: the first plugin that answers wins (the
-  roofline plugin answers last, as the default).
+- first-answer hooks (``g5_topology``, ``g5_compute_latency``): the core asks the plugins in
+  order and the first that answers (not ``None``) wins; the roofline plugin answers
+  ``g5_compute_latency`` last, as the default. The core calls every hook through its facade
+  (:class:`g5core.api.plugins.Hooks`), one implementation at a time, so no spec carries
+  pluggy's ``firstresult`` flag.
+
+The annotations name the types by their ``g5core`` names (``BuildContext``, ``Fragment``,
+``MemoryTerm``... exported from ``g5core``; ``Deployment``, ``ModelSpec``, ``SystemSpec`` from
+``g5core.inputs``) without importing them: this module imports nothing of the core, so the
+contract depends on no implementation module (tests/test_layout.py).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 import pluggy
-
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from g5core.inputs.config import Deployment
-    from g5core.build.dag import ComputeOp, Fragment
-    from g5core.build.layers import LogicalOp
-    from g5core.sim.memory import MemoryTerm
-    from g5core.build.builder import BuildContext
-    from g5core.api.dimensions import Dimension
-    from g5core.inputs.models import ModelSpec
-    from g5core.inputs.systems import SystemSpec
-    from g5core.sim.collective import Lowering
-    from g5core.build.topology import Topology
-    from g5core.api.options import PluginOption
-    from g5core.study.sweep import SweepPreset
 
 hookspec = pluggy.HookspecMarker("g5")
 
@@ -43,7 +37,7 @@ def g5_register_dimensions(register: Callable[["Dimension"], None]) -> None:
     """Register the parallel dimensions this plugin owns (registration hook).
 
     Call ``register(Dimension(...))`` once per dimension. A dimension is a factor of the
-    chip count (dp, tp, pp, cp) or regroups factor dimensions (ep regroups dp x tp). A
+    chip count (dp, tp, pp, cp) or regroups factor dimensions (ep regroups dp x sp x tp). A
     ``parallel`` key that no enabled plugin registers is an unknown key. Registering a name
     that another plugin registered is an error naming both plugins.
     """
@@ -53,7 +47,7 @@ def g5_register_dimensions(register: Callable[["Dimension"], None]) -> None:
 def g5_register_options(register: Callable[["PluginOption"], None]) -> None:
     """Declare this plugin's configuration options (registration hook).
 
-    Call ``register(PluginOption(name, default, doc, kind=...))`` once per option. A
+    Call ``register(PluginOption(name=..., default=..., doc=..., kind=...))`` once per option. A
     configuration sets them under ``plugins: {PLUGIN_NAME: {option: value}}``; the core
     validates them (unknown option, wrong type: a one-line ConfigError naming the field) and
     plugins read them with ``deployment.option(PLUGIN_NAME, option)``. Declaring a name twice
@@ -176,9 +170,9 @@ def g5_register_primitives(
     """
 
 
-@hookspec(firstresult=True)
+@hookspec
 def g5_topology(system: "SystemSpec", chips: int) -> Optional["Topology"]:
-    """The network of ``chips`` chips on ``system`` (firstresult).
+    """The network of ``chips`` chips on ``system`` (first answer wins).
 
     Return a :class:`g5core.build.topology.Topology`, or ``None`` to let the core build it from
     the system file (scale-up links, NICs, and an optional oversubscribed fabric tier).
@@ -190,11 +184,11 @@ def g5_topology(system: "SystemSpec", chips: int) -> Optional["Topology"]:
 # --------------------------------------------------------------------------------------
 
 
-@hookspec(firstresult=True)
+@hookspec
 def g5_compute_latency(
     op: "ComputeOp", system: "SystemSpec", deployment: "Deployment"
 ) -> Optional[float]:
-    """Seconds a compute op takes on its chip (firstresult).
+    """Seconds a compute op takes on its chip (first answer wins).
 
     Return ``None`` to let the next plugin answer, seconds, or a
     ``g5core.sim.compute.ComputeTime(seconds, measured_s)`` saying how much of the time came

@@ -24,7 +24,7 @@ KINDS = ("bool", "int", "choice")
 RESERVED = ("disable",)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class PluginOption:
     """One option of one plugin.
 
@@ -134,23 +134,21 @@ def collect_options(hooks) -> OptionRegistry:
     found: dict[tuple[str, str], PluginOption] = {}
     legacy: dict[str, str] = {}
 
-    def make_register(plugin: str):
-        def register(option: PluginOption) -> None:
-            if not isinstance(option, PluginOption):
-                raise PluginError(plugin, f"g5_register_options: expected a PluginOption, got {option!r}")
-            if plugin in RESERVED:
-                raise PluginError(plugin, f"a plugin named {plugin!r} cannot declare options (plugins.{plugin} is the core's)")
-            if (plugin, option.name) in found:
-                raise PluginError(plugin, f"option '{option.name}' is declared twice")
-            if option.legacy_key:
-                if option.legacy_key in legacy:
-                    raise PluginError(plugin, f"legacy key '{option.legacy_key}' is already claimed by plugin "
-                                              f"'{legacy[option.legacy_key]}'")
-                legacy[option.legacy_key] = plugin
-            found[(plugin, option.name)] = attrs.evolve(option, owner=plugin)
-        return register
+    def record(plugin: str, option: PluginOption) -> None:
+        if not isinstance(option, PluginOption):
+            raise PluginError(plugin, f"g5_register_options: expected a PluginOption, got {option!r}")
+        if plugin in RESERVED:
+            raise PluginError(plugin, f"a plugin named {plugin!r} cannot declare options (plugins.{plugin} is the core's)")
+        if (plugin, option.name) in found:
+            raise PluginError(plugin, f"option '{option.name}' is declared twice")
+        if option.legacy_key:
+            if option.legacy_key in legacy:
+                raise PluginError(plugin, f"legacy key '{option.legacy_key}' is already claimed by plugin "
+                                          f"'{legacy[option.legacy_key]}'")
+            legacy[option.legacy_key] = plugin
+        found[(plugin, option.name)] = attrs.evolve(option, owner=plugin)
 
-    hooks.call_registration("g5_register_options", make_register)
+    hooks.call_registration("g5_register_options", record)
     return OptionRegistry(tuple(found[k] for k in sorted(found)))
 
 

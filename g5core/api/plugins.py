@@ -6,6 +6,7 @@ same way third-party plugins are. Disabled names are blocked *before* entry poin
 """
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from typing import Any, Callable, Iterable, Sequence
 
@@ -21,12 +22,11 @@ PROJECT_NAME = "g5"
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class PluginInfo:
     name: str
     enabled: bool
     hooks: tuple[str, ...]
-    source: str  # "module:path" for loaded plugins, "" for disabled ones
 
 
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
@@ -123,11 +123,10 @@ def describe_plugins(pm: pluggy.PluginManager) -> tuple[PluginInfo, ...]:
     for name in sorted(names):
         plugin = registered.get(name)
         if plugin is None:
-            infos.append(PluginInfo(name=name, enabled=False, hooks=(), source=""))
+            infos.append(PluginInfo(name=name, enabled=False, hooks=()))
             continue
         hooks = tuple(sorted(h.name for h in pm.get_hookcallers(plugin) or ()))
-        source = getattr(plugin, "__name__", type(plugin).__name__)
-        infos.append(PluginInfo(name=name, enabled=True, hooks=hooks, source=source))
+        infos.append(PluginInfo(name=name, enabled=True, hooks=hooks))
     return tuple(infos)
 
 
@@ -170,11 +169,29 @@ class Hooks:
                 return impl.plugin_name, result
         return None
 
-    def call_registration(self, hook_name: str, make_register: Callable[[str], Callable[..., None]]) -> None:
-        """Call a registration hook: each implementation gets ``register = make_register(plugin_name)``,
-        so what it registers is recorded under its own plugin's name."""
+    def call_registration(self, hook_name: str, record: Callable[..., None]) -> None:
+        """Call a registration hook: each implementation gets a ``register`` that passes what
+        it registers to ``record(plugin_name, *args)``, so it is recorded under its own
+        plugin's name (the core's one registration collector: ``record`` validates)."""
         for impl in self.implementations(hook_name):
-            self.call_impl(impl, hook_name, {"register": make_register(impl.plugin_name)})
+            self.call_impl(impl, hook_name, {"register": functools.partial(record, impl.plugin_name)})
+
+    def collect_named(self, hook_name: str, cls: type, what: str) -> dict[str, Any]:
+        """Every ``cls`` value (an attrs record with ``name`` and ``owner``) the plugins
+        register through ``hook_name``, by name, its ``owner`` set to the registering plugin;
+        a value of another type, or a name registered twice, is an error naming the plugin."""
+        found: dict[str, Any] = {}
+
+        def record(plugin: str, value) -> None:
+            if not isinstance(value, cls):
+                raise PluginError(plugin, f"{hook_name}: expected a {cls.__name__}, got {value!r}")
+            if value.name in found:
+                raise PluginError(plugin, f"{what} '{value.name}' is already registered by plugin "
+                                          f"'{found[value.name].owner}'")
+            found[value.name] = attrs.evolve(value, owner=plugin)
+
+        self.call_registration(hook_name, record)
+        return found
 
     @staticmethod
     def call_impl(impl, hook_name: str, kwargs: dict) -> Any:

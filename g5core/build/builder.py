@@ -15,14 +15,14 @@ import pluggy
 from g5core.sim.collective import collect_primitives
 from g5core.build.topology import Topology
 from g5core.inputs.config import Deployment
-from g5core.build.dag import (ID_DTYPE, ID_LIMIT, KEY_VERBATIM, CommOp, ComputeOp, Fragment, OpDag, Replicated, Tiled, _slot_op, require_lowering,
-                  split_key)
+from g5core.build.dag import ID_DTYPE, ID_LIMIT, OpDag, require_lowering
+from g5core.api.ops import KEY_VERBATIM, CommOp, ComputeOp, Fragment, Replicated, Tiled, _slot_op, split_key
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError, ResourceError
 from g5core.build.flops import activation_tensor_bytes
-from g5core.build.layers import (
-    SYNC_KINDS, LogicalOp, Work, build_program, default_work, local_kv_bytes_per_token,
-)
+from g5core.build.layers import SYNC_KINDS, build_program, default_work, local_kv_bytes_per_token
+from g5core.api.work import LogicalOp, Work
+from g5core.api.context import BuildContext
 from g5core.inputs.models import ModelSpec, get_model
 from g5core.api.plugins import Hooks, describe_plugins
 from g5core.build.rankmap import RankMap
@@ -35,109 +35,35 @@ _MISSING = object()
 
 
 @attrs.define(eq=False)
-class BuildContext:
-    """Everything a plugin may read while contributing to a run. Plugins must not mutate it."""
+class CoreBuildContext(BuildContext):
+    """The build context the core makes: :class:`BuildContext` answered by the core's formulas."""
 
-    deployment: Deployment
-    model: ModelSpec
-    system: SystemSpec
-    dims: DimensionRegistry
-    rankmap: RankMap
-    shape: LocalShape
-    topology: Topology
-    hooks: Hooks = attrs.field(repr=False)
-    _layer_chips: dict = attrs.field(factory=dict, repr=False)
     _works: dict = attrs.field(factory=dict, repr=False)
-    #: when set, the only chips ops are placed on (one replica of a symmetric run:
-    #: g5core.build.symmetry); every other field still describes the whole cluster
-    replica_chips: Optional[tuple[int, ...]] = attrs.field(default=None, repr=False)
 
     def restricted(self, chips: tuple[int, ...]) -> "BuildContext":
-        """The same context with ops placed on ``chips`` only."""
+        """The same context with ops placed on ``chips`` only (the works made are shared)."""
         return attrs.evolve(self, layer_chips={}, works=self._works, replica_chips=tuple(chips))
 
-    @property
-    def phase(self) -> str:
-        return self.deployment.phase
-
-    def size(self, dim: str) -> int:
-        return self.deployment.size(dim)
-
-    @property
-    def all_chips(self) -> tuple[int, ...]:
-        return tuple(range(self.rankmap.chips))
-
-    def layer_chips(self, layer: int) -> tuple[int, ...]:
-        """Chips holding ``layer`` (intersection of every plugin's answer)."""
-        if layer not in self._layer_chips:
-            chips = set(self.all_chips if self.replica_chips is None else self.replica_chips)
-            for plugin, answer in self.hooks.call_each("g5_layer_chips", ctx=self, layer=layer):
-                chips &= _chip_set(plugin, "g5_layer_chips", answer, self.rankmap.chips)
-            self._layer_chips[layer] = tuple(sorted(chips))
-        return self._layer_chips[layer]
-
-    def place(self, lop: LogicalOp) -> tuple[int, ...]:
-        """Chips that run ``lop``: the layer's chips, restricted by g5_place_op answers."""
-        chips = set(self.layer_chips(lop.layer))
-        for plugin, answer in self.hooks.call_each("g5_place_op", ctx=self, lop=lop):
-            chips &= _chip_set(plugin, "g5_place_op", answer, self.rankmap.chips)
-        return tuple(sorted(chips))
-
-    def work(self, kind: str) -> Optional[Work]:
-        """The default work of ``kind`` on one chip, made once per context (it depends on
-        the kind, the model, the deployment and the shape only; a Work is immutable)."""
-        got = self._works.get(kind, _MISSING)
+    def work(self, kind: str, layer: int | None = None) -> Work | None:
+        """The default work of ``kind`` on one chip (of ``layer``, whose attention window it
+        follows), made once per context and kind, and per layer for a windowed layer's
+        attention (it depends on those, the model, the deployment and the shape only; a Work
+        is immutable)."""
+        key = (kind, layer) if kind == "attention" and layer is not None and self.model.kv_window(layer) else kind
+        got = self._works.get(key, _MISSING)
         if got is _MISSING:
-            got = self._works[kind] = default_work(kind, self.model, self.deployment, self.shape)
+            got = self._works[key] = default_work(kind, self.model, self.deployment, self.shape, layer)
         return got
 
     def hidden_states_bytes(self, tokens: float) -> float:
-        """Bytes of ``tokens`` hidden-state rows (``tokens x hidden x activation dtype``)."""
         return activation_tensor_bytes(tokens, self.model.hidden_size, self.deployment.dtypes.activation_element_bytes)
 
     @property
     def kv_bytes_per_token_local(self) -> float:
-        """c_kv as one chip stores it (GQA heads split by TP; the MLA latent is whole)."""
         return local_kv_bytes_per_token(self.model, self.deployment, self.shape)
 
-    def compute_dtype(self, work_or_class) -> str:
-        weight_class = work_or_class.weight_class if isinstance(work_or_class, Work) else work_or_class
-        d = self.deployment.dtypes
-        return d.weight_dtype(weight_class) if weight_class else d.activations
 
-    def compute_op(self, lop: LogicalOp, chip: int, work: Work, owner: str, part: str = "",
-                   flops: float | None = None, hbm_bytes: float | None = None) -> ComputeOp:
-        """A compute op of ``lop`` on ``chip``; ``flops``/``hbm_bytes`` override the work's."""
-        return ComputeOp(
-            key=lop.key(chip, part), chip=chip, op_class=work.op_class,
-            flops=work.flops if flops is None else flops,
-            hbm_bytes=work.hbm_bytes if hbm_bytes is None else hbm_bytes,
-            layer=lop.layer, name=lop.kind, dtype=self.compute_dtype(work), owner=owner, kernels=work.kernels,
-        )
-
-    def comm_op(self, lop: LogicalOp, primitive: str, group: Iterable[int], bytes_per_rank: float,
-                reason: str, owner: str, part: str) -> CommOp:
-        group = tuple(group)
-        return CommOp(
-            key=f"{lop.prefix}.{part}@g{'-'.join(map(str, group))}" if len(group) > 2 or primitive != "p2p"
-            else f"{lop.prefix}.{part}@c{group[0]}->c{group[1]}",
-            primitive=primitive, group=group, bytes_per_rank=bytes_per_rank, reason=reason,
-            layer=lop.layer, name=lop.kind, owner=owner,
-        )
-
-
-def _chip_set(plugin: str, hook: str, answer, chips: int) -> set[int]:
-    try:
-        out = {int(c) for c in answer}
-    except TypeError:
-        raise PluginError(plugin, f"{hook} must return chip ids or None, got {answer!r}") from None
-    bad = [c for c in out if not 0 <= c < chips]
-    if bad:
-        raise PluginError(plugin, f"{hook} returned chips outside 0..{chips - 1}: {sorted(bad)[:5]}")
-    return out
-
-
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class Plan:
     """A prepared run: validated deployment and everything derived from it, before the DAG."""
 
@@ -177,7 +103,8 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
     except ValueError as exc:
         raise ConfigError("parallel", str(exc)) from None
     topology = make_topology(hooks, system, rankmap.chips)
-    ctx = BuildContext(deployment, model, system, dims, rankmap, shape, topology, hooks)
+    ctx = CoreBuildContext(deployment=deployment, model=model, system=system, dims=dims, rankmap=rankmap, shape=shape,
+                           topology=topology, hooks=hooks)
     return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks))
 
 
@@ -234,7 +161,7 @@ def _name_disabled_plugins(exc: ConfigError, pm: pluggy.PluginManager, dims: Dim
 def default_fragment(ctx: BuildContext, lop: LogicalOp, chips: tuple[int, ...]) -> Fragment:
     if lop.kind in SYNC_KINDS:
         return Fragment(ops=())
-    work = ctx.work(lop.kind)
+    work = ctx.work(lop.kind, lop.layer)
     # one template for every chip; its key and chip stand for each chip's (lop.key(chip))
     template = ctx.compute_op(lop, chips[0] if chips else 0, work, owner="core")
     return Fragment.replicated(template, lop.prefix, chips)
@@ -387,14 +314,31 @@ def _head_edges(pairs, inputs: _PerChip, chips: np.ndarray, ids: np.ndarray) -> 
     _extend_pairs(pairs, inputs.ids[_ranges(inputs.ptr[chips], counts)], np.repeat(ids, counts))
 
 
+@attrs.frozen(kw_only=True)
+class _CommFamily:
+    """The comm ops of tiled templates that differ only by tile: one spec per tile, its
+    group the family's ``slots`` on the tile's chips."""
+
+    primitive: str
+    slots: tuple[int, ...]
+    reason: str
+    name: str
+    owner: str
+    bytes_per_rank: float
+    tiles_id: int
+
+    def spec_on(self, dag: OpDag, tile: tuple[int, ...]) -> int:
+        return dag._comm_spec(primitive=self.primitive, group=tuple(tile[s] for s in self.slots), reason=self.reason,
+                              name=self.name, owner=self.owner, bytes_per_rank=self.bytes_per_rank)
+
+
 class _TileCache:
     """What the tiled fragments of one build share: each distinct tiles tuple, checked, as
-    an array with an id; and per comm-op family (the spec with its group on slots, and the
-    tiles id) the spec id of each tile."""
+    an array with an id; and per comm-op family the spec id of each tile."""
 
     def __init__(self):
         self.tiles: dict[tuple, tuple[np.ndarray, int]] = {}
-        self.specs: dict[tuple, object] = {}
+        self.specs: dict[_CommFamily, object] = {}
 
 
 _NO_HEADS = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64))
@@ -414,7 +358,7 @@ def _add_ops(dag: OpDag, frag: Fragment, lop: LogicalOp, owner: str, prefixes: t
         key = op.key
         if not (type(op) is ComputeOp and type(op.chip) is int and 0 <= op.chip < n_chips
                 and key.startswith(prefixes)):
-            _check_op(op, prefixes, owner, n_chips, primitives)
+            check_op(op, prefixes, owner, n_chips, primitives)
         if key in own:
             raise DagError(f"op key {key!r} made twice (by {dag.owner(own[key])} and {op.owner})")
         own[key] = append(op)
@@ -483,31 +427,17 @@ def _add_tiled(dag: OpDag, rep: Replicated | Tiled, lop: LogicalOp, owner: str, 
     t_spec = np.full(k, -1, dtype=np.int64)
     t_fam = np.full(k, -1, dtype=np.int64)
     local: dict[str, int] = {}
-    families: dict[tuple, int] = {}       # comm spec family (group on slots) -> column
+    families: dict[_CommFamily, int] = {}  # comm spec family (group on slots) -> column
     new: list[tuple] = []                 # families first seen here: their specs per tile
     spec_tables = tiles_cache.specs
     for j, op in enumerate(ops):
+        check_op(op, prefixes, owner, m, primitives, on_slots=True)
         kind = type(op)
-        if kind is ComputeOp:
-            slots, group = (op.chip,), None
-        elif kind is CommOp:
-            slots = group = op.group
-            require_lowering(op, primitives)
-            if len(set(group)) != len(group) or len(group) < 2:
-                raise DagError(f"op {op.key!r} made by plugin '{owner}' has a bad group {group}")
-        else:
-            raise PluginError(owner, f"fragment holds {op!r}, not a ComputeOp or CommOp")
-        for s in slots:
-            if not (type(s) is int and 0 <= s < m):
-                raise DagError(f"op {op.key!r} made by plugin '{owner}' in a tiled template is on slot {s!r}, "
-                               f"outside 0..{m - 1}")
+        group = op.group if kind is CommOp else None
         stem, arg = split_key(op.key, group)
         if arg == KEY_VERBATIM or arg >= m:
             raise DagError(f"op {op.key!r} made by plugin '{owner}' in a tiled template is not keyed on its slots "
                            f"(...@c<slot>, or its group's ...@c<a>->c<b> or ...@g<a>-<b>-...)")
-        if not (stem + "@").startswith(prefixes):
-            raise DagError(f"op {op.key!r} made by plugin '{owner}' does not start with its logical op's prefix "
-                           f"{prefixes[0][:-1]!r}")
         if op.key in local:
             raise DagError(f"op key {op.key!r} made twice (by {ops[local[op.key]].owner} and {op.owner})")
         local[op.key] = j
@@ -515,20 +445,20 @@ def _add_tiled(dag: OpDag, rep: Replicated | Tiled, lop: LogicalOp, owner: str, 
         if kind is ComputeOp:
             t_chip[j], t_spec[j] = op.chip, dag._compute_spec(op)
             continue
-        family = (op.primitive, group, op.reason, op.name, op.owner, op.bytes_per_rank, tiles_id)
+        family = _CommFamily(primitive=op.primitive, slots=group, reason=op.reason, name=op.name, owner=op.owner,
+                             bytes_per_rank=op.bytes_per_rank, tiles_id=tiles_id)
         col = families.get(family)
         if col is None:
             col = families[family] = len(families)
             if family not in spec_tables:
                 # intern tile 0's spec here, at the op the per-op API would intern it at
                 new.append(family)
-                spec_tables[family] = [dag._comm_spec(family[:1] + (tuple(tiles[0][s] for s in group),) + family[2:6])]
+                spec_tables[family] = [family.spec_on(dag, tiles[0])]
         t_fam[j] = col
     for t in range(1, n):                 # later tiles' new specs, in the order ops make them
         tile = tiles[t]
         for family in new:
-            group = family[1]
-            spec_tables[family].append(dag._comm_spec(family[:1] + (tuple(tile[s] for s in group),) + family[2:6]))
+            spec_tables[family].append(family.spec_on(dag, tile))
     for family in new:
         spec_tables[family] = np.array(spec_tables[family], dtype=np.int64)
     # rows, tile by tile
@@ -612,7 +542,12 @@ def _tile_key(op, tile: tuple, lop: LogicalOp) -> str:
         return op.key
 
 
-def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives: Mapping) -> None:
+def check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives: Mapping,
+             on_slots: bool = False) -> None:
+    """The one check of an op a plugin made (the build's, per op and per tiled template, and
+    the contract suite's): a ComputeOp, or a CommOp of an enabled primitive over two members
+    or more, each once; keyed under its logical op's ``prefixes``; on chips ``0 .. chips - 1``
+    (slots of a tiled template with ``on_slots``)."""
     kind = type(op)
     if kind is ComputeOp:
         members = (op.chip,)
@@ -628,7 +563,8 @@ def _check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives:
                        f"{prefixes[0][:-1]!r}")
     for c in members:
         if not (type(c) is int and 0 <= c < chips):
-            raise DagError(f"op {op.key!r} made by plugin '{owner}' is placed on chip {c!r}, outside 0..{chips - 1}")
+            where = f"in a tiled template is on slot {c!r}" if on_slots else f"is placed on chip {c!r}"
+            raise DagError(f"op {op.key!r} made by plugin '{owner}' {where}, outside 0..{chips - 1}")
 
 
 # ----------------------------------------------------------------------------------------
@@ -695,7 +631,7 @@ def _check_floor(deployment: Deployment, model: ModelSpec, max_ops: int | None) 
     the op count that needs neither the rank map nor the full program."""
     limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
     first = model.moe.first_dense_layers if model.moe is not None else 0
-    sample = attrs.evolve(model, n_layers=min(model.n_layers, first + 1))  # one dense and one MoE layer
+    sample = model.first_layers(min(model.n_layers, first + 1))  # one dense and one MoE layer
     per_layer: dict[int, int] = {}
     for lop in build_program(sample):
         if lop.kind not in SYNC_KINDS and 0 <= lop.layer < sample.n_layers:

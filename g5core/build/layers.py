@@ -8,6 +8,7 @@ how any strategy shards it. Synchronisation points (``*_gather``, ``*_reduce``,
 from __future__ import annotations
 
 import functools
+import math
 from typing import Iterator
 
 import attrs
@@ -16,6 +17,7 @@ from g5core.build import flops as F
 from g5core.sim.compute import Attention, Elementwise, Gemm
 from g5core.inputs.config import Deployment
 from g5core.api.errors import DagError
+from g5core.api.work import LogicalOp, Work
 from g5core.inputs.models import ModelSpec
 from g5core.build.shape import LocalShape
 
@@ -23,36 +25,6 @@ EMBED_LAYER = -1
 
 # Kinds whose default expansion creates no op: they exist so a plugin can claim them.
 SYNC_KINDS = frozenset({"boundary", "attn_in_gather", "attn_out_reduce", "ffn_in_gather", "ffn_out_reduce"})
-
-
-@attrs.frozen
-class LogicalOp:
-    """One logical op of the model program: ``kind`` in one ``layer``.
-
-    ``inputs`` are the ids of the logical ops whose output it consumes. ``layer`` is -1 for
-    the embedding and ``n_layers`` for the final norm and LM head.
-    """
-
-    kind: str
-    layer: int
-    inputs: tuple[str, ...] = attrs.field(converter=tuple, default=())
-    id: str = attrs.field(init=False, eq=False,
-                          default=attrs.Factory(lambda self: f"{layer_tag(self.layer)}.{self.kind}", takes_self=True))
-
-    @property
-    def prefix(self) -> str:
-        """Every concrete op key of this logical op starts with this prefix."""
-        return self.id
-
-    def key(self, chip: int, part: str = "") -> str:
-        """Stable op key: ``L003.qkv_proj@c12`` or ``L003.attention.step02@c12``."""
-        return f"{self.id}.{part}@c{chip}" if part else f"{self.id}@c{chip}"
-
-
-def layer_tag(layer: int) -> str:
-    if layer < 0:
-        return "E"
-    return f"L{layer:03d}"
 
 
 @functools.lru_cache(maxsize=64)
@@ -129,16 +101,6 @@ def local_kv_bytes_per_token(model: ModelSpec, deployment: Deployment, shape: Lo
     return model.kv_bytes_per_token_per_layer(deployment.dtypes.kv_cache_element_bytes) / shape.kv_shard
 
 
-@attrs.frozen(kw_only=True)
-class Work:
-    op_class: str        # gemm | attention | elementwise
-    flops: float
-    hbm_bytes: float
-    weight_class: str    # which dtypes.weights entry sets the compute dtype ("" = activations)
-    weight_elements: float  # weight elements resident on the chip for this op
-    kernels: tuple = attrs.field(converter=tuple)  # the kernels it runs, with shapes (g5core.sim.compute)
-
-
 def weight_elements(kind: str, model: ModelSpec, shape: LocalShape) -> float:
     """Weight elements one chip holds for one logical op (the one formula for weights)."""
     d = model.hidden_size
@@ -201,8 +163,10 @@ def ffn_kernels(tokens: float, hidden: float, cols: float, weight_bytes: float, 
             Gemm(m=tokens, n=hidden, k=cols, groups=groups, weight_bytes=weight_bytes, act_bytes=act_bytes))
 
 
-def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalShape) -> Work | None:
-    """Work of one logical op on one chip when nothing but the shard factors changes it.
+def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalShape,
+                 layer: int | None = None) -> Work | None:
+    """Work of one logical op on one chip when nothing but the shard factors changes it;
+    ``layer`` sets the attention window of a model whose attention varies by layer.
 
     Returns ``None`` for synchronisation kinds (no compute).
     """
@@ -246,6 +210,9 @@ def default_work(kind: str, model: ModelSpec, deployment: Deployment, shape: Loc
                            "the dimension that shards the sequence")
         if not shape.uniform:
             return step_attention_work(model, deployment, shape)
+        windowed = window_attention_work(model, deployment, shape, layer)
+        if windowed is not None:
+            return windowed
         block = "decode" if deployment.phase == "decode" else "causal"
         fl, hb = attention_work(model, deployment, shape, shape.q_tokens, shape.kv_len)
         return Work(op_class="attention", flops=fl, hbm_bytes=hb, weight_class="", weight_elements=0.0,
@@ -300,6 +267,49 @@ def attention_kernel_of(model: ModelSpec, deployment: Deployment, shape: LocalSh
                      d_qk=d_qk, d_v=d_v, block=block, mla=model.attention.kind == "mla",
                      kv_bytes_per_token=local_kv_bytes_per_token(model, deployment, shape),
                      act_bytes=deployment.dtypes.activation_element_bytes)
+
+
+def window_attention_kernels(model: ModelSpec, deployment: Deployment, shape: LocalShape,
+                             layer: int | None, q_tokens: float | None = None) -> tuple[Attention, ...]:
+    """Attention kernels of a windowed layer whose window is shorter than the context, or ()
+    (a full layer, a window the context fits in, or a context a plugin shards).
+
+    Sliding window ``w`` over ``S`` prefill tokens: the first ``w`` queries as a causal block,
+    the other ``S - w`` against ``w`` keys each; decode reads the last ``w`` tokens. Chunked
+    (Llama 4): each whole chunk of ``w`` is a causal block, the remainder one more; decode
+    reads the tokens of its own chunk. ``q_tokens``: the query tokens per sequence the chip
+    attends for (default the shape's; a strategy that gathers the whole sequence, such as
+    Ulysses, gives ``S``)."""
+    if layer is None or not 0 <= layer < model.n_layers or shape.factor("kv_len") != 1:
+        return ()
+    w, S = model.kv_window(layer), shape.seq_len
+    if not w or w >= S:
+        return ()
+    chunked = model.window_kind == "chunked"
+    if deployment.phase == "decode":
+        kv = (S - 1) % w + 1 if chunked else w
+        return (attention_kernel(model, deployment, shape, 1, kv, "decode"),)
+    if (shape.q_tokens if q_tokens is None else q_tokens) != S:
+        return ()
+    if chunked:
+        whole, rest = divmod(S, w)
+        blocks = [attrs.evolve(attention_kernel(model, deployment, shape, w, w, "causal"), batch=shape.batch * whole)]
+        if rest:
+            blocks.append(attention_kernel(model, deployment, shape, rest, rest, "causal"))
+        return tuple(blocks)
+    return (attention_kernel(model, deployment, shape, w, w, "causal"),
+            attention_kernel(model, deployment, shape, S - w, w, "full"))
+
+
+def window_attention_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
+                          layer: int | None, q_tokens: float | None = None) -> Work | None:
+    """The attention Work of a windowed layer (:func:`window_attention_kernels`), or None."""
+    kernels = window_attention_kernels(model, deployment, shape, layer, q_tokens)
+    if not kernels:
+        return None
+    return Work(op_class="attention", flops=math.fsum(k.flops for k in kernels),
+                hbm_bytes=math.fsum(k.hbm_bytes for k in kernels), weight_class="", weight_elements=0.0,
+                kernels=kernels)
 
 
 def attention_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,

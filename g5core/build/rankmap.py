@@ -6,7 +6,7 @@ fastest and a TP group is a run of consecutive chips: it stays inside one node w
 ``tp <= chips_per_node`` and ``chips_per_node % tp == 0``.
 
 A non-factor dimension (ep) regroups the chips that vary over the dimensions it names
-(dp x tp) at each fixed coordinate of the others (pp, cp): those chips, in chip-id order,
+(dp x sp x tp) at each fixed coordinate of the others (pp, cp): those chips, in chip-id order,
 are cut into consecutive groups of its size.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import attrs
 from g5core.api.dimensions import DimensionRegistry
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class RankMap:
     chips: int
     chips_per_node: int
@@ -65,7 +65,8 @@ class RankMap:
                 for chip in g:
                     idx[chip] = gi
             index[name] = tuple(idx)
-        return cls(chips, chips_per_node, names, fsizes, groups, index)
+        return cls(chips=chips, chips_per_node=chips_per_node, factor_names=names, factor_sizes=fsizes, groups=groups,
+                   group_index=index)
 
     @staticmethod
     def _coords_of(chip: int, sizes: tuple[int, ...]) -> tuple[int, ...]:

@@ -35,19 +35,17 @@ def collect_shard_axes(hooks) -> tuple[str, ...]:
     """The core's axes followed by those plugins register (in registration order)."""
     found: dict[str, str] = {}
 
-    def make_register(plugin: str):
-        def register(name: str, doc: str) -> None:
-            if not isinstance(name, str) or not _AXIS_NAME.match(name) or not isinstance(doc, str) or not doc:
-                raise PluginError(plugin, f"g5_register_shard_axes: register(name, doc) needs a lower-case name "
-                                          f"and a doc line, got {name!r}, {doc!r}")
-            if name in SHARD_AXES:
-                raise PluginError(plugin, f"shard axis '{name}' is one of the core's axes")
-            if name in found:
-                raise PluginError(plugin, f"shard axis '{name}' is already registered by plugin '{found[name]}'")
-            found[name] = plugin
-        return register
+    def record(plugin: str, name: str, doc: str) -> None:
+        if not isinstance(name, str) or not _AXIS_NAME.match(name) or not isinstance(doc, str) or not doc:
+            raise PluginError(plugin, f"g5_register_shard_axes: register(name, doc) needs a lower-case name "
+                                      f"and a doc line, got {name!r}, {doc!r}")
+        if name in SHARD_AXES:
+            raise PluginError(plugin, f"shard axis '{name}' is one of the core's axes")
+        if name in found:
+            raise PluginError(plugin, f"shard axis '{name}' is already registered by plugin '{found[name]}'")
+        found[name] = plugin
 
-    hooks.call_registration("g5_register_shard_axes", make_register)
+    hooks.call_registration("g5_register_shard_axes", record)
     return SHARD_AXES + tuple(found)
 
 
@@ -64,7 +62,7 @@ def merge_factors(answers: Iterable[tuple[str, Mapping[str, int]]], axes: tuple[
     return out
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class LocalGroup:
     """One group of the step (:class:`g5core.inputs.step.StepGroup`) as one chip sees it."""
 
@@ -75,13 +73,8 @@ class LocalGroup:
     kv_len: float           # keys per sequence whose KV this chip holds: (cached + new) / the kv_len split
     decode: bool            # one new token per sequence (the decode kernel)
 
-    @property
-    def cached_local(self) -> float:
-        """Keys of the cached prefix per sequence on a chip: ``kv_len - q_tokens`` (prefill)."""
-        return self.kv_len - self.q_tokens
 
-
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class LocalShape:
     """Sizes one chip works on. Floats where a quotient need not be whole (tokens in decode).
 

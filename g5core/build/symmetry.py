@@ -32,7 +32,7 @@ import numpy as np
 from g5core.build.topology import LINK_RX, NIC_RX, Topology
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Symmetry:
     """What a run simulates: ``replicas`` slices of ``slice_chips`` chips each, simulated
     once (``replicas == 1``: every chip, with ``reason`` saying why not fewer)."""
@@ -76,7 +76,7 @@ def off_reason(symmetry: "bool | str") -> Optional[str]:
 
 
 def plan_symmetry(ctx, off_reason: Optional[str] = None) -> Symmetry:
-    """Conditions 1-4 on a prepared run's context (:class:`g5core.build.builder.BuildContext`)."""
+    """Conditions 1-4 on a prepared run's context (:class:`g5core.api.context.BuildContext`)."""
     if off_reason:
         return Symmetry(reason=off_reason)
     dims = [d for d in ctx.dims.dims if d.replicas]
@@ -123,7 +123,7 @@ def check_reduced_dag(sym: Symmetry, dag) -> Optional[str]:
     size = sym.slice_chips
     if not len(dag):
         return None
-    outside = np.array([bool(comm and spec[1] and max(spec[1]) >= size)
+    outside = np.array([bool(comm and spec.group and max(spec.group) >= size)
                         for spec, comm in zip(dag.specs, dag.spec_is_comm)], dtype=bool)
     bad = np.flatnonzero((dag.chip_array() >= size) | outside[dag.spec_array()])
     if len(bad):
@@ -169,7 +169,7 @@ def check_resources(sym: Symmetry, dag, compiled, plan) -> Optional[str]:
     seen = {}
     for i in dag.comm_indices():
         spec = dag.specs[dag.spec[i]]
-        key = (spec[0], spec[1], spec[5])
+        key = (spec.primitive, spec.group, spec.bytes_per_rank)
         if key in seen:
             continue
         seen[key] = i

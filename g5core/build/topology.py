@@ -35,7 +35,7 @@ LINK_TX, LINK_RX, NIC_TX, NIC_RX, LEAF_UP, LEAF_DOWN = range(6)
 KIND_NAMES = ("link_tx", "link_rx", "nic_tx", "nic_rx", "leaf_up", "leaf_down")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Topology:
     """Resources of one cluster of ``chips`` chips and how bytes are routed over them."""
 

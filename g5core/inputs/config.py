@@ -18,12 +18,12 @@ import yaml
 
 from g5core.api.dimensions import DimensionRegistry
 from g5core.api.options import OptionRegistry, option_value
-from g5core.inputs.dtypes import dtype_bytes
+from g5core.inputs.dtypes import dtype_bytes, number_format
 from g5core.api.errors import ConfigError, suggest
 from g5core.inputs.step import Step, as_step
 from g5core.inputs.reading import (
-    MAX_BATCH, MAX_CHIPS, MAX_SEQ_LEN, MAX_TOKENS, DuplicateKeyError, check_size, duplicate_key_error, load_json,
-    load_yaml, read_text,
+    MAX_BATCH, MAX_CHIPS, MAX_SEQ_LEN, MAX_TOKENS, DuplicateKeyError, check_keys, check_size, duplicate_key_error,
+    load_json, load_yaml, read_text,
 )
 
 if sys.version_info >= (3, 11):
@@ -64,8 +64,14 @@ class Dtypes:
         table = dict(self.weights)
         return table.get(weight_class, table["default"])
 
-    def weight_element_bytes(self, weight_class: str) -> int:
-        return dtype_bytes(self.weight_dtype(weight_class))
+    def weight_element_bytes(self, weight_class: str) -> float:
+        """Bytes per weight element of ``weight_class``, block scales included (int4: 0.52)."""
+        return dtype_bytes(self.weight_dtype(weight_class), weights=True)
+
+    def gemm_dtype(self, weight_class: str) -> str:
+        """The peak rate the GEMMs of ``weight_class`` run at: the weights' format (fp8,
+        bf16, FP4 for nvfp4/mxfp4), or the activations' for weight-only int4."""
+        return number_format(self.weight_dtype(weight_class), weights=True).peak or self.activations
 
     @property
     def activation_element_bytes(self) -> int:
@@ -81,13 +87,7 @@ class Dtypes:
             data = {}
         if not isinstance(data, Mapping):
             raise ConfigError("dtypes", "must be a mapping with keys weights, activations, kv_cache")
-        for key in data:
-            if key not in ("weights", "activations", "kv_cache"):
-                raise ConfigError(
-                    f"dtypes.{key}",
-                    f"unknown key{suggest(key, ('weights', 'activations', 'kv_cache'))}; "
-                    "valid keys: weights, activations, kv_cache",
-                )
+        check_keys(data, "dtypes", ("weights", "activations", "kv_cache"))
         weights = data.get("weights", DEFAULT_DTYPE)
         if isinstance(weights, Mapping):
             table = {}
@@ -98,13 +98,13 @@ class Dtypes:
                         f"unknown weight class{suggest(cls_name, WEIGHT_CLASSES)}; "
                         f"valid: {', '.join(WEIGHT_CLASSES)}",
                     )
-                dtype_bytes(dt, f"dtypes.weights.{cls_name}")
+                dtype_bytes(dt, f"dtypes.weights.{cls_name}", weights=True)
                 table[cls_name] = dt
             if "default" not in table:
                 raise ConfigError("dtypes.weights", "a per-class mapping needs a 'default' entry, e.g. {default: bf16, ffn: fp8}")
             weight_items = tuple(sorted(table.items()))
         else:
-            dtype_bytes(weights, "dtypes.weights")
+            dtype_bytes(weights, "dtypes.weights", weights=True)
             weight_items = (("default", weights),)
         acts = data.get("activations", DEFAULT_DTYPE)
         kv = data.get("kv_cache", DEFAULT_DTYPE)
@@ -119,7 +119,7 @@ class Dtypes:
         return {"weights": weights, "activations": self.activations, "kv_cache": self.kv_cache}
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Deployment:
     """One validated deployment. Build it with :meth:`from_dict`, never ``Deployment(**data)``."""
 
@@ -155,7 +155,7 @@ class Deployment:
 
     def with_step(self, step) -> "Deployment":
         """The same deployment running ``step`` (a Step, StepGroups, or a configuration list)."""
-        step = as_step(step)
+        step = check_step_limits(as_step(step))
         phase, batch, seq_len = shorthand_of(step)
         return attrs.evolve(self, phase=phase, batch=batch, seq_len=seq_len, step=step, step_form=True)
 
@@ -174,12 +174,7 @@ class Deployment:
         if not isinstance(data, Mapping):
             raise ConfigError("", f"{source}: the top level must be a mapping of keys to values")
         keys = TOP_LEVEL_KEYS + tuple(options.legacy_keys)
-        for key in data:
-            if key not in keys:
-                raise ConfigError(str(key), f"unknown key{suggest(str(key), keys)}; valid keys: {', '.join(keys)}")
-        for key in REQUIRED_KEYS:
-            if key not in data:
-                raise ConfigError(key, "is required")
+        check_keys(data, "", keys, REQUIRED_KEYS, missing="is required")
         for key in ("model", "system"):
             if not isinstance(data[key], str) or not data[key]:
                 raise ConfigError(key, f"must be a name or a file path, got {data[key]!r}")
@@ -263,6 +258,19 @@ def shorthand_of(step: Step) -> tuple[str, int, int]:
     return step.phase, step.sequences, step.max_context_tokens
 
 
+def check_step_limits(step: Step, given=None) -> Step:
+    """``step`` if its sizes are within G5's input limits, else a ConfigError naming the
+    group (``step.<i>`` of ``given``, the list as written, or of the canonical step)."""
+    for i, g in enumerate(given if given is not None else step.to_list()):
+        check_size(f"step.{i}.count", g["count"], MAX_BATCH)
+        check_size(f"step.{i}.new_tokens", g["new_tokens"], MAX_SEQ_LEN, " for a sequence length")
+        check_size(f"step.{i}.cached_tokens", g.get("cached_tokens", 0), MAX_SEQ_LEN, " for a sequence length")
+    if step.context_tokens > MAX_TOKENS:
+        raise ConfigError("step", f"the step holds {step.context_tokens:,} tokens per replica in the KV cache, "
+                                  f"more than G5 accepts (at most {MAX_TOKENS:,}); lower the counts or the tokens")
+    return step
+
+
 def _parse_step(data: Mapping) -> tuple[str, int, int, Step]:
     """The step of a configuration: a ``step:`` list, or the shorthand (all three keys)."""
     given = [k for k in SHORTHAND_KEYS if k in data]
@@ -270,14 +278,7 @@ def _parse_step(data: Mapping) -> tuple[str, int, int, Step]:
         if given:
             raise ConfigError(given[0], f"cannot be given together with step: (the step's shorthand is "
                                         f"{'/'.join(SHORTHAND_KEYS)}); remove {', '.join(given)} or the step list")
-        step = Step.from_list(data["step"])
-        for i, g in enumerate(data["step"]):
-            check_size(f"step.{i}.count", g["count"], MAX_BATCH)
-            check_size(f"step.{i}.new_tokens", g["new_tokens"], MAX_SEQ_LEN, " for a sequence length")
-            check_size(f"step.{i}.cached_tokens", g.get("cached_tokens", 0), MAX_SEQ_LEN, " for a sequence length")
-        if step.context_tokens > MAX_TOKENS:
-            raise ConfigError("step", f"the step holds {step.context_tokens:,} tokens per replica in the KV cache, "
-                                      f"more than G5 accepts (at most {MAX_TOKENS:,}); lower the counts or the tokens")
+        step = check_step_limits(Step.from_list(data["step"]), data["step"])
         phase, batch, seq_len = shorthand_of(step)
         return phase, batch, seq_len, step
     for key in SHORTHAND_KEYS:
@@ -343,6 +344,14 @@ def disabled_from_config(data: Mapping) -> tuple[str, ...]:
     if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
         raise ConfigError("plugins.disable", "must be a list of plugin names")
     return tuple(names)
+
+
+def all_disabled(raw: Mapping | Deployment | None, disabled: Iterable[str] = ()) -> tuple[str, ...]:
+    """The plugins a run disables: ``disabled`` (the command line's), then the configuration's
+    ``plugins.disable`` (a Deployment's ``disabled_plugins``), each name once, in that order."""
+    from_config = () if raw is None else (raw.disabled_plugins if isinstance(raw, Deployment)
+                                          else disabled_from_config(raw))
+    return tuple(dict.fromkeys(tuple(disabled) + tuple(from_config)))
 
 
 # ----------------------------------------------------------------------------------------

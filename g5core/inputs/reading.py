@@ -16,11 +16,11 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import yaml
 
-from g5core.api.errors import ConfigError
+from g5core.api.errors import ConfigError, suggest
 
 # (lowest, highest) accepted value of each kind of quantity. Sizes are whole numbers.
 #: tokens of one sequence (S): 2^40 is about a million times a 1M-token context
@@ -153,3 +153,19 @@ def load_json(text: str):
     def bad_constant(name):
         raise ValueError(f"{name} is not a JSON number")
     return json.loads(text, object_pairs_hook=_no_duplicate_pairs, parse_constant=bad_constant)
+
+
+def check_keys(data: Mapping, field: str, valid: Sequence[str], required: Sequence[str] = (),
+               missing: str = "missing", where: str = "") -> None:
+    """The one check of a mapping's keys: each key one of ``valid`` (else "unknown key", with
+    the nearest valid one and the list), each of ``required`` present (else ``missing``, which
+    says what to give). ``field`` is the mapping's dotted name ("" at the top of a file);
+    ``where`` (which file) is added to the unknown-key message."""
+    prefix = f"{field}." if field else ""
+    for key in data:
+        if key not in valid:
+            raise ConfigError(f"{prefix}{key}", f"unknown key{suggest(str(key), valid)}{where}; "
+                                                f"valid keys: {', '.join(valid)}")
+    for key in required:
+        if key not in data:
+            raise ConfigError(f"{prefix}{key}", missing)

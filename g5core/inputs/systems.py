@@ -20,10 +20,11 @@ from typing import Any, Iterator, Mapping
 import attrs
 import yaml
 
-from g5core.sim.compute import ComputeModel, Profile
-from g5core.inputs.dtypes import BYTES_PER_ELEMENT
+from g5core.inputs.dtypes import PEAK_DTYPES
 from g5core.api.errors import ConfigError, suggest
-from g5core.inputs.reading import DuplicateKeyError, UniqueKeyLoader, check_range, duplicate_key_error, read_text, safe_float
+from g5core.inputs.reading import (
+    DuplicateKeyError, UniqueKeyLoader, check_keys, check_range, duplicate_key_error, read_text, safe_float,
+)
 
 __all__ = [
     "OP_CLASSES",
@@ -165,13 +166,13 @@ def _peak_flops_map(instance, attribute, value) -> None:
         )
     if not value:
         raise ConfigError(field, f"give the dense peak FLOP/s of at least one dtype of "
-                                 f"{', '.join(BYTES_PER_ELEMENT)}")
+                                 f"{', '.join(PEAK_DTYPES)}")
     for key in value:
-        if key not in BYTES_PER_ELEMENT:
+        if key not in PEAK_DTYPES:
             raise ConfigError(
                 f"{field}.{key}",
-                f"unknown dtype {key!r}{suggest(str(key), BYTES_PER_ELEMENT)}; "
-                f"use any of {', '.join(BYTES_PER_ELEMENT)}",
+                f"unknown dtype {key!r}{suggest(str(key), PEAK_DTYPES)}; "
+                f"use any of {', '.join(PEAK_DTYPES)}",
             )
         _check_positive_number(f"{field}.{key}", value[key])
 
@@ -183,20 +184,9 @@ def _efficiency_map(instance, attribute, value) -> None:
             field,
             f"expected a mapping with keys {', '.join(EFFICIENCY_KEYS)}, got {_describe(value)}",
         )
-    for key in value:
-        if key not in EFFICIENCY_KEYS:
-            raise ConfigError(
-                f"{field}.{key}",
-                f"unknown key{suggest(str(key), EFFICIENCY_KEYS)}; "
-                f"valid keys: {', '.join(EFFICIENCY_KEYS)}",
-            )
+    check_keys(value, field, EFFICIENCY_KEYS, EFFICIENCY_KEYS,
+               missing=f"missing; efficiency needs all of {', '.join(EFFICIENCY_KEYS)} (each a fraction in (0, 1])")
     for key in EFFICIENCY_KEYS:
-        if key not in value:
-            raise ConfigError(
-                f"{field}.{key}",
-                f"missing; efficiency needs all of {', '.join(EFFICIENCY_KEYS)} "
-                f"(each a fraction in (0, 1])",
-            )
         v = value[key]
         if not _is_number(v) or not math.isfinite(v) or not (0 < v <= 1):
             raise ConfigError(f"{field}.{key}", f"expected a fraction in (0, 1], got {_describe(v)}")
@@ -239,13 +229,7 @@ def _fabric_map(instance, attribute, value) -> None:
         raise ConfigError(field, f"expected a mapping {{nodes_per_leaf: N, oversubscription: X}}, got {_describe(value)}")
     if not value:
         return
-    for key in value:
-        if key not in FABRIC_KEYS:
-            raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), FABRIC_KEYS)}; "
-                                                f"valid keys: {', '.join(FABRIC_KEYS)}")
-    for key in FABRIC_KEYS:
-        if key not in value:
-            raise ConfigError(f"{field}.{key}", f"missing; a fabric tier needs both {' and '.join(FABRIC_KEYS)}")
+    check_keys(value, field, FABRIC_KEYS, FABRIC_KEYS, missing=f"missing; a fabric tier needs both {' and '.join(FABRIC_KEYS)}")
     n = value["nodes_per_leaf"]
     if not _is_number(n) or not math.isfinite(n) or n != int(n) or not 1 <= n <= 2 ** 24:
         raise ConfigError(f"{field}.nodes_per_leaf", f"expected a whole number of nodes in 1 .. 2^24, got {_describe(n)}")
@@ -256,40 +240,157 @@ def _fabric_map(instance, attribute, value) -> None:
                           f"oversubscribed), got {_describe(o)}")
 
 
-#: what a system file may force, per collective (the NCCL plugin checks the rest)
-NCCL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
-NCCL_ALGORITHMS = ("ring", "tree", "nvls")
-NCCL_PROTOCOLS = ("ll", "ll128", "simple")
-
-
 def _to_frozen_nested_map(value: Any) -> Any:
     if isinstance(value, Mapping) and not isinstance(value, FrozenMap):
         return FrozenMap({k: FrozenMap(v) if isinstance(v, Mapping) else v for k, v in value.items()})
     return value
 
 
-def _nccl_map(instance, attribute, value) -> None:
+def _nested_map(instance, attribute, value) -> None:
+    """A block a plugin reads (``nccl``): a mapping of mappings; the plugin checks its keys."""
     field = _field(attribute)
     if not isinstance(value, Mapping):
         raise ConfigError(field, f"expected a mapping like {{all_reduce: {{algorithm: ring, protocol: simple}}}}, "
                                  f"got {_describe(value)}")
-    for coll, choice in value.items():
-        if coll not in NCCL_COLLECTIVES:
-            raise ConfigError(f"{field}.{coll}", f"unknown collective{suggest(str(coll), NCCL_COLLECTIVES)}; "
-                                                 f"NCCL's choice can be forced for {', '.join(NCCL_COLLECTIVES)}")
-        if not isinstance(choice, Mapping) or not choice:
-            raise ConfigError(f"{field}.{coll}", f"expected a mapping with algorithm and/or protocol, got {_describe(choice)}")
-        for key, v in choice.items():
-            allowed = {"algorithm": NCCL_ALGORITHMS, "protocol": NCCL_PROTOCOLS}.get(key)
-            if allowed is None:
-                raise ConfigError(f"{field}.{coll}.{key}", f"unknown key{suggest(str(key), ('algorithm', 'protocol'))}; "
-                                                           "valid keys: algorithm, protocol")
-            if v not in allowed:
-                raise ConfigError(f"{field}.{coll}.{key}", f"unknown {key} {v!r}{suggest(str(v), allowed)}; "
-                                                           f"choose one of {', '.join(allowed)}")
-        if choice.get("algorithm") == "tree" and coll != "all_reduce":
-            raise ConfigError(f"{field}.{coll}.algorithm", f"NCCL runs tree only for all_reduce, not {coll}; "
-                                                           "choose ring (or nvls)")
+    for key, inner in value.items():
+        if not isinstance(inner, Mapping) or not inner:
+            raise ConfigError(f"{field}.{key}", f"expected a mapping with algorithm and/or protocol, got {_describe(inner)}")
+
+
+# ----------------------------------------------------------------------------------------
+# The size-aware roofline's parameters (the ``compute_model`` block of a system file)
+# ----------------------------------------------------------------------------------------
+
+FLOOR_KEYS = ("gemm", "attention", "decode_attention", "elementwise")
+
+
+def _cm_fraction(field: str, v) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1:
+        raise ConfigError(field, f"expected a fraction in (0, 1], got {v!r}")
+    return float(v)
+
+
+def _cm_positive(field: str, v, integer: bool = False) -> float:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    if ok and integer and float(v) != int(v):
+        ok = False
+    if not ok:
+        raise ConfigError(field, f"expected a positive {'integer' if integer else 'number'}, got {v!r}")
+    return int(v) if integer else float(v)
+
+
+@attrs.frozen(kw_only=True)
+class ComputeModel:
+    """Parameters of the size-aware roofline (:mod:`g5core.sim.roofline` documents the formulas).
+
+    All required when the block is given; a system file without the block runs the flat
+    roofline (``efficiency`` per op class) and the run output says so.
+    """
+
+    gemm_peak_fraction: tuple        # ((dtype, fraction), ...): large-GEMM fraction of dense peak
+    gemm_tile_m: int
+    gemm_tile_n: int
+    gemm_tile_k: int
+    sm_count: int                    # streaming multiprocessors: one GEMM tile per SM per wave
+    attention_peak_fraction: float   # flash attention's asymptotic fraction of peak (long blocks)
+    attention_half_length_tokens: float  # block length at which it reaches half that fraction
+    hbm_fraction: float              # achieved fraction of HBM bandwidth of a streaming kernel
+    kernel_floor_s: tuple            # ((kernel kind, seconds), ...) for FLOOR_KEYS
+
+    KEYS = ("gemm_peak_fraction", "gemm_tile_m", "gemm_tile_n", "gemm_tile_k", "sm_count",
+            "attention_peak_fraction", "attention_half_length_tokens", "hbm_fraction", "kernel_floor_s")
+
+    @classmethod
+    def from_mapping(cls, data, field: str = "system.compute_model") -> "ComputeModel":
+        if not hasattr(data, "items"):
+            raise ConfigError(field, f"expected a mapping with keys {', '.join(cls.KEYS)}, got {data!r}")
+        check_keys(data, field, cls.KEYS, cls.KEYS, missing=f"missing; the compute_model block needs all of "
+                                                            f"{', '.join(cls.KEYS)} (see the shipped system files)")
+        peaks = data["gemm_peak_fraction"]
+        if not hasattr(peaks, "items") or not peaks:
+            raise ConfigError(f"{field}.gemm_peak_fraction", f"expected a mapping of dtype to fraction, got {peaks!r}")
+        floors = data["kernel_floor_s"]
+        if not hasattr(floors, "items"):
+            raise ConfigError(f"{field}.kernel_floor_s", f"expected a mapping with keys {', '.join(FLOOR_KEYS)}")
+        for key in floors:
+            if key not in FLOOR_KEYS:
+                raise ConfigError(f"{field}.kernel_floor_s.{key}", f"unknown kernel kind; valid: {', '.join(FLOOR_KEYS)}")
+        out = {}
+        for key in FLOOR_KEYS:
+            if key not in floors:
+                raise ConfigError(f"{field}.kernel_floor_s.{key}", f"missing; give all of {', '.join(FLOOR_KEYS)}")
+            v = floors[key]
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+                raise ConfigError(f"{field}.kernel_floor_s.{key}", f"expected seconds >= 0, got {v!r}")
+            out[key] = float(v)
+        return cls(
+            gemm_peak_fraction=tuple(sorted((str(k), _cm_fraction(f"{field}.gemm_peak_fraction.{k}", v))
+                                            for k, v in peaks.items())),
+            gemm_tile_m=_cm_positive(f"{field}.gemm_tile_m", data["gemm_tile_m"], True),
+            gemm_tile_n=_cm_positive(f"{field}.gemm_tile_n", data["gemm_tile_n"], True),
+            gemm_tile_k=_cm_positive(f"{field}.gemm_tile_k", data["gemm_tile_k"], True),
+            sm_count=_cm_positive(f"{field}.sm_count", data["sm_count"], True),
+            attention_peak_fraction=_cm_fraction(f"{field}.attention_peak_fraction", data["attention_peak_fraction"]),
+            attention_half_length_tokens=_cm_positive(f"{field}.attention_half_length_tokens",
+                                                      data["attention_half_length_tokens"]),
+            hbm_fraction=_cm_fraction(f"{field}.hbm_fraction", data["hbm_fraction"]),
+            kernel_floor_s=tuple((k, out[k]) for k in FLOOR_KEYS),
+        )
+
+    def to_dict(self) -> dict:
+        out = {k: getattr(self, k) for k in self.KEYS}
+        out["gemm_peak_fraction"] = dict(self.gemm_peak_fraction)
+        out["kernel_floor_s"] = dict(self.kernel_floor_s)
+        return out
+
+    def gemm_fraction(self, dtype: str) -> float:
+        table = dict(self.gemm_peak_fraction)
+        if dtype not in table:
+            raise ConfigError("system.compute_model.gemm_peak_fraction",
+                              f"no GEMM peak fraction for dtype '{dtype}' (it lists {', '.join(table)}); add it")
+        return table[dtype]
+
+    def floor_s(self, kind: str) -> float:
+        return dict(self.kernel_floor_s)[kind]
+
+
+PROFILE_SOURCES = ("aiconfigurator",)
+PROFILE_KEYS = ("source", "gpu", "framework", "version")
+
+
+@attrs.frozen(kw_only=True)
+class Profile:
+    """A measured per-op table set chosen in the system file (``profile:``)."""
+
+    source: str
+    gpu: str
+    framework: str
+    version: str = ""   # "" = the newest version the tables hold for each op
+
+    @classmethod
+    def from_mapping(cls, data, field: str = "system.profile") -> "Profile":
+        if not hasattr(data, "items"):
+            raise ConfigError(field, "expected a mapping such as {source: aiconfigurator, gpu: h100_sxm, "
+                                     f"framework: trtllm}}, got {data!r}")
+        check_keys(data, field, PROFILE_KEYS)
+        for key in PROFILE_KEYS[:3]:
+            v = data.get(key)
+            if not isinstance(v, str) or not v.strip():
+                raise ConfigError(f"{field}.{key}", "missing or empty; give e.g. source: aiconfigurator, "
+                                                    "gpu: h100_sxm, framework: trtllm")
+        if data["source"] not in PROFILE_SOURCES:
+            raise ConfigError(f"{field}.source", f"unknown source {data['source']!r}; known: "
+                                                 f"{', '.join(PROFILE_SOURCES)}")
+        version = data.get("version", "")
+        if not isinstance(version, str):
+            raise ConfigError(f"{field}.version", f"expected a version string such as '1.3.0rc20', got {version!r}")
+        return cls(source=data["source"], gpu=data["gpu"], framework=data["framework"], version=version)
+
+    def to_dict(self) -> dict:
+        out = {"source": self.source, "gpu": self.gpu, "framework": self.framework}
+        if self.version:
+            out["version"] = self.version
+        return out
 
 
 def _to_compute_model(value: Any) -> Any:
@@ -309,7 +410,7 @@ OPTIONAL_KEYS: tuple[str, ...] = ("compute_model", "profile")
 # ---------------------------------------------------------------------------------------
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class SystemSpec:
     """One chip of a cluster, its node and its network. All figures per chip."""
 
@@ -353,9 +454,10 @@ class SystemSpec:
     #: the GPU's CUDA compute capability (9.0 Hopper, 10.0 Blackwell, 8.0 Ampere): NCCL's
     #: tables depend on it; the collectives plugin asks for it
     compute_capability: float | None = attrs.field(default=None, converter=_to_float, validator=_compute_capability)
-    #: forced NCCL choices per collective, e.g. {all_reduce: {algorithm: ring, protocol: simple}}
+    #: forced NCCL choices per collective, e.g. {all_reduce: {algorithm: ring, protocol: simple}};
+    #: the collectives plugin owns its schema and checks it (g5plugins.collectives.forced_choices)
     nccl: Mapping[str, Mapping[str, str]] = attrs.field(factory=FrozenMap, converter=_to_frozen_nested_map,
-                                                        validator=_nccl_map)
+                                                        validator=_nested_map)
 
     def __attrs_post_init__(self) -> None:
         if self.chips_per_node % self.nics > 0:
@@ -374,11 +476,6 @@ class SystemSpec:
             if unused:
                 raise ConfigError("system.nic_of_chip", f"no chip uses NIC {unused[0]}; every NIC of nics_per_node "
                                                         "needs at least one chip (or lower nics_per_node)")
-        if self.nccl:
-            for coll, choice in self.nccl.items():
-                if choice.get("algorithm") == "nvls" and not self.nvls:
-                    raise ConfigError(f"system.nccl.{coll}.algorithm",
-                                      "nvls needs a switch that reduces in place; set nvls: true or choose ring/tree")
 
     @property
     def nics(self) -> int:
@@ -394,7 +491,11 @@ class SystemSpec:
         except (KeyError, TypeError):
             pass
         known = ", ".join(self.peak_flops_per_s)
-        if dtype in BYTES_PER_ELEMENT:
+        if dtype == "fp4":
+            msg = (f"system '{self.name}' has no FP4 tensor-core peak (it lists {known}): nvfp4/mxfp4 weights "
+                   f"run their GEMMs in FP4; use int4 (weight-only) or fp8 weights here, or a chip with "
+                   f"FP4 (b200, gb200-nvl72, gb300-nvl72)")
+        elif dtype in PEAK_DTYPES:
             msg = (f"system '{self.name}' has no peak FLOP/s for dtype '{dtype}' "
                    f"(it lists {known}); choose one of those or add it to the system file")
         else:
@@ -440,12 +541,7 @@ class SystemSpec:
                 "system", f"expected a mapping of system fields, got {_describe(data)}{where}"
             )
         valid = [f.name for f in attrs.fields(cls)]
-        for key in data:
-            if key not in valid:
-                raise ConfigError(
-                    f"system.{key}",
-                    f"unknown key{suggest(str(key), valid)}{where}; valid keys: {', '.join(valid)}",
-                )
+        check_keys(data, "system", valid, where=where)
         required = [f.name for f in attrs.fields(cls) if f.default is attrs.NOTHING]
         missing = [k for k in required if k not in data]
         if missing:
@@ -604,4 +700,34 @@ def system_source(name_or_path: str) -> str:
     if name_or_path in CATALOG_NAMES:
         return (_catalog_dir() / f"{name_or_path}.yaml").read_text(encoding="utf-8")
     text = read_text(Path(os.fspath(name_or_path)).expanduser(), "system", "system file")
-    return f"# {spec.name}, from {os.fspath(name_or_path)}\n{text}"
+    out = f"# {spec.name}, from {os.fspath(name_or_path)}\n{text}"
+    own = yaml.load(text, Loader=_Loader)
+    if isinstance(own, Mapping) and "base" in own:
+        out = out.rstrip("\n") + "\n\n" + resolved_listing(spec, own)
+    return out
+
+
+def resolved_listing(spec: "SystemSpec", own: Mapping) -> str:
+    """Every field of a system with ``base:`` as it resolves: this file's keys marked, the
+    rest taken from the base."""
+    lines = [f"# resolved: every field of '{spec.name}' (base {own['base']}, then this file's keys over it)"]
+    for key, value in spec.to_dict().items():
+        where = "this file" if key in own else f"base {own['base']}"
+        lines.append(f"{key}: {_yaml_value(value)}  # {where}")
+    return "\n".join(lines)
+
+
+def _yaml_value(value: Any) -> str:
+    """A value in YAML flow style, floats short (4.8e+12, 6.4e-06)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if value and not 1e-3 <= abs(value) < 1e6:
+            mantissa, exponent = f"{value:.12e}".split("e")
+            return f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
+        return format(value, ".12g")
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{k}: {_yaml_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_yaml_value(v) for v in value) + "]"
+    return str(value)

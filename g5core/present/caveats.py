@@ -6,6 +6,9 @@ at results that rest on an assumption worth knowing:
 - the tensor-parallel group spans nodes (its all-reduces leave the NVLink domain);
 - heads are split more ways than the model has KV heads (KV heads are replicated);
 - the sequence (a step's cached + new tokens) is longer than the context the model was trained for;
+- a model with windowed (sliding or chunked) layers runs context parallelism, whose ring
+  attention G5 models over the whole context (an overestimate for those layers), or a step
+  of several groups or with a cached prefix, whose attention G5 models the same way;
 - the layout does not fit in memory (the summary says so too; a --json run only here).
 """
 from __future__ import annotations
@@ -42,6 +45,14 @@ def deployment_warnings(ctx, memory: Optional[MemoryReport] = None) -> list[str]
         what = "the step's longest context (cached + new tokens)" if dep.step_form else "seq_len"
         out.append(f"{what} {dep.seq_len:,} is beyond the {limit:,}-token context {model.name} was trained for "
                    "(max_position_embeddings); the timing is still computed, the model's quality there is not known")
+    if model.has_windows and dep.size("cp") > 1:
+        out.append(f"{model.name} has windowed attention ({model.attention_pattern()}); with cp={dep.size('cp')} "
+                   "the CP plugin's attention runs over the whole context of every layer, so those layers' "
+                   "attention time is overestimated (their KV cache keeps only the window)")
+    elif model.has_windows and not dep.uniform:
+        out.append(f"{model.name} has windowed attention ({model.attention_pattern()}); a step of several groups or "
+                   "with a cached prefix runs its attention over the whole context of every layer, so those layers' "
+                   "attention time is overestimated (their KV cache keeps only the window)")
     if memory is not None:
         short = memory.shortfall_summary()
         if short:

@@ -4,16 +4,13 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
 
 import click
 
 from g5core.build.builder import DEFAULT_MAX_OPS
-from g5core.sim.compute import render_compute
 from g5core.api.errors import ConfigError, G5Error
 from g5core.sim.memory import GIB
-from g5core.sim.prepared import step_choices
-
+from g5core.present.render import render_calibrate, render_explain, render_summary, render_validate, table
 
 
 def _fail(exc: Exception) -> None:
@@ -40,30 +37,6 @@ def main() -> None:
         click.echo(f"g5: warning: {message}", err=True)
 
     warnings.showwarning = show
-
-
-def _fmt_s(seconds: float) -> str:
-    """Four significant digits at any magnitude: 1.244 s, 83.72 s, 41.53 ms, 4.888e+09 s."""
-    if seconds >= 1 or seconds == 0:
-        return f"{seconds:.4g} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.4g} ms"
-    return f"{seconds * 1e6:.4g} us"
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit, scale in (("GiB", GIB), ("MiB", 2.0 ** 20), ("KiB", 1024.0)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def _table(rows: list[list[Any]], header: list[str]) -> str:
-    cells = [header] + [[str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
 
 
 def _progress():
@@ -142,94 +115,6 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, com
         _fail(G5Error(f"{write_error}; nothing was written"))
 
 
-def _option_items(dep, given: bool) -> list[str]:
-    """``plugin.option=value`` for the plugin options a deployment sets (``given``) or defaults."""
-    return [f"{plugin}.{name}={json.dumps(value)}" for plugin, values in dep.options for name, value in values
-            if (f"{plugin}.{name}" not in dep.implicit) == given]
-
-
-def _unused(dep, dim: str) -> bool:
-    """A dimension the configuration left out and that has size 1: not shown."""
-    return dim in dep.implicit and dep.size(dim) == 1
-
-
-def _options_note(dep) -> str:
-    """Plugin options switched on (boolean true), for the one-line header: `` tp.sp``."""
-    return "".join(f" {plugin}.{name}" for plugin, values in dep.options for name, value in values if value is True)
-
-
-def render_summary(out, trace_path=None, timeline_path=None) -> str:
-    dep = out.deployment
-    lines = []
-    par = " ".join(f"{k}={v}" for k, v in dep.parallel if not _unused(dep, k))
-    model, system = out.plan.ctx.model.name, out.plan.ctx.system.name
-    work = (f"{dep.phase} step {dep.step.describe()}" if dep.step_form
-            else f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}")
-    lines.append(f"{model} on {dep.chips} x {system}  [{par}{_options_note(dep)}]  {work}, path {dep.path}")
-    metric = {"prefill": "TTFT", "decode": "TPOT"}.get(dep.phase, "step latency")
-    lines.append(f"{metric}: {_fmt_s(out.latency_s)}")
-    for plugin, choice in step_choices(out.plan.ctx).items():
-        lines.append(f"{plugin} chose " + ", ".join(f"{k} {v}" for k, v in choice.items()))
-    if out.sim is None:
-        lines.append(f"closed form: compute {_fmt_s(out.math.compute_s)} + communication {_fmt_s(out.math.comm_s)} "
-                     "(alpha-beta), no overlap, no contention")
-    if out.sim is not None:
-        sim = out.sim
-        if out.math is not None:
-            ratio = out.math.latency_s / sim.latency_s if sim.latency_s else float("nan")
-            lines.append(f"{metric} (Math path): {_fmt_s(out.math.latency_s)}  (math / g5 = {ratio:.3f})")
-        ov = sim.overlap
-        sym = sim.symmetry
-        of = f" (one of {sym.replicas} identical {sym.dimension} replicas)" if sym.applied else ""
-        lines.append(f"simulated {sim.ops} ops, {sim.flows} flows, {sim.events} events{of} in {sim.sim_wall_s:.2f} s; "
-                     f"conservation KPIs all 0")
-        if not sym.applied and sym.dimension is not None:
-            lines.append(f"every chip simulated: {sym.reason}")
-        lines.append("")
-        lines.append("communication by reason (times on the chip where it is most exposed)")
-        rows = []
-        for reason in sorted(sim.comm_bytes["by_reason"]):
-            o = ov["by_reason"].get(reason, {})
-            rows.append([reason, _fmt_bytes(sim.comm_bytes["by_reason"][reason]),
-                         _fmt_bytes(sim.comm_bytes["per_rank_by_reason"][reason]),
-                         _fmt_s(o.get("comm_time_s", 0.0)), _fmt_s(o.get("exposed_comm_s", 0.0)),
-                         f"{100 * o.get('hidden_fraction', 1.0):.1f}%"])
-        if rows:
-            rows.append(["(all)", _fmt_bytes(sim.comm_bytes["total_bytes"]), "", _fmt_s(ov["comm_time_s"]),
-                         _fmt_s(ov["exposed_comm_s"]), f"{100 * ov['hidden_fraction']:.1f}%"])
-            lines.append(_table(rows, ["reason", "total bytes", "busiest rank sent", "comm time", "exposed",
-                                       "hidden"]))
-        else:
-            lines.append("  none")
-        how: dict = {}
-        for c in sim.collectives:
-            label = f"{c['algorithm']}/{c['protocol']}" if c["protocol"] else c["algorithm"]
-            per = how.setdefault(c["reason"], {})
-            per[label] = per.get(label, 0) + c["ops"]
-        if how:
-            lines.append("how they ran (ops by algorithm/protocol): " + "; ".join(
-                f"{reason} " + ", ".join(f"{n} {label}" for label, n in sorted(per.items())) for reason, per in sorted(how.items())))
-    report = out.sim.compute if out.sim is not None else out.math.compute
-    if report:
-        lines.append("")
-        lines.extend(render_compute(report))
-    mem = out.memory
-    lines.append("")
-    worst = max(mem.per_chip, key=lambda c: (c.total_bytes, -c.chip))
-    lines.append(f"memory per chip (largest: chip {worst.chip})")
-    lines.append(_table([[
-        _fmt_bytes(worst.weights_bytes), _fmt_bytes(worst.kv_cache_bytes), _fmt_bytes(worst.activation_bytes),
-        _fmt_bytes(worst.workspace_bytes), _fmt_bytes(worst.total_bytes), _fmt_bytes(worst.capacity_bytes)]],
-        ["weights", "kv cache", "activations", "workspace", "total", "capacity"]))
-    short = mem.shortfall_summary()
-    lines.append(f"DOES NOT FIT: {short}" if short else "fits on every chip")
-    if trace_path:
-        lines.append(f"trace written to {trace_path} (open in https://ui.perfetto.dev)")
-    if timeline_path:
-        lines.append(f"per-op timeline written to {timeline_path} (CSV)")
-    return "\n".join(lines)
-
-
 @main.command("explain")
 @config_options
 @_max_ops_option
@@ -246,73 +131,6 @@ def explain_cmd(config, overrides, disabled, max_ops):
         click.echo(f"g5: warning: {line}", err=True)
     given = raw.get("parallel") if isinstance(raw.get("parallel"), dict) else {}
     click.echo(render_explain(plan, given_dims=tuple(given)))
-
-
-def render_explain(plan, given_dims: tuple[str, ...] = ()) -> str:
-    """The layout of a prepared run; ``given_dims`` are the parallel keys the configuration
-    set (the others are reported as defaults)."""
-    from g5core.present.caveats import plural
-
-    ctx = plan.ctx
-    dep, m, sysm, rm = ctx.deployment, ctx.model, ctx.system, ctx.rankmap
-    counts = m.param_counts()
-    a = m.attention
-    kv_desc = (f"latent {a.kv_lora_rank}+{a.qk_rope_head_dim}" if a.kind == "mla" else f"{a.n_kv_heads} KV heads")
-    lines = [f"model   {m.name}: {m.n_layers} layers, hidden {m.hidden_size}, {a.kind.upper()} "
-             f"({a.n_heads} heads, {kv_desc}), "
-             f"{counts.total / 1e9:.1f}B params ({counts.active / 1e9:.1f}B active), "
-             f"c_kv {m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)} B/token/layer ({dep.dtypes.kv_cache})",
-             f"system  {sysm.name}: {sysm.chips_per_node} chips/node, {sysm.hbm_capacity_bytes / GIB:.0f} GiB HBM, "
-             f"link {sysm.intra_node_bw_bytes_per_s / 1e9:.1f} GB/s per chip, {sysm.nics} NICs of "
-             f"{sysm.network_bw_bytes_per_s / 1e9:.0f} GB/s per node (per direction), "
-             f"NVLS {'yes' if sysm.nvls else 'no'}, "
-             + (f"fabric {sysm.fabric['oversubscription']:g}:1 oversubscribed above every "
-                f"{plural(int(sysm.fabric['nodes_per_leaf']), 'node')}" if sysm.fabric and sysm.fabric['oversubscription'] > 1
-                else "full-bisection fabric"),
-             f"layout  {plural(dep.chips, 'chip')} on {plural(rm.nodes, 'node')}; rank order (outer to inner): "
-             + ", ".join(f"{n}={s}" for n, s in zip(rm.factor_names, rm.factor_sizes) if not _unused(dep, n)),
-             (f"step    {dep.phase}: {dep.step.describe()} per replica, path {dep.path}" if dep.step_form else
-              f"phase   {dep.phase}, batch {dep.batch} per replica, seq_len {dep.seq_len}, path {dep.path}")
-             + "".join(f", {item}" for item in _option_items(dep, given=True)),
-             f"dtypes  {_describe_dtypes(dep.dtypes)}"]
-    # the defaults this run used: dimensions the configuration left out (those of every
-    # installed plugin), plugin options it left unset
-    defaults = [f"parallel.{d.name} is {d.default} when omitted" for d in ctx.dims.dims
-                if d.default is not None and d.name not in given_dims]
-    defaults += [f"plugins.{item.replace('=', ' is ', 1)} when omitted" for item in _option_items(dep, given=False)]
-    if defaults:
-        lines.append("defaults: " + ", ".join(defaults))
-    s = ctx.shape
-    kv_local = "the whole MLA latent" if a.kind == "mla" else f"{s.kv_heads:g} KV heads"
-    if s.kv_cache_shard > 1:
-        kv_local += f" ({s.kv_heads / s.kv_cache_shard:g} of them in its KV cache)"
-    if dep.path != "math":
-        from g5core.build.symmetry import plan_symmetry
-        lines.append(plan_symmetry(ctx).describe())
-    lines.append(f"per chip: {s.tokens:g} tokens in non-attention ops, {s.q_heads:g} query heads, {kv_local}, "
-                 f"KV of {s.kv_len:g} tokens per sequence")
-    for dim in rm.dims:
-        if _unused(dep, dim):
-            continue
-        groups = rm.groups(dim)
-        size = len(groups[0])
-        crossing = [g for g in groups if rm.crosses_nodes(g)]
-        lines.append("")
-        lines.append(f"{dim} groups: {len(groups)} of {size}"
-                     + (f"; {len(crossing)} cross node boundaries" if crossing else "; all inside one node"))
-        for g in groups[:16]:
-            mark = "  (crosses nodes)" if rm.crosses_nodes(g) else ""
-            lines.append(f"  {list(g)}{mark}")
-        if len(groups) > 16:
-            lines.append(f"  ... {len(groups) - 16} more")
-    return "\n".join(lines)
-
-
-def _describe_dtypes(dtypes) -> str:
-    weights = dict(dtypes.weights)
-    others = ", ".join(f"{k} {v}" for k, v in weights.items() if k != "default")
-    return (f"weights {weights['default']}" + (f" ({others})" if others else "")
-            + f", activations {dtypes.activations}, kv_cache {dtypes.kv_cache}")
 
 
 def _int_list(ctx, param, value):
@@ -461,8 +279,9 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
                    "--serve: goodput_per_chip (or throughput_per_chip, min_chips with --rate)].")
 @click.option("--top", "top", default=10, show_default=True, type=click.IntRange(min=1), help="How many to show.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes "
-                   "(with --serve: config, capacity_requests_per_s, goodput_per_chip, ...).")
+              help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes, "
+                   "tokens_per_s_per_chip, objective_value and the full configuration (with --serve: config, "
+                   "capacity_requests_per_s, goodput_per_chip, ...).")
 @click.option("--db", "db_path", default=None, type=click.Path(dir_okay=False),
               help="Keep the simulated layouts in this results database (and reuse what it holds).")
 @sweep_options
@@ -502,7 +321,8 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
 
     With --serve: the serving search (see g5core/study/serve_search.py)."""
     from g5core.sim.run import load_raw
-    from g5core.study.search import best_layouts, render_best
+    from g5core.study.search import best_layouts
+    from g5core.present.render import render_best
     from g5core.study.sweep import default_progress
 
     raw = load_raw(config, overrides)
@@ -513,8 +333,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
         from g5core.study.serve_search import best_serve_command
 
         click.echo(best_serve_command(raw, config, disabled, objective, top, as_json, db_path, workers, executor,
-                                      disagg=disagg, **{k[2:].replace("-", "_"): v for k, v in serve_only.items()},
-                                      table=_table, fmt_bytes=_fmt_bytes))
+                                      disagg=disagg, **{k[2:].replace("-", "_"): v for k, v in serve_only.items()}))
         return
     given = [k for k, v in serve_only.items() if v is not None]
     if given:
@@ -524,7 +343,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     if as_json:
         click.echo(json.dumps([c.to_json_dict() for c in result.ranked[:top]], indent=2))
         return
-    click.echo(render_best(result, top, _fmt_s, _fmt_bytes, _table))
+    click.echo(render_best(result, top))
 
 
 @main.command("plot")
@@ -545,21 +364,26 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
               help="The parallel dimension on the x axis (latency) or whose group the timeline shows.")
 @click.option("--layer", type=int, default=None, help="Timeline: the layer to show [default: the middle one].")
 @click.option("--row", "row_key", default=None, help="Timeline: the row (a prefix of its config_hash) to re-simulate.")
-def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key):
+@click.option("--where", "where", default=None, metavar="KEY=VALUE,..",
+              help="Only the rows whose inputs match, e.g. --where seq_len=131072,parallel.cp=8 "
+                   "(the timeline draws the one row it leaves).")
+def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key, where):
     """Plot a results database (PNG or SVG)."""
-    from g5core.present.plots import figure_bytes, image_format, make_figure
-    from g5core.present.report import load_rows
+    from g5core.present.plots import figure_bytes, image_format, make_figure, parse_where
+    from g5core.present.report import auto_dims, load_rows
     from g5core.present.outputs import check_output_path, write_atomically
 
     output = output or f"g5-{kind}.png"
     fmt = image_format(output)
+    conditions = parse_where(where)
     target = check_output_path(output, "-o", inputs=[db])
     if kind.startswith("serve-"):
         from g5core.serve.plots import load_search_rows, load_serving_rows, serve_figure
 
         fig = serve_figure(kind, load_search_rows(db) if kind == "serve-pareto" else load_serving_rows(db))
     else:
-        fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key)
+        fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key,
+                          where=conditions, auto_dims=auto_dims(db, sweep_id))
     write_atomically(target, lambda fh: fh.write(figure_bytes(fig, fmt)), "-o", binary=True)
     click.echo(f"{kind} plot written to {output}")
 
@@ -594,9 +418,9 @@ def models_cmd():
         c = m.param_counts()
         rows.append([name, m.attention.kind, m.n_layers, m.hidden_size, f"{c.total / 1e9:.1f}B",
                      f"{c.active / 1e9:.1f}B", m.moe.n_routed_experts if m.moe else "-",
-                     m.kv_bytes_per_token_per_layer(2)])
-    click.echo(_table(rows, ["model", "attention", "layers", "hidden", "params", "active", "experts",
-                             "c_kv bf16 (B)"]))
+                     m.kv_bytes_per_token_per_layer(2), m.attention_pattern()])
+    click.echo(table(rows, ["model", "attention", "layers", "hidden", "params", "active", "experts",
+                            "c_kv bf16 (B)", "attention by layer"]))
     click.echo("\nA model can also be a path to a Hugging Face config.json.")
 
 
@@ -614,7 +438,7 @@ def systems_cmd(ctx):
         rows.append([name, s.chips_per_node, f"{s.hbm_capacity_bytes / GIB:.0f}", f"{s.hbm_bw_bytes_per_s / 1e12:.2f}",
                      f"{s.peak_flops_per_s['bf16'] / 1e12:.0f}", f"{s.intra_node_bw_bytes_per_s / 1e9:.1f}",
                      f"{s.nics} x {s.network_bw_bytes_per_s / 1e9:.0f}", "yes" if s.nvls else "no"])
-    click.echo(_table(rows, ["system", "chips/node", "HBM GiB", "HBM TB/s", "bf16 TFLOP/s", "link GB/s",
+    click.echo(table(rows, ["system", "chips/node", "HBM GiB", "HBM TB/s", "bf16 TFLOP/s", "link GB/s",
                              "NICs x GB/s", "NVLS"]))
     click.echo("\nA system can also be a path to a YAML file with the same fields (docs/system-file.md); "
                "`g5 systems show NAME` prints one.")
@@ -636,22 +460,27 @@ def systems_show_cmd(name):
 @click.option("--sizes", default="8B:8GiB", show_default=True, help="MIN:MAX bytes, e.g. 1K:1G.")
 @click.option("--factor", type=int, default=2, show_default=True, help="Each size is FACTOR times the last.")
 @click.option("--disable", "disabled", multiple=True, metavar="NAME", help="Disable a plugin (repeatable).")
+@click.option("--dtype", "dtype", default="float", show_default=True,
+              help="nccl-tests' -d: the element type that sets the count column (float, half, bfloat16, int8, ...).")
+@click.option("--redop", default="sum", show_default=True,
+              help="nccl-tests' -o: the reduction of all_reduce and reduce_scatter (sum, prod, max, min, avg).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows instead of the table.")
-def collective_cmd(op, system_name, chips, sizes, factor, disabled, as_json):
+def collective_cmd(op, system_name, chips, sizes, factor, disabled, dtype, redop, as_json):
     """One collective alone on SYSTEM, size by size, shaped like nccl-tests output.
 
     OP is all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, gather or p2p
     (nccl-tests names such as allreduce and alltoall work too)."""
-    from g5core.sim.collbench import collective_rows, render_rows, size_range
+    from g5core.sim.collbench import collective_rows, size_range
+    from g5core.present.render import render_collective
     from g5core.inputs.systems import get_system
 
     sizes_list = size_range(sizes, factor)
-    rows = collective_rows(op, system_name, chips, sizes_list, disabled)
+    rows = collective_rows(op, system_name, chips, sizes_list, disabled, dtype=dtype, redop=redop)
     if as_json:
         click.echo(json.dumps(rows, indent=1, allow_nan=False))
         return
     system = get_system(system_name)
-    click.echo(render_rows(op, system.name, chips, -(-chips // system.chips_per_node), rows))
+    click.echo(render_collective(op, system.name, chips, -(-chips // system.chips_per_node), rows))
 
 
 @main.command("plugins")
@@ -664,11 +493,7 @@ def plugins_cmd(disabled):
     rows = [[p.name, "enabled" if p.enabled else "disabled",
              (", ".join(p.hooks) or "-") if p.enabled else "(not loaded while disabled)"]
             for p in describe_plugins(pm)]
-    click.echo(_table(rows, ["plugin", "state", "hooks"]))
-
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
+    click.echo(table(rows, ["plugin", "state", "hooks"]))
 
 
 @main.command("validate")
@@ -698,26 +523,5 @@ def calibrate_cmd(measured, fit, output, as_json):
     click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_calibrate(report))
 
 
-def render_validate(report: dict) -> str:
-    rows = [[r["row"], r["config"], r["metric"], f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}",
-             f"{r['error_pct']:+.1f}%", r["source"][:60]] for r in report["rows"]]
-    lines = [_table(rows, ["row", "config", "metric", "measured ms", "predicted ms", "error", "source"]), "",
-             f"MAPE {report['mape_pct']:.1f}% over {len(rows)} rows; worst: row {report['worst_row']} "
-             f"({report['worst_error_pct']:+.1f}%)"]
-    return "\n".join(lines)
-
-
-def render_calibrate(report: dict) -> str:
-    lines = [f"fitted on system {report['system']} (bounded least squares on log error):"]
-    for k, v in report["fitted"].items():
-        note = "  NOT identifiable from these rows (no row depends on it)" if k in report["unidentifiable"] else ""
-        lines.append(f"  {k}: {report['start'][k]:.6g} -> {v:.6g}{note}")
-    has_loo = report["loo_mape_pct"] is not None
-    rows = [[r["row"], r["config"], f"{r['measured_ms']:.3f}", f"{r['predicted_ms']:.3f}", f"{r['error_pct']:+.2f}%"]
-            + ([f"{r['loo_error_pct']:+.2f}%"] if has_loo else []) for r in report["rows"]]
-    lines += ["", _table(rows, ["row", "config", "measured ms", "fitted ms", "residual"]
-                         + (["leave-one-out"] if has_loo else [])), ""]
-    lines.append(f"rms log error {report['rms_log_error']:.4f}"
-                 + (f"; leave-one-out MAPE {report['loo_mape_pct']:.2f}%" if has_loo else ""))
-    lines.append(f"written to {report['output']}")
-    return "\n".join(lines)
+if __name__ == "__main__":  # pragma: no cover
+    main()

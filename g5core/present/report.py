@@ -26,6 +26,22 @@ def load_rows(db_path, sweep_id: Optional[int] = None) -> list[dict]:
         return db.results(sweep_id)
 
 
+def auto_dims(db_path, sweep_id: Optional[int] = None) -> tuple[str, ...]:
+    """The parallel dimensions the database's sweeps (or sweep ``sweep_id``) left ``auto``
+    (``dp: auto``: it follows the chip count); a `g5 best` search leaves none."""
+    out: set[str] = set()
+    with ResultsDB.open_existing(db_path) as db:
+        for sweep in db.sweeps():
+            if sweep_id is not None and sweep["sweep_id"] != sweep_id:
+                continue
+            base = json.loads(sweep["base_config"])
+            out |= {k for k, v in (base.get("parallel") or {}).items() if v == "auto"}
+            for key, values in json.loads(sweep["grid"]):
+                if key.startswith("parallel.") and "auto" in values:
+                    out.add(key.removeprefix("parallel."))
+    return tuple(sorted(out))
+
+
 def _csv_cell(column: str, value) -> str:
     if value is None:
         return ""

@@ -26,8 +26,8 @@ from __future__ import annotations
 import heapq
 import json
 
-from g5core.build.topology import KIND_NAMES, Topology
-from g5core.build.dag import CommOp, ComputeOp
+from g5core.build.topology import KIND_NAMES, LINK_RX, LINK_TX, Topology
+from g5core.api.ops import CommOp, ComputeOp
 from g5core.api.errors import G5Error
 from g5core.sim.results import SimResult
 
@@ -120,7 +120,8 @@ def trace_events(sim: SimResult, topo: Topology) -> list[dict]:
             tid = PORT_TID_BASE + kind * PORT_TID_STRIDE + lane
             threads[(pid, tid)] = _lane_name(f"port {KIND_NAMES[kind]}", lane)
             s, e = sim.flow_start_s[f], sim.flow_end_s[f]
-            events.append({"ph": "X", "name": f"{op.reason} c{d.flow_src[f]}->c{d.flow_dst[f]}", "cat": op.reason,
+            events.append({"ph": "X", "name": f"{op.reason} {flow_ends(topo, int(d.flow_src[f]), int(d.flow_dst[f]), port)}",
+                           "cat": op.reason,
                            "pid": pid, "tid": tid, "ts": s * 1e6, "dur": (e - s) * 1e6,
                            "args": {"reason": op.reason, "bytes": d.flow_bytes[f], "op": op.key,
                                     "port": topo.resource_name(port)}})
@@ -135,6 +136,20 @@ def trace_events(sim: SimResult, topo: Topology) -> list[dict]:
         events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
         events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
     return events
+
+
+def flow_ends(topo: Topology, src: int, dst: int, port: int) -> str:
+    """``c0->c1``; a flow to an in-switch reduction (NVLS: ``src == dst``) names the switch:
+    ``c0->node0.nvswitch`` on the chip's send link, ``node0.nvswitch->c0`` on its receive link."""
+    if src != dst:
+        return f"c{src}->c{dst}"
+    switch = f"node{topo.node_of(src)}.nvswitch"
+    kind = topo.resource_kind(port)
+    if kind == LINK_TX:
+        return f"c{src}->{switch}"
+    if kind == LINK_RX:
+        return f"{switch}->c{dst}"
+    return f"c{src}->{topo.resource_name(port)}"
 
 
 def _port_pid(topo: Topology, port: int, leaf_pid: int, events) -> tuple[int, int]:

@@ -30,16 +30,15 @@ class ServingRegistry:
         return self.routers[name][1]
 
 
-def _named(table: dict, what: str) -> Callable[[str], Callable]:
-    def make(plugin: str):
-        def register(name, factory):
-            if not isinstance(name, str) or not name or not callable(factory):
-                raise PluginError(plugin, f"register({name!r}, ...) needs a {what} name and a callable factory")
-            if name in table:
-                raise PluginError(plugin, f"{what} {name!r} is already registered by {table[name][0]}")
-            table[name] = (plugin, factory)
-        return register
-    return make
+def _named(table: dict, what: str) -> Callable[..., None]:
+    """``record(plugin, name, factory)`` for :meth:`Hooks.call_registration`."""
+    def record(plugin: str, name, factory) -> None:
+        if not isinstance(name, str) or not name or not callable(factory):
+            raise PluginError(plugin, f"register({name!r}, ...) needs a {what} name and a callable factory")
+        if name in table:
+            raise PluginError(plugin, f"{what} {name!r} is already registered by {table[name][0]}")
+        table[name] = (plugin, factory)
+    return record
 
 
 def serving_registry(hooks: Hooks) -> ServingRegistry:
@@ -49,13 +48,11 @@ def serving_registry(hooks: Hooks) -> ServingRegistry:
     hooks.call_registration("g5_register_schedulers", _named(schedulers, "scheduler"))
     hooks.call_registration("g5_register_routers", _named(routers, "router"))
 
-    def make_format(plugin: str):
-        def register(fmt):
-            if not isinstance(fmt, TraceFormat):
-                raise PluginError(plugin, f"g5_register_workload_formats must register TraceFormat values, got {fmt!r}")
-            if any(f.name == fmt.name and f.container == fmt.container for f in formats):
-                raise PluginError(plugin, f"trace format {fmt.name!r} ({fmt.container}) is already registered")
-            formats.append(fmt)
-        return register
-    hooks.call_registration("g5_register_workload_formats", make_format)
+    def record_format(plugin: str, fmt) -> None:
+        if not isinstance(fmt, TraceFormat):
+            raise PluginError(plugin, f"g5_register_workload_formats must register TraceFormat values, got {fmt!r}")
+        if any(f.name == fmt.name and f.container == fmt.container for f in formats):
+            raise PluginError(plugin, f"trace format {fmt.name!r} ({fmt.container}) is already registered")
+        formats.append(fmt)
+    hooks.call_registration("g5_register_workload_formats", record_format)
     return ServingRegistry(schedulers, routers, tuple(formats))

@@ -7,11 +7,20 @@ nccl-tests (doc/PERFORMANCE.md): ``algbw = size / time``; ``busbw = algbw x 2(n-
 all_reduce, ``x (n-1)/n`` for all_gather, reduce_scatter and all_to_all, ``x 1`` otherwise.
 ``size`` is nccl-tests' size: the buffer of all_reduce and all_to_all, the gathered output
 of all_gather, the input of reduce_scatter.
+
+The table has nccl-tests' columns (size, count, type, redop, root, then time, algbw, busbw
+and #wrong out-of-place and in-place), so a user's nccl-tests output compares line for
+line. ``count`` is ``size`` over the element size of ``--dtype`` (nccl-tests -d, default
+float); ``redop`` (-o, default sum) is printed for the reducing collectives and ``none``
+for the others, as nccl-tests does; root is -1 (nccl-tests' value for rootless ops; the
+rooted broadcast and gather run from chip 0). G5 moves the same bytes either way and does
+not model the data type's or the reduction's arithmetic, nor an in-place buffer: the
+in-place columns repeat the out-of-place ones, and #wrong (a correctness check of real
+data) is "-".
 """
 from __future__ import annotations
 
 import re
-import types
 from typing import Iterable
 
 from g5core.api.errors import ConfigError
@@ -22,6 +31,12 @@ ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter"
 _UNITS = {"": 1, "B": 1, "K": 2 ** 10, "KB": 2 ** 10, "KIB": 2 ** 10, "M": 2 ** 20, "MB": 2 ** 20, "MIB": 2 ** 20,
           "G": 2 ** 30, "GB": 2 ** 30, "GIB": 2 ** 30}
 MAX_SIZE_BYTES = 2 ** 50
+#: nccl-tests' data types (-d) and their bytes per element
+NCCL_TYPES = {"int8": 1, "uint8": 1, "int32": 4, "uint32": 4, "int64": 8, "uint64": 8, "half": 2, "float": 4,
+              "double": 8, "bfloat16": 2, "f8e4m3": 1, "f8e5m2": 1}
+#: nccl-tests' reduction operations (-o)
+NCCL_REDOPS = ("sum", "prod", "max", "min", "avg")
+REDUCING = ("all_reduce", "reduce_scatter", "reduce")
 
 
 def bus_factor(primitive: str, n: int) -> float:
@@ -58,22 +73,32 @@ def size_range(spec: str, factor: int = 2) -> list[int]:
 
 
 def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterable[int],
-                    disabled: Iterable[str] = ()) -> list[dict]:
-    """One row per size: ``size_bytes, time_s, algbw_bytes_per_s, busbw_bytes_per_s,
-    algorithm, protocol, channels``."""
+                    disabled: Iterable[str] = (), dtype: str = "float", redop: str = "sum") -> list[dict]:
+    """One row per size: ``size_bytes, count, type, redop, root, time_s, algbw_bytes_per_s,
+    busbw_bytes_per_s, in_place_time_s, algorithm, protocol, channels``."""
+    from g5core.api.errors import suggest
     from g5core.sim.engine import Engine
 
     primitive = ALIASES.get(primitive, primitive)
+    if dtype not in NCCL_TYPES:
+        raise ConfigError("--dtype", f"unknown type {dtype!r}{suggest(dtype, NCCL_TYPES)}; nccl-tests' -d takes "
+                                     f"{', '.join(NCCL_TYPES)}")
+    if redop not in NCCL_REDOPS:
+        raise ConfigError("--redop", f"unknown reduction {redop!r}{suggest(redop, NCCL_REDOPS)}; nccl-tests' -o "
+                                     f"takes {', '.join(NCCL_REDOPS)}")
+    element = NCCL_TYPES[dtype]
     compile_one = collective_compiler(primitive, system_name, chips, disabled)
     rows = []
     for size in sizes:
         compiled = compile_one(size)
-        time_s = Engine(compiled).run().makespan_s
+        time_s = Engine(dag=compiled).run().makespan_s
         algorithm, protocol, channels = compiled.comm_algo[0]
         algbw = size / time_s if time_s > 0 else 0.0
-        rows.append({"size_bytes": int(size), "time_s": time_s, "algbw_bytes_per_s": algbw,
-                     "busbw_bytes_per_s": algbw * bus_factor(primitive, chips), "algorithm": algorithm,
-                     "protocol": protocol, "channels": channels})
+        rows.append({"size_bytes": int(size), "count": int(size) // element, "type": dtype,
+                     "redop": redop if primitive in REDUCING else "none", "root": -1,
+                     "time_s": time_s, "algbw_bytes_per_s": algbw,
+                     "busbw_bytes_per_s": algbw * bus_factor(primitive, chips), "in_place_time_s": time_s,
+                     "algorithm": algorithm, "protocol": protocol, "channels": channels})
     return rows
 
 
@@ -82,8 +107,9 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
     chips ``0 .. chips - 1`` of ``system_name``, lowered by the enabled plugins."""
     from g5core.build.builder import make_topology
     from g5core.sim.collective import collect_primitives
-    from g5core.build.dag import CommOp, OpDag
-    from g5core.sim.engine import compile_dag
+    from g5core.api.ops import CommOp
+    from g5core.build.dag import OpDag
+    from g5core.sim.engine import compile_ops
     from g5core.api.plugins import Hooks, make_plugin_manager
     from g5core.inputs.systems import get_system
 
@@ -100,26 +126,14 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
                                 f"the enabled plugins lower {', '.join(primitives) or 'none'}")
     system = get_system(system_name)
     topo = make_topology(hooks, system, chips)
-    plan = types.SimpleNamespace(ctx=types.SimpleNamespace(topology=topo, system=system, deployment=None), hooks=hooks,
-                                 primitives=primitives)
     group = tuple(range(chips))
 
     def compile_one(size: float):
         dag = OpDag()
         dag.add_op(CommOp(key="collective", primitive=primitive, group=group, bytes_per_rank=float(size),
                           reason="collective", layer=0, name="collective", owner="g5"))
-        return compile_dag(dag, plan)
+        return compile_ops(dag, topology=topo, primitives=primitives, hooks=hooks, system=system, deployment=None)
 
     return compile_one
 
 
-def render_rows(primitive: str, system_name: str, chips: int, nodes: int, rows: list[dict]) -> str:
-    """The table nccl-tests prints (size, time in us, algbw and busbw in GB/s), plus the
-    algorithm, protocol and channels G5's NCCL model chose."""
-    lines = [f"# {ALIASES.get(primitive, primitive)} on {chips} chips of {system_name} ({nodes} node"
-             f"{'s' if nodes != 1 else ''}); time of the op alone, GB/s = 1e9 bytes/s",
-             f"#{'size':>12} {'time(us)':>11} {'algbw':>8} {'busbw':>8}  {'algorithm':<9} {'protocol':<8} channels"]
-    for r in rows:
-        lines.append(f" {r['size_bytes']:>12} {r['time_s'] * 1e6:>11.2f} {r['algbw_bytes_per_s'] / 1e9:>8.2f} "
-                     f"{r['busbw_bytes_per_s'] / 1e9:>8.2f}  {r['algorithm']:<9} {r['protocol']:<8} {r['channels']}")
-    return "\n".join(lines)

@@ -11,38 +11,11 @@ from __future__ import annotations
 import math
 from typing import Callable, Mapping
 
-import attrs
-
 from g5core.build.dag import require_lowering
 from g5core.api.errors import G5Error, PluginError
 from g5core.api.plugins import Hooks
+from g5core.api.records import Lowering
 from g5core.build.topology import Topology
-
-
-def _flows(fs) -> tuple:
-    return tuple(tuple(f) for f in fs)
-
-
-@attrs.frozen
-class Lowering:
-    """A communication op as the engine runs it: after ``latency_s`` all ``flows`` start
-    together and share the resources they cross; the op ends when the last flow ends.
-
-    A flow is ``(src_chip, dst_chip, bytes)``, routed by :meth:`Topology.route`, or
-    ``(src_chip, dst_chip, bytes, route)`` with an explicit tuple of resource ids (a ring
-    channel's NIC, or a chip's traffic to an in-switch reduction, where ``src == dst``).
-    ``algorithm``, ``protocol`` and ``channels`` say how the op runs (shown in the
-    timeline, the trace and the JSON)."""
-
-    flows: tuple = attrs.field(converter=_flows)
-    latency_s: float = attrs.field(validator=attrs.validators.ge(0))
-    algorithm: str = "direct"
-    protocol: str = ""
-    channels: int = 1
-    #: wire bytes per payload byte: a protocol that reaches only a fraction f of a link's
-    #: bandwidth (NCCL's LL, LL128) is modelled as occupying its links for 1/f of the time
-    #: the payload alone needs, so its flows carry payload / f bytes; the run reports payload.
-    wire_bytes_per_payload_byte: float = attrs.field(default=1.0, validator=attrs.validators.ge(1.0))
 
 
 LowerFn = Callable[[tuple, float, Topology], Lowering]
@@ -52,17 +25,14 @@ def collect_primitives(hooks: Hooks) -> Mapping[str, tuple[str, LowerFn]]:
     """Primitive name -> (plugin, lowering function); a name registered twice is an error."""
     found: dict[str, tuple[str, LowerFn]] = {}
 
-    def make_register(plugin: str):
-        def register(name: str, lower: LowerFn) -> None:
-            if not isinstance(name, str) or not callable(lower):
-                raise PluginError(plugin, f"g5_register_primitives: register(name, callable) got {name!r}, {lower!r}")
-            if name in found:
-                raise PluginError(plugin, f"primitive '{name}' is already registered by plugin '{found[name][0]}'")
-            found[name] = (plugin, lower)
+    def record(plugin: str, name: str, lower: LowerFn) -> None:
+        if not isinstance(name, str) or not callable(lower):
+            raise PluginError(plugin, f"g5_register_primitives: register(name, callable) got {name!r}, {lower!r}")
+        if name in found:
+            raise PluginError(plugin, f"primitive '{name}' is already registered by plugin '{found[name][0]}'")
+        found[name] = (plugin, lower)
 
-        return register
-
-    hooks.call_registration("g5_register_primitives", make_register)
+    hooks.call_registration("g5_register_primitives", record)
     return dict(sorted(found.items()))
 
 

@@ -148,26 +148,36 @@ class ComputeTime:
 MEASURED, ROOFLINE = "measured", "roofline"
 
 
-@attrs.define(eq=False)
+@attrs.frozen(kw_only=True)
+class LatencyAnswer:
+    """One distinct compute-latency answer: ops of ``op_class`` in ``dtype`` take ``seconds``,
+    of which ``measured_s`` came from measurements; ``source`` gave the rest."""
+
+    op_class: str
+    dtype: str
+    seconds: float
+    source: str
+    measured_s: float
+
+
+@attrs.define(eq=False, kw_only=True)
 class LatencyLookup:
     """The one compute-latency lookup of a run (engine and Math path).
 
-    ``seconds(op)`` validates the answering plugin's value and caches it per distinct
-    ``(op class, dtype, kernels, FLOPs, bytes)``; ``source(op)`` says which source gave it
-    and how much of it was measured.
+    ``answer_id(op)`` validates the answering plugin's value and keeps it, once per distinct
+    ``(op class, dtype, kernels, FLOPs, bytes)``, in :attr:`answers`.
     """
 
     hooks: object
     system: object
     deployment: object
-    _cache: dict = attrs.field(factory=dict)
-    # (class, dtype, id(kernels), FLOPs, bytes) -> (kernels, answer): ops made from one Work
-    # share its kernels tuple, so most ops find their answer without hashing the kernels;
-    # the entry holds the tuple, so its id is not reused while the entry lives
+    # (class, dtype, id(kernels), FLOPs, bytes) -> (kernels, answer id): ops made from one
+    # Work share its kernels tuple, so most ops find their answer without hashing the
+    # kernels; the entry holds the tuple, so its id is not reused while the entry lives
     _by_kernels: dict = attrs.field(factory=dict)
-    #: every distinct answer, by id: (op class, dtype, seconds, source, measured seconds)
-    answers: list = attrs.field(factory=list)
-    _answer_ids: dict = attrs.field(factory=dict)  # key -> id into ``answers``
+    #: every distinct answer, by id
+    answers: list[LatencyAnswer] = attrs.field(factory=list)
+    _answer_ids: dict = attrs.field(factory=dict)  # (class, dtype, kernels, FLOPs, bytes) -> id into ``answers``
 
     def answer_id(self, op) -> int:
         """The id (into :attr:`answers`) of ``op``'s answer; compile records one per op."""
@@ -175,53 +185,40 @@ class LatencyLookup:
         fast = (op.op_class, op.dtype, id(kernels), op.flops, op.hbm_bytes)
         seen = self._by_kernels.get(fast)
         if seen is not None and seen[0] is kernels:
-            return seen[2]
-        self._answer(op)
-        return self._by_kernels[fast][2]
-
-    def _answer(self, op) -> tuple[float, str, float]:
-        kernels = op.kernels
-        fast = (op.op_class, op.dtype, id(kernels), op.flops, op.hbm_bytes)
-        seen = self._by_kernels.get(fast)
-        if seen is not None and seen[0] is kernels:
             return seen[1]
         key = (op.op_class, op.dtype, kernels, op.flops, op.hbm_bytes)
-        hit = self._cache.get(key)
-        if hit is None:
-            answer = self.hooks.call_first("g5_compute_latency", op=op, system=self.system, deployment=self.deployment)
-            if answer is None:
-                raise DagError(f"no enabled plugin gives the compute latency of {op.key} "
-                               f"(class {op.op_class}); enable the roofline plugin")
-            plugin, value = answer
-            if isinstance(value, ComputeTime):
-                seconds, measured = value.seconds, value.measured_s
-            else:
-                seconds, measured = value, None
-            if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-                    and seconds >= 0 and math.isfinite(seconds)):
-                raise PluginError(plugin, f"g5_compute_latency returned {value!r} for {op.key}; need seconds >= 0")
-            seconds = float(seconds)
-            if measured is None:
-                measured = seconds if plugin == MEASURED else 0.0
-            if not (0 <= measured <= seconds):
-                raise PluginError(plugin, f"g5_compute_latency for {op.key}: measured_s {measured!r} is not within "
-                                          f"0..{seconds!r}")
-            source = ROOFLINE if plugin in (ROOFLINE, MEASURED) else plugin
-            hit = self._cache[key] = (seconds, source, float(measured))
         aid = self._answer_ids.get(key)
         if aid is None:
             aid = self._answer_ids[key] = len(self.answers)
-            self.answers.append((op.op_class, op.dtype) + hit)
-        self._by_kernels[fast] = (kernels, hit, aid)
-        return hit
+            self.answers.append(self._ask(op))
+        self._by_kernels[fast] = (kernels, aid)
+        return aid
+
+    def _ask(self, op) -> LatencyAnswer:
+        answer = self.hooks.call_first("g5_compute_latency", op=op, system=self.system, deployment=self.deployment)
+        if answer is None:
+            raise DagError(f"no enabled plugin gives the compute latency of {op.key} "
+                           f"(class {op.op_class}); enable the roofline plugin")
+        plugin, value = answer
+        if isinstance(value, ComputeTime):
+            seconds, measured = value.seconds, value.measured_s
+        else:
+            seconds, measured = value, None
+        if not (isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+                and seconds >= 0 and math.isfinite(seconds)):
+            raise PluginError(plugin, f"g5_compute_latency returned {value!r} for {op.key}; need seconds >= 0")
+        seconds = float(seconds)
+        if measured is None:
+            measured = seconds if plugin == MEASURED else 0.0
+        if not (0 <= measured <= seconds):
+            raise PluginError(plugin, f"g5_compute_latency for {op.key}: measured_s {measured!r} is not within "
+                                      f"0..{seconds!r}")
+        source = ROOFLINE if plugin in (ROOFLINE, MEASURED) else plugin
+        return LatencyAnswer(op_class=op.op_class, dtype=op.dtype, seconds=seconds, source=source,
+                             measured_s=float(measured))
 
     def seconds(self, op) -> float:
-        return self._answer(op)[0]
-
-    def source(self, op) -> tuple[str, float]:
-        """(source of the unmeasured part, measured seconds) of ``op``'s time."""
-        _, source, measured = self._answer(op)
-        return source, measured
+        return self.answers[self.answer_id(op)].seconds
 
 
 def exact_sum(values) -> float:
@@ -284,10 +281,10 @@ def coverage_from_columns(answer_ids, chips, flops, system, latency_s: float, n_
     for aid, n in enumerate(count):
         if not n:
             continue
-        op_class, _, seconds, source, measured = table[aid]
-        row = parts.setdefault(op_class, {})
-        row.setdefault(MEASURED, []).append((measured, n))
-        row.setdefault(source, []).append((seconds - measured, n))
+        answer = table[aid]
+        row = parts.setdefault(answer.op_class, {})
+        row.setdefault(MEASURED, []).append((answer.measured_s, n))
+        row.setdefault(answer.source, []).append((answer.seconds - answer.measured_s, n))
 
     def copies(pairs) -> float:  # the exact sum of every op's value, over every replica
         return exact_sum_repeated((v, n * replicas) for v, n in pairs)
@@ -298,7 +295,7 @@ def coverage_from_columns(answer_ids, chips, flops, system, latency_s: float, n_
         for k, v in row.items():
             total_pairs.setdefault(k, []).extend(v)
     total = {k: copies(v) for k, v in total_pairs.items()}
-    peak = np.asarray([system.peak_flops(dtype) for _, dtype, *_ in table], dtype=float) if table else np.zeros(0)
+    peak = np.asarray([system.peak_flops(a.dtype) for a in table], dtype=float) if table else np.zeros(0)
     # bincount adds each chip's values in op order, as a loop over the ops would
     chip_flops = np.bincount(chip, weights=fl, minlength=n_chips).tolist()
     busy = fl != 0
@@ -328,24 +325,6 @@ def coverage_from_columns(answer_ids, chips, flops, system, latency_s: float, n_
             "per_chip": per_chip}
 
 
-def render_compute(report: dict) -> list[str]:
-    """Summary lines of a :func:`coverage_report`."""
-    cov = report["coverage"]
-    prof = report["profile"]
-    where = f"profile {prof['source']}/{prof['gpu']}/{prof['framework']}" if prof else "no measured profile"
-    parts = ", ".join(f"{k} {100 * v[MEASURED]:.0f}%" for k, v in cov.items() if k != "all")
-    lines = [f"compute time: {100 * cov['all'][MEASURED]:.1f}% measured ({where}), "
-             f"{100 * (1 - cov['all'][MEASURED]):.1f}% {report['model']}; measured by class: {parts or 'none'}"]
-    chips = report["per_chip"]
-    if chips:
-        best = max(chips, key=lambda c: (c["mfu"], -c["chip"]))
-        low = min(chips, key=lambda c: (c["mfu"], c["chip"]))
-        lines.append(f"achieved per chip: {best['achieved_tflops']:.1f} TFLOP/s, MFU {100 * best['mfu']:.1f}% "
-                     f"(chip {best['chip']}; lowest: chip {low['chip']}, {low['achieved_tflops']:.1f} TFLOP/s, "
-                     f"MFU {100 * low['mfu']:.1f}%)")
-    return lines
-
-
 def scaled_kernel(kernel: Kernel, factor: float) -> Kernel:
     """The same kernel over ``factor`` times the rows (GEMM ``m``, attention ``batch``,
     elementwise ``tokens``): ``factor`` times the work, same weights per row."""
@@ -359,153 +338,3 @@ def scaled_kernel(kernel: Kernel, factor: float) -> Kernel:
 def answer_seconds(answer) -> object:
     """The seconds of a ``g5_compute_latency`` answer (a number or a :class:`ComputeTime`)."""
     return answer.seconds if isinstance(answer, ComputeTime) else answer
-
-
-# ----------------------------------------------------------------------------------------
-# The size-aware roofline's parameters (the ``compute_model`` block of a system file)
-# ----------------------------------------------------------------------------------------
-
-FLOOR_KEYS = ("gemm", "attention", "decode_attention", "elementwise")
-
-
-def _cm_fraction(field: str, v) -> float:
-    from g5core.api.errors import ConfigError
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1:
-        raise ConfigError(field, f"expected a fraction in (0, 1], got {v!r}")
-    return float(v)
-
-
-def _cm_positive(field: str, v, integer: bool = False) -> float:
-    from g5core.api.errors import ConfigError
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-    if ok and integer and float(v) != int(v):
-        ok = False
-    if not ok:
-        raise ConfigError(field, f"expected a positive {'integer' if integer else 'number'}, got {v!r}")
-    return int(v) if integer else float(v)
-
-
-@attrs.frozen(kw_only=True)
-class ComputeModel:
-    """Parameters of the size-aware roofline (:mod:`g5core.sim.roofline` documents the formulas).
-
-    All required when the block is given; a system file without the block runs the flat
-    roofline (``efficiency`` per op class) and the run output says so.
-    """
-
-    gemm_peak_fraction: tuple        # ((dtype, fraction), ...): large-GEMM fraction of dense peak
-    gemm_tile_m: int
-    gemm_tile_n: int
-    gemm_tile_k: int
-    sm_count: int                    # streaming multiprocessors: one GEMM tile per SM per wave
-    attention_peak_fraction: float   # flash attention's asymptotic fraction of peak (long blocks)
-    attention_half_length_tokens: float  # block length at which it reaches half that fraction
-    hbm_fraction: float              # achieved fraction of HBM bandwidth of a streaming kernel
-    kernel_floor_s: tuple            # ((kernel kind, seconds), ...) for FLOOR_KEYS
-
-    KEYS = ("gemm_peak_fraction", "gemm_tile_m", "gemm_tile_n", "gemm_tile_k", "sm_count",
-            "attention_peak_fraction", "attention_half_length_tokens", "hbm_fraction", "kernel_floor_s")
-
-    @classmethod
-    def from_mapping(cls, data, field: str = "system.compute_model") -> "ComputeModel":
-        from g5core.api.errors import ConfigError, suggest
-        if not hasattr(data, "items"):
-            raise ConfigError(field, f"expected a mapping with keys {', '.join(cls.KEYS)}, got {data!r}")
-        for key in data:
-            if key not in cls.KEYS:
-                raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), cls.KEYS)}; "
-                                                    f"valid keys: {', '.join(cls.KEYS)}")
-        for key in cls.KEYS:
-            if key not in data:
-                raise ConfigError(f"{field}.{key}", f"missing; the compute_model block needs all of "
-                                                    f"{', '.join(cls.KEYS)} (see the shipped system files)")
-        peaks = data["gemm_peak_fraction"]
-        if not hasattr(peaks, "items") or not peaks:
-            raise ConfigError(f"{field}.gemm_peak_fraction", f"expected a mapping of dtype to fraction, got {peaks!r}")
-        floors = data["kernel_floor_s"]
-        if not hasattr(floors, "items"):
-            raise ConfigError(f"{field}.kernel_floor_s", f"expected a mapping with keys {', '.join(FLOOR_KEYS)}")
-        for key in floors:
-            if key not in FLOOR_KEYS:
-                raise ConfigError(f"{field}.kernel_floor_s.{key}", f"unknown kernel kind; valid: {', '.join(FLOOR_KEYS)}")
-        out = {}
-        for key in FLOOR_KEYS:
-            if key not in floors:
-                raise ConfigError(f"{field}.kernel_floor_s.{key}", f"missing; give all of {', '.join(FLOOR_KEYS)}")
-            v = floors[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ConfigError(f"{field}.kernel_floor_s.{key}", f"expected seconds >= 0, got {v!r}")
-            out[key] = float(v)
-        return cls(
-            gemm_peak_fraction=tuple(sorted((str(k), _cm_fraction(f"{field}.gemm_peak_fraction.{k}", v))
-                                            for k, v in peaks.items())),
-            gemm_tile_m=_cm_positive(f"{field}.gemm_tile_m", data["gemm_tile_m"], True),
-            gemm_tile_n=_cm_positive(f"{field}.gemm_tile_n", data["gemm_tile_n"], True),
-            gemm_tile_k=_cm_positive(f"{field}.gemm_tile_k", data["gemm_tile_k"], True),
-            sm_count=_cm_positive(f"{field}.sm_count", data["sm_count"], True),
-            attention_peak_fraction=_cm_fraction(f"{field}.attention_peak_fraction", data["attention_peak_fraction"]),
-            attention_half_length_tokens=_cm_positive(f"{field}.attention_half_length_tokens",
-                                                      data["attention_half_length_tokens"]),
-            hbm_fraction=_cm_fraction(f"{field}.hbm_fraction", data["hbm_fraction"]),
-            kernel_floor_s=tuple((k, out[k]) for k in FLOOR_KEYS),
-        )
-
-    def to_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in self.KEYS}
-        out["gemm_peak_fraction"] = dict(self.gemm_peak_fraction)
-        out["kernel_floor_s"] = dict(self.kernel_floor_s)
-        return out
-
-    def gemm_fraction(self, dtype: str) -> float:
-        from g5core.api.errors import ConfigError
-        table = dict(self.gemm_peak_fraction)
-        if dtype not in table:
-            raise ConfigError("system.compute_model.gemm_peak_fraction",
-                              f"no GEMM peak fraction for dtype '{dtype}' (it lists {', '.join(table)}); add it")
-        return table[dtype]
-
-    def floor_s(self, kind: str) -> float:
-        return dict(self.kernel_floor_s)[kind]
-
-
-PROFILE_SOURCES = ("aiconfigurator",)
-PROFILE_KEYS = ("source", "gpu", "framework", "version")
-
-
-@attrs.frozen(kw_only=True)
-class Profile:
-    """A measured per-op table set chosen in the system file (``profile:``)."""
-
-    source: str
-    gpu: str
-    framework: str
-    version: str = ""   # "" = the newest version the tables hold for each op
-
-    @classmethod
-    def from_mapping(cls, data, field: str = "system.profile") -> "Profile":
-        from g5core.api.errors import ConfigError, suggest
-        if not hasattr(data, "items"):
-            raise ConfigError(field, "expected a mapping such as {source: aiconfigurator, gpu: h100_sxm, "
-                                     f"framework: trtllm}}, got {data!r}")
-        for key in data:
-            if key not in PROFILE_KEYS:
-                raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), PROFILE_KEYS)}; "
-                                                    f"valid keys: {', '.join(PROFILE_KEYS)}")
-        for key in PROFILE_KEYS[:3]:
-            v = data.get(key)
-            if not isinstance(v, str) or not v.strip():
-                raise ConfigError(f"{field}.{key}", "missing or empty; give e.g. source: aiconfigurator, "
-                                                    "gpu: h100_sxm, framework: trtllm")
-        if data["source"] not in PROFILE_SOURCES:
-            raise ConfigError(f"{field}.source", f"unknown source {data['source']!r}; known: "
-                                                 f"{', '.join(PROFILE_SOURCES)}")
-        version = data.get("version", "")
-        if not isinstance(version, str):
-            raise ConfigError(f"{field}.version", f"expected a version string such as '1.3.0rc20', got {version!r}")
-        return cls(source=data["source"], gpu=data["gpu"], framework=data["framework"], version=version)
-
-    def to_dict(self) -> dict:
-        out = {"source": self.source, "gpu": self.gpu, "framework": self.framework}
-        if self.version:
-            out["version"] = self.version
-        return out

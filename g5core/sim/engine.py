@@ -25,7 +25,7 @@ import math
 from array import array
 from collections import defaultdict
 from functools import partial
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from typing import Optional
 
@@ -41,10 +41,10 @@ from g5core.api.errors import DagError, G5Error
 # A flow that ends with |bytes left| below this fraction of its size delivered everything:
 # the difference is floating-point rounding of the rate integral, not lost data.
 ROUNDING_BYTES_REL = 1e-9
-# ... or below what its rate carries in this fraction of the current time: late in a long
-# run the clock itself rounds (a double near 2e9 s steps by 5e-7 s), and a fast flow moves
-# many bytes in one step of the clock.
-ROUNDING_TIME_REL = 1e-12
+# ... or below what its rate carries in this fraction of the current time (the clock's own
+# rounding: late in a long run a double near 2e9 s steps by 5e-7 s, and a fast flow moves
+# many bytes in one step of the clock).
+CLOCK_ROUNDING_REL = 1e-12
 
 # How many answers of the bandwidth sharing (one per distinct set of routes) a run keeps;
 # past this the store starts again (bounds memory on irregular traffic; a store costs a few
@@ -58,8 +58,15 @@ BULK_FLOWS = 8
 # Flows whose delivered bytes are worked out at once after the run (bounds its memory).
 DELIVERED_BLOCK = 1 << 18
 
-# Event priorities at equal time (lower first).
-_COMPUTE_DONE, _FLOW_DONE, _COHORT_DONE, _COMM_RELEASE = 0, 1, 2, 3
+# The kinds of event. An event is ``(kind, item, tag)``:
+# - COMPUTE_DONE: a compute op ends; item = the op, tag = 0;
+# - FLOW_DONE: a flow ends at the rate it was given; item = the flow, tag = the version of
+#   that rate (a flow re-shared since has a later version, and this event is stale);
+# - COHORT_DONE: the flows of a comm op's release plan that finish together end; item =
+#   the op, tag = the cohort's index in its spec's plan (Engine._release_plan);
+# - COMM_RELEASE: a comm op's start latency is over and its flows start; item = the op, tag = 0.
+# With ``Engine._sort_batches`` the events of one time are sorted by kind (lower first).
+COMPUTE_DONE, FLOW_DONE, COHORT_DONE, COMM_RELEASE = 0, 1, 2, 3
 
 
 class TableView(Sequence):
@@ -89,7 +96,7 @@ def _per_op(column: str, doc: str) -> property:
     return property(lambda self: getattr(self, column)[self.spec], doc=f"Per op: {doc}.")
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class CompiledDag:
     """The DAG as the engine runs it: numpy columns (struct of arrays), index = op id (the
     order of ``OpDag.ops``) or flow id. What is alike for every op of one spec (its
@@ -148,26 +155,29 @@ class CompiledDag:
         """Per op: (algorithm, protocol, channels) of a comm op, () for compute."""
         return TableView(self.algos, self.comm_algo_id)
 
-    @property
-    def edges_u(self) -> np.ndarray:
-        """Predecessor of every distinct edge (with :attr:`edges_v`), grouped by predecessor."""
-        return np.repeat(np.arange(self.n_ops, dtype=self.succ.bounds_array().dtype), np.diff(self.succ.bounds_array()))
-
-    @property
-    def edges_v(self) -> np.ndarray:
-        return self.succ.targets_array()
-
 
 def compile_dag(dag: OpDag, plan, edges: Optional[tuple] = None) -> CompiledDag:
+    """:func:`compile_ops` of a prepared run's DAG (``plan``: g5core.build.builder.Plan),
+    with the plan's compute-latency lookup where it keeps one (a prepared plan's, shared by
+    its steps); ``edges`` as :func:`compile_ops` takes them."""
+    ctx = plan.ctx
+    return compile_ops(dag, topology=ctx.topology, primitives=plan.primitives, hooks=plan.hooks, system=ctx.system,
+                       deployment=ctx.deployment, lookup=getattr(plan, "lookup", None), edges=edges)
+
+
+def compile_ops(dag: OpDag, *, topology: Topology, primitives: Mapping, hooks, system, deployment,
+                lookup: Optional[LatencyLookup] = None, edges: Optional[tuple] = None) -> CompiledDag:
     """Ask the plugins once per distinct op (spec) for durations and lowerings; validate;
     return columns made with numpy from the per-spec answers (no Python work per op).
-    Edges are de-duplicated and turned into successor lists; ``edges``, when given, are
-    those lists (``(succ, pred_count)`` of a compiled DAG with the same ops and edges,
-    already checked acyclic: a prepared plan's DAG reused for another step)."""
-    ctx = plan.ctx
-    topo: Topology = ctx.topology
+    Edges are de-duplicated and turned into successor lists. ``primitives`` are the
+    lowerings (g5core.sim.collective.collect_primitives); ``hooks``, ``system`` and
+    ``deployment`` answer the compute latencies (a DAG of comm ops only needs none), through
+    ``lookup`` when given (its cache kept), else a fresh lookup. ``edges``, when given, are
+    the successor lists (``(succ, pred_count)`` of a compiled DAG with the same ops and
+    edges, already checked acyclic: a prepared plan's DAG reused for another step)."""
+    topo = topology
     n = len(dag)
-    compute = getattr(plan, "lookup", None) or LatencyLookup(plan.hooks, ctx.system, ctx.deployment)
+    compute = lookup or LatencyLookup(hooks=hooks, system=system, deployment=deployment)
     answer_id, answers = compute.answer_id, compute.answers
     spec = dag.spec_array()
     n_specs = len(dag.specs)
@@ -192,13 +202,13 @@ def compile_dag(dag: OpDag, plan, edges: Optional[tuple] = None) -> CompiledDag:
         p = dag.specs[s]
         if not dag.spec_is_comm[s]:
             a = answer_id(dag.op(first))
-            s_answer[s], s_dur[s], s_flops[s] = a, answers[a][2], float(p[5])
+            s_answer[s], s_dur[s], s_flops[s] = a, answers[a].seconds, float(p.flops)
             continue
         s_comm[s] = True
-        key = (p[0], p[1], p[5])
+        key = (p.primitive, p.group, p.bytes_per_rank)
         low = lowering_cache.get(key)
         if low is None:
-            lowered, flows = lower_op(dag.op(first), plan.primitives, topo)
+            lowered, flows = lower_op(dag.op(first), primitives, topo)
             algo = (lowered.algorithm, lowered.protocol, lowered.channels)
             low = lowering_cache[key] = (
                 len(t_src), len(flows), float(lowered.latency_s), algo_ids.setdefault(algo, len(algo_ids)),
@@ -333,7 +343,7 @@ def _zeros(n: int) -> array:
     return array("d", bytes(8 * n))
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class _ReleasePlan:
     """How a comm op's flows are released and, alone on their ports, settled: the same for
     every op of a spec, by flow offset from the op's first flow (:meth:`Engine._release_plan`)."""
@@ -350,7 +360,7 @@ class _ReleasePlan:
     over: bool       # whether a total is above its port's capacity
 
 
-@attrs.define(eq=False)
+@attrs.define(eq=False, kw_only=True)
 class Engine:
     """One simulation. All state lives on the instance; run it once. Results are typed
     arrays (8 bytes a number), index = op id or flow id."""
@@ -389,7 +399,7 @@ class Engine:
     _keep_shares = True
     _release_by_plan = True
     #: Events of one time are processed in the order they were added; a test sorts them by
-    #: (priority, id, version) instead to show the order changes no result.
+    #: (kind, item, tag) instead to show the order changes no result.
     _sort_batches = False
 
     # ---------------------------------------------------------------- overridable seams
@@ -466,7 +476,7 @@ class Engine:
         self._flow_route = flow_route = memoryview(d.flow_route) if n_flows else ()
         routes = d.routes
         cap = d.port_capacity
-        # pending events by time: (priority, id, version) in the order they were added;
+        # pending events by time: (kind, item, tag) in the order they were added;
         # ``times`` is a heap of the distinct times (many events share one: the chips of a
         # layer finish alike, a collective's flows end together)
         buckets: defaultdict = defaultdict(list)
@@ -474,7 +484,7 @@ class Engine:
         heappush, heappop = heapq.heappush, heapq.heappop
 
         def add(t: float, event: tuple) -> None:
-            """Event ``(priority, id, version)`` at time ``t``."""
+            """Event ``(kind, item, tag)`` at time ``t``."""
             b = buckets[t]
             b.append(event)
             if len(b) == 1:
@@ -513,7 +523,7 @@ class Engine:
         for op in np.flatnonzero(d.pred_count == 0).tolist() if n else ():
             if is_comm[op]:
                 start_s[op] = 0.0
-                add(spec_dur[spec[op]], (_COMM_RELEASE, op, 0))
+                add(spec_dur[spec[op]], (COMM_RELEASE, op, 0))
             else:
                 heappush(ready[chip_of[op]], (0.0, op))
                 dirty_chips.add(chip_of[op])
@@ -528,7 +538,7 @@ class Engine:
                             continue
                         busy[c] = True
                         start_s[op] = now
-                        add(now + spec_dur[spec[op]], (_COMPUTE_DONE, op, 0))
+                        add(now + spec_dur[spec[op]], (COMPUTE_DONE, op, 0))
                 dirty_chips.clear()
             # ports that lost a flow in the last batch: re-shared if flows are left, else idle
             if ended:
@@ -558,9 +568,9 @@ class Engine:
                         f_rate[first:last] = plan.rates
                         f_ver[first:last] = plan.versions
                         for k, finish_s in plan.singles:
-                            add(now + finish_s, (_FLOW_DONE, first + k, 1))
+                            add(now + finish_s, (FLOW_DONE, first + k, 1))
                         for g, finish_s in enumerate(plan.cohort_finish_s):
-                            add(now + finish_s, (_COHORT_DONE, op, g))
+                            add(now + finish_s, (COHORT_DONE, op, g))
                         if record or over or plan.over:  # port rates are seen (Engine._set_port_rates)
                             set_port_rates(plan.totals, now)
                         if dirty_ports:  # settled: nothing to re-share there
@@ -582,21 +592,23 @@ class Engine:
                 if sort_batches:
                     batch.sort()
                 events += len(batch)
-                for prio, op, version in batch:
-                    if prio == _COMPUTE_DONE:
+                for kind, item, tag in batch:
+                    if kind == COMPUTE_DONE:
+                        op = item
                         c = chip_of[op]
                         busy[c] = False
                         dirty_chips.add(c)
                         if flops_of is not None:
                             executed_flops[op] += flops_of(op)
-                    elif prio != _COMM_RELEASE:
-                        if prio == _FLOW_DONE:  # one flow at its current rate
-                            if version != f_ver[op]:
+                    elif kind != COMM_RELEASE:
+                        if kind == FLOW_DONE:  # one flow at its current rate
+                            if tag != f_ver[item]:  # re-shared since: a later event ends it
                                 continue
-                            flows = (op,)
-                            op = flow_op[op]
-                        else:  # _COHORT_DONE: the flows of an op's plan that finish together
-                            cohort = plans[spec[op]].cohorts[version]
+                            flows = (item,)
+                            op = flow_op[item]
+                        else:  # COHORT_DONE: the flows of an op's plan that finish together
+                            op = item
+                            cohort = plans[spec[op]].cohorts[tag]
                             events += len(cohort) - 1   # an event per flow, as one each would be
                             first = flow_ptr[op]
                             # those still at their first rate (a re-shared one has its own event)
@@ -615,7 +627,8 @@ class Engine:
                         op_flows_left[op] -= len(flows)
                         if op_flows_left[op]:
                             continue
-                    else:  # _COMM_RELEASE: every flow of the op is injected; the op ends with the last
+                    else:  # COMM_RELEASE: every flow of the op is injected; the op ends with the last
+                        op = item
                         first, last = flow_ptr[op], flow_ptr[op + 1]
                         op_flows_left[op] = last - first
                         inj_mv[first:last] = fbytes[first:last]
@@ -645,7 +658,7 @@ class Engine:
                             flow_start_s[f] = now
                             f_last[f] = now
                             if fbytes[f] <= 0.0:
-                                add(now, (_FLOW_DONE, f, f_ver[f]))
+                                add(now, (FLOW_DONE, f, f_ver[f]))
                                 continue
                             route = routes[flow_route[f]]
                             for p in route:
@@ -661,7 +674,7 @@ class Engine:
                         if not remaining_preds[v]:
                             if is_comm[v]:
                                 start_s[v] = now
-                                add(now + spec_dur[spec[v]], (_COMM_RELEASE, v, 0))
+                                add(now + spec_dur[spec[v]], (COMM_RELEASE, v, 0))
                             else:
                                 heappush(ready[chip_of[v]], (now, v))
                                 dirty_chips.add(chip_of[v])
@@ -732,7 +745,7 @@ class Engine:
                 if new != old:
                     f_rate[f] = new
                     f_ver[f] += 1
-                    add(now + f_rem[f] / new, (_FLOW_DONE, f, f_ver[f]))
+                    add(now + f_rem[f] / new, (FLOW_DONE, f, f_ver[f]))
             if seen or over:
                 set_port_rates(totals, now)
                 seen = True
@@ -740,7 +753,7 @@ class Engine:
     def _add_delivered(self, f_rem: array, f_rate: array, f_last: array) -> None:
         """Each ended flow's delivered bytes, from the state it ended in: what its integrated
         rate left undelivered at its end, ``bytes left - rate x (end - last settle)``; within
-        rounding of its size (``ROUNDING_BYTES_REL``, ``ROUNDING_TIME_REL``) it delivered
+        rounding of its size (``ROUNDING_BYTES_REL``, ``CLOCK_ROUNDING_REL``) it delivered
         exactly its bytes. The same floating-point operations, element by element, as at
         the flow's end; in blocks, to bound the memory."""
         n = len(f_rem)
@@ -754,7 +767,7 @@ class Engine:
             ended = np.flatnonzero(~np.isnan(end_all[lo:hi])) + lo
             end, rate, nbytes = end_all[ended], rate_all[ended], nbytes_all[ended]
             residual = rem_all[ended] - rate * (end - last_all[ended])
-            tolerance = ROUNDING_BYTES_REL * nbytes + rate * np.abs(end) * ROUNDING_TIME_REL + 1.0
+            tolerance = ROUNDING_BYTES_REL * nbytes + rate * np.abs(end) * CLOCK_ROUNDING_REL + 1.0
             out[ended] = np.where(np.abs(residual) <= tolerance, nbytes, nbytes - residual)
 
     def _add_executed_flops(self) -> None:

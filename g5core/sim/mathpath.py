@@ -17,11 +17,11 @@ from g5core.inputs.step import phase_metrics
 from g5core.sim.collective import idle_transfer_s, lower_op
 from g5core.sim.compute import LatencyLookup, coverage_report
 from g5core.build.topology import Topology
-from g5core.build.dag import CommOp, ComputeOp
+from g5core.api.ops import CommOp, ComputeOp
 from g5core.build.layers import build_program
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class MathResult:
     phase: str
     latency_s: float
@@ -46,7 +46,7 @@ def alpha_beta_s(op: CommOp, plan: Plan, cache: dict) -> float:
 
 def math_estimate(plan: Plan) -> MathResult:
     ctx = plan.ctx
-    lookup = LatencyLookup(plan.hooks, ctx.system, ctx.deployment)
+    lookup = LatencyLookup(hooks=plan.hooks, system=ctx.system, deployment=ctx.deployment)
     comm_cache: dict = {}
     total = compute_total = comm_total = 0.0
     timed = []

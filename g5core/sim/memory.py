@@ -6,32 +6,14 @@ op DAG, so the Math path reports the same ledger.
 """
 from __future__ import annotations
 
-from typing import Mapping
+import math
 
 import attrs
 
 from g5core.api.errors import PluginError
+from g5core.api.records import CATEGORIES, MemoryTerm
 
-CATEGORIES = ("weights", "kv_cache", "activations", "workspace")
 GIB = float(2 ** 30)
-
-
-def _chip_items(value) -> tuple[tuple[int, float], ...]:
-    if isinstance(value, Mapping):
-        value = value.items()
-    return tuple(sorted((int(c), float(b)) for c, b in value))
-
-
-@attrs.frozen
-class MemoryTerm:
-    """A named per-chip memory term. ``bytes_per_chip`` maps chip -> bytes (absent = 0)."""
-
-    name: str
-    category: str = attrs.field(validator=attrs.validators.in_(CATEGORIES))
-    bytes_per_chip: tuple[tuple[int, float], ...] = attrs.field(converter=_chip_items)
-
-    def on(self, chip: int) -> float:
-        return dict(self.bytes_per_chip).get(chip, 0.0)
 
 
 def kv_cache_bytes(context_tokens: int, kv_bytes_per_token_per_layer: int, layers: int,
@@ -45,6 +27,20 @@ def kv_cache_bytes(context_tokens: int, kv_bytes_per_token_per_layer: int, layer
     (``kv_cache_heads``, e.g. Ulysses); 1 for MLA's latent unless a plugin splits it.
     """
     return context_tokens * kv_bytes_per_token_per_layer * layers / (seq_shards * head_shards)
+
+
+def kv_bytes_on(m, dep, s, c_kv: int, layers: list[int]) -> float:
+    """KV cache of the layers one chip holds, for every sequence of the step (its cached and
+    new tokens): a windowed layer keeps at most its window of tokens per sequence
+    (:meth:`ModelSpec.kv_tokens`), a full layer the whole context."""
+    groups: dict[int, int] = {}  # KV tokens of the replica in one layer -> layers holding that many
+    for layer in layers:
+        tokens = sum(g.count * m.kv_tokens(layer, g.context_tokens) for g in dep.step)
+        groups[tokens] = groups.get(tokens, 0) + 1
+    if not groups:
+        groups = {dep.step.context_tokens: 0}
+    return math.fsum(kv_cache_bytes(tokens, c_kv, n, s.factor("kv_len"), s.kv_shard * s.kv_cache_shard)
+                     for tokens, n in groups.items())
 
 
 def activation_peak_bytes(ctx, layers: list[int]) -> float:
@@ -77,7 +73,7 @@ def activation_peak_bytes(ctx, layers: list[int]) -> float:
     return ctx.deployment.dtypes.activation_element_bytes * s.tokens * (2.0 * d + max(widths))
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class ChipMemory:
     chip: int
     weights_bytes: float
@@ -117,7 +113,8 @@ class MemoryReport:
             "per_chip": [attrs.asdict(c) for c in self.per_chip],
             "max_total_bytes": self.max_total_bytes,
             "fits": self.fits,
-            "terms": {t.name: {"category": t.category, "max_bytes": max((b for _, b in t.bytes_per_chip), default=0.0)}
+            "terms": {t.name: {"category": t.category, "max_bytes": max((b for _, b in t.bytes_per_chip), default=0.0),
+                               **({"part_of": t.part_of} if t.part_of else {})}
                       for t in self.terms},
         }
 
@@ -135,8 +132,9 @@ def _ranges(chips: list[int]) -> str:
     return ",".join(parts)
 
 
-def core_terms(ctx) -> list[MemoryTerm]:
-    """Weights, KV cache and activations from the sharded shapes and the layers each chip holds."""
+def weight_bytes_by_chip(ctx, kinds=None) -> tuple[dict[int, float], dict[int, list[int]]]:
+    """Weight bytes each chip holds, of the logical ops of ``kinds`` (None: every op), and
+    the decoder layers each chip holds (the one formula: weight elements x their bytes)."""
     from g5core.build.layers import WEIGHT_CLASS, build_program, weight_elements
 
     m, dep, s = ctx.model, ctx.deployment, ctx.shape
@@ -145,6 +143,9 @@ def core_terms(ctx) -> list[MemoryTerm]:
     per_layer: dict[int, float] = {}
     per_kind: dict[str, float] = {}  # one chip's weight bytes of a kind: the same in every layer
     for lop in build_program(m):
+        if kinds is not None and lop.kind not in kinds:
+            per_layer.setdefault(lop.layer, 0.0)
+            continue
         if lop.kind not in per_kind:
             wclass = WEIGHT_CLASS.get(lop.kind, "default")
             per_kind[lop.kind] = weight_elements(lop.kind, m, s) * dep.dtypes.weight_element_bytes(wclass)
@@ -154,10 +155,15 @@ def core_terms(ctx) -> list[MemoryTerm]:
             weights[c] += nbytes
             if 0 <= layer < m.n_layers:
                 layers_on[c].append(layer)
+    return weights, layers_on
+
+
+def core_terms(ctx) -> list[MemoryTerm]:
+    """Weights, KV cache and activations from the sharded shapes and the layers each chip holds."""
+    m, dep, s = ctx.model, ctx.deployment, ctx.shape
+    weights, layers_on = weight_bytes_by_chip(ctx)
     c_kv = m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)
-    kv = {c: kv_cache_bytes(dep.step.context_tokens, c_kv, len(layers_on[c]), s.factor("kv_len"),
-                            s.kv_shard * s.kv_cache_shard)
-          for c in ctx.all_chips}
+    kv = {c: kv_bytes_on(m, dep, s, c_kv, layers_on[c]) for c in ctx.all_chips}
     acts = {c: activation_peak_bytes(ctx, layers_on[c]) for c in ctx.all_chips}
     return [
         MemoryTerm("weights", "weights", weights),
@@ -176,13 +182,21 @@ def memory_report(ctx) -> MemoryReport:
                 raise PluginError(plugin, f"memory term {term.name!r} has negative bytes")
             if term.name in {t.name for t in terms}:
                 raise PluginError(plugin, f"memory term {term.name!r} is already contributed")
+            if term.part_of:
+                whole = next((t for t in terms if t.name == term.part_of), None)
+                if whole is None or whole.part_of or whole.category != term.category:
+                    raise PluginError(plugin, f"memory term {term.name!r} is part of {term.part_of!r}, which is not "
+                                              f"a {term.category} term of the ledger")
+                if any(b > whole.on(c) * (1 + 1e-12) for c, b in term.bytes_per_chip):
+                    raise PluginError(plugin, f"memory term {term.name!r} exceeds the {term.part_of!r} it is part of")
             terms.append(term)
     cap = ctx.system.hbm_capacity_bytes
     per_chip = []
     for c in ctx.all_chips:
         by_cat = {k: 0.0 for k in CATEGORIES}
         for t in terms:
-            by_cat[t.category] += t.on(c)
+            if not t.part_of:
+                by_cat[t.category] += t.on(c)
         total = sum(by_cat.values())
         per_chip.append(ChipMemory(
             chip=c, weights_bytes=by_cat["weights"], kv_cache_bytes=by_cat["kv_cache"],

@@ -39,6 +39,7 @@ from g5core.build.shape import collect_shard_axes
 from g5core.build.symmetry import off_reason, plan_symmetry
 from g5core.inputs.config import Deployment, apply_overrides, load_config_file
 from g5core.inputs.step import Step, as_step, phase_metrics
+from g5core.sim.results import step_choices
 from g5core.sim.compute import LatencyLookup
 from g5core.sim.memory import ChipMemory, MemoryReport, kv_cache_bytes, memory_report
 
@@ -73,7 +74,8 @@ class StepResult:
     memory: StepMemory
     #: per plugin, the choices it made for this step (e.g. ``{"cp": {"prefill": "pass_q"}}``)
     choices: dict = attrs.field(factory=dict)
-    #: the full simulation result (g5core.sim.results.SimResult), for detail
+    #: the full simulation result (g5core.sim.results.SimResult; a MathResult for
+    #: ``path: math``), for detail
     sim: Any = attrs.field(default=None, repr=False)
     ledger: Optional[MemoryReport] = attrs.field(default=None, repr=False)
 
@@ -102,7 +104,7 @@ class PreparedPlan:
         self._symmetry_arg = symmetry
         self.symmetry = plan_symmetry(plan.ctx, off_reason(symmetry))
         self._axes = collect_shard_axes(plan.hooks)
-        self.lookup = LatencyLookup(plan.hooks, plan.ctx.system, self.deployment)
+        self.lookup = LatencyLookup(hooks=plan.hooks, system=plan.ctx.system, deployment=self.deployment)
         self._results: dict[Step, StepResult] = {}
         self._plans: dict[Step, Any] = {self.deployment.step: plan}
         self.hits = 0
@@ -148,11 +150,16 @@ class PreparedPlan:
 
         plan = self.plan_for(step)
         self.lookup.deployment = plan.ctx.deployment
-        sim = self._from_template(step, plan)
-        if sim is None:
-            sim = simulate_plan(plan, check=self.check, symmetry=self._symmetry_arg, max_ops=self.max_ops)
-            self._keep_template(step, plan, sim)
-        total = sim.ops + sim.flows
+        if plan.ctx.deployment.path == "math":  # the closed form, as `g5 run` gives it for path: math
+            from g5core.sim.mathpath import math_estimate
+
+            sim = math_estimate(plan)
+        else:
+            sim = self._from_template(step, plan)
+            if sim is None:
+                sim = simulate_plan(plan, check=self.check, symmetry=self._symmetry_arg, max_ops=self.max_ops)
+                self._keep_template(step, plan, sim)
+        total = getattr(sim, "ops", 0) + getattr(sim, "flows", 0)
         if total > self.max_ops:
             raise ResourceError(f"step {step.describe()} simulated {total:,} ops and flows, above the limit of "
                                 f"{self.max_ops:,}; raise the limit (max_ops) or use a smaller deployment")
@@ -292,7 +299,7 @@ def _specs_key(specs) -> tuple:
 def _structure_key(dag) -> tuple:
     """What a sample DAG's ops, edges and keys are, without their work and bytes: two steps
     alike here build whole DAGs alike but for their specs' numbers (and messages)."""
-    kinds = tuple((spec[0], spec[3] if not comm else spec[4], spec[1] if comm else spec[2])
+    kinds = tuple((spec.primitive, spec.owner, spec.group) if comm else (spec.op_class, spec.owner, spec.dtype)
                   for spec, comm in zip(dag.specs, dag.spec_is_comm))
     return (dag.chip.tobytes(), dag.layer.tobytes(), dag.spec.tobytes(), dag.key_stem.tobytes(), dag.key_arg.tobytes(),
             dag.edge_pairs.tobytes(), tuple(dag.stems), tuple(dag.odd_keys), tuple(dag.spec_is_comm), kinds)
@@ -314,7 +321,7 @@ def _run_built(plan, dag, sym, check: bool, edges):
         compiled = compile_dag(dag, plan, edges)
         if sym.applied and check_resources(sym, dag, compiled, plan) is not None:
             return None  # this step's messages leave the replica: the full path decides
-        engine = Engine(compiled).run()
+        engine = Engine(dag=compiled).run()
         _check_finite([engine.makespan_s])
         result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0, sym)
         if check:
@@ -329,11 +336,6 @@ def _layers_by_chip(ctx) -> dict[int, int]:
         for c in ctx.layer_chips(layer):
             out[c] += 1
     return out
-
-
-def step_choices(ctx) -> dict:
-    """What plugins chose for this step (``g5_step_choices`` answers, by plugin)."""
-    return {plugin: dict(answer) for plugin, answer in ctx.hooks.call_each("g5_step_choices", ctx=ctx) if answer}
 
 
 def prepare(config: Mapping | Deployment | str | pathlib.Path, *, overrides: Iterable[str] = (),

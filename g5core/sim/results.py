@@ -14,8 +14,9 @@ from g5core.sim.engine import CompiledDag, Engine
 from g5core.api.errors import ConservationError
 from g5core.build.symmetry import WHOLE_RUN, Symmetry
 
-# Interval sums agree with one another to about this relative precision (float rounding).
-ROUNDING_TIME_REL = 1e-9
+# Sums of intervals (comm time, its exposed part) agree with one another to about this
+# fraction of their size: closer than this they are equal, the difference float rounding.
+INTERVAL_SUM_ROUNDING_REL = 1e-9
 # A port's rate is a float sum of its flows' shares, so it may exceed the capacity by a few
 # ulps; over a very long run that rounding adds up to whole bytes. Excess below this
 # fraction of what all ports can carry in the run is rounding, not a violation.
@@ -57,14 +58,7 @@ def conservation_kpis(engine: Engine) -> dict[str, float]:
         del comp
         c, s, e = d.chip[o], start[o], end[o]
         overlap = int(np.count_nonzero((c[1:] == c[:-1]) & (s[1:] < e[:-1])))
-    return {
-        "ops_not_executed_once": not_once,
-        "ops_started_before_predecessor_finished": early,
-        "bytes_injected_minus_delivered": bytes_kpi,
-        "dag_flops_minus_executed_flops": flops_kpi,
-        "port_bytes_beyond_capacity": port_kpi,
-        "overlapping_compute_intervals": overlap,
-    }
+    return dict(zip(KPI_NAMES, (not_once, early, bytes_kpi, flops_kpi, port_kpi, overlap), strict=True))
 
 
 #: Ops whose out-edges the causality KPI checks at once (bounds its temporary arrays).
@@ -98,7 +92,7 @@ def check_conservation(kpis: dict) -> None:
 # ----------------------------------------------------------------------------------------
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class SimResult:
     phase: str
     latency_s: float
@@ -191,7 +185,7 @@ def collectives_report(dag: OpDag, d: CompiledDag, replicas: int = 1) -> list[di
     groups: dict[tuple, list] = {}
     for s_id, count in zip(spec_ids.tolist(), counts.tolist()):
         spec, a_id = specs[s_id], int(d.spec_algo[s_id])
-        groups.setdefault((spec[2], spec[0]) + tuple(d.algos[a_id]), []).append((spec[5], count))
+        groups.setdefault((spec.reason, spec.primitive) + tuple(d.algos[a_id]), []).append((spec.bytes_per_rank, count))
     return [{"reason": r, "primitive": p, "algorithm": a, "protocol": pr, "channels": ch,
              "ops": sum(c for _, c in b) * replicas,
              "bytes_per_rank": exact_sum_repeated((v, c * replicas) for v, c in b)}
@@ -201,7 +195,7 @@ def collectives_report(dag: OpDag, d: CompiledDag, replicas: int = 1) -> list[di
 def _spec_reason_ids(dag: OpDag, reasons: list[str]) -> np.ndarray:
     """Per spec: the id (in ``reasons``) of a comm spec's reason, -1 for compute."""
     rindex = {r: k for k, r in enumerate(reasons)}
-    return np.asarray([rindex.get(spec[2], -1) if comm else -1 for spec, comm in zip(dag.specs, dag.spec_is_comm)],
+    return np.asarray([rindex.get(spec.reason, -1) if comm else -1 for spec, comm in zip(dag.specs, dag.spec_is_comm)],
                       dtype=np.int64)
 
 
@@ -217,7 +211,7 @@ def compute_report(dag: OpDag, d: CompiledDag, latency_s: float, symmetry: Symme
 
 def _reasons(dag: OpDag) -> list[str]:
     used = set(np.unique(dag.spec_array()).tolist())
-    return sorted({spec[2] for s, (spec, comm) in enumerate(zip(dag.specs, dag.spec_is_comm)) if comm and s in used})
+    return sorted({spec.reason for s, (spec, comm) in enumerate(zip(dag.specs, dag.spec_is_comm)) if comm and s in used})
 
 
 def comm_bytes_by_reason(dag: OpDag, d: CompiledDag, replicas: int = 1) -> dict:
@@ -292,7 +286,7 @@ def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarra
     del is_comm, done
     # every (member chip, comm op) pair, from each spec's group
     spec = d.spec[comm]
-    groups = [spec_[1] if is_c else () for spec_, is_c in zip(dag.specs, dag.spec_is_comm)]
+    groups = [spec_.group if is_c else () for spec_, is_c in zip(dag.specs, dag.spec_is_comm)]
     g_size = np.asarray([len(g) for g in groups], dtype=np.int64)
     g_start = np.zeros(len(groups) + 1, dtype=np.int64)
     np.cumsum(g_size, out=g_start[1:])
@@ -337,9 +331,9 @@ def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarra
         best = cand[np.lexsort((cand, -comm_row[cand], -exposed[cand]))[0]]
         total, exp = float(comm_row[best]), float(min(exposed[best], comm_row[best]))
         # the union arithmetic rounds; snap differences below a nanosecond-per-second
-        if abs(total - exp) <= ROUNDING_TIME_REL * total:
+        if abs(total - exp) <= INTERVAL_SUM_ROUNDING_REL * total:
             exp = total
-        elif exp <= ROUNDING_TIME_REL * total:
+        elif exp <= INTERVAL_SUM_ROUNDING_REL * total:
             exp = 0.0
         return {"comm_time_s": total, "exposed_comm_s": exp,
                 "hidden_fraction": 1.0 - exp / total if total > 0 else 1.0, "chip": int(best)}
@@ -347,3 +341,55 @@ def overlap_report(dag: OpDag, d: CompiledDag, start: np.ndarray, end: np.ndarra
     out = worst(0)
     out["by_reason"] = {r: worst(1 + i) for i, r in enumerate(reasons)}
     return out
+
+
+#: network tiers of the summary: (name, the resource kinds of its two directions)
+NETWORK_TIERS = (("NVLink", ("link_tx", "link_rx")), ("NIC", ("nic_tx", "nic_rx")),
+                 ("leaf uplink", ("leaf_up", "leaf_down")))
+
+
+def network_load(sim: SimResult, topology) -> list[dict]:
+    """The load on each network tier a run used (scale-up links, NICs, leaf uplinks):
+    ``tier, ports`` (used, of the tier's ports in the simulated chips' reach), ``bytes``
+    (carried one way: the sending direction, wire bytes, times the symmetric replicas),
+    ``busiest_port``, ``busiest_bytes``, ``utilization`` (its bytes over its capacity times
+    the step) and ``busy_fraction`` (the share of the step a flow was on it). A tier no
+    flow crossed is left out."""
+    from g5core.build.topology import KIND_NAMES
+
+    d = sim.compiled
+    n_ports = len(d.port_capacity)
+    if not len(d.flow_bytes) or sim.latency_s <= 0:
+        return []
+    route_bytes = np.bincount(d.flow_route, weights=d.flow_bytes, minlength=len(d.routes))
+    port_bytes = np.zeros(n_ports)
+    for rid, route in enumerate(d.routes):
+        if route_bytes[rid]:
+            port_bytes[list(route)] += route_bytes[rid]
+    kinds = np.asarray([topology.resource_kind(p) for p in range(n_ports)])
+    capacity = np.asarray(d.port_capacity, dtype=float)
+    out = []
+    for tier, names in NETWORK_TIERS:
+        ids = [KIND_NAMES.index(n) for n in names]
+        in_tier = np.isin(kinds, ids)
+        used = in_tier & (port_bytes > 0)
+        if not used.any():
+            continue
+        busiest = int(np.flatnonzero(used)[np.argmax((port_bytes / capacity)[used])])
+        on = np.asarray([busiest in route for route in d.routes], dtype=bool)[d.flow_route]
+        fs, fe = np.asarray(sim.flow_start_s)[on], np.asarray(sim.flow_end_s)[on]
+        order = np.argsort(fs, kind="stable")
+        out.append({
+            "tier": tier, "ports": int(used.sum()),
+            "bytes": float(port_bytes[kinds == ids[0]].sum()) * sim.symmetry.replicas,
+            "busiest_port": topology.resource_name(busiest), "busiest_bytes": float(port_bytes[busiest]),
+            "utilization": float(port_bytes[busiest] / (capacity[busiest] * sim.latency_s)),
+            "busy_fraction": _merged_length(fs[order], fe[order]) / sim.latency_s,
+        })
+    return out
+
+
+
+def step_choices(ctx) -> dict:
+    """What plugins chose for the step a context runs (``g5_step_choices`` answers, by plugin)."""
+    return {plugin: dict(answer) for plugin, answer in ctx.hooks.call_each("g5_step_choices", ctx=ctx) if answer}

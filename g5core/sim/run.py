@@ -16,13 +16,12 @@ import attrs
 
 from g5core.build.builder import Plan, build_dag, check_size, prepare
 from g5core.api.errors import ConfigError, G5Error
-from g5core.inputs.config import Deployment, apply_overrides, disabled_from_config, load_config_file
+from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load_config_file
 from g5core.sim.engine import Engine, compile_dag
 from g5core.sim.mathpath import MathResult, math_estimate
 from g5core.sim.memory import MemoryReport, memory_report
-from g5core.sim.prepared import step_choices
 from g5core.api.plugins import make_plugin_manager
-from g5core.sim.results import SimResult, check_conservation, summarize
+from g5core.sim.results import SimResult, check_conservation, step_choices, summarize
 from g5core.build.symmetry import check_reduced_dag, check_resources, off_reason, plan_symmetry
 
 
@@ -34,8 +33,7 @@ def load_raw(path, overrides: Iterable[str] = ()) -> dict:
 def make_plan(raw: Mapping | Deployment, disabled: Iterable[str] = (), extra_plugins: Sequence = (),
               source: str = "configuration", max_ops: Optional[int] = None) -> Plan:
     """Plugin manager (CLI and config disables together) and a validated, prepared run."""
-    from_config = raw.disabled_plugins if isinstance(raw, Deployment) else disabled_from_config(raw)
-    names = tuple(dict.fromkeys(tuple(disabled) + tuple(from_config)))
+    names = all_disabled(raw, disabled)
     pm = make_plugin_manager(disabled=names, extra_plugins=extra_plugins)
     plan = prepare(raw, pm, source=source, max_ops=max_ops)
     if names and not plan.ctx.deployment.disabled_plugins == names:
@@ -110,7 +108,7 @@ def _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, ti
         compiled = compile_dag(dag, plan)
         clock("compile_s")
     say(f"simulating {len(compiled.keys)} ops and {len(compiled.flow_bytes)} flows")
-    engine = engine_cls(compiled, record_port_rates=record_port_rates).run()
+    engine = engine_cls(dag=compiled, record_port_rates=record_port_rates).run()
     clock("engine_s")
     _check_finite([engine.makespan_s])  # before the summary does arithmetic on it
     say(f"{engine.events} events; checking conservation")
@@ -134,7 +132,7 @@ class _Phases:
         self.last = now
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen(eq=False, kw_only=True)
 class RunOutput:
     deployment: Deployment
     plan: Plan
@@ -177,7 +175,7 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
         progress(f"estimated {size.describe()}")
     memory = memory_report(plan.ctx)
     if dep.path == "math":
-        return _finite(RunOutput(dep, plan, memory, math=math_estimate(plan)))
+        return _finite(RunOutput(deployment=dep, plan=plan, memory=memory, math=math_estimate(plan)))
     if compare_math:
         # the Math path's own guards apply to the comparison (cp > 1 is refused there),
         # checked before the simulation so a refused run costs nothing
@@ -189,7 +187,7 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
             raise ConfigError("--compare-math", f"the Math path refuses this configuration: {exc}") from None
     sim = simulate(plan, progress=progress, record_port_rates=record_port_rates, symmetry=symmetry, max_ops=max_ops)
     mres = math_estimate(plan) if compare_math else None
-    return _finite(RunOutput(dep, plan, memory, sim=sim, math=mres))
+    return _finite(RunOutput(deployment=dep, plan=plan, memory=memory, sim=sim, math=mres))
 
 
 def _finite(out: RunOutput) -> RunOutput:

@@ -19,10 +19,9 @@ from typing import Mapping, Optional, Sequence
 import attrs
 
 from g5core.inputs.step import Step
-from g5core.inputs.config import disabled_from_config
+from g5core.inputs.config import all_disabled
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, G5Error, PluginError
-from g5core.sim.memory import GIB
 from g5core.api.plugins import Hooks, make_plugin_manager
 
 #: objective -> (column, best is the largest)
@@ -44,10 +43,11 @@ def factorizations(n: int, slots: int) -> list[tuple[int, ...]]:
     return [(d,) + rest for d in divisors(n) for rest in factorizations(n // d, slots - 1)]
 
 
-def enumerate_layouts(chips: int, dims: DimensionRegistry) -> list[dict[str, int]]:
-    """Every split of ``chips`` over the registered dimensions, in a fixed order."""
+def enumerate_layouts(chips: int, dims: DimensionRegistry, moe: bool = True) -> list[dict[str, int]]:
+    """Every split of ``chips`` over the registered dimensions, in a fixed order; with
+    ``moe=False`` (a dense model) the expert-only dimensions are left out (they stay 1)."""
     factor_names = [d.name for d in dims.factors]
-    others = [d for d in dims.dims if not d.factor]
+    others = [d for d in dims.dims if not d.factor and (moe or not d.moe_only)]
     out = []
     for split in factorizations(chips, len(factor_names)):
         sizes = dict(zip(factor_names, split))
@@ -66,7 +66,7 @@ def layout_label(parallel: Mapping[str, int]) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted(parallel.items()))
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Exclusion:
     parallel: dict
     family: str            # "memory", a configuration field, or "plugin '<name>'"
@@ -74,7 +74,7 @@ class Exclusion:
     shortfall_bytes: float = 0.0
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Candidate:
     parallel: dict
     latency_s: float
@@ -83,12 +83,16 @@ class Candidate:
     max_total_bytes: float
     tokens_per_s_per_chip: float
 
+    #: the full resolved configuration the candidate ran (model, system, dtypes, options...)
+    config: dict = attrs.field(factory=dict, eq=False)
+
     def to_json_dict(self) -> dict:
         return {"parallel": dict(sorted(self.parallel.items())), "latency_s": self.latency_s, "fits": self.fits,
-                "max_total_bytes": self.max_total_bytes}
+                "max_total_bytes": self.max_total_bytes, "tokens_per_s_per_chip": self.tokens_per_s_per_chip,
+                "objective_value": self.objective_value, "config": self.config}
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class SearchResult:
     objective: str
     layouts: int
@@ -139,15 +143,15 @@ def prefilter(raw: Mapping, layouts: Sequence[dict], disabled: Sequence[str] = (
         try:
             plan = make_plan(dict(raw, parallel=par), disabled, extra_plugins)
         except ConfigError as exc:
-            excluded.append(Exclusion(par, exc.field or "configuration", str(exc)))
+            excluded.append(Exclusion(parallel=par, family=exc.field or "configuration", reason=str(exc)))
             continue
         except PluginError as exc:
-            excluded.append(Exclusion(par, f"plugin '{exc.plugin}'", str(exc)))
+            excluded.append(Exclusion(parallel=par, family=f"plugin '{exc.plugin}'", reason=str(exc)))
             continue
         mem = memory_report(plan.ctx)
         if not mem.fits:
             short = max(c.total_bytes - c.capacity_bytes for c in mem.per_chip)
-            excluded.append(Exclusion(par, "memory", mem.shortfall_summary(), shortfall_bytes=short))
+            excluded.append(Exclusion(parallel=par, family="memory", reason=mem.shortfall_summary(), shortfall_bytes=short))
             continue
         keep.append(par)
     return keep, excluded
@@ -166,12 +170,14 @@ def best_layouts(raw: Mapping, objective: Optional[str] = None, db_path=None, di
         except ConfigError:
             pass  # the layouts' runs report the error
     objective = _objective(objective, phase)
-    names = tuple(dict.fromkeys(tuple(disabled) + disabled_from_config(raw)))
+    names = all_disabled(raw, disabled)
     dims = collect_dimensions(Hooks(make_plugin_manager(disabled=names, extra_plugins=extra_plugins)))
     chips = raw.get("chips")
     if isinstance(chips, bool) or not isinstance(chips, int) or chips <= 0:
         raise ConfigError("chips", f"must be a positive whole number, got {chips!r}")
-    layouts = enumerate_layouts(chips, dims)
+    from g5core.inputs.models import get_model
+    model = get_model(raw.get("model")) if isinstance(raw.get("model"), str) else None
+    layouts = enumerate_layouts(chips, dims, moe=model is None or model.moe is not None)
     keep, excluded = prefilter(raw, layouts, disabled, extra_plugins)
     if not keep:
         mem = [e for e in excluded if e.family == "memory"]
@@ -191,44 +197,15 @@ def best_layouts(raw: Mapping, objective: Optional[str] = None, db_path=None, di
     cands = []
     for row in report.rows:
         if row["status"] != "ok":
-            excluded.append(Exclusion(row["point"]["parallel"], "simulation", row["error"]))
+            excluded.append(Exclusion(parallel=row["point"]["parallel"], family="simulation", reason=row["error"]))
             continue
         cands.append(Candidate(parallel=row["point"]["parallel"], latency_s=row["latency_s"],
                                objective_value=row[column], fits=bool(row["fits"]),
                                max_total_bytes=row["max_total_bytes"],
-                               tokens_per_s_per_chip=row["tokens_per_s_per_chip"]))
+                               tokens_per_s_per_chip=row["tokens_per_s_per_chip"], config=row["config"]))
     sign = -1.0 if largest else 1.0
     ranked = sorted(cands, key=lambda c: (sign * c.objective_value, c.max_total_bytes, layout_label(c.parallel)))
     return SearchResult(objective=objective, layouts=len(layouts), ranked=tuple(ranked), pareto=pareto_front(cands),
                         excluded=tuple(excluded), sweep_id=report.sweep_id)
 
 
-def render_best(result: SearchResult, top: int, fmt_s, fmt_bytes, table) -> str:
-    """The text of ``g5 best``: top K, the Pareto front, and why the others were excluded."""
-    obj_col = {"ttft": "TTFT", "tpot": "TPOT", "tokens_per_s_per_chip": "tokens/s/chip",
-               "latency": "latency"}[result.objective]
-
-    def rows(cands, rank=True):
-        return [([i + 1] if rank else []) + [layout_label(c.parallel), fmt_s(c.latency_s),
-                                              f"{c.tokens_per_s_per_chip:.4g}", fmt_bytes(c.max_total_bytes)]
-                for i, c in enumerate(cands)]
-
-    head = ["parallel", "latency", "tokens/s/chip", "max memory per chip"]
-    simulated = len(result.ranked)
-    lines = [f"{result.layouts} layouts: {simulated} simulated, {len(result.excluded)} excluded; "
-             f"ranked by {obj_col} (best first)", table(rows(result.ranked[:top]), ["rank"] + head)]
-    lines += ["", "Pareto front (no other layout is both faster and lighter per chip):",
-              table(rows(result.pareto, rank=False), head)]
-    if result.excluded:
-        lines += ["", "excluded:"]
-        for family, members in result.families():
-            examples = ", ".join(f"[{layout_label(e.parallel)}]" for e in members[:3])
-            more = f" and {len(members) - 3} more" if len(members) > 3 else ""
-            if family == "memory":
-                lo = min(e.shortfall_bytes for e in members) / GIB
-                hi = max(e.shortfall_bytes for e in members) / GIB
-                by = f"{lo:.2f} GiB" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f} to {hi:.2f} GiB"
-                lines.append(f"  does not fit: {len(members)} layout(s), short by {by}: {examples}{more}")
-            else:
-                lines.append(f"  {family}: {len(members)} layout(s) ({examples}{more}); e.g. {members[0].reason}")
-    return "\n".join(lines)

@@ -887,8 +887,9 @@ def _longest(workload: Mapping) -> int:
 def best_serve_command(raw: Mapping, config_path, disabled, objective, top: int, as_json: bool, db_path, workers: int,
                        executor: str, *, disagg: str, workload=None, requests=None, isl=None, osl=None, slo=None,
                        seed=None, rate=None, chunks=None, seqs=None, tolerance=None, max_rate=None, beam=None,
-                       vary=None, settle=None, confirm=None, table, fmt_bytes) -> str:
+                       vary=None, settle=None, confirm=None) -> str:
     """``g5 best CONFIG --serve``: the text to print (the report or the JSON list)."""
+    from g5core.present.render import render_serve_best
     from g5core.serve.api import split_config, workload_spec
     from g5core.study.sweep import default_progress
 
@@ -918,46 +919,4 @@ def best_serve_command(raw: Mapping, config_path, disabled, objective, top: int,
                           executor=executor, progress=default_progress(), inputs=[config_path])
     if as_json:
         return json.dumps([s.to_json_dict() for s in result.ranked[:top]], indent=2, sort_keys=True, allow_nan=False)
-    return render_serve_best(result, top, table, fmt_bytes)
-
-
-def render_serve_best(result: ServeSearchResult, top: int, table, fmt_bytes) -> str:
-    """The text of ``g5 best --serve``: top K, the Pareto front, why the winner, what was pruned."""
-    def rows(items, rank=True):
-        out = []
-        for i, s in enumerate(items):
-            j = s.to_json_dict()
-            out.append(([i + 1] if rank else []) + [
-                "disagg" if j["disaggregated"] else "agg", s.candidate.label(), f"{s.capacity:.4g}",
-                f"{j['goodput_per_chip']:.4g}", f"{j['output_tokens_per_s_per_chip']:.4g}",
-                f"{j['output_tokens_per_s_per_user']:.4g}",
-                "-" if j["ttft_s"]["p90"] is None else f"{j['ttft_s']['p90']:.3g} s",
-                "-" if j["tpot_s"]["p90"] is None else f"{j['tpot_s']['p90'] * 1e3:.3g} ms",
-                fmt_bytes(j["max_total_bytes"])])
-        return out
-
-    head = ["kind", "deployment", "capacity req/s", "goodput req/s/chip", "out tok/s/chip", "out tok/s/user",
-            "TTFT p90", "TPOT p90", "memory per chip"]
-    st = result.settings
-    lines = [f"serving search, SLO {st.slo}: {result.layouts} layout x chunk cells screened, {len(result.pruned)} "
-             f"pruned; {result.candidates} candidates simulated ({result.runs} serving runs"
-             + (f"; {result.skipped_by_beam} disaggregated layout pairs beyond --beam {st.beam} not tried"
-                if result.skipped_by_beam else "") + f"); ranked by {result.objective}"
-             + (f" at {st.rate:g} req/s" if st.rate is not None else "") + " (best first)",
-             f"capacity: the highest Poisson rate at which the SLO holds, bisected to within {st.tolerance:.0%}",
-             table(rows(result.ranked[:top]), ["rank"] + head)]
-    lines += ["", "Pareto front (output tokens/s per chip against per user, at capacity):",
-              table(rows(result.pareto(), rank=False), head)]
-    lines += ["", "why: " + result.why()]
-    if result.ranked:
-        import yaml
-
-        lines += ["", "the winner, as g5 serve takes it (g5 serve FILE reproduces its capacity):",
-                  yaml.safe_dump(result.ranked[0].config, sort_keys=False).rstrip()]
-    if result.pruned:
-        lines += ["", "pruned:"]
-        for family, members in result.families():
-            examples = ", ".join(f"[{short_label(p.parallel)} chunk={p.chunk}]" for p in members[:3])
-            more = f" and {len(members) - 3} more" if len(members) > 3 else ""
-            lines.append(f"  {family}: {len(members)} ({examples}{more}); e.g. {members[0].reason}")
-    return "\n".join(lines)
+    return render_serve_best(result, top)

@@ -29,12 +29,13 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import attrs
 import yaml
 
-from g5core import __version__
-from g5core.inputs.config import Deployment, apply_overrides, disabled_from_config, shorthand_of
+from g5core.version import __version__
+from g5core.inputs.config import Deployment, all_disabled, apply_overrides, shorthand_of
 from g5core.inputs.step import Step
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
-from g5core.api.errors import ConfigError, G5Error, PluginError
+from g5core.api.errors import ConfigError, G5Error
 from g5core.api.plugins import Hooks, make_plugin_manager
+from g5core.api.records import SweepPreset
 from g5core.study.resultsdb import ResultsDB, config_hash, utc_now
 
 AUTO = "auto"
@@ -365,45 +366,9 @@ def default_progress(stream=None):
 # ----------------------------------------------------------------------------------------
 
 
-CheckFn = Callable[[Sequence[Mapping], Mapping], Sequence[str]]
-
-
-@attrs.frozen(kw_only=True)
-class SweepPreset:
-    """A named sweep a plugin registers: default grid, fixed overrides and a check over the rows.
-
-    ``check(rows, options)`` receives the sweep's rows in grid order (each a results row
-    with its ``point``) and the preset options, and returns the violations (``()`` when it
-    holds). It runs only for the phases in ``check_phases`` (every phase when empty).
-    """
-
-    name: str
-    doc: str
-    grid: tuple[tuple[str, tuple], ...] = attrs.field(converter=lambda g: tuple((k, tuple(v)) for k, v in g))
-    fixed: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    check: Optional[CheckFn] = None
-    check_phases: tuple[str, ...] = attrs.field(default=(), converter=tuple)
-    options: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=lambda o: tuple(dict(o).items()))
-    owner: str = ""
-
-
 def collect_presets(hooks: Hooks) -> dict[str, SweepPreset]:
     """Every preset the enabled plugins register; a name registered twice is an error."""
-    found: dict[str, SweepPreset] = {}
-
-    def make_register(plugin: str):
-        def register(preset: SweepPreset) -> None:
-            if not isinstance(preset, SweepPreset):
-                raise PluginError(plugin, f"g5_register_sweep_presets: expected a SweepPreset, got {preset!r}")
-            if preset.name in found:
-                raise PluginError(plugin, f"sweep preset '{preset.name}' is already registered by plugin "
-                                          f"'{found[preset.name].owner}'")
-            found[preset.name] = attrs.evolve(preset, owner=plugin)
-
-        return register
-
-    hooks.call_registration("g5_register_sweep_presets", make_register)
-    return found
+    return hooks.collect_named("g5_register_sweep_presets", SweepPreset, "sweep preset")
 
 
 # ----------------------------------------------------------------------------------------
@@ -411,7 +376,7 @@ def collect_presets(hooks: Hooks) -> dict[str, SweepPreset]:
 # ----------------------------------------------------------------------------------------
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class SweepReport:
     sweep_id: int
     db_path: str
@@ -432,7 +397,7 @@ class SweepReport:
                 f"({len(self.failed_rows)} invalid, {self.reused} already in the database); results in {self.db_path}")
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class _Cell:
     n: int
     point: dict
@@ -460,21 +425,21 @@ class _Dims:
 def _plan_cell(n: int, base: Mapping, point: Mapping, disabled: Sequence[str], dims: _Dims) -> _Cell:
     raw = apply_point(base, point)
     try:
-        names = tuple(dict.fromkeys(tuple(disabled) + disabled_from_config(raw)))
+        names = all_disabled(raw, disabled)
         registry = dims(names)
         raw = resolve_auto(raw, registry)
         resolved = resolved_config(raw, registry)
     except G5Error as exc:
         resolved = json.loads(json.dumps(raw, default=str))
-        return _Cell(n, dict(point), None, config_hash(resolved, disabled), resolved, tuple(disabled), str(exc))
-    return _Cell(n, dict(point), raw, config_hash(resolved, disabled), resolved, tuple(disabled))
+        return _Cell(n=n, point=dict(point), raw=None, key=config_hash(resolved, disabled), resolved=resolved, disabled=tuple(disabled), error=str(exc))
+    return _Cell(n=n, point=dict(point), raw=raw, key=config_hash(resolved, disabled), resolved=resolved, disabled=tuple(disabled))
 
 
 def check_base(base: Mapping, disabled: Sequence[str] = (), extra_plugins: Sequence = ()) -> None:
     """The base configuration must be valid by itself (after ``auto``): an error before any file is written."""
     from g5core.sim.run import make_plan
 
-    names = tuple(dict.fromkeys(tuple(disabled) + disabled_from_config(base)))
+    names = all_disabled(base, disabled)
     raw = resolve_auto(base, _Dims(extra_plugins)(names))
     make_plan(raw, disabled, extra_plugins, source="base configuration")
 
@@ -589,12 +554,7 @@ def _drive(db: ResultsDB, exe, cells: Sequence[_Cell], disabled, runner, extra_p
 class PresetReport:
     preset: SweepPreset
     sweep: SweepReport
-    checked: bool                 # the preset's check applied (phase) and at least one cell ran
-    violations: tuple[str, ...]
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.sweep.ok_rows) and not self.violations
+    violations: tuple[str, ...]   # () when the check held, or did not apply (phase), or no cell ran
 
 
 def get_preset(name: str, disabled: Sequence[str] = (), extra_plugins: Sequence = ()) -> SweepPreset:
@@ -612,7 +572,7 @@ def run_preset(name: str, base: Mapping, db_path, axes: Optional[Mapping[str, Se
                options: Optional[Mapping] = None, disabled: Sequence[str] = (), **kwargs) -> PresetReport:
     """Run a registered preset: its grid (``axes`` replaces the values of named axes), its fixed
     overrides, then its check over the rows."""
-    names = tuple(dict.fromkeys(tuple(disabled) + disabled_from_config(base)))
+    names = all_disabled(base, disabled)
     preset = get_preset(name, names, kwargs.get("extra_plugins", ()))
     axes = dict(axes or {})
     unknown = set(axes) - {k for k, _ in preset.grid}
@@ -627,6 +587,5 @@ def run_preset(name: str, base: Mapping, db_path, axes: Optional[Mapping[str, Se
                       options=opts, **kwargs)
     phase = base.get("phase", "")
     applies = preset.check is not None and (not preset.check_phases or phase in preset.check_phases)
-    checked = applies and bool(sweep.ok_rows)
-    violations = tuple(preset.check(sweep.rows, opts)) if checked else ()
-    return PresetReport(preset=preset, sweep=sweep, checked=checked, violations=violations)
+    violations = tuple(preset.check(sweep.rows, opts)) if applies and sweep.ok_rows else ()
+    return PresetReport(preset=preset, sweep=sweep, violations=violations)

@@ -42,7 +42,7 @@ COLUMNS = ("config", "set", "metric", "measured_ms", "source")
 METRICS = {"ttft": "prefill", "tpot": "decode"}
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Row:
     number: int              # 1-based data row number (the header is row 0)
     config: str              # resolved path
@@ -97,7 +97,7 @@ def read_rows(csv_path) -> list[Row]:
         except ValueError as exc:
             raise ConfigError(where, f"bad set column: {exc}") from None
         label = " ".join((cfg,) + overrides)
-        rows.append(Row(number, str(cfg_path), overrides, metric, ms, source, label))
+        rows.append(Row(number=number, config=str(cfg_path), overrides=overrides, metric=metric, measured_ms=ms, source=source, label=label))
     if not rows:
         raise ConfigError(str(path), "no measurement rows")
     return rows

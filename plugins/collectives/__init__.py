@@ -46,9 +46,41 @@ its links' time.
 """
 from __future__ import annotations
 
-from g5core import ConfigError, Lowering, Topology, hookimpl, idle_transfer_s
+from typing import Mapping
+
+from g5core import ConfigError, Lowering, Topology, check_keys, hookimpl, idle_transfer_s, suggest
 
 from . import nccl
+
+# ------------------------------------------------------------------------------ the system file's nccl block
+#: what a system file may force, per collective (``nccl: {COLLECTIVE: {algorithm: A, protocol: P}}``)
+NCCL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter")
+NCCL_ALGORITHMS = ("ring", "tree", "nvls")
+NCCL_PROTOCOLS = ("ll", "ll128", "simple")
+
+
+def forced_choices(system) -> Mapping[str, Mapping[str, str]]:
+    """The system file's forced NCCL choices, checked (one-line ConfigErrors naming the field):
+    collectives, keys and values NCCL knows; tree for all_reduce only; nvls on a system whose
+    switch reduces in place. Whether a choice applies to a group is checked where it meets one."""
+    field = "system.nccl"
+    for coll, choice in system.nccl.items():
+        if coll not in NCCL_COLLECTIVES:
+            raise ConfigError(f"{field}.{coll}", f"unknown collective{suggest(str(coll), NCCL_COLLECTIVES)}; "
+                                                 f"NCCL's choice can be forced for {', '.join(NCCL_COLLECTIVES)}")
+        check_keys(choice, f"{field}.{coll}", ("algorithm", "protocol"))
+        for key, v in choice.items():
+            allowed = {"algorithm": NCCL_ALGORITHMS, "protocol": NCCL_PROTOCOLS}[key]
+            if v not in allowed:
+                raise ConfigError(f"{field}.{coll}.{key}", f"unknown {key} {v!r}{suggest(str(v), allowed)}; "
+                                                           f"choose one of {', '.join(allowed)}")
+        if choice.get("algorithm") == "tree" and coll != "all_reduce":
+            raise ConfigError(f"{field}.{coll}.algorithm", f"NCCL runs tree only for all_reduce, not {coll}; "
+                                                           "choose ring (or nvls)")
+        if choice.get("algorithm") == "nvls" and not system.nvls:
+            raise ConfigError(f"{field}.{coll}.algorithm",
+                              "nvls needs a switch that reduces in place; set nvls: true or choose ring/tree")
+    return system.nccl
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -74,8 +106,8 @@ def _nccl_group(coll: str, group, topo: Topology) -> nccl.Group:
     ppn = max(len(m) for m in nodes.values())
     rails = min(len(_rails(m, topo)) for m in nodes.values())
     return nccl.Group(coll=coll, n_ranks=len(group), n_nodes=len(nodes), ppn=ppn,
-                      link_bw_gbps=topo.link_bw_bytes_per_s / 1e9,
-                      net_bw_gbps=rails * topo.nic_bw_bytes_per_s / 1e9,
+                      link_bw_gbytes_per_s=topo.link_bw_bytes_per_s / 1e9,
+                      net_bw_gbytes_per_s=rails * topo.nic_bw_bytes_per_s / 1e9,
                       compute_capability=float(cc), nvls=topo.nvls)
 
 
@@ -194,7 +226,7 @@ def nvls_tree_flows(group, nbytes: float, topo: Topology) -> list:
 
 def lower_collective(coll: str, group, nbytes: float, topo: Topology) -> Lowering:
     g = _nccl_group(coll, group, topo)
-    forced = dict(topo.system.nccl.get(coll, {})) if topo.system is not None else {}
+    forced = dict(forced_choices(topo.system).get(coll, {})) if topo.system is not None else {}
     choice = nccl.choose(g, nbytes, forced)
     if choice is None:
         raise ConfigError(f"system.nccl.{coll}",
@@ -251,14 +283,14 @@ def nvlink_p2p(group, peer_bytes: float, pairs, topo: Topology) -> Lowering:
     which occupies the links; the channels' copy time beyond what the links need joins the
     start latency, like NCCL's own extra time in :func:`lower_collective`."""
     g = _nccl_group("all_to_all", group, topo)
-    node_channels = nccl.p2p_node_channels(g.link_bw_gbps, g.compute_capability)
+    node_channels = nccl.p2p_node_channels(g.link_bw_gbytes_per_s, g.compute_capability)
     nc = nccl.p2p_peer_channels(peer_bytes, len(group), node_channels)
     protocol = nccl.p2p_protocol(peer_bytes, nc)
     own = (nccl.P2P_LL_WIRE_FACTOR if protocol == "ll" else 1.0) / nccl.P2P_NVLINK_EFFICIENCY
     flows = [(s, t, peer_bytes * own) for s, t in pairs]
     copy_s = nccl.p2p_copy_time_us(peer_bytes, len(group), node_channels) * 1e-6
     extra_s = max(0.0, copy_s - idle_transfer_s(flows, topo))
-    return Lowering(flows, topo.message_latency_s(group) + extra_s, algorithm="p2p", protocol=protocol,
+    return Lowering(flows=flows, latency_s=topo.message_latency_s(group) + extra_s, algorithm="p2p", protocol=protocol,
                     channels=nc, wire_bytes_per_payload_byte=own)
 
 
@@ -268,18 +300,18 @@ def all_to_all(group, nbytes, topo: Topology) -> Lowering:
     if len(topo.nodes_of(group)) == 1:
         return nvlink_p2p(group, nbytes / n, pairs, topo)
     flows = tuple((s, t, nbytes / n) for s, t in pairs)
-    return Lowering(flows, topo.message_latency_s(group), algorithm="p2p", protocol="simple")
+    return Lowering(flows=flows, latency_s=topo.message_latency_s(group), algorithm="p2p", protocol="simple")
 
 
 def broadcast(group, nbytes, topo: Topology) -> Lowering:
     root = group[0]
-    return Lowering(tuple((root, t, nbytes) for t in group[1:]), topo.message_latency_s(group), algorithm="direct",
+    return Lowering(flows=tuple((root, t, nbytes) for t in group[1:]), latency_s=topo.message_latency_s(group), algorithm="direct",
                     protocol="simple")
 
 
 def gather(group, nbytes, topo: Topology) -> Lowering:
     root = group[0]
-    return Lowering(tuple((s, root, nbytes) for s in group[1:]), topo.message_latency_s(group), algorithm="direct",
+    return Lowering(flows=tuple((s, root, nbytes) for s in group[1:]), latency_s=topo.message_latency_s(group), algorithm="direct",
                     protocol="simple")
 
 
@@ -292,6 +324,11 @@ PRIMITIVES = {
     "broadcast": broadcast,
     "gather": gather,
 }
+
+
+@hookimpl
+def g5_validate_deployment(deployment, model, system):
+    forced_choices(system)
 
 
 @hookimpl

@@ -45,11 +45,11 @@ HW_LAT_US = {
 }
 # tuning.cc: compCapIndex = cc >= 10 Blackwell(3), >= 9 Hopper(2), >= 8 Ampere(1), else Volta(0);
 # nodes index = 0 (1 node), 1 (2 nodes), 2 (more)
-LL_MAX_BW_GBPS = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0), (282.0, 90.0, 70.0))
-PER_CH_MAX_RING_LL128_GBPS = ((20, 20, 20), (20, 20, 20), (36.7, 36.7, 36.7), (34.5, 34.6, 34.5))
-PER_CH_MAX_TREE_LL128_GBPS = ((20, 20, 20), (20, 20, 20), (36.7, 36.7, 29.0), (55.6, 31.67, 20.0))
-PER_CH_MAX_TREE_GBPS = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (70.0, 42.8, 24.0))
-PER_CH_MAX_NVLS_TREE_GBPS = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (0.0, 57.7, 45.5), (0.0, 96.0, 43.8))
+LL_MAX_BW_GBYTES_PER_S = ((39.0, 39.0, 20.4), (87.7, 22.5, 19.0), (141.0, 45.0, 35.0), (282.0, 90.0, 70.0))
+PER_CH_MAX_RING_LL128_GBYTES_PER_S = ((20, 20, 20), (20, 20, 20), (36.7, 36.7, 36.7), (34.5, 34.6, 34.5))
+PER_CH_MAX_TREE_LL128_GBYTES_PER_S = ((20, 20, 20), (20, 20, 20), (36.7, 36.7, 29.0), (55.6, 31.67, 20.0))
+PER_CH_MAX_TREE_GBYTES_PER_S = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (70.0, 42.8, 24.0))
+PER_CH_MAX_NVLS_TREE_GBYTES_PER_S = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (0.0, 57.7, 45.5), (0.0, 96.0, 43.8))
 NVLS_EFFICIENCY = (0.0, 0.0, 0.85, 0.74)
 # tuning.cc treeCorrectionFactor[protocol][log2(nBytes / 64)], applied to tree all-reduce bandwidth
 TREE_CORRECTION = {
@@ -118,15 +118,15 @@ def log2i(n: int) -> int:
     return max(int(n).bit_length() - 1, 0)
 
 
-def graph_channels(link_bw_gbps: float, compute_capability: float) -> int:
+def graph_channels(link_bw_gbytes_per_s: float, compute_capability: float) -> int:
     """Runtime ring/tree channels of one node, as NCCL's search finds them: the first speed
     of the speed array that fits the link gives floor(link / speed) channels; channels of
     >= 25 GB/s are duplicated (ncclTopoDupChannels, not for cc > 8 below 50 GB/s with more
     than 4 channels); ncclTopoPostset doubles them again. An 8xH100 node: 370.8 GB/s ->
     6 at 60 -> 12 at 30 -> 24 channels (the log of an 8xH100 node prints 24)."""
     speeds = SPEED_ARRAY_INTRA[10 if compute_capability >= 10 else 9 if compute_capability >= 9 else 0]
-    speed = next((s for s in speeds if s <= link_bw_gbps), speeds[-1])
-    n = max(1, int(link_bw_gbps // speed))
+    speed = next((s for s in speeds if s <= link_bw_gbytes_per_s), speeds[-1])
+    n = max(1, int(link_bw_gbytes_per_s // speed))
     if speed >= 25.0 and not (compute_capability > 8.0 and speed < 50.0 and n > 4):
         n *= 2
     return min(MAX_CHANNELS, 2 * n)
@@ -145,7 +145,7 @@ def op_channels(n_bytes: float, channels: int, protocol: str, algorithm: str, n_
     return nc
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Group:
     """What NCCL's tuner knows of one communicator."""
 
@@ -153,8 +153,8 @@ class Group:
     n_ranks: int
     n_nodes: int
     ppn: int                       # ranks per node (the largest)
-    link_bw_gbps: float            # one chip's scale-up bandwidth, per direction
-    net_bw_gbps: float             # the group's NIC bandwidth on one node, per direction
+    link_bw_gbytes_per_s: float            # one chip's scale-up bandwidth, per direction
+    net_bw_gbytes_per_s: float             # the group's NIC bandwidth on one node, per direction
     compute_capability: float
     nvls: bool
 
@@ -164,15 +164,15 @@ class Group:
         return 2 * (n - 1) if self.coll == "all_reduce" else n - 1
 
     @property
-    def graph_busbw_gbps(self) -> float:
+    def graph_busbw_gbytes_per_s(self) -> float:
         """nChannels x bw of NCCL's ring/tree graph: the link inside a node; across nodes the
         slower of the link and the group's NICs on a node (``bwIntra`` up to two nodes,
         ``bwInter`` beyond, as ncclTopoTuneModel reads them)."""
-        return self.link_bw_gbps if self.n_nodes <= 2 else min(self.link_bw_gbps, self.net_bw_gbps)
+        return self.link_bw_gbytes_per_s if self.n_nodes <= 2 else min(self.link_bw_gbytes_per_s, self.net_bw_gbytes_per_s)
 
     @property
     def channels(self) -> int:
-        return graph_channels(self.link_bw_gbps, self.compute_capability) // 2   # graph (search) channels
+        return graph_channels(self.link_bw_gbytes_per_s, self.compute_capability) // 2   # graph (search) channels
 
 
 #: src/transport/nvls.cc ncclNvlsInit: NVLS stays off with this many GPUs (per node) or fewer
@@ -210,31 +210,31 @@ def latency_us(group: Group, algorithm: str, protocol: str) -> float:
     return lat + intra + 2 * log2i(nodes) * inter    # nvls_tree
 
 
-def algbw_gbps(group: Group, algorithm: str, protocol: str) -> float:
+def algbw_gbytes_per_s(group: Group, algorithm: str, protocol: str) -> float:
     """ncclTopoTuneModel's algorithm bandwidth (``comm->bandwidths``), GB/s."""
     cc = comp_cap_index(group.compute_capability)
     nodes_index = min(group.n_nodes, 3) - 1
     n_ch = group.channels
-    ll_max = LL_MAX_BW_GBPS[cc if group.n_nodes == 1 else 0][nodes_index]
-    bus = group.graph_busbw_gbps
+    ll_max = LL_MAX_BW_GBYTES_PER_S[cc if group.n_nodes == 1 else 0][nodes_index]
+    bus = group.graph_busbw_gbytes_per_s
     if algorithm in ("nvls", "nvls_tree"):
         n_ch = NVLS_CHANNELS
-        intra = group.link_bw_gbps / n_ch * NVLS_EFFICIENCY[cc] * (n_ch - 1) / n_ch * 2.0
-        inter = group.net_bw_gbps / n_ch * (2 if group.n_nodes <= 2 and algorithm == "nvls_tree" else 1)
+        intra = group.link_bw_gbytes_per_s / n_ch * NVLS_EFFICIENCY[cc] * (n_ch - 1) / n_ch * 2.0
+        inter = group.net_bw_gbytes_per_s / n_ch * (2 if group.n_nodes <= 2 and algorithm == "nvls_tree" else 1)
         per_ch = min(intra, inter if group.n_nodes > 1 else math.inf,
-                     PER_CH_MAX_NVLS_TREE_GBPS[cc][nodes_index] if algorithm == "nvls_tree" else math.inf)
+                     PER_CH_MAX_NVLS_TREE_GBYTES_PER_S[cc][nodes_index] if algorithm == "nvls_tree" else math.inf)
         bus = n_ch * per_ch
     if algorithm == "ring" and protocol == "ll":
         bus = min(ll_max, bus * 0.5)
     if algorithm == "ring" and protocol == "ll128":
-        bus = min(bus * 0.92, n_ch * PER_CH_MAX_RING_LL128_GBPS[cc][nodes_index])
+        bus = min(bus * 0.92, n_ch * PER_CH_MAX_RING_LL128_GBYTES_PER_S[cc][nodes_index])
     if algorithm == "tree":
-        bus = min(bus * 0.92, n_ch * PER_CH_MAX_TREE_GBPS[cc][nodes_index])
+        bus = min(bus * 0.92, n_ch * PER_CH_MAX_TREE_GBYTES_PER_S[cc][nodes_index])
         if protocol == "ll":
             bus = min(bus / 3.8, ll_max)
         elif protocol == "ll128":
             bus = min(bus * (7.0 / 9.0 if group.n_nodes == 1 else 120.0 / 128.0),
-                      n_ch * PER_CH_MAX_TREE_LL128_GBPS[cc][nodes_index])
+                      n_ch * PER_CH_MAX_TREE_LL128_GBYTES_PER_S[cc][nodes_index])
     ratio = 0.5 if algorithm == "tree" else group.n_ranks / group.nsteps
     return bus * ratio
 
@@ -243,7 +243,7 @@ def cost_us(group: Group, algorithm: str, protocol: str, n_bytes: float) -> tupl
     """ncclTopoGetAlgoTime for one op, as (latency, transfer): the time is
     ``lat + nBytes / (1000 * bw)``, with the tree correction factor on ``bw`` and the ring
     plateau factor on ``lat``."""
-    bw = algbw_gbps(group, algorithm, protocol)
+    bw = algbw_gbytes_per_s(group, algorithm, protocol)
     lat = latency_us(group, algorithm, protocol)
     log_size = log2i(int(n_bytes) >> 6) if n_bytes >= 64 else -1
     if algorithm == "tree" and 0 <= log_size < 23:
@@ -286,7 +286,7 @@ P2P_LL_WIRE_FACTOR = 2.0          # LL: a 4-byte flag with every 4 data bytes (d
 # nccl_perf, NCCL 2.29.2: tests/data/nccl/aiconfigurator-h100-sxm-nccl2.29.2.csv; rms log
 # error 0.113); the same constants are checked, unchanged, on H200, B200 and A100 tables
 # (the script prints the errors; README "Network model" quotes them).
-P2P_CHANNEL_COPY_RATE_GBPS = 16.53
+P2P_CHANNEL_COPY_RATE_GBYTES_PER_S = 16.53
 P2P_NVLINK_EFFICIENCY = 0.772
 
 
@@ -297,11 +297,11 @@ def pow2_up(n: int) -> int:
     return p
 
 
-def p2p_node_channels(link_bw_gbps: float, compute_capability: float) -> int:
+def p2p_node_channels(link_bw_gbytes_per_s: float, compute_capability: float) -> int:
     """p2pnChannels (= p2pnChannelsPerPeer on an all-NVLink node): the runtime channels rounded
     up to a power of two (paths.cc ncclTopoComputeP2pChannels); 32 on 8 x H100, A100 or B200
     (an 8 x H100 log prints "32 p2p channels, 32 p2p channels per peer")."""
-    return min(MAX_CHANNELS, pow2_up(graph_channels(link_bw_gbps, compute_capability)))
+    return min(MAX_CHANNELS, pow2_up(graph_channels(link_bw_gbytes_per_s, compute_capability)))
 
 
 def p2p_peer_channels(peer_bytes: float, n_ranks: int, node_channels: int) -> int:
@@ -328,7 +328,7 @@ def p2p_protocol(peer_bytes: float, channels: int) -> str:
     return "ll" if peer_bytes <= channels * P2P_LL_THRESHOLD_BYTES else "simple"
 
 
-def p2p_copy_time_us(peer_bytes: float, n_ranks: int, node_channels: int, rate_gbps: float = None) -> float:
+def p2p_copy_time_us(peer_bytes: float, n_ranks: int, node_channels: int, rate_gbytes_per_s: float = None) -> float:
     """Time the channels' CTAs need to copy one rank's sends of ``peer_bytes`` to each of its
     ``n_ranks - 1`` peers, whatever the links allow: each channel carries a part of each op
     in Simple steps of at most one chunk through the peer's FIFO, the sender's copy of one
@@ -336,7 +336,7 @@ def p2p_copy_time_us(peer_bytes: float, n_ranks: int, node_channels: int, rate_g
     takes ``part + step`` bytes of copy time (LL: twice the part, its flags, and no step:
     the receiver copies each line as it lands); ops sharing a channel (more ops than
     channels) share its CTA."""
-    rate = P2P_CHANNEL_COPY_RATE_GBPS if rate_gbps is None else rate_gbps
+    rate = P2P_CHANNEL_COPY_RATE_GBYTES_PER_S if rate_gbytes_per_s is None else rate_gbytes_per_s
     if peer_bytes <= 0 or n_ranks < 2:
         return 0.0
     nc = p2p_peer_channels(peer_bytes, n_ranks, node_channels)

@@ -27,15 +27,16 @@ MODE_PLUGIN = {"pass_kv": "cp_passkv", "pass_q": "cp_passq"}
 
 @hookimpl
 def g5_register_dimensions(register):
-    register(Dimension("cp", factor=True, rank_order=20, default=None,
+    register(Dimension(name="cp", factor=True, rank_order=20, default=None,
                        doc="context parallelism: the sequence split over cp chips (required)"))
 
 
 @hookimpl
 def g5_register_options(register):
-    register(PluginOption("prefill", "pass_kv", "ring algorithm of CP prefill: pass_kv rotates the KV of the cached "
-                                                "and new tokens, pass_q the new queries (then returns partial outputs); "
-                                                "auto picks per step by the rule of arXiv:2411.01783 (Algorithm 5)",
+    register(PluginOption(name="prefill", default="pass_kv",
+                          doc="ring algorithm of CP prefill: pass_kv rotates the KV of the cached and new tokens, "
+                              "pass_q the new queries (then returns partial outputs); auto picks per step by the "
+                              "rule of arXiv:2411.01783 (Algorithm 5)",
                           kind="choice", choices=PREFILL_MODES))
 
 

@@ -12,12 +12,11 @@ cp = 1 has no ring traffic and counts as hidden). Cells where it increases are n
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import attrs
 
-from g5core import ConfigError
-from g5core.study.sweep import SweepPreset, run_preset
+from g5core import SweepPreset
 
 PRESET_NAME = "cp"
 DEFAULT_CP_VALUES = (1, 2, 4, 8, 16)
@@ -25,7 +24,7 @@ DEFAULT_SEQ_LENS = (32768, 65536, 131072, 262144, 524288, 1048576)
 DEFAULT_HIDDEN_THRESHOLD = 0.9
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class Cell:
     cp: int
     seq_len: int
@@ -43,17 +42,6 @@ class Cell:
                    error=row["error"] or "", dp=par.get("dp") if row["status"] == "ok" else None,
                    latency_s=row["latency_s"], hidden_fraction=ring["hidden_fraction"] if ring else None)
 
-
-@attrs.frozen
-class ScanReport:
-    scan_id: int
-    cells: tuple[Cell, ...]
-    violations: tuple[str, ...]
-    phase: str
-
-    @property
-    def ok(self) -> bool:
-        return any(c.status == "ok" for c in self.cells) and not self.violations
 
 
 def check_monotone(cells: Sequence[Cell], hidden_threshold: float) -> tuple[str, ...]:
@@ -78,19 +66,6 @@ def check_rows(rows: Sequence[Mapping], options: Mapping) -> tuple[str, ...]:
     return check_monotone([Cell.from_row(r) for r in rows], options["hidden_threshold"])
 
 
-def _ints(values, field: str) -> Optional[tuple[int, ...]]:
-    if values is None:
-        return None
-    out = []
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ConfigError(field, f"must be positive whole numbers, got {v!r}")
-        out.append(v)
-    if not out:
-        raise ConfigError(field, "needs at least one value")
-    return tuple(sorted(set(out)))
-
-
 PRESET = SweepPreset(
     name=PRESET_NAME,
     doc="CP validation scan: cp x seq_len with chips fixed (dp auto); TTFT must not rise with cp "
@@ -101,17 +76,3 @@ PRESET = SweepPreset(
     check_phases=("prefill",),
     options={"hidden_threshold": DEFAULT_HIDDEN_THRESHOLD},
 )
-
-
-def run_scan(raw: Mapping, db_path, cp_values: Optional[Sequence[int]] = DEFAULT_CP_VALUES,
-             seq_lens: Optional[Sequence[int]] = DEFAULT_SEQ_LENS, disabled: Sequence[str] = (),
-             hidden_threshold: float = DEFAULT_HIDDEN_THRESHOLD, progress: Callable[[str], None] | None = None,
-             runner: Callable | None = None, **sweep_kwargs) -> ScanReport:
-    """Run the grid through the sweep machinery, writing each cell as it finishes; return the check."""
-    if not 0.0 < hidden_threshold <= 1.0:
-        raise ConfigError("--hidden-threshold", f"must be in (0, 1], got {hidden_threshold}")
-    axes = {"parallel.cp": _ints(cp_values, "--cp"), "seq_len": _ints(seq_lens, "--seq-len")}
-    report = run_preset(PRESET_NAME, raw, db_path, axes=axes, options={"hidden_threshold": hidden_threshold},
-                        disabled=disabled, progress=progress, runner=runner, **sweep_kwargs)
-    return ScanReport(scan_id=report.sweep.sweep_id, cells=tuple(Cell.from_row(r) for r in report.sweep.rows),
-                      violations=report.violations, phase=raw.get("phase", ""))

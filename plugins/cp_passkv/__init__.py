@@ -19,11 +19,10 @@ case, ``M_passkv`` bytes.
 """
 from __future__ import annotations
 
-from g5core import Fragment, hookimpl
-from g5core.build.flops import attention_block_bytes, prefix_attention_flops
-from g5core.build.layers import Work, attention_kernel_of, attention_dims
-from g5core.sim.compute import Attention
-from g5core.sim.memory import MemoryTerm
+from g5core import (
+    Attention, Fragment, MemoryTerm, Work, attention_block_bytes, attention_dims, attention_kernel_of, hookimpl,
+    prefix_attention_flops,
+)
 from g5plugins.cp import prefill_mode
 
 

@@ -30,10 +30,10 @@ links. Bytes per rank and layer: :func:`passq_prefill_bytes_per_rank_per_layer`.
 """
 from __future__ import annotations
 
-from g5core import Fragment, hookimpl
-from g5core.build.flops import activation_tensor_bytes
-from g5core.build.layers import Work, attention_dims, attention_kernel, attention_work
-from g5core.sim.reference import passq_reduce_elements
+from g5core import (
+    Fragment, Work, activation_tensor_bytes, attention_dims, attention_kernel, attention_work, hookimpl,
+    passq_reduce_elements,
+)
 from g5plugins.cp import prefill_mode
 from g5plugins.cp_passkv import placed_rings, ring_fragment_parts, ring_parts
 

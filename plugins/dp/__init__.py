@@ -13,5 +13,5 @@ from g5core import Dimension, hookimpl
 
 @hookimpl
 def g5_register_dimensions(register):
-    register(Dimension("dp", factor=True, rank_order=0, doc="data-parallel replicas, each serving `batch` sequences",
+    register(Dimension(name="dp", factor=True, rank_order=0, doc="data-parallel replicas, each serving `batch` sequences",
                        replicas=True))

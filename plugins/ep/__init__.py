@@ -1,4 +1,11 @@
-"""Expert parallelism: routed experts sharded over EP groups carved from the dp x tp chips.
+"""Expert parallelism: routed experts sharded over EP groups carved from the dp x sp x tp chips.
+
+The rank space includes the Ulysses ``sp`` ranks (when that plugin is installed): outside
+attention each SP rank holds its own ``1/sp`` of the tokens, as a DP rank does, so an EP
+group may span them and the experts are sharded over it instead of replicated over sp. The
+``cp`` ranks are not included: in decode every CP rank of a group runs the same tokens
+outside attention (CP splits only the context's KV), so an EP group across them would route
+each token's slots once per CP rank; one rank space serves both phases.
 
 Routing is assumed uniform: every (token, expert) slot is equally likely to land on any
 expert, so each EP rank receives as many slots as it sends, ``tokens x top_k`` spread
@@ -10,15 +17,17 @@ not affected.
 """
 from __future__ import annotations
 
-from g5core import ConfigError, Dimension, Fragment, hookimpl
-from g5core.build.layers import expert_work
-from g5core.sim.memory import MemoryTerm
+from g5core import ConfigError, Dimension, Fragment, MemoryTerm, expert_work, hookimpl
+
+
+#: the dimensions whose chips an EP group is carved from (one absent is size 1)
+RANK_SPACE = ("dp", "sp", "tp")
 
 
 @hookimpl
 def g5_register_dimensions(register):
-    register(Dimension("ep", factor=False, regroups=("dp", "tp"), default=1,
-                       doc="expert parallelism: EP groups carved from the dp x tp chips (default 1)"))
+    register(Dimension(name="ep", factor=False, regroups=RANK_SPACE, default=1, moe_only=True,
+                       doc="expert parallelism: EP groups carved from the dp x sp x tp chips (default 1)"))
 
 
 @hookimpl
@@ -26,10 +35,12 @@ def g5_validate_deployment(deployment, model, system):
     ep = deployment.size("ep")
     if ep == 1:
         return
-    space = deployment.size("dp") * deployment.size("tp")
+    space = 1
+    for dim in RANK_SPACE:
+        space *= deployment.size(dim)
     if space % ep:
-        raise ConfigError("parallel.ep", f"ep={ep} does not divide dp x tp = {space}; EP groups are carved from the "
-                                         f"dp x tp chips, so ep must divide {space}")
+        raise ConfigError("parallel.ep", f"ep={ep} does not divide dp x sp x tp = {space}; EP groups are carved from "
+                                         f"the dp x sp x tp chips, so ep must divide {space}")
     if model.moe is None:
         raise ConfigError("parallel.ep", f"{model.name} has no MoE layers; set ep: 1")
     if model.moe.n_routed_experts % ep:

@@ -17,9 +17,7 @@ import math
 import warnings
 from functools import lru_cache
 
-from g5core import ConfigError, hookimpl
-from g5core.sim.compute import Attention, ComputeTime, Gemm
-from g5core.sim.roofline import kernel_latency_s, roofline_latency_s
+from g5core import Attention, ComputeTime, ConfigError, Gemm, hookimpl, kernel_latency_s, roofline_latency_s
 
 from . import tables as T
 

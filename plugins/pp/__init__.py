@@ -33,7 +33,7 @@ def stage_of(layer: int, n_layers: int, pp: int) -> int:
 
 @hookimpl
 def g5_register_dimensions(register):
-    register(Dimension("pp", factor=True, rank_order=10, doc="pipeline stages (layers split across them)"))
+    register(Dimension(name="pp", factor=True, rank_order=10, doc="pipeline stages (layers split across them)"))
 
 
 @hookimpl

@@ -5,8 +5,7 @@ The formulas live in :mod:`g5core.sim.roofline`.
 """
 from __future__ import annotations
 
-from g5core import hookimpl
-from g5core.sim.roofline import gemm_padded_flops, kernel_latency_s, op_latency_s, roofline_latency_s
+from g5core import gemm_padded_flops, hookimpl, kernel_latency_s, op_latency_s, roofline_latency_s
 
 __all__ = ["gemm_padded_flops", "kernel_latency_s", "op_latency_s", "roofline_latency_s"]
 

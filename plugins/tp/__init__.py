@@ -25,12 +25,12 @@ GATHER_KINDS = ("attn_in_gather", "ffn_in_gather")
 
 @hookimpl
 def g5_register_dimensions(register):
-    register(Dimension("tp", factor=True, rank_order=30, doc="tensor parallelism (innermost: stays in a node)"))
+    register(Dimension(name="tp", factor=True, rank_order=30, doc="tensor parallelism (innermost: stays in a node)"))
 
 
 @hookimpl
 def g5_register_options(register):
-    register(PluginOption("sp", False, "TP sequence parallelism: reduce-scatter + all-gather instead of all-reduce, "
+    register(PluginOption(name="sp", default=False, doc="TP sequence parallelism: reduce-scatter + all-gather instead of all-reduce, "
                                        "norms on 1/tp of the tokens", legacy_key="tp_sp"))
 
 

@@ -47,7 +47,7 @@ import attrs
 
 from g5core import (
     ConfigError, Dimension, Fragment, MemoryTerm, PluginOption, Work, activation_tensor_bytes, attention_dims,
-    attention_kernel, attention_work, hookimpl, step_attention_work,
+    attention_kernel, attention_work, hookimpl, step_attention_work, weight_bytes_by_chip, window_attention_work,
 )
 
 NAME = "ulysses"
@@ -55,6 +55,7 @@ DIM = "sp"
 HEAD_AXIS = "attn_q_heads"
 REASON = "ulysses_a2a"
 HEAD_KINDS = ("final_norm", "lm_head")
+ATTENTION_WEIGHT_KINDS = ("attn_norm", "qkv_proj", "o_proj")
 
 
 # ------------------------------------------------------------------------------- formulas
@@ -107,14 +108,14 @@ def a2a_bytes_per_rank(model, phase: str, tp: int, sp: int, tokens: float, act_b
 
 @hookimpl
 def g5_register_dimensions(register):
-    register(Dimension(DIM, factor=True, rank_order=25, default=1,
+    register(Dimension(name=DIM, factor=True, rank_order=25, default=1,
                        doc="Ulysses sequence parallelism: tokens split outside attention, heads inside"))
 
 
 @hookimpl
 def g5_register_options(register):
-    register(PluginOption("replicate_kv", False,
-                          "accept replicated KV heads (GQA with fewer KV heads than tp x sp) or a replicated MLA "
+    register(PluginOption(name="replicate_kv", default=False,
+                          doc="accept replicated KV heads (GQA with fewer KV heads than tp x sp) or a replicated MLA "
                           "latent; the KV memory is multiplied accordingly"))
 
 
@@ -193,7 +194,9 @@ def _attention_shape(ctx):
                         kv_shard=s.kv_shard * divisor)
 
 
-def attention_op_work(ctx) -> Work:
+def attention_op_work(ctx, layer: int | None = None) -> Work:
+    """One chip's attention for its heads over the whole sequence; a windowed layer (sliding
+    or chunked, ``layer``'s) attends over its window, as the core's attention does."""
     dep, s = ctx.deployment, ctx.shape
     if not s.uniform:
         # each chip runs whole sequences on 1/sp of the heads: every group's queries whole
@@ -201,6 +204,9 @@ def attention_op_work(ctx) -> Work:
         return step_attention_work(ctx.model, dep, _attention_shape(ctx), groups)
     q_tokens = 1 if dep.phase == "decode" else s.seq_len
     shape = _attention_shape(ctx)
+    windowed = window_attention_work(ctx.model, dep, shape, layer, q_tokens=q_tokens)
+    if windowed is not None:
+        return windowed
     flops, hbm = attention_work(ctx.model, dep, shape, q_tokens, s.kv_len)
     block = "decode" if dep.phase == "decode" else "causal"
     return Work(op_class="attention", flops=flops, hbm_bytes=hbm, weight_class="", weight_elements=0.0,
@@ -218,7 +224,7 @@ def g5_expand_op(ctx, lop):
     if lop.kind != "attention" or ctx.size(DIM) == 1:
         return None
     qkv_bytes, out_bytes = _bytes(ctx)
-    work = attention_op_work(ctx)
+    work = attention_op_work(ctx, lop.layer)
     placed = set(ctx.place(lop))
     return Fragment.combine(
         Fragment.exchange_around(
@@ -242,5 +248,11 @@ def g5_memory_terms(ctx):
     if ctx.size(DIM) == 1:
         return None
     qkv_bytes, out_bytes = _bytes(ctx)
+    # the attention block's weights (projections and their norms): every SP rank holds the
+    # same ones, so they are replicated sp times (split only as tp splits them). Part of
+    # "weights", shown on its own: the cost of Ulysses that EP (sharding the experts over
+    # the sp ranks too) does not remove.
+    attention, _ = weight_bytes_by_chip(ctx, ATTENTION_WEIGHT_KINDS)
     # the all-to-all cannot run in place: one layer's received Q/K/V and output, reused per layer
-    return [MemoryTerm("ulysses_a2a_buffers", "workspace", {c: qkv_bytes + out_bytes for c in ctx.all_chips})]
+    return [MemoryTerm("ulysses_a2a_buffers", "workspace", {c: qkv_bytes + out_bytes for c in ctx.all_chips}),
+            MemoryTerm("sp_replicated_attention_weights", "weights", attention, part_of="weights")]

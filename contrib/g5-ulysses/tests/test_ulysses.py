@@ -13,7 +13,7 @@ import yaml
 from g5core import CommOp, ComputeOp, ConfigError
 from g5core.sim.memory import memory_report
 from g5core.sim.run import make_plan, run
-from g5core.api.testing import plugin_checks
+from g5core.testing import plugin_checks
 
 DATA = pathlib.Path(__file__).parent / "data"
 GQA, MHA, MLA = (str(DATA / f"tiny-{k}.json") for k in ("gqa", "mha", "mla"))

@@ -7,7 +7,7 @@ every configuration's step variant (:func:`step_variant`: the same deployment on
 step, or on a partial prefill or decode at two context lengths where cp > 1 refuses a mixed
 step), wherever the plugins accept it::
 
-    from g5core.api.testing import CHECKS, applicable_checks
+    from g5core.testing import CHECKS, applicable_checks
 
     CONFIGS = [{"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 4,
                 "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1, "sp": 4},
@@ -38,23 +38,24 @@ from __future__ import annotations
 import functools
 import inspect
 import math
-import types
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 import networkx as nx
 
 from g5core.api import hookspecs
-from g5core.build.builder import Plan, build_dag, expand, prepare
-from g5core.sim.collective import Lowering
+from g5core.build.builder import Plan, build_dag, check_op, expand, prepare
+from g5core.api.records import Lowering
 from g5core.build.topology import Topology
-from g5core.inputs.config import TOP_LEVEL_KEYS, disabled_from_config
+from g5core.inputs.config import TOP_LEVEL_KEYS, all_disabled
 from g5core.sim.compute import answer_seconds, scaled_kernel
-from g5core.build.dag import CommOp, ComputeOp, Fragment, OpDag
+from g5core.api.ops import CommOp, ComputeOp, Fragment
+from g5core.build.dag import OpDag
 from g5core.api.dimensions import collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError
 from g5core.build.layers import SYNC_KINDS, build_program, iter_layers
-from g5core.sim.memory import CATEGORIES, MemoryTerm, memory_report
+from g5core.api.records import CATEGORIES, MemoryTerm
+from g5core.sim.memory import memory_report
 from g5core.api.plugins import Hooks, describe_plugins, make_plugin_manager
 from g5core.build.shape import SHARD_AXES
 
@@ -160,8 +161,7 @@ def _accepted(raw: Mapping, extra_plugins: tuple) -> bool:
 
 
 def _pm(extra_plugins: Sequence, disabled: Iterable[str] = (), raw: Mapping | None = None):
-    names = tuple(disabled) + (disabled_from_config(raw) if raw is not None else ())
-    return make_plugin_manager(disabled=tuple(dict.fromkeys(names)), extra_plugins=tuple(extra_plugins))
+    return make_plugin_manager(disabled=all_disabled(raw, disabled), extra_plugins=tuple(extra_plugins))
 
 
 def _plan(raw: Mapping, extra_plugins: Sequence, disabled: Iterable[str] = ()) -> Plan:
@@ -426,19 +426,12 @@ def _check_fragment(plugin: str, raw: Mapping, lop, frag: Fragment, n_chips: int
     own = set(keys)
     by_key = {op.key: op for op in frag.ops}
     for op in frag.ops:
-        if not isinstance(op, (ComputeOp, CommOp)):
-            raise _fail(plugin, check, f"{where}: {op!r} is not a ComputeOp or CommOp")
-        if not (op.key.startswith(lop.prefix + ".") or op.key.startswith(lop.prefix + "@")):
-            raise _fail(plugin, check, f"{where}: op key {op.key!r} does not start with the prefix {lop.prefix!r}")
+        try:
+            check_op(op, (lop.prefix + ".", lop.prefix + "@"), plugin, n_chips, primitives)
+        except (DagError, PluginError) as exc:
+            raise _fail(plugin, check, f"{where}: {exc}") from None
         if op.owner != plugin:
             raise _fail(plugin, check, f"{where}: op {op.key!r} has owner {op.owner!r}, not the plugin that made it")
-        if not _chips_ok(op.chips, n_chips):
-            raise _fail(plugin, check, f"{where}: op {op.key!r} is on chips {op.chips} outside 0..{n_chips - 1}")
-        if isinstance(op, CommOp):
-            if len(op.group) < 2 or len(set(op.group)) != len(op.group):
-                raise _fail(plugin, check, f"{where}: comm op {op.key!r} has a bad group {op.group}")
-            if op.primitive not in primitives:
-                raise _fail(plugin, check, f"{where}: comm op {op.key!r} uses unregistered primitive {op.primitive!r}")
     for a, b in frag.edges:
         if a not in own or b not in own:
             raise _fail(plugin, check, f"{where}: edge {a!r} -> {b!r} references an op outside its fragment")
@@ -470,7 +463,7 @@ def check_fragments(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     ``.`` or ``@``); every op's ``owner`` is the plugin; chips are in range; a comm op has
     a group of at least two distinct chips and a registered primitive. The whole DAG then
     builds (:func:`g5core.build.builder.build_dag`) and its ops owned by the plugin are exactly
-    those of its fragments, field for field (a :meth:`~g5core.build.dag.Fragment.tiled` or
+    those of its fragments, field for field (a :meth:`~g5core.api.ops.Fragment.tiled` or
     ``replicated`` fragment, stored as columns, reads back as the ops it stands for).
     """
     for raw in _as_configs(configs, extra_plugins):
@@ -515,7 +508,7 @@ def check_require_owner(plugin: str, configs, extra_plugins: Sequence = ()) -> N
 def check_memory_terms(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_memory_terms``: named, categorised, non-negative per-chip terms the report accepts.
 
-    Every term is a :class:`~g5core.sim.memory.MemoryTerm` with a category in
+    Every term is a :class:`~g5core.api.records.MemoryTerm` with a category in
     :data:`g5core.sim.memory.CATEGORIES`, bytes ``>= 0`` and finite on chips in range, names
     unique; :func:`g5core.sim.memory.memory_report` accepts them and each chip's total is at
     least the plugin's terms on it.
@@ -549,24 +542,24 @@ def check_memory_terms(plugin: str, configs, extra_plugins: Sequence = ()) -> No
                 raise _fail(plugin, check_memory_terms, f"{_where(raw)} chip {cm.chip}: total {cm.total_bytes} < own {mine}")
 
 
-def _probe_plan(plan: Plan, chips_needed: int) -> Any:
-    """A stand-in for ``plan`` whose topology has at least two nodes and ``chips_needed`` chips."""
+def _probe_args(plan: Plan, chips_needed: int) -> dict[str, Any]:
+    """:func:`~g5core.sim.engine.compile_ops`'s arguments for ``plan``'s ops on a topology of
+    at least two nodes and ``chips_needed`` chips."""
     topo: Topology = plan.ctx.topology
     chips = max(chips_needed, 2 * topo.chips_per_node, 2)
-    topo = attrs.evolve(topo, chips=chips)
-    ctx = types.SimpleNamespace(topology=topo, system=plan.ctx.system, deployment=plan.ctx.deployment)
-    return types.SimpleNamespace(ctx=ctx, hooks=plan.hooks, primitives=plan.primitives)
+    return dict(topology=attrs.evolve(topo, chips=chips), primitives=plan.primitives, hooks=plan.hooks,
+                system=plan.ctx.system, deployment=plan.ctx.deployment)
 
 
 def _lone_comm_time_s(probe, primitive: str, group: tuple, nbytes: float) -> tuple[float, dict]:
     """Engine time of one comm op alone on idle ports, and the bytes each rank sends."""
-    from g5core.sim.engine import Engine, compile_dag
+    from g5core.sim.engine import Engine, compile_ops
 
     dag = OpDag()
     dag.add_op(CommOp(key="contract.probe", primitive=primitive, group=group, bytes_per_rank=nbytes,
                       reason="contract_probe", layer=0, name="probe", owner="contract"))
-    compiled = compile_dag(dag, probe)   # checks every flow (members, bytes, route)
-    engine = Engine(compiled).run()
+    compiled = compile_ops(dag, **probe)   # checks every flow (members, bytes, route)
+    engine = Engine(dag=compiled).run()
     sent: dict[int, float] = {}
     payload_per_wire_byte = 1.0 / compiled.wire_factor[0]
     for s, b in zip(compiled.flow_src, compiled.flow_bytes):
@@ -595,7 +588,7 @@ def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ())
 
     For every primitive the plugin registers, on the groups the configurations' DAGs use it
     with (plus a two-chip group inside a node and one across two nodes), lowered at
-    ``{0, 0.5, 1, 2, 4} x`` a base payload: the lowering is a :class:`~g5core.sim.collective.Lowering`
+    ``{0, 0.5, 1, 2, 4} x`` a base payload: the lowering is a :class:`~g5core.api.records.Lowering`
     whose flows stay inside the group; the bytes each rank sends and the engine time of the
     op alone never decrease as ``bytes_per_rank`` grows, and the bytes grow strictly between
     positive sizes when the primitive moves any data. (The time may stay level: NCCL spreads a
@@ -615,7 +608,7 @@ def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ())
                 probes[op.primitive].setdefault(op.group, op.bytes_per_rank or _DEFAULT_PROBE_BYTES)
     cpn = base.ctx.topology.chips_per_node
     max_chip = max([c for p in probes.values() for g in p for c in g] + [0])
-    probe = _probe_plan(base, max_chip + 1)
+    probe = _probe_args(base, max_chip + 1)
     for name in mine:
         groups = dict(probes[name])
         groups.setdefault((0, 1) if cpn >= 2 else (0, cpn), _DEFAULT_PROBE_BYTES)
@@ -624,7 +617,7 @@ def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ())
         for group, nbytes in sorted(groups.items()):
             times, sent = [], []
             for scale in _BYTE_SCALES:
-                low = lower(group, scale * nbytes, probe.ctx.topology)
+                low = lower(group, scale * nbytes, probe["topology"])
                 if not isinstance(low, Lowering):
                     raise _fail(plugin, check_comm_cost_monotone, f"{name} on {group} returned {low!r}, not a Lowering")
                 t_s, per_rank = _lone_comm_time_s(probe, name, group, scale * nbytes)
@@ -1010,7 +1003,7 @@ def check_hook_coverage() -> dict[str, tuple[str, ...]]:
         if not doc or not doc.strip():
             problems.append(f"hook {hook} has no docstring")
         if not HOOK_CHECKS.get(hook):
-            problems.append(f"hook {hook} has no contract check in g5core.api.testing.HOOK_CHECKS")
+            problems.append(f"hook {hook} has no contract check in g5core.testing.HOOK_CHECKS")
     for hook in HOOK_CHECKS:
         if hook not in hooks:
             problems.append(f"HOOK_CHECKS names {hook}, which is not a hook in g5core.api.hookspecs")

@@ -1,0 +1,137 @@
+"""The README's tables that quote G5's own output, generated from fresh runs.
+
+    python docs/readme_tables.py            # print each table
+    python docs/readme_tables.py --write    # rewrite them in README.md, between their markers
+    python docs/readme_tables.py --check    # exit 1 when README.md differs from a fresh run
+
+Tables (each between ``<!-- g5-table: NAME -->`` and ``<!-- /g5-table: NAME -->``):
+
+- ``validation``: `g5 validate validation/measured.csv`, once with each row's own system
+  (the aiconfigurator tables) and once with ``--set system=h100-sxm`` (the size-aware
+  roofline), about 30 s each;
+- ``nccl``: `python benchmarks/nccl_agreement.py --summary`, G5's bus bandwidth beside the
+  published NCCL measurements, about 20 s.
+
+The README's benchmark table (wall time and peak memory of the simulator) is measured, not
+computed, and is not regenerated here; `benchmarks/bench.py` gives it.
+tests/test_readme_tables.py fails when the README's figures differ from a fresh run by
+more than their rounding.
+"""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import re
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+README = REPO / "README.md"
+MEASURED = REPO / "validation" / "measured.csv"
+
+# validation/measured.csv rows: the README's label of each, and the heading above its group
+VALIDATION_LABELS = {
+    1: "TTFT, 5000-token prompt", 2: "TTFT, 500-token prompt",
+    3: "ITL at ~5250 tokens of context", 4: "ITL at ~1500 tokens of context",
+    5: "TTFT, 128K-token prompt", 6: "TTFT, 1M-token prompt",
+}
+VALIDATION_GROUPS = {
+    1: "Llama 3.3 70B, fp8, TP2 on 2 x H100, concurrency 1 (NVIDIA NIM 1.8.0 benchmarks)",
+    5: "Llama 3 405B, fp8 FFN weights, TP8 x CP16 on 128 H100 (arXiv:2411.01783)",
+}
+# tests/data/nccl files: the README's name of each source
+NCCL_SOURCES = {
+    "aiconfigurator-h100-sxm-nccl2.29.2.csv": "aiconfigurator nccl_perf, NCCL 2.29.2",
+    "azure-nd-h100-v5.csv": "Azure ND H100 v5 (NVLS forced)",
+    "nccl-issue-1221.csv": "NVIDIA/nccl issue #1221 (RoCE)",
+}
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def _num(value: float) -> str:
+    """A measured figure as the CSV gives it: 406.77, 3800."""
+    return f"{value:g}" if value == int(value) else f"{value:.2f}"
+
+
+def validation_table() -> str:
+    from g5core.study.validate import validate
+
+    tables = validate(MEASURED), validate(MEASURED, ["system=h100-sxm"])
+    rows = [tables[0]["rows"], tables[1]["rows"]]
+    if [r["row"] for r in rows[0]] != sorted(VALIDATION_LABELS):
+        raise SystemExit(f"{MEASURED} has rows {[r['row'] for r in rows[0]]}; give each a label in VALIDATION_LABELS")
+    lines = ["| row | measured ms | G5, aiconfigurator tables | G5, size-aware roofline |", "|---|---|---|---|"]
+    for a, b in zip(*rows):
+        if a["row"] in VALIDATION_GROUPS:
+            lines.append(f"| **{VALIDATION_GROUPS[a['row']]}** | | | |")
+        lines.append(f"| {VALIDATION_LABELS[a['row']]} | {_num(a['measured_ms'])} | "
+                     f"{_ms(a['predicted_ms'])} ({a['error_pct']:+.1f}%) | {_ms(b['predicted_ms'])} ({b['error_pct']:+.1f}%) |")
+    lines.append(f"| MAPE ({len(rows[0])} rows) | | {tables[0]['mape_pct']:.1f}% | {tables[1]['mape_pct']:.1f}% |")
+    return "\n".join(lines)
+
+
+def _agreement_module():
+    spec = importlib.util.spec_from_file_location("nccl_agreement", REPO / "benchmarks" / "nccl_agreement.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def nccl_table() -> str:
+    module = _agreement_module()
+    rows = module.summary_rows(module.agreement())
+    lines = ["| source | op | GPUs | size (B) | measured busbw GB/s | G5 busbw GB/s | error | G5 algorithm |",
+             "|---|---|---|---|---|---|---|---|"]
+    last = None
+    for r in rows:
+        source = (module.source_label(r["source"]) if r["op"] == "all_to_all"
+                  else NCCL_SOURCES.get(r["source"]) or module.source_label(r["source"]))
+        gpus = f"{r['gpus']}" + (f" ({r['nodes']} nodes)" if r["nodes"] > 1 else "")
+        first = f"| {source} |" if source != last else "| |"
+        lines.append(f"{first} {r['op']} | {gpus} | {r['size_bytes']} | "
+                     f"{r['measured_busbw_gbytes_per_s']:.1f} | {r['g5_busbw_gbytes_per_s']:.1f} | {r['error'] * 100:+.0f}% | "
+                     f"{r['algorithm']}/{r['protocol']} |")
+        last = source
+    return "\n".join(lines)
+
+
+TABLES = {"validation": validation_table, "nccl": nccl_table}
+
+
+def _block(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- g5-table: {name} -->\n)(.*?)(\n<!-- /g5-table: {name} -->)", re.S)
+
+
+def readme_table(name: str, text: str | None = None) -> str:
+    """The table ``name`` as README.md holds it."""
+    m = _block(name).search(README.read_text(encoding="utf-8") if text is None else text)
+    if not m:
+        raise SystemExit(f"README.md has no <!-- g5-table: {name} --> block")
+    return m.group(2)
+
+
+def main(argv: list[str]) -> int:
+    fresh = {name: make() for name, make in TABLES.items()}
+    if "--write" in argv:
+        text = README.read_text(encoding="utf-8")
+        for name, table in fresh.items():
+            readme_table(name, text)
+            text = _block(name).sub(lambda m: m.group(1) + table + m.group(3), text)
+        tmp = README.with_name(".README.md.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(README)
+        print("README.md: tables rewritten: " + ", ".join(fresh))
+        return 0
+    if "--check" in argv:
+        stale = [name for name, table in fresh.items() if readme_table(name) != table]
+        print("README.md tables " + (f"differ from a fresh run: {', '.join(stale)}" if stale else "match a fresh run"))
+        return 1 if stale else 0
+    for name, table in fresh.items():
+        print(f"<!-- g5-table: {name} -->\n{table}\n<!-- /g5-table: {name} -->\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,79 @@
+"""Values plugins return to the core: memory terms, collective lowerings, sweep presets."""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import attrs
+
+CATEGORIES = ("weights", "kv_cache", "activations", "workspace")
+
+
+def _chip_items(value) -> tuple[tuple[int, float], ...]:
+    if isinstance(value, Mapping):
+        value = value.items()
+    return tuple(sorted((int(c), float(b)) for c, b in value))
+
+
+@attrs.frozen
+class MemoryTerm:
+    """A named per-chip memory term. ``bytes_per_chip`` maps chip -> bytes (absent = 0).
+
+    ``part_of``: the name of another term this one breaks down (e.g. the attention weights a
+    strategy replicates, within ``weights``): shown in the ledger, not added to the totals
+    again; it may not exceed that term on any chip."""
+
+    name: str
+    category: str = attrs.field(validator=attrs.validators.in_(CATEGORIES))
+    bytes_per_chip: tuple[tuple[int, float], ...] = attrs.field(converter=_chip_items)
+    part_of: str = ""
+
+    def on(self, chip: int) -> float:
+        return dict(self.bytes_per_chip).get(chip, 0.0)
+
+
+def _flows(fs) -> tuple:
+    return tuple(tuple(f) for f in fs)
+
+
+@attrs.frozen(kw_only=True)
+class Lowering:
+    """A communication op as the engine runs it: after ``latency_s`` all ``flows`` start
+    together and share the resources they cross; the op ends when the last flow ends.
+
+    A flow is ``(src_chip, dst_chip, bytes)``, routed by :meth:`Topology.route`, or
+    ``(src_chip, dst_chip, bytes, route)`` with an explicit tuple of resource ids (a ring
+    channel's NIC, or a chip's traffic to an in-switch reduction, where ``src == dst``).
+    ``algorithm``, ``protocol`` and ``channels`` say how the op runs (shown in the
+    timeline, the trace and the JSON)."""
+
+    flows: tuple = attrs.field(converter=_flows)
+    latency_s: float = attrs.field(validator=attrs.validators.ge(0))
+    algorithm: str = "direct"
+    protocol: str = ""
+    channels: int = 1
+    #: wire bytes per payload byte: a protocol that reaches only a fraction f of a link's
+    #: bandwidth (NCCL's LL, LL128) is modelled as occupying its links for 1/f of the time
+    #: the payload alone needs, so its flows carry payload / f bytes; the run reports payload.
+    wire_bytes_per_payload_byte: float = attrs.field(default=1.0, validator=attrs.validators.ge(1.0))
+
+
+CheckFn = Callable[[Sequence[Mapping], Mapping], Sequence[str]]
+
+
+@attrs.frozen(kw_only=True)
+class SweepPreset:
+    """A named sweep a plugin registers: default grid, fixed overrides and a check over the rows.
+
+    ``check(rows, options)`` receives the sweep's rows in grid order (each a results row
+    with its ``point``) and the preset options, and returns the violations (``()`` when it
+    holds). It runs only for the phases in ``check_phases`` (every phase when empty).
+    """
+
+    name: str
+    doc: str
+    grid: tuple[tuple[str, tuple], ...] = attrs.field(converter=lambda g: tuple((k, tuple(v)) for k, v in g))
+    fixed: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    check: Optional[CheckFn] = None
+    check_phases: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    options: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=lambda o: tuple(dict(o).items()))
+    owner: str = ""
