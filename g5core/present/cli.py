@@ -330,10 +330,16 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
                   "--seed": seed, "--rate": rate, "--chunks": chunks, "--seqs": seqs, "--tolerance": tolerance,
                   "--max-rate": max_rate, "--beam": beam, "--vary": vary, "--settle": settle, "--confirm": confirm}
     if serve:
+        from g5core.present.render import render_serve_best
         from g5core.study.serve_search import best_serve_command
 
-        click.echo(best_serve_command(raw, config, disabled, objective, top, as_json, db_path, workers, executor,
-                                      disagg=disagg, **{k[2:].replace("-", "_"): v for k, v in serve_only.items()}))
+        found = best_serve_command(raw, config, disabled, objective, db_path, workers, executor, disagg=disagg,
+                                   **{k[2:].replace("-", "_"): v for k, v in serve_only.items()})
+        if as_json:
+            click.echo(json.dumps([s.to_json_dict() for s in found.ranked[:top]], indent=2, sort_keys=True,
+                                  allow_nan=False))
+        else:
+            click.echo(render_serve_best(found, top))
         return
     given = [k for k, v in serve_only.items() if v is not None]
     if given:

@@ -884,12 +884,11 @@ def _longest(workload: Mapping) -> int:
 # ----------------------------------------------------------------------------------------
 
 
-def best_serve_command(raw: Mapping, config_path, disabled, objective, top: int, as_json: bool, db_path, workers: int,
-                       executor: str, *, disagg: str, workload=None, requests=None, isl=None, osl=None, slo=None,
-                       seed=None, rate=None, chunks=None, seqs=None, tolerance=None, max_rate=None, beam=None,
-                       vary=None, settle=None, confirm=None) -> str:
-    """``g5 best CONFIG --serve``: the text to print (the report or the JSON list)."""
-    from g5core.present.render import render_serve_best
+def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, workers: int, executor: str, *,
+                       disagg: str, workload=None, requests=None, isl=None, osl=None, slo=None, seed=None, rate=None,
+                       chunks=None, seqs=None, tolerance=None, max_rate=None, beam=None, vary=None, settle=None,
+                       confirm=None) -> ServeSearchResult:
+    """``g5 best CONFIG --serve``'s flags to a search (the CLI prints its result)."""
     from g5core.serve.api import split_config, workload_spec
     from g5core.study.sweep import default_progress
 
@@ -915,8 +914,5 @@ def best_serve_command(raw: Mapping, config_path, disabled, objective, top: int,
         max_rate=DEFAULT_MAX_RATE if max_rate is None else max_rate, beam=DEFAULT_BEAM if beam is None else beam,
         rate=rate, vary=tuple(v.strip() for v in vary.split(",") if v.strip()) if vary else None,
         settle=SETTLE if settle is None else settle, confirm=DEFAULT_CONFIRM if confirm is None else confirm)
-    result = serve_search(raw, spec, settings, db_path=db_path, disabled=disabled, workers=workers,
-                          executor=executor, progress=default_progress(), inputs=[config_path])
-    if as_json:
-        return json.dumps([s.to_json_dict() for s in result.ranked[:top]], indent=2, sort_keys=True, allow_nan=False)
-    return render_serve_best(result, top)
+    return serve_search(raw, spec, settings, db_path=db_path, disabled=disabled, workers=workers,
+                        executor=executor, progress=default_progress(), inputs=[config_path])
