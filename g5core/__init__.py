@@ -13,6 +13,7 @@ cached_tokens=8191, count=64)]))`` returns a :class:`StepResult` (``latency_s``,
 KV pool from the ledger.
 """
 from .api.context import BuildContext
+from .build.microbatch import PipelineMicrobatches
 from .api.dimensions import Dimension
 from .api.errors import ConfigError, DagError, G5Error, PluginError, suggest
 from .api.ops import CommOp, ComputeOp, Fragment
@@ -39,7 +40,7 @@ from .version import __version__
 
 __all__ = [
     "Attention", "BuildContext", "CommOp", "ComputeOp", "ComputeTime", "ConfigError", "DagError", "Dimension",
-    "Elementwise", "Fragment", "G5Error", "Gemm", "Hooks", "LogicalOp", "Lowering", "MemoryTerm", "PluginError",
+    "Elementwise", "Fragment", "G5Error", "Gemm", "Hooks", "LogicalOp", "Lowering", "MemoryTerm", "PipelineMicrobatches", "PluginError",
     "PluginInfo", "PluginOption", "PreparedPlan", "Step", "StepGroup", "StepMemory", "StepResult", "SweepPreset",
     "Topology", "Work", "activation_tensor_bytes",
     "attention_block_bytes", "attention_dims", "attention_kernel", "attention_kernel_of", "attention_work",

@@ -365,6 +365,36 @@ def check_validate_deployment(plugin: str, configs, extra_plugins: Sequence = ()
                                 f"{_where(raw)} returned {answer!r}; raise ConfigError or return None")
 
 
+def _stable_deployment_answers(plugin: str, check, raw: Mapping, extra_plugins: Sequence, hook: str,
+                              comparable=lambda a: a):
+    """The prepared context of ``raw`` and ``plugin``'s answers to ``hook(deployment, model)``,
+    which must be the same on two calls (compared through ``comparable``)."""
+    ctx = _plan(raw, extra_plugins).ctx
+    first = _call_own(ctx.hooks, hook, plugin, deployment=ctx.deployment, model=ctx.model)
+    second = _call_own(ctx.hooks, hook, plugin, deployment=ctx.deployment, model=ctx.model)
+    if [comparable(a) for a in first] != [comparable(a) for a in second]:
+        raise _fail(plugin, check, f"{_where(raw)} answers differ between two calls")
+    return ctx, first
+
+
+@_contract_check
+def check_pipeline_microbatches(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_pipeline_microbatches``: ``None`` or a :class:`~g5core.build.microbatch.PipelineMicrobatches` whose
+    parts are the step's (decode batches of ``batch`` sequences, prefill chunks adding up
+    to ``seq_len``), the same on two calls.
+    """
+    from g5core.build.microbatch import PipelineMicrobatches
+
+    for raw in _as_configs(configs, extra_plugins):
+        ctx, answers = _stable_deployment_answers(plugin, check_pipeline_microbatches, raw, extra_plugins, "g5_pipeline_microbatches")
+        for answer in answers:
+            if answer is None:
+                continue
+            if not isinstance(answer, PipelineMicrobatches):
+                raise _fail(plugin, check_pipeline_microbatches, f"{_where(raw)} returned {answer!r}, not PipelineMicrobatches")
+            answer.check(ctx.deployment, plugin)
+
+
 @_contract_check
 def check_shard_factors(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_shard_factors``: ``None`` or a mapping of known shard axes to positive ints, stable.
@@ -373,13 +403,9 @@ def check_shard_factors(plugin: str, configs, extra_plugins: Sequence = ()) -> N
     two calls on the same deployment give equal answers.
     """
     for raw in _as_configs(configs, extra_plugins):
-        plan = _plan(raw, extra_plugins)
-        ctx = plan.ctx
-        first = _call_own(plan.hooks, "g5_shard_factors", plugin, deployment=ctx.deployment, model=ctx.model)
-        second = _call_own(plan.hooks, "g5_shard_factors", plugin, deployment=ctx.deployment, model=ctx.model)
-        if [dict(a) if a else a for a in first] != [dict(a) if a else a for a in second]:
-            raise _fail(plugin, check_shard_factors, f"{_where(raw)} answers differ between two calls")
-        for answer in first:
+        ctx, answers = _stable_deployment_answers(plugin, check_shard_factors, raw, extra_plugins, "g5_shard_factors",
+                                                  lambda a: dict(a) if a else a)
+        for answer in answers:
             if answer is None:
                 continue
             if not isinstance(answer, Mapping):
@@ -860,6 +886,7 @@ HOOK_CHECKS: Mapping[str, tuple[CheckFn, ...]] = {
     "g5_register_shard_axes": (check_shard_axes,),
     "g5_validate_deployment": (check_validate_deployment,),
     "g5_shard_factors": (check_shard_factors,),
+    "g5_pipeline_microbatches": (check_pipeline_microbatches,),
     "g5_layer_chips": (check_placement,),
     "g5_place_op": (check_placement,),
     "g5_expand_op": (check_fragments,),

@@ -62,7 +62,9 @@ def _configs(models) -> dict[str, list[dict]]:
     c = lambda **kw: _cfg(models, **kw)  # noqa: E731
     return {
         "dp": [c(dp=2)],
-        "pp": [c(pp=2), c(pp=2, tp=2, phase="decode")],
+        "pp": [c(pp=2), c(pp=2, tp=2, phase="decode"),
+               dict(c(pp=2, phase="decode"), plugins={"pp": {"microbatches": 2}}),
+               dict(c(pp=2), plugins={"pp": {"microbatches": 2}})],
         "tp": [c(tp=2), c(tp=2, tp_sp=True), c(model="tiny-moe", tp=2, phase="decode")],
         "ep": [c(model="tiny-moe", tp=2, ep=2), c(model="tiny-moe", dp=2, ep=2, phase="decode")],
         "cp": [c(cp=2), c(cp=2, phase="decode")],

@@ -89,6 +89,18 @@ def g5_shard_factors(
     """
 
 
+@hookspec
+def g5_pipeline_microbatches(deployment: "Deployment", model: "ModelSpec") -> Optional["PipelineMicrobatches"]:
+    """Split the step into micro-batches that follow one another through the layers' chips
+    (collect-all; at most one plugin may answer).
+
+    Return :class:`g5core.build.microbatch.PipelineMicrobatches`: ``batches`` (decode micro-batches
+    of sequences, which cycle) or ``chunks`` (consecutive prompt chunks), adding up to the
+    deployment's ``batch`` or ``seq_len``; ``None`` (or one part) leaves the step whole. Each
+    part is validated as a deployment of its own (``g5_validate_deployment``).
+    """
+
+
 # --------------------------------------------------------------------------------------
 # Family 2: op expansion
 # --------------------------------------------------------------------------------------

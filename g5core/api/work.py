@@ -15,8 +15,13 @@ class LogicalOp:
     kind: str
     layer: int
     inputs: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    #: which copy of the program it belongs to when the step runs as micro-batches
+    #: (g5core.build.microbatch: micro-batch ``j`` of cycle ``c`` is copy ``c * m + j``);
+    #: -1: the whole step
+    micro: int = attrs.field(default=-1, kw_only=True)
     id: str = attrs.field(init=False, eq=False,
-                          default=attrs.Factory(lambda self: f"{layer_tag(self.layer)}.{self.kind}", takes_self=True))
+                          default=attrs.Factory(lambda self: f"{layer_tag(self.layer)}{micro_tag(self.micro)}"
+                                                             f".{self.kind}", takes_self=True))
 
     @property
     def prefix(self) -> str:
@@ -26,6 +31,11 @@ class LogicalOp:
     def key(self, chip: int, part: str = "") -> str:
         """Stable op key: ``L003.qkv_proj@c12`` or ``L003.attention.step02@c12``."""
         return f"{self.id}.{part}@c{chip}" if part else f"{self.id}@c{chip}"
+
+
+def micro_tag(micro: int) -> str:
+    """``.m0``, ``.m1``... in the ids of a micro-batch's ops; nothing for the whole step."""
+    return "" if micro < 0 else f".m{micro}"
 
 
 def layer_tag(layer: int) -> str:

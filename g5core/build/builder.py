@@ -20,7 +20,8 @@ from g5core.api.ops import KEY_VERBATIM, CommOp, ComputeOp, Fragment, Replicated
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError, ResourceError
 from g5core.build.flops import activation_tensor_bytes
-from g5core.build.layers import SYNC_KINDS, build_program, default_work, local_kv_bytes_per_token
+from g5core.build.microbatch import CYCLES, PipelineMicrobatches, collect_pipeline_microbatches, part_contexts
+from g5core.build.layers import EMBED_LAYER, SYNC_KINDS, build_program, default_work, local_kv_bytes_per_token
 from g5core.api.work import LogicalOp, Work
 from g5core.api.context import BuildContext
 from g5core.inputs.models import ModelSpec, get_model
@@ -39,10 +40,22 @@ class CoreBuildContext(BuildContext):
     """The build context the core makes: :class:`BuildContext` answered by the core's formulas."""
 
     _works: dict = attrs.field(factory=dict, repr=False)
+    #: batches of ``deployment.batch`` sequences whose KV the chips keep at once: the decode
+    #: micro-batches cycling through a pipeline (g5core.build.microbatch), else 1
+    resident_batches: int = 1
+    #: the shape whose activations a chip holds at its peak, where not ``shape``'s: the
+    #: largest prompt chunk of a chunked (micro-batched) prefill
+    activation_shape: Optional[LocalShape] = attrs.field(default=None, repr=False)
 
     def restricted(self, chips: tuple[int, ...]) -> "BuildContext":
         """The same context with ops placed on ``chips`` only (the works made are shared)."""
         return attrs.evolve(self, layer_chips={}, works=self._works, replica_chips=tuple(chips))
+
+    def reshaped(self, deployment: Deployment, shape: LocalShape) -> "BuildContext":
+        """The same context running another step of the same deployment (``deployment``
+        differs in its step only; ``shape`` is its share): the layer placement is kept, the
+        work made per kind is not."""
+        return attrs.evolve(self, deployment=deployment, shape=shape, layer_chips=self._layer_chips, works={})
 
     def work(self, kind: str, layer: int | None = None) -> Work | None:
         """The default work of ``kind`` on one chip (of ``layer``, whose attention window it
@@ -71,6 +84,10 @@ class Plan:
     hooks: Hooks
     ctx: BuildContext
     primitives: Mapping
+    #: the step's split into micro-batches (g5core.build.microbatch), None for a whole step
+    microbatches: Optional[PipelineMicrobatches] = None
+    #: one build context per micro-batch, in order
+    part_contexts: tuple = ()
     #: the compute-latency lookup to compile with, when one outlives the run (a prepared
     #: plan's, shared by its steps: g5core.sim.prepared); None: a fresh one per compile
     lookup: Optional[object] = None
@@ -105,7 +122,15 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
     topology = make_topology(hooks, system, rankmap.chips)
     ctx = CoreBuildContext(deployment=deployment, model=model, system=system, dims=dims, rankmap=rankmap, shape=shape,
                            topology=topology, hooks=hooks)
-    return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks))
+    mb = collect_pipeline_microbatches(hooks, deployment, model)
+    parts = tuple(part_contexts(ctx, mb, lambda dep: validated_shape(hooks, dep, model, system, axes))) \
+        if mb is not None else ()
+    if mb is not None and mb.cycles_apply:
+        ctx.resident_batches = mb.count
+    elif mb is not None:
+        ctx.activation_shape = max((p.shape for p in parts), key=lambda s: s.tokens)
+    return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks), microbatches=mb,
+                part_contexts=parts)
 
 
 def validated_shape(hooks: Hooks, deployment: Deployment, model: ModelSpec, system: SystemSpec,
@@ -123,7 +148,7 @@ def plan_for_step(plan: Plan, deployment: Deployment, axes: tuple[str, ...], loo
     and layer placement are reused; ``lookup`` is the compute-latency lookup to keep."""
     ctx = plan.ctx
     shape = validated_shape(plan.hooks, deployment, ctx.model, ctx.system, axes)
-    step_ctx = attrs.evolve(ctx, deployment=deployment, shape=shape, layer_chips=ctx._layer_chips, works={})
+    step_ctx = ctx.reshaped(deployment, shape)
     return Plan(pm=plan.pm, hooks=plan.hooks, ctx=step_ctx, primitives=plan.primitives, lookup=lookup)
 
 
@@ -187,8 +212,11 @@ def expand(ctx: BuildContext, lop: LogicalOp) -> tuple[str, Fragment]:
 
 
 def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
-              chips: tuple[int, ...] | None = None) -> OpDag:
+              chips: tuple[int, ...] | None = None, contexts: Mapping[int, BuildContext] | None = None) -> OpDag:
     """The op DAG; with ``chips``, only the ops placed on them (one symmetric replica).
+
+    ``contexts``: the build context of each program copy (``LogicalOp.micro``) of a
+    micro-batched program (g5core.build.microbatch); the plan's for the others.
 
     Ops, edges and each logical op's outputs (its tails per chip) are op ids; no key string
     is made for a repeated (:meth:`Fragment.tiled`, :meth:`Fragment.replicated`) fragment.
@@ -197,6 +225,7 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
     for repeats within each fragment, and across the whole DAG only otherwise."""
     ctx = plan.ctx if chips is None else plan.ctx.restricted(chips)
     program = program if program is not None else build_program(ctx.model)
+    by_copy = {k: (c if chips is None else c.restricted(chips)) for k, c in (contexts or {}).items()}
     dag = OpDag()
     n_chips = ctx.rankmap.chips
     seen: dict[str, int] | None = None if _prefix_free(program) else {}
@@ -208,7 +237,7 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
     pairs = dag.edge_pairs
     tiles_cache = _TileCache()
     for at, lop in enumerate(program):
-        owner, frag = expand(ctx, lop)
+        owner, frag = expand(by_copy.get(lop.micro, ctx) if by_copy else ctx, lop)
         prefixes = (lop.prefix + ".", lop.prefix + "@")
         base = len(dag)
         if frag.repeated is not None and frag.plain:
@@ -696,15 +725,24 @@ def _flow_count(op: CommOp, plan: Plan, cache: dict) -> int:
     return cache[key]
 
 
-def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1) -> SizeEstimate:
+def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1, cycles: int = CYCLES) -> SizeEstimate:
     """Refuse, before building anything, a run above ``max_ops`` ops and flows together
     (default :data:`DEFAULT_MAX_OPS`), stating the estimate and the memory it would need.
     With ``replicas > 1`` one of that many identical replicas is simulated (g5core.build.symmetry):
-    its share is what counts."""
+    its share is what counts. A micro-batched step counts one whole step per micro-batch
+    (and per decode cycle, ``cycles`` of them, each with its token return): an upper bound,
+    as a prompt chunk before the last has no LM head and the first cycle returns no tokens."""
     limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
     if limit > ID_LIMIT:
         raise ConfigError("--max-ops", f"must be at most {ID_LIMIT:,} (op and flow ids are 32-bit), got {limit:,}")
-    est = estimate_size(plan)
+    mb = plan.microbatches
+    program = build_program(plan.ctx.model)
+    if mb is not None and mb.cycles_apply:   # each step of a cycling micro-batch gets its tokens back
+        program = (LogicalOp("token_return", EMBED_LAYER),) + program
+    est = estimate_size(plan, program)
+    if mb is not None:
+        copies = mb.count * (cycles if mb.cycles_apply else 1)
+        est = SizeEstimate(ops=est.ops * copies, flows=est.flows * copies)
     if replicas > 1:
         est = SizeEstimate(ops=est.ops // replicas, flows=est.flows // replicas, replicas=replicas)
     if est.total > limit:

@@ -24,17 +24,23 @@ from g5core.build.shape import LocalShape
 EMBED_LAYER = -1
 
 # Kinds whose default expansion creates no op: they exist so a plugin can claim them.
-SYNC_KINDS = frozenset({"boundary", "attn_in_gather", "attn_out_reduce", "ffn_in_gather", "ffn_out_reduce"})
+# ``token_return``: a decode micro-batch's sampled tokens handed from the LM head back to
+# the embedding of its next step (g5core.build.microbatch); nothing moves when they share chips.
+SYNC_KINDS = frozenset({"boundary", "attn_in_gather", "attn_out_reduce", "ffn_in_gather", "ffn_out_reduce",
+                        "token_return"})
 
 
 @functools.lru_cache(maxsize=64)
-def build_program(model: ModelSpec) -> tuple[LogicalOp, ...]:
+def build_program(model: ModelSpec, micro: int = -1, head: bool = True) -> tuple[LogicalOp, ...]:
     """The logical ops of one forward step, in order, with their data dependencies (made
-    once per model: the tuple and its ops are immutable)."""
+    once per model and arguments: the tuple and its ops are immutable).
+
+    ``micro``: the program copy every op belongs to (g5core.build.microbatch); ``head=False``
+    leaves out the final norm and LM head (a prompt chunk before the last makes no token)."""
     ops: list[LogicalOp] = []
 
     def add(kind: str, layer: int, *inputs: LogicalOp) -> LogicalOp:
-        op = LogicalOp(kind, layer, tuple(i.id for i in inputs))
+        op = LogicalOp(kind, layer, tuple(i.id for i in inputs), micro=micro)
         ops.append(op)
         return op
 
@@ -57,6 +63,8 @@ def build_program(model: ModelSpec) -> tuple[LogicalOp, ...]:
             out = add("ffn_out_reduce", layer, routed, *shared)
         else:
             out = add("ffn_out_reduce", layer, add("ffn", layer, h))
+    if not head:
+        return tuple(ops)
     head = model.n_layers
     x = add("boundary", head, out)
     x = add("final_norm", head, x)

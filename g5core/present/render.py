@@ -55,6 +55,18 @@ def _options_note(dep) -> str:
     return "".join(f" {plugin}.{name}" for plugin, values in dep.options for name, value in values if value is True)
 
 
+def _pipeline_line(p: dict, pp: int, tokens_per_s_per_chip: float) -> str:
+    """What a micro-batched run measured (g5core.build.microbatch)."""
+    if "chunk_tokens" in p:
+        sizes = sorted(set(p["chunk_tokens"]))
+        return (f"pipeline: every prompt in {p['microbatches']} chunks of {' or '.join(map(str, sizes))} tokens "
+                f"through {pp} stages; {tokens_per_s_per_chip:.4g} tokens/s/chip")
+    steady = "steady" if p["steady"] else "NOT steady"
+    return (f"pipeline: {p['microbatches']} micro-batches of {p['batch_sequences'][0]} sequences cycling through {pp} "
+            f"stages; step interval {fmt_s(p['step_interval_s'])}, cycle {fmt_s(p['cycle_s'])} (TPOT), "
+            f"{steady} after {p['cycles_simulated']} cycles; {tokens_per_s_per_chip:.4g} tokens/s/chip")
+
+
 def render_summary(out, trace_path=None, timeline_path=None) -> str:
     dep = out.deployment
     lines = []
@@ -65,6 +77,8 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
     lines.append(f"{model} on {dep.chips} x {system}  [{par}{_options_note(dep)}]  {work}, path {dep.path}")
     metric = {"prefill": "TTFT", "decode": "TPOT"}.get(dep.phase, "step latency")
     lines.append(f"{metric}: {fmt_s(out.latency_s)}")
+    if out.sim is not None and out.sim.pipeline is not None:
+        lines.append(_pipeline_line(out.sim.pipeline, dep.size("pp"), out.tokens_per_s_per_chip))
     for plugin, choice in step_choices(out.plan.ctx).items():
         lines.append(f"{plugin} chose " + ", ".join(f"{k} {v}" for k, v in choice.items()))
     if out.sim is None:

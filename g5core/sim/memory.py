@@ -53,13 +53,14 @@ def activation_peak_bytes(ctx, layers: list[int]) -> float:
     ``top_k * 2 * expert_cols`` scaled by the share of tokens the chip routes. Attention is
     fused (flash): no score matrix is stored. ``tokens`` is the chip's local token count,
     so sequence-direction activations divide by cp in prefill; in a step it is the step's new
-    tokens only (a chunk of a long prompt needs the activations of the chunk, not the prompt).
+    tokens only (a chunk of a long prompt needs the activations of the chunk, not the prompt),
+    and in a chunked prefill through a pipeline those of its largest chunk.
     """
     if not layers:
         return 0.0
     from g5core.build.layers import attention_dims, group_kind, local_projections
 
-    m, s = ctx.model, ctx.shape
+    m, s = ctx.model, ctx.activation_shape or ctx.shape
     d = m.hidden_size
     widths = [sum(o for name, _, o in local_projections(m, s) if name != "o_proj" and not name.endswith("_a_proj"))]
     phases = (ctx.deployment.phase,) if s.uniform else tuple({group_kind(g): 1 for g in s.groups})
@@ -163,7 +164,8 @@ def core_terms(ctx) -> list[MemoryTerm]:
     m, dep, s = ctx.model, ctx.deployment, ctx.shape
     weights, layers_on = weight_bytes_by_chip(ctx)
     c_kv = m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)
-    kv = {c: kv_bytes_on(m, dep, s, c_kv, layers_on[c]) for c in ctx.all_chips}
+    # decode micro-batches cycling through the pipeline each keep their sequences' KV
+    kv = {c: ctx.resident_batches * kv_bytes_on(m, dep, s, c_kv, layers_on[c]) for c in ctx.all_chips}
     acts = {c: activation_peak_bytes(ctx, layers_on[c]) for c in ctx.all_chips}
     return [
         MemoryTerm("weights", "weights", weights),

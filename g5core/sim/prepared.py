@@ -33,7 +33,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
-from g5core.api.errors import ResourceError
+from g5core.api.errors import ConfigError, ResourceError
 from g5core.build.builder import DEFAULT_MAX_OPS, check_size, plan_for_step
 from g5core.build.shape import collect_shard_axes
 from g5core.build.symmetry import off_reason, plan_symmetry
@@ -97,6 +97,10 @@ class PreparedPlan:
     ``lookup`` (the compute-latency lookup shared by every step)."""
 
     def __init__(self, plan, symmetry: bool | str = True, max_ops: Optional[int] = None, check: bool = True):
+        if plan.microbatches is not None:
+            # each step here is one engine iteration; pipelining iterations is the caller's
+            raise ConfigError(plan.microbatches.field, "a prepared plan simulates one step at a time, not "
+                                                       f"micro-batches through a pipeline; set {plan.microbatches.field}: 1")
         self.plan = plan
         self.deployment: Deployment = plan.ctx.deployment
         self.max_ops = DEFAULT_MAX_OPS if max_ops is None else max_ops
@@ -165,7 +169,7 @@ class PreparedPlan:
                                 f"{self.max_ops:,}; raise the limit (max_ops) or use a smaller deployment")
         ledger = memory_report(plan.ctx)
         dep = plan.ctx.deployment
-        from g5core.study.sweep import tokens_per_s_per_chip
+        from g5core.sim.run import tokens_per_s_per_chip
 
         metrics = phase_metrics(dep.phase, sim.latency_s)
         result = StepResult(

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 import attrs
 import numpy as np
@@ -115,6 +115,9 @@ class SimResult:
     symmetry: Symmetry = attrs.field(factory=Symmetry)  # what was simulated (ops, flows, events: of that)
     mean_heap_len: float = attrs.field(repr=False, default=0.0)  # Engine.mean_heap_len (benchmarks)
     batches: int = attrs.field(repr=False, default=0)  # Engine.batches: distinct event times (benchmarks)
+    #: a micro-batched step (g5core.build.microbatch): how it was split and what the engine
+    #: measured; None for a whole step
+    pipeline: Optional[dict] = None
 
     def op_times(self, key: str) -> tuple[float, float]:
         i = self.dag.index[key]
@@ -136,6 +139,8 @@ class SimResult:
             "compute": self.compute,
             "symmetry": self.symmetry.to_json_dict(),
         }
+        if self.pipeline is not None:
+            out["pipeline"] = dict(self.pipeline)
         return out
 
 

@@ -15,6 +15,9 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import attrs
 
 from g5core.build.builder import Plan, build_dag, check_size, prepare
+from g5core.build.microbatch import (
+    CYCLES, MAX_CYCLES, copy_contexts, head_end_times, microbatch_program, steady_cycle_s,
+)
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load_config_file
 from g5core.sim.engine import Engine, compile_dag
@@ -85,12 +88,43 @@ def _gc_paused():
 
 
 def _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops) -> SimResult:
+    mb = plan.microbatches
+    if mb is None:
+        return _simulate_program(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops)
+    cycles = CYCLES if mb.cycles_apply else 1
+    n_layers = plan.ctx.model.n_layers
+    while True:
+        contexts = copy_contexts(plan, cycles)
+        program = microbatch_program(plan.ctx, mb, cycles)
+        result = _simulate_program(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops,
+                                   program=program, contexts=contexts, cycles=cycles)
+        if not mb.cycles_apply:
+            pipeline = {"microbatches": mb.count, "chunk_tokens": list(mb.chunks), "simulated_steps": mb.count}
+            chosen = [step_choices(part) for part in plan.part_contexts]
+            if any(chosen):   # per chunk: what plugins chose for it (CP prefill under auto)
+                pipeline["chunk_choices"] = chosen
+            return attrs.evolve(result, pipeline=pipeline)
+        times = head_end_times(result.dag, result.end_s, mb, cycles, n_layers)
+        cycle_s, steady = steady_cycle_s(times)
+        if steady or cycles >= MAX_CYCLES:
+            break
+        cycles *= 2
+        check_size(plan, max_ops, plan_symmetry(plan.ctx, off_reason(symmetry)).replicas, cycles)
+    _check_finite([cycle_s])
+    pipeline = {"microbatches": mb.count, "batch_sequences": list(mb.batches), "cycles_simulated": cycles,
+                "simulated_steps": cycles * mb.count, "steady": bool(steady), "cycle_s": cycle_s,
+                "step_interval_s": cycle_s / mb.count, "simulated_s": result.latency_s}
+    return attrs.evolve(result, latency_s=cycle_s, pipeline=pipeline)
+
+
+def _simulate_program(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops,
+                      program=None, contexts=None, cycles: int = CYCLES) -> SimResult:
     say = progress or (lambda line: None)
     clock = _Phases(timings)
     t0 = time.perf_counter()
     sym = plan_symmetry(plan.ctx, off_reason(symmetry))
     say("building the op DAG" + (f" of one of {sym.replicas} {sym.dimension} replicas" if sym.applied else ""))
-    dag = build_dag(plan, chips=sym.chips() if sym.applied else None)
+    dag = build_dag(plan, program, chips=sym.chips() if sym.applied else None, contexts=contexts)
     reason = check_reduced_dag(sym, dag) if sym.applied else None
     clock("build_s")
     if reason is None:
@@ -100,9 +134,9 @@ def _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, ti
         clock("compile_s")
     if reason is not None:
         sym = sym.refused(reason)
-        check_size(plan, max_ops)
+        check_size(plan, max_ops, cycles=cycles)
         say(f"simulating every chip: {reason}; building the op DAG")
-        dag = build_dag(plan)
+        dag = build_dag(plan, program, contexts=contexts)
         clock("build_s")
         say(f"compiling {len(dag.ops)} ops and {dag.n_edges} edges")
         compiled = compile_dag(dag, plan)
@@ -132,6 +166,20 @@ class _Phases:
         self.last = now
 
 
+def tokens_per_s_per_chip(deployment: Deployment, latency_s: float, resident_batches: int = 1) -> float:
+    """Tokens the whole deployment produces per second, per chip.
+
+    The step's counts are per data-parallel replica (the configuration's contract), so the
+    deployment runs ``dp`` times the step's new tokens (prefill shorthand: ``batch x seq_len``
+    per replica; decode: ``batch``), ``resident_batches`` times over where decode
+    micro-batches cycle through a pipeline. ``latency_s`` is the time those tokens take: a
+    prefill's TTFT, or a decode's time per output token, which with micro-batches is the
+    engine's steady cycle (every micro-batch makes one token per cycle: the pipelined
+    throughput). Without micro-batches a pipeline holds one batch, in one stage at a time."""
+    tokens = deployment.step.new_tokens * resident_batches * deployment.size("dp")
+    return tokens / latency_s / deployment.chips
+
+
 @attrs.frozen(eq=False, kw_only=True)
 class RunOutput:
     deployment: Deployment
@@ -144,13 +192,17 @@ class RunOutput:
     def latency_s(self) -> float:
         return self.sim.latency_s if self.sim is not None else self.math.latency_s
 
+    @property
+    def tokens_per_s_per_chip(self) -> float:
+        return tokens_per_s_per_chip(self.deployment, self.latency_s, self.plan.ctx.resident_batches)
+
     def to_json_dict(self) -> dict[str, Any]:
         dep = self.deployment
         if self.sim is not None:
             out = self.sim.to_json_dict()
         else:
             out = self.math.to_json_dict()
-        out = {"path": dep.path, **out}
+        out = {"path": dep.path, **out, "tokens_per_s_per_chip": self.tokens_per_s_per_chip}
         out["deployment"] = dep.to_dict()
         out["memory"] = self.memory.to_json_dict()
         choices = step_choices(self.plan.ctx)

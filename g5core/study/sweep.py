@@ -153,16 +153,6 @@ def resolved_config(raw: Mapping, dims: DimensionRegistry) -> dict:
 # ----------------------------------------------------------------------------------------
 
 
-def tokens_per_s_per_chip(deployment: Deployment, latency_s: float) -> float:
-    """Tokens the whole deployment produces per second, per chip.
-
-    The step's counts are per data-parallel replica (the configuration's contract), so the
-    deployment runs ``dp`` times the step's new tokens (prefill shorthand: ``batch x seq_len``
-    per replica; decode: ``batch``).
-    """
-    return deployment.step.new_tokens * deployment.size("dp") / latency_s / deployment.chips
-
-
 def output_columns(out) -> dict[str, Any]:
     """The result columns of a database row from one :class:`~g5core.sim.run.RunOutput`."""
     data = out.to_json_dict()
@@ -170,7 +160,7 @@ def output_columns(out) -> dict[str, Any]:
     worst = max(mem.per_chip, key=lambda c: (c.total_bytes, -c.chip))
     return {
         "status": "ok", "error": None, "latency_s": out.latency_s, "ttft_s": data.get("ttft_s"),
-        "tpot_s": data.get("tpot_s"), "tokens_per_s_per_chip": tokens_per_s_per_chip(out.deployment, out.latency_s),
+        "tpot_s": data.get("tpot_s"), "tokens_per_s_per_chip": out.tokens_per_s_per_chip,
         "max_total_bytes": mem.max_total_bytes, "capacity_bytes": worst.capacity_bytes, "fits": int(mem.fits),
         "weights_bytes": worst.weights_bytes, "kv_cache_bytes": worst.kv_cache_bytes,
         "activation_bytes": worst.activation_bytes, "workspace_bytes": worst.workspace_bytes,
