@@ -615,9 +615,9 @@ class _Table:
                                 (key, kind, label, canonical_json(payload), now))
 
 
-def _drive(table: _Table, exe, cells: Sequence[tuple], reporter, workers: int, local_in_process: bool) -> list:
+def _drive(table: _Table, exe, cells: Sequence[tuple], reporter, workers: int) -> list:
     """Run ``(key, kind, label, fn, args)`` cells not in the table; every result in order."""
-    from g5core.study.sweep import LocalExecutor
+    from g5core.study.sweep import run_windowed
 
     out: list = [None] * len(cells)
     if reporter is not None:
@@ -631,32 +631,22 @@ def _drive(table: _Table, exe, cells: Sequence[tuple], reporter, workers: int, l
         if reporter is not None:
             reporter.cell(done, label, payload)
 
-    window = 1 if isinstance(exe, LocalExecutor) and workers == 1 else 2 * workers
-    pending: dict = {}
-    todo = iter(enumerate(cells))
+    def start(exe, item):
+        i, (key, kind, label, fn, args) = item
+        hit = table.get(key)
+        if hit is not None:
+            finish(i, label, None)
+            out[i] = hit
+            return None
+        return exe.submit(fn, *args)
+
+    def stored(item, payload) -> None:
+        i, (key, kind, label, _, _) = item
+        table.add(key, kind, label, payload)
+        finish(i, label, payload)
+
     try:
-        with exe:
-            exhausted = False
-            while True:
-                while not exhausted and len(pending) < window:
-                    item = next(todo, None)
-                    if item is None:
-                        exhausted = True
-                        break
-                    i, (key, kind, label, fn, args) = item
-                    hit = table.get(key)
-                    if hit is not None:
-                        finish(i, label, None)
-                        out[i] = hit
-                        continue
-                    pending[exe.submit(fn, *args)] = (i, key, kind, label)
-                if not pending:
-                    break
-                for fut in sorted(exe.wait(list(pending)), key=lambda f: pending[f][0]):
-                    i, key, kind, label = pending.pop(fut)
-                    payload = fut.result()
-                    table.add(key, kind, label, payload)
-                    finish(i, label, payload)
+        run_windowed(exe, enumerate(cells), workers, start, stored)
     finally:
         if reporter is not None:
             reporter.close()
@@ -769,7 +759,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
     try:
         table = _Table(db)
         screened = _drive(table, make_executor(executor, workers), screen_cells,
-                          _Progress(progress, "screen") if progress is not None else None, workers, True)
+                          _Progress(progress, "screen") if progress is not None else None, workers)
         longest = _longest(workload)
         pruned: list[Pruned] = []
         roles: dict[str, list] = {"serve": [], "prefill": [], "decode": []}
@@ -840,7 +830,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                                (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
                                 runner_for)))
         results = _drive(table, make_executor(executor, workers), cand_cells,
-                         _Progress(progress, "capacity") if progress is not None else None, workers, True)
+                         _Progress(progress, "capacity") if progress is not None else None, workers)
     finally:
         db.close()
         if tmp is not None:
