@@ -273,3 +273,17 @@ def test_cli_best_serve_json_text_and_pareto_plot(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     bad = CliRunner().invoke(main, ["best", str(cfg), "--slo", "ttft=1s"])
     assert bad.exit_code == 2 and "--serve" in bad.output
+
+
+def test_min_chips_finds_the_fewest_chips_serving_the_rate():
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 4}
+    base = dict(slo=SLO, chunks=(1024,), seqs=(16,), vary=("tp",), settle=4, confirm=0, disagg="off",
+                objective="min_chips")
+    low = serve_search(raw, WL, SearchSettings(rate=1.0, **base), runner_for=layout_runner)
+    assert low.ranked[0].candidate.chips == 1 and low.ranked[0].capacity >= 1.0
+    one_chip = max(s.capacity for s in low.ranked if s.candidate.chips == 1)
+    high = serve_search(raw, WL, SearchSettings(rate=1.5 * one_chip, **base), runner_for=layout_runner)
+    win = high.ranked[0]
+    assert win.candidate.chips >= 2 and win.capacity >= 1.5 * one_chip
+    # every deployment of fewer chips than the winner's misses the rate
+    assert all(s.capacity == 0 for s in high.ranked if s.candidate.chips < win.candidate.chips)

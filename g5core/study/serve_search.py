@@ -19,7 +19,8 @@ SLO limits, which deployment serves the most?
    ``n_p c_p + n_d c_d = chips``; the ``beam`` best layouts of each role by their lone step
    (prefill: prompt tokens/s per chip alone; decode: sequences the pool holds per chip
    over the lone TPOT) are paired, which bounds the pairs (a heuristic cut, reported as
-   such, not a pruning).
+   such, not a pruning). The screen is the aggregated one: a layout whose pool cannot hold
+   a whole request is out of both roles, even though a prefill pool only needs the prompt.
 4. **Capacity** of each candidate: the highest Poisson arrival rate at which the SLO holds
    (every named percentile under its limit, every request completed), by a seeded run of
    ``requests`` requests per rate: from ``instances / lone end-to-end`` the rate doubles
