@@ -581,10 +581,12 @@ class ServeSearchResult:
                 f"{wj['goodput_per_chip']:.3g} req/s per chip of goodput) with TTFT p90 "
                 f"{wj['ttft_s']['p90']:.3g} s and TPOT p90 {wj['tpot_s']['p90'] * 1e3:.3g} ms; past it, "
                 f"{limiter(w)}.")
-        if len(self.ranked) > 1:
-            r = self.ranked[1]
+        # the runner-up: the best other deployment (not the winner with other scheduler limits)
+        other = [s for s in self.ranked[1:] if s.candidate.pools != w.candidate.pools]
+        if other:
+            r = other[0]
             rj = r.to_json_dict()
-            text += (f" The runner-up, {r.candidate.label()}, serves {r.capacity:.3g} req/s "
+            text += (f" The runner-up deployment, {r.candidate.label()}, serves {r.capacity:.3g} req/s "
                      f"({rj['output_tokens_per_s_per_chip']:.4g} output tokens/s per chip); it is limited by "
                      f"{limiter(r)}.")
         return text
