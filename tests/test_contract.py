@@ -243,7 +243,7 @@ class _Counter(_ClaimsFfnReduce):
 class _NegativeMemory:
     @hookimpl
     def g5_memory_terms(self, ctx):
-        return [MemoryTerm("bad_buffer", "workspace", {0: -1.0})]
+        return [MemoryTerm(name="bad_buffer", category="workspace", bytes_per_chip={0: -1.0})]
 
 
 def _shrinking_lowering(group, nbytes, topo):
@@ -371,7 +371,7 @@ def test_a_plugin_broken_only_on_a_mixed_step_is_caught(models):
         @hookimpl
         def g5_memory_terms(self, ctx):
             nbytes = -1.0 if ctx.deployment.phase == "mixed" else 1.0
-            return [MemoryTerm("scratch", "workspace", {0: nbytes})]
+            return [MemoryTerm(name="scratch", category="workspace", bytes_per_chip={0: nbytes})]
 
     extra = (("bad", BadOnMixedSteps()),)
     with pytest.raises(ContractError, match=r"step .* has -1.0 bytes"):

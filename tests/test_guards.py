@@ -38,17 +38,17 @@ def test_estimate_equals_what_the_build_makes(example, overrides):
 
 def test_a_million_chips_is_refused_before_the_rank_map_is_built(monkeypatch):
     monkeypatch.setattr(build_mod.RankMap, "build", lambda *a, **k: pytest.fail("built the rank map"))
-    line = error_line("run", EX / "llama-3.1-8b-prefill.yaml", "--set", "chips=2000000", "--set",
-                      "parallel.dp=2000000")
-    assert "at least 12,000,000 ops" in line and "GiB of memory" in line
-    assert f"limit of {DEFAULT_MAX_OPS:,}" in line and "--max-ops 12000000" in line
+    line = error_line("run", EX / "llama-3.1-8b-prefill.yaml", "--set", "chips=3000000", "--set",
+                      "parallel.dp=3000000")
+    assert "at least 18,000,000 ops" in line and "GiB of memory" in line
+    assert f"limit of {DEFAULT_MAX_OPS:,}" in line and "--max-ops 18000000" in line
 
 
 def test_a_million_layers_is_refused(tmp_path):
     hf = json.loads((REPO / "tests" / "data" / "hf" / "llama-3.1-8b.json").read_text())
     model = tmp_path / "config.json"
-    model.write_text(json.dumps(dict(hf, num_hidden_layers=2 * 10 ** 6)))
-    with pytest.raises(ResourceError, match="at least 12,000,000 ops"):
+    model.write_text(json.dumps(dict(hf, num_hidden_layers=3 * 10 ** 6)))
+    with pytest.raises(ResourceError, match="at least 18,000,000 ops"):
         run(load_raw(EX / "llama-3.1-8b-prefill.yaml", [f"model={model}", "seq_len=1024"]))
 
 

@@ -118,9 +118,11 @@ def test_writing_through_a_symlink_writes_the_target_and_keeps_the_link(cfg, tmp
     assert _files(tmp_path) == ["c.yaml", "link.json", "real.json"]  # no temporary file left
 
 
-def test_a_failed_write_leaves_every_output_unchanged_and_still_prints_the_summary(cfg, tmp_path, monkeypatch):
+def test_a_failed_write_leaves_that_output_unchanged_writes_the_other_and_still_prints_the_summary(
+        cfg, tmp_path, monkeypatch):
+    # issue 25: the outputs are independent; each is written atomically on its own
     trace, timeline = tmp_path / "t.json", tmp_path / "ops.csv"
-    trace.write_text("old trace")
+    timeline.write_text("old timeline")
 
     def full_disk(sim, fh):
         fh.write("partial")
@@ -131,12 +133,33 @@ def test_a_failed_write_leaves_every_output_unchanged_and_still_prints_the_summa
     result = invoke("run", cfg, "--trace", trace, "--timeline", timeline)
     assert result.exit_code == 2
     assert "TTFT:" in result.stdout and "fits on every chip" in result.stdout
-    assert "written to" not in result.stdout
+    assert f"trace written to {trace}" in result.stdout and "timeline written" not in result.stdout
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--timeline" in lines[0] and "No space left" in lines[0]
-    assert "nothing was written" in lines[0]
-    assert trace.read_text() == "old trace"          # the trace was not replaced either
-    assert _files(tmp_path) == ["c.yaml", "t.json"]  # and no temporary file is left
+    assert "--trace was written" in lines[0]
+    assert timeline.read_text() == "old timeline"              # the failed one was not replaced
+    assert json.loads(trace.read_text())["traceEvents"]        # the other one was written
+    assert _files(tmp_path) == ["c.yaml", "ops.csv", "t.json"]  # and no temporary file is left
+
+
+def test_a_trace_too_large_for_the_disk_still_lets_the_timeline_be_written(cfg, tmp_path, monkeypatch):
+    trace, timeline = tmp_path / "t.json", tmp_path / "ops.csv"
+
+    def full_disk(sim, topo, fh, layers=None):
+        fh.write('{"traceEvents":[')
+        raise OSError(28, "No space left on device")
+
+    import g5core.present.trace as trace_mod
+    monkeypatch.setattr(trace_mod, "dump_trace", full_disk)
+    result = invoke("run", cfg, "--trace", trace, "--timeline", timeline)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("g5: error: --trace: cannot write")
+    assert "No space left on device" in lines[0] and "--timeline was written" in lines[0]
+    assert "Traceback" not in result.output
+    assert timeline.read_text().startswith("key,kind,name")
+    assert not trace.exists() and _files(tmp_path) == ["c.yaml", "ops.csv"]
+    assert f"per-op timeline written to {timeline}" in result.stdout and "trace written" not in result.stdout
 
 
 def test_both_outputs_written_on_success(cfg, tmp_path):

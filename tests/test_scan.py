@@ -101,7 +101,7 @@ def test_a_finished_scan_is_marked_complete_and_an_interrupted_one_is_not(tmp_pa
     # new cells (another seq_len): cells already in the database would be reused, not run
     with pytest.raises(KeyboardInterrupt):
         run_scan(BASE, db, cp_values=(1, 2), seq_lens=(16384,), runner=dies_on_the_second_cell)
-    assert _scan_status(db) == [(1, "complete", 2), (2, "running", 2)]
+    assert _scan_status(db) == [(1, "complete", 2), (2, "interrupted", 2)]   # issue 25: it says so
     # the cell that finished before the interruption is kept
     assert len(_rows(db)) == 3
 

@@ -175,8 +175,10 @@ def test_resume_after_kill_9_stores_every_point_once_with_the_uninterrupted_valu
     assert proc.returncode == -signal.SIGKILL  # killed, not finished
     done_before = _count(db)
     assert 3 <= done_before < 36
-    with ResultsDB.open_existing(db) as con:
-        assert [s["status"] for s in con.sweeps()] == ["running"]
+    with ResultsDB.open_existing(db) as con:   # its process is gone: the sweep reads interrupted
+        assert [s["status"] for s in con.sweeps()] == ["interrupted"]
+    raw = sqlite3.connect(str(db)).execute("SELECT status, pid FROM sweeps").fetchall()
+    assert raw == [("running", proc.pid)]      # (reading changes nothing in the file)
 
     resumed = run_sweep(BASE, parse_grid(KILL_GRID), db)
     assert resumed.reused == done_before and resumed.computed == 36 - done_before
@@ -185,7 +187,7 @@ def test_resume_after_kill_9_stores_every_point_once_with_the_uninterrupted_valu
     assert len(rows) == 36 == len({r["config_hash"] for r in rows})
     assert _values(rows) == _values(reference.rows)
     with ResultsDB.open_existing(db) as con:
-        assert [s["status"] for s in con.sweeps()] == ["running", "complete"]
+        assert [s["status"] for s in con.sweeps()] == ["interrupted", "complete"]
         integrity = con.con.execute("PRAGMA integrity_check").fetchone()[0]
     assert integrity == "ok"
 

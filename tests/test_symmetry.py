@@ -133,7 +133,8 @@ def test_the_size_guard_counts_the_replica_that_is_simulated():
     assert sym.replicas == 16
     one = check_size(plan, None, sym.replicas)
     assert one.total < 1_000_000 and "in one of 16 identical replicas" in one.describe()
-    with pytest.raises(ResourceError, match="above the limit of 8,000,000"):
+    from g5core.build.builder import DEFAULT_MAX_OPS
+    with pytest.raises(ResourceError, match=f"above the limit of {DEFAULT_MAX_OPS:,}"):
         check_size(plan)
 
 

@@ -45,6 +45,17 @@ def test_the_example_file_loads():
     assert spec.name == "my-cluster" and spec.chips_per_node == 4
 
 
+def test_compute_model_keys_have_rows_with_their_ranges():
+    from g5core.inputs.systems import ComputeModel
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `compute_model\.(\w+)` \| [^|]+ \| ([^|]+) \|", DOC, re.M)}
+    assert set(rows) == set(ComputeModel.KEYS)
+    kinds = {"gemm_tile_m": "tile", "gemm_tile_n": "tile", "gemm_tile_k": "tile", "sm_count": "sm_count",
+             "attention_half_length_tokens": "tokens", "attention_peak_fraction": "fraction",
+             "hbm_fraction": "fraction", "gemm_peak_fraction": "fraction", "kernel_floor_s": "seconds"}
+    for key, kind in kinds.items():
+        assert _range(rows[key]) == LIMITS[kind][:2], key
+
+
 def test_the_worked_nodes_per_leaf_example():
     """The 4-node example's figures are the topology's: two leaves of two nodes, 384 GB/s up."""
     from g5core.build.topology import Topology

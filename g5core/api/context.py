@@ -53,15 +53,29 @@ class BuildContext:
 
     @property
     def all_chips(self) -> tuple[int, ...]:
-        return tuple(range(self.rankmap.chips))
+        chips = self._layer_chips.get("all")
+        if chips is None:
+            chips = self._layer_chips["all"] = tuple(range(self.rankmap.chips))
+        return chips
 
     def layer_chips(self, layer: int) -> tuple[int, ...]:
-        """Chips holding ``layer`` (intersection of every plugin's answer)."""
+        """Chips holding ``layer`` (intersection of every plugin's answer). Layers with the
+        same answers (the same objects: a plugin that answers each stage with one tuple)
+        share one result, so the chips are gone through once per distinct answer, not per layer."""
         if layer not in self._layer_chips:
-            chips = set(self.all_chips if self.replica_chips is None else self.replica_chips)
-            for plugin, answer in self.hooks.call_each("g5_layer_chips", ctx=self, layer=layer):
-                chips &= _chip_set(plugin, "g5_layer_chips", answer, self.rankmap.chips)
-            self._layer_chips[layer] = tuple(sorted(chips))
+            answers = self.hooks.call_each("g5_layer_chips", ctx=self, layer=layer)
+            key = ("answers",) + tuple((plugin, id(answer)) for plugin, answer in answers)
+            known = self._layer_chips.get(key)
+            if known is None or any(a is not b for (_, a), b in zip(answers, known[0])):
+                if not answers and self.replica_chips is None:
+                    chips = self.all_chips
+                else:
+                    base = set(self.all_chips if self.replica_chips is None else self.replica_chips)
+                    for plugin, answer in answers:
+                        base &= _chip_set(plugin, "g5_layer_chips", answer, self.rankmap.chips)
+                    chips = tuple(sorted(base))
+                known = self._layer_chips[key] = (tuple(a for _, a in answers), chips)
+            self._layer_chips[layer] = known[1]
         return self._layer_chips[layer]
 
     def place(self, lop: LogicalOp) -> tuple[int, ...]:

@@ -8,13 +8,19 @@ import attrs
 CATEGORIES = ("weights", "kv_cache", "activations", "workspace")
 
 
+class _ChipItems(tuple):
+    """``(chip, bytes)`` pairs already in MemoryTerm's form (sorted, int and float)."""
+
+
 def _chip_items(value) -> tuple[tuple[int, float], ...]:
+    if type(value) is _ChipItems:
+        return value
     if isinstance(value, Mapping):
         value = value.items()
     return tuple(sorted((int(c), float(b)) for c, b in value))
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class MemoryTerm:
     """A named per-chip memory term. ``bytes_per_chip`` maps chip -> bytes (absent = 0).
 
@@ -26,9 +32,34 @@ class MemoryTerm:
     category: str = attrs.field(validator=attrs.validators.in_(CATEGORIES))
     bytes_per_chip: tuple[tuple[int, float], ...] = attrs.field(converter=_chip_items)
     part_of: str = ""
+    _lookup: dict = attrs.field(init=False, repr=False, eq=False, factory=dict)  # "on": chip -> bytes; "vector"
 
     def on(self, chip: int) -> float:
-        return dict(self.bytes_per_chip).get(chip, 0.0)
+        table = self._lookup.get("on")
+        if table is None:
+            table = self._lookup["on"] = dict(self.bytes_per_chip)
+        return table.get(chip, 0.0)
+
+    def vector(self, chips: int):
+        """Bytes on every chip ``0 .. chips - 1`` (0 where absent) as one numpy array."""
+        import numpy as np
+        if "vector" in self._lookup and len(self._lookup["vector"]) == chips:
+            return self._lookup["vector"]
+        out = np.zeros(chips)
+        if self.bytes_per_chip:
+            ids, values = zip(*self.bytes_per_chip)
+            out[np.asarray(ids, dtype=np.int64)] = values
+        return out
+
+    @classmethod
+    def from_vector(cls, name: str, category: str, values) -> "MemoryTerm":
+        """A term holding ``values[c]`` bytes on every chip ``c`` (made without a Python step
+        per chip but the pairs themselves)."""
+        import numpy as np
+        values = np.asarray(values, dtype=float)
+        term = cls(name=name, category=category, bytes_per_chip=_ChipItems(zip(range(len(values)), values.tolist())))
+        term._lookup["vector"] = values
+        return term
 
 
 def _flows(fs) -> tuple:

@@ -228,6 +228,10 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
     by_copy = {k: (c if chips is None else c.restricted(chips)) for k, c in (contexts or {}).items()}
     dag = OpDag()
     n_chips = ctx.rankmap.chips
+    if chips is not None and tuple(chips) == tuple(range(len(chips))):
+        # one replica, chips 0 .. R-1: the per-chip columns of the build span those alone,
+        # so its cost does not grow with the replicas; an op outside is a ReplicaSpill
+        n_chips = _ReplicaChips(len(chips), n_chips)
     seen: dict[str, int] | None = None if _prefix_free(program) else {}
     last_use: dict[str, int] = {}
     for at, lop in enumerate(program):
@@ -401,6 +405,8 @@ def _add_ops(dag: OpDag, frag: Fragment, lop: LogicalOp, owner: str, prefixes: t
         chips, ids, per_chip = [], [], {}
         for chip, keys in entries:
             if not (type(chip) is int and 0 <= chip < n_chips):
+                if type(chip) is int and n_chips <= chip < getattr(n_chips, "full", n_chips):
+                    raise ReplicaSpill(f"plugin '{owner}' names a {label} of {lop.id} outside the simulated replica")
                 raise DagError(f"{lop.id}: plugin '{owner}' names a {label} on chip {chip!r}, outside 0..{n_chips - 1}")
             for k in keys:
                 if k not in own:
@@ -445,8 +451,7 @@ def _add_tiled(dag: OpDag, rep: Replicated | Tiled, lop: LogicalOp, owner: str, 
                 if not (type(c) is int and 0 <= c < n_chips):
                     on = [op for op in ops if s in (op.chips if type(op) is CommOp else (op.chip,))] or [None]
                     key = _tile_key(on[0], tile, lop)
-                    raise DagError(f"op {key!r} made by plugin '{owner}' is placed on chip {c!r}, outside "
-                                   f"0..{n_chips - 1}")
+                    raise _outside(key, owner, c, n_chips)
         cached = tiles_cache.tiles[tiles] = (np.array(tiles, dtype=np.int64).reshape(n, m), len(tiles_cache.tiles))
     T, tiles_id = cached
     t_chip = np.full(k, -1, dtype=np.int64)
@@ -546,8 +551,7 @@ def _add_replicated(dag: OpDag, rep: Replicated, owner: str, n_chips: int, tiles
     if cached is None:
         for c in chips:
             if not (type(c) is int and 0 <= c < n_chips):
-                raise DagError(f"op {rep.key(c)!r} made by plugin '{owner}' is placed on chip {c!r}, "
-                               f"outside 0..{n_chips - 1}")
+                raise _outside(rep.key(c), owner, c, n_chips)
         column = np.array(chips, dtype=np.int64)
         order = np.argsort(column, kind="stable")
         ptr = np.zeros(n_chips + 1, dtype=np.int64)
@@ -571,6 +575,29 @@ def _tile_key(op, tile: tuple, lop: LogicalOp) -> str:
         return op.key
 
 
+class ReplicaSpill(DagError):
+    """A plugin placed an op outside the replica a symmetric build makes (condition 5 of
+    :mod:`g5core.build.symmetry`): the run falls back to every chip."""
+
+
+class _ReplicaChips(int):
+    """The chip count a symmetric build makes ops on (one replica: chips ``0 .. self - 1``),
+    which remembers the whole cluster's (``full``): a chip in between is a plugin placing an
+    op outside the replica, not a chip that does not exist."""
+
+    def __new__(cls, chips: int, full: int):
+        self = super().__new__(cls, chips)
+        self.full = full
+        return self
+
+
+def _outside(key: str, owner: str, chip, n_chips: int) -> DagError:
+    """The error for an op placed on ``chip``, outside ``0 .. n_chips - 1``."""
+    if type(chip) is int and n_chips <= chip < getattr(n_chips, "full", n_chips):
+        return ReplicaSpill(f"plugin '{owner}' placed op {key!r} outside the simulated replica")
+    return DagError(f"op {key!r} made by plugin '{owner}' is placed on chip {chip!r}, outside 0..{n_chips - 1}")
+
+
 def check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives: Mapping,
              on_slots: bool = False) -> None:
     """The one check of an op a plugin made (the build's, per op and per tiled template, and
@@ -592,28 +619,35 @@ def check_op(op, prefixes: tuple[str, str], owner: str, chips: int, primitives: 
                        f"{prefixes[0][:-1]!r}")
     for c in members:
         if not (type(c) is int and 0 <= c < chips):
-            where = f"in a tiled template is on slot {c!r}" if on_slots else f"is placed on chip {c!r}"
-            raise DagError(f"op {op.key!r} made by plugin '{owner}' {where}, outside 0..{chips - 1}")
+            if on_slots:
+                raise DagError(f"op {op.key!r} made by plugin '{owner}' in a tiled template is on slot {c!r}, "
+                               f"outside 0..{chips - 1}")
+            raise _outside(op.key, owner, c, chips)
 
 
 # ----------------------------------------------------------------------------------------
 # Size guard: the op and flow count, estimated before the DAG is built
 # ----------------------------------------------------------------------------------------
 
-#: Ops plus flows a run may build unless ``--max-ops`` says otherwise: about 1.1 GiB of
-#: memory and 22 s on the 2-core development machine (the figures below).
-DEFAULT_MAX_OPS = 8_000_000
+#: Ops plus flows a run may build unless ``--max-ops`` says otherwise: a refused run would
+#: take more than about 30 s. Measured (issue 25) on the 2-core development machine,
+#: 2026-12-01, CPU seconds of ``run(..., symmetry=False)`` (the machine was shared, load
+#: average 8 to 10, so wall times were 5 to 10 times these), two runs just under 8 M ops and
+#: flows (commands in README, "Benchmarks"): llama-3.1-70b 128K prefill on 1,792 H100s
+#: (tp8 cp16 dp14; 7,922,656 ops and flows) 37.6 s = 4.75 us each; deepseek-v3 32K decode on
+#: 1,792 H200s (tp2 ep32 dp896; 7,647,584) 17.5 s = 2.28 us each. At the faster of the two
+#: a run of 12 M takes 27 s, at the slower 57 s; 12 M ops and flows need about 1.7 GiB.
+DEFAULT_MAX_OPS = 12_000_000
 #: Peak memory per op or flow: the llama-3.1-405b 1M-token benchmark with every chip
 #: simulated (README, `benchmarks/bench.py`, case llama-3.1-405b-1m-cp16-256chips-nosym,
 #: 2026-12-01, median of three runs) peaks at 245 MiB for 1,169,568 ops + 612,864 flows =
 #: 144 B each (rounded up; larger runs need less each).
 PEAK_BYTES_PER_OP = 150
-#: Wall time per op or flow: the largest run measured, the last point of the scaling series
-#: (`python benchmarks/bench.py --scaling`, llama-3.1-70b on 2,048 H100s, every chip,
-#: 2026-12-01): 15.30 s / 9,054,464 = 1.69 us, the slowest per op and flow from 0.5 M up
-#: (the 405B run above: 2.51 s / 1,782,432 = 1.41 us; the wide-EP decode on 1,024 chips:
-#: 3.72 s / 4,370,048 = 0.85 us).
-WALL_S_PER_OP = 1.7e-6
+#: Time per op or flow for the estimate the guard prints: the slower of the two runs above
+#: (4.75 us, rounded up), so that "about N s" is not an underestimate on a shared machine;
+#: on an idle one the scaling series' largest run took 1.69 us (15.30 s for 9,054,464,
+#: `python benchmarks/bench.py --scaling`, llama-3.1-70b on 2,048 H100s).
+WALL_S_PER_OP = 4.8e-6
 
 
 @attrs.frozen
@@ -676,6 +710,31 @@ def _refuse(est: "SizeEstimate", limit: int, exact: bool) -> None:
                         f"use fewer chips or layers, or raise the limit with --max-ops {est.total}")
 
 
+def _check_placed_floor(plan: Plan, limit: int) -> None:
+    """Refuse at once a run whose ops alone are certainly above ``limit``: every chip a
+    layer's work op (not a synchronisation kind) is placed on runs at least one op of it, so
+    the sum over the layers' work ops of the chips they are placed on is a floor on the op
+    count. Found from the
+    placements (set operations over the chips, once per alike layer), before any op is
+    made: a run too large for the guard's own expansion is refused in about a second."""
+    ctx = plan.ctx
+    layers: dict[int, list[LogicalOp]] = {}
+    for lop in build_program(ctx.model):
+        if 0 <= lop.layer < ctx.model.n_layers:
+            layers.setdefault(lop.layer, []).append(lop)
+    floor = 0
+    seen: dict[tuple, int] = {}
+    for layer, lops in layers.items():
+        chips = ctx.layer_chips(layer)
+        kind = (tuple(lop.kind for lop in lops), chips)
+        if kind not in seen:
+            # a work op placed on a chip makes at least one op there (_check_floor's premise)
+            seen[kind] = sum(len(ctx.place(lop)) for lop in lops if lop.kind not in SYNC_KINDS)
+        floor += seen[kind]
+    if floor > limit:
+        _refuse(SizeEstimate(ops=floor, flows=0), limit, exact=False)
+
+
 def estimate_size(plan: Plan, program: tuple[LogicalOp, ...] | None = None) -> SizeEstimate:
     """Ops and flows :func:`build_dag` would make, from the same expansion hooks and lowerings,
     without building the DAG: one layer of each kind (the same sequence of logical ops, on
@@ -729,12 +788,17 @@ def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1, cycles
     """Refuse, before building anything, a run above ``max_ops`` ops and flows together
     (default :data:`DEFAULT_MAX_OPS`), stating the estimate and the memory it would need.
     With ``replicas > 1`` one of that many identical replicas is simulated (g5core.build.symmetry):
-    its share is what counts. A micro-batched step counts one whole step per micro-batch
+    its share is what counts, estimated from the reduced plan (the cost of the check does
+    not grow with the replicas). A micro-batched step counts one whole step per micro-batch
     (and per decode cycle, ``cycles`` of them, each with its token return): an upper bound,
     as a prompt chunk before the last has no LM head and the first cycle returns no tokens."""
     limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
     if limit > ID_LIMIT:
         raise ConfigError("--max-ops", f"must be at most {ID_LIMIT:,} (op and flow ids are 32-bit), got {limit:,}")
+    if replicas > 1:
+        # one replica, the one the symmetric run builds: chips 0 .. chips/replicas - 1
+        plan = attrs.evolve(plan, ctx=plan.ctx.restricted(tuple(range(plan.ctx.rankmap.chips // replicas))))
+    _check_placed_floor(plan, limit)
     mb = plan.microbatches
     program = build_program(plan.ctx.model)
     if mb is not None and mb.cycles_apply:   # each step of a cycling micro-batch gets its tokens back
@@ -744,7 +808,7 @@ def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1, cycles
         copies = mb.count * (cycles if mb.cycles_apply else 1)
         est = SizeEstimate(ops=est.ops * copies, flows=est.flows * copies)
     if replicas > 1:
-        est = SizeEstimate(ops=est.ops // replicas, flows=est.flows // replicas, replicas=replicas)
+        est = attrs.evolve(est, replicas=replicas)
     if est.total > limit:
         _refuse(est, limit, exact=True)
     return est

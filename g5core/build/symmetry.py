@@ -92,20 +92,9 @@ def plan_symmetry(ctx, off_reason: Optional[str] = None) -> Symmetry:
     k = rm.size(dim)
     size = rm.chips // k
     sym = Symmetry(replicas=k, dimension=dim, slice_chips=size)
-    slices = rm.groups(dim)
-    # 1. the slices are contiguous runs of chips: chip c is in slice c // size
-    for g in slices:
-        for chip in g:
-            if rm.group_of(dim, chip) != g or rm.rank_in(dim, chip) != chip // size:
-                return sym.refused(f"the {dim} replicas are not contiguous runs of chips ({dim} is not the "
-                                   f"outermost dimension)")
-    # 2. no other dimension's group spans two slices
-    for other in rm.dims:
-        if other == dim:
-            continue
-        for g in rm.groups(other):
-            if len({c // size for c in g}) > 1:
-                return sym.refused(f"{other} group {list(g)[:8]} spans several {dim} replicas")
+    refused = _slices_refused(ctx, dim, size)
+    if refused:
+        return sym.refused(refused)
     # 3. no shared fabric tier
     if topo.nodes_per_leaf:
         return sym.refused(f"the system's fabric is {topo.oversubscription:g}:1 oversubscribed: replicas share "
@@ -116,6 +105,40 @@ def plan_symmetry(ctx, off_reason: Optional[str] = None) -> Symmetry:
         return sym.refused(f"a replica of {size} chips is neither a multiple nor a divisor of the "
                            f"{cpn} chips of a node")
     return sym
+
+
+def _slices_refused(ctx, dim: str, size: int) -> Optional[str]:
+    """Conditions 1 and 2, from the rank map's structure (chip ids are mixed-radix numbers
+    over the factor dimensions, outermost first: :mod:`g5core.build.rankmap`): a factor
+    dimension's slices are contiguous runs of chips exactly when every factor outside it
+    has size 1; a factor dimension's group varies in its own coordinate only, so it lies
+    in one slice; only a regrouping dimension that regroups over ``dim`` can span slices,
+    and its groups are checked (numpy, no Python step per chip)."""
+    rm = ctx.rankmap
+    by_name = {d.name: d for d in ctx.dims.dims}
+    # 1. the slices are contiguous runs of chips: chip c is in slice c // size
+    if dim in rm.factor_names:
+        outer = rm.factor_names[:rm.factor_names.index(dim)]
+        contiguous = all(rm.size(o) == 1 for o in outer)
+    else:  # not a mixed-radix coordinate: look at every chip
+        contiguous = all(rm.group_of(dim, chip) == g and rm.rank_in(dim, chip) == chip // size
+                         for g in rm.groups(dim) for chip in g)
+    if not contiguous:
+        return f"the {dim} replicas are not contiguous runs of chips ({dim} is not the outermost dimension)"
+    # 2. no other dimension's group spans two slices
+    for other in rm.dims:
+        if other == dim:
+            continue
+        d = by_name.get(other)
+        if d is not None and d.factor and dim in rm.factor_names:
+            continue  # varies in its own coordinate only
+        if d is not None and not d.factor and dim not in d.regroups and dim in rm.factor_names:
+            continue  # its buckets fix the coordinate of dim
+        groups = rm.group_array(other) // size
+        spans = np.flatnonzero((groups != groups[:, :1]).any(axis=1))
+        if len(spans):
+            return f"{other} group {list(rm.groups(other)[int(spans[0])])[:8]} spans several {dim} replicas"
+    return None
 
 
 def check_reduced_dag(sym: Symmetry, dag) -> Optional[str]:
@@ -153,6 +176,18 @@ def _shift_resource(topo: Topology, r: int, chips: int) -> int:
     return r + 2 * (chips // topo.chips_per_node) * topo.nics_per_node
 
 
+def representative_replicas(sym: Symmetry, topo: Topology) -> list[int]:
+    """The replicas whose lowerings condition 6 compares with replica 0's: one per offset
+    of a replica inside a node, one a whole node further, and the last. Without a fabric
+    tier (condition 3) the topology repeats node by node (the same chips, links and NICs
+    on every node: :class:`Topology`), so a replica moved by whole nodes meets the same
+    resources moved alike; the replicas between repeat these."""
+    k = sym.replicas
+    per_node = max(1, topo.chips_per_node // sym.slice_chips) if sym.slice_chips < topo.chips_per_node else 1
+    picked = set(range(1, min(k, 2 * per_node + 1))) | {k - 1}
+    return sorted(r for r in picked if 0 < r < k)
+
+
 def check_resources(sym: Symmetry, dag, compiled, plan) -> Optional[str]:
     """Condition 6: the reason slice 0's traffic is not private and alike in every slice, or None."""
     from g5core.sim.collective import lower_op
@@ -177,7 +212,7 @@ def check_resources(sym: Symmetry, dag, compiled, plan) -> Optional[str]:
         first, last = compiled.flow_ptr[i], compiled.flow_ptr[i + 1]
         mine = [(compiled.flow_src[f], compiled.flow_dst[f], compiled.flow_bytes[f], compiled.flow_ports[f])
                 for f in range(first, last)]
-        for k in range(1, sym.replicas):
+        for k in representative_replicas(sym, topo):
             shift = k * size
             moved = attrs.evolve(op, group=tuple(c + shift for c in op.group))
             low, flows = lower_op(moved, plan.primitives, topo)

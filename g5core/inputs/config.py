@@ -377,6 +377,8 @@ def load_config_file(path: str | pathlib.Path) -> dict:
         raise duplicate_key_error("", str(p), exc) from None
     except (ValueError, tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
         raise ConfigError("", f"{p}: not valid {suffix.lstrip('.') or 'YAML'}: {exc}".replace("\n", " ")) from None
+    except RecursionError:  # tomllib recurses per level of nesting (YAML and JSON are bounded first)
+        raise ConfigError("", f"{p}: nested too deep to read; G5's files nest a few levels, check the file") from None
     if not isinstance(data, dict):
         raise ConfigError("", f"{p}: the top level must be a mapping of keys to values")
     return data

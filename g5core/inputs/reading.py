@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -33,6 +34,10 @@ MAX_TOKENS = 2 ** 48
 MAX_CHIPS = 2 ** 24
 #: any one size in a model file (hidden size, layers, heads, experts, vocabulary, ...)
 MAX_MODEL_DIM = 2 ** 24
+#: mappings and lists nested inside one another in an input file (G5's deepest file, a
+#: system file's ``nccl`` block, nests 3 deep; PyYAML and ``json`` recurse per level and
+#: would run out of stack near 1000)
+MAX_NESTING = 64
 
 LIMITS: dict[str, tuple[float, float, str]] = {
     # kind: (lowest, highest, how to say it)
@@ -42,6 +47,10 @@ LIMITS: dict[str, tuple[float, float, str]] = {
     "bytes": (2 ** 20, 2 ** 50, "bytes"),                  # memory of one chip, 1 MiB .. 1 PiB
     "chips_per_node": (1, 2 ** 16, "chips"),
     "fraction": (1e-3, 1.0, "a fraction"),                 # an efficiency
+    # the size-aware roofline (a system file's compute_model block)
+    "tile": (1, 2 ** 12, "elements of a GEMM tile side"),  # CUTLASS tiles are 16 .. 256
+    "sm_count": (1, 2 ** 16, "streaming multiprocessors"), # an H100 has 132, a B200 148
+    "tokens": (1, MAX_SEQ_LEN, "tokens"),                  # a length in tokens, as seq_len
 }
 
 
@@ -103,9 +112,31 @@ def read_text(path, field: str, what: str) -> str:
     return text
 
 
+class NestingError(yaml.YAMLError):
+    """A YAML document nested deeper than MAX_NESTING."""
+
+    def __init__(self, mark):
+        self.problem_mark = mark
+        self.problem = (f"mappings and lists nested more than {MAX_NESTING} deep; "
+                        "G5's files nest a few levels, check the file")
+        super().__init__(self.problem)
+
+
 class UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's SafeLoader, except that a key given twice in one mapping is an error
-    (PyYAML would silently keep the last one)."""
+    (PyYAML would silently keep the last one), and a document nested deeper than
+    MAX_NESTING is an error (PyYAML composes nodes recursively: it would exhaust the stack)."""
+
+    _depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_NESTING:
+                raise NestingError(self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -148,10 +179,27 @@ def _no_duplicate_pairs(pairs):
     return out
 
 
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_JSON_BRACKET = re.compile(r"[\[\]{}]")
+
+
+def check_json_nesting(text: str) -> None:
+    """ValueError if the JSON text nests arrays and objects deeper than MAX_NESTING
+    (``json`` recurses per level; one pass over the brackets outside strings)."""
+    depth = 0
+    for m in _JSON_BRACKET.finditer(_JSON_STRING.sub("", text)):
+        depth += 1 if m.group() in "[{" else -1
+        if depth > MAX_NESTING:
+            raise ValueError(f"arrays and objects nested more than {MAX_NESTING} deep; "
+                             "G5's files nest a few levels, check the file")
+
+
 def load_json(text: str):
-    """``json.loads`` that refuses duplicate keys and the non-standard NaN/Infinity."""
+    """``json.loads`` that refuses duplicate keys, the non-standard NaN/Infinity and nesting
+    deeper than MAX_NESTING."""
     def bad_constant(name):
         raise ValueError(f"{name} is not a JSON number")
+    check_json_nesting(text)
     return json.loads(text, object_pairs_hook=_no_duplicate_pairs, parse_constant=bad_constant)
 
 

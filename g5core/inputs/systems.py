@@ -10,6 +10,7 @@ is as good as a shipped one. Every figure is per chip; bandwidths are per direct
 """
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 import re
@@ -188,7 +189,7 @@ def _efficiency_map(instance, attribute, value) -> None:
                missing=f"missing; efficiency needs all of {', '.join(EFFICIENCY_KEYS)} (each a fraction in (0, 1])")
     for key in EFFICIENCY_KEYS:
         v = value[key]
-        if not _is_number(v) or not math.isfinite(v) or not (0 < v <= 1):
+        if not _finite_number(v) or not (0 < v <= 1):
             raise ConfigError(f"{field}.{key}", f"expected a fraction in (0, 1], got {_describe(v)}")
         check_range(f"{field}.{key}", v, "fraction")
 
@@ -231,13 +232,18 @@ def _fabric_map(instance, attribute, value) -> None:
         return
     check_keys(value, field, FABRIC_KEYS, FABRIC_KEYS, missing=f"missing; a fabric tier needs both {' and '.join(FABRIC_KEYS)}")
     n = value["nodes_per_leaf"]
-    if not _is_number(n) or not math.isfinite(n) or n != int(n) or not 1 <= n <= 2 ** 24:
+    if not _finite_number(n) or n != int(n) or not 1 <= n <= 2 ** 24:
         raise ConfigError(f"{field}.nodes_per_leaf", f"expected a whole number of nodes in 1 .. 2^24, got {_describe(n)}")
     o = value["oversubscription"]
-    if not _is_number(o) or not math.isfinite(o) or not 1 <= o <= MAX_OVERSUBSCRIPTION:
+    if not _finite_number(o) or not 1 <= o <= MAX_OVERSUBSCRIPTION:
         raise ConfigError(f"{field}.oversubscription",
                           f"expected a number in 1 .. {MAX_OVERSUBSCRIPTION:g} (1: full bisection, 2: 2:1 "
                           f"oversubscribed), got {_describe(o)}")
+
+
+#: the first CUDA compute capability whose NVSwitch reduces in place (NVLS: Hopper, 9.0;
+#: NCCL enables NVLS only from sm90, and its NVLS efficiency table is zero below it)
+NVLS_COMPUTE_CAPABILITY = 9.0
 
 
 def _to_frozen_nested_map(value: Any) -> Any:
@@ -265,17 +271,21 @@ FLOOR_KEYS = ("gemm", "attention", "decode_attention", "elementwise")
 
 
 def _cm_fraction(field: str, v) -> float:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (isinstance(v, int) or math.isfinite(v)) \
+            or not 0 < v <= 1:
         raise ConfigError(field, f"expected a fraction in (0, 1], got {v!r}")
+    check_range(field, v, "fraction")
     return float(v)
 
 
-def _cm_positive(field: str, v, integer: bool = False) -> float:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0
-    if ok and integer and float(v) != int(v):
+def _cm_positive(field: str, v, kind: str, integer: bool = False) -> float:
+    """A positive number of the compute_model block, inside its range (``LIMITS[kind]``)."""
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (isinstance(v, int) or math.isfinite(v)) and v > 0
+    if ok and integer and not isinstance(v, int) and not float(v).is_integer():
         ok = False
     if not ok:
         raise ConfigError(field, f"expected a positive {'integer' if integer else 'number'}, got {v!r}")
+    check_range(field, v, kind)
     return int(v) if integer else float(v)
 
 
@@ -320,19 +330,21 @@ class ComputeModel:
             if key not in floors:
                 raise ConfigError(f"{field}.kernel_floor_s.{key}", f"missing; give all of {', '.join(FLOOR_KEYS)}")
             v = floors[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (isinstance(v, int) or math.isfinite(v)) \
+                    or v < 0:
                 raise ConfigError(f"{field}.kernel_floor_s.{key}", f"expected seconds >= 0, got {v!r}")
+            check_range(f"{field}.kernel_floor_s.{key}", v, "seconds")
             out[key] = float(v)
         return cls(
             gemm_peak_fraction=tuple(sorted((str(k), _cm_fraction(f"{field}.gemm_peak_fraction.{k}", v))
                                             for k, v in peaks.items())),
-            gemm_tile_m=_cm_positive(f"{field}.gemm_tile_m", data["gemm_tile_m"], True),
-            gemm_tile_n=_cm_positive(f"{field}.gemm_tile_n", data["gemm_tile_n"], True),
-            gemm_tile_k=_cm_positive(f"{field}.gemm_tile_k", data["gemm_tile_k"], True),
-            sm_count=_cm_positive(f"{field}.sm_count", data["sm_count"], True),
+            gemm_tile_m=_cm_positive(f"{field}.gemm_tile_m", data["gemm_tile_m"], "tile", True),
+            gemm_tile_n=_cm_positive(f"{field}.gemm_tile_n", data["gemm_tile_n"], "tile", True),
+            gemm_tile_k=_cm_positive(f"{field}.gemm_tile_k", data["gemm_tile_k"], "tile", True),
+            sm_count=_cm_positive(f"{field}.sm_count", data["sm_count"], "sm_count", True),
             attention_peak_fraction=_cm_fraction(f"{field}.attention_peak_fraction", data["attention_peak_fraction"]),
             attention_half_length_tokens=_cm_positive(f"{field}.attention_half_length_tokens",
-                                                      data["attention_half_length_tokens"]),
+                                                      data["attention_half_length_tokens"], "tokens"),
             hbm_fraction=_cm_fraction(f"{field}.hbm_fraction", data["hbm_fraction"]),
             kernel_floor_s=tuple((k, out[k]) for k in FLOOR_KEYS),
         )
@@ -476,6 +488,10 @@ class SystemSpec:
             if unused:
                 raise ConfigError("system.nic_of_chip", f"no chip uses NIC {unused[0]}; every NIC of nics_per_node "
                                                         "needs at least one chip (or lower nics_per_node)")
+        if self.nvls and self.compute_capability is not None and self.compute_capability < NVLS_COMPUTE_CAPABILITY:
+            raise ConfigError("system.nvls", f"NVLS (NVLink SHARP) needs compute capability "
+                                             f"{NVLS_COMPUTE_CAPABILITY:.1f} or newer (Hopper), and compute_capability is "
+                                             f"{self.compute_capability:.1f}; set nvls: false")
 
     @property
     def nics(self) -> int:
@@ -561,7 +577,17 @@ class SystemSpec:
     def from_yaml(cls, path) -> SystemSpec:
         """Load one system from a YAML file (shipped or user-written: same checks)."""
         path = Path(path)
-        return cls._from_text(read_text(path, "system", "system file"), str(path))
+        real = os.path.realpath(path)
+        chain = _BASE_CHAIN.get()
+        if real in (r for r, _ in chain):
+            names = [given for _, given in chain] + [str(path)]
+            raise ConfigError("system.base", f"the base: chain loops back to a file it started from: "
+                                             f"{' -> '.join(names)}; end the chain at a file without base:")
+        token = _BASE_CHAIN.set(chain + ((real, str(path)),))
+        try:
+            return cls._from_text(read_text(path, "system", "system file"), str(path))
+        finally:
+            _BASE_CHAIN.reset(token)
 
     @classmethod
     def _from_text(cls, text: str, source: str) -> SystemSpec:
@@ -583,6 +609,10 @@ class SystemSpec:
         if "base" in data:
             data = _with_base(data, source)
         return cls.from_dict(data, source=source)
+
+
+#: the system files being read through ``base:`` (real path, path as given), outermost first
+_BASE_CHAIN: contextvars.ContextVar = contextvars.ContextVar("g5_system_base_chain", default=())
 
 
 def _with_base(data: Mapping, source: str) -> dict:

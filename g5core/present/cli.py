@@ -76,20 +76,27 @@ def _check_max_ops(max_ops) -> None:
 @config_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
 @click.option("--trace", "trace_path", help="Write a Perfetto/Chrome trace here.")
+@click.option("--trace-layers", "trace_layers",
+              help="Draw only these layers in the trace, e.g. 0-3 or 0-1,80 (a 100-layer trace of many chips is "
+                   "too big for Perfetto's UI).")
 @click.option("--timeline", "timeline_path",
               help="Write every op's start and end (and chips, owner, reason, bytes) as CSV here.")
 @click.option("--compare-math", is_flag=True, help="Also compute the closed-form Math path and show both.")
 @click.option("--no-symmetry", is_flag=True,
               help="Simulate every chip, even where identical replicas could be simulated once.")
 @_max_ops_option
-def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, compare_math, no_symmetry, max_ops):
+def run_cmd(config, overrides, disabled, as_json, trace_path, trace_layers, timeline_path, compare_math, no_symmetry,
+            max_ops):
     """Simulate one configuration (prefill: TTFT; decode: TPOT)."""
     from g5core.present.caveats import deployment_warnings
     from g5core.present.outputs import check_outputs
     from g5core.sim.run import input_files, load_raw, run
-    from g5core.present.trace import dump_timeline, dump_trace
+    from g5core.present.trace import dump_timeline, dump_trace, parse_layers
 
     _check_max_ops(max_ops)
+    if trace_layers is not None and not trace_path:
+        raise ConfigError("--trace-layers", "selects the layers of the trace; give --trace FILE too")
+    layers = None if trace_layers is None else parse_layers(trace_layers)
     raw = load_raw(config, overrides)
     targets = check_outputs({"--trace": trace_path, "--timeline": timeline_path}, input_files(config, raw))
     if targets and raw.get("path") == "math":
@@ -102,17 +109,18 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, timeline_path, com
         click.echo(f"g5: warning: {line}", err=True)
     write_error = None
     if targets:
-        try:
-            targets.write({"--trace": lambda fh: dump_trace(out.sim, out.plan.ctx.topology, fh),
-                           "--timeline": lambda fh: dump_timeline(out.sim, fh)})
-        except G5Error as exc:  # the run is done: show its result, then the failed write
-            write_error, trace_path, timeline_path = exc, None, None
+        # each file on its own: a trace too large for the disk leaves the timeline written
+        written, write_error = targets.write_each({
+            "--trace": lambda fh: dump_trace(out.sim, out.plan.ctx.topology, fh, layers),
+            "--timeline": lambda fh: dump_timeline(out.sim, fh)})
+        trace_path = trace_path if "--trace" in written else None
+        timeline_path = timeline_path if "--timeline" in written else None
     if as_json:
         click.echo(json.dumps(out.to_json_dict(), indent=2, sort_keys=True, allow_nan=False))
     else:
         click.echo(render_summary(out, trace_path, timeline_path))
     if write_error is not None:
-        _fail(G5Error(f"{write_error}; nothing was written"))
+        _fail(write_error)
 
 
 @main.command("explain")
@@ -521,12 +529,16 @@ def validate_cmd(measured, overrides, as_json):
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="System file to write (never overwritten).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
-def calibrate_cmd(measured, fit, output, as_json):
+@click.option("--force", is_flag=True,
+              help="Write the file even when its leave-one-out error is worse than the prior's.")
+def calibrate_cmd(measured, fit, output, as_json, force):
     """Fit system parameters to MEASURED.csv by bounded least squares on log error."""
     from g5core.study.validate import calibrate
-    report = calibrate(measured, fit.split(","), output, say=lambda line: click.echo(line, err=True)
-                       if sys.stderr.isatty() else None)
-    click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_calibrate(report))
+
+    def show(report):  # the fit, printed before the file is written (a failed write keeps it)
+        click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_calibrate(report))
+    calibrate(measured, fit.split(","), output, say=lambda line: click.echo(line, err=True)
+              if sys.stderr.isatty() else None, force=force, show=show)
 
 
 if __name__ == "__main__":  # pragma: no cover

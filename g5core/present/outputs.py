@@ -16,6 +16,9 @@ target file is written and the link stays a link.
 :meth:`OutputTargets.write` writes every file to a temporary name in its own folder first
 and renames them into place only when all of them were written, so a failed write leaves
 none of the requested files changed and no temporary file behind.
+:meth:`OutputTargets.write_each` writes each file on its own, as atomically: where the
+outputs are independent (``g5 run --trace`` and ``--timeline``), one that cannot be written
+(a full file system under a large trace) does not keep the others from being written.
 """
 from __future__ import annotations
 
@@ -149,6 +152,28 @@ class OutputTargets:
             for _, tmp in staged:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
+
+
+    def write_each(self, writers: Mapping[str, Callable], binary: bool = False
+                   ) -> tuple[list[str], Optional[OutputError]]:
+        """Write every target on its own (each atomically: a temporary file, then a rename),
+        so that one that fails (a full file system under a large trace) leaves that file
+        unchanged and the others still written. Returns the options written and, when some
+        failed, one OutputError naming them and what was written."""
+        written, failed = [], []
+        for t in self.targets:
+            try:
+                OutputTargets((t,)).write({t.option: writers[t.option]}, binary)
+            except OutputError as exc:
+                failed.append(exc)
+            else:
+                written.append(t.option)
+        if not failed:
+            return written, None
+        done = (f"; {', '.join(written)} {'was' if len(written) == 1 else 'were'} written" if written
+                else "; nothing was written")
+        first = str(failed[0])[len(failed[0].option) + 2:]   # its message, without "option: "
+        return written, OutputError(failed[0].option, "; ".join([first] + [str(e) for e in failed[1:]]) + done)
 
 
 def _stage(t: OutputTarget, dump: Callable, binary: bool = False) -> str:

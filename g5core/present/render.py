@@ -134,7 +134,7 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
         lines.extend(render_compute(report))
     mem = out.memory
     lines.append("")
-    worst = max(mem.per_chip, key=lambda c: (c.total_bytes, -c.chip))
+    worst = mem.worst()
     lines.append(f"memory per chip (largest: chip {worst.chip})")
     lines.append(table([[
         fmt_bytes(worst.weights_bytes), fmt_bytes(worst.kv_cache_bytes), fmt_bytes(worst.activation_bytes),
@@ -234,6 +234,7 @@ def render_validate(report: dict) -> str:
 
 
 def render_calibrate(report: dict) -> str:
+    from g5core.study.validate import describe_suspect
     lines = [f"fitted on system {report['system']} (bounded least squares on log error):"]
     for k, v in report["fitted"].items():
         note = "  NOT identifiable from these rows (no row depends on it)" if k in report["unidentifiable"] else ""
@@ -243,9 +244,12 @@ def render_calibrate(report: dict) -> str:
             + ([f"{r['loo_error_pct']:+.2f}%"] if has_loo else []) for r in report["rows"]]
     lines += ["", table(rows, ["row", "config", "measured ms", "fitted ms", "residual"]
                          + (["leave-one-out"] if has_loo else [])), ""]
-    lines.append(f"rms log error {report['rms_log_error']:.4f}"
-                 + (f"; leave-one-out MAPE {report['loo_mape_pct']:.2f}%" if has_loo else ""))
-    lines.append(f"written to {report['output']}")
+    lines.append(f"rms log error {report['rms_log_error']:.4f}; MAPE {report['mape_pct']:.2f}% in sample "
+                 f"(prior {report['prior_mape_pct']:.2f}%)"
+                 + (f", leave-one-out {report['loo_mape_pct']:.2f}%" if has_loo else ""))
+    for s in report["suspect"]:
+        lines.append(f"suspect: {describe_suspect(s)}")
+    lines.append(f"writing {report['output']}" if report["written"] else f"not written: {report['refused']}")
     return "\n".join(lines)
 
 

@@ -232,8 +232,27 @@ def exact_sum(values) -> float:
 
 def exact_sum_repeated(pairs) -> float:
     """:func:`exact_sum` of every value ``v`` repeated ``n`` times, for ``(v, n)`` in
-    ``pairs`` (in that order), without making the list."""
-    return exact_sum(_Repeated(pairs))
+    ``pairs``, in time independent of the ``n`` (a run's sums over many alike replicas).
+
+    The exact sum is formed in integers (every finite double is an integer times a power of
+    two) and rounded once, by Python's correctly rounded integer division: the value
+    ``math.fsum`` gives for the repeated list, which is the exact sum correctly rounded."""
+    pairs = list(pairs)
+    num, shift = 0, 0          # the sum is num / 2**shift
+    try:
+        for v, n in pairs:
+            p, q = float(v).as_integer_ratio()
+            k = q.bit_length() - 1   # q is a power of two
+            if k > shift:
+                num <<= k - shift
+                shift = k
+            num += (p * int(n)) << (shift - k)
+    except (OverflowError, ValueError):   # inf or NaN among the values: as fsum would say
+        return exact_sum(_Repeated(pairs))
+    try:
+        return num / (1 << shift) if shift else float(num)
+    except OverflowError:     # beyond the largest double: inf, as a plain sum would be
+        return math.inf if num > 0 else -math.inf
 
 
 class _Repeated:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import attrs
+import numpy as np
 
 from g5core.api.errors import PluginError
 from g5core.api.records import CATEGORIES, MemoryTerm
@@ -86,28 +87,69 @@ class ChipMemory:
     fits: bool
 
 
-@attrs.frozen
+@attrs.frozen(eq=False)
 class MemoryReport:
-    per_chip: tuple[ChipMemory, ...]
+    """Every chip's ledger, stored as one array per column (``weights_bytes``, ...,
+    ``total_bytes``, by chip id); ``per_chip`` makes the :class:`ChipMemory` rows on first use."""
+
+    columns: Mapping[str, np.ndarray] = attrs.field(repr=False)
     terms: tuple[MemoryTerm, ...]
+    capacity_bytes: int = 0
+    _rows: list = attrs.field(factory=list, repr=False)  # per_chip, once made
+
+    COLUMNS = ("weights_bytes", "kv_cache_bytes", "activation_bytes", "workspace_bytes", "total_bytes")
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, MemoryReport):
+            return NotImplemented
+        return (self.terms == other.terms and self.capacity_bytes == other.capacity_bytes
+                and all(np.array_equal(self.columns[k], other.columns[k]) for k in self.COLUMNS))
+
+    __hash__ = None
+
+    @property
+    def per_chip(self) -> tuple[ChipMemory, ...]:
+        if not self._rows:
+            cap = self.capacity_bytes
+            cols = [self.columns[k].tolist() for k in self.COLUMNS]
+            self._rows.append(tuple(
+                ChipMemory(chip=c, weights_bytes=w, kv_cache_bytes=kv, activation_bytes=a, workspace_bytes=ws,
+                           total_bytes=tot, capacity_bytes=cap, fits=tot <= cap)
+                for c, (w, kv, a, ws, tot) in enumerate(zip(*cols))))
+        return self._rows[0]
+
+    @property
+    def chips(self) -> int:
+        return len(self.columns["total_bytes"])
 
     @property
     def max_total_bytes(self) -> float:
-        return max(c.total_bytes for c in self.per_chip)
+        return float(self.columns["total_bytes"].max())
 
     @property
     def fits(self) -> bool:
-        return all(c.fits for c in self.per_chip)
+        return bool((self.columns["total_bytes"] <= self.capacity_bytes).all())
+
+    def worst(self) -> ChipMemory:
+        """The chip with the largest total (the lowest id among equals)."""
+        return self.row(int(np.argmax(self.columns["total_bytes"])))
+
+    def row(self, chip: int) -> ChipMemory:
+        """One chip's ledger (without making every row)."""
+        w, kv, a, ws, tot = (float(self.columns[k][chip]) for k in self.COLUMNS)
+        return ChipMemory(chip=chip, weights_bytes=w, kv_cache_bytes=kv, activation_bytes=a, workspace_bytes=ws,
+                          total_bytes=tot, capacity_bytes=self.capacity_bytes, fits=tot <= self.capacity_bytes)
 
     def shortfall_summary(self) -> str:
         """'' when every chip fits, else 'does not fit by X GiB on chips ...'."""
-        over = [c for c in self.per_chip if not c.fits]
-        if not over:
+        total = self.columns["total_bytes"]
+        over = np.flatnonzero(total > self.capacity_bytes)
+        if not len(over):
             return ""
-        worst = max(c.total_bytes - c.capacity_bytes for c in over)
-        chips = _ranges([c.chip for c in over])
+        worst = float((total[over] - self.capacity_bytes).max())
+        chips = _ranges(over.tolist())
         where = f"chips {chips}" if len(over) > 1 else f"chip {chips}"
-        return f"does not fit by {worst / GIB:.2f} GiB on {where} (of {over[0].capacity_bytes / GIB:.1f} GiB each)"
+        return f"does not fit by {worst / GIB:.2f} GiB on {where} (of {self.capacity_bytes / GIB:.1f} GiB each)"
 
     def to_json_dict(self) -> dict:
         return {
@@ -160,18 +202,46 @@ def weight_bytes_by_chip(ctx, kinds=None) -> tuple[dict[int, float], dict[int, l
 
 
 def core_terms(ctx) -> list[MemoryTerm]:
-    """Weights, KV cache and activations from the sharded shapes and the layers each chip holds."""
+    """Weights, KV cache and activations from the sharded shapes and the layers each chip holds.
+
+    Chips that hold the same layers hold the same bytes: the chips are grouped by the
+    layers they hold (numpy, from the distinct chip sets of the layers) and each term is
+    worked out once per group, in the same order of additions as chip by chip
+    (:func:`weight_bytes_by_chip` is the chip-by-chip form)."""
+    from g5core.build.layers import WEIGHT_CLASS, build_program, weight_elements
+
     m, dep, s = ctx.model, ctx.deployment, ctx.shape
-    weights, layers_on = weight_bytes_by_chip(ctx)
+    n = ctx.rankmap.chips
+    per_layer: dict[int, float] = {}
+    for lop in build_program(m):
+        wclass = WEIGHT_CLASS.get(lop.kind, "default")
+        per_layer[lop.layer] = per_layer.get(lop.layer, 0.0) + (
+            weight_elements(lop.kind, m, s) * dep.dtypes.weight_element_bytes(wclass))
+    sets: dict[tuple, int] = {}
+    set_of_layer: dict[int, int] = {}
+    for layer in per_layer:
+        set_of_layer[layer] = sets.setdefault(ctx.layer_chips(layer), len(sets))
+    member = np.zeros((len(sets), n), dtype=bool)
+    for chips, j in sets.items():
+        member[j, np.asarray(chips, dtype=np.int64)] = True
+    groups, inverse = np.unique(member.T, axis=0, return_inverse=True) if n else \
+        (np.zeros((0, len(sets)), dtype=bool), np.zeros(0, dtype=np.int64))
+    inverse = np.asarray(inverse).reshape(-1)
     c_kv = m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)
-    # decode micro-batches cycling through the pipeline each keep their sequences' KV
-    kv = {c: ctx.resident_batches * kv_bytes_on(m, dep, s, c_kv, layers_on[c]) for c in ctx.all_chips}
-    acts = {c: activation_peak_bytes(ctx, layers_on[c]) for c in ctx.all_chips}
-    return [
-        MemoryTerm("weights", "weights", weights),
-        MemoryTerm("kv_cache", "kv_cache", kv),
-        MemoryTerm("activations", "activations", acts),
-    ]
+    w_g, kv_g, act_g = [], [], []
+    for row in groups:
+        weights, layers_on = 0.0, []
+        for layer, nbytes in per_layer.items():
+            if row[set_of_layer[layer]]:
+                weights += nbytes
+                if 0 <= layer < m.n_layers:
+                    layers_on.append(layer)
+        w_g.append(weights)
+        # decode micro-batches cycling through the pipeline each keep their sequences' KV
+        kv_g.append(ctx.resident_batches * kv_bytes_on(m, dep, s, c_kv, layers_on))
+        act_g.append(activation_peak_bytes(ctx, layers_on))
+    return [MemoryTerm.from_vector(name, name, np.asarray(values, dtype=float)[inverse])
+            for name, values in (("weights", w_g), ("kv_cache", kv_g), ("activations", act_g))]
 
 
 def memory_report(ctx) -> MemoryReport:
@@ -193,16 +263,13 @@ def memory_report(ctx) -> MemoryReport:
                     raise PluginError(plugin, f"memory term {term.name!r} exceeds the {term.part_of!r} it is part of")
             terms.append(term)
     cap = ctx.system.hbm_capacity_bytes
-    per_chip = []
-    for c in ctx.all_chips:
-        by_cat = {k: 0.0 for k in CATEGORIES}
-        for t in terms:
-            if not t.part_of:
-                by_cat[t.category] += t.on(c)
-        total = sum(by_cat.values())
-        per_chip.append(ChipMemory(
-            chip=c, weights_bytes=by_cat["weights"], kv_cache_bytes=by_cat["kv_cache"],
-            activation_bytes=by_cat["activations"], workspace_bytes=by_cat["workspace"],
-            total_bytes=total, capacity_bytes=cap, fits=total <= cap,
-        ))
-    return MemoryReport(per_chip=tuple(per_chip), terms=tuple(terms))
+    n = ctx.rankmap.chips
+    # per category, the terms added in their order (as chip by chip: the same sums)
+    by_cat = {k: np.zeros(n) for k in CATEGORIES}
+    for t in terms:
+        if not t.part_of:
+            by_cat[t.category] += t.vector(n)
+    total = by_cat["weights"] + by_cat["kv_cache"] + by_cat["activations"] + by_cat["workspace"]
+    columns = {"weights_bytes": by_cat["weights"], "kv_cache_bytes": by_cat["kv_cache"],
+               "activation_bytes": by_cat["activations"], "workspace_bytes": by_cat["workspace"], "total_bytes": total}
+    return MemoryReport(columns=columns, terms=tuple(terms), capacity_bytes=cap)

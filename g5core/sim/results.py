@@ -244,9 +244,10 @@ def comm_bytes_by_reason(dag: OpDag, d: CompiledDag, replicas: int = 1) -> dict:
 
 def _fsum_replicated(values: np.ndarray, replicas: int) -> float:
     """The exactly-rounded sum of ``replicas`` copies of ``values`` (what the full run sums)."""
-    from itertools import chain, repeat
+    from g5core.sim.compute import exact_sum_repeated
 
-    return float(math.fsum(chain.from_iterable(repeat(memoryview(np.ascontiguousarray(values, dtype=float)), replicas))))
+    distinct, counts = np.unique(np.asarray(values, dtype=float), return_counts=True)
+    return float(exact_sum_repeated(zip(distinct.tolist(), (counts * replicas).tolist())))
 
 
 def _merged_length(s: np.ndarray, e: np.ndarray) -> float:

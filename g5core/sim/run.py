@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
-from g5core.build.builder import Plan, build_dag, check_size, prepare
+from g5core.build.builder import Plan, ReplicaSpill, build_dag, check_size, prepare
 from g5core.build.microbatch import (
     CYCLES, MAX_CYCLES, copy_contexts, head_end_times, microbatch_program, steady_cycle_s,
 )
@@ -124,8 +124,11 @@ def _simulate_program(plan, engine_cls, check, progress, record_port_rates, symm
     t0 = time.perf_counter()
     sym = plan_symmetry(plan.ctx, off_reason(symmetry))
     say("building the op DAG" + (f" of one of {sym.replicas} {sym.dimension} replicas" if sym.applied else ""))
-    dag = build_dag(plan, program, chips=sym.chips() if sym.applied else None, contexts=contexts)
-    reason = check_reduced_dag(sym, dag) if sym.applied else None
+    try:
+        dag = build_dag(plan, program, chips=sym.chips() if sym.applied else None, contexts=contexts)
+        reason = check_reduced_dag(sym, dag) if sym.applied else None
+    except ReplicaSpill as exc:
+        reason = str(exc)
     clock("build_s")
     if reason is None:
         say(f"compiling {len(dag.ops)} ops and {dag.n_edges} edges")
@@ -245,7 +248,7 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
 def _finite(out: RunOutput) -> RunOutput:
     """A result is finite or it is an error (the input limits keep it finite; this is the
     last line of defence, so no summary or JSON ever shows inf or NaN)."""
-    values = [out.latency_s] + [c.total_bytes for c in out.memory.per_chip]
+    values = [out.latency_s, out.memory.max_total_bytes]
     if out.math is not None:
         values.append(out.math.latency_s)
     _check_finite(values)

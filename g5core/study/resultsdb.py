@@ -8,8 +8,13 @@
   writer and a killed writer leaves a consistent file.
 - ``sweeps`` and ``sweep_cells`` record what each sweep planned (every grid point with its
   key, in grid order) and whether it finished (``running`` until its last cell is in).
+- A sweep that stops before its last cell (an error, Ctrl-C) marks itself ``interrupted``;
+  one killed outright (``kill -9``) is found ``running`` with no live process on this host
+  (``pid``, ``host``) and reported, and marked when the file is next opened for writing,
+  as ``interrupted``.
 - A writer that finds the file locked waits up to ``BUSY_TIMEOUT_S`` and then fails with a
-  one-line :class:`G5Error`; any other SQLite failure is one line too.
+  one-line :class:`G5Error` naming the lock and, where the system says (Linux
+  ``/proc/locks``), the process that holds it; any other SQLite failure is one line too.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import hashlib
 import json
 import os
 import pathlib
+import socket
 import sqlite3
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
@@ -40,9 +46,11 @@ CREATE TABLE IF NOT EXISTS sweeps (
     grid TEXT NOT NULL,              -- JSON [[key, [values...]], ...]
     options TEXT NOT NULL,           -- JSON
     cells_planned INTEGER NOT NULL,
-    status TEXT NOT NULL,            -- 'running' until the last cell is in, then 'complete'
+    status TEXT NOT NULL,            -- 'running' until the last cell is in, then 'complete',
+                                     -- 'interrupted' when its process stopped first
     g5_version TEXT NOT NULL,
-    started_at TEXT NOT NULL
+    started_at TEXT NOT NULL,
+    pid INTEGER, host TEXT           -- the process running it (to tell a killed one)
 );
 CREATE TABLE IF NOT EXISTS sweep_cells (
     sweep_id INTEGER NOT NULL REFERENCES sweeps(sweep_id),
@@ -105,10 +113,66 @@ def sqlite_errors(path, busy_timeout_s: float = BUSY_TIMEOUT_S) -> Iterator[None
         text = str(exc)
         if "locked" in text or "busy" in text:
             raise G5Error(f"--db {path}: the database stayed locked by another writer for more than "
-                          f"{busy_timeout_s:g} s; try again when it finishes, or use another file") from None
+                          f"{busy_timeout_s:g} s ({lock_holder(path)}); try again when it finishes, "
+                          "or use another file") from None
         raise G5Error(f"--db {path}: SQLite error: {text}") from None
     except sqlite3.DatabaseError as exc:
         raise G5Error(f"--db {path}: not a usable SQLite database ({exc}); choose another file") from None
+
+
+def lock_holder(path) -> str:
+    """Which lock, and which process holds it, as far as the system tells: SQLite's locks are
+    POSIX record locks on the file (and, in WAL mode, on its ``-shm`` and ``-wal`` files),
+    which Linux lists in ``/proc/locks`` with the holder's pid."""
+    files = {}
+    for suffix in ("", "-shm", "-wal"):
+        f = f"{path}{suffix}"
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        files[(os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)] = f
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return "the write lock of the file; this system does not say which process holds it"
+    for line in lines:
+        parts = line.split()
+        # "1: POSIX  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (a blocked waiter's line has "->")
+        if len(parts) < 6 or "->" in parts or parts[1] not in ("POSIX", "OFDLCK"):
+            continue
+        try:
+            pid = int(parts[4])
+            major, minor, inode = parts[5].split(":")
+            key = (int(major, 16), int(minor, 16), int(inode))
+        except ValueError:
+            continue
+        if key in files and pid != os.getpid():
+            return f"the {parts[3].lower()} lock on {files[key]}, held by process {pid} ({_command(pid)})"
+    return "the write lock of the file, held by another connection; the system names no other process"
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            text = " ".join(fh.read().replace(b"\0", b" ").decode("utf-8", "replace").split())
+    except OSError:
+        return "its command is not readable"
+    return (text[:77] + "...") if len(text) > 80 else text or "no command line"
+
+
+def _alive(pid: Optional[int], host: Optional[str]) -> bool:
+    """Whether the process that ran a sweep may still be running (unknown: assume so)."""
+    if pid is None or host != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 class ResultsDB:
@@ -153,6 +217,14 @@ class ResultsDB:
                         if statement.strip():
                             con.execute(statement)
                     con.execute("INSERT OR IGNORE INTO g5_meta VALUES ('schema_version', ?)", (SCHEMA_VERSION,))
+                    have = {r[1] for r in con.execute("PRAGMA table_info(sweeps)")}
+                    for column, kind in (("pid", "INTEGER"), ("host", "TEXT")):   # files of before: added
+                        if column not in have:
+                            con.execute(f"ALTER TABLE sweeps ADD COLUMN {column} {kind}")
+                    for sweep_id, pid, host in con.execute(
+                            "SELECT sweep_id, pid, host FROM sweeps WHERE status = 'running'").fetchall():
+                        if not _alive(pid, host):
+                            con.execute("UPDATE sweeps SET status = 'interrupted' WHERE sweep_id = ?", (sweep_id,))
                     con.execute("COMMIT")
                 elif not tables:
                     raise ConfigError("DB", f"{shown} holds no G5 results")
@@ -185,9 +257,9 @@ class ResultsDB:
             try:
                 cur = self.con.execute(
                     "INSERT INTO sweeps (kind, base_config, grid, options, cells_planned, status, g5_version, "
-                    "started_at) VALUES (?, ?, ?, ?, ?, 'running', ?, ?)",
+                    "started_at, pid, host) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)",
                     (kind, canonical_json(base), canonical_json(grid), canonical_json(options), len(cells),
-                     g5_version, utc_now()))
+                     g5_version, utc_now(), os.getpid(), socket.gethostname()))
                 sweep_id = cur.lastrowid
                 self.con.executemany("INSERT INTO sweep_cells VALUES (?, ?, ?, ?)",
                                      [(sweep_id, i + 1, canonical_json(point), h) for i, (point, h) in enumerate(cells)])
@@ -198,9 +270,9 @@ class ResultsDB:
                 raise
         return sweep_id
 
-    def finish_sweep(self, sweep_id: int) -> None:
+    def finish_sweep(self, sweep_id: int, status: str = "complete") -> None:
         with sqlite_errors(self.path, self.busy_timeout_s):
-            self.con.execute("UPDATE sweeps SET status = 'complete' WHERE sweep_id = ?", (sweep_id,))
+            self.con.execute("UPDATE sweeps SET status = ? WHERE sweep_id = ?", (status, sweep_id))
 
     def insert(self, row: Mapping) -> bool:
         """Store one finished configuration; False when its key was already stored."""
@@ -231,10 +303,15 @@ class ResultsDB:
         return self._select("JOIN sweep_cells USING (config_hash) WHERE sweep_id = ? ORDER BY cell", (sweep_id,))
 
     def sweeps(self) -> list[dict]:
+        """Every sweep; one still ``running`` whose process is gone reads ``interrupted``."""
         with sqlite_errors(self.path, self.busy_timeout_s):
             cur = self.con.execute("SELECT * FROM sweeps ORDER BY sweep_id")
             names = [d[0] for d in cur.description]
-            return [dict(zip(names, r)) for r in cur.fetchall()]
+            out = [dict(zip(names, r)) for r in cur.fetchall()]
+        for row in out:
+            if row["status"] == "running" and not _alive(row.get("pid"), row.get("host")):
+                row["status"] = "interrupted"
+        return out
 
     def sweep_keys(self, sweep_id: int) -> list[str]:
         with sqlite_errors(self.path, self.busy_timeout_s):

@@ -150,7 +150,7 @@ def prefilter(raw: Mapping, layouts: Sequence[dict], disabled: Sequence[str] = (
             continue
         mem = memory_report(plan.ctx)
         if not mem.fits:
-            short = max(c.total_bytes - c.capacity_bytes for c in mem.per_chip)
+            short = mem.max_total_bytes - mem.capacity_bytes
             excluded.append(Exclusion(parallel=par, family="memory", reason=mem.shortfall_summary(), shortfall_bytes=short))
             continue
         keep.append(par)

@@ -20,8 +20,10 @@ The machinery knows no parallel strategy:
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import itertools
 import json
+import sqlite3
 import sys
 import time
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
@@ -157,7 +159,7 @@ def output_columns(out) -> dict[str, Any]:
     """The result columns of a database row from one :class:`~g5core.sim.run.RunOutput`."""
     data = out.to_json_dict()
     mem = out.memory
-    worst = max(mem.per_chip, key=lambda c: (c.total_bytes, -c.chip))
+    worst = mem.worst()
     return {
         "status": "ok", "error": None, "latency_s": out.latency_s, "ttft_s": data.get("ttft_s"),
         "tpot_s": data.get("tpot_s"), "tokens_per_s_per_chip": out.tokens_per_s_per_chip,
@@ -464,7 +466,12 @@ def run_sweep(base: Mapping, grid: Grid, db_path, *, disabled: Sequence[str] = (
     try:
         sweep_id = db.start_sweep(kind, base, [[k, list(v)] for k, v in grid], dict(options or {}),
                                   [(c.point, c.key) for c in cells], __version__)
-        computed, reused = _drive(db, exe, cells, disabled, runner, extra_plugins, reporter, workers)
+        try:
+            computed, reused = _drive(db, exe, cells, disabled, runner, extra_plugins, reporter, workers)
+        except BaseException:   # an error, Ctrl-C: the sweep's row says it stopped (if the file lets us)
+            with contextlib.suppress(G5Error, sqlite3.Error):
+                db.finish_sweep(sweep_id, "interrupted")
+            raise
         db.finish_sweep(sweep_id)
         rows = db.results(sweep_id)
     finally:

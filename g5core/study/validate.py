@@ -36,7 +36,7 @@ import yaml
 
 from g5core.inputs.config import apply_overrides, load_config_file
 from g5core.api.errors import ConfigError, G5Error
-from g5core.inputs.systems import SystemSpec, get_system
+from g5core.inputs.systems import CATALOG_NAMES, SystemSpec, get_system
 
 COLUMNS = ("config", "set", "metric", "measured_ms", "source")
 METRICS = {"ttft": "prefill", "tpot": "decode"}
@@ -188,47 +188,52 @@ def bounds_of(key: str, value: float) -> tuple[float, float]:
     return value / 100.0, value * 100.0
 
 
+def _system_key(system) -> str:
+    """What names one system: a catalogue name as written, a file by its resolved path (two
+    relative paths from different folders can name the same file)."""
+    text = str(system)
+    if text in CATALOG_NAMES:
+        return text
+    path = pathlib.Path(text).expanduser()
+    return os.path.realpath(path) if path.exists() else text
+
+
 def _system_of(rows: Sequence[Row], csv_path) -> str:
-    systems = {}
+    systems: dict[str, tuple[str, int]] = {}
     for row in rows:
-        systems.setdefault(str(row_config(row)["system"]), row.number)
+        system = str(row_config(row)["system"])
+        systems.setdefault(_system_key(system), (system, row.number))
     if len(systems) > 1:
-        listed = ", ".join(f"{s} (row {n})" for s, n in systems.items())
+        listed = ", ".join(f"{s} (row {n})" for s, n in systems.values())
         raise ConfigError(str(csv_path), f"rows use several systems ({listed}); calibrate one system at a time")
-    return next(iter(systems))
+    return next(iter(systems.values()))[0]
 
 
-def _write_system(path: pathlib.Path, data: dict, header: str) -> None:
-    directory = path.parent if str(path.parent) else pathlib.Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(header)
-            yaml.safe_dump(data, fh, sort_keys=False, default_flow_style=None)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        if path.exists():  # appeared while fitting: still never clobbered
-            raise ConfigError("-o", f"'{path}' exists; choose another output file or remove it")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+#: how far (percentage points) the fit's leave-one-out error may exceed the prior's error
+#: before calibrate refuses to write the file: the rounding of the fit's own tolerances
+LOO_TOLERANCE_PCT = 0.01
+#: a fitted parameter that moves more than this factor from its prior is suspect
+SUSPECT_FACTOR = 3.0
+#: ... or that ends within this fraction of its range from a bound
+AT_BOUND_REL = 1e-6
 
 
 def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] = lambda line: None,
-              leave_one_out: bool = True) -> dict:
-    """Fit ``keys`` of the rows' system; write the fitted system file to ``output``."""
+              leave_one_out: bool = True, force: bool = False,
+              show: Callable[[dict], None] = lambda report: None) -> dict:
+    """Fit ``keys`` of the rows' system; write the fitted system file to ``output``.
+
+    ``output`` is checked before the fit as every output is (:mod:`g5core.present.outputs`;
+    an existing file is refused: calibrate never overwrites) and written atomically after
+    ``show(report)`` had the report, so a failed write loses nothing but the file. The
+    file is refused when the fit's leave-one-out error is worse than the prior's error,
+    unless ``force``."""
     try:
         from scipy.optimize import least_squares
     except ImportError:
         raise ConfigError("calibrate", "needs scipy: python3 -m pip install -e '.[measured]'") from None
-    out_path = pathlib.Path(output)
-    if out_path.exists():
-        raise ConfigError("-o", f"'{out_path}' exists; choose another output file or remove it")
-    if not out_path.parent.is_dir() and str(out_path.parent):
-        raise ConfigError("-o", f"folder '{out_path.parent}' does not exist")
+    from g5core.present.outputs import check_outputs
+
     keys = [k.strip() for k in keys if k.strip()]
     if not keys:
         raise ConfigError("--fit", "name at least one parameter, e.g. --fit compute_model.hbm_fraction")
@@ -237,6 +242,13 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
     rows = read_rows(csv_path)
     system_ref = _system_of(rows, csv_path)
     start = get_system(system_ref).to_dict()
+    inputs = [("measured file", csv_path)] + [("config", r.config) for r in rows]
+    if system_ref not in CATALOG_NAMES:
+        inputs.append(("system file", system_ref))
+    targets = check_outputs({"-o": output}, inputs=inputs)
+    real = targets.targets[0].real
+    if os.path.exists(real):
+        raise ConfigError("-o", f"'{output}' exists; choose another output file or remove it")
     x0 = [_get(start, k) for k in keys]
     lo, hi = zip(*(bounds_of(k, v) for k, v in zip(keys, x0)))
     x0 = [min(max(v, l), h) for v, l, h in zip(x0, lo, hi)]
@@ -279,6 +291,8 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
                             diff_step=1e-3, xtol=1e-10, ftol=1e-10, gtol=1e-10, max_nfev=200)
         return with_free(res.x, free)
 
+    sensitivity: dict[int, list[float]] = {}   # per parameter: d log(prediction) / d x, per row
+
     def moves(j) -> bool:
         """Does any row's prediction change when parameter j moves by 1% of itself?"""
         x = list(x0)
@@ -286,6 +300,7 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
         if x[j] == x0[j]:
             x[j] = (lo[j] + hi[j]) / 2
         base, moved = predictions(x0), predictions(x)
+        sensitivity[j] = [math.log(m / b) / (x[j] - x0[j]) for m, b in zip(moved, base)]
         return any(abs(math.log(m / b)) > UNIDENTIFIABLE_SENSITIVITY for m, b in zip(moved, base))
 
     try:
@@ -305,11 +320,17 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
             f.unlink()
         os.rmdir(workdir)
     fitted = {k: float(v) for k, v in zip(keys, x_fit)}
+    prior_pred = predictions(x0)
     out_rows = [{"row": r.number, "config": r.label, "measured_ms": r.measured_ms, "predicted_ms": p,
                  "error_pct": error_pct(p, r.measured_ms), "log_residual": math.log(p / r.measured_ms),
+                 "prior_error_pct": error_pct(q, r.measured_ms),
                  **({"loo_error_pct": loo[i]} if loo else {})}
-                for i, (r, p) in enumerate(zip(rows, pred))]
+                for i, (r, p, q) in enumerate(zip(rows, pred, prior_pred))]
     rms = math.sqrt(math.fsum(r["log_residual"] ** 2 for r in out_rows) / len(out_rows))
+    mape = math.fsum(abs(r["error_pct"]) for r in out_rows) / len(out_rows)
+    prior_mape = math.fsum(abs(r["prior_error_pct"]) for r in out_rows) / len(out_rows)
+    loo_mape = (math.fsum(abs(e) for e in loo) / len(loo)) if loo else None
+    suspect = _suspects(keys, x0, x_fit, lo, hi, rows, prior_pred, sensitivity)
     data = yaml.safe_load(yaml.safe_dump(start))
     for k, v in fitted.items():
         _set(data, k, v)
@@ -318,12 +339,65 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
     header = (f"# Calibrated by `g5 calibrate` from system '{start['name']}' on {len(rows)} measured rows of\n"
               f"# {pathlib.Path(csv_path).name} (sha256 {digest}...): bounded least squares on log error.\n"
               + "".join(f"#   {k}: {x:.6g} -> {fitted[k]:.6g}\n" for k, x in zip(keys, x0))
-              + f"# rms log error {rms:.4f}"
-              + (f"; leave-one-out MAPE {math.fsum(abs(e) for e in loo) / len(loo):.2f}%" if loo else "")
+              + f"# rms log error {rms:.4f}; MAPE {mape:.2f}% in sample (prior {prior_mape:.2f}%)"
+              + (f"; leave-one-out MAPE {loo_mape:.2f}%" if loo else "")
               + (f"; NOT identifiable from these rows (left at start): {', '.join(unidentifiable)}"
-                 if unidentifiable else "") + "\n")
-    _write_system(out_path, data, header)
-    return {"system": start["name"], "fitted": fitted, "start": dict(zip(keys, x0)), "rows": out_rows,
-            "rms_log_error": rms, "unidentifiable": unidentifiable,
-            "loo_mape_pct": (math.fsum(abs(e) for e in loo) / len(loo)) if loo else None,
-            "output": str(out_path)}
+                 if unidentifiable else "") + "\n"
+              + "".join(f"# SUSPECT: {describe_suspect(x)}\n" for x in suspect))
+    report = {"system": start["name"], "fitted": fitted, "start": dict(zip(keys, x0)), "rows": out_rows,
+              "rms_log_error": rms, "unidentifiable": unidentifiable, "mape_pct": mape, "prior_mape_pct": prior_mape,
+              "loo_mape_pct": loo_mape, "suspect": suspect, "output": str(output), "written": False}
+    refuse = None
+    if loo_mape is not None and loo_mape > prior_mape + LOO_TOLERANCE_PCT and not force:
+        refuse = (f"the fit's leave-one-out MAPE {loo_mape:.2f}% is worse than the prior's {prior_mape:.2f}%: it "
+                  f"would predict unseen rows worse than the file it started from; not written "
+                  f"(--force writes it anyway)")
+    report["refused"] = refuse
+    report["written"] = refuse is None
+    show(report)
+    if refuse is not None:
+        raise ConfigError("-o", refuse)
+
+    def dump(fh):
+        fh.write(header)
+        yaml.safe_dump(data, fh, sort_keys=False, default_flow_style=None)
+    if os.path.exists(real):  # appeared while fitting: still never clobbered
+        raise ConfigError("-o", f"'{output}' exists; choose another output file or remove it")
+    targets.write({"-o": dump})
+    return report
+
+
+def _suspects(keys, x0, x_fit, lo, hi, rows, prior_pred, sensitivity) -> list[dict]:
+    """The fitted parameters to distrust: at a bound, or moved more than SUSPECT_FACTOR from
+    the prior; with the rows that pulled them there (those whose prior error the move
+    reduces, largest pull first: -residual x sensitivity x direction)."""
+    out = []
+    for j, key in enumerate(keys):
+        a, b = x0[j], x_fit[j]
+        span = hi[j] - lo[j]
+        at = ("lower" if b - lo[j] <= AT_BOUND_REL * span else "upper" if hi[j] - b <= AT_BOUND_REL * span else None)
+        ratio = (b / a if b > 0 else math.inf) if a > 0 else 1.0
+        moved = ratio > SUSPECT_FACTOR or ratio < 1 / SUSPECT_FACTOR
+        if at is None and not moved:
+            continue
+        direction = 1.0 if b > a else -1.0 if b < a else 0.0
+        pulls = []
+        for i, r in enumerate(rows):
+            pull = -math.log(prior_pred[i] / r.measured_ms) * sensitivity[j][i] * direction
+            if pull > 0:
+                pulls.append((pull, r.number, r.label))
+        pulls.sort(key=lambda t: (-t[0], t[1]))
+        out.append({"parameter": key, "prior": a, "fitted": b, "bound": (lo[j] if at == "lower" else hi[j]) if at
+                    else None, "at_bound": at, "factor": ratio,
+                    "rows": [{"row": n, "config": label} for _, n, label in pulls[:3]]})
+    return out
+
+
+def describe_suspect(s: dict) -> str:
+    """One line on a suspect fitted parameter."""
+    why = (f"ends at its {s['at_bound']} bound {s['bound']:.6g}" if s["at_bound"]
+           else f"moved {s['factor']:.3g}x from its prior")
+    if s["at_bound"] and not (1 / SUSPECT_FACTOR <= s["factor"] <= SUSPECT_FACTOR):
+        why += f" ({s['factor']:.3g}x its prior)"
+    rows = ", ".join(f"row {r['row']} ({r['config']})" for r in s["rows"]) or "no single row"
+    return f"{s['parameter']} {s['prior']:.6g} -> {s['fitted']:.6g} {why}; pulled there by {rows}"

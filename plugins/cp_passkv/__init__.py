@@ -140,4 +140,5 @@ def g5_memory_terms(ctx):
     # cp - 1 received blocks of a layer may be resident at once: M_passkv bytes per chip,
     # reused layer after layer. The rank's own block is already in its KV cache.
     per_chip = (cp - 1) * step_block_bytes(ctx)
-    return [MemoryTerm("cp_ring_buffers", "workspace", {c: per_chip for c in ctx.all_chips})]
+    return [MemoryTerm(name="cp_ring_buffers", category="workspace",
+                       bytes_per_chip={c: per_chip for c in ctx.all_chips})]

@@ -84,4 +84,5 @@ def g5_memory_terms(ctx):
         return None
     # send and receive buffers of one all-to-all, reused layer after layer
     per_chip = 2.0 * a2a_bytes_per_rank(ctx)
-    return [MemoryTerm("ep_a2a_buffers", "workspace", {c: per_chip for c in ctx.all_chips})]
+    return [MemoryTerm(name="ep_a2a_buffers", category="workspace",
+                       bytes_per_chip={c: per_chip for c in ctx.all_chips})]

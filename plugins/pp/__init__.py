@@ -110,7 +110,7 @@ def g5_layer_chips(ctx, layer):
     if pp == 1:
         return None
     stage = stage_of(layer, ctx.model.n_layers, pp)
-    return [c for c in ctx.all_chips if ctx.rankmap.coords(c)["pp"] == stage]
+    return ctx.rankmap.chips_at("pp", stage)
 
 
 @hookimpl

@@ -254,5 +254,7 @@ def g5_memory_terms(ctx):
     # the sp ranks too) does not remove.
     attention, _ = weight_bytes_by_chip(ctx, ATTENTION_WEIGHT_KINDS)
     # the all-to-all cannot run in place: one layer's received Q/K/V and output, reused per layer
-    return [MemoryTerm("ulysses_a2a_buffers", "workspace", {c: qkv_bytes + out_bytes for c in ctx.all_chips}),
-            MemoryTerm("sp_replicated_attention_weights", "weights", attention, part_of="weights")]
+    return [MemoryTerm(name="ulysses_a2a_buffers", category="workspace",
+                       bytes_per_chip={c: qkv_bytes + out_bytes for c in ctx.all_chips}),
+            MemoryTerm(name="sp_replicated_attention_weights", category="weights", bytes_per_chip=attention,
+                       part_of="weights")]
