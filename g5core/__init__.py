@@ -25,12 +25,12 @@ from .build.flops import activation_tensor_bytes, attention_block_bytes, causal_
 from .build.layers import (
     attention_dims, attention_kernel, attention_kernel_of, attention_work, default_work, expert_work,
     local_kv_bytes_per_token, step_attention_work,
-    window_attention_work,
+    weight_elements, window_attention_work,
 )
 from .build.topology import Topology
 from .inputs.step import Step, StepGroup
 from .inputs.reading import check_keys
-from .sim.collective import idle_transfer_s
+from .sim.collective import NVLINK_COPY_EFFICIENCY, idle_transfer_s
 from .sim.compute import Attention, ComputeTime, Elementwise, Gemm
 from .sim.memory import weight_bytes_by_chip
 from .sim.reference import passq_reduce_elements
@@ -40,7 +40,8 @@ from .version import __version__
 
 __all__ = [
     "Attention", "BuildContext", "CommOp", "ComputeOp", "ComputeTime", "ConfigError", "DagError", "Dimension",
-    "Elementwise", "Fragment", "G5Error", "Gemm", "Hooks", "LogicalOp", "Lowering", "MemoryTerm", "PipelineMicrobatches", "PluginError",
+    "Elementwise", "Fragment", "G5Error", "Gemm", "Hooks", "LogicalOp", "Lowering", "MemoryTerm", "NVLINK_COPY_EFFICIENCY",
+    "PipelineMicrobatches", "PluginError",
     "PluginInfo", "PluginOption", "PreparedPlan", "Step", "StepGroup", "StepMemory", "StepResult", "SweepPreset",
     "Topology", "Work", "activation_tensor_bytes",
     "attention_block_bytes", "attention_dims", "attention_kernel", "attention_kernel_of", "attention_work",
@@ -48,5 +49,5 @@ __all__ = [
     "default_work", "describe_plugins", "expert_work", "gemm_padded_flops", "hookimpl", "idle_transfer_s",
     "kernel_latency_s", "local_kv_bytes_per_token", "make_plugin_manager", "op_latency_s", "passq_reduce_elements",
     "prefix_attention_flops", "prepare", "roofline_latency_s", "step_attention_work", "suggest",
-    "weight_bytes_by_chip", "window_attention_work",
+    "weight_bytes_by_chip", "weight_elements", "window_attention_work",
 ]

@@ -55,6 +55,7 @@ from g5core.api.dimensions import collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError
 from g5core.build.layers import SYNC_KINDS, build_program, iter_layers
 from g5core.api.records import CATEGORIES, MemoryTerm
+from g5core.api.work import LogicalOp
 from g5core.sim.memory import memory_report
 from g5core.api.plugins import Hooks, describe_plugins, make_plugin_manager
 from g5core.build.shape import SHARD_AXES
@@ -496,8 +497,8 @@ def check_fragments(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
         plan = _plan(raw, extra_plugins)
         ctx = plan.ctx
         made: dict[str, object] = {}
-        for lop in build_program(ctx.model):
-            owner, frag = expand(ctx, lop)
+        for lop in plan.program():
+            owner, frag = expand(plan.context(lop.micro), lop)
             if owner != plugin:
                 continue
             _check_fragment(plugin, raw, lop, frag, ctx.rankmap.chips, plan.primitives)
@@ -783,6 +784,55 @@ def check_deterministic(plugin: str, configs, extra_plugins: Sequence = ()) -> N
 
 
 @_contract_check
+def check_micro_batches(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_micro_batches``: where the plugin splits the step, two or more positive whole
+    batches that sum to the deployment's, and the split DAG holds every logical op once per
+    micro-batch (op keys tagged ``.m0``, ``.m1``...), none of the whole step."""
+    for raw in _as_configs(configs):
+        plan = _plan(raw, extra_plugins)
+        dep = plan.ctx.deployment
+        for answer in _call_own(plan.hooks, "g5_micro_batches", plugin, deployment=dep, model=plan.ctx.model):
+            if answer is None:
+                continue
+            batches = tuple(answer)
+            if len(batches) < 2 or any(type(b) is not int or b < 1 for b in batches) or sum(batches) != dep.batch:
+                raise _fail(plugin, check_micro_batches, f"{_where(raw)}: micro-batches {batches!r} are not two or "
+                                                         f"more positive batches summing to {dep.batch}")
+            ids = {lop.id for lop in plan.program()}
+            want = {LogicalOp(lop.kind, lop.layer, micro=m).id for lop in build_program(plan.ctx.model)
+                    for m in range(len(batches))}
+            if ids != want:
+                raise _fail(plugin, check_micro_batches, f"{_where(raw)}: the split step's logical ops are not the "
+                                                         f"model's once per micro-batch")
+
+
+@_contract_check
+def check_bench_ops(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_bench_ops``: a benchmark name the plugin does not offer gets ``None``."""
+    plan = _plan(_as_configs(configs)[0], extra_plugins)
+    for answer in _call_own(plan.hooks, "g5_bench_ops", plugin, name="no-such-benchmark",
+                            topology=plan.ctx.topology, params={}):
+        if answer is not None:
+            raise _fail(plugin, check_bench_ops, f"answered an unknown benchmark name with {answer!r}")
+
+
+@_contract_check
+def check_run_notes(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_run_notes``: ``None`` or lines of text, the same for the same configuration."""
+    for raw in _as_configs(configs):
+        answers = []
+        for _ in range(2):
+            plan = _plan(raw, extra_plugins)
+            answers.append([None if a is None else list(a)
+                            for a in _call_own(plan.hooks, "g5_run_notes", plugin, ctx=plan.ctx)])
+        for a in answers[0]:
+            if a is not None and not all(isinstance(line, str) for line in a):
+                raise _fail(plugin, check_run_notes, f"{_where(raw)}: notes must be strings, got {a!r}")
+        if answers[0] != answers[1]:
+            raise _fail(plugin, check_run_notes, f"{_where(raw)}: notes differ between two builds")
+
+
+@_contract_check
 def check_sweep_presets(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_register_sweep_presets``: presets owned by the plugin, documented, stable, and gone with it.
 
@@ -900,6 +950,9 @@ HOOK_CHECKS: Mapping[str, tuple[CheckFn, ...]] = {
     "g5_register_schedulers": (check_serving_registrations,),
     "g5_register_routers": (check_serving_registrations,),
     "g5_register_workload_formats": (check_serving_registrations,),
+    "g5_micro_batches": (check_micro_batches,),
+    "g5_bench_ops": (check_bench_ops,),
+    "g5_run_notes": (check_run_notes,),
 }
 
 #: Every check by name.

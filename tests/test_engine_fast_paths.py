@@ -40,7 +40,13 @@ def _log_by_time(log):
 
 @pytest.mark.parametrize("example,overrides,shared", [
     ("deepseek-v3-1m-prefill-cp8", ["seq_len=16384"], True),   # p2p rings, tp all-reduces, ep all-to-alls (bulk)
-    ("deepseek-v3-1m-decode-cp8", ["seq_len=65536"], True),    # pass-Q broadcast/gather, LL rings
+    # pass-Q broadcast/gather, LL rings; the EP exchange as the flat all-to-all it was when
+    # this case was written (the DeepEP kernels' case follows)
+    ("deepseek-v3-1m-decode-cp8", ["seq_len=65536", "plugins.ep.kernel=flat"], True),
+    # DeepEP's low-latency kernels: many equal flows on each NIC, whose max-min rates round to
+    # a hair above a NIC's capacity (1e-8 bytes in all, in both engines alike; the
+    # conservation KPI's allowance takes it as 0); the results are the same to the last bit
+    ("deepseek-v3-1m-decode-cp8", ["seq_len=65536"], True),
     ("llama-3.1-70b-prefill", ["seq_len=4096", "chips=16", "parallel.dp=2"], False),  # NVLS: every flow alone
 ])
 def test_fast_paths_give_the_results_of_a_re_share_from_scratch(example, overrides, shared):
@@ -51,7 +57,9 @@ def test_fast_paths_give_the_results_of_a_re_share_from_scratch(example, overrid
     for name in ("start_s", "end_s", "executed", "executed_flops", "flow_start_s", "flow_end_s", "flow_injected",
                  "flow_delivered"):
         assert np.array_equal(np.asarray(getattr(fast, name)), np.asarray(getattr(slow, name)), equal_nan=True), name
-    assert fast.makespan_s == slow.makespan_s and fast.port_excess_bytes == slow.port_excess_bytes == 0.0
+    assert fast.makespan_s == slow.makespan_s and fast.port_excess_bytes == slow.port_excess_bytes
+    assert fast.port_excess_bytes == 0.0 or ("plugins.ep.kernel=flat" not in overrides and example.startswith(
+        "deepseek-v3-1m-decode") and fast.port_excess_bytes < 1e-6)
     assert _log_by_time(fast.port_rate_log) == _log_by_time(slow.port_rate_log)
     assert not slow._shares  # it kept no answer
     assert fast._shares  # the answers were kept by routes ...

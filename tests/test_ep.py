@@ -22,9 +22,11 @@ MIXTRAL = get_model("mixtral-8x7b")  # 8 routed experts, top-2, hidden 4096, exp
 
 
 def _raw(model="mixtral-8x7b", dp=1, tp=1, ep=1, phase="prefill", batch=2, seq_len=256):
+    """The flat all-to-all with uniform expert load: the EP lowering these tests describe
+    (tests/test_ep_deepep.py covers the DeepEP kernels and the load imbalance)."""
     return {"model": model, "system": "h100-sxm", "chips": dp * tp,
             "parallel": {"dp": dp, "tp": tp, "pp": 1, "cp": 1, "ep": ep}, "phase": phase, "batch": batch,
-            "seq_len": seq_len}
+            "seq_len": seq_len, "plugins": {"ep": {"kernel": "flat", "imbalance": 1.0}}}
 
 
 @pytest.mark.parametrize("dp, tp, ep, phase", [

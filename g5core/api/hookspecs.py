@@ -107,6 +107,16 @@ def g5_pipeline_microbatches(deployment: "Deployment", model: "ModelSpec") -> Op
 
 
 @hookspec
+def g5_micro_batches(deployment: "Deployment", model: "ModelSpec") -> Optional[Iterable[int]]:
+    """Split the step into micro-batches that run as independent copies of the program
+    (collect-all; at most one plugin may answer): the ``batch`` of each, summing to the
+    deployment's. Every logical op is then expanded once per micro-batch, with that
+    micro-batch's deployment and local shape, its ids tagged ``.m0``, ``.m1``...; the engine
+    overlaps one micro-batch's communication with another's compute (two-batch overlap).
+    """
+
+
+@hookspec
 def g5_layer_chips(ctx: "BuildContext", layer: int) -> Optional[Iterable[int]]:
     """Chips that hold ``layer`` (its weights and its work), or ``None`` for no opinion.
 
@@ -189,6 +199,26 @@ def g5_topology(system: "SystemSpec", chips: int) -> Optional["Topology"]:
     Return a :class:`g5core.build.topology.Topology`, or ``None`` to let the core build it from
     the system file (scale-up links, NICs, and an optional oversubscribed fabric tier).
     """
+
+
+@hookspec
+def g5_bench_ops(name: str, topology: "Topology", params: Mapping) -> Optional[tuple]:
+    """The ops of ``g5 collective NAME`` when NAME is more than one primitive (collect-all;
+    one plugin answers per name).
+
+    ``params`` are the command's options (e.g. ``tokens``, ``topk``). Return ``None`` for a
+    name the plugin does not know, else ``(fragment, logical_bytes)``: a
+    :class:`~g5core.build.dag.Fragment` of communication ops over chips ``0 .. n-1`` of
+    ``topology`` (its edges order them) and a mapping from a bandwidth column's name to the
+    bytes per rank it divides by the time (the figures the benchmark being reproduced
+    reports).
+    """
+
+
+@hookspec
+def g5_run_notes(ctx: "BuildContext") -> Optional[Iterable[str]]:
+    """Lines the run's summary shows under its latency: how this plugin ran the deployment
+    (a kernel it chose, a factor it applied). Collect-all; ``None`` for nothing."""
 
 
 # --------------------------------------------------------------------------------------

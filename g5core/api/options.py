@@ -19,7 +19,7 @@ import attrs
 from g5core.api.errors import ConfigError, PluginError, suggest
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-KINDS = ("bool", "int", "choice")
+KINDS = ("bool", "int", "choice", "value")
 # Keys of the ``plugins`` mapping the core owns; a plugin may not be called by these names.
 RESERVED = ("disable",)
 
@@ -28,8 +28,10 @@ RESERVED = ("disable",)
 class PluginOption:
     """One option of one plugin.
 
-    ``kind``: ``bool`` (true/false), ``int`` (a positive whole number) or ``choice`` (one of
-    ``choices``). ``legacy_key``: a former top-level configuration key that still sets this
+    ``kind``: ``bool`` (true/false), ``int`` (a positive whole number), ``choice`` (one of
+    ``choices``) or ``value``: whatever ``parse(value, field)`` accepts; it returns the
+    stored value (hashable, and written back by the echo of the configuration as JSON) or
+    raises :class:`~g5core.api.errors.ConfigError` naming ``field``. ``legacy_key``: a former top-level configuration key that still sets this
     option (``""`` for none).
     """
 
@@ -40,14 +42,24 @@ class PluginOption:
     choices: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     legacy_key: str = ""
     owner: str = ""
+    parse: Any = attrs.field(default=None, eq=False, repr=False)
 
     def __attrs_post_init__(self):
         if self.kind == "choice" and not self.choices:
             raise ValueError(f"option {self.name}: a choice option needs its choices")
+        if (self.kind == "value") != callable(self.parse):
+            raise ValueError(f"option {self.name}: a value option, and only one, needs parse(value, field)")
         self.check(self.default, f"default of option {self.name}", error=ValueError)
 
     def check(self, value: Any, field: str, error: type = ConfigError) -> Any:
         """``value`` if it is allowed, else ``error`` naming ``field`` and what is allowed."""
+        if self.kind == "value":
+            try:
+                return self.parse(value, field)
+            except ConfigError as exc:
+                if error is ConfigError:
+                    raise
+                raise error(str(exc)) from None
         if self.kind == "bool":
             ok, want = isinstance(value, bool), "true or false"
         elif self.kind == "int":

@@ -21,7 +21,7 @@ from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError, ResourceError
 from g5core.build.flops import activation_tensor_bytes
 from g5core.build.microbatch import CYCLES, PipelineMicrobatches, collect_pipeline_microbatches, part_contexts
-from g5core.build.layers import EMBED_LAYER, SYNC_KINDS, build_program, default_work, local_kv_bytes_per_token
+from g5core.build.layers import EMBED_LAYER, SYNC_KINDS, build_program, default_work, local_kv_bytes_per_token, micro_program
 from g5core.api.work import LogicalOp, Work
 from g5core.api.context import BuildContext
 from g5core.inputs.models import ModelSpec, get_model
@@ -91,6 +91,23 @@ class Plan:
     #: the compute-latency lookup to compile with, when one outlives the run (a prepared
     #: plan's, shared by its steps: g5core.sim.prepared); None: a fresh one per compile
     lookup: Optional[object] = None
+    #: one context per micro-batch when a plugin splits the step (``g5_micro_batches``):
+    #: the same deployment with that micro-batch's ``batch``, and its local shape
+    micro: tuple = ()
+
+    def program(self) -> tuple[LogicalOp, ...]:
+        """The logical ops of the step: the model's, once per micro-batch when split."""
+        program = build_program(self.ctx.model)
+        return micro_program(program, len(self.micro)) if self.micro else program
+
+    def context(self, micro: int, ctx: BuildContext | None = None) -> BuildContext:
+        """The context the ops of micro-batch ``micro`` (-1: the whole step) expand in,
+        restricted to ``ctx``'s chips."""
+        ctx = self.ctx if ctx is None else ctx
+        if micro < 0:
+            return ctx
+        part = self.micro[micro]
+        return part if ctx.replica_chips is None else part.restricted(ctx.replica_chips)
 
 
 def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configuration",
@@ -129,8 +146,45 @@ def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configur
         ctx.resident_batches = mb.count
     elif mb is not None:
         ctx.activation_shape = max((p.shape for p in parts), key=lambda s: s.tokens)
+    micro = _micro_contexts(ctx, axes)
+    if mb is not None and micro:
+        raise ConfigError("plugins.pp.microbatches", "pipeline micro-batches cannot be combined with a plugin "
+                                                     "that splits the step (plugins.ep.two_batch_overlap); use one")
     return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks), microbatches=mb,
-                part_contexts=parts)
+                part_contexts=parts, micro=micro)
+
+
+def _micro_contexts(ctx: BuildContext, axes: tuple[str, ...]) -> tuple:
+    """One context per micro-batch when a plugin splits the step (``g5_micro_batches``)."""
+    return tuple(attrs.evolve(ctx, deployment=part, shape=validated_shape(ctx.hooks, part, ctx.model, ctx.system, axes),
+                              layer_chips={}, works={})
+                 for part in _micro_batches(ctx.hooks, ctx.deployment, ctx.model))
+
+
+def _micro_batches(hooks: Hooks, deployment: Deployment, model: ModelSpec) -> tuple[Deployment, ...]:
+    """The deployment of each micro-batch when a plugin splits the step (``g5_micro_batches``
+    answers the batch of each), else none."""
+    answers = hooks.call_each("g5_micro_batches", deployment=deployment, model=model)
+    if not answers:
+        return ()
+    if len(answers) > 1:
+        raise ConfigError("plugins", f"plugins {' and '.join(p for p, _ in answers)} both split the step into "
+                                     "micro-batches; enable one of their options")
+    plugin, batches = answers[0]
+    batches = tuple(batches)
+    if (len(batches) < 2 or any(type(b) is not int or b < 1 for b in batches)
+            or sum(batches) != deployment.batch):
+        raise PluginError(plugin, f"g5_micro_batches must give two or more positive batches summing to "
+                                  f"{deployment.batch}, got {batches!r}")
+    return tuple(_micro_deployment(deployment, b) for b in batches)
+
+
+def _micro_deployment(deployment: Deployment, batch: int) -> Deployment:
+    """``deployment`` running ``batch`` of its step's sequences (a step of one group of
+    sequences; a split of a mixed step is refused by the plugin that asks for it)."""
+    (group,) = deployment.step
+    part = attrs.evolve(deployment, batch=batch)
+    return attrs.evolve(part, step=type(deployment.step)([attrs.evolve(group, count=batch)]))
 
 
 def validated_shape(hooks: Hooks, deployment: Deployment, model: ModelSpec, system: SystemSpec,
@@ -149,7 +203,8 @@ def plan_for_step(plan: Plan, deployment: Deployment, axes: tuple[str, ...], loo
     ctx = plan.ctx
     shape = validated_shape(plan.hooks, deployment, ctx.model, ctx.system, axes)
     step_ctx = ctx.reshaped(deployment, shape)
-    return Plan(pm=plan.pm, hooks=plan.hooks, ctx=step_ctx, primitives=plan.primitives, lookup=lookup)
+    return Plan(pm=plan.pm, hooks=plan.hooks, ctx=step_ctx, primitives=plan.primitives, lookup=lookup,
+                micro=_micro_contexts(step_ctx, axes))
 
 
 def make_topology(hooks: Hooks, system: SystemSpec, chips: int) -> Topology:
@@ -224,8 +279,12 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
     (checked once; every op key starts with its logical op's prefix), so keys are checked
     for repeats within each fragment, and across the whole DAG only otherwise."""
     ctx = plan.ctx if chips is None else plan.ctx.restricted(chips)
-    program = program if program is not None else build_program(ctx.model)
+    program = program if program is not None else plan.program()
+    # the context of each copy of the program (LogicalOp.micro): a pipeline's micro-batches
+    # (``contexts``) or a plugin's split of the step (Plan.micro)
     by_copy = {k: (c if chips is None else c.restricted(chips)) for k, c in (contexts or {}).items()}
+    if not by_copy and plan.micro:
+        by_copy = {m: plan.context(m, ctx) for m in range(len(plan.micro))}
     dag = OpDag()
     n_chips = ctx.rankmap.chips
     if chips is not None and tuple(chips) == tuple(range(len(chips))):
@@ -744,7 +803,7 @@ def estimate_size(plan: Plan, program: tuple[LogicalOp, ...] | None = None) -> S
 
     """
     ctx = plan.ctx
-    program = program if program is not None else build_program(ctx.model)
+    program = program if program is not None else plan.program()
     layers: dict[int, list[LogicalOp]] = {}
     for lop in program:
         layers.setdefault(lop.layer, []).append(lop)
@@ -760,7 +819,7 @@ def estimate_size(plan: Plan, program: tuple[LogicalOp, ...] | None = None) -> S
     for same in kinds.values():
         n_ops = n_flows = 0
         for lop in layers[same[0]]:
-            _, frag = expand(ctx, lop)
+            _, frag = expand(plan.context(lop.micro), lop)
             n_ops += len(frag.ops)
             for op in frag.ops:
                 if type(op) is CommOp:
@@ -800,7 +859,7 @@ def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1, cycles
         plan = attrs.evolve(plan, ctx=plan.ctx.restricted(tuple(range(plan.ctx.rankmap.chips // replicas))))
     _check_placed_floor(plan, limit)
     mb = plan.microbatches
-    program = build_program(plan.ctx.model)
+    program = plan.program()   # once per micro-batch of a split step (two-batch overlap)
     if mb is not None and mb.cycles_apply:   # each step of a cycling micro-batch gets its tokens back
         program = (LogicalOp("token_return", EMBED_LAYER),) + program
     est = estimate_size(plan, program)

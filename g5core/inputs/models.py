@@ -67,8 +67,20 @@ class MoESpec:
     #: every ``layer_step``-th layer is MoE (Llama 4 Maverick: 2); layer i is MoE when
     #: i % layer_step == layer_step - 1 (Hugging Face Llama 4's rule) and i >= first_dense_layers
     layer_step: int = attrs.field(default=1, validator=_POS)
+    # group-limited routing (DeepSeek-V3 config.json ``n_group`` / ``topk_group``): the routed
+    # experts form ``n_groups`` equal contiguous groups and each token picks its experts from
+    # ``topk_groups`` of them; 1 / 1 is plain top-k routing
+    n_groups: int = attrs.field(default=1, validator=_POS)
+    topk_groups: int = attrs.field(default=1, validator=_POS)
 
     def __attrs_post_init__(self) -> None:
+        if self.n_routed_experts % self.n_groups:
+            raise ConfigError("n_group", f"{self.n_routed_experts} routed experts do not split into "
+                                         f"{self.n_groups} equal groups")
+        if self.topk_groups > self.n_groups or (self.n_groups > 1 and self.topk_groups
+                                                * (self.n_routed_experts // self.n_groups) < self.n_active_experts):
+            raise ConfigError("topk_group", f"topk_group {self.topk_groups} of n_group {self.n_groups} cannot hold "
+                                            f"{self.n_active_experts} routed experts per token")
         if self.n_active_experts > self.n_routed_experts:
             raise ConfigError(
                 "num_experts_per_tok",
@@ -333,7 +345,8 @@ class _Fields:
         return MoESpec(n_routed_experts=self.integer("n_routed_experts"),
                        n_active_experts=self.integer("num_experts_per_tok"), expert_ffn_dim=expert,
                        n_shared_experts=shared, shared_expert_ffn_dim=expert if shared else 0,
-                       first_dense_layers=self.integer("first_k_dense_replace", 0, minimum=0))
+                       first_dense_layers=self.integer("first_k_dense_replace", 0, minimum=0),
+                       n_groups=self.integer("n_group", 1), topk_groups=self.integer("topk_group", 1))
 
     def _layer_types(self) -> list | None:
         types = self.data.get("layer_types")
@@ -518,7 +531,8 @@ _MODELS = (  # name, hidden_size, n_layers, vocab_size, ffn_dim, attention
         attention=AttentionSpec(kind="mla", n_heads=128, n_kv_heads=128, head_dim=192, q_lora_rank=1536, kv_lora_rank=512,
                       qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128),
         moe=MoESpec(n_routed_experts=256, n_active_experts=8, expert_ffn_dim=2048,
-                    n_shared_experts=1, shared_expert_ffn_dim=2048, first_dense_layers=3),
+                    n_shared_experts=1, shared_expert_ffn_dim=2048, first_dense_layers=3,
+                    n_groups=8, topk_groups=4),
         max_context_tokens=163840,
     ),
 )

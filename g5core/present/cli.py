@@ -479,15 +479,46 @@ def systems_show_cmd(name):
 @click.option("--redop", default="sum", show_default=True,
               help="nccl-tests' -o: the reduction of all_reduce and reduce_scatter (sum, prod, max, min, avg).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows instead of the table.")
-def collective_cmd(op, system_name, chips, sizes, factor, disabled, dtype, redop, as_json):
+@click.option("--tokens", default=None, callback=_int_list, metavar="N[,N...]",
+              help="ep_dispatch/ep_combine: tokens per rank (4096).")
+@click.option("--topk", type=int, default=None, help="ep_dispatch/ep_combine: experts per token (8).")
+@click.option("--hidden", type=int, default=None, help="ep_dispatch/ep_combine: hidden size (7168).")
+@click.option("--experts", type=int, default=None, help="ep_dispatch/ep_combine: routed experts (256).")
+@click.option("--groups", type=int, default=None, help="ep_dispatch/ep_combine: routing groups (the nodes).")
+@click.option("--topk-groups", type=int, default=None,
+              help="ep_dispatch/ep_combine: groups per token (min(groups, 4)).")
+@click.option("--kernel", default=None, help="ep_dispatch/ep_combine: normal or low_latency (normal).")
+@click.option("--copy-dtype", default=None,
+              help="ep_dispatch/ep_combine: a token copy's dtype, fp8 or bf16 (fp8 dispatch, bf16 combine).")
+def collective_cmd(op, system_name, chips, sizes, factor, disabled, dtype, redop, as_json, tokens, topk, hidden,
+                   experts, groups, topk_groups, kernel, copy_dtype):
     """One collective alone on SYSTEM, size by size, shaped like nccl-tests output.
 
     OP is all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, gather or p2p
-    (nccl-tests names such as allreduce and alltoall work too)."""
-    from g5core.sim.collbench import collective_rows, size_range
-    from g5core.present.render import render_collective
+    (nccl-tests names such as allreduce and alltoall work too), or ep_dispatch / ep_combine:
+    one MoE dispatch or combine over the chips, token count by token count, shaped like
+    DeepEP's tests (time per call, logical RDMA and NVLink bandwidth)."""
+    from g5core.sim.collbench import bench_rows, collective_rows, size_range
+    from g5core.present.render import render_bench_rows, render_collective
     from g5core.inputs.systems import get_system
 
+    ep_params = {"topk": topk, "hidden": hidden, "experts": experts, "groups": groups, "topk_groups": topk_groups,
+                 "kernel": kernel, "dtype": copy_dtype}
+    ep_flags = {"topk": "--topk", "hidden": "--hidden", "experts": "--experts", "groups": "--groups",
+                "topk_groups": "--topk-groups", "kernel": "--kernel", "dtype": "--copy-dtype"}
+    if op in ("ep_dispatch", "ep_combine"):
+        counts = list(tokens) if tokens is not None else [4096]
+        rows = bench_rows(op, system_name, chips, counts, ep_params, disabled)
+        if as_json:
+            click.echo(json.dumps(rows, indent=1, allow_nan=False))
+            return
+        system = get_system(system_name)
+        click.echo(render_bench_rows(op, system.name, chips, -(-chips // system.chips_per_node), ep_params, rows))
+        return
+    given = [name for name, v in (("--tokens", tokens), *((ep_flags[k], v) for k, v in ep_params.items()))
+             if v is not None]
+    if given:
+        raise ConfigError(given[0], f"applies to ep_dispatch and ep_combine only, not {op}")
     sizes_list = size_range(sizes, factor)
     rows = collective_rows(op, system_name, chips, sizes_list, disabled, dtype=dtype, redop=redop)
     if as_json:

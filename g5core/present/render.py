@@ -81,6 +81,8 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
         lines.append(_pipeline_line(out.sim.pipeline, dep.size("pp"), out.tokens_per_s_per_chip))
     for plugin, choice in step_choices(out.plan.ctx).items():
         lines.append(f"{plugin} chose " + ", ".join(f"{k} {v}" for k, v in choice.items()))
+    for _plugin, notes in out.plan.hooks.call_each("g5_run_notes", ctx=out.plan.ctx):
+        lines.extend(str(n) for n in notes)
     if out.sim is None:
         lines.append(f"closed form: compute {fmt_s(out.math.compute_s)} + communication {fmt_s(out.math.comm_s)} "
                      "(alpha-beta), no overlap, no contention")
@@ -368,4 +370,19 @@ def render_collective(primitive: str, system_name: str, chips: int, nodes: int, 
                 f"{r['busbw_bytes_per_s'] / 1e9:>7.2f} {'-':>6}")
         lines.append(f" {r['size_bytes']:>12} {r['count']:>12} {r['type']:>8} {r['redop']:>6} {r['root']:>6} "
                      f"{half} {half}  {r['algorithm']:<9} {r['protocol']:<8} {r['channels']}")
+    return "\n".join(lines)
+
+
+def render_bench_rows(name: str, system_name: str, chips: int, nodes: int, params: dict, rows: list[dict]) -> str:
+    """The table DeepEP's tests print for ``g5 collective ep_dispatch|ep_combine``: time per
+    call and each logical bandwidth in GB/s."""
+    columns = [k for k in rows[0] if k.endswith("_bytes_per_s")] if rows else []
+    given = ", ".join(f"{k} {v}" for k, v in sorted(params.items()) if v is not None)
+    lines = [f"# {name} on {chips} chips of {system_name} ({nodes} node{'s' if nodes != 1 else ''}); {given}; "
+             "time of the call alone, GB/s = 1e9 bytes/s of the logical bytes per rank",
+             f"#{'tokens':>9} {'time(us)':>11} " + " ".join(f"{c[:-len('_bytes_per_s')] + ' GB/s':>10}" for c in columns)
+             + "  algorithm"]
+    for r in rows:
+        lines.append(f" {r['tokens']:>9} {r['time_s'] * 1e6:>11.2f} "
+                     + " ".join(f"{r[c] / 1e9:>10.2f}" for c in columns) + f"  {r['algorithm']}")
     return "\n".join(lines)

@@ -137,3 +137,43 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
     return compile_one
 
 
+# ------------------------------------------------------------------------------ multi-op benchmarks
+def bench_rows(name: str, system_name: str, chips: int, tokens: Iterable[int], params: dict,
+               disabled: Iterable[str] = ()) -> list[dict]:
+    """``g5 collective NAME`` for a name a plugin answers through ``g5_bench_ops`` (EP
+    dispatch and combine): one row per token count, ``tokens, time_s, <column>_bytes_per_s``
+    for every logical-bytes column the plugin gives (bytes per rank / time), ``algorithm``."""
+    from g5core.build.builder import make_topology
+    from g5core.build.dag import OpDag
+    from g5core.sim.collective import collect_primitives
+    from g5core.sim.engine import Engine, compile_ops
+    from g5core.api.plugins import Hooks, make_plugin_manager
+    from g5core.inputs.systems import get_system
+
+    if isinstance(chips, bool) or not isinstance(chips, int) or chips < 2:
+        raise ConfigError("--chips", f"an exchange needs at least 2 chips, got {chips!r}")
+    hooks = Hooks(make_plugin_manager(disabled=tuple(disabled)))
+    primitives = collect_primitives(hooks)
+    system = get_system(system_name)
+    topo = make_topology(hooks, system, chips)
+    rows = []
+    for n_tokens in tokens:
+        answers = hooks.call_each("g5_bench_ops", name=name, topology=topo, params={**params, "tokens": n_tokens})
+        if not answers:
+            raise ConfigError("OP", f"no enabled plugin offers the benchmark {name!r}")
+        _plugin, (fragment, logical) = answers[0]
+        dag = OpDag()
+        for op in fragment.ops:
+            dag.add_op(op)
+        for a, b in fragment.edges:
+            dag.add_edge(a, b)
+        compiled = compile_ops(dag, topology=topo, primitives=primitives, hooks=hooks, system=system,
+                               deployment=None)
+        time_s = Engine(dag=compiled).run().makespan_s
+        row = {"tokens": int(n_tokens), "time_s": time_s}
+        for column, nbytes in logical.items():
+            row[f"{column}_bytes_per_s"] = nbytes / time_s if time_s > 0 else 0.0
+        row["algorithm"] = "+".join(dict.fromkeys(a[0] for a in compiled.comm_algo))
+        rows.append(row)
+    return rows
+

@@ -18,6 +18,14 @@ from g5core.api.records import Lowering
 from g5core.build.topology import Topology
 
 
+#: The fraction of a chip's NVLink bandwidth that SM-driven copies between GPUs reach:
+#: fitted by ``python tools/fit_p2p.py`` to nccl-tests alltoall on 2, 4 and 8 x H100
+#: (tests/data/nccl/aiconfigurator-h100-sxm-nccl2.29.2.csv) together with NCCL's per-channel
+#: copy rate (plugins/collectives/nccl.py, "point to point"); NCCL's p2p lowering and the EP
+#: plugin's DeepEP NVLink legs both use it.
+NVLINK_COPY_EFFICIENCY = 0.772
+
+
 LowerFn = Callable[[tuple, float, Topology], Lowering]
 
 

@@ -18,6 +18,8 @@ import math
 
 import attrs
 
+from g5core import NVLINK_COPY_EFFICIENCY
+
 ALGORITHMS = ("tree", "ring", "nvls", "nvls_tree")
 PROTOCOLS = ("ll", "ll128", "simple")
 
@@ -287,7 +289,7 @@ P2P_LL_WIRE_FACTOR = 2.0          # LL: a 4-byte flag with every 4 data bytes (d
 # error 0.113); the same constants are checked, unchanged, on H200, B200 and A100 tables
 # (the script prints the errors; README "Network model" quotes them).
 P2P_CHANNEL_COPY_RATE_GBYTES_PER_S = 16.53
-P2P_NVLINK_EFFICIENCY = 0.772
+P2P_NVLINK_EFFICIENCY = NVLINK_COPY_EFFICIENCY  # kept in g5core: the EP plugin's NVLink legs use it too
 
 
 def pow2_up(n: int) -> int:
