@@ -281,23 +281,78 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
 
 @main.command("best")
 @config_options
-@click.option("--objective", type=click.Choice(["ttft", "tpot", "tokens_per_s_per_chip", "latency"]), default=None,
-              help="What to rank by [default: ttft for prefill, tpot for decode, latency for a mixed step].")
+@click.option("--objective", type=click.Choice(["ttft", "tpot", "tokens_per_s_per_chip", "latency", "goodput_per_chip",
+                                                "throughput_per_chip", "min_chips"]), default=None,
+              help="What to rank by [default: ttft for prefill, tpot for decode, latency for a mixed step; with "
+                   "--serve: goodput_per_chip (or throughput_per_chip, min_chips with --rate)].")
 @click.option("--top", "top", default=10, show_default=True, type=click.IntRange(min=1), help="How many to show.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes, tokens_per_s_per_chip, objective_value and the full configuration.")
+              help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes, "
+                   "tokens_per_s_per_chip, objective_value and the full configuration (with --serve: config, "
+                   "capacity_requests_per_s, goodput_per_chip, ...).")
 @click.option("--db", "db_path", default=None, type=click.Path(dir_okay=False),
               help="Keep the simulated layouts in this results database (and reuse what it holds).")
 @sweep_options
-def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, workers, executor):
+@click.option("--serve", "serve", is_flag=True,
+              help="Serving search: the deployment (layout, instances, scheduler limits, aggregated or "
+                   "disaggregated) with the highest capacity within --slo.")
+@click.option("--workload", "workload", metavar="SPEC", help="--serve: the arrival process, poisson or gamma:cv=C.")
+@click.option("--requests", type=int, default=None, metavar="N",
+              help="--serve: requests of each run at one rate [default: 300].")
+@click.option("--isl", default=None, metavar="DIST", help="--serve: input lengths (as g5 serve's --isl).")
+@click.option("--osl", default=None, metavar="DIST", help="--serve: output lengths (as g5 serve's --osl).")
+@click.option("--slo", default=None, metavar="LIMITS", help="--serve: the limits, e.g. ttft_p90=2s,tpot_p90=50ms.")
+@click.option("--seed", type=int, default=None, help="--serve: the workload's seed (default 0).")
+@click.option("--rate", type=float, default=None, metavar="R", help="--serve, min_chips: the rate to serve (req/s).")
+@click.option("--disagg", type=click.Choice(["off", "on", "auto"]), default="auto", show_default=True,
+              help="--serve: aggregated only, disaggregated only, or both.")
+@click.option("--chunks", callback=_int_list, default=None,
+              help="--serve: chunk sizes (max_num_batched_tokens) to try [default: 2048,8192].")
+@click.option("--seqs", callback=_int_list, default=None,
+              help="--serve: max_num_seqs values [default: powers of two from 8 to what the KV pool holds].")
+@click.option("--tolerance", type=float, default=None,
+              help="--serve: the bisection stops at hi/lo <= 1 + this [default: 0.05].")
+@click.option("--max-rate", "max_rate", type=float, default=None, help="--serve: the rate ceiling [default: 1000].")
+@click.option("--beam", type=int, default=None,
+              help="--serve: disaggregated pairs from this many best layouts per role [default: 3].")
+@click.option("--vary", default=None, metavar="DIMS",
+              help="--serve: only these dimensions vary, e.g. tp,cp (the others stay 1) [default: all].")
+@click.option("--settle", type=float, default=None,
+              help="--serve: each run holds this many times the requests in the system [default: 16].")
+@click.option("--confirm", type=int, default=None,
+              help="--serve: further seeds the capacity must hold on [default: 2].")
+def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, workers, executor, serve, workload,
+             requests, isl, osl, slo, seed, rate, disagg, chunks, seqs, tolerance, max_rate, beam, vary, settle,
+             confirm):
     """Layout search: every split of chips over the registered dimensions; those that are invalid or
-    do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked."""
+    do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked.
+
+    With --serve: the serving search (see g5core/study/serve_search.py)."""
     from g5core.sim.run import load_raw
     from g5core.study.search import best_layouts
     from g5core.present.render import render_best
     from g5core.study.sweep import default_progress
 
-    result = best_layouts(load_raw(config, overrides), objective, db_path, disabled, workers, executor,
+    raw = load_raw(config, overrides)
+    serve_only = {"--workload": workload, "--requests": requests, "--isl": isl, "--osl": osl, "--slo": slo,
+                  "--seed": seed, "--rate": rate, "--chunks": chunks, "--seqs": seqs, "--tolerance": tolerance,
+                  "--max-rate": max_rate, "--beam": beam, "--vary": vary, "--settle": settle, "--confirm": confirm}
+    if serve:
+        from g5core.present.render import render_serve_best
+        from g5core.study.serve_search import best_serve_command
+
+        found = best_serve_command(raw, config, disabled, objective, db_path, workers, executor, disagg=disagg,
+                                   **{k[2:].replace("-", "_"): v for k, v in serve_only.items()})
+        if as_json:
+            click.echo(json.dumps([s.to_json_dict() for s in found.ranked[:top]], indent=2, sort_keys=True,
+                                  allow_nan=False))
+        else:
+            click.echo(render_serve_best(found, top))
+        return
+    given = [k for k, v in serve_only.items() if v is not None]
+    if given:
+        raise ConfigError(given[0], "applies to the serving search; add --serve")
+    result = best_layouts(raw, objective, db_path, disabled, workers, executor,
                           progress=default_progress(), inputs=[config])
     if as_json:
         click.echo(json.dumps([c.to_json_dict() for c in result.ranked[:top]], indent=2))
@@ -310,13 +365,14 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
 @click.option("-o", "--output", "output", default=None, type=click.Path(dir_okay=False),
               help="Image file, .png or .svg [default: g5-KIND.png].")
 @click.option("--kind", type=click.Choice(["latency", "memory", "pareto", "timeline", "serve-cdf", "serve-occupancy",
-                                          "serve-throughput"]), default="latency",
+                                          "serve-throughput", "serve-pareto"]), default="latency",
               show_default=True, help="latency: TTFT/TPOT against --x, one line per S; memory: stacked per-chip "
                                       "memory against capacity; pareto: latency against memory; timeline: one layer "
                                       "across the chips of a group, compute against communication; serve-cdf: "
                                       "TTFT/TPOT CDFs of serving runs; serve-occupancy: KV use and waiting requests "
                                       "over time; serve-throughput: tokens/s per chip against per-user speed across "
-                                      "a rate sweep.")
+                                      "a rate sweep; serve-pareto: output tokens/s per chip against per user of a g5 best --serve search's "
+                                      "candidates at their capacity.")
 @click.option("--sweep", "sweep_id", type=int, default=None, help="Only this sweep's rows [default: every row].")
 @click.option("--x", "x_dim", default="cp", show_default=True,
               help="The parallel dimension on the x axis (latency) or whose group the timeline shows.")
@@ -336,9 +392,9 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key, where):
     conditions = parse_where(where)
     target = check_output_path(output, "-o", inputs=[db])
     if kind.startswith("serve-"):
-        from g5core.serve.plots import load_serving_rows, serve_figure
+        from g5core.serve.plots import load_search_rows, load_serving_rows, serve_figure
 
-        fig = serve_figure(kind, load_serving_rows(db))
+        fig = serve_figure(kind, load_search_rows(db) if kind == "serve-pareto" else load_serving_rows(db))
     else:
         fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key,
                           where=conditions, auto_dims=auto_dims(db, sweep_id))

@@ -12,6 +12,7 @@ from g5core.sim.compute import MEASURED
 from g5core.sim.memory import GIB
 from g5core.sim.results import network_load, step_choices
 from g5core.study.search import SearchResult, layout_label
+from g5core.study.serve_search import short_label
 
 
 def fmt_s(seconds: float) -> str:
@@ -310,6 +311,49 @@ def render_best(result: SearchResult, top: int) -> str:
                 lines.append(f"  does not fit: {len(members)} layout(s), short by {by}: {examples}{more}")
             else:
                 lines.append(f"  {family}: {len(members)} layout(s) ({examples}{more}); e.g. {members[0].reason}")
+    return "\n".join(lines)
+
+
+def render_serve_best(result, top: int) -> str:
+    """The text of ``g5 best --serve`` (a :class:`g5core.study.serve_search.ServeSearchResult`):
+    top K, the Pareto front, why the winner, what was pruned."""
+    import yaml
+
+    def rows(items, rank=True):
+        out = []
+        for i, s in enumerate(items):
+            j = s.to_json_dict()
+            out.append(([i + 1] if rank else []) + [
+                "disagg" if j["disaggregated"] else "agg", s.candidate.label(), f"{s.capacity:.4g}",
+                f"{j['goodput_per_chip']:.4g}", f"{j['output_tokens_per_s_per_chip']:.4g}",
+                f"{j['output_tokens_per_s_per_user']:.4g}",
+                "-" if j["ttft_s"]["p90"] is None else f"{j['ttft_s']['p90']:.3g} s",
+                "-" if j["tpot_s"]["p90"] is None else f"{j['tpot_s']['p90'] * 1e3:.3g} ms",
+                fmt_bytes(j["max_total_bytes"])])
+        return out
+
+    head = ["kind", "deployment", "capacity req/s", "goodput req/s/chip", "out tok/s/chip", "out tok/s/user",
+            "TTFT p90", "TPOT p90", "memory per chip"]
+    st = result.settings
+    lines = [f"serving search, SLO {st.slo}: {result.layouts} layout x chunk cells screened, {len(result.pruned)} "
+             f"pruned; {result.candidates} candidates simulated ({result.runs} serving runs"
+             + (f"; {result.skipped_by_beam} disaggregated layout pairs beyond --beam {st.beam} not tried"
+                if result.skipped_by_beam else "") + f"); ranked by {result.objective}"
+             + (f" at {st.rate:g} req/s" if st.rate is not None else "") + " (best first)",
+             f"capacity: the highest Poisson rate at which the SLO holds, bisected to within {st.tolerance:.0%}",
+             table(rows(result.ranked[:top]), ["rank"] + head)]
+    lines += ["", "Pareto front (output tokens/s per chip against per user, at capacity):",
+              table(rows(result.pareto(), rank=False), head)]
+    lines += ["", "why: " + result.why()]
+    if result.ranked:
+        lines += ["", "the winner, as g5 serve takes it (g5 serve FILE reproduces its capacity):",
+                  yaml.safe_dump(result.ranked[0].config, sort_keys=False).rstrip()]
+    if result.pruned:
+        lines += ["", "pruned:"]
+        for family, members in result.families():
+            examples = ", ".join(f"[{short_label(p.parallel)} chunk={p.chunk}]" for p in members[:3])
+            more = f" and {len(members) - 3} more" if len(members) > 3 else ""
+            lines.append(f"  {family}: {len(members)} ({examples}{more}); e.g. {members[0].reason}")
     return "\n".join(lines)
 
 

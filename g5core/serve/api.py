@@ -185,10 +185,13 @@ class ServeResult:
 
 
 def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, workload: Workload, disabled=(),
-                exact: bool = False, runner: Optional[Callable[[Groups], float]] = None) -> tuple[Deployment, list]:
+                exact: bool = False, runner: Optional[Callable[[Groups], float]] = None,
+                runner_for: Optional[Callable] = None) -> tuple[Deployment, list]:
     """The pools of a deployment, each a prepared plan with its KV pool from the ledger,
     checked against the workload's longest request before anything is simulated.
-    ``runner``: ``groups -> latency_s`` instead of the plan's engine (tests)."""
+    ``runner``: ``groups -> latency_s`` instead of the plan's engine (tests);
+    ``runner_for``: ``(pool configuration, prepared plan) -> runner``, one per pool (a
+    caller sharing step latencies between deployments of the same layout)."""
     from g5core.sim.prepared import prepare
 
     longest_prompt = max(r.input_tokens for r in workload.requests)
@@ -215,7 +218,8 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
             raise ConfigError(field, f"KV pool {_gib(sizing.pool_bytes_per_chip)} per chip holds "
                                      f"{blocks * s.block_size:,} tokens; the longest request needs {need:,}: "
                                      "use more chips per instance (tp, pp, cp) or shorter requests")
-        cost = PlanCost(runner or plan_step_runner(prepared), exact, multiple, cp > 1,
+        step_runner = runner or (runner_for(praw, prepared) if runner_for else plan_step_runner(prepared))
+        cost = PlanCost(step_runner, exact, multiple, cp > 1,
                         sizing.kv_bytes_per_token_per_chip, sizing.pool_bytes_per_chip, sizing.capacity_tokens,
                         sizing.chips)
         pool = Pool(ps.role, ps.instances, cost, s, blocks, registry.router(ps.router)(),

@@ -3,7 +3,12 @@
 - ``serve-cdf``: TTFT and TPOT latency CDFs, one line per row;
 - ``serve-occupancy``: KV-pool use and waiting requests over time, one line per row;
 - ``serve-throughput``: output tokens/s per chip against per-user speed (1 / TPOT p50,
-  tokens/s) across the rows of a rate sweep, each point labelled with its arrival rate.
+  tokens/s) across the rows of a rate sweep, each point labelled with its arrival rate;
+- ``serve-pareto``: output tokens/s per chip against output tokens/s per user (1 / TPOT
+  p50) of a ``g5 best --serve`` search's candidates at their capacity (per chip: the
+  capacity times the mean output tokens, over the chips) (its ``serve_search``
+  rows), aggregated and disaggregated deployments told apart, the Pareto front drawn and
+  its points labelled.
 """
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from typing import Mapping, Sequence
 
 from g5core.api.errors import ConfigError
 
-SERVE_KINDS = ("serve-cdf", "serve-occupancy", "serve-throughput")
+SERVE_KINDS = ("serve-cdf", "serve-occupancy", "serve-throughput", "serve-pareto")
 
 
 def _label(row: Mapping) -> str:
@@ -24,8 +29,12 @@ def serve_figure(kind: str, rows: Sequence[Mapping]):
     from g5core.present.plots import FIGSIZE_IN, _pyplot
 
     if not rows:
-        raise ConfigError("--kind", f"{kind} needs serving rows: run g5 serve --db or a serving sweep first")
+        raise ConfigError("--kind", f"{kind} needs serving rows: run "
+                                    + ("g5 best --serve --db first" if kind == "serve-pareto"
+                                       else "g5 serve --db or a serving sweep first"))
     plt = _pyplot()
+    if kind == "serve-pareto":
+        return _pareto_figure(plt, rows, FIGSIZE_IN)
     if kind == "serve-cdf":
         fig, (a, b) = plt.subplots(1, 2, figsize=FIGSIZE_IN)
         for r in rows:
@@ -80,5 +89,55 @@ def load_serving_rows(db_path) -> list[dict]:
         if "serving_results" not in tables:
             return []
         return ServingDB(db).rows()
+    finally:
+        db.close()
+
+
+def _pareto_figure(plt, rows: Sequence[Mapping], figsize):
+    """``rows``: :func:`load_search_rows`'s (one per candidate with a capacity)."""
+    fig, ax = plt.subplots(figsize=figsize)
+    pts = [(r["per_user"], r["per_chip"], r) for r in rows]
+    front, best = [], -1.0
+    for x, y, r in sorted(pts, key=lambda p: (-p[0], -p[1])):
+        if y > best:
+            front.append((x, y, r))
+            best = y
+    for disagg, marker, name in ((False, "o", "aggregated"), (True, "^", "disaggregated")):
+        sel = [p for p in pts if p[2]["disaggregated"] == disagg]
+        if sel:
+            ax.scatter([p[0] for p in sel], [p[1] for p in sel], marker=marker, label=name, alpha=0.7)
+    front.sort(key=lambda p: p[0])
+    ax.plot([p[0] for p in front], [p[1] for p in front], color="black", linewidth=1, label="Pareto front")
+    for x, y, r in front:
+        ax.annotate(r["label"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xlabel("output tokens/s per user (1 / TPOT p50)")
+    ax.set_ylabel("output tokens/s per chip")
+    ax.set_title("serving search: candidates at their capacity")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def load_search_rows(db_path) -> list[dict]:
+    """The candidates of the ``g5 best --serve`` searches in a results database, each at its
+    capacity: ``label``, ``disaggregated``, ``per_chip`` and ``per_user`` (output tokens/s)."""
+    from g5core.study.resultsdb import ResultsDB
+
+    db = ResultsDB.open_existing(db_path)
+    try:
+        tables = {r[0] for r in db.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "serve_search" not in tables:
+            return []
+        out = []
+        for (payload,) in db.con.execute("SELECT payload FROM serve_search WHERE kind = 'candidate' ORDER BY key"):
+            p = json.loads(payload)
+            held = p.get("held")
+            if p.get("status") != "ok" or not held or not held["tpot_s"]["p50"]:
+                continue
+            out.append({"label": p["label"], "disaggregated": p["disaggregated"],
+                        "per_chip": p["capacity_requests_per_s"] * held["mean_output_tokens"] / p["chips"],
+                        "per_user": 1.0 / held["tpot_s"]["p50"]})
+        return out
     finally:
         db.close()

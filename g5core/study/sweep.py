@@ -482,6 +482,37 @@ def run_sweep(base: Mapping, grid: Grid, db_path, *, disabled: Sequence[str] = (
     return SweepReport(sweep_id=sweep_id, db_path=str(db_path), rows=out, computed=computed, reused=reused)
 
 
+def run_windowed(exe, items: Iterable, workers: int, start: Callable, done: Callable) -> None:
+    """Run ``items`` on ``exe``: ``start(exe, item)`` submits one (a future, or ``None`` when
+    there is nothing to run), a window of two per worker in flight (one in process, so each
+    result is stored before the next item starts); ``done(item, result)`` for each finished
+    one, in submission order among those that finish together."""
+    window = 1 if isinstance(exe, LocalExecutor) and workers == 1 else 2 * workers
+    pending: dict = {}
+    order = 0
+    todo = iter(items)
+    with exe:
+        exhausted = False
+        while True:
+            while not exhausted and len(pending) < window:
+                item = next(todo, _END)
+                if item is _END:
+                    exhausted = True
+                    break
+                fut = start(exe, item)
+                if fut is not None:
+                    pending[fut] = (order, item)
+                    order += 1
+            if not pending:
+                break
+            for fut in sorted(exe.wait(list(pending)), key=lambda f: pending[f][0]):
+                _, item = pending.pop(fut)
+                done(item, fut.result())
+
+
+_END = object()
+
+
 def _drive(db: ResultsDB, exe, cells: Sequence[_Cell], disabled, runner, extra_plugins, reporter,
            workers: int) -> tuple[int, int]:
     """Submit cells (a window of ``2 x workers`` in flight), store each result, report progress."""
@@ -505,37 +536,29 @@ def _drive(db: ResultsDB, exe, cells: Sequence[_Cell], disabled, runner, extra_p
     kwargs = {"runner": runner} if runner is not None else {}
     if extra_plugins:
         kwargs["extra_plugins"] = extra_plugins
-    # in-process, each cell is stored before the next one starts; workers get two cells each
-    window = 1 if isinstance(exe, LocalExecutor) and workers == 1 else 2 * workers
-    pending: dict = {}
-    todo = iter(cells)
+
+    def start(exe, cell: _Cell):
+        nonlocal reused, computed
+        if cell.key in seen or db.has(cell.key):
+            reused += cell.key not in seen
+            seen.add(cell.key)
+            finish(cell, None)
+            return None
+        seen.add(cell.key)
+        if cell.raw is None:
+            finish(cell, store(cell, {"status": "error", "error": cell.error, "g5_version": __version__,
+                                      "wall_s": 0.0, "finished_at": utc_now()}))
+            computed += 1
+            return None
+        return exe.submit(run_cell, cell.raw, cell.disabled, **kwargs)
+
+    def done(cell: _Cell, result) -> None:
+        nonlocal computed
+        finish(cell, store(cell, result))
+        computed += 1
+
     try:
-        with exe:
-            exhausted = False
-            while True:
-                while not exhausted and len(pending) < window:
-                    cell = next(todo, None)
-                    if cell is None:
-                        exhausted = True
-                        break
-                    if cell.key in seen or db.has(cell.key):
-                        reused += cell.key not in seen
-                        seen.add(cell.key)
-                        finish(cell, None)
-                        continue
-                    seen.add(cell.key)
-                    if cell.raw is None:
-                        finish(cell, store(cell, {"status": "error", "error": cell.error, "g5_version": __version__,
-                                                  "wall_s": 0.0, "finished_at": utc_now()}))
-                        computed += 1
-                        continue
-                    pending[exe.submit(run_cell, cell.raw, cell.disabled, **kwargs)] = cell
-                if not pending:
-                    break
-                for fut in sorted(exe.wait(list(pending)), key=lambda f: pending[f].n):
-                    cell = pending.pop(fut)
-                    finish(cell, store(cell, fut.result()))
-                    computed += 1
+        run_windowed(exe, cells, workers, start, done)
     finally:
         if reporter is not None:
             reporter.close()

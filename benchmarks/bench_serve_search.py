@@ -1,0 +1,80 @@
+"""g5 best --serve benchmark: wall time of the serving search and how many candidates it
+simulated and pruned.
+
+Not a test: it reports figures. The issue's case: llama-3.1-70b on 16 h100-sxm chips, ISL
+8,192 / OSL 1,024 (Poisson), SLO ttft_p90=2s,tpot_p90=50ms, aggregated and disaggregated
+(``--disagg auto``), 2 local workers. Usage:
+
+    python benchmarks/bench_serve_search.py                       # the search's defaults
+    python benchmarks/bench_serve_search.py --vary tp,cp --chunks 8192 --seqs 32,64,128 --settle 4 --confirm 0
+
+Prints one JSON object: ``wall_s``, ``cpu_s`` (this process only: the workers' CPU is not in
+it), ``load_1min`` before and after (the machine is shared), the counts (layout x chunk
+cells screened, pruned by family, candidates simulated, serving runs), the settings and the
+winner (its deployment, capacity, per-chip figures and the "why").
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="llama-3.1-70b")
+    ap.add_argument("--system", default="h100-sxm")
+    ap.add_argument("--chips", type=int, default=16)
+    ap.add_argument("--isl", type=int, default=8192)
+    ap.add_argument("--osl", type=int, default=1024)
+    ap.add_argument("--slo", default="ttft_p90=2s,tpot_p90=50ms")
+    ap.add_argument("--disagg", default="auto")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=300)
+    ap.add_argument("--vary", default=None, help="e.g. tp,cp (default: every registered dimension)")
+    ap.add_argument("--chunks", default=None, help="e.g. 2048,8192")
+    ap.add_argument("--seqs", default=None, help="e.g. 32,64,128")
+    ap.add_argument("--settle", type=float, default=None)
+    ap.add_argument("--confirm", type=int, default=None)
+    ap.add_argument("--beam", type=int, default=None)
+    args = ap.parse_args()
+
+    from g5core.study import serve_search as ss
+
+    ints = lambda text: tuple(int(v) for v in text.split(",")) if text else None  # noqa: E731
+    settings = ss.SearchSettings(
+        slo=args.slo, disagg=args.disagg, chunks=ints(args.chunks) or ss.DEFAULT_CHUNKS, seqs=ints(args.seqs),
+        vary=tuple(args.vary.split(",")) if args.vary else None,
+        settle=ss.SETTLE if args.settle is None else args.settle,
+        confirm=ss.DEFAULT_CONFIRM if args.confirm is None else args.confirm,
+        beam=ss.DEFAULT_BEAM if args.beam is None else args.beam)
+    raw = {"model": args.model, "system": args.system, "chips": args.chips}
+    workload = {"requests": args.requests, "arrival": {"kind": "poisson"}, "input_tokens": args.isl,
+                "output_tokens": args.osl, "seed": 0}
+    load0 = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        t0, c0 = time.perf_counter(), time.process_time()
+        res = ss.serve_search(raw, workload, settings, db_path=f"{tmp}/bench.db", workers=args.workers)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    win = res.ranked[0].to_json_dict() if res.ranked else None
+    print(json.dumps({
+        "case": {**raw, "isl": args.isl, "osl": args.osl, "slo": args.slo, "workers": args.workers},
+        "settings": {k: v for k, v in vars(args).items()},
+        "wall_s": round(wall, 1), "cpu_s_driver": round(cpu, 1),
+        "load_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
+        "screened": res.layouts, "pruned": len(res.pruned),
+        "pruned_by_family": {f: len(m) for f, m in res.families()},
+        "simulated": res.candidates, "beyond_beam": res.skipped_by_beam, "serving_runs": res.runs,
+        "winner": None if win is None else {
+            "deployment": res.ranked[0].candidate.label(), "disaggregated": win["disaggregated"],
+            "capacity_requests_per_s": win["capacity_requests_per_s"], "goodput_per_chip": win["goodput_per_chip"],
+            "output_tokens_per_s_per_chip": win["output_tokens_per_s_per_chip"], "ttft_s": win["ttft_s"],
+            "tpot_s": win["tpot_s"]},
+        "why": res.why(),
+    }, indent=2))
+
+
+if __name__ == "__main__":
+    main()

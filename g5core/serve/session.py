@@ -1,0 +1,67 @@
+"""A deployment built once and served many workloads: what a rate search (``g5 best
+--serve``'s capacity bisection) needs, since building the pools (prepared plans, KV sizing)
+and the engine's step latencies (cached per step shape in each pool's cost model) are most
+of a serving run's time and do not depend on the arrival rate.
+
+    session = ServingSession(raw, workload_at_any_rate, slo="ttft_p90=2s")
+    for rate in (1, 2, 4):
+        result = session.run(workload_at(rate))   # a ServeResult, as simulate_serving's
+
+Each run gets fresh routers and schedulers (the loop builds its instances), so a run's
+result is the one :func:`~g5core.serve.api.simulate_serving` gives for the same
+configuration and workload, bit for bit.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Mapping, Optional
+
+from g5core.api.errors import ConfigError, G5Error
+from g5core.serve.api import ServeResult, build_pools, load_workload, parse_serving, split_config
+from g5core.serve.loop import check_conservation, simulate
+from g5core.serve.metrics import summary
+from g5core.serve.workload import Workload
+
+
+class ServingSession:
+    """The pools of ``raw`` (its ``serving:`` block), sized against ``workload``'s longest
+    request; :meth:`run` simulates a workload on them. ``runner``/``runner_for``: as
+    :func:`~g5core.serve.api.build_pools`'s."""
+
+    def __init__(self, raw: Mapping, workload: Workload | Mapping, *, disabled=(), slo=None, exact: bool = False,
+                 runner: Optional[Callable] = None, runner_for: Optional[Callable] = None):
+        from g5core.api.plugins import Hooks, make_plugin_manager
+        from g5core.inputs.config import disabled_from_config
+        from g5core.serve.registry import serving_registry
+
+        t0 = time.perf_counter()
+        base, block = split_config(raw)
+        names = tuple(dict.fromkeys(tuple(disabled) + tuple(disabled_from_config(base))))
+        self.registry = serving_registry(Hooks(make_plugin_manager(disabled=names)))
+        self.spec = parse_serving(block, self.registry, slo)
+        workload = self._workload(workload)
+        self.deployment, self.infos = build_pools(base, self.spec, self.registry, workload, disabled, exact, runner,
+                                                    runner_for)
+        self.longest = max(r.input_tokens + r.output_tokens for r in workload.requests)
+        self.build_s = time.perf_counter() - t0
+
+    def _workload(self, workload) -> Workload:
+        if isinstance(workload, Mapping):
+            workload = load_workload(workload, self.registry, "--workload")
+        if not workload.requests:
+            raise ConfigError("--requests", "the workload has no requests")
+        return workload
+
+    def run(self, workload: Workload | Mapping) -> ServeResult:
+        t0 = time.perf_counter()
+        workload = self._workload(workload)
+        if max(r.input_tokens + r.output_tokens for r in workload.requests) > self.longest:
+            raise ConfigError("--workload", "a request is longer than the ones the session's pools were sized for")
+        for pool, ps in zip(self.deployment.pools, self.spec.pools):
+            pool.router = self.registry.router(ps.router)()
+        loop = simulate(self.deployment, workload)
+        checks = check_conservation(loop)
+        if any(checks.values()):
+            raise G5Error("serving invariants violated: " + ", ".join(f"{k}={v}" for k, v in checks.items() if v))
+        return ServeResult(loop, summary(loop, self.spec.slo), [dict(i) for i in self.infos],
+                           [p.cost for p in self.deployment.pools], checks, time.perf_counter() - t0)

@@ -1,0 +1,289 @@
+"""``g5 best --serve``: the serving search (screening, capacity by bisection, ranking).
+
+Most tests replace the engine by a synthetic step cost that depends on the layout
+(``layout_runner``: faster with more chips, with a per-step overhead growing with pp), so
+the searches stay fast; the KV pools still come from the memory ledger. The tests of what
+the search decides (disaggregation, context parallelism) run the engine."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from g5core.api.errors import ConfigError
+from g5core.serve.api import simulate_serving
+from g5core.serve.session import ServingSession
+from g5core.study.serve_search import (SearchSettings, capacity_search, candidate_config, run_requests, serve_search,
+                                       Candidate, PoolChoice)
+
+
+def layout_runner(praw, prepared=None):
+    """``groups -> latency_s`` of a made-up chip: 5 ms per pipeline stage per step, 100 us per
+    token and 5 ns per (token x context token) shared over tp x cp (at 90% scaling)."""
+    par = praw["parallel"]
+    share = (par.get("tp", 1) * par.get("cp", 1) * par.get("sp", 1)) ** 0.9
+    stages = par.get("pp", 1)
+
+    def go(groups):
+        tokens = sum(n * k for n, c, k in groups)
+        attn = sum(k * n * (c + n / 2) for n, c, k in groups)
+        return 5e-3 * stages + (1e-4 * tokens + 5e-9 * attn) / (share * stages ** 0.9)
+    return go
+
+
+def _holds(res) -> bool:
+    g = res.summary["goodput"]
+    return bool(g["all_met"]) and res.summary["completed"] == res.summary["requests"]
+
+
+def _holds_all(cfg, rate, requests, settings) -> bool:
+    """The search's test of a rate: the SLO holds on the workload's seed and on the
+    confirming seeds after it."""
+    return all(_holds(_serve(cfg, rate, requests, seed)) for seed in range(settings.confirm + 1))
+
+
+def _serve(cfg, rate, requests, seed=0):
+    """``g5 serve`` of a search's configuration at ``rate`` (the synthetic step cost)."""
+    wl = {**cfg["serving"]["workload"], "requests": requests, "seed": seed,
+          "arrival": {"kind": "poisson", "rate_per_s": rate}}
+    return simulate_serving(cfg, wl, runner=layout_runner(cfg), check_predictor=0)
+
+
+# ----------------------------------------------------------------------------------------
+
+
+def test_session_runs_match_simulate_serving_bit_for_bit():
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1},
+           "serving": {"instances": 2, "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 1024}}}
+    wl = {"requests": 80, "arrival": {"kind": "poisson", "rate_per_s": 20.0}, "input_tokens": 900,
+          "output_tokens": 24, "seed": 3}
+    ref = simulate_serving(raw, wl, runner=layout_runner(raw), check_predictor=0, slo="ttft_p90=1s")
+    session = ServingSession(raw, wl, runner=layout_runner(raw), slo="ttft_p90=1s")
+    first = session.run(wl)
+    other = session.run({**wl, "arrival": {"kind": "poisson", "rate_per_s": 5.0}})
+    again = session.run(wl)
+    assert first.summary == ref.summary == again.summary
+    assert other.summary != first.summary
+
+
+class _Fake:
+    def __init__(self, ok):
+        self.summary = {"goodput": {"all_met": ok}, "completed": 1, "requests": 1}
+
+
+def test_capacity_bisection_brackets_the_threshold_within_the_tolerance():
+    calls = []
+
+    def run(rate):
+        calls.append(rate)
+        return _Fake(rate <= 10.0)
+    found = capacity_search(run, 1.0, 0.05, 1000.0)
+    assert 10.0 / 1.05 <= found["capacity"] <= 10.0
+    assert found["failed_rate"] > 10.0 and found["failed_rate"] <= found["capacity"] * 1.05
+    assert not found["ceiling"]
+    # held at the ceiling: the capacity is the ceiling, flagged
+    top = capacity_search(lambda r: _Fake(True), 1.0, 0.05, 64.0)
+    assert top["capacity"] == 64.0 and top["ceiling"] and top["failed"] is None
+    # starting above the threshold, it comes down
+    down = capacity_search(run, 100.0, 0.05, 1000.0)
+    assert 10.0 / 1.05 <= down["capacity"] <= 10.0
+    # min_chips: the floor rate is not served -> no capacity
+    assert capacity_search(run, 1.0, 0.05, 1000.0, floor_rate=20.0)["capacity"] == 0.0
+
+
+SLO = "ttft_p90=1s,tpot_p90=40ms"
+WL = {"requests": 60, "arrival": {"kind": "poisson"}, "input_tokens": 2000, "output_tokens": 16, "seed": 0}
+SPACE = SearchSettings(slo=SLO, chunks=(1024,), seqs=(4, 16), vary=("tp",), disagg="off")
+
+
+@pytest.fixture(scope="module")
+def small_search():
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8}
+    return raw, serve_search(raw, WL, SPACE, runner_for=layout_runner)
+
+
+def test_exhaustive_grid_agrees_with_the_search_on_8_chips(small_search):
+    raw, result = small_search
+    win = result.ranked[0]
+    assert win.capacity > 0
+    cap = win.capacity
+    # every candidate of the space, pruned ones included, through g5 serve at rates above the
+    # winner's capacity by more than the tolerance: none holds the SLO (on the search's seeds)
+    from g5core.api.dimensions import collect_dimensions
+    from g5core.api.plugins import Hooks, make_plugin_manager
+    from g5core.study.search import divisors, enumerate_layouts
+
+    dims = collect_dimensions(Hooks(make_plugin_manager()))
+    space = []
+    for c in divisors(8):
+        for par in enumerate_layouts(c, dims):
+            if all(v == 1 for k, v in par.items() if k != "tp"):
+                for m in SPACE.seqs:
+                    space.append(Candidate((PoolChoice(c, tuple(sorted(par.items())), 8 // c),), m, 1024))
+    assert len(space) == len(result.ranked) + 2 * len(result.pruned)
+    settle_s = 1.0 + 16 * 0.04
+    for cand in space:
+        cfg = candidate_config(raw, cand, {**WL, "arrival": {"kind": "poisson", "rate_per_s": 1.0}}, SLO, None)
+        for factor in (1 + SPACE.tolerance + 0.01, 1.5, 3.0):
+            rate = cap * factor
+            try:
+                held = _holds_all(cfg, rate, run_requests(WL, rate, settle_s, SPACE.settle), SPACE)
+            except ConfigError:
+                break  # does not fit
+            assert not held, (cand.label(), rate)
+    # and the winner holds at its capacity (the search's runs, through g5 serve)
+    assert _holds_all(win.config, cap, run_requests(WL, cap, settle_s, SPACE.settle), SPACE)
+    # the ranking is by goodput per chip, best first
+    values = [s.rates()[0] for s in result.ranked]
+    assert values == sorted(values, reverse=True)
+
+
+def test_pruned_candidates_miss_the_slo_or_do_not_fit():
+    raw = {"model": "llama-3.1-70b", "system": "h100-sxm", "chips": 8}
+    slo = "ttft_p90=180ms,tpot_p90=15ms"
+    wl = {"requests": 40, "arrival": {"kind": "poisson"}, "input_tokens": 4000, "output_tokens": 8, "seed": 0}
+    result = serve_search(raw, wl, SearchSettings(slo=slo, chunks=(1024,), seqs=(8,), vary=("tp", "pp"),
+                                                  disagg="off"), runner_for=layout_runner)
+    families = {f for f, _ in result.families()}
+    assert {"memory", "lone prefill misses TTFT", "lone decode misses TPOT"} <= families, families
+    assert result.ranked, "some layouts pass the screen"
+    for p in result.pruned:
+        cand = Candidate((PoolChoice(p.chips, tuple(sorted(p.parallel.items())), 8 // p.chips),), 8, p.chunk)
+        cfg = candidate_config(raw, cand, {**wl, "arrival": {"kind": "poisson", "rate_per_s": 0.5}}, slo, None)
+        if p.family == "memory":
+            with pytest.raises(ConfigError):
+                _serve(cfg, 0.5, 20)
+            continue
+        for rate in (0.05, 0.5):  # even nearly idle
+            assert not _holds(_serve(cfg, rate, 20)), (p, rate)
+
+
+def test_slo_holds_at_the_capacity_on_a_fresh_seed_and_not_at_1_2x(small_search):
+    raw, result = small_search
+    settle_s = 1.0 + 16 * 0.04
+    for s in result.ranked[:3]:
+        cap = s.capacity
+        assert _holds(_serve(s.config, cap, run_requests(WL, cap, settle_s, SPACE.settle), seed=11)), s.candidate.label()
+        if not s.cell["ceiling"]:
+            over = 1.2 * cap
+            assert not _holds(_serve(s.config, over, run_requests(WL, over, settle_s, SPACE.settle), seed=11)), s.candidate.label()
+
+
+def test_json_keys_and_configuration_are_complete(small_search):
+    import yaml
+
+    raw, result = small_search
+    j = result.ranked[0].to_json_dict()
+    for key in ("config", "capacity_requests_per_s", "goodput_per_chip", "output_tokens_per_s_per_chip", "ttft_s",
+                "tpot_s", "disaggregated", "max_total_bytes"):
+        assert key in j
+    assert set(j["ttft_s"]) == {"p50", "p90", "p99"}
+    cfg = yaml.safe_load(yaml.safe_dump(j["config"]))
+    assert cfg["serving"]["workload"]["arrival"]["rate_per_s"] == pytest.approx(j["capacity_requests_per_s"])
+    assert cfg["serving"]["slo"] == SLO
+    assert "lone" not in result.why() and result.why().startswith("The winner")
+    front = result.pareto()
+    assert front and all(a.rates()[1] >= b.rates()[1] for a, b in zip(front, front[1:]))
+
+
+def test_bad_input_is_a_clear_error():
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 2}
+    with pytest.raises(ConfigError, match="--slo"):
+        serve_search(raw, WL, SearchSettings(slo=""))
+    with pytest.raises(ConfigError, match="--rate"):
+        serve_search(raw, WL, SearchSettings(slo=SLO, objective="min_chips"))
+    with pytest.raises(ConfigError, match="--workload"):
+        serve_search(raw, {**WL, "arrival": {"kind": "closed", "concurrency": 4}}, SearchSettings(slo=SLO))
+    with pytest.raises(ConfigError, match="--vary"):
+        serve_search(raw, WL, SearchSettings(slo=SLO, vary=("xx",)))
+
+
+# ----------------------------------------------------------------------------------------
+# What the search decides, from the engine (llama-3.1-8b on H100s). Short runs (settle 4,
+# no confirming seeds): these compare candidates, they do not pin a capacity.
+
+ENGINE = dict(settle=4, confirm=0, seqs=(32,), vary=("tp",), disagg="auto")
+
+
+def test_disaggregation_wins_prefill_heavy_under_a_tight_tpot_and_loses_decode_heavy():
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 2}
+    prefill_heavy = {"requests": 60, "arrival": {"kind": "poisson"}, "input_tokens": 4000, "output_tokens": 32}
+    r = serve_search(raw, prefill_heavy, SearchSettings(slo="ttft_p90=2s,tpot_p90=12ms", chunks=(2048,), **ENGINE))
+    kinds = {s.candidate.disaggregated for s in r.ranked}
+    assert kinds == {True, False}, "both kinds were simulated"
+    assert r.ranked[0].candidate.disaggregated, [(s.candidate.label(), s.capacity) for s in r.ranked]
+    decode_heavy = {"requests": 60, "arrival": {"kind": "poisson"}, "input_tokens": 128, "output_tokens": 128}
+    r = serve_search(raw, decode_heavy, SearchSettings(slo="ttft_p90=1s,tpot_p90=30ms", chunks=(2048,), **ENGINE))
+    assert {s.candidate.disaggregated for s in r.ranked} == {True, False}
+    assert not r.ranked[0].candidate.disaggregated, [(s.candidate.label(), s.capacity) for s in r.ranked]
+
+
+def test_128k_prompts_on_16_chips_need_context_parallelism_to_meet_the_ttft():
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 16}
+    wl = {"requests": 20, "arrival": {"kind": "poisson"}, "input_tokens": 128000, "output_tokens": 4}
+    settings = SearchSettings(slo="ttft_p90=900ms", chunks=(131072,), **{**ENGINE, "vary": ("tp", "cp"),
+                                                                          "seqs": (4,), "disagg": "off"})
+    r = serve_search(raw, wl, settings)
+    # tp alone (cp = 1, every chip count) cannot meet the limit: each such layout is pruned
+    # by its lone prefill (or does not fit)
+    tp_only = [p for p in r.pruned if p.parallel.get("cp", 1) == 1]
+    assert len(tp_only) == 5 and all(p.family in ("lone prefill misses TTFT", "memory") for p in tp_only)
+    assert not [s for s in r.ranked if dict(s.candidate.pools[0].parallel)["cp"] == 1]
+    win = r.ranked[0]
+    assert win.capacity > 0 and dict(win.candidate.pools[0].parallel)["cp"] > 1
+
+
+def test_a_second_search_on_the_same_database_reuses_every_row(tmp_path):
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 2}
+    calls = []
+
+    def counting(praw, prepared=None):
+        calls.append(1)
+        return layout_runner(praw)
+    settings = SearchSettings(slo=SLO, chunks=(1024,), seqs=(4,), vary=("tp",), settle=4)
+    first = serve_search(raw, WL, settings, db_path=tmp_path / "s.db", runner_for=counting)
+    n = len(calls)
+    again = serve_search(raw, WL, settings, db_path=tmp_path / "s.db", runner_for=counting)
+    assert len(calls) == n  # nothing rebuilt: every screen and candidate row came from the file
+    assert [s.to_json_dict() for s in again.ranked] == [s.to_json_dict() for s in first.ranked]
+
+
+def test_cli_best_serve_json_text_and_pareto_plot(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from g5core.present.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: llama-3.1-8b\nsystem: h100-sxm\nchips: 1\n")
+    db = tmp_path / "s.db"
+    args = ["best", str(cfg), "--serve", "--isl", "1000", "--osl", "16", "--requests", "40", "--slo",
+            "ttft_p90=1s,tpot_p90=30ms", "--chunks", "1024", "--seqs", "8", "--settle", "4", "--confirm", "0",
+            "--db", str(db)]
+    out = CliRunner().invoke(main, args + ["--json"])
+    assert out.exit_code == 0, out.output
+    rows = json.loads(out.stdout)
+    assert [r["disaggregated"] for r in rows] == [False] and rows[0]["capacity_requests_per_s"] > 0
+    text = CliRunner().invoke(main, args)
+    assert text.exit_code == 0 and "why: The winner" in text.stdout and "capacity req/s" in text.stdout
+    png = tmp_path / "p.png"
+    plot = CliRunner().invoke(main, ["plot", str(db), "--kind", "serve-pareto", "-o", str(png)])
+    assert plot.exit_code == 0, plot.output
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    bad = CliRunner().invoke(main, ["best", str(cfg), "--slo", "ttft=1s"])
+    assert bad.exit_code == 2 and "--serve" in bad.output
+
+
+def test_min_chips_finds_the_fewest_chips_serving_the_rate():
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 4}
+    base = dict(slo=SLO, chunks=(1024,), seqs=(16,), vary=("tp",), settle=4, confirm=0, disagg="off",
+                objective="min_chips")
+    low = serve_search(raw, WL, SearchSettings(rate=1.0, **base), runner_for=layout_runner)
+    assert low.ranked[0].candidate.chips == 1 and low.ranked[0].capacity >= 1.0
+    one_chip = max(s.capacity for s in low.ranked if s.candidate.chips == 1)
+    high = serve_search(raw, WL, SearchSettings(rate=1.5 * one_chip, **base), runner_for=layout_runner)
+    win = high.ranked[0]
+    assert win.candidate.chips >= 2 and win.capacity >= 1.5 * one_chip
+    # every deployment of fewer chips than the winner's misses the rate
+    assert all(s.capacity == 0 for s in high.ranked if s.candidate.chips < win.candidate.chips)
