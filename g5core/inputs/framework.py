@@ -35,6 +35,7 @@ from typing import Any, Mapping
 import attrs
 
 from g5core.api.errors import ConfigError, suggest
+from g5core.inputs.reading import check_keys
 
 CUDA_GRAPH_MODES = ("decode", "all", "none")
 FRAMEWORK_KEYS = ("cuda_graphs", "kernel_launch_s", "eager_passkv_ring", "fused_fp8_quant", "attention")
@@ -54,10 +55,7 @@ class Framework:
         if not isinstance(data, Mapping):
             raise ConfigError(field, f"expected a mapping such as {{cuda_graphs: decode, kernel_launch_s: 5e-6}}, "
                                      f"got {data!r}")
-        for key in data:
-            if key not in FRAMEWORK_KEYS:
-                raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), FRAMEWORK_KEYS)}; "
-                                                    f"valid keys: {', '.join(FRAMEWORK_KEYS)}")
+        check_keys(data, field, FRAMEWORK_KEYS)
         mode = data.get("cuda_graphs", "decode")
         if mode not in CUDA_GRAPH_MODES:
             raise ConfigError(f"{field}.cuda_graphs", f"unknown mode {mode!r}{suggest(str(mode), CUDA_GRAPH_MODES)}; "

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Mapping
 import attrs
 
 from g5core.api.errors import ConfigError
+from g5core.inputs.reading import check_keys
 
 GROUP_KEYS = ("new_tokens", "cached_tokens", "count")
 STEP_PHASES = ("prefill", "decode", "mixed")
@@ -76,11 +77,7 @@ class StepGroup:
         if not isinstance(data, Mapping):
             raise ConfigError(field, f"must be a mapping like {{new_tokens: 2048, cached_tokens: 0, count: 1}}, "
                                      f"got {data!r}")
-        for key in data:
-            if key not in GROUP_KEYS:
-                from g5core.api.errors import suggest
-                raise ConfigError(f"{field}.{key}", f"unknown key{suggest(str(key), GROUP_KEYS)}; "
-                                                    f"valid keys: {', '.join(GROUP_KEYS)}")
+        check_keys(data, field, GROUP_KEYS)
         if "new_tokens" not in data:
             raise ConfigError(f"{field}.new_tokens", "is required (tokens each sequence runs in this step)")
         if "count" not in data:

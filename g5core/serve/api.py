@@ -40,6 +40,7 @@ from g5core.serve.registry import ServingRegistry, serving_registry
 from g5core.serve.scheduler import SchedulerSettings
 from g5core.serve.traces import read_trace
 from g5core.serve.workload import Workload, synthetic
+from g5core.inputs.reading import check_keys
 
 SERVING_KEYS = ("instances", "router", "routing_s", "scheduler", "slo", "workload", "disaggregation")
 POOL_KEYS = ("instances", "chips", "parallel", "scheduler", "router")
@@ -93,9 +94,7 @@ def split_config(raw: Mapping) -> tuple[dict, Mapping]:
 
 
 def parse_serving(block: Mapping, registry: ServingRegistry, slo_text=None) -> ServingSpec:
-    for key in block:
-        if key not in SERVING_KEYS:
-            raise ConfigError(f"serving.{key}", f"unknown key; valid keys: {', '.join(SERVING_KEYS)}")
+    check_keys(block, "serving", SERVING_KEYS)
     routing_s = block.get("routing_s", 0.0)
     if isinstance(routing_s, bool) or not isinstance(routing_s, (int, float)) or not 0 <= routing_s < math.inf:
         raise ConfigError("serving.routing_s", f"must be a number of seconds >= 0, got {routing_s!r}")
@@ -129,10 +128,7 @@ def parse_serving(block: Mapping, registry: ServingRegistry, slo_text=None) -> S
             if role not in disagg:
                 raise ConfigError(f"serving.disaggregation.{role}", "is required")
             data = _mapping(disagg[role], f"serving.disaggregation.{role}")
-            for key in data:
-                if key not in POOL_KEYS:
-                    raise ConfigError(f"serving.disaggregation.{role}.{key}",
-                                      f"unknown key; valid keys: {', '.join(POOL_KEYS)}")
+            check_keys(data, f"serving.disaggregation.{role}", POOL_KEYS)
             pools.append(pool(role, data, f"serving.disaggregation.{role}", 1))
         pools = tuple(pools)
     else:

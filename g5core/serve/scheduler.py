@@ -36,6 +36,7 @@ import attrs
 from g5core.api.errors import ConfigError
 from g5core.serve.cost import StepWork
 from g5core.serve.workload import Request
+from g5core.inputs.reading import check_keys
 
 
 @attrs.frozen
@@ -51,12 +52,11 @@ class SchedulerSettings:
 
     @classmethod
     def from_dict(cls, data, field: str = "serving.scheduler") -> "SchedulerSettings":
+        check_keys(data, field, cls.FIELDS)
         values = {}
         for key, value in data.items():
             if key == "name":
                 continue
-            if key not in cls.FIELDS:
-                raise ConfigError(f"{field}.{key}", f"unknown key; valid keys: {', '.join(cls.FIELDS)}")
             if key == "chunked_prefill":
                 if not isinstance(value, bool):
                     raise ConfigError(f"{field}.{key}", f"must be true or false, got {value!r}")

@@ -33,7 +33,7 @@ import attrs
 import numpy as np
 
 from g5core.api.errors import ConfigError
-from g5core.inputs.reading import MAX_SEQ_LEN
+from g5core.inputs.reading import MAX_SEQ_LEN, check_keys
 
 #: most requests one workload may hold (a 10^7-request run already takes minutes)
 MAX_REQUESTS = 10 ** 7
@@ -84,12 +84,7 @@ def _num(value: Any, field: str, positive: bool = True, integer: bool = False) -
 
 
 def _keys(spec: Mapping, field: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()) -> None:
-    for key in spec:
-        if key not in allowed:
-            raise ConfigError(f"{field}.{key}", f"unknown key; valid keys: {', '.join(allowed)}")
-    for key in required:
-        if key not in spec:
-            raise ConfigError(f"{field}.{key}", "is required")
+    check_keys(spec, field, allowed, required, missing="is required")
 
 
 # --------------------------------------------------------------------------------------
