@@ -162,7 +162,7 @@ def compile_dag(dag: OpDag, plan, edges: Optional[tuple] = None) -> CompiledDag:
     its steps); ``edges`` as :func:`compile_ops` takes them."""
     ctx = plan.ctx
     return compile_ops(dag, topology=ctx.topology, primitives=plan.primitives, hooks=plan.hooks, system=ctx.system,
-                       deployment=ctx.deployment, lookup=getattr(plan, "lookup", None), edges=edges)
+                       deployment=ctx.deployment, lookup=plan.lookup, edges=edges)
 
 
 def compile_ops(dag: OpDag, *, topology: Topology, primitives: Mapping, hooks, system, deployment,
