@@ -293,3 +293,46 @@ def test_conversations_reuse_their_earlier_turns():
     # every turn computes only its own 100 new tokens: the earlier turns are cached
     np.testing.assert_allclose(ttft, 0.1, rtol=1e-9)
     assert check_conservation(run(w, pool(cost, instances=2)))["requests_with_wrong_token_count"] == 0
+
+
+# -- runs of decode steps at once ------------------------------------------------------------
+
+
+def _same_runs(dep, w):
+    slow = simulate(dep, w, fast=False)
+    fast = simulate(dep, w)
+    assert fast.steps == slow.steps
+    assert [i.steps for i in fast.instances] == [i.steps for i in slow.instances]   # every step, bit for bit
+    for name in ("scheduled_s", "first_token_s", "finish_s", "max_itl_s", "emitted", "itl_s", "decode_instance"):
+        assert getattr(fast.requests, name) == getattr(slow.requests, name), name
+    assert summary(fast) == summary(slow)
+    return fast
+
+
+@pytest.mark.parametrize("router", [RoundRobin, LeastOutstandingTokens, LeastKvUse])
+def test_decode_runs_give_the_step_by_step_result(router):
+    """The loop's runs of decode-only steps (one call for many steps) give every step, token
+    time and KV-block count of the one-event-per-step loop: a small pool (preemptions), a
+    full batch with a queue, prompts ending on a block boundary, several instances."""
+    w = synthetic({"requests": 300, "arrival": {"kind": "gamma", "rate_per_s": 12, "cv": 2},
+                   "input_tokens": "uniform:16:900", "output_tokens": "uniform:2:400", "seed": 5})
+    for blocks, seqs in ((None, 256), (None, 8), (180, 64)):
+        cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=2e6)
+        res = _same_runs(Deployment((pool(cost, instances=2, blocks=blocks, router=router(), max_num_seqs=seqs,
+                                          max_num_batched_tokens=512),)), w)
+        assert check_conservation(res)["kv_blocks_left_at_end"] == 0
+    assert res.preemptions > 0  # the small pool preempted
+
+
+def test_decode_runs_match_with_the_engine_and_disaggregation():
+    """The same with the engine's step costs (the predictor's decode steps) and a prefill
+    and a decode pool (the KV arriving at the decode instances stops a run)."""
+    from g5core.serve.session import ServingSession
+
+    raw = {**LLAMA8, "serving": {"disaggregation": {"prefill": {"instances": 1}, "decode": {"instances": 2}},
+                                 "scheduler": {"max_num_seqs": 16, "max_num_batched_tokens": 1024}}}
+    wl = {"requests": 120, "arrival": {"kind": "poisson", "rate_per_s": 6.0}, "input_tokens": 900,
+          "output_tokens": 200, "seed": 2}
+    session = ServingSession(raw, wl)
+    loop = _same_runs(session.deployment, session._workload(wl))
+    assert loop.deployment.disaggregated and loop.steps > 120

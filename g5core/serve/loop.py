@@ -10,6 +10,7 @@ gives the same output, bit for bit.
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from array import array
 from typing import Callable, Optional, Sequence
@@ -17,6 +18,7 @@ from typing import Callable, Optional, Sequence
 import attrs
 
 from g5core.api.errors import G5Error
+from g5core.serve.cost import StepWork
 from g5core.serve.scheduler import SchedulerSettings, Seq, VllmScheduler
 from g5core.serve.workload import Workload
 
@@ -62,7 +64,7 @@ class Deployment:
 
 
 class Instance:
-    __slots__ = ("pool", "index", "scheduler", "busy", "picked", "work", "step_start_s", "steps")
+    __slots__ = ("pool", "index", "scheduler", "busy", "picked", "work", "step_start_s", "steps", "itl_s")
 
     def __init__(self, pool: Pool, index: int):
         self.pool, self.index = pool, index
@@ -73,6 +75,7 @@ class Instance:
         self.step_start_s = 0.0
         # one row per step: start_s, end_s, prefill tokens, decodes, used blocks, running, waiting
         self.steps = array("d")
+        self.itl_s = array("d")   # the gaps between the tokens it emitted, in order (the log joins them)
 
 
 @attrs.define(eq=False)
@@ -114,8 +117,11 @@ class LoopResult:
     requests_time_s: float = 0.0   # integral over time of the requests in the system
 
 
-def simulate(dep: Deployment, workload: Workload, progress: Optional[Callable[[int, int], None]] = None) -> LoopResult:
-    """Run every request of ``workload`` through ``dep`` to completion."""
+def simulate(dep: Deployment, workload: Workload, progress: Optional[Callable[[int, int], None]] = None,
+             fast: bool = True) -> LoopResult:
+    """Run every request of ``workload`` through ``dep`` to completion. ``fast``: run the
+    stretches of decode-only steps that nothing else can see in one go (:func:`_decode_run`;
+    the same steps, latencies and tokens as one event per step)."""
     t_wall = time.perf_counter()
     reqs = workload.requests
     n = len(reqs)
@@ -125,11 +131,28 @@ def simulate(dep: Deployment, workload: Workload, progress: Optional[Callable[[i
     split = dep.disaggregated
     heap: list = []
     order = 0
+    # the times of the pending events that can change an instance or read its state (an
+    # arrival: the router reads the instances and the request joins one; a request or a
+    # prompt's KV reaching an instance; a prefill step's end: it routes to the decode pool);
+    # a run of decode steps stops before the first of them. Closed workloads: every finish
+    # makes an arrival, so no run (fast is off)
+    fast = fast and not workload.closed
+    arrivals = sorted(r.arrival_s for r in reqs) if fast else []
+    arrived = 0
+    watch: list = []
 
     def push(t, kind, a, b=None):
         nonlocal order
         heapq.heappush(heap, (t, order, kind, a, b))
         order += 1
+        if fast and (kind == ENQUEUE or (kind == STEP_END and split and a.pool.role == "prefill")):
+            heapq.heappush(watch, t)
+
+    def horizon(now: float) -> float:
+        while watch and watch[0] < now:
+            heapq.heappop(watch)
+        h = watch[0] if watch else math.inf
+        return min(h, arrivals[arrived]) if arrived < n else h
 
     next_closed = 0
     if workload.closed:
@@ -141,10 +164,14 @@ def simulate(dep: Deployment, workload: Workload, progress: Optional[Callable[[i
             push(r.arrival_s, ARRIVAL, k)
 
     scheduled_s, first_token_s, finish_s = log.scheduled_s, log.first_token_s, log.finish_s
-    max_itl_s, last_token_s, itl_append = log.max_itl_s, log.last_token_s, log.itl_s.append
+    max_itl_s, last_token_s = log.max_itl_s, log.last_token_s
 
     def start(inst: Instance, now: float) -> None:
+        nonlocal steps
         sched = inst.scheduler
+        if fast and type(sched) is VllmScheduler and sched.running and inst.pool.role != "prefill":
+            ran, now = _decode_run(inst, now, horizon(now))
+            steps += ran
         picked = sched.schedule()
         if not picked:
             if sched.running or sched.waiting:
@@ -165,13 +192,16 @@ def simulate(dep: Deployment, workload: Workload, progress: Optional[Callable[[i
     done = 0
     steps = 0
     now = 0.0
-    in_system, area, t_last = 0, 0.0, 0.0   # Little's law, counted independently of the log
+    # Little's law, counted independently of the log (at each change of the requests in the
+    # system: arrivals and finishes)
+    in_system, area, t_last = 0, 0.0, 0.0
     while heap:
         now, _, kind, a, b = heapq.heappop(heap)
-        area += in_system * (now - t_last)
-        t_last = now
         if kind == ARRIVAL:
+            area += in_system * (now - t_last)
+            t_last = now
             in_system += 1
+            arrived += 1
             req = reqs[a]
             log.arrival_s[a] = now if workload.closed else req.arrival_s
             pool = first[0].pool
@@ -193,6 +223,7 @@ def simulate(dep: Deployment, workload: Workload, progress: Optional[Callable[[i
         decodes = len(work.decode_contexts)
         inst.steps.extend((inst.step_start_s, now, work.new_tokens - decodes, decodes, 0, 0, 0))
         prefill_pool = split and inst.pool.role == "prefill"
+        itl_append = inst.itl_s.append
         for q in sched.finish_step(inst.picked):
             k = q.req.id
             if q.last_s is None:          # its first token
@@ -210,6 +241,8 @@ def simulate(dep: Deployment, workload: Workload, progress: Optional[Callable[[i
                 last_token_s[k] = now
                 max_itl_s[k] = q.max_itl_s if q.emitted > 1 else float("nan")
                 log.emitted[k] = q.emitted
+                area += in_system * (now - t_last)
+                t_last = now
                 in_system -= 1
                 done += 1
                 if progress is not None and (done % 256 == 0 or done == n):
@@ -236,10 +269,100 @@ def simulate(dep: Deployment, workload: Workload, progress: Optional[Callable[[i
         if sched.has_work:
             start(inst, now)
     instances = [i for p in pools for i in p]
+    for inst in instances:
+        log.itl_s.extend(inst.itl_s)
     if done != n:
         raise G5Error(f"serving loop ended with {n - done:,} of {n:,} requests unfinished (a G5 bug)")
     return LoopResult(workload, dep, log, instances, now, sum(i.scheduler.preemptions for i in instances),
                       time.perf_counter() - t_wall, steps, area)
+
+
+#: a run of decode steps shorter than this goes step by step (the run's set-up costs more)
+MIN_RUN_STEPS = 2
+
+
+def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]:
+    """Run the instance's next decode-only steps at once, while nothing else can tell: every
+    running sequence decodes one token a step (none is prefilling, none finishes, none is
+    preempted, nothing is admitted: the queue is empty or the batch is full) and each step
+    ends before ``horizon`` (the next event that can touch or read the instance). Each
+    step is the one :meth:`VllmScheduler.schedule` would build (its latency from the pool's
+    cost, its KV blocks, its row in ``inst.steps``, every inter-token gap), so the result is
+    the step-by-step one. Returns ``(steps run, when the next step starts)``."""
+    sched = inst.scheduler
+    s = sched.s
+    running = sched.running
+    b = len(running)
+    if b > s.max_num_batched_tokens or (sched.waiting and b < s.max_num_seqs):
+        return 0, now
+    bs = s.block_size
+    left = 1 << 62
+    contexts = []
+    residues = [0] * bs
+    for q in running:
+        c = q.computed
+        if q.num_tokens - c != 1 or q.last_s is None or q.scheduled or q.blocks != -(-c // bs):
+            return 0, now
+        contexts.append(c)
+        residues[c % bs] += 1
+        r = q.req.output_tokens - q.emitted
+        if r < left:
+            left = r
+    limit = left - 1              # the step in which a sequence finishes goes the usual way
+    if limit < MIN_RUN_STEPS:
+        return 0, now
+    contexts.sort()
+    cost = inst.pool.cost
+    decode_s = getattr(cost, "decode_latency_s", None)
+    if decode_s is None:
+        def decode_s(contexts, j, latency_s=cost.latency_s):
+            return latency_s(StepWork((), tuple(c + j for c in contexts)))
+    contexts = tuple(contexts)
+    free = sched.free_blocks
+    used = sched.total_blocks - free
+    waiting = len(sched.waiting)
+    rows = inst.steps
+    itl_extend = inst.itl_s.extend
+    t = now
+    need = taken = 0
+    ends = []
+    for j in range(limit):
+        # a sequence whose tokens fill whole blocks takes a new one (its context c + j)
+        need += residues[-j % bs]
+        if need > free:
+            break
+        end = t + decode_s(contexts, j)
+        if end >= horizon:
+            break
+        rows.extend((t, end, 0, b, used + need, b, waiting))
+        ends.append(end)
+        taken = need
+        t = end
+    k = len(ends)
+    if not k:
+        return 0, now
+    # the gaps: each sequence's first (from its last token), then one per step for all
+    gaps = [ends[0] - q.last_s for q in running]
+    itl_extend(array("d", gaps))
+    prev = ends[0]
+    worst = 0.0
+    for end in ends[1:]:
+        gap = end - prev
+        if gap > worst:
+            worst = gap
+        itl_extend(array("d", (gap,)) * b)
+        prev = end
+    for q, gap in zip(running, gaps):
+        q.computed += k
+        q.num_tokens += k
+        q.emitted += k
+        q.blocks = -(-q.computed // bs)
+        q.last_s = t
+        top = gap if gap > worst else worst
+        if top > q.max_itl_s:
+            q.max_itl_s = top
+    sched.free_blocks = free - taken
+    return k, t
 
 
 def check_conservation(result: LoopResult) -> dict:
