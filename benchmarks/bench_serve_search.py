@@ -8,10 +8,11 @@ Not a test: it reports figures. The issue's case: llama-3.1-70b on 16 h100-sxm c
     python benchmarks/bench_serve_search.py                       # the search's defaults
     python benchmarks/bench_serve_search.py --vary tp,cp --chunks 8192 --seqs 32,64,128 --settle 4 --confirm 0
 
-Prints one JSON object: ``wall_s``, ``cpu_s`` (this process only: the workers' CPU is not in
-it), ``load_1min`` before and after (the machine is shared), the counts (layout x chunk
-cells screened, pruned by family, candidates simulated, serving runs), the settings and the
-winner (its deployment, capacity, per-chip figures and the "why").
+Prints one JSON object: ``wall_s``, ``cpu_s_driver`` (this process) and ``cpu_s_workers``
+(the worker processes, counted once they have exited), ``load_1min`` before and after (the
+machine is shared), the counts (layout x chunk cells screened, pruned by family, candidates
+simulated, bounded out by the branch and bound, serving runs), the settings and the winner
+(its deployment, capacity, per-chip figures and the "why").
 """
 from __future__ import annotations
 
@@ -39,6 +40,8 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=None)
     ap.add_argument("--confirm", type=int, default=None)
     ap.add_argument("--beam", type=int, default=None)
+    ap.add_argument("--top", type=int, default=None, help="the ranking is exact down to this place (default 10)")
+    ap.add_argument("--no-bound", action="store_true", help="simulate every candidate (no branch and bound)")
     args = ap.parse_args()
 
     from g5core.study import serve_search as ss
@@ -49,24 +52,29 @@ def main() -> None:
         vary=tuple(args.vary.split(",")) if args.vary else None,
         settle=ss.SETTLE if args.settle is None else args.settle,
         confirm=ss.DEFAULT_CONFIRM if args.confirm is None else args.confirm,
-        beam=ss.DEFAULT_BEAM if args.beam is None else args.beam)
+        beam=ss.DEFAULT_BEAM if args.beam is None else args.beam, top=ss.DEFAULT_TOP if args.top is None else args.top,
+        bound=not args.no_bound)
     raw = {"model": args.model, "system": args.system, "chips": args.chips}
     workload = {"requests": args.requests, "arrival": {"kind": "poisson"}, "input_tokens": args.isl,
                 "output_tokens": args.osl, "seed": 0}
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         t0, c0 = time.perf_counter(), time.process_time()
+        kids0 = os.times()
         res = ss.serve_search(raw, workload, settings, db_path=f"{tmp}/bench.db", workers=args.workers)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        kids = os.times()
+        workers_cpu = (kids.children_user - kids0.children_user) + (kids.children_system - kids0.children_system)
     win = res.ranked[0].to_json_dict() if res.ranked else None
     print(json.dumps({
         "case": {**raw, "isl": args.isl, "osl": args.osl, "slo": args.slo, "workers": args.workers},
         "settings": {k: v for k, v in vars(args).items()},
-        "wall_s": round(wall, 1), "cpu_s_driver": round(cpu, 1),
+        "wall_s": round(wall, 1), "cpu_s_driver": round(cpu, 1), "cpu_s_workers": round(workers_cpu, 1),
         "load_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "screened": res.layouts, "pruned": len(res.pruned),
         "pruned_by_family": {f: len(m) for f, m in res.families()},
-        "simulated": res.candidates, "beyond_beam": res.skipped_by_beam, "serving_runs": res.runs,
+        "simulated": res.candidates, "bounded_out": len(res.bounded), "beyond_beam": res.skipped_by_beam,
+        "serving_runs": res.runs,
         "winner": None if win is None else {
             "deployment": res.ranked[0].candidate.label(), "disaggregated": win["disaggregated"],
             "capacity_requests_per_s": win["capacity_requests_per_s"], "goodput_per_chip": win["goodput_per_chip"],

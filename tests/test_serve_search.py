@@ -13,8 +13,9 @@ import pytest
 from g5core.api.errors import ConfigError
 from g5core.serve.api import simulate_serving
 from g5core.serve.session import ServingSession
-from g5core.study.serve_search import (SearchSettings, capacity_search, candidate_config, run_requests, serve_search,
-                                       Candidate, PoolChoice)
+from g5core.study.serve_search import (SearchSettings, Scored, capacity_search, candidate_cell,
+                                       candidate_config, check_workload, run_requests, serve_search, Candidate,
+                                       PoolChoice)
 
 
 def layout_runner(praw, prepared=None):
@@ -167,6 +168,29 @@ def test_slo_holds_at_the_capacity_on_a_fresh_seed_and_not_at_1_2x(small_search)
         if not s.cell["ceiling"]:
             over = 1.2 * cap
             assert not _holds(_serve(s.config, over, run_requests(WL, over, settle_s, SPACE.settle), seed=11)), s.candidate.label()
+
+
+def test_bounded_out_candidates_simulated_anyway_never_beat_the_top_th():
+    """Branch and bound: a candidate whose saturated-throughput bound cannot reach the
+    top-th simulated goodput is not simulated; simulated anyway (with the plain bracket), its
+    goodput stays below the top-th, and no candidate's capacity exceeds its bound."""
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8}
+    settings = SearchSettings(slo=SLO, chunks=(1024,), seqs=(1, 2, 4, 16), vary=("tp",), disagg="off", top=2,
+                              settle=4, confirm=0)
+    result = serve_search(raw, WL, settings, runner_for=layout_runner)
+    assert result.bounded and result.candidates + len(result.bounded) == 16
+    kth = result.ranked[settings.top - 1].rates()[0]
+    assert all(b.kth <= kth and b.upper < b.kth for b in result.bounded)
+    wl = check_workload(WL)
+    settle_s = 1.0 + 16 * 0.04
+    for s in result.ranked:
+        bound = s.cell["capacity_bound"]
+        assert bound is None or s.capacity <= bound, s.candidate.label()
+    for b in result.bounded:
+        cell = candidate_cell(raw, b.candidate, wl, SLO, settings, 1.0, settle_s, (), layout_runner)
+        goodput = Scored(b.candidate, {}, cell).rates()[0]
+        assert goodput < kth and goodput <= b.upper, (b.candidate.label(), goodput, kth)
+        assert cell["capacity_requests_per_s"] <= b.capacity_bound
 
 
 def test_json_keys_and_configuration_are_complete(small_search):

@@ -341,7 +341,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
         from g5core.present.render import render_serve_best
         from g5core.study.serve_search import best_serve_command
 
-        found = best_serve_command(raw, config, disabled, objective, db_path, workers, executor, disagg=disagg,
+        found = best_serve_command(raw, config, disabled, objective, db_path, workers, executor, disagg=disagg, top=top,
                                    **{k[2:].replace("-", "_"): v for k, v in serve_only.items()})
         if as_json:
             click.echo(json.dumps([s.to_json_dict() for s in found.ranked[:top]], indent=2, sort_keys=True,

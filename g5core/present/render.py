@@ -337,6 +337,8 @@ def render_serve_best(result, top: int) -> str:
     st = result.settings
     lines = [f"serving search, SLO {st.slo}: {result.layouts} layout x chunk cells screened, {len(result.pruned)} "
              f"pruned; {result.candidates} candidates simulated ({result.runs} serving runs"
+             + (f"; {len(result.bounded)} bounded out: their saturated throughput cannot reach the top {st.top}"
+                if result.bounded else "")
              + (f"; {result.skipped_by_beam} disaggregated layout pairs beyond --beam {st.beam} not tried"
                 if result.skipped_by_beam else "") + f"); ranked by {result.objective}"
              + (f" at {st.rate:g} req/s" if st.rate is not None else "") + " (best first)",

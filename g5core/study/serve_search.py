@@ -42,6 +42,7 @@ stopped. The serving runs are :class:`g5core.serve.session.ServingSession` runs 
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
@@ -59,7 +60,12 @@ DEFAULT_CHUNKS = (2048, 8192)
 DEFAULT_MIN_SEQS = 8
 DEFAULT_TOLERANCE = 0.05
 DEFAULT_MAX_RATE = 1000.0
-DEFAULT_BEAM = 3
+DEFAULT_BEAM = None        # every prefill and decode layout pair (the branch and bound bounds them)
+#: the decode role's bound looks at batches up to this many sequences
+MAX_DECODE_BATCH = 1024
+#: the decode role's bound counts batches whose decode step is at most the TPOT limit times
+#: ``1 + TPOT_SLACK`` (a request's TPOT is its steps' mean; a percentile lets some run slower)
+TPOT_SLACK = 0.25
 #: a run at a rate uses at least this many requests (``--requests``; p90 from 300 samples is
 #: the 270th) and at least ``SETTLE`` times the requests in the system at that rate when the
 #: SLO holds (``rate x (TTFT limit + mean output tokens x TPOT limit)``), so the queue
@@ -70,6 +76,19 @@ MAX_RUN_REQUESTS = 20000
 #: seeds besides the workload's on which the capacity found must hold too (else it steps
 #: down by the tolerance): a finite run's percentile near the knee varies with the seed
 DEFAULT_CONFIRM = 2
+#: the saturated run (:func:`bound_cell`): this many batches of requests arrive at once, at
+#: this rate (requests/s: all within microseconds)
+SATURATED_ROUNDS = 3
+SATURATED_RATE = 1e6
+#: a candidate's capacity bound (:func:`capacity_bound`) allows this much more than the
+#: finite-run reasoning gives: the saturated throughput is itself measured on a short run
+BOUND_MARGIN = 0.05
+#: the bisection starts at this share of the saturated throughput
+START_SHARE = 0.8
+#: candidates simulated together between two branch-and-bound decisions (fixed, so the
+#: candidates simulated do not depend on the workers or on which finishes first)
+WAVE = 8
+DEFAULT_TOP = 10
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS serve_search (
@@ -97,11 +116,13 @@ class SearchSettings:
     seqs: Optional[tuple[int, ...]] = None     # max_num_seqs values instead of the powers of two
     tolerance: float = DEFAULT_TOLERANCE
     max_rate: float = DEFAULT_MAX_RATE
-    beam: int = DEFAULT_BEAM
+    beam: Optional[int] = DEFAULT_BEAM         # only the best this many layouts of each role pair up
     rate: Optional[float] = None               # min_chips: the rate to serve
     vary: Optional[tuple[str, ...]] = None     # only these dimensions vary (the others stay 1)
     settle: float = SETTLE                     # runs hold this many times the requests in the system
     confirm: int = DEFAULT_CONFIRM             # further seeds the capacity must hold on
+    top: int = DEFAULT_TOP                     # the ranking is exact down to this place (branch and bound)
+    bound: bool = True                         # False: simulate every candidate (no branch and bound)
 
     def check(self) -> None:
         if self.objective not in SERVE_OBJECTIVES:
@@ -124,8 +145,10 @@ class SearchSettings:
                 raise ConfigError(name, f"must be positive whole numbers, got {values!r}")
         if not self.settle > 0 or self.confirm < 0:
             raise ConfigError("--settle", "must be positive (and the confirming seeds >= 0)")
-        if self.beam < 1:
+        if self.beam is not None and self.beam < 1:
             raise ConfigError("--beam", f"must be a positive whole number, got {self.beam!r}")
+        if isinstance(self.top, bool) or not isinstance(self.top, int) or self.top < 1:
+            raise ConfigError("--top", f"must be a positive whole number, got {self.top!r}")
 
 
 @attrs.frozen
@@ -311,12 +334,22 @@ def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, worklo
         return {"status": "pruned", "family": family, "reason": text}
     except PluginError as exc:
         return {"status": "pruned", "family": f"plugin '{exc.plugin}'", "reason": str(exc)}
-    lone = session.run(_lone(workload))
+    lone_wl = _lone(workload)
+    lone = session.run(lone_wl)
     info = session.infos[0]
+    # decode steps of b sequences at the shortest prompt's context, b over the powers of two
+    # up to the first at or above what the pool holds at the longest request (the decode
+    # role's bound)
+    from g5core.serve.cost import StepWork
+
+    cost = session.deployment.pools[0].cost
+    isl = lone_wl.requests[0].input_tokens
+    holds = max(info["kv_capacity_tokens"] // max(_longest(workload), 1), 1)
+    batches = [1 << k for k in range(min((holds - 1).bit_length(), MAX_DECODE_BATCH.bit_length() - 1) + 1)]
     return {"status": "ok", "kv_capacity_tokens": info["kv_capacity_tokens"],
             "kv_pool_bytes_per_chip": info["kv_pool_bytes_per_chip"], "lone_ttft_s": lone.summary["ttft_s"]["p50"],
             "lone_tpot_s": lone.summary["tpot_s"]["p50"], "lone_e2e_s": lone.summary["e2e_s"]["p50"],
-}
+            "decode_step_s": [[b, cost.latency_s(StepWork((), (isl,) * b))] for b in batches]}
 
 
 def _holds(result) -> bool:
@@ -326,12 +359,16 @@ def _holds(result) -> bool:
 
 
 def capacity_search(run, start_rate: float, tolerance: float, max_rate: float,
-                    floor_rate: Optional[float] = None) -> dict:
+                    floor_rate: Optional[float] = None, upper: Optional[float] = None) -> dict:
     """The highest rate at which ``run(rate)`` (a serving result) holds the SLO, within
     ``hi / lo <= 1 + tolerance``: ``{capacity, held, failed, failed_rate, ceiling}`` with the
     results at the capacity and at the lowest failing rate tried (``None`` when none);
     ``ceiling``: the SLO still held at ``max_rate``. ``floor_rate``: first try this rate;
-    if it fails, the capacity is 0 (min_chips: the deployment does not serve it)."""
+    if it fails, the capacity is 0 (min_chips: the deployment does not serve it).
+    ``upper``: an estimate of a rate the SLO does not hold at (the saturated throughput's
+    bound): from a start that holds, the bisection runs toward it first instead of doubling,
+    and a failing run there is required before it counts (if the SLO holds at ``upper``
+    too, the doubling goes on from there): a guess of the bracket, never of the result."""
     results: dict = {}
 
     def ok(rate: float) -> bool:
@@ -358,6 +395,18 @@ def capacity_search(run, start_rate: float, tolerance: float, max_rate: float,
             hi = rate
     else:
         lo = rate
+        guess = None if upper is None else min(upper, max_rate)
+        while hi is None and guess is not None and guess > lo * (1 + tolerance):
+            mid = math.sqrt(lo * guess)
+            if ok(mid):
+                lo = mid
+            else:
+                hi = mid
+        if hi is None and guess is not None and guess > lo:
+            if ok(guess):
+                lo = guess
+            else:
+                hi = guess
         while hi is None:
             if lo >= max_rate:
                 return done(lo, None, True)
@@ -416,9 +465,12 @@ def run_requests(workload: Mapping, rate: float, settle_s: float, settle: float 
 
 
 def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
-                   start_rate: float, settle_s: float, disabled=(), runner_for=None) -> dict:
+                   start_rate: float, settle_s: float, disabled=(), runner_for=None,
+                   saturated: Optional[float] = None, bound: Optional[float] = None) -> dict:
     """A candidate's capacity (a bisection over the rate, see the module doc) and its runs at
-    the capacity and at the first failing rate."""
+    the capacity and at the first failing rate. ``saturated``: its saturated throughput
+    (:func:`bound_cell`): the bisection starts at ``START_SHARE`` of it, toward ``bound``
+    (:func:`capacity_bound`), which it checks."""
     raw = candidate_config(base, cand, workload, slo, None)
     try:
         session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])}, 1.0),
@@ -434,13 +486,18 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
         n = run_requests(workload, rate, settle_s, settings.settle)
         return session.run(_at_rate({**workload, "requests": n, "seed": workload["seed"] if seed is None else seed},
                                     rate))
-    found = capacity_search(run, start_rate, settings.tolerance, settings.max_rate, floor)
+    if saturated and floor is None:
+        start_rate = START_SHARE * saturated
+    found = capacity_search(run, start_rate, settings.tolerance, settings.max_rate, floor,
+                            bound if floor is None else None)
     confirm_steps = 0
     seeds = [workload["seed"] + k for k in range(1, settings.confirm + 1)]
     while found["capacity"] > 0 and seeds:
         # the capacity must hold on the confirming seeds too, else one tolerance step down
         rate = found["capacity"]
-        bad = next((r for r in [found["held"]] + [run(rate, sd) for sd in seeds] if not _holds(r)), None)
+        # the seeds in turn, stopping at the first that fails
+        tries = (found["held"] if sd is None else run(rate, sd) for sd in [None] + seeds)
+        bad = next((r for r in tries if not _holds(r)), None)
         if bad is None:
             break
         confirm_steps += 1
@@ -453,9 +510,47 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
     held, failed = found["held"], found["failed"]
     return {"status": "ok", "label": cand.label(), "disaggregated": cand.disaggregated, "chips": cand.chips,
             "capacity_requests_per_s": found["capacity"], "ceiling": found["ceiling"],
-            "runs": runs["n"], "failed_rate_per_s": found["failed_rate"], "confirm_steps": found["confirm_steps"], "build_s": session.build_s,
+            "runs": runs["n"], "failed_rate_per_s": found["failed_rate"], "confirm_steps": found["confirm_steps"],
+            "build_s": session.build_s, "saturated_requests_per_s": saturated, "capacity_bound": bound,
             "held": None if held is None else _run_summary(held, session),
             "failed": None if failed is None else _run_summary(failed, session)}
+
+
+def bound_cell(base: Mapping, cands: Sequence[Candidate], workload: Mapping, slo: str, disabled=(),
+               runner_for=None) -> dict:
+    """The saturated throughput of each candidate of one deployment and chunk size (they
+    differ in ``max_num_seqs`` only; one session serves them all): ``SATURATED_ROUNDS``
+    batches' worth of requests (``max_num_seqs`` times the instances of the last pool, at
+    most what a pool holds at the longest request) arrive at once, and the throughput is
+    the completions of the middle third over their span, the queue never empty. ``None``
+    (no bound) when the run preempted: the pool, not the batch, set its pace."""
+    first = cands[0]
+    raw = candidate_config(base, first, workload, slo, None)
+    try:
+        session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])}, 1.0),
+                           slo, disabled, runner_for)
+    except (ConfigError, PluginError) as exc:
+        return {"status": "pruned", "family": "memory" if "KV pool" in str(exc) else "configuration",
+                "reason": str(exc)}
+    last = session.deployment.pools[-1]
+    holds = max(last.total_blocks * last.scheduler.block_size // max(session.longest, 1), 1)
+    out = {}
+    for cand in cands:
+        for pool in session.deployment.pools:
+            pool.scheduler = attrs.evolve(pool.scheduler, max_num_seqs=cand.max_num_seqs)
+        batch = min(cand.max_num_seqs, holds) * last.instances
+        n = SATURATED_ROUNDS * batch
+        res = session.run(_at_rate({**workload, "requests": n}, SATURATED_RATE))
+        import numpy as np
+
+        done = np.sort(np.frombuffer(res.loop.requests.finish_s, dtype=float))
+        k1, k2 = n // SATURATED_ROUNDS, n - n // SATURATED_ROUNDS
+        span = float(done[k2 - 1] - done[k1 - 1])
+        rate = (k2 - k1) / span if span > 0 and not res.summary["preemptions"] else None
+        slots = sum(min(cand.max_num_seqs, holds) * p.instances for p in session.deployment.pools)
+        out[str(cand.max_num_seqs)] = {"saturated_requests_per_s": rate, "requests": n, "slots": slots,
+                                       "preemptions": res.summary["preemptions"]}
+    return {"status": "ok", "by_seqs": out}
 
 
 # ----------------------------------------------------------------------------------------
@@ -555,6 +650,7 @@ class ServeSearchResult:
     skipped_by_beam: int
     runs: int                         # serving runs over all candidates
     db_path: Optional[str]
+    bounded: tuple = ()               # Bounded: not simulated (branch and bound)
 
     def families(self) -> list[tuple[str, list[Pruned]]]:
         return _group(self.pruned)
@@ -678,6 +774,10 @@ class _Progress:
                 text = f"pruned: {payload['reason']}"
             elif "capacity_requests_per_s" in payload:
                 text = f"capacity {payload['capacity_requests_per_s']:.4g} req/s"
+            elif "by_seqs" in payload:
+                text = "saturated " + ", ".join(
+                    f"{m}: {v['saturated_requests_per_s']:.4g} req/s" if v["saturated_requests_per_s"] else f"{m}: -"
+                    for m, v in payload["by_seqs"].items())
             else:
                 text = f"lone TTFT {payload['lone_ttft_s']:.4g} s, TPOT {payload['lone_tpot_s'] * 1e3:.4g} ms"
             self.inner.emit(f"{self.phase} [{n}/{total}] {label}: {text}")
@@ -685,6 +785,146 @@ class _Progress:
     def close(self):
         if hasattr(self.inner, "close"):
             self.inner.close()
+
+
+class _Kept:
+    """An executor entered once for the whole search (its workers, and the step latencies
+    they cache, serve every phase and wave): entering and leaving it do nothing."""
+
+    def __init__(self, exe):
+        self.exe = exe
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, *args, **kwargs):
+        return self.exe.submit(fn, *args, **kwargs)
+
+    def wait(self, futures):
+        return self.exe.wait(futures)
+
+
+class _Waves:
+    """One progress display over the capacity waves (and the candidates bounded out)."""
+
+    def __init__(self, inner, total: int):
+        self.inner, self.done = inner, 0
+        inner.start(total)
+
+    def start(self, total):
+        pass
+
+    def cell(self, n, label, payload):
+        self.done += 1
+        self.inner.cell(self.done, label, payload)
+
+    def skip(self, n):
+        for _ in range(n):
+            self.done += 1
+            if hasattr(self.inner.inner, "bar"):
+                self.inner.inner.bar.update(1)
+
+    def close(self):
+        pass
+
+    def finish(self):
+        self.inner.close()
+
+
+@attrs.frozen
+class Bounded:
+    """A candidate not simulated: its bound cannot reach the top-th simulated value."""
+
+    candidate: Candidate
+    saturated_requests_per_s: float
+    capacity_bound: float  # requests/s (capacity_bound)
+    upper: float           # the bound of the objective's value (goodput or output tokens/s per chip)
+    kth: float             # the top-th simulated value when it was bounded out
+
+    def reason(self) -> str:
+        return (f"saturated throughput {self.saturated_requests_per_s:.4g} req/s, so a capacity of at most "
+                f"{self.capacity_bound:.4g} req/s: at most {self.upper:.4g} per chip, below the top-th simulated "
+                f"({self.kth:.4g})")
+
+
+def capacity_bound(saturated: Optional[Mapping], limits, workload: Mapping, settle_s: float,
+                   settings: SearchSettings) -> Optional[float]:
+    """The rate above which a run of the search cannot hold the SLO, from the saturated
+    throughput ``mu`` (``None``: no bound). A run at ``rate > mu`` builds a queue: by time
+    ``t`` at least ``(rate - mu) t`` requests are in the system, at most ``slots`` of them
+    running, so a request arriving at ``t`` waits at least ``((rate - mu) t - slots) / mu``
+    for its first token. With a limit ``L`` on the ``p``-th percentile of TTFT (or of
+    e2e, or of the queueing delay) the requests arriving after ``p`` percent of the run's span
+    ``T`` must meet it, so ``rate / mu <= 1 + (L + slots / mu) / (p/100 T)``; ``T`` is the
+    shortest run the search makes near that rate (:func:`run_requests`). Times
+    ``1 + BOUND_MARGIN``. Approximate: ``mu`` is a measured steady state (not a proof that
+    no load does better) and the queue's growth is taken at its mean."""
+    mu = None if saturated is None else saturated.get("saturated_requests_per_s")
+    if not mu:
+        return None
+    best = None
+    for lim in limits:
+        if lim.metric not in ("ttft", "e2e", "queue"):
+            continue
+        share = (lim.percentile if lim.percentile is not None else 100) / 100
+        rate = 1.5 * mu
+        span = run_requests(workload, rate, settle_s, settings.settle) / rate
+        cap = mu * (1 + (lim.limit_s + saturated["slots"] / mu) / (share * span)) * (1 + BOUND_MARGIN)
+        best = cap if best is None else min(best, cap)
+    return best
+
+
+def role_rates(p: Mapping, d: Mapping, n_p: int, n_d: int, max_num_seqs: int, chunk: int, shortest,
+               tpot_limits) -> Optional[dict]:
+    """A disaggregated candidate's saturated rate from its roles, the way DistServe sizes
+    them, per layout from its screen: the prefill pool prefills at most ``max(1, chunk //
+    prompt)`` prompts per lone prefill per instance (a step never costs less than the lone
+    prompt's); the decode pool emits at most ``max over b of b / D(b)`` tokens per second
+    per instance (the mediant: any mix of steps does no better than its best), ``D(b)`` the
+    decode step of ``b <= max_num_seqs`` sequences at the shortest prompt's context, counting
+    only the batches within the TPOT limit (times ``1 + TPOT_SLACK``), over the shortest
+    output's decodes. Approximate: the TPOT cap (a percentile lets some requests run in
+    slower batches; the slack covers it) and a step's cost growing with its work."""
+    per_step = max(1, chunk // max(shortest.input_tokens, 1))
+    prefill = n_p * per_step / p["lone_ttft_s"]
+    cap = min((l.limit_s for l in tpot_limits), default=math.inf) * (1 + TPOT_SLACK)
+    best = max(b / s for b, s in d["decode_step_s"] if b <= max_num_seqs and (s <= cap or b == 1))
+    decodes = shortest.output_tokens - 1
+    decode = n_d * best / decodes if decodes > 0 else math.inf
+    slots = n_p * per_step + n_d * max(b for b, _ in d["decode_step_s"] if b <= max_num_seqs)
+    return {"saturated_requests_per_s": min(prefill, decode), "slots": slots, "roles": [prefill, decode]}
+
+
+def _upper_value(objective: str, bound: Optional[float], cand: Candidate, top_out: int) -> float:
+    """The objective's value (per chip, the larger the better) the candidate cannot exceed:
+    its capacity is at most ``bound`` and the goodput share at most 1 (output tokens: at most
+    the longest output per request). ``inf`` without a bound."""
+    if bound is None:
+        return math.inf
+    return (bound * top_out if objective == "throughput_per_chip" else bound) / cand.chips
+
+
+def _kth_value(settings: SearchSettings, cands, results, base, workload) -> Optional[float]:
+    """The ``top``-th best objective value of the candidates simulated so far (``None``
+    while fewer are)."""
+    values = []
+    for (cand, _), res in zip(cands, results):
+        if res is None or res["status"] != "ok" or not res["capacity_requests_per_s"]:
+            continue
+        goodput, tokens = Scored(cand, {}, res).rates()
+        values.append(tokens if settings.objective == "throughput_per_chip" else goodput)
+    if len(values) < settings.top:
+        return None
+    return sorted(values, reverse=True)[settings.top - 1]
+
+
+def synthetic_requests(workload: Mapping):
+    from g5core.serve.workload import synthetic
+
+    return synthetic(workload).requests
 
 
 def _pow2_seqs(capacity_tokens: int, longest: int, settings: SearchSettings) -> list[int]:
@@ -759,9 +999,12 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
     tmp = tempfile.TemporaryDirectory(prefix="g5-best-serve-") if own_db else None
     path = f"{tmp.name}/best-serve.db" if own_db else db_path
     db = ResultsDB.open(path, inputs=inputs)
+    stack = contextlib.ExitStack()
     try:
         table = _Table(db)
-        screened = _drive(table, make_executor(executor, workers), screen_cells,
+        outer = stack.enter_context(make_executor(executor, workers))
+        kept = _Kept(outer)
+        screened = _drive(table, kept, screen_cells,
                           _Progress(progress, "screen") if progress is not None else None, workers)
         longest = _longest(workload)
         pruned: list[Pruned] = []
@@ -797,17 +1040,21 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                     for m in _pow2_seqs(res["kv_capacity_tokens"], longest, settings):
                         cands.append((Candidate((pool,), m, chunk), inst / res["lone_e2e_s"]))
         skipped = 0
+        roles_bound: dict = {}   # candidate index -> the disaggregated candidate's role bound
         if settings.disagg in ("on", "auto"):
             prefill = sorted(roles["prefill"], key=lambda x: (x[3]["lone_ttft_s"] * x[0], layout_label(x[1])))
             decode = sorted(roles["decode"], key=lambda x: (
                 -(x[3]["kv_capacity_tokens"] / longest) / (x[3]["lone_tpot_s"] * x[0]), layout_label(x[1])))
+            beam = settings.beam
+            shortest = _lone(workload).requests[0]
             for chunk in settings.chunks:
                 p_ok = [x for x in prefill if x[2] == chunk]
                 d_ok = [x for x in decode if x[2] == chunk]
-                pairs = [(p, d) for p in p_ok for d in d_ok]
-                skipped += len(pairs) - len([(p, d) for p in p_ok[:settings.beam] for d in d_ok[:settings.beam]])
-                for p in p_ok[:settings.beam]:
-                    for d in d_ok[:settings.beam]:
+                if beam is not None:
+                    skipped += len(p_ok) * len(d_ok) - len(p_ok[:beam]) * len(d_ok[:beam])
+                    p_ok, d_ok = p_ok[:beam], d_ok[:beam]
+                for p in p_ok:
+                    for d in d_ok:
                         for n_p in range(1, chips // p[0] + 1):
                             rest = chips - n_p * p[0]
                             for n_d in (range(1, rest // d[0] + 1) if fewer else
@@ -818,6 +1065,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                                          PoolChoice(d[0], tuple(sorted(d[1].items())), n_d))
                                 for m in _pow2_seqs(d[3]["kv_capacity_tokens"], longest, settings):
                                     start = min(n_p / p[3]["lone_ttft_s"], n_d / d[3]["lone_e2e_s"])
+                                    roles_bound[len(cands)] = role_rates(p[3], d[3], n_p, n_d, m, chunk, shortest,
+                                                                         tpot_limits)
                                     cands.append((Candidate(pools, m, chunk), start))
         if not cands:
             fams = sorted(((len(m), f, m[0].reason) for f, m in _group(pruned)), reverse=True)
@@ -825,21 +1074,77 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             raise G5Error(f"no deployment of {chips} chips is left to simulate ({len(layouts)} layouts and chunk "
                           f"sizes screened){hint}")
         settle_s = _settle_s(workload, ttft_limits, tpot_limits, roles)
+        # 3. saturated throughputs (one cell per deployment and chunk size), the bounds
+        saturated: list = [None] * len(cands)
+        use_bounds = settings.bound and settings.objective != "min_chips"
+        if use_bounds:
+            groups: dict = {}
+            for i, (cand, _) in enumerate(cands):
+                if i in roles_bound:
+                    saturated[i] = roles_bound[i]
+                else:
+                    groups.setdefault((cand.pools, cand.chunk), []).append(i)
+            bound_cells = []
+            for (pools, chunk), members in groups.items():
+                group = [cands[i][0] for i in members]
+                key = config_hash({"kind": "bound", **ident, "pools": [attrs.asdict(p) for p in pools],
+                                   "chunk": chunk, "seqs": [c.max_num_seqs for c in group]}, names)
+                bound_cells.append((key, "bound", f"{group[0].label()} (saturated)", bound_cell,
+                                    (base, group, workload, settings.slo, tuple(disabled), runner_for)))
+            bounds = _drive(table, kept, bound_cells,
+                            _Progress(progress, "bound") if progress is not None else None, workers)
+            for members, res in zip(groups.values(), bounds):
+                for i in members:
+                    if res["status"] == "ok":
+                        saturated[i] = res["by_seqs"][str(cands[i][0].max_num_seqs)]
+        caps = [capacity_bound(sat, limits, workload, settle_s, settings) for sat in saturated]
+        # 4. capacities, best bound first, in waves; a candidate whose bound cannot reach
+        # the top-th simulated one is bounded out
+        keyed = {k: v for k, v in attrs.asdict(settings).items() if k not in ("top", "bound")}
         cand_cells = []
-        for cand, start in cands:
+        for (cand, start), sat, cap in zip(cands, saturated, caps):
+            mu = None if sat is None else sat["saturated_requests_per_s"]
             key = config_hash({"kind": "candidate", **ident, "candidate": attrs.asdict(cand, recurse=True),
-                               "settings": attrs.asdict(settings)}, names)
+                               "settings": keyed, "bracket": [mu, cap]}, names)
             cand_cells.append((key, "candidate", cand.label(), candidate_cell,
                                (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
-                                runner_for)))
-        results = _drive(table, make_executor(executor, workers), cand_cells,
-                         _Progress(progress, "capacity") if progress is not None else None, workers)
+                                runner_for, mu, cap)))
+        top_out = max(r.output_tokens for r in synthetic_requests(workload))
+        upper = [_upper_value(settings.objective, cap, cand, top_out) for (cand, _), cap in zip(cands, caps)]
+        order = sorted(range(len(cands)), key=lambda i: (-upper[i], cands[i][0].label()))
+        results: list = [None] * len(cands)
+        bounded: list[Bounded] = []
+        reporter = _Waves(_Progress(progress, "capacity"), len(cands)) if progress is not None else None
+        pos = 0
+        while pos < len(order):
+            kth = _kth_value(settings, cands, results, base, workload) if use_bounds else None
+            wave = []
+            while pos < len(order) and len(wave) < WAVE:
+                i = order[pos]
+                if kth is not None and upper[i] < kth:
+                    for j in order[pos:]:
+                        bounded.append(Bounded(cands[j][0], saturated[j]["saturated_requests_per_s"], caps[j],
+                                               upper[j], kth))
+                    if reporter is not None:
+                        reporter.skip(len(order) - pos)
+                    pos = len(order)
+                    break
+                wave.append(i)
+                pos += 1
+            if wave:
+                for i, res in zip(wave, _drive(table, kept, [cand_cells[i] for i in wave], reporter, workers)):
+                    results[i] = res
+        if reporter is not None:
+            reporter.finish()
     finally:
+        stack.close()
         db.close()
         if tmp is not None:
             tmp.cleanup()
     scored = []
     for (cand, _), res in zip(cands, results):
+        if res is None:
+            continue
         if res["status"] != "ok":
             pruned.append(Pruned(dict(cand.pools[0].parallel), cand.pools[0].chips, cand.chunk, res["family"],
                                  res["reason"]))
@@ -847,9 +1152,10 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         rate = res["capacity_requests_per_s"] or None
         scored.append(Scored(cand, candidate_config(base, cand, workload, settings.slo, rate), res))
     scored.sort(key=lambda s: (s.value(settings.objective), s.candidate.label()))
-    return ServeSearchResult(settings.objective, settings, len(layouts), tuple(pruned), tuple(scored), len(cands),
-                             skipped, sum(r.get("runs", 0) for r in results if r["status"] == "ok"),
-                             None if own_db else str(db_path))
+    simulated = [r for r in results if r is not None]
+    return ServeSearchResult(settings.objective, settings, len(layouts), tuple(pruned), tuple(scored), len(simulated),
+                             skipped, sum(r.get("runs", 0) for r in simulated if r["status"] == "ok"),
+                             None if own_db else str(db_path), tuple(bounded))
 
 
 def _settle_s(workload: Mapping, ttft_limits, tpot_limits, roles) -> float:
@@ -880,7 +1186,7 @@ def _longest(workload: Mapping) -> int:
 def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, workers: int, executor: str, *,
                        disagg: str, workload=None, requests=None, isl=None, osl=None, slo=None, seed=None, rate=None,
                        chunks=None, seqs=None, tolerance=None, max_rate=None, beam=None, vary=None, settle=None,
-                       confirm=None) -> ServeSearchResult:
+                       confirm=None, top=DEFAULT_TOP) -> ServeSearchResult:
     """``g5 best CONFIG --serve``'s flags to a search (the CLI prints its result)."""
     from g5core.serve.api import split_config, workload_spec
     from g5core.study.sweep import default_progress
@@ -906,6 +1212,7 @@ def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, 
         tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance,
         max_rate=DEFAULT_MAX_RATE if max_rate is None else max_rate, beam=DEFAULT_BEAM if beam is None else beam,
         rate=rate, vary=tuple(v.strip() for v in vary.split(",") if v.strip()) if vary else None,
-        settle=SETTLE if settle is None else settle, confirm=DEFAULT_CONFIRM if confirm is None else confirm)
+        settle=SETTLE if settle is None else settle, confirm=DEFAULT_CONFIRM if confirm is None else confirm,
+        top=top)
     return serve_search(raw, spec, settings, db_path=db_path, disabled=disabled, workers=workers,
                         executor=executor, progress=default_progress(), inputs=[config_path])
