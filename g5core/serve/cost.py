@@ -250,14 +250,15 @@ class PlanCost:
             hit = self._steps[key] = (self.predict_s(work), work)
         return hit[0]
 
-    def decode_latency_s(self, contexts: tuple, j: int) -> float:
+    def decode_latency_s(self, contexts: tuple, j: int, total: int) -> float:
         """:meth:`latency_s` of the decode-only step of ``len(contexts)`` sequences at
-        ``contexts`` plus ``j`` each (``contexts`` sorted), the same value from the same
-        arithmetic, without building the step (the serving loop's runs of decode steps)."""
+        ``contexts`` plus ``j`` each (``contexts`` sorted; ``total``: the sum of those), the
+        same value from the same arithmetic, without building the step (the serving loop's
+        runs of decode steps)."""
         if self.exact:
             return self.latency_s(StepWork((), tuple(c + j for c in contexts)))
         b = len(contexts)
-        key = ((), b, sum(contexts) + j * b)
+        key = ((), b, total)
         hit = self._steps.get(key)
         if hit is None:
             hit = self._steps[key] = (_interp(self.g, b) + self._attention(b, key[2] / b), (contexts, j))

@@ -315,9 +315,10 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
     cost = inst.pool.cost
     decode_s = getattr(cost, "decode_latency_s", None)
     if decode_s is None:
-        def decode_s(contexts, j, latency_s=cost.latency_s):
+        def decode_s(contexts, j, total, latency_s=cost.latency_s):
             return latency_s(StepWork((), tuple(c + j for c in contexts)))
     contexts = tuple(contexts)
+    total = sum(contexts)
     free = sched.free_blocks
     used = sched.total_blocks - free
     waiting = len(sched.waiting)
@@ -331,7 +332,7 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
         need += residues[-j % bs]
         if need > free:
             break
-        end = t + decode_s(contexts, j)
+        end = t + decode_s(contexts, j, total + j * b)
         if end >= horizon:
             break
         rows.extend((t, end, 0, b, used + need, b, waiting))

@@ -16,23 +16,46 @@ SLO limits, which deployment serves the most?
    cannot hold with every sequence at its longest (the pool caps the batch beyond it).
    Disaggregated (``--disagg on|auto``): a prefill pool and a decode pool of kept layouts
    (a prefill layout must meet the TTFT screen, a decode layout the TPOT one) with
-   ``n_p c_p + n_d c_d = chips``; the ``beam`` best layouts of each role by their lone step
-   (prefill: prompt tokens/s per chip alone; decode: sequences the pool holds per chip
-   over the lone TPOT) are paired, which bounds the pairs (a heuristic cut, reported as
-   such, not a pruning). The screen is the aggregated one: a layout whose pool cannot hold
-   a whole request is out of both roles, even though a prefill pool only needs the prompt.
-4. **Capacity** of each candidate: the highest Poisson arrival rate at which the SLO holds
+   ``n_p c_p + n_d c_d = chips``, every pair of layouts (``--beam N`` keeps only the ``N``
+   best of each role by their lone step: a heuristic cut, reported as such). The screen is
+   the aggregated one: a layout whose pool cannot hold a whole request is out of both
+   roles, even though a prefill pool only needs the prompt.
+4. **Bounds.** Each candidate gets a saturated throughput ``mu`` (requests/s): aggregated,
+   from a run of its own deployment with ``SATURATED_ROUNDS`` full batches of requests
+   arriving at once (:func:`bound_cell`, one per deployment and chunk size, every
+   ``max_num_seqs`` on one session); disaggregated, from its roles as DistServe sizes them,
+   per layout from the screen (:func:`role_rates`: the prefill pool's prompts per lone
+   prefill, the decode pool's best tokens per second over the batches within the TPOT
+   limit). A run at a rate above ``mu`` builds a queue, so the TTFT percentile bounds the
+   capacity (:func:`capacity_bound`).
+5. **Capacity** of each candidate: the highest Poisson arrival rate at which the SLO holds
    (every named percentile under its limit, every request completed), by a seeded run of
-   ``requests`` requests per rate: from ``instances / lone end-to-end`` the rate doubles
-   until the SLO fails (or reaches ``max_rate``, the rate ceiling), then bisects until
-   ``hi / lo <= 1 + tolerance``; then ``lo`` must hold on ``confirm`` further seeds too
-   (else it steps down by the tolerance until it does): the capacity. Each run has
-   ``max(requests, settle x rate x (TTFT limit + mean output x TPOT limit))`` requests
-   (``settle`` times the requests in the system when the SLO holds, by Little's law). ``min_chips`` also lets a
-   deployment use fewer chips and first asks whether it serves ``--rate``.
-5. **Ranking** by the objective: ``goodput_per_chip`` (requests/s per chip meeting the SLO
+   ``requests`` requests per rate: from ``START_SHARE x mu`` (without a bound: ``instances /
+   lone end-to-end``) the rate bisects toward the bound, then doubles past it if the SLO
+   still holds there (the bound only guesses the bracket: a failing run is required above
+   the capacity), or halves until it holds, then bisects until ``hi / lo <= 1 +
+   tolerance``; then ``lo`` must hold on ``confirm`` further seeds too (else it steps down
+   by the tolerance until it does): the capacity. Each run has ``max(requests, settle x rate
+   x (TTFT limit + mean output x TPOT limit))`` requests (``settle`` times the requests in
+   the system when the SLO holds, by Little's law). ``min_chips`` also lets a deployment
+   use fewer chips and first asks whether it serves ``--rate``.
+6. **Branch and bound** (not for ``min_chips``; ``bound=False`` turns it off): candidates run
+   best bound first, ``WAVE`` at a time; before each wave, a candidate whose bound of the
+   objective (its capacity bound over its chips, the goodput share at most 1) is below the
+   ``top``-th best simulated value cannot enter the top ``top`` and is bounded out (reported
+   with its bound, not simulated), and so is every one after it. The waves are fixed, so the
+   candidates simulated do not depend on the workers. The Pareto front is the simulated
+   candidates' front.
+7. **Ranking** by the objective: ``goodput_per_chip`` (requests/s per chip meeting the SLO
    at capacity), ``throughput_per_chip`` (output tokens/s per chip at capacity), or
    ``min_chips`` (fewest chips serving ``--rate``, then the most goodput per chip).
+
+What is approximate: the bounds. ``mu`` is a measured steady state (no proof that a lighter
+load does better per second), the queue argument takes the queue's growth at its mean, the
+decode role counts only batches within ``1 + TPOT_SLACK`` of the TPOT limit, and each
+allows ``BOUND_MARGIN`` more; ``tests/test_serve_search.py`` simulates the bounded-out
+candidates anyway and checks that none beats the ``top``-th and that no capacity exceeds
+its bound.
 
 Every cell runs through the sweep machinery's executors (``--workers``, ``--executor
 dask``) and is stored as its own row of the ``serve_search`` table of the results
