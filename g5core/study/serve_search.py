@@ -1056,20 +1056,21 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         # 2. candidates
         cands: list[tuple[Candidate, float]] = []
         fewer = settings.objective == "min_chips"
+        roles_bound: dict = {}   # candidate index -> its roles' bound (role_rates)
+        shortest = _lone(workload).requests[0]
         if settings.disagg in ("off", "auto"):
             for c, par, chunk, res in roles["serve"]:
                 for inst in (range(1, chips // c + 1) if fewer else (chips // c,)):
                     pool = PoolChoice(c, tuple(sorted(par.items())), inst)
                     for m in _pow2_seqs(res["kv_capacity_tokens"], longest, settings):
+                        roles_bound[len(cands)] = role_rates(res, res, inst, inst, m, chunk, shortest, tpot_limits)
                         cands.append((Candidate((pool,), m, chunk), inst / res["lone_e2e_s"]))
         skipped = 0
-        roles_bound: dict = {}   # candidate index -> the disaggregated candidate's role bound
         if settings.disagg in ("on", "auto"):
             prefill = sorted(roles["prefill"], key=lambda x: (x[3]["lone_ttft_s"] * x[0], layout_label(x[1])))
             decode = sorted(roles["decode"], key=lambda x: (
                 -(x[3]["kv_capacity_tokens"] / longest) / (x[3]["lone_tpot_s"] * x[0]), layout_label(x[1])))
             beam = settings.beam
-            shortest = _lone(workload).requests[0]
             for chunk in settings.chunks:
                 p_ok = [x for x in prefill if x[2] == chunk]
                 d_ok = [x for x in decode if x[2] == chunk]
@@ -1103,9 +1104,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         if use_bounds:
             groups: dict = {}
             for i, (cand, _) in enumerate(cands):
-                if i in roles_bound:
-                    saturated[i] = roles_bound[i]
-                else:
+                saturated[i] = roles_bound[i]
+                if not cand.disaggregated:
                     groups.setdefault((cand.pools, cand.chunk), []).append(i)
             bound_cells = []
             for (pools, chunk), members in groups.items():
@@ -1118,8 +1118,10 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                             _Progress(progress, "bound") if progress is not None else None, workers)
             for members, res in zip(groups.values(), bounds):
                 for i in members:
-                    if res["status"] == "ok":
-                        saturated[i] = res["by_seqs"][str(cands[i][0].max_num_seqs)]
+                    run = res["by_seqs"][str(cands[i][0].max_num_seqs)] if res["status"] == "ok" else {}
+                    if run.get("saturated_requests_per_s") and (
+                            run["saturated_requests_per_s"] < saturated[i]["saturated_requests_per_s"]):
+                        saturated[i] = {**run, "roles": saturated[i]["roles"]}
         caps = [capacity_bound(sat, limits, workload, settle_s, settings) for sat in saturated]
         # 4. capacities, best bound first, in waves; a candidate whose bound cannot reach
         # the top-th simulated one is bounded out
