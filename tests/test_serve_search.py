@@ -311,3 +311,35 @@ def test_min_chips_finds_the_fewest_chips_serving_the_rate():
     assert win.candidate.chips >= 2 and win.capacity >= 1.5 * one_chip
     # every deployment of fewer chips than the winner's misses the rate
     assert all(s.capacity == 0 for s in high.ranked if s.candidate.chips < win.candidate.chips)
+
+
+def test_exhaustive_grid_on_the_engine_agrees_with_the_search():
+    """The exhaustive check on the engine's step costs (llama-3.1-8b, 8 H100s, tp only,
+    short runs: settle 4, no confirming seeds): no candidate of the space, run through the
+    serving session (``g5 serve``'s runs, bit for bit), holds the SLO at a rate above the
+    winner's capacity by more than the tolerance, and the winner holds at its capacity; no
+    simulated capacity exceeds its bound."""
+    from g5core.study.serve_search import _shared_runner
+
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8}
+    space = SearchSettings(slo=SLO, chunks=(1024,), seqs=(4, 16), vary=("tp",), disagg="off", settle=4, confirm=0)
+    result = serve_search(raw, WL, space)
+    win = result.ranked[0]
+    assert win.capacity > 0 and result.candidates + len(result.bounded) == 8
+    assert all(s.capacity <= s.cell["capacity_bound"] for s in result.ranked)
+    settle_s = 1.0 + 16 * 0.04
+    wl = check_workload(WL)
+    for c in (1, 2, 4, 8):
+        for m in space.seqs:
+            cand = Candidate((PoolChoice(c, (("cp", 1), ("dp", 1), ("ep", 1), ("pp", 1), ("sp", 1), ("tp", c)),
+                                         8 // c),), m, 1024)
+            cfg = candidate_config(raw, cand, wl, SLO, None)
+            session = ServingSession(cfg, {**wl, "requests": 20000}, slo=SLO, runner_for=_shared_runner)
+            rate = win.capacity * (1 + space.tolerance + 0.01)
+            n = run_requests(WL, rate, settle_s, space.settle)
+            assert not _holds(session.run({**wl, "requests": n, "arrival": {"kind": "poisson", "rate_per_s": rate}})), \
+                cand.label()
+            if cand == win.candidate:
+                n = run_requests(WL, win.capacity, settle_s, space.settle)
+                at = {**wl, "requests": n, "arrival": {"kind": "poisson", "rate_per_s": win.capacity}}
+                assert _holds(session.run(at))   # on the search's seed (no confirming seeds here)
