@@ -20,14 +20,14 @@ SLO limits, which deployment serves the most?
    best of each role by their lone step: a heuristic cut, reported as such). The screen is
    the aggregated one: a layout whose pool cannot hold a whole request is out of both
    roles, even though a prefill pool only needs the prompt.
-4. **Bounds.** Each candidate gets a saturated throughput ``mu`` (requests/s): aggregated,
-   from a run of its own deployment with ``SATURATED_ROUNDS`` full batches of requests
-   arriving at once (:func:`bound_cell`, one per deployment and chunk size, every
-   ``max_num_seqs`` on one session); disaggregated, from its roles as DistServe sizes them,
-   per layout from the screen (:func:`role_rates`: the prefill pool's prompts per lone
-   prefill, the decode pool's best tokens per second over the batches within the TPOT
-   limit). A run at a rate above ``mu`` builds a queue, so the TTFT percentile bounds the
-   capacity (:func:`capacity_bound`).
+4. **Bounds.** Each candidate gets a saturated throughput ``mu`` (requests/s) from its
+   roles as DistServe sizes them, per layout from the screen (:func:`role_rates`: the
+   prefill pool's prompts per lone prefill, the decode pool's best tokens per second over
+   the batches within the TPOT limit; an aggregated instance is both roles), and, for an
+   aggregated candidate that reaches a wave, the lower of that and a run of its own
+   deployment with ``SATURATED_ROUNDS`` full batches of requests arriving at once
+   (:func:`saturated_run`, in its cell). A run at a rate above ``mu`` builds a queue, so
+   the TTFT percentile bounds the capacity (:func:`capacity_bound`).
 5. **Capacity** of each candidate: the highest Poisson arrival rate at which the SLO holds
    (every named percentile under its limit, every request completed), by a seeded run of
    ``requests`` requests per rate: from ``START_SHARE x mu`` (without a bound: ``instances /
@@ -40,12 +40,13 @@ SLO limits, which deployment serves the most?
    the system when the SLO holds, by Little's law). ``min_chips`` also lets a deployment
    use fewer chips and first asks whether it serves ``--rate``.
 6. **Branch and bound** (not for ``min_chips``; ``bound=False`` turns it off): candidates run
-   best bound first, ``WAVE`` at a time; before each wave, a candidate whose bound of the
-   objective (its capacity bound over its chips, the goodput share at most 1) is below the
-   ``top``-th best simulated value cannot enter the top ``top`` and is bounded out (reported
-   with its bound, not simulated), and so is every one after it. The waves are fixed, so the
-   candidates simulated do not depend on the workers. The Pareto front is the simulated
-   candidates' front.
+   best roles' bound first, ``WAVE`` at a time; before each wave, a candidate whose bound of
+   the objective (its capacity bound over its chips, the goodput share at most 1) is below
+   the ``top``-th best simulated value cannot enter the top ``top`` and is bounded out
+   (reported with its bound, not simulated), and so is every one after it; in the wave, an
+   aggregated candidate whose saturated run lowers its bound below that value stops there
+   (bounded out too). The waves are fixed, so the candidates simulated do not depend on the
+   workers. The Pareto front is the simulated candidates' front.
 7. **Ranking** by the objective: ``goodput_per_chip`` (requests/s per chip meeting the SLO
    at capacity), ``throughput_per_chip`` (output tokens/s per chip at capacity), or
    ``min_chips`` (fewest chips serving ``--rate``, then the most goodput per chip).
@@ -99,7 +100,7 @@ MAX_RUN_REQUESTS = 20000
 #: seeds besides the workload's on which the capacity found must hold too (else it steps
 #: down by the tolerance): a finite run's percentile near the knee varies with the seed
 DEFAULT_CONFIRM = 2
-#: the saturated run (:func:`bound_cell`): this many batches of requests arrive at once, at
+#: the saturated run (:func:`saturated_run`): this many batches of requests arrive at once, at
 #: this rate (requests/s: all within microseconds)
 SATURATED_ROUNDS = 3
 SATURATED_RATE = 1e6
@@ -489,11 +490,14 @@ def run_requests(workload: Mapping, rate: float, settle_s: float, settle: float 
 
 def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
                    start_rate: float, settle_s: float, disabled=(), runner_for=None,
-                   saturated: Optional[float] = None, bound: Optional[float] = None) -> dict:
+                   roles: Optional[Mapping] = None, kth: Optional[float] = None) -> dict:
     """A candidate's capacity (a bisection over the rate, see the module doc) and its runs at
-    the capacity and at the first failing rate. ``saturated``: its saturated throughput
-    (:func:`bound_cell`): the bisection starts at ``START_SHARE`` of it, toward ``bound``
-    (:func:`capacity_bound`), which it checks."""
+    the capacity and at the first failing rate. ``roles``: its roles' bound
+    (:func:`role_rates`); with it, an aggregated candidate first measures its saturated
+    throughput (:func:`saturated_run`), the lower of the two is ``mu``, and when the
+    objective's bound from ``mu`` (:func:`capacity_bound`) is below ``kth`` (the wave's
+    ``top``-th simulated value) the candidate is bounded out (``status: bounded``);
+    otherwise the bisection starts at ``START_SHARE x mu``, toward the bound."""
     raw = candidate_config(base, cand, workload, slo, None)
     try:
         session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])}, 1.0),
@@ -503,14 +507,31 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
                 "reason": str(exc)}
     floor = settings.rate if settings.objective == "min_chips" else None
     runs = {"n": 0}
+    mu = bound = None
+    sat = None
+    if roles is not None and floor is None:
+        from g5core.serve.metrics import parse_slo
+
+        sat = dict(roles)
+        if not cand.disaggregated:
+            run_sat = saturated_run(session, cand, workload)
+            if run_sat["saturated_requests_per_s"] and (
+                    run_sat["saturated_requests_per_s"] < sat["saturated_requests_per_s"]):
+                sat = {**run_sat, "roles": roles["roles"]}
+        mu = sat["saturated_requests_per_s"]
+        bound = capacity_bound(sat, parse_slo(slo), workload, settle_s, settings)
+        upper = _upper_value(settings.objective, bound, cand, _longest_output(workload))
+        if kth is not None and upper < kth:
+            return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": bound,
+                    "upper": upper, "kth": kth}
 
     def run(rate, seed=None):
         runs["n"] += 1
         n = run_requests(workload, rate, settle_s, settings.settle)
         return session.run(_at_rate({**workload, "requests": n, "seed": workload["seed"] if seed is None else seed},
                                     rate))
-    if saturated and floor is None:
-        start_rate = START_SHARE * saturated
+    if mu and floor is None:
+        start_rate = START_SHARE * mu
     found = capacity_search(run, start_rate, settings.tolerance, settings.max_rate, floor,
                             bound if floor is None else None)
     confirm_steps = 0
@@ -534,46 +555,30 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
     return {"status": "ok", "label": cand.label(), "disaggregated": cand.disaggregated, "chips": cand.chips,
             "capacity_requests_per_s": found["capacity"], "ceiling": found["ceiling"],
             "runs": runs["n"], "failed_rate_per_s": found["failed_rate"], "confirm_steps": found["confirm_steps"],
-            "build_s": session.build_s, "saturated_requests_per_s": saturated, "capacity_bound": bound,
+            "build_s": session.build_s, "saturated_requests_per_s": mu, "capacity_bound": bound, "saturated": sat,
             "held": None if held is None else _run_summary(held, session),
             "failed": None if failed is None else _run_summary(failed, session)}
 
 
-def bound_cell(base: Mapping, cands: Sequence[Candidate], workload: Mapping, slo: str, disabled=(),
-               runner_for=None) -> dict:
-    """The saturated throughput of each candidate of one deployment and chunk size (they
-    differ in ``max_num_seqs`` only; one session serves them all): ``SATURATED_ROUNDS``
-    batches' worth of requests (``max_num_seqs`` times the instances of the last pool, at
-    most what a pool holds at the longest request) arrive at once, and the throughput is
-    the completions of the middle third over their span, the queue never empty. ``None``
-    (no bound) when the run preempted: the pool, not the batch, set its pace."""
-    first = cands[0]
-    raw = candidate_config(base, first, workload, slo, None)
-    try:
-        session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])}, 1.0),
-                           slo, disabled, runner_for)
-    except (ConfigError, PluginError) as exc:
-        return {"status": "pruned", "family": "memory" if "KV pool" in str(exc) else "configuration",
-                "reason": str(exc)}
+def saturated_run(session, cand: Candidate, workload: Mapping) -> dict:
+    """The candidate's saturated throughput on its session: ``SATURATED_ROUNDS`` batches'
+    worth of requests (``max_num_seqs`` times the instances of the last pool, at most what a
+    pool holds at the longest request) arrive at once, and the throughput is the
+    completions of the middle rounds over their span, the queue never empty. ``None``
+    when the run preempted: the pool, not the batch, set its pace."""
+    import numpy as np
+
     last = session.deployment.pools[-1]
     holds = max(last.total_blocks * last.scheduler.block_size // max(session.longest, 1), 1)
-    out = {}
-    for cand in cands:
-        for pool in session.deployment.pools:
-            pool.scheduler = attrs.evolve(pool.scheduler, max_num_seqs=cand.max_num_seqs)
-        batch = min(cand.max_num_seqs, holds) * last.instances
-        n = SATURATED_ROUNDS * batch
-        res = session.run(_at_rate({**workload, "requests": n}, SATURATED_RATE))
-        import numpy as np
-
-        done = np.sort(np.frombuffer(res.loop.requests.finish_s, dtype=float))
-        k1, k2 = n // SATURATED_ROUNDS, n - n // SATURATED_ROUNDS
-        span = float(done[k2 - 1] - done[k1 - 1])
-        rate = (k2 - k1) / span if span > 0 and not res.summary["preemptions"] else None
-        slots = sum(min(cand.max_num_seqs, holds) * p.instances for p in session.deployment.pools)
-        out[str(cand.max_num_seqs)] = {"saturated_requests_per_s": rate, "requests": n, "slots": slots,
-                                       "preemptions": res.summary["preemptions"]}
-    return {"status": "ok", "by_seqs": out}
+    n = SATURATED_ROUNDS * min(cand.max_num_seqs, holds) * last.instances
+    res = session.run(_at_rate({**workload, "requests": n}, SATURATED_RATE))
+    done = np.sort(np.frombuffer(res.loop.requests.finish_s, dtype=float))
+    k1, k2 = n // SATURATED_ROUNDS, n - n // SATURATED_ROUNDS
+    span = float(done[k2 - 1] - done[k1 - 1])
+    rate = (k2 - k1) / span if span > 0 and not res.summary["preemptions"] else None
+    slots = sum(min(cand.max_num_seqs, holds) * p.instances for p in session.deployment.pools)
+    return {"saturated_requests_per_s": rate, "requests": n, "slots": slots,
+            "preemptions": res.summary["preemptions"]}
 
 
 # ----------------------------------------------------------------------------------------
@@ -793,14 +798,12 @@ class _Progress:
             total = getattr(self.inner, "total", "?")
             if payload is None:
                 text = "already in the database"
+            elif payload.get("status") == "bounded":
+                text = f"bounded out (at most {payload['upper']:.4g} per chip, the top-th has {payload['kth']:.4g})"
             elif payload.get("status") != "ok":
                 text = f"pruned: {payload['reason']}"
             elif "capacity_requests_per_s" in payload:
                 text = f"capacity {payload['capacity_requests_per_s']:.4g} req/s"
-            elif "by_seqs" in payload:
-                text = "saturated " + ", ".join(
-                    f"{m}: {v['saturated_requests_per_s']:.4g} req/s" if v["saturated_requests_per_s"] else f"{m}: -"
-                    for m, v in payload["by_seqs"].items())
             else:
                 text = f"lone TTFT {payload['lone_ttft_s']:.4g} s, TPOT {payload['lone_tpot_s'] * 1e3:.4g} ms"
             self.inner.emit(f"{self.phase} [{n}/{total}] {label}: {text}")
@@ -866,9 +869,11 @@ class Bounded:
     capacity_bound: float  # requests/s (capacity_bound)
     upper: float           # the bound of the objective's value (goodput or output tokens/s per chip)
     kth: float             # the top-th simulated value when it was bounded out
+    source: str = "roles"  # where the saturated throughput came from: roles, or saturated run
 
     def reason(self) -> str:
-        return (f"saturated throughput {self.saturated_requests_per_s:.4g} req/s, so a capacity of at most "
+        return (f"saturated throughput ({self.source}) {self.saturated_requests_per_s:.4g} req/s, so a capacity "
+                f"of at most "
                 f"{self.capacity_bound:.4g} req/s: at most {self.upper:.4g} per chip, below the top-th simulated "
                 f"({self.kth:.4g})")
 
@@ -930,7 +935,7 @@ def _upper_value(objective: str, bound: Optional[float], cand: Candidate, top_ou
     return (bound * top_out if objective == "throughput_per_chip" else bound) / cand.chips
 
 
-def _kth_value(settings: SearchSettings, cands, results, base, workload) -> Optional[float]:
+def _kth_value(settings: SearchSettings, cands, results) -> Optional[float]:
     """The ``top``-th best objective value of the candidates simulated so far (``None``
     while fewer are)."""
     values = []
@@ -944,10 +949,10 @@ def _kth_value(settings: SearchSettings, cands, results, base, workload) -> Opti
     return sorted(values, reverse=True)[settings.top - 1]
 
 
-def synthetic_requests(workload: Mapping):
+def _longest_output(workload: Mapping) -> int:
     from g5core.serve.workload import synthetic
 
-    return synthetic(workload).requests
+    return max(r.output_tokens for r in synthetic(workload).requests)
 
 
 def _pow2_seqs(capacity_tokens: int, longest: int, settings: SearchSettings) -> list[int]:
@@ -1098,43 +1103,14 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             raise G5Error(f"no deployment of {chips} chips is left to simulate ({len(layouts)} layouts and chunk "
                           f"sizes screened){hint}")
         settle_s = _settle_s(workload, ttft_limits, tpot_limits, roles)
-        # 3. saturated throughputs (one cell per deployment and chunk size), the bounds
-        saturated: list = [None] * len(cands)
+        # 3. capacities, best roles' bound first, in waves; a candidate whose bound cannot
+        # reach the top-th simulated one is bounded out (by the driver from its roles'
+        # bound, or by its cell from its saturated run)
         use_bounds = settings.bound and settings.objective != "min_chips"
-        if use_bounds:
-            groups: dict = {}
-            for i, (cand, _) in enumerate(cands):
-                saturated[i] = roles_bound[i]
-                if not cand.disaggregated:
-                    groups.setdefault((cand.pools, cand.chunk), []).append(i)
-            bound_cells = []
-            for (pools, chunk), members in groups.items():
-                group = [cands[i][0] for i in members]
-                key = config_hash({"kind": "bound", **ident, "pools": [attrs.asdict(p) for p in pools],
-                                   "chunk": chunk, "seqs": [c.max_num_seqs for c in group]}, names)
-                bound_cells.append((key, "bound", f"{group[0].label()} (saturated)", bound_cell,
-                                    (base, group, workload, settings.slo, tuple(disabled), runner_for)))
-            bounds = _drive(table, kept, bound_cells,
-                            _Progress(progress, "bound") if progress is not None else None, workers)
-            for members, res in zip(groups.values(), bounds):
-                for i in members:
-                    run = res["by_seqs"][str(cands[i][0].max_num_seqs)] if res["status"] == "ok" else {}
-                    if run.get("saturated_requests_per_s") and (
-                            run["saturated_requests_per_s"] < saturated[i]["saturated_requests_per_s"]):
-                        saturated[i] = {**run, "roles": saturated[i]["roles"]}
-        caps = [capacity_bound(sat, limits, workload, settle_s, settings) for sat in saturated]
-        # 4. capacities, best bound first, in waves; a candidate whose bound cannot reach
-        # the top-th simulated one is bounded out
         keyed = {k: v for k, v in attrs.asdict(settings).items() if k not in ("top", "bound")}
-        cand_cells = []
-        for (cand, start), sat, cap in zip(cands, saturated, caps):
-            mu = None if sat is None else sat["saturated_requests_per_s"]
-            key = config_hash({"kind": "candidate", **ident, "candidate": attrs.asdict(cand, recurse=True),
-                               "settings": keyed, "bracket": [mu, cap]}, names)
-            cand_cells.append((key, "candidate", cand.label(), candidate_cell,
-                               (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
-                                runner_for, mu, cap)))
-        top_out = max(r.output_tokens for r in synthetic_requests(workload))
+        top_out = _longest_output(workload)
+        caps = [capacity_bound(roles_bound[i], limits, workload, settle_s, settings) if use_bounds else None
+                for i in range(len(cands))]
         upper = [_upper_value(settings.objective, cap, cand, top_out) for (cand, _), cap in zip(cands, caps)]
         order = sorted(range(len(cands)), key=lambda i: (-upper[i], cands[i][0].label()))
         results: list = [None] * len(cands)
@@ -1142,22 +1118,34 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         reporter = _Waves(_Progress(progress, "capacity"), len(cands)) if progress is not None else None
         pos = 0
         while pos < len(order):
-            kth = _kth_value(settings, cands, results, base, workload) if use_bounds else None
+            kth = _kth_value(settings, cands, results) if use_bounds else None
             wave = []
             while pos < len(order) and len(wave) < WAVE:
                 i = order[pos]
                 if kth is not None and upper[i] < kth:
                     for j in order[pos:]:
-                        bounded.append(Bounded(cands[j][0], saturated[j]["saturated_requests_per_s"], caps[j],
-                                               upper[j], kth))
+                        bounded.append(Bounded(cands[j][0], roles_bound[j]["saturated_requests_per_s"], caps[j],
+                                               upper[j], kth, "roles"))
                     if reporter is not None:
                         reporter.skip(len(order) - pos)
                     pos = len(order)
                     break
                 wave.append(i)
                 pos += 1
-            if wave:
-                for i, res in zip(wave, _drive(table, kept, [cand_cells[i] for i in wave], reporter, workers)):
+            cells = []
+            for i in wave:
+                cand, start = cands[i]
+                roles = roles_bound[i] if use_bounds else None
+                key = config_hash({"kind": "candidate", **ident, "candidate": attrs.asdict(cand, recurse=True),
+                                   "settings": keyed, "roles": roles, "kth": kth}, names)
+                cells.append((key, "candidate", cand.label(), candidate_cell,
+                              (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
+                               runner_for, roles, kth)))
+            for i, res in zip(wave, _drive(table, kept, cells, reporter, workers)):
+                if res["status"] == "bounded":
+                    bounded.append(Bounded(cands[i][0], res["saturated"]["saturated_requests_per_s"],
+                                           res["capacity_bound"], res["upper"], res["kth"], "saturated run"))
+                else:
                     results[i] = res
         if reporter is not None:
             reporter.finish()
