@@ -285,7 +285,8 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
                                                 "throughput_per_chip", "min_chips"]), default=None,
               help="What to rank by [default: ttft for prefill, tpot for decode, latency for a mixed step; with "
                    "--serve: goodput_per_chip (or throughput_per_chip, min_chips with --rate)].")
-@click.option("--top", "top", default=10, show_default=True, type=click.IntRange(min=1), help="How many to show.")
+@click.option("--top", "top", default=10, show_default=True, type=click.IntRange(min=1),
+              help="How many to show (--serve: the ranking is exact down to this place; the rest may be bounded out).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes, "
                    "tokens_per_s_per_chip, objective_value and the full configuration (with --serve: config, "
@@ -314,7 +315,8 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
               help="--serve: the bisection stops at hi/lo <= 1 + this [default: 0.05].")
 @click.option("--max-rate", "max_rate", type=float, default=None, help="--serve: the rate ceiling [default: 1000].")
 @click.option("--beam", type=int, default=None,
-              help="--serve: disaggregated pairs from this many best layouts per role [default: 3].")
+              help="--serve: disaggregated pairs only from this many best layouts per role (a heuristic cut) "
+                   "[default: every pair; the branch and bound bounds them].")
 @click.option("--vary", default=None, metavar="DIMS",
               help="--serve: only these dimensions vary, e.g. tp,cp (the others stay 1) [default: all].")
 @click.option("--settle", type=float, default=None,
