@@ -121,3 +121,12 @@ def test_db_row_and_a_db_that_is_another_output(config, tmp_path):
     assert len(rows) == 1 and rows[0]["requests"] == 40 and rows[0]["rate_per_s"] == 20
     clash = invoke(config, *FLAGS, "--db", tmp_path / "x.csv", "--requests-csv", tmp_path / "x.csv")
     assert clash.exit_code == 2 and "--db" in clash.output
+
+
+def test_a_serving_config_given_to_g5_run_says_to_use_g5_serve(config):
+    """A file `g5 best --serve` wrote (with its `serving:` block) run through the one-step
+    command: a one-line error pointing at `g5 serve`, not "unknown key"."""
+    r = CliRunner().invoke(main, ["run", str(config)])
+    assert r.exit_code == 2
+    msg = r.output.strip()
+    assert "\n" not in msg and "serving: is read by `g5 serve`" in msg and "unknown key" not in msg
