@@ -331,6 +331,22 @@ def test_two_node_all_reduce_from_10_mib_within_15_percent_of_the_nebius_runs():
         assert abs(rows[size]["time_s"] * 1e6 / time_us - 1) <= 0.15, (size, rows[size]["time_s"], time_us)
 
 
+def test_two_node_all_reduce_from_32_mib_within_10_percent_of_nccl_tests_309():
+    """nccl-tests #309's two-node tables (two HGX H100 hosts, 8 x 400 Gb/s IB, NCCL 2.26.2; runs
+    qoofyk-bm and gj-aion), every size from 32 MiB: the NVLS tree with its crossings' fill is
+    within 6% (without the fill 64 MiB came out 33% fast)."""
+    with open(REPO / "tests" / "data" / "nccl" / "nccl-tests-issue-309.csv", encoding="utf-8") as fh:
+        measured = [(int(r["size_bytes"]), min(float(r["time_us"]), float(r["time_inplace_us"])))
+                    for r in csv.DictReader(line for line in fh if not line.startswith("#"))
+                    if r["collective"] == "all_reduce" and r["nodes"] == "2" and r["size_bytes"]
+                    and int(r["size_bytes"]) >= 32 * 2 ** 20]
+    assert len(measured) == 19          # 32 MiB .. 16 GiB (qoofyk-bm), .. 8 GiB (gj-aion)
+    rows = {r["size_bytes"]: r for r in collective_rows("all_reduce", "h100-sxm", 16, sorted({s for s, _ in measured}))}
+    for size, time_us in measured:
+        assert rows[size]["algorithm"] == "nvls_tree"
+        assert abs(rows[size]["time_s"] * 1e6 / time_us - 1) <= 0.10, (size, rows[size]["time_s"], time_us)
+
+
 def test_nvls_tree_fill_is_two_loops_per_tree_level(monkeypatch):
     """NCCL cuts each channel's part into loops of nvlsChannels x nHeads chunks; every tree level
     is crossed up and down, one loop of the pipeline each (nccl.nvls_tree_fill_loops): time that
