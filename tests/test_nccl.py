@@ -307,10 +307,11 @@ def test_published_nccl_times_of_latency_bound_messages_within_25_percent(agreem
 def test_two_and_four_node_all_reduce_against_nccl_issue_1221(agreement):
     rows = {(r["gpus"]): r for r in agreement if r["source"].startswith("nccl-issue-1221")}
     assert abs(rows[32]["error"]) <= 0.15
-    # two nodes with NVLS: G5's 8 GiB figure is about 10% above #1221's rounded 430 (NCCL 2.19.3,
-    # RoCE) and within 2% of the other published two-node maxima (nccl-tests #309: 470, the HF
-    # playbook: 479; tests/test_net_floors.py) -- #1221 is the low one of three, so +-15% it stays
-    assert 0.05 <= rows[16]["error"] <= 0.15
+    # two nodes with NVLS: G5's 8 GiB figure is about 10% above #1221's 430, a rounded figure
+    # (NCCL 2.19.3, RoCE, possibly the average over 4 and 8 GiB), and within 1% of nccl-tests
+    # #309's full two-node tables at 8 GiB (the test below holds every size from 32 MiB to 10%)
+    # and of the HF playbook's 479: #1221's precision supports +-15%, no tighter
+    assert abs(rows[16]["error"]) <= 0.15
 
 
 def _nebius_rows():
