@@ -42,6 +42,13 @@ def main() -> None:
     ap.add_argument("--beam", type=int, default=None)
     ap.add_argument("--top", type=int, default=None, help="the ranking is exact down to this place (default 10)")
     ap.add_argument("--no-bound", action="store_true", help="simulate every candidate (no branch and bound)")
+    ap.add_argument("--candidate", default=None, metavar="tp=8,instances=2,seqs=64,chunk=8192",
+                    help="time one aggregated candidate's capacity search alone (in this process) instead")
+    ap.add_argument("--step-by-step", action="store_true",
+                    help="--candidate: the serving loop one event per step (no runs of decode steps)")
+    ap.add_argument("--bracket", action="store_true",
+                    help="--candidate: start from its saturated throughput (as the search does) instead of "
+                         "instances / lone end-to-end")
     args = ap.parse_args()
 
     from g5core.study import serve_search as ss
@@ -58,6 +65,8 @@ def main() -> None:
     workload = {"requests": args.requests, "arrival": {"kind": "poisson"}, "input_tokens": args.isl,
                 "output_tokens": args.osl, "seed": 0}
     load0 = os.getloadavg()[0]
+    if args.candidate:
+        return one_candidate(args, raw, workload, settings, load0)
     with tempfile.TemporaryDirectory() as tmp:
         t0, c0 = time.perf_counter(), time.process_time()
         kids0 = os.times()
@@ -82,6 +91,43 @@ def main() -> None:
             "tpot_s": win["tpot_s"]},
         "why": res.why(),
     }, indent=2))
+
+
+def one_candidate(args, raw, workload, settings, load0) -> None:
+    """One candidate's capacity search, timed (CPU of this process)."""
+    from g5core.serve import loop, session
+    from g5core.serve.metrics import parse_slo
+    from g5core.study import serve_search as ss
+
+    spec = dict(kv.split("=") for kv in args.candidate.split(","))
+    par = {d: 1 for d in ("cp", "dp", "ep", "pp", "sp", "tp")}
+    par.update({k: int(v) for k, v in spec.items() if k in par})
+    chips = 1
+    for v in par.values():
+        chips *= v
+    wl = ss.check_workload(workload)
+    screen = ss.screen_cell(raw, chips, par, int(spec["chunk"]), wl, args.slo)
+    pool = ss.PoolChoice(chips, tuple(sorted(par.items())), int(spec["instances"]))
+    cand = ss.Candidate((pool,), int(spec["seqs"]), int(spec["chunk"]))
+    limits = parse_slo(args.slo)
+    settle_s = ss._settle_s(wl, [l for l in limits if l.metric in ("ttft", "e2e")],
+                            [l for l in limits if l.metric in ("tpot", "itl")], {})
+    roles = None
+    if args.bracket:
+        roles = ss.role_rates(screen, screen, pool.instances, pool.instances, cand.max_num_seqs, cand.chunk,
+                              ss._lone(wl).requests[0], [l for l in limits if l.metric in ("tpot", "itl")])
+    if args.step_by_step:
+        plain = loop.simulate
+        session.simulate = lambda dep, w: plain(dep, w, fast=False)
+    t0, c0 = time.perf_counter(), time.process_time()
+    cell = ss.candidate_cell(raw, cand, wl, args.slo, settings, pool.instances / screen["lone_e2e_s"], settle_s,
+                             (), None, roles)
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+    print(json.dumps({"candidate": cand.label(), "step_by_step": args.step_by_step, "bracket": args.bracket,
+                      "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+                      "load_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
+                      "capacity_requests_per_s": cell["capacity_requests_per_s"], "serving_runs": cell["runs"]},
+                     indent=2))
 
 
 if __name__ == "__main__":
