@@ -343,3 +343,27 @@ def test_exhaustive_grid_on_the_engine_agrees_with_the_search():
                 n = run_requests(WL, win.capacity, settle_s, space.settle)
                 at = {**wl, "requests": n, "arrival": {"kind": "poisson", "rate_per_s": win.capacity}}
                 assert _holds(session.run(at))   # on the search's seed (no confirming seeds here)
+
+
+def test_dask_and_two_workers_give_the_in_process_result(tmp_path):
+    """The same search in process, on two local workers and on a Dask cluster: the same
+    candidates simulated and bounded out, the same ranking, byte for byte (the waves are
+    fixed, so the branch and bound does not depend on who finishes first)."""
+    import json
+
+    distributed = pytest.importorskip("distributed", reason="the distributed extra (g5[distributed]) is part of "
+                                                            "the test install")
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 2}
+    settings = SearchSettings(slo=SLO, chunks=(1024,), seqs=(1, 4, 16), vary=("tp",), disagg="auto", settle=2,
+                              confirm=0, top=2)
+
+    def key(r):
+        return (json.dumps([s.to_json_dict() for s in r.ranked], sort_keys=True),
+                [b.candidate.label() for b in r.bounded], r.candidates, r.runs)
+    one = serve_search(raw, WL, settings)
+    two = serve_search(raw, WL, settings, workers=2)
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=":0") as cluster:
+        dask = serve_search(raw, WL, settings, executor=f"dask:{cluster.scheduler_address}")
+    assert key(one) == key(two) == key(dask)
+    assert one.bounded and one.candidates > settings.top
