@@ -235,8 +235,9 @@ def test_mla_and_grouped_gemm_and_full_blocks_map_onto_tables():
 def test_measured_run_reports_coverage_and_achieved_flops(aic_system_file):
     out = run(_cfg(system=aic_system_file))
     cov = out.sim.compute["coverage"]
-    # the attention op's KV append and split-KV combine have no table: about a sixth of its time here
-    assert cov["gemm"]["measured"] > 0.9 and cov["attention"]["measured"] > 0.8
+    # what is not measured is each op's launch_overhead_s and the side kernels (rotary, KV append,
+    # FP8 quantisation, SwiGLU) at the size-aware roofline: under a tenth of the GEMM and attention time
+    assert cov["gemm"]["measured"] > 0.9 and cov["attention"]["measured"] > 0.9
     assert cov["elementwise"]["measured"] == 0.0
     assert 0 < cov["all"]["measured"] < 1
     assert math.isclose(cov["all"]["measured"] + cov["all"]["roofline"], 1.0)
