@@ -213,11 +213,16 @@ class LatencyLookup:
     #: every distinct answer, by id
     answers: list[LatencyAnswer] = attrs.field(factory=list)
     _answer_ids: dict = attrs.field(factory=dict)  # (class, dtype, kernels, FLOPs, bytes) -> id into ``answers``
+    _launches: dict = attrs.field(factory=dict)  # (kernels, name, owner) -> launch seconds
 
     def _launch_s(self, op) -> float:
         from g5core.inputs.framework import launch_s
 
-        return launch_s(op, self.system, getattr(self.deployment, "phase", ""))
+        key = (op.kernels, op.name, op.owner)
+        seconds = self._launches.get(key)
+        if seconds is None:
+            seconds = self._launches[key] = launch_s(op, self.system, getattr(self.deployment, "phase", ""))
+        return seconds
 
     def answer_id(self, op) -> int:
         """The id (into :attr:`answers`) of ``op``'s answer; compile records one per op."""
