@@ -8,7 +8,7 @@ Figures: best achieved fraction of dense peak of large GEMMs per dtype; best ach
 fraction of HBM bandwidth of weight-bound GEMMs (m <= 16) and of decode attention; the
 smallest measured latency of any GEMM, context-attention and decode-attention kernel, and
 of an elementwise kernel (the quantize table's scale_matrix: one static FP8 quantisation kernel
-in a CUDA graph; compute_scale is the difference of two multi-kernel calls, not one kernel).
+in a CUDA graph; compute_scale is the dynamic quantisation call less the static one, not one kernel).
 """
 from __future__ import annotations
 
