@@ -10,7 +10,10 @@ Tables (each between ``<!-- g5-table: NAME -->`` and ``<!-- /g5-table: NAME -->`
   (the aiconfigurator tables) and once with ``--set system=h100-sxm`` (the size-aware
   roofline), about 30 s each;
 - ``nccl``: `python benchmarks/nccl_agreement.py --summary`, G5's bus bandwidth beside the
-  published NCCL measurements, about 20 s.
+  published NCCL measurements, about 20 s;
+- ``deepep``: `g5 collective ep_dispatch|ep_combine --system h800 --chips N` beside DeepEP's
+  published tables (tests/data/deepep), the normal kernels at 4096 tokens and the pure-RDMA
+  low-latency kernels at 128, a few seconds.
 
 The README's benchmark table (wall time and peak memory of the simulator) is measured, not
 computed, and is not regenerated here; `benchmarks/bench.py` gives it.
@@ -97,7 +100,42 @@ def nccl_table() -> str:
     return "\n".join(lines)
 
 
-TABLES = {"validation": validation_table, "nccl": nccl_table}
+def deepep_table() -> str:
+    import csv
+
+    from g5core.sim.collbench import bench_rows
+
+    rows = list(csv.DictReader((REPO / "tests" / "data" / "deepep" / "deepep-performance.csv").open()))
+
+    def published(table, direction, ep, figure):
+        return next(float(r["value"]) for r in rows if (r["table"], r["direction"], r["ep"], r["figure"])
+                    == (table, direction, str(ep), figure))
+
+    normal_eps, ll_eps = (8, 16, 32, 64), (8, 16, 32, 64, 128, 256)
+    lines = ["| normal, 4096 tokens | " + " | ".join(f"EP{ep}" + (" (NVLink)" if ep == 8 else " (RDMA)" if ep == 64
+                                                                  else "") for ep in normal_eps) + " |",
+             "|--|" + "--|" * len(normal_eps)]
+    for direction in ("dispatch", "combine"):
+        cells = []
+        for ep in normal_eps:
+            (got,) = bench_rows(f"ep_{direction}", "h800", ep, [4096], {"kernel": "normal"})
+            link = next(r["link"] for r in rows if (r["table"], r["direction"], r["ep"]) == ("normal", direction, str(ep)))
+            column = "nvl_bytes_per_s" if link == "NVLink" else "rdma_bytes_per_s"
+            cells.append(f"{published('normal', direction, ep, 'bandwidth_gbps'):g} / {got[column] / 1e9:.1f}")
+        lines.append(f"| {direction} GB/s, DeepEP / G5 | " + " | ".join(cells) + " |")
+    lines += ["", "| low latency, 128 tokens, us | " + " | ".join(f"EP{ep}" for ep in ll_eps) + " |",
+              "|--|" + "--|" * len(ll_eps)]
+    for direction in ("dispatch", "combine"):
+        cells = []
+        for ep in ll_eps:
+            (got,) = bench_rows(f"ep_{direction}", "h800", ep, [128],
+                                {"kernel": "low_latency", "experts": 288 if 288 % ep == 0 else 256})
+            cells.append(f"{published('low_latency_pure_rdma', direction, ep, 'latency_us'):g} / {got['time_s'] * 1e6:.1f}")
+        lines.append(f"| {direction}, DeepEP / G5 | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+TABLES = {"validation": validation_table, "nccl": nccl_table, "deepep": deepep_table}
 
 
 def _block(name: str) -> re.Pattern:

@@ -1,4 +1,4 @@
-"""The README's tables that quote G5's own output (validation, NCCL agreement) match a
+"""The README's tables that quote G5's own output (validation, NCCL agreement, DeepEP) match a
 fresh run to their rounding: docs/readme_tables.py generates them; this runs it again."""
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_the_comparison_catches_a_drift_and_allows_rounding():
     assert differences("| x | a |", "| y | a |")
 
 
-@pytest.mark.parametrize("name", ["validation", "nccl"])
+@pytest.mark.parametrize("name", ["validation", "nccl", "deepep"])
 def test_readme_table_matches_a_fresh_run(name):
     tables = _tables()
     fresh = tables.TABLES[name]()

@@ -75,3 +75,35 @@ def test_a_sweep_stopped_by_an_error_is_interrupted_in_the_sweeps_table(tmp_path
     assert resumed.reused == 1 and resumed.computed == 2
     with ResultsDB.open_existing(db) as con:
         assert [s["status"] for s in con.sweeps()] == ["interrupted", "complete"]
+
+
+def test_a_results_file_left_in_rollback_mode_is_switched_to_wal_on_open(tmp_path):
+    """Concurrent sweeps rely on WAL (a reader never stalls the other process's writes): a
+    file in another journal mode is switched, and the mode is checked, not assumed."""
+    db = tmp_path / "rollback.db"
+    ResultsDB.open(db).close()
+    import sqlite3
+    con = sqlite3.connect(db, isolation_level=None)
+    assert con.execute("PRAGMA journal_mode=DELETE").fetchone()[0] == "delete"
+    con.close()
+    with ResultsDB.open(db) as opened:
+        assert opened.con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_a_file_that_will_not_take_wal_is_a_one_line_error_naming_it(tmp_path):
+    from g5core.study import resultsdb
+
+    class Stuck:   # a connection whose PRAGMA keeps answering the old mode
+        def execute(self, sql):
+            assert sql == "PRAGMA journal_mode=WAL"
+            return self
+
+        def fetchone(self):
+            return ("delete",)
+
+    t0 = time.monotonic()
+    with pytest.raises(G5Error) as err:
+        resultsdb._wal(Stuck(), tmp_path / "x.db", 0.2)
+    assert time.monotonic() - t0 < 5
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"--db {tmp_path / 'x.db'}: SQLite kept the file in 'delete' journal mode")

@@ -112,7 +112,7 @@ def test_disaggregated_config(tmp_path):
 
 
 def test_db_row_and_a_db_that_is_another_output(config, tmp_path):
-    from g5core.serve.plots import load_serving_rows
+    from g5core.serve.db import load_serving_rows
 
     db = tmp_path / "s.db"
     r = invoke(config, *FLAGS, "--db", db)
@@ -121,3 +121,36 @@ def test_db_row_and_a_db_that_is_another_output(config, tmp_path):
     assert len(rows) == 1 and rows[0]["requests"] == 40 and rows[0]["rate_per_s"] == 20
     clash = invoke(config, *FLAGS, "--db", tmp_path / "x.csv", "--requests-csv", tmp_path / "x.csv")
     assert clash.exit_code == 2 and "--db" in clash.output
+
+
+def test_a_serving_config_given_to_g5_run_says_to_use_g5_serve(config):
+    """A file `g5 best --serve` wrote (with its `serving:` block) run through the one-step
+    command: a one-line error pointing at `g5 serve`, not "unknown key"."""
+    r = CliRunner().invoke(main, ["run", str(config)])
+    assert r.exit_code == 2
+    msg = r.output.strip()
+    assert "\n" not in msg and "serving: is read by `g5 serve`" in msg and "unknown key" not in msg
+
+
+def test_g5_report_shows_serving_rows_in_each_format(config, tmp_path):
+    import csv
+    import io
+
+    db = tmp_path / "s.db"
+    assert invoke(config, *FLAGS, "--db", db).exit_code == 0
+    assert invoke(config, *FLAGS[:1], "40", *FLAGS[2:], "--db", db).exit_code == 0   # a second rate
+    report = lambda *a: CliRunner().invoke(main, ["report", str(db), *a])  # noqa: E731
+    md = report("--serving")
+    assert md.exit_code == 0, md.output
+    lines = md.output.strip().splitlines()
+    assert len(lines) == 4 and "TTFT p99 (s)" in lines[0] and "2x cp=1 dp=1 pp=1 tp=1" in lines[2]
+    assert [ln.split(" | ")[4] for ln in lines[2:]] == ["20", "40"]        # ordered by rate
+    js = json.loads(report("--serving", "--format", "json").output)
+    assert [r["rate_per_s"] for r in js] == [20, 40] and js[0]["summary"]["requests"] == 40
+    assert js[0]["config"]["serving"]["instances"] == 2
+    rows = list(csv.DictReader(io.StringIO(report("--serving", "--format", "csv").output)))
+    assert float(rows[1]["ttft_p99_s"]) == js[1]["ttft_p99_s"]              # bit for bit through repr
+    assert json.loads(rows[0]["summary"]) == js[0]["summary"]
+    plain = report()
+    assert plain.exit_code == 2 and "--serving" in plain.output and "\n" not in plain.output.strip()
+    assert report("--serving", "--sweep", "1").exit_code == 2

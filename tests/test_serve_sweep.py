@@ -35,7 +35,8 @@ def test_rate_sweep_rows_in_grid_order_reused_on_a_second_run(tmp_path):
 def test_serving_plot_kinds(tmp_path, kind):
     pytest.importorskip("matplotlib")
     from g5core.present.plots import figure_bytes
-    from g5core.serve.plots import load_serving_rows, serve_figure
+    from g5core.serve.db import load_serving_rows
+    from g5core.serve.plots import serve_figure
 
     db = tmp_path / "s.db"
     run_serving_sweep(BASE, parse_grid(["serving.workload.arrival.rate_per_s=5,50"]), db, runner=runner)

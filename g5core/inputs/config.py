@@ -174,6 +174,9 @@ class Deployment:
         if not isinstance(data, Mapping):
             raise ConfigError("", f"{source}: the top level must be a mapping of keys to values")
         keys = TOP_LEVEL_KEYS + tuple(options.legacy_keys)
+        if "serving" in data:   # a `g5 serve` file (e.g. one `g5 best --serve` wrote) given to a one-step command
+            raise ConfigError("serving", "is read by `g5 serve` (this is a serving configuration): run the file "
+                                         "with `g5 serve`, or remove its `serving:` block to simulate one step")
         check_keys(data, "", keys, REQUIRED_KEYS, missing="is required")
         for key in ("model", "system"):
             if not isinstance(data[key], str) or not data[key]:

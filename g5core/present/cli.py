@@ -392,7 +392,8 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key, where):
     conditions = parse_where(where)
     target = check_output_path(output, "-o", inputs=[db])
     if kind.startswith("serve-"):
-        from g5core.serve.plots import load_search_rows, load_serving_rows, serve_figure
+        from g5core.serve.db import load_serving_rows
+        from g5core.serve.plots import load_search_rows, serve_figure
 
         fig = serve_figure(kind, load_search_rows(db) if kind == "serve-pareto" else load_serving_rows(db))
     else:
@@ -407,15 +408,23 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key, where):
 @click.option("--format", "fmt", type=click.Choice(["csv", "json", "markdown"]), default="markdown",
               show_default=True, help="csv and json hold every column; markdown the ones a person reads.")
 @click.option("--sweep", "sweep_id", type=int, default=None, help="Only this sweep's rows [default: every row].")
+@click.option("--serving", is_flag=True, default=False,
+              help="The serving runs (g5 serve --db, serving sweeps) instead of the one-step rows.")
 @click.option("-o", "--output", "output", default=None, type=click.Path(dir_okay=False),
               help="Write to this file instead of standard output.")
-def report_cmd(db, fmt, sweep_id, output):
+def report_cmd(db, fmt, sweep_id, serving, output):
     """The rows of a results database as a table."""
-    from g5core.present.report import load_rows, render
+    from g5core.present.report import load_rows, load_serving, render, render_serving
     from g5core.present.outputs import check_output_path, write_atomically
 
     target = check_output_path(output, "-o", inputs=[db]) if output else None
-    text = render(load_rows(db, sweep_id), fmt)
+    if serving:
+        text = render_serving(load_serving(db, sweep_id), fmt)
+    else:
+        rows = load_rows(db, sweep_id)
+        if not rows and sweep_id is None and load_serving(db):
+            raise ConfigError("DB", f"{db} holds serving runs only; `g5 report {db} --serving` shows them")
+        text = render(rows, fmt)
     if target is None:
         click.echo(text, nl=False)
     else:

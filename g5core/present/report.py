@@ -100,3 +100,57 @@ def render(rows: Sequence[Mapping], fmt: str) -> str:
     if fmt == "markdown":
         return to_markdown(rows)
     raise ConfigError("--format", f"unknown format {fmt!r}; use {', '.join(FORMATS)}")
+
+
+# -- serving runs (``g5 serve --db``, ``g5 sweep`` over a serving configuration) ---------------
+
+SERVING_JSON_COLUMNS = ("config", "workload", "disabled", "summary", "series")
+SERVING_MARKDOWN_COLUMNS = ("model", "system", "chips", "deployment", "rate (req/s)", "requests", "TTFT p50 (s)",
+                            "TTFT p99 (s)", "TPOT p50 (s)", "TPOT p99 (s)", "output tokens/s/chip", "requests/s",
+                            "goodput share")
+
+
+def load_serving(db_path, sweep_id: Optional[int] = None) -> list[dict]:
+    """The serving rows of ``db_path``, JSON columns decoded (``--sweep`` selects sweep rows only)."""
+    from g5core.serve.db import load_serving_rows
+
+    if sweep_id is not None:
+        raise ConfigError("--sweep", "selects a sweep's rows; serving rows are not grouped by sweep: drop --sweep")
+    return [{c: (json.loads(v) if c in SERVING_JSON_COLUMNS and v is not None else v) for c, v in r.items()}
+            for r in load_serving_rows(db_path)]
+
+
+def _deployment(config: Mapping) -> str:
+    serving = config.get("serving") or {}
+    dis = serving.get("disaggregation")
+    if dis:
+        return " + ".join(f"{role} {(dis[role] or {}).get('instances', 1)}x "
+                          f"{_layout({'parallel': (dis[role] or {}).get('parallel') or config.get('parallel')})}"
+                          for role in ("prefill", "decode") if role in dis)
+    return f"{serving.get('instances', 1)}x {_layout(config)}"
+
+
+def render_serving(rows: Sequence[Mapping], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(list(rows), indent=2, sort_keys=True, allow_nan=False) + "\n"
+    columns = list(rows[0]) if rows else []
+    if fmt == "csv":
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(columns)
+        for r in rows:
+            w.writerow(["" if r[c] is None else canonical_json(r[c]) if c in SERVING_JSON_COLUMNS
+                        else repr(r[c]) if isinstance(r[c], float) else r[c] for c in columns])
+        return buf.getvalue()
+    if fmt != "markdown":
+        raise ConfigError("--format", f"unknown format {fmt!r}; use {', '.join(FORMATS)}")
+    lines = ["| " + " | ".join(SERVING_MARKDOWN_COLUMNS) + " |", "|" + "---|" * len(SERVING_MARKDOWN_COLUMNS)]
+    for r in rows:
+        cfg = r["config"]
+        cells = [cfg.get("model", ""), cfg.get("system", ""), _num(r.get("chips"), "d"), _deployment(cfg),
+                 _num(r.get("rate_per_s"), ".6g"), _num(r.get("requests"), "d"), _num(r.get("ttft_p50_s"), ".6g"),
+                 _num(r.get("ttft_p99_s"), ".6g"), _num(r.get("tpot_p50_s"), ".6g"), _num(r.get("tpot_p99_s"), ".6g"),
+                 _num(r.get("output_tokens_per_s_per_chip"), ".6g"), _num(r.get("requests_per_s"), ".6g"),
+                 _num(r.get("goodput_share"), ".4g")]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines) + "\n"

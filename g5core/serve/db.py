@@ -48,9 +48,7 @@ class ServingDB:
 
     def rows(self) -> list[dict]:
         with sqlite_errors(self.db.path, self.db.busy_timeout_s):
-            cur = self.db.con.execute("SELECT * FROM serving_results ORDER BY rate_per_s, key")
-            names = [d[0] for d in cur.description]
-            return [dict(zip(names, r)) for r in cur.fetchall()]
+            return _rows(self.db.con)
 
     def close(self) -> None:
         self.db.close()
@@ -58,3 +56,23 @@ class ServingDB:
 
 def open_serving_db(path, inputs: Sequence = ()) -> ServingDB:
     return ServingDB(ResultsDB.open(path, inputs=inputs))
+
+
+def load_serving_rows(db_path) -> list[dict]:
+    """The ``serving_results`` rows of an existing results file ([] when it has none), read
+    without writing to it."""
+    db = ResultsDB.open_existing(db_path)
+    try:
+        with sqlite_errors(db.path, db.busy_timeout_s):
+            tables = {r[0] for r in db.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "serving_results" not in tables:
+                return []
+            return _rows(db.con)
+    finally:
+        db.close()
+
+
+def _rows(con) -> list[dict]:
+    cur = con.execute("SELECT * FROM serving_results ORDER BY rate_per_s, key")
+    names = [d[0] for d in cur.description]
+    return [dict(zip(names, r)) for r in cur.fetchall()]

@@ -79,20 +79,6 @@ def serve_figure(kind: str, rows: Sequence[Mapping]):
     return fig
 
 
-def load_serving_rows(db_path) -> list[dict]:
-    from g5core.serve.db import ServingDB
-    from g5core.study.resultsdb import ResultsDB
-
-    db = ResultsDB.open_existing(db_path)
-    try:
-        tables = {r[0] for r in db.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if "serving_results" not in tables:
-            return []
-        return ServingDB(db).rows()
-    finally:
-        db.close()
-
-
 def _pareto_figure(plt, rows: Sequence[Mapping], figsize):
     """``rows``: :func:`load_search_rows`'s (one per candidate with a capacity)."""
     fig, ax = plt.subplots(figsize=figsize)

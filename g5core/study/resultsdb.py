@@ -26,6 +26,7 @@ import os
 import pathlib
 import socket
 import sqlite3
+import time
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 from g5core.api.errors import ConfigError, G5Error
@@ -211,7 +212,7 @@ class ResultsDB:
                     raise ConfigError("--db", f"{shown} is a SQLite database of another program (or of a G5 "
                                               "before the results database); choose another file")
                 if create:
-                    con.execute("PRAGMA journal_mode=WAL")
+                    _wal(con, shown, busy_timeout_s)
                     con.execute("BEGIN IMMEDIATE")
                     for statement in SCHEMA.split(";"):
                         if statement.strip():
@@ -323,6 +324,27 @@ class ResultsDB:
         with sqlite_errors(self.path, self.busy_timeout_s):
             rows = self.con.execute(f"SELECT {cols} FROM results {tail}", params).fetchall()
         return [decode_row(r) for r in rows]
+
+
+def _wal(con: sqlite3.Connection, shown, busy_timeout_s: float) -> None:
+    """Put the file in WAL mode (readers never block the writer) and check that it took.
+
+    ``PRAGMA journal_mode=WAL`` answers the mode the file is in afterwards: when another
+    connection holds the file at that moment SQLite may leave the old mode and say so rather
+    than wait, and a file left in rollback mode lets one process's reads stall the other's
+    writes. So the answer is checked and the switch retried until the busy timeout."""
+    deadline = time.monotonic() + busy_timeout_s
+    delay_s = 0.01
+    while True:
+        mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if str(mode).lower() == "wal":
+            return
+        if time.monotonic() + delay_s > deadline:
+            raise G5Error(f"--db {shown}: SQLite kept the file in {mode!r} journal mode for {busy_timeout_s:g} s "
+                          f"(G5 needs WAL so that concurrent sweeps do not block each other; {lock_holder(shown)}); "
+                          "try again when the other writer finishes, or use a file on a local file system")
+        time.sleep(delay_s)
+        delay_s = min(2 * delay_s, 0.5)
 
 
 def decode_row(values: Sequence) -> dict:
