@@ -141,3 +141,25 @@ def test_fused_kernels_cost_nothing_but_their_bytes_join_the_host(tmp_path):
     launched = {name: r.sim.compute["launch"]["added_s"] / 5e-6 for name, r in runs.items()}
     assert launched["trtllm"] < launched["sglang"]
     assert runs["trtllm"].latency_s < runs["sglang"].latency_s
+
+
+def test_decode_ops_under_each_stack_keep_every_kernel_and_fuse_what_the_stack_fuses(tmp_path):
+    """TensorRT-LLM's decode runs rotary and the KV append inside XQA (hosted by the QKV GEMM here),
+    the split-KV combine inside XQA and the FP8 quantisations inside their producers; vLLM keeps
+    rotary, the append and FA3's combine as kernels of their own. Every kernel stays in the op."""
+    fp8 = {"weights": "fp8", "activations": "bf16", "kv_cache": "fp8"}
+    runs = {name: run({"model": "llama-3.1-70b", "system": _system(tmp_path, stack=name), "chips": 2,
+                       "phase": "decode", "batch": 1, "seq_len": 5250, "dtypes": fp8,
+                       "parallel": {"dp": 1, "tp": 2, "pp": 1, "cp": 1}}) for name in ("trtllm", "vllm")}
+    for name, r in runs.items():
+        system = r.plan.ctx.system
+        ops = {op.name: op for op in r.sim.dag.ops if hasattr(op, "kernels") and op.chip == 0 and op.layer == 1}
+        qkv, attn, o_proj = ops["qkv_proj"], ops["attention"], ops["o_proj"]
+        assert [getattr(k, "kind", k.op_class) for k in qkv.kernels] == ["gemm", "rotary", "fp8_quant", "kv_append"]
+        assert [getattr(k, "kind", k.op_class) for k in attn.kernels] == ["attention", "splitkv_combine"]
+        hosts = {op.name: kernel_hosts(op, system, "decode") for op in (qkv, attn, o_proj)}
+        if name == "trtllm":
+            assert hosts == {"qkv_proj": (None, 0, 0, 0), "attention": (None, 0), "o_proj": (None, 0)}
+        else:
+            assert hosts == {"qkv_proj": (None, None, 0, None), "attention": (None, None), "o_proj": (None, None)}
+    assert runs["trtllm"].latency_s < runs["vllm"].latency_s
