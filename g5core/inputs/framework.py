@@ -166,14 +166,20 @@ def _first(kernels, test) -> int | None:
 
 
 def kernel_hosts(op, system, phase: str) -> tuple:
-    """For each of ``op``'s kernels, the index (in ``op.kernels``) of the kernel it runs inside
-    under the system's framework, or None where it runs as a kernel of its own.
+    """For each of ``op``'s kernels, the index (in ``op.kernels``) of the kernel that takes its
+    bytes under the system's framework, or None where it runs as a kernel of its own.
 
     A quantisation (or rotary and KV append) fused into a kernel of the op before -- the norm,
     attention, XQA -- is hosted by the op's first GEMM, the kernel that reads its output: it takes
     no time of its own and its bytes join that GEMM's. The split-KV combine is hosted by the decode
     attention kernel, the residual add by the RMSNorm, the append by rotary, the FP8 quantisation of
     the down GEMM's input by SwiGLU (the one that matches SwiGLU's shape), SwiGLU by the gate/up GEMM."""
+    return tuple(host for host, _ in kernel_fusions(op, system, phase))
+
+
+def kernel_fusions(op, system, phase: str) -> tuple:
+    """For each of ``op``'s kernels, ``(host index, fusion name)`` (:data:`FUSIONS`), or
+    ``(None, None)`` where it runs as a kernel of its own (:func:`kernel_hosts`)."""
     kernels = op.kernels
     fused = framework_of(system).fusions
     kinds = [getattr(k, "kind", k.op_class) for k in kernels]
@@ -183,26 +189,26 @@ def kernel_hosts(op, system, phase: str) -> tuple:
     rotary = _first(kinds, lambda kind: kind == "rotary")
     attention = _first(kernels, lambda k: k.op_class == "attention" and getattr(k, "block", "") == "decode")
     in_xqa = phase == "decode" and "rope_kv_in_attention" in fused and gemm is not None
-    hosts = []
+    out = []
     for k, kind in zip(kernels, kinds):
-        host = None
-        if kind == "residual_add" and "add_norm" in fused:
-            host = norm
+        host, name = None, None
+        if kind == "residual_add":
+            host, name = norm, "add_norm"
         elif kind == "fp8_quant":
             if swiglu is not None and k.tokens == kernels[swiglu].tokens and k.width == kernels[swiglu].width:
-                host = swiglu if "act_quant" in fused else None
-            elif ("attn_quant" if op.name == "o_proj" else "norm_quant") in fused:
-                host = gemm
-        elif kind == "rotary" and in_xqa:
-            host = gemm
+                host, name = swiglu, "act_quant"
+            else:
+                host, name = gemm, "attn_quant" if op.name == "o_proj" else "norm_quant"
+        elif kind in ("rotary", "kv_append") and in_xqa:
+            host, name = gemm, "rope_kv_in_attention"
         elif kind == "kv_append":
-            host = gemm if in_xqa else (rotary if "rope_kv_append" in fused else None)
-        elif kind == "splitkv_combine" and "splitkv_in_attention" in fused:
-            host = attention
-        elif kind == "swiglu" and "swiglu_in_gemm" in fused:
-            host = gemm
-        hosts.append(host)
-    return tuple(hosts)
+            host, name = rotary, "rope_kv_append"
+        elif kind == "splitkv_combine":
+            host, name = attention, "splitkv_in_attention"
+        elif kind == "swiglu":
+            host, name = gemm, "swiglu_in_gemm"
+        out.append((host, name) if host is not None and name in fused else (None, None))
+    return tuple(out)
 
 
 def fused_bytes(op, hosts) -> list:
