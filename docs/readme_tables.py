@@ -9,6 +9,8 @@ Tables (each between ``<!-- g5-table: NAME -->`` and ``<!-- /g5-table: NAME -->`
 - ``validation``: `g5 validate validation/measured.csv`, once with each row's own system
   (the aiconfigurator tables) and once with ``--set system=h100-sxm`` (the size-aware
   roofline), about 30 s each;
+- ``validation-meta``: the same for `validation/measured-meta.csv` (Meta's rows, each on its GTT
+  hosts' system file, validation/systems/h100-gtt.yaml), about 15 s each;
 - ``nccl``: `python benchmarks/nccl_agreement.py --summary`, G5's bus bandwidth beside the
   published NCCL measurements, about 20 s;
 - ``deepep``: `g5 collective ep_dispatch|ep_combine --system h800 --chips N` beside DeepEP's
@@ -30,6 +32,7 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 MEASURED = REPO / "validation" / "measured.csv"
+MEASURED_META = REPO / "validation" / "measured-meta.csv"
 
 # validation/measured.csv rows: the README's label of each, and the heading above its group
 VALIDATION_LABELS = {
@@ -40,6 +43,21 @@ VALIDATION_LABELS = {
 VALIDATION_GROUPS = {
     1: "Llama 3.3 70B, fp8, TP2 on 2 x H100, concurrency 1 (NVIDIA NIM 1.8.0 benchmarks)",
     5: "Llama 3 405B, fp8 FFN weights, TP8 x CP16 on 128 H100 (arXiv:2411.01783)",
+}
+# validation/measured-meta.csv rows (Meta's GTT hosts, arXiv:2411.01783)
+META_LABELS = {
+    1: "TTFT, 128K prompt, CP16 x TP8 (16 hosts)", 2: "TTFT, 1M prompt, CP16 x TP8 (16 hosts)",
+    3: "TTFT, 8K prompt, TP8 (1 host)", 4: "TTFT, 8K prompt, CP2 x TP8 (2 hosts)",
+    5: "TTFT, 128K prompt, TP8 (1 host)", 6: "TTFT, 128K prompt, CP2 x TP8 (2 hosts)",
+    7: "TTFT, 128K prompt, TP16 (2 hosts)", 8: "TTFT, 128K prompt, CP4 x TP8 (4 hosts)",
+    9: "TTFT, 128K prompt, TP32 (4 hosts)",
+    10: "TTIT at 8K, TP8 (1 host)", 11: "TTIT at 128K, TP8 (1 host)",
+    12: "TTIT at 8K, CP2 x TP8, ring pass-Q (2 hosts)", 13: "TTIT at 128K, CP2 x TP8, ring pass-Q (2 hosts)",
+    14: "TTIT at 128K, TP16 (2 hosts)", 15: "TTIT at 128K, CP4 x TP8, ring pass-Q (4 hosts)",
+    16: "TTIT at 128K, TP32 (4 hosts)",
+}
+META_GROUPS = {
+    1: "Llama 3 405B, fp8 FFN weights, batch 1, on Meta's GTT hosts (arXiv:2411.01783: abstract, Tables 6 and 7)",
 }
 # tests/data/nccl files: the README's name of each source
 NCCL_SOURCES = {
@@ -58,21 +76,29 @@ def _num(value: float) -> str:
     return f"{value:g}" if value == int(value) else f"{value:.2f}"
 
 
-def validation_table() -> str:
+def _validation(csv, labels, groups, own) -> str:
     from g5core.study.validate import validate
 
-    tables = validate(MEASURED), validate(MEASURED, ["system=h100-sxm"])
+    tables = validate(csv), validate(csv, ["system=h100-sxm"])
     rows = [tables[0]["rows"], tables[1]["rows"]]
-    if [r["row"] for r in rows[0]] != sorted(VALIDATION_LABELS):
-        raise SystemExit(f"{MEASURED} has rows {[r['row'] for r in rows[0]]}; give each a label in VALIDATION_LABELS")
-    lines = ["| row | measured ms | G5, aiconfigurator tables | G5, size-aware roofline |", "|---|---|---|---|"]
+    if [r["row"] for r in rows[0]] != sorted(labels):
+        raise SystemExit(f"{csv} has rows {[r['row'] for r in rows[0]]}; give each a label in docs/readme_tables.py")
+    lines = [f"| row | measured ms | G5, {own} | G5, size-aware roofline of h100-sxm |", "|---|---|---|---|"]
     for a, b in zip(*rows):
-        if a["row"] in VALIDATION_GROUPS:
-            lines.append(f"| **{VALIDATION_GROUPS[a['row']]}** | | | |")
-        lines.append(f"| {VALIDATION_LABELS[a['row']]} | {_num(a['measured_ms'])} | "
+        if a["row"] in groups:
+            lines.append(f"| **{groups[a['row']]}** | | | |")
+        lines.append(f"| {labels[a['row']]} | {_num(a['measured_ms'])} | "
                      f"{_ms(a['predicted_ms'])} ({a['error_pct']:+.1f}%) | {_ms(b['predicted_ms'])} ({b['error_pct']:+.1f}%) |")
     lines.append(f"| MAPE ({len(rows[0])} rows) | | {tables[0]['mape_pct']:.1f}% | {tables[1]['mape_pct']:.1f}% |")
     return "\n".join(lines)
+
+
+def validation_table() -> str:
+    return _validation(MEASURED, VALIDATION_LABELS, VALIDATION_GROUPS, "aiconfigurator tables")
+
+
+def validation_meta_table() -> str:
+    return _validation(MEASURED_META, META_LABELS, META_GROUPS, "GTT hosts (h100-gtt)")
 
 
 def _agreement_module():
@@ -135,7 +161,8 @@ def deepep_table() -> str:
     return "\n".join(lines)
 
 
-TABLES = {"validation": validation_table, "nccl": nccl_table, "deepep": deepep_table}
+TABLES = {"validation": validation_table, "validation-meta": validation_meta_table, "nccl": nccl_table,
+          "deepep": deepep_table}
 
 
 def _block(name: str) -> re.Pattern:

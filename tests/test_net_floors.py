@@ -29,40 +29,50 @@ H100 = get_system("h100-sxm")
 # ------------------------------------------------------------------------------ the fit, on rows it did not see
 @pytest.mark.parametrize("name", list(fit.FITS))
 def test_each_floor_reproduces_the_rows_the_fit_held_back_within_25_percent(name):
-    table, coll, primitive, base, setter = fit.FITS[name]
-    shipped = (H100.network_latency_s if name == "network_latency_s"
-               else H100.network_hop_latency_s[name.split(".")[1]])
-    system = setter(base(), shipped)       # the shipped figure, not a refit
-    held = fit.rows(table, coll)[1::2]
+    f = fit.FITS[name]
+    system = f.setter(f.base(), f.shipped(name, H100))       # the shipped figure, not a refit
+    held = f.held_back()
     assert held
     for n, size, measured_us in held:
-        g5_us, _ = fit.model_us(system, primitive, n, size)
+        g5_us, _ = fit.model_us(system, f.primitive, n, size)
         assert abs(measured_us / g5_us - 1) <= 0.25, (name, n, size, measured_us, g5_us)
 
 
 def test_the_shipped_floors_are_the_fit_rounded():
-    for name in fit.FITS:
+    for name, f in fit.FITS.items():
         value, rms, _, _ = fit.fit_one(name)
-        shipped = (H100.network_latency_s if name == "network_latency_s"
-                   else H100.network_hop_latency_s[name.split(".")[1]])
-        assert shipped == pytest.approx(value, rel=0.02), name
+        assert f.shipped(name, H100) == pytest.approx(value, rel=0.02), name
         assert rms < 0.1
 
 
-def test_two_node_floors_on_16_chips_from_8_b_to_1_mib_within_25_percent_of_the_public_rows():
-    """The 2-node rows there are for sendrecv and all_reduce (NVLS tree forced); no public
-    all_gather or alltoall table across 8-GPU IB nodes was found (README)."""
+def test_the_tree_hop_is_checked_on_another_node_count():
+    """Fitted on two nodes, held back on four (nccl-tests #309's second run)."""
+    checked = {r[0] for r in fit.FITS["network_hop_latency_s.tree"].held_back()}
+    assert checked == {16, 32}
+
+
+def _within(primitive, rows, system=H100, tolerance=0.25):
+    for n, size, measured in rows:
+        t = collective_rows(primitive, system, n, [size])[0]["time_s"] * 1e6
+        assert abs(measured / t - 1) <= tolerance, (primitive, n, size, measured, t)
+
+
+def test_two_node_floors_on_16_chips_from_8_b_within_25_percent_of_the_public_rows():
+    """Two 8 x H100 nodes with 8 x 400 Gb/s IB (nccl-tests #309): all_reduce 8 B .. 256 KiB.
+    At 512 KiB and 1 MiB the public run takes 70-71 us where G5 gives 47-52 us (tree LL128 as
+    NCCL's 2.29 tuner picks; the run's NCCL 2.26 steps up there), outside 25%: README."""
+    _within("all_reduce", fit.rows("nccl-tests-issue-309.csv", "all_reduce", "qoofyk-bm", 2 ** 18))
+    # sendrecv_perf on 16 chips: two of its pairs cross the nodes; the public 2-node rows are 2 x A40
     sendrecv_rows = fit.rows("nccl-tests-issue-214.csv", "sendrecv")
-    for size in (8, 1024, 65536, 2 ** 20):
-        t = collective_rows("sendrecv", H100, 16, [size])[0]["time_s"] * 1e6
-        floor = min(r[2] for r in sendrecv_rows)
-        if size <= 8192:
-            assert abs(floor / t - 1) <= 0.25, (size, t)
-        assert t >= 0.75 * floor
+    _within("sendrecv", [(16, size, t) for _, size, t in sendrecv_rows])
+    floor = min(r[2] for r in sendrecv_rows)
+    for size in (8, 65536, 2 ** 20):
+        assert collective_rows("sendrecv", H100, 16, [size])[0]["time_s"] * 1e6 >= 0.75 * floor
+    # alltoall: the only 16-GPU two-node table is of PCIe GPUs over Spectrum-X (no NVLink): its
+    # floor is the network's, and G5's h100-sxm stays within 25% of it up to 64 KiB
+    _within("all_to_all", fit.rows("pcie-rtx-spectrumx-2node-alltoall.csv", "alltoall", max_size_bytes=2 ** 16))
     forced = attrs.evolve(H100, nccl={"all_reduce": {"algorithm": "nvls_tree"}})
-    for n, size, measured in fit.rows("nccl-issue-1244.csv", "all_reduce_nvls_tree"):
-        t = collective_rows("all_reduce", forced, n, [size])[0]["time_s"] * 1e6
-        assert abs(measured / t - 1) <= 0.25
+    _within("all_reduce", fit.rows("nccl-issue-1244.csv", "all_reduce_nvls_tree"), forced)
 
 
 def test_nccls_choice_is_its_own_the_time_is_the_measured_one():
@@ -75,8 +85,9 @@ def test_nccls_choice_is_its_own_the_time_is_the_measured_one():
         assert (measured.algorithm, measured.protocol) == (tuner.algorithm, tuner.protocol)
     small_m, small_t = lower_collective("all_reduce", group, 8, topo), lower_collective("all_reduce", group, 8, bare)
     assert small_m.algorithm == "tree" and small_m.protocol == "ll"
-    # tree LL on 2 nodes: 2 log2(2) node-crossing hops, each now the measured 23.4 us, not NCCL's 5 us
-    assert small_m.latency_s - small_t.latency_s == pytest.approx(2 * (23.4e-6 - 5.0e-6), rel=1e-6)
+    # tree LL on 2 nodes: 2 log2(2) node-crossing hops, each the measured 6.0 us, not NCCL's 5 us
+    assert H100.network_hop_latency_s["tree"] == 6.0e-6
+    assert small_m.latency_s - small_t.latency_s == pytest.approx(2 * (6.0e-6 - 5.0e-6), rel=1e-6)
     g = _nccl_group("all_reduce", group, topo)
     assert nccl.choose(g, 8) == nccl.choose(g, 8, {})      # the tuner never sees the measured hops
 
@@ -88,7 +99,7 @@ def test_a_system_file_overrides_the_floors_and_refuses_a_bad_one():
     spec = SystemSpec.from_dict(data)
     a = collective_rows("all_reduce", spec, 16, [8])[0]["time_s"]
     b = collective_rows("all_reduce", H100, 16, [8])[0]["time_s"]
-    assert a - b == pytest.approx(2 * (50e-6 - 23.4e-6), rel=1e-6)
+    assert a - b == pytest.approx(2 * (50e-6 - H100.network_hop_latency_s["tree"]), rel=1e-6)
     for bad, message in (({"trees": 1e-6}, "did you mean 'tree'"), ({"ring": 5.0}, "outside the range")):
         data["network_hop_latency_s"] = bad
         with pytest.raises(ConfigError, match=message):
@@ -160,13 +171,17 @@ def test_eight_concurrent_cross_node_sends_from_one_node_use_eight_nics():
 
 
 def test_two_gpu_cross_node_sendrecv_from_4_mib_runs_near_the_nic_rate():
-    """NCCL gives the pair 4 channels (4 x 16.5 GB/s > 48 GB/s): the NIC sets the rate; the
-    maintainers' figure for a 400 Gb/s NIC is 46-48 GB/s (nccl-tests #290). No public 2-GPU
-    cross-node sendrecv curve on IB was found to check the shape below (README)."""
+    """NCCL gives the pair 4 channels (4 x 16.5 GB/s > 48 GB/s): the NIC sets the rate. The one
+    published 2-GPU cross-node point on a 400 Gb/s NIC: 48.4 GB/s at 1 GiB (H100, CX-7 RoCE,
+    NCCL 2.31.2; nccl #2409, resolved state), within 15%; the maintainers' figure is 46-48 GB/s
+    per NIC (nccl-tests #290). No whole published curve from 4 MiB was found (README)."""
     one_per_node = fit.one_chip_per_node(H100)
     rows = collective_rows("sendrecv", one_per_node, 2, [2 ** 22, 2 ** 26, 2 ** 30])
     bw = [r["busbw_bytes_per_s"] / 1e9 for r in rows]
     assert bw == sorted(bw) and 40 <= bw[-1] <= 48
+    (n, size, measured_us), = fit.rows("nccl-issue-2409.csv", "sendrecv")
+    assert (n, size) == (2, 2 ** 30)
+    assert abs(measured_us / (rows[-1]["time_s"] * 1e6) - 1) <= 0.15
 
 
 # ------------------------------------------------------------------------------ the two-node NVLS tree
@@ -183,13 +198,21 @@ def test_two_node_nvls_tree_from_1_gib_is_below_one_node_and_within_15_percent_o
 
 
 # ------------------------------------------------------------------------------ trends that follow
-def test_cross_node_tp16_decode_costs_more_per_layer_than_tp8_plus_one_intra_node_all_reduce_latency():
+def test_cross_node_tp16_decode_all_reduces_cost_more_per_layer_than_tp8_plus_one_intra_node_latency():
+    """The issue's trend, on the communication of a layer: TP16's two cross-node all-reduces
+    cost more than TP8's two plus one intra-node all-reduce latency. The whole layer is no
+    longer dearer: with the healthy two-node all-reduce (25 us at 8 B, nccl-tests #309) the
+    halved weight reads win, as Meta measured for Llama3 405B at 128K, batch 1 (TTIT 39.52 ms
+    with TP16 against 46.26 ms with TP8, arXiv:2411.01783 Table 7)."""
     from g5core.sim.run import run
 
     def per_layer_s(tp):
         cfg = {"model": "llama-3.1-70b", "system": "h100-sxm", "chips": tp, "phase": "decode", "batch": 1,
                "seq_len": 4096, "parallel": {"dp": 1, "tp": tp, "pp": 1, "cp": 1}}
-        return run(cfg).latency_s / 80
+        result = run(cfg).to_json_dict()
+        return result["latency_s"] / 80, result["overlap"]["by_reason"]["tp_allreduce"]["comm_time_s"] / 80
     g8 = _nccl_group("all_reduce", tuple(range(8)), Topology.from_system(H100, 8))
     intra_latency_s = min(nccl.latency_us(g8, a, p) for a in ("ring", "tree") for p in nccl.PROTOCOLS) * 1e-6
-    assert per_layer_s(16) > per_layer_s(8) + intra_latency_s
+    (layer8, comm8), (layer16, comm16) = per_layer_s(8), per_layer_s(16)
+    assert comm16 > comm8 + intra_latency_s
+    assert layer16 < layer8
