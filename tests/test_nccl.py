@@ -2,6 +2,7 @@
 agreement with published NCCL measurements, and the layout trends that must follow."""
 from __future__ import annotations
 
+import csv
 import importlib.util
 import json
 import pathlib
@@ -20,6 +21,7 @@ from g5core.inputs.systems import SystemSpec, get_system
 from g5core.build.topology import Topology
 from g5plugins.collectives import dtree_edges, forced_choices, lower_collective
 from g5plugins.collectives import nccl
+from g5core import idle_transfer_s
 
 from helpers_engine import SYSTEM_FIELDS
 
@@ -305,9 +307,68 @@ def test_published_nccl_times_of_latency_bound_messages_within_25_percent(agreem
 def test_two_and_four_node_all_reduce_against_nccl_issue_1221(agreement):
     rows = {(r["gpus"]): r for r in agreement if r["source"].startswith("nccl-issue-1221")}
     assert abs(rows[32]["error"]) <= 0.15
-    # two nodes with NVLS: NCCL's NVLS-tree chunks at the measured chunk cost, NCCL's bus-rate
-    # scaling to 16 ranks (tests/test_net_floors.py: below one node from 1 GiB)
+    # two nodes with NVLS: G5's 8 GiB figure is about 10% above #1221's 430, a rounded figure
+    # (NCCL 2.19.3, RoCE, possibly the average over 4 and 8 GiB), and within 1% of nccl-tests
+    # #309's full two-node tables at 8 GiB (the test below holds every size from 32 MiB to 10%)
+    # and of the HF playbook's 479: #1221's precision supports +-15%, no tighter
     assert abs(rows[16]["error"]) <= 0.15
+
+
+def _nebius_rows():
+    with open(REPO / "tests" / "data" / "nccl" / "nebius-h100-2node-pytorch.csv", encoding="utf-8") as fh:
+        for r in csv.DictReader(line for line in fh if not line.startswith("#")):
+            yield int(r["size_bytes"]), float(r["time_us"])
+
+
+def test_two_node_all_reduce_from_10_mib_within_15_percent_of_the_nebius_runs():
+    """Two 8 x H100 nodes, 10 MiB .. 1000 MiB (NCCL 2.20.5, two runs): the NVLS tree with the
+    pipeline fill of its node crossings (nccl.nvls_tree_fill_loops); without it 10 and 100 MiB
+    came out 40% and 29% fast."""
+    measured = [(s, t) for s, t in _nebius_rows() if s >= 10 * 2 ** 20]
+    assert len(measured) == 6
+    rows = {r["size_bytes"]: r for r in collective_rows("all_reduce", "h100-sxm", 16, sorted({s for s, _ in measured}))}
+    for size, time_us in measured:
+        assert rows[size]["algorithm"] == "nvls_tree"
+        assert abs(rows[size]["time_s"] * 1e6 / time_us - 1) <= 0.15, (size, rows[size]["time_s"], time_us)
+
+
+def test_two_node_all_reduce_from_32_mib_within_10_percent_of_nccl_tests_309():
+    """nccl-tests #309's two-node tables (two HGX H100 hosts, 8 x 400 Gb/s IB, NCCL 2.26.2; runs
+    qoofyk-bm and gj-aion), every size from 32 MiB: the NVLS tree with its crossings' fill is
+    within 6% (without the fill 64 MiB came out 33% fast)."""
+    with open(REPO / "tests" / "data" / "nccl" / "nccl-tests-issue-309.csv", encoding="utf-8") as fh:
+        measured = [(int(r["size_bytes"]), min(float(r["time_us"]), float(r["time_inplace_us"])))
+                    for r in csv.DictReader(line for line in fh if not line.startswith("#"))
+                    if r["collective"] == "all_reduce" and r["nodes"] == "2" and r["size_bytes"]
+                    and int(r["size_bytes"]) >= 32 * 2 ** 20]
+    assert len(measured) == 19          # 32 MiB .. 16 GiB (qoofyk-bm), .. 8 GiB (gj-aion)
+    rows = {r["size_bytes"]: r for r in collective_rows("all_reduce", "h100-sxm", 16, sorted({s for s, _ in measured}))}
+    for size, time_us in measured:
+        assert rows[size]["algorithm"] == "nvls_tree"
+        assert abs(rows[size]["time_s"] * 1e6 / time_us - 1) <= 0.10, (size, rows[size]["time_s"], time_us)
+
+
+def test_nvls_tree_fill_is_two_loops_per_tree_level(monkeypatch):
+    """NCCL cuts each channel's part into loops of nvlsChannels x nHeads chunks; every tree level
+    is crossed up and down, one loop of the pipeline each (nccl.nvls_tree_fill_loops): time that
+    holds the op (its start latency), not its links."""
+    assert [nccl.nvls_tree_fill_loops(n) for n in (2, 3, 4, 8)] == [2, 2, 4, 6]
+    assert nccl.nvls_loop_bytes(131072, 8) == 16 * 2 ** 20
+    topo = Topology.from_system(H100, 16)
+    group = tuple(range(16))
+    for size in (2 ** 20, 2 ** 26, 2 ** 30):
+        with_fill = lower_collective("all_reduce", group, size, topo)
+        with monkeypatch.context() as m:
+            m.setattr(nccl, "nvls_tree_fill_loops", lambda n_nodes: 0)
+            without = lower_collective("all_reduce", group, size, topo)
+        assert with_fill.algorithm == without.algorithm == "nvls_tree" or size == 2 ** 20
+        if with_fill.algorithm != "nvls_tree":
+            assert with_fill.latency_s == without.latency_s     # the tuner's pick (tree LL128) has no fill
+            continue
+        assert with_fill.flows == without.flows
+        loop = nccl.nvls_loop_bytes(nccl.nvls_tree_chunk_bytes(size, 8, 2), 8)
+        fill_s = 2 * idle_transfer_s(with_fill.flows, topo) * min(loop, size) / size
+        assert with_fill.latency_s - without.latency_s == pytest.approx(fill_s, rel=1e-9)
 
 
 # ------------------------------------------------------------------------------ trends

@@ -185,12 +185,23 @@ def test_two_gpu_cross_node_sendrecv_from_4_mib_runs_near_the_nic_rate():
 
 
 # ------------------------------------------------------------------------------ the two-node NVLS tree
-def test_two_node_nvls_tree_from_1_gib_is_below_one_node_and_within_15_percent_of_published_runs():
-    big = [2 ** 30, 2 ** 32, 2 ** 33]
-    one = collective_rows("all_reduce", H100, 8, big)
-    two = collective_rows("all_reduce", H100, 16, big)
-    for a, b in zip(one, two):
-        assert b["algorithm"] == "nvls_tree" and b["busbw_bytes_per_s"] < a["busbw_bytes_per_s"]
+def test_two_node_nvls_tree_is_below_one_node_and_within_15_percent_of_published_runs():
+    """Below one node at 64 and 128 MiB (the fill of the tree's crossings, nccl.nvls_tree_fill_loops)
+    and from 1 GiB (NCCL's bus-rate scaling to 16 ranks). At 256 and 512 MiB two nodes run NCCL's
+    128 KiB NVLS-tree chunks where one node runs 64 KiB NVLS chunks, and G5's one-node figure there
+    is 6-9% under the measured one-node runs (azure-nd-h100-v5.csv: 423, 438 GB/s; the fitted chunk
+    cost overstates 64 KiB chunks): two nodes stay under those measured runs (and within 0.5% at
+    512 MiB), not under G5's one node (README "Network model", known gaps)."""
+    sizes = [2 ** 26, 2 ** 27, 2 ** 28, 2 ** 29, 2 ** 30, 2 ** 32, 2 ** 33]
+    one = {r["size_bytes"]: r for r in collective_rows("all_reduce", H100, 8, sizes)}
+    two = {r["size_bytes"]: r for r in collective_rows("all_reduce", H100, 16, sizes)}
+    for size in sizes:
+        assert two[size]["algorithm"] == "nvls_tree" and one[size]["algorithm"] == "nvls"
+        if size not in (2 ** 28, 2 ** 29):
+            assert two[size]["busbw_bytes_per_s"] < one[size]["busbw_bytes_per_s"], size
+    for size, measured_one_node in ((2 ** 28, 423.38e9), (2 ** 29, 438.46e9)):
+        assert two[size]["busbw_bytes_per_s"] < 1.005 * measured_one_node
+    two = [two[s] for s in (2 ** 30, 2 ** 32, 2 ** 33)]
     # NVIDIA/nccl #1221: 430 GB/s on two 8 x H100 nodes with NVLS; HF playbook (AWS P5): 479;
     # nccl-tests #309: 470 (two HGX hosts' maximum)
     for published in (430e9, 479e9, 470e9):

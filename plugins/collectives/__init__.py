@@ -26,10 +26,12 @@ The chosen algorithm becomes flows on the topology's resources:
 
 Its flows carry the payload times the protocol's own wire overhead (LL 2: a flag per data
 word; LL128 128/120; NVLS: NCCL cuts the message into chunks of 16 to 128 KiB by its size,
-and each chunk costs as much as 27.7 KB of transfer, measured on nccl-tests; NVLS tree:
-NCCL's 1/nvlsEfficiency). Its start latency is NCCL's latency of the
-pair plus whatever NCCL's bandwidth model adds beyond those wires (LL's polling, a tree's
-pipeline): time that holds the op but not its links. So an op alone takes NCCL's predicted
+and each chunk costs as much as 27.7 KB of transfer, measured on nccl-tests; NVLS tree: the
+switch part at NCCL's NVLS-tree chunks and bus scaling, the NICs at NCCL's 1/nvlsEfficiency).
+Its start latency is NCCL's latency of the pair plus whatever NCCL's bandwidth model adds
+beyond those wires (LL's polling, a tree's pipeline) and, for the NVLS tree, the fill of its
+node crossings (:func:`nccl.nvls_tree_fill_loops` loops of the chunk pipeline): time that
+holds the op but not its links. So an op alone takes NCCL's predicted
 time, or longer where its wires are the limit, and a busy one slows down with everything
 else on its links.
 
@@ -275,7 +277,11 @@ def lower_collective(coll: str, group, nbytes: float, topo: Topology) -> Lowerin
     flows = [(f[0], f[1], f[2] * (own if f[0] == f[1] else net_own)) + tuple(f[3:]) for f in flows]
     # what NCCL's model adds beyond the wires (a protocol's polling, a tree's pipeline) holds
     # the op but not its links: it joins the start latency
-    extra_s = max(0.0, transfer_us * 1e-6 - idle_transfer_s(flows, topo))
+    wires_s = idle_transfer_s(flows, topo)
+    extra_s = max(0.0, transfer_us * 1e-6 - wires_s)
+    if algorithm == "nvls_tree":     # the tree's crossings fill NCCL's chunk pipeline, a loop each
+        loop = nccl.nvls_loop_bytes(nccl.nvls_tree_chunk_bytes(nbytes, g.ppn, g.n_nodes), g.ppn)
+        extra_s += nccl.nvls_tree_fill_loops(g.n_nodes) * wires_s * min(loop, nbytes) / nbytes
     return Lowering(flows=flows, latency_s=latency_us * 1e-6 + extra_s, algorithm=algorithm, protocol=protocol,
                     channels=nc, wire_bytes_per_payload_byte=own)
 

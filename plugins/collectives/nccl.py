@@ -113,6 +113,24 @@ def nvls_tree_chunk_bytes(n_bytes: float, n_heads: int, n_nodes: int) -> int:
     return chunk
 
 
+def nvls_loop_bytes(chunk_bytes: int, n_heads: int) -> int:
+    """Bytes one loop of an NVLS or NVLS-tree all-reduce covers: every NVLS channel hands each
+    head one chunk (enqueue.cc calcCollChunking, ncclPatternNvls/NvlsTree: loopSize = nChannels
+    x nHeads x chunkSize)."""
+    return NVLS_CHANNELS * n_heads * chunk_bytes
+
+
+def nvls_tree_fill_loops(n_nodes: int) -> int:
+    """Loops an NVLS-tree all-reduce holds in flight beyond a one-node NVLS all-reduce before
+    its first chunk is back: src/device/all_reduce.h (RunWorkColl<AllReduce, NVLS_TREE, SIMPLE>)
+    passes each chunk from the head's reduce warps up the tree (``treeUp``), through the root's
+    reduce warps back down (``treeDown``) and into the child's broadcast warps, so every tree
+    level is crossed twice, each crossing one more stage of the chunk pipeline whose stages
+    move one loop per loop time (the one-node stages -- scatter, reduce-multicast, gather --
+    are in the measured NVLS chunk cost)."""
+    return 2 * log2i(n_nodes)
+
+
 def nvls_tree_bus_factor(n_ranks: int, ppn: int) -> float:
     """How much more each chip's NVLS traffic an NVLS-tree all-reduce over ``n_ranks`` costs
     than an NVLS all-reduce of its ``ppn`` chips in one node. NCCL's model (tuning.cc

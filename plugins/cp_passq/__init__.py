@@ -42,6 +42,21 @@ gather form: the non-root ranks' query slices are taken as present when the laye
 Dependencies as pass-KV's ring: step ``i`` on rank ``r`` and its forward wait for the send
 of step ``i - 1`` from rank ``r - 1``; the all-to-all waits for every partial, each merge
 for the all-to-all.
+
+**The ring form of pass-Q prefill** (the same ``form: ring``, with ``plugins.cp.prefill``
+``pass_q`` or an ``auto`` that picks it): the Meta paper's pass-Q partial prefill in its
+order. The query blocks go around the ring as above (same messages, same per-step work), but
+no ring step merges: the return all-to-all brings each rank the ``cp`` partials of its own
+``T/cp`` queries and their log-sum-exp, and one merge per rank follows it
+(:func:`g5plugins.cp_passkv.ring_merge_kernels`). The default (``gather``) keeps the merge in
+the last ring step, as before. The balanced split already gives every rank the same ``T/cp``
+queries per sequence (``T`` divides by ``2 cp``), so the prefill form pads nothing.
+
+**Memory** (``cp_passq_buffers``, workspace, every chip of a CP group; ring decode and both
+pass-Q prefills): the sends never wait for compute, so a rank may hold all ``cp - 1`` query
+blocks it receives in a layer, plus the all-to-all's send and receive buffers of partial
+outputs and statistics: :func:`ring_buffer_bytes`, reused layer after layer. The gather form
+of decode declares none (its dispatch and reduce buffers are not in the ledger).
 """
 from __future__ import annotations
 
@@ -50,11 +65,11 @@ import math
 import attrs
 
 from g5core import (
-    Fragment, PluginOption, Work, activation_tensor_bytes, attention_dims, attention_kernel, attention_side_kernels,
+    Fragment, MemoryTerm, PluginOption, Work, activation_tensor_bytes, attention_dims, attention_kernel, attention_side_kernels,
     attention_work, hookimpl, merge_kernel, passq_reduce_elements,
 )
 from g5plugins.cp import prefill_mode
-from g5plugins.cp_passkv import placed_rings, ring_fragment_parts, ring_parts
+from g5plugins.cp_passkv import placed_rings, ring_fragment_parts, ring_merge_kernels, ring_parts
 
 
 def dispatch_bytes_per_rank(batch: int, hidden: float, act_bytes: int) -> float:
@@ -98,17 +113,43 @@ def passq_prefill_bytes_per_rank_per_layer(ctx) -> float:
     return (cp - 1) * query_block_bytes(ctx) + (cp - 1) / cp * return_buffer_bytes(ctx)
 
 
-def prefill_ring_fragment(ctx, lop, ring) -> Fragment:
+def prefill_ring_fragment(ctx, lop, ring, form: str = "gather") -> Fragment:
     """Pass-Q prefill on one ring: the ring of pass-KV with query blocks as its messages,
-    then the return all-to-all, which waits for every rank's steps (the fragment's tails)."""
+    then the return all-to-all, which waits for every rank's steps (the fragment's tails).
+    ``form`` ``ring``: no step merges; one merge per rank follows the all-to-all."""
     work, _ = ring_parts(ctx)
+    if form == "ring":
+        work = work[:2]                  # step 0 and the later steps; the merge follows the return
     ops, edges, heads, tails = ring_fragment_parts(ctx, lop, ring, work, query_block_bytes(ctx), "cp_passq",
                                                    "cp_passq_prefill")
     back = ctx.comm_op(lop, "all_to_all", ring, return_buffer_bytes(ctx), "cp_passq_prefill_return",
                        owner="cp_passq", part="return")
+    ops.append(back)
     for chip in ring:
         edges.extend((key, back.key) for key in tails[chip])
-    return Fragment(ops=ops + [back], edges=edges, heads=heads, tails={chip: (back.key,) for chip in ring})
+    if form != "ring":
+        return Fragment(ops=ops, edges=edges, heads=heads, tails={chip: (back.key,) for chip in ring})
+    merge = merge_work(ring_merge_kernels(ctx))
+    tails = {}
+    for chip in ring:
+        merged = ctx.compute_op(lop, chip, merge, owner="cp_passq", part="merge")
+        ops.append(merged)
+        edges.append((back.key, merged.key))
+        tails[chip] = (merged.key,)
+    return Fragment(ops=ops, edges=edges, heads=heads, tails=tails)
+
+
+def merge_work(kernels: tuple) -> Work:
+    """The work of one rank's merge of its cp partials (the merge kernels, nothing else)."""
+    return Work(op_class="elementwise", flops=sum(k.flops for k in kernels),
+                hbm_bytes=sum(k.hbm_bytes for k in kernels), weight_class="", weight_elements=0.0, kernels=kernels)
+
+
+def ring_buffer_bytes(query_block_bytes: float, cp: int, partial_buffer_bytes: float) -> float:
+    """One rank's pass-Q ring buffers: the ``cp - 1`` query blocks it may hold at once (the ring
+    runs ahead of compute) and the all-to-all's send and receive buffers of partial outputs and
+    log-sum-exp, ``(cp - 1) * query_block + 2 * partial_buffer`` bytes."""
+    return (cp - 1) * query_block_bytes + 2.0 * partial_buffer_bytes
 
 
 FORMS = ("gather", "ring")
@@ -118,7 +159,8 @@ FORMS = ("gather", "ring")
 def g5_register_options(register):
     register(PluginOption(name="form", default="gather",
                           doc="pass-Q decode: gather (the spec's dispatch, partials, reduce) or ring (queries around "
-                              "the ring, all-to-all of partials, merge)", kind="choice", choices=FORMS))
+                              "the ring, all-to-all of partials, merge); pass-Q prefill: ring merges after the return "
+                              "all-to-all, gather in the last ring step", kind="choice", choices=FORMS))
 
 
 def queries_per_rank(batch: int, cp: int) -> int:
@@ -136,17 +178,49 @@ def ring_a2a_bytes_per_rank(queries: int, cp: int, n_heads: float, d_v: float, a
     return cp * activation_tensor_bytes(queries, passq_reduce_elements(n_heads, d_v), act_bytes)
 
 
+def ring_decode_bytes(ctx) -> tuple[int, float, float]:
+    """The ring form of decode: (queries per rank, one ring step's bytes, the all-to-all's send
+    buffer per rank)."""
+    dep, s, cp = ctx.deployment, ctx.shape, ctx.size("cp")
+    act = dep.dtypes.activation_element_bytes
+    q = queries_per_rank(dep.batch, cp)
+    step_bytes = ring_step_bytes(q, ctx.model.hidden_size / s.factor("q_heads"), act)
+    return q, step_bytes, ring_a2a_bytes_per_rank(q, cp, s.q_heads, partial_value_dim(ctx.model), act)
+
+
+def _form(ctx) -> str:
+    return ctx.deployment.option("cp_passq", "form", "gather")
+
+
+def _passq_prefill(ctx) -> bool:
+    return ctx.phase == "prefill" and ctx.size("cp") > 1 and prefill_mode(ctx)[0] == "pass_q"
+
+
+@hookimpl
+def g5_memory_terms(ctx):
+    cp = ctx.size("cp")
+    if _passq_prefill(ctx):
+        per_chip = ring_buffer_bytes(query_block_bytes(ctx), cp, return_buffer_bytes(ctx))
+    elif ctx.phase == "decode" and cp > 1 and _form(ctx) == "ring":
+        _, step_bytes, a2a_bytes = ring_decode_bytes(ctx)
+        per_chip = ring_buffer_bytes(step_bytes, cp, a2a_bytes)
+    else:
+        return None
+    return [MemoryTerm(name="cp_passq_buffers", category="workspace",
+                       bytes_per_chip={c: per_chip for c in ctx.all_chips})]
+
+
 @hookimpl
 def g5_expand_op(ctx, lop):
     cp = ctx.size("cp")
-    if lop.kind == "attention" and ctx.phase == "prefill" and cp > 1 and prefill_mode(ctx)[0] == "pass_q":
+    if lop.kind == "attention" and _passq_prefill(ctx):
         rings = placed_rings(ctx, lop)
         if not rings:
             return Fragment(ops=())
-        return Fragment.tiled(prefill_ring_fragment(ctx, lop, tuple(range(cp))), rings)
+        return Fragment.tiled(prefill_ring_fragment(ctx, lop, tuple(range(cp)), _form(ctx)), rings)
     if lop.kind != "attention" or ctx.phase != "decode" or cp == 1:
         return None
-    if ctx.deployment.option("cp_passq", "form", "gather") == "ring":
+    if _form(ctx) == "ring":
         return ring_form(ctx, lop, cp)
     dep, s = ctx.deployment, ctx.shape
     act = dep.dtypes.activation_element_bytes
@@ -188,19 +262,13 @@ def g5_expand_op(ctx, lop):
 def ring_form(ctx, lop, cp: int) -> Fragment:
     """The ring form's ops for every CP group (module docstring)."""
     dep, s = ctx.deployment, ctx.shape
-    act = dep.dtypes.activation_element_bytes
-    q = queries_per_rank(dep.batch, cp)
-    hidden_local = ctx.model.hidden_size / s.factor("q_heads")
-    step_bytes = ring_step_bytes(q, hidden_local, act)
-    a2a_bytes = ring_a2a_bytes_per_rank(q, cp, s.q_heads, partial_value_dim(ctx.model), act)
+    q, step_bytes, a2a_bytes = ring_decode_bytes(ctx)
     kernel = attrs.evolve(attention_kernel(ctx.model, dep, s, 1, s.kv_len, "decode"), batch=q)
     flops, hbm = kernel.flops, kernel.hbm_bytes
     side = tuple(attrs.evolve(k, tokens=k.tokens * q / s.batch) for k in attention_side_kernels(ctx.model, dep, s))
     step = Work(op_class="attention", flops=flops, hbm_bytes=hbm, weight_class="", weight_elements=0.0,
                 kernels=(kernel,) + side)
-    merge = merge_kernel(q * s.q_heads, partial_value_dim(ctx.model), cp, dep)
-    merge_work = Work(op_class="elementwise", flops=merge.flops, hbm_bytes=merge.hbm_bytes, weight_class="",
-                      weight_elements=0.0, kernels=(merge,))
+    merged_work = merge_work((merge_kernel(q * s.q_heads, partial_value_dim(ctx.model), cp, dep),))
     placed = set(ctx.place(lop))
     ops, edges, heads, tails = [], [], {}, {}
     for group in ctx.rankmap.groups("cp"):
@@ -219,7 +287,7 @@ def ring_form(ctx, lop, cp: int) -> Fragment:
                 sends[r][i] = ctx.comm_op(lop, "p2p", (chip, group[(r + 1) % cp]), step_bytes, "cp_passq_ring",
                                           owner="cp_passq", part=f"p2p{i:02d}")
                 ops.append(sends[r][i])
-            merged = ctx.compute_op(lop, chip, merge_work, owner="cp_passq", part="merge")
+            merged = ctx.compute_op(lop, chip, merged_work, owner="cp_passq", part="merge")
             ops.append(merged)
             edges.append((a2a.key, merged.key))
             heads[chip] = (compute[r][0].key,) + ((sends[r][0].key,) if cp > 1 else ())
