@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from g5core.inputs.systems import ComputeModel, Profile
+from g5core.inputs.framework import Framework
 from g5core.sim.compute import Attention, Elementwise, Gemm
 from g5core.api.errors import ConfigError
 from g5core.sim.run import make_plan, run
@@ -212,6 +213,30 @@ def test_extrapolation_scales_the_edge_by_the_roofline_work_ratio():
     assert ratio == pytest.approx(2.0, rel=1e-3)                          # compute-bound: twice the FLOPs
 
 
+def test_fp8_gemm_rows_are_taken_less_the_input_quantisation_they_include():
+    """The FP8 rows time TRT-LLM's Linear with dynamic input quantisation; G5's GEMM is the row
+    less compute_scale + scale_matrix (aiconfigurator's fp8_static), and the unfused GEMM plus its
+    fp8_quant kernel add up to the row again."""
+    from g5core.api.ops import ComputeOp
+
+    g = Gemm(m=4096, n=8192, k=8192, weight_bytes=1, act_bytes=2)
+    quant = Elementwise(tokens=4096, width=8192, kind="fp8_quant", act_bytes=2)
+    row = _table_value("gemm", gemm_dtype="fp8", m=4096, n=8192, k=8192)
+    q = _table_value("computescale", m=4096, k=8192) + _table_value("scale_matrix", m=4096, k=8192)
+    assert M.fp8_quant_ms(PROFILE, quant, "fp8", H100_AIC) == pytest.approx(q, rel=1e-9)
+    assert M.gemm_ms(PROFILE, g, "fp8", H100_AIC) == pytest.approx(row - q, rel=1e-9)
+    bf16 = attrs.evolve(g, weight_bytes=2)
+    assert M.gemm_ms(PROFILE, bf16, "bf16", H100_AIC) == pytest.approx(
+        _table_value("gemm", gemm_dtype="bfloat16", m=4096, n=8192, k=8192), rel=1e-9)
+    op = ComputeOp(key="o", chip=0, layer=0, name="qkv_proj", op_class="gemm", dtype="fp8", flops=g.flops,
+                   hbm_bytes=g.hbm_bytes, kernels=(g, quant))
+    unfused = M.g5_compute_latency(op=op, system=H100_AIC, deployment=_Deployment)
+    assert unfused.seconds == pytest.approx(row * 1e-3 + H100_AIC.launch_overhead_s, rel=1e-9)
+    trt = attrs.evolve(H100_AIC, framework=Framework.from_mapping({"stack": "trtllm"}))
+    fused = M.g5_compute_latency(op=op, system=trt, deployment=_Deployment)
+    assert fused.seconds == pytest.approx((row - q) * 1e-3 + H100_AIC.launch_overhead_s, rel=1e-9)
+
+
 def test_mla_and_grouped_gemm_and_full_blocks_map_onto_tables():
     mla = Attention(batch=1, q_len=4096, kv_len=4096, heads=16, kv_heads=1, d_qk=192, d_v=128, block="causal",
                     mla=True, kv_bytes_per_token=1152, act_bytes=2)
@@ -235,8 +260,9 @@ def test_mla_and_grouped_gemm_and_full_blocks_map_onto_tables():
 def test_measured_run_reports_coverage_and_achieved_flops(aic_system_file):
     out = run(_cfg(system=aic_system_file))
     cov = out.sim.compute["coverage"]
-    # the attention op's KV append and split-KV combine have no table: about a sixth of its time here
-    assert cov["gemm"]["measured"] > 0.9 and cov["attention"]["measured"] > 0.8
+    # what is not measured is each op's launch_overhead_s and the side kernels (rotary, KV append,
+    # FP8 quantisation, SwiGLU) at the size-aware roofline: under a tenth of the GEMM and attention time
+    assert cov["gemm"]["measured"] > 0.9 and cov["attention"]["measured"] > 0.9
     assert cov["elementwise"]["measured"] == 0.0
     assert 0 < cov["all"]["measured"] < 1
     assert math.isclose(cov["all"]["measured"] + cov["all"]["roofline"], 1.0)

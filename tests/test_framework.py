@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from g5core.api.errors import ConfigError
-from g5core.inputs.framework import Framework
+from g5core.inputs.framework import FUSIONS, STACKS, Framework, kernel_hosts, launched_kernels
 from g5core.inputs.systems import get_system
 from g5core.sim.run import run
 
@@ -26,7 +26,11 @@ def test_a_cuda_graph_decode_is_faster_than_an_eager_one_by_its_kernels_launch_c
     graphs, eager = _decode(_system(tmp_path, cuda_graphs="decode")), _decode(_system(tmp_path, cuda_graphs="none"))
     added = eager.sim.compute["launch"]["added_s"]
     assert graphs.sim.compute["launch"]["added_s"] == 0.0
-    kernels = sum(len(op.kernels) for op in eager.sim.dag.ops if hasattr(op, "kernels") and op.chip == 0)
+    system = eager.plan.ctx.system
+    ops = [op for op in eager.sim.dag.ops if hasattr(op, "kernels") and op.chip == 0]
+    # every kernel that is launched (the generic stack runs the residual add inside the RMSNorm)
+    kernels = sum(launched_kernels(op, system, "decode") for op in ops)
+    assert 0 < kernels < sum(len(op.kernels) for op in ops)
     assert added == pytest.approx(kernels * 5e-6, rel=1e-9)
     # TP decode runs its compute ops one after another: the step is longer by exactly that
     assert eager.latency_s - graphs.latency_s == pytest.approx(added, rel=1e-6)
@@ -78,11 +82,84 @@ def test_the_framework_chooses_the_attention_kernel_family_and_the_default_is_un
         _decode(_system(tmp_path, attention="fa2"), **long)
 
 
-def test_a_framework_that_fuses_fp8_quantisation_runs_no_separate_kernel(tmp_path):
-    from g5core.sim.compute import Elementwise
-    from g5core.sim.roofline import kernel_latency_s
+def _ffn_op(tokens=1.0):
+    from g5core.api.ops import ComputeOp
+    from g5core.sim.compute import Elementwise, Gemm
 
-    quant = Elementwise(tokens=2048, width=8192, kind="fp8_quant", act_bytes=2)
+    g = [Gemm(m=tokens, n=28672, k=8192, weight_bytes=1, act_bytes=2),
+         Gemm(m=tokens, n=8192, k=14336, weight_bytes=1, act_bytes=2)]
+    side = [Elementwise(tokens=tokens, width=14336, kind="swiglu", act_bytes=2),
+            Elementwise(tokens=tokens, width=8192, kind="fp8_quant", act_bytes=2),
+            Elementwise(tokens=tokens, width=14336, kind="fp8_quant", act_bytes=2)]
+    return ComputeOp(key="ffn", chip=0, layer=0, name="ffn", op_class="gemm", dtype="fp8", flops=1.0,
+                     hbm_bytes=1.0, kernels=tuple(g + side))
+
+
+def test_a_framework_that_fuses_fp8_quantisation_runs_no_separate_kernel(tmp_path):
+    from g5core.sim.roofline import op_latency_s
+
+    op = _ffn_op(2048)
     fused = get_system(_system(tmp_path, fused_fp8_quant="true"))
-    assert kernel_latency_s(quant, "fp8", fused) == 0.0
-    assert kernel_latency_s(quant, "fp8", get_system("h100-sxm")) > 0.0
+    plain = get_system("h100-sxm")
+    # the input's quantisation joins the gate/up GEMM, the down GEMM's joins SwiGLU
+    assert kernel_hosts(op, fused, "prefill") == (None, None, None, 0, 2)
+    assert kernel_hosts(op, plain, "prefill") == (None,) * 5
+    assert op_latency_s(op, fused, "prefill") < op_latency_s(op, plain, "prefill")
+
+
+def test_the_stacks_fuse_what_their_sources_say_and_overrides_win(tmp_path):
+    assert Framework.from_mapping({}).fusions == ("add_norm",) == STACKS["generic"]
+    trt = Framework.from_mapping({"stack": "trtllm"})
+    assert set(trt.fusions) == set(FUSIONS) - {"swiglu_in_gemm"}
+    vllm = Framework.from_mapping({"stack": "vllm", "fusions": {"attn_quant": True, "norm_quant": False}})
+    assert vllm.fusions == ("add_norm", "act_quant", "attn_quant")
+    assert Framework.from_mapping({"stack": "sglang"}).fusions == ("add_norm",)
+    assert trt.to_dict()["fusions"]["splitkv_in_attention"] is True
+    with pytest.raises(ConfigError, match="system.framework.stack.*choose one of generic, trtllm, vllm, sglang"):
+        Framework.from_mapping({"stack": "tensorrt"})
+    with pytest.raises(ConfigError, match="system.framework.fusions"):
+        Framework.from_mapping({"fusions": {"rope_kv": True}})
+
+
+def test_fused_kernels_cost_nothing_but_their_bytes_join_the_host(tmp_path):
+    """A decode step under TensorRT-LLM runs fewer kernels than under SGLang, and a fused
+    kernel's bytes make its host longer where the host is memory-bound (not its floor)."""
+    from g5core.sim.roofline import kernel_latency_s, op_latency_s
+
+    trt = get_system(_system(tmp_path, stack="trtllm", cuda_graphs="none"))
+    sgl = get_system(_system(tmp_path, stack="sglang", cuda_graphs="none"))
+    op = _ffn_op(8192)   # prefill: the side kernels are memory-bound
+    swiglu, quant = op.kernels[2], op.kernels[4]
+    host_alone = kernel_latency_s(swiglu, "fp8", trt)
+    host_fused = kernel_latency_s(swiglu, "fp8", trt, quant.hbm_bytes)
+    assert host_fused == pytest.approx(host_alone + quant.hbm_bytes / (trt.hbm_bw_bytes_per_s
+                                                                       * trt.compute_model.hbm_fraction))
+    gap = op_latency_s(op, sgl, "prefill") - op_latency_s(op, trt, "prefill")
+    assert gap > 0
+    runs = {name: _decode(_system(tmp_path, stack=name, cuda_graphs="none"), seq_len=16384)
+            for name in ("trtllm", "sglang")}
+    launched = {name: r.sim.compute["launch"]["added_s"] / 5e-6 for name, r in runs.items()}
+    assert launched["trtllm"] < launched["sglang"]
+    assert runs["trtllm"].latency_s < runs["sglang"].latency_s
+
+
+def test_decode_ops_under_each_stack_keep_every_kernel_and_fuse_what_the_stack_fuses(tmp_path):
+    """TensorRT-LLM's decode runs rotary and the KV append inside XQA (hosted by the QKV GEMM here),
+    the split-KV combine inside XQA and the FP8 quantisations inside their producers; vLLM keeps
+    rotary, the append and FA3's combine as kernels of their own. Every kernel stays in the op."""
+    fp8 = {"weights": "fp8", "activations": "bf16", "kv_cache": "fp8"}
+    runs = {name: run({"model": "llama-3.1-70b", "system": _system(tmp_path, stack=name), "chips": 2,
+                       "phase": "decode", "batch": 1, "seq_len": 5250, "dtypes": fp8,
+                       "parallel": {"dp": 1, "tp": 2, "pp": 1, "cp": 1}}) for name in ("trtllm", "vllm")}
+    for name, r in runs.items():
+        system = r.plan.ctx.system
+        ops = {op.name: op for op in r.sim.dag.ops if hasattr(op, "kernels") and op.chip == 0 and op.layer == 1}
+        qkv, attn, o_proj = ops["qkv_proj"], ops["attention"], ops["o_proj"]
+        assert [getattr(k, "kind", k.op_class) for k in qkv.kernels] == ["gemm", "rotary", "fp8_quant", "kv_append"]
+        assert [getattr(k, "kind", k.op_class) for k in attn.kernels] == ["attention", "splitkv_combine"]
+        hosts = {op.name: kernel_hosts(op, system, "decode") for op in (qkv, attn, o_proj)}
+        if name == "trtllm":
+            assert hosts == {"qkv_proj": (None, 0, 0, 0), "attention": (None, 0), "o_proj": (None, 0)}
+        else:
+            assert hosts == {"qkv_proj": (None, None, 0, None), "attention": (None, None), "o_proj": (None, None)}
+    assert runs["trtllm"].latency_s < runs["vllm"].latency_s

@@ -124,7 +124,7 @@ def test_a_failed_write_leaves_that_output_unchanged_writes_the_other_and_still_
     trace, timeline = tmp_path / "t.json", tmp_path / "ops.csv"
     timeline.write_text("old timeline")
 
-    def full_disk(sim, fh):
+    def full_disk(sim, fh, *system_and_phase):
         fh.write("partial")
         raise OSError(28, "No space left on device")
 

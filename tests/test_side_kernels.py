@@ -108,3 +108,11 @@ def test_every_side_kernel_appears_in_the_timeline_with_shape_flops_and_bytes():
     sw = next(part for part in one["kernels"].split("; ") if part.startswith("swiglu("))
     fl, by = F.swiglu(1, 28672 / 8, 2)
     assert f"flops={fl!r}" in sw and f"bytes={by!r}" in sw
+    # given the system, a kernel that runs inside another says where (the generic stack: the
+    # residual add inside the RMSNorm); the kernel, its shape, FLOPs and bytes stay listed
+    marked = io.StringIO()
+    dump_timeline(out.sim, marked, out.plan.ctx.system, "decode")
+    norm = next(r for r in csv.DictReader(io.StringIO(marked.getvalue())) if r["name"] == "ffn_norm")
+    add, rms = norm["kernels"].split("; ")
+    assert add.startswith("residual_add(") and add.endswith(" fused=add_norm") and "fused=" not in rms
+    assert "fused=" not in buf.getvalue()

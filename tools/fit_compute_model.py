@@ -7,7 +7,8 @@ per-op tables (kernel microbenchmarks). Prints, per GPU, the figures cited in th
 Figures: best achieved fraction of dense peak of large GEMMs per dtype; best achieved
 fraction of HBM bandwidth of weight-bound GEMMs (m <= 16) and of decode attention; the
 smallest measured latency of any GEMM, context-attention and decode-attention kernel, and
-of an elementwise kernel (the quantize table's compute_scale).
+of an elementwise kernel (the quantize table's scale_matrix: one static FP8 quantisation kernel
+in a CUDA graph; compute_scale is the dynamic quantisation call less the static one, not one kernel).
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def main() -> int:
         kvb = gb.batch_size * (gb.step + 1) * gb.num_key_value_heads * gb.head_dim * 2 * 2
         out["hbm_fraction(decode attention)"] = round(float((kvb / (gb.latency * 1e-3)).max() / hbm), 3)
         try:
-            q = table_frame(gpu, "trtllm", "computescale")
+            q = table_frame(gpu, "trtllm", "scale_matrix")
             out["elementwise_floor_us"] = round(float(q.latency.min() * 1e3), 2)
         except LookupError as exc:
             out["elementwise_floor_us"] = f"n/a ({exc})"

@@ -112,7 +112,7 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, trace_layers, time
         # each file on its own: a trace too large for the disk leaves the timeline written
         written, write_error = targets.write_each({
             "--trace": lambda fh: dump_trace(out.sim, out.plan.ctx.topology, fh, layers),
-            "--timeline": lambda fh: dump_timeline(out.sim, fh)})
+            "--timeline": lambda fh: dump_timeline(out.sim, fh, out.plan.ctx.system, out.deployment.phase)})
         trace_path = trace_path if "--trace" in written else None
         timeline_path = timeline_path if "--timeline" in written else None
     if as_json:

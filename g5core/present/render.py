@@ -268,6 +268,9 @@ def render_compute(report: dict) -> list[str]:
         fw = launch["framework"]
         lines.append(f"kernel launches: {launch['added_s'] * 1e3:.3f} ms added on the busiest chip "
                      f"(cuda_graphs: {fw['cuda_graphs']}, {fw['kernel_launch_s'] * 1e6:g} us per kernel not captured)")
+        fused = [name for name, on in (fw.get("fusions") or {}).items() if on]
+        lines.append(f"kernel fusions: stack {fw.get('stack', 'generic')} ({', '.join(fused) or 'none'}; a fused kernel "
+                     f"is neither timed nor launched on its own)")
     chips = report["per_chip"]
     if chips:
         best = max(chips, key=lambda c: (c["mfu"], -c["chip"]))

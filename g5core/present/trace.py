@@ -32,6 +32,7 @@ import numpy as np
 from g5core.build.topology import KIND_NAMES, LINK_RX, LINK_TX, Topology
 from g5core.api.ops import KEY_VERBATIM, CommOp, ComputeOp
 from g5core.api.errors import ConfigError, G5Error
+from g5core.inputs.framework import kernel_fusions
 from g5core.sim.compute import describe_kernels
 from g5core.sim.results import SimResult
 
@@ -308,9 +309,10 @@ TIMELINE_COLUMNS = ("key", "kind", "name", "layer", "owner", "chips", "op_class"
                     "kernels")
 
 
-def timeline_rows(sim: SimResult):
+def timeline_rows(sim: SimResult, system=None, phase: str = ""):
     """One row per op, in op order: what ran where, when, and how much (what is alike for
-    every op of one spec is made once)."""
+    every op of one spec is made once). With ``system``, a kernel that runs inside another
+    under the system's framework is marked ``fused=<fusion>`` (g5core.inputs.framework)."""
     _every_chip(sim)
     d = sim.compiled
     dag = sim.dag
@@ -328,20 +330,22 @@ def timeline_rows(sim: SimResult):
                 part = parts[s] = ("comm", p.name, p.owner, " ".join(map(str, p.group)), "", p.reason, p.primitive, algorithm,
                                    protocol, channels, "", "", repr(p.bytes_per_rank), "")
             else:            # a ComputeSpec
+                fusions = kernel_fusions(p, system, phase) if system is not None else None
                 part = parts[s] = ("compute", p.name, p.owner, None, p.op_class, "", "", "", "", "", repr(p.flops),
-                                   repr(p.hbm_bytes), "", describe_kernels(p.kernels))
+                                   repr(p.hbm_bytes), "", describe_kernels(p.kernels, fusions))
         kind, name, owner, chips, *rest, kernels = part
         yield (key(i), kind, name, layer[i], owner, str(chip[i]) if chips is None else chips, *rest,
                repr(start[i]), repr(end[i]), kernels)
 
 
-def dump_timeline(sim: SimResult, fh) -> None:
-    """Per-op start and end times as CSV (one header line, then one row per op), streamed."""
+def dump_timeline(sim: SimResult, fh, system=None, phase: str = "") -> None:
+    """Per-op start and end times as CSV (one header line, then one row per op), streamed;
+    with ``system`` the fused kernels are marked (:func:`timeline_rows`)."""
     import csv
 
     w = csv.writer(fh, lineterminator="\n")
     w.writerow(TIMELINE_COLUMNS)
-    rows = timeline_rows(sim)
+    rows = timeline_rows(sim, system, phase)
     while True:
         block = list(itertools.islice(rows, STREAM_BLOCK))
         if not block:

@@ -213,11 +213,16 @@ class LatencyLookup:
     #: every distinct answer, by id
     answers: list[LatencyAnswer] = attrs.field(factory=list)
     _answer_ids: dict = attrs.field(factory=dict)  # (class, dtype, kernels, FLOPs, bytes) -> id into ``answers``
+    _launches: dict = attrs.field(factory=dict)  # (kernels, name, owner) -> launch seconds
 
     def _launch_s(self, op) -> float:
         from g5core.inputs.framework import launch_s
 
-        return launch_s(op, self.system, getattr(self.deployment, "phase", ""))
+        key = (op.kernels, op.name, op.owner)
+        seconds = self._launches.get(key)
+        if seconds is None:
+            seconds = self._launches[key] = launch_s(op, self.system, getattr(self.deployment, "phase", ""))
+        return seconds
 
     def answer_id(self, op) -> int:
         """The id (into :attr:`answers`) of ``op``'s answer; compile records one per op."""
@@ -392,10 +397,17 @@ def coverage_from_columns(answer_ids, chips, flops, system, latency_s: float, n_
             "per_chip": per_chip}
 
 
-def describe_kernels(kernels) -> str:
+def describe_kernels(kernels, fusions=None) -> str:
     """The kernels of a compute op as the timeline shows them: each kernel's name and shape,
-    its FLOPs and HBM bytes (:mod:`g5core.build.flops`), separated by ``;``."""
-    return "; ".join(f"{k.describe()} flops={k.flops!r} bytes={k.hbm_bytes!r}" for k in kernels)
+    its FLOPs and HBM bytes (:mod:`g5core.build.flops`), separated by ``;``; with ``fusions``
+    (g5core.inputs.framework.kernel_fusions), a fused kernel ends in ``fused=<fusion>``."""
+    def one(i, k):
+        text = f"{k.describe()} flops={k.flops!r} bytes={k.hbm_bytes!r}"
+        if fusions is not None and fusions[i][1] is not None:
+            text += f" fused={fusions[i][1]}"
+        return text
+
+    return "; ".join(one(i, k) for i, k in enumerate(kernels))
 
 
 def scaled_kernel(kernel: Kernel, factor: float) -> Kernel:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 
+from g5core.inputs.framework import fused_bytes, kernel_hosts
 from g5core.sim.compute import Attention, Gemm
 
 
@@ -65,14 +66,11 @@ def attention_efficiency(kernel: Attention, cm, curve: str = "default") -> float
     return peak * length / (length + half) * wave_eff
 
 
-def kernel_latency_s(kernel, dtype: str, system) -> float:
-    """One kernel's time on the size-aware roofline (``system.compute_model`` must be set)."""
-    from g5core.inputs.framework import fused_away
-
-    if fused_away(kernel, system):
-        return 0.0
+def kernel_latency_s(kernel, dtype: str, system, extra_bytes: float = 0.0) -> float:
+    """One kernel's time on the size-aware roofline (``system.compute_model`` must be set);
+    ``extra_bytes``: the HBM bytes of the kernels fused into it (g5core.inputs.framework)."""
     cm = system.compute_model
-    memory_s = kernel.hbm_bytes / (system.hbm_bw_bytes_per_s * cm.hbm_fraction)
+    memory_s = (kernel.hbm_bytes + extra_bytes) / (system.hbm_bw_bytes_per_s * cm.hbm_fraction)
     if isinstance(kernel, Gemm):
         compute_s = gemm_padded_flops(kernel, cm) / (system.peak_flops(dtype) * cm.gemm_fraction(dtype))
         floor_s = cm.floor_s("gemm")
@@ -88,9 +86,13 @@ def kernel_latency_s(kernel, dtype: str, system) -> float:
     return max(compute_s, memory_s, floor_s)
 
 
-def op_latency_s(op, system) -> float:
+def op_latency_s(op, system, phase: str = "") -> float:
     """An op's time: flat without a compute_model (or without kernel shapes), else the sum of
-    its kernels plus one launch overhead."""
+    its launched kernels (a fused kernel adds its bytes to its host's, ``kernel_hosts``) plus
+    one launch overhead."""
     if system.compute_model is None or not op.kernels:
         return roofline_latency_s(op.op_class, op.flops, op.hbm_bytes, op.dtype, system)
-    return math.fsum(kernel_latency_s(k, op.dtype, system) for k in op.kernels) + system.launch_overhead_s
+    hosts = kernel_hosts(op, system, phase)
+    extra = fused_bytes(op, hosts)
+    return math.fsum(kernel_latency_s(k, op.dtype, system, extra[i]) for i, k in enumerate(op.kernels)
+                     if hosts[i] is None) + system.launch_overhead_s

@@ -18,7 +18,7 @@ import warnings
 from functools import lru_cache
 
 from g5core import (
-    Attention, ComputeTime, ConfigError, Elementwise, Gemm, fused_away, hookimpl, kernel_latency_s,
+    Attention, ComputeTime, ConfigError, Elementwise, Gemm, fused_bytes, hookimpl, kernel_hosts, kernel_latency_s,
     roofline_latency_s,
 )
 
@@ -58,11 +58,13 @@ def check_profile(profile) -> None:
         raise ConfigError("system.profile", f"{exc}; fix the profile's gpu/framework/version") from None
 
 
-def _roofline_s(kernel, dtype: str, system) -> float:
-    """A kernel's time without the table (size-aware, or flat without compute_model)."""
+def _roofline_s(kernel, dtype: str, system, extra_bytes: float = 0.0) -> float:
+    """A kernel's time without the table (size-aware, or flat without compute_model), with
+    ``extra_bytes`` of fused kernels."""
     if system.compute_model is not None:
-        return kernel_latency_s(kernel, dtype, system)
-    return roofline_latency_s(kernel.op_class, kernel.flops, kernel.hbm_bytes, dtype, system) - system.launch_overhead_s
+        return kernel_latency_s(kernel, dtype, system, extra_bytes)
+    return roofline_latency_s(kernel.op_class, kernel.flops, kernel.hbm_bytes + extra_bytes, dtype, system) \
+        - system.launch_overhead_s
 
 
 def _ideal_s(kernel, dtype: str, system) -> float:
@@ -84,7 +86,14 @@ def _lookup_ms(grid, point, make_kernel, dtype, system):
 
 
 def gemm_ms(profile, kernel: Gemm, dtype: str, system):
-    """GEMM table by (m, n, k); a grouped GEMM is ``groups`` GEMMs of ``m / groups`` rows."""
+    """GEMM table by (m, n, k); a grouped GEMM is ``groups`` GEMMs of ``m / groups`` rows.
+
+    The FP8 rows time TensorRT-LLM's ``Linear`` with no input scale, so they include the dynamic
+    quantisation of the input (aiconfigurator collector/trtllm/collect_gemm.py: "the collected fp8
+    GEMM includes the compute-scale overhead"). G5 times that quantisation as its own
+    ``fp8_quant`` kernel, so the GEMM is the row less ``compute_scale + scale_matrix`` at its
+    ``(m, k)`` -- aiconfigurator's own ``fp8_static`` with a low-precision input (aic-core
+    operators/gemm.rs, ``GemmOp::query``) -- and never below the ideal roofline."""
     tdt = TABLE_DTYPE.get(dtype)
     if tdt is None or kernel.m <= 0:
         return None
@@ -95,7 +104,15 @@ def gemm_ms(profile, kernel: Gemm, dtype: str, system):
         return Gemm(m=m, n=n, k=k, weight_bytes=kernel.weight_bytes, act_bytes=kernel.act_bytes)
 
     one = _lookup_ms(grid, (kernel.m / groups, kernel.n, kernel.k), make, dtype, system)
-    return None if one is None else one * groups
+    if one is None:
+        return None
+    if tdt == "fp8":
+        quant = fp8_quant_ms(profile, Elementwise(tokens=kernel.m / groups, width=kernel.k, kind="fp8_quant",
+                                                  act_bytes=kernel.act_bytes), dtype, system)
+        if quant is not None:
+            ideal = _ideal_s(make(kernel.m / groups, kernel.n, kernel.k), dtype, system) * 1e3
+            one = max(one - quant, ideal)
+    return one * groups
 
 
 def _table_length(kernel: Attention) -> float:
@@ -193,8 +210,7 @@ def kernel_ms(profile, kernel, dtype: str, deployment, system):
         return gemm_ms(profile, kernel, dtype, system)
     if isinstance(kernel, Attention):
         return attention_ms(profile, kernel, dtype, deployment, system)
-    if isinstance(kernel, Elementwise) and kernel.kind == "fp8_quant" and kernel.tokens > 0 \
-            and not fused_away(kernel, system):
+    if isinstance(kernel, Elementwise) and kernel.kind == "fp8_quant" and kernel.tokens > 0:
         return fp8_quant_ms(profile, kernel, dtype, system)
     return None  # norms, residual adds, rotary, embedding, SwiGLU, merges, MoE routing: no table
 
@@ -216,12 +232,18 @@ def g5_compute_latency(op, system, deployment):
     if profile is None or not op.kernels or not profile_available(profile):
         return None
     measured, modelled = [], []
-    for kernel in op.kernels:
+    hosts = kernel_hosts(op, system, getattr(deployment, "phase", ""))
+    extra = fused_bytes(op, hosts)
+    for kernel, host, more in zip(op.kernels, hosts, extra):
+        if host is not None:
+            continue  # runs inside another kernel (g5core.inputs.framework.kernel_hosts)
         ms = kernel_ms(profile, kernel, op.dtype, deployment, system)
         if ms is None:
-            modelled.append(_roofline_s(kernel, op.dtype, system))
+            modelled.append(_roofline_s(kernel, op.dtype, system, more))
         else:
             measured.append(ms * 1e-3)
+            if more:  # the fused kernels' bytes: what they add to the host on the roofline
+                modelled.append(_roofline_s(kernel, op.dtype, system, more) - _roofline_s(kernel, op.dtype, system))
     if not measured:
         return None
     measured_s = math.fsum(measured)

@@ -12,4 +12,4 @@ __all__ = ["gemm_padded_flops", "kernel_latency_s", "op_latency_s", "roofline_la
 
 @hookimpl(trylast=True)
 def g5_compute_latency(op, system, deployment):
-    return op_latency_s(op, system)
+    return op_latency_s(op, system, getattr(deployment, "phase", ""))
