@@ -7,6 +7,7 @@ imports no implementation module (tests/test_layout.py).
 """
 from __future__ import annotations
 
+import abc
 from typing import Iterable, Optional
 
 import attrs
@@ -19,12 +20,12 @@ from g5core.api.work import LogicalOp, Work
 
 
 @attrs.define(eq=False, kw_only=True)
-class BuildContext:
+class BuildContext(abc.ABC):
     """Everything a plugin may read while contributing to a run. Plugins must not mutate it.
 
     The core makes it (:func:`g5core.build.builder.prepare`) as a subclass that answers the
-    three questions asked of the core's formulas: :meth:`work`, :meth:`hidden_states_bytes`
-    and :attr:`kv_bytes_per_token_local`.
+    three questions asked of the core's formulas, abstract here: :meth:`work`,
+    :meth:`hidden_states_bytes` and :attr:`kv_bytes_per_token_local`.
     """
 
     deployment: "Deployment"
@@ -85,20 +86,20 @@ class BuildContext:
             chips &= _chip_set(plugin, "g5_place_op", answer, self.rankmap.chips)
         return tuple(sorted(chips))
 
+    @abc.abstractmethod
     def work(self, kind: str, layer: Optional[int] = None) -> Optional[Work]:
         """The core's work of one logical op of ``kind`` on one chip (``None`` for a
         synchronisation point); ``layer`` sets a windowed layer's attention (sliding or
         chunked: :meth:`g5core.inputs.models.ModelSpec.kv_window`)."""
-        raise NotImplementedError("answered by the core's build context")
 
+    @abc.abstractmethod
     def hidden_states_bytes(self, tokens: float) -> float:
         """Bytes of ``tokens`` hidden-state rows (``tokens x hidden x activation dtype``)."""
-        raise NotImplementedError("answered by the core's build context")
 
     @property
+    @abc.abstractmethod
     def kv_bytes_per_token_local(self) -> float:
         """c_kv as one chip stores it (GQA heads split by TP; the MLA latent is whole)."""
-        raise NotImplementedError("answered by the core's build context")
 
     def compute_dtype(self, work_or_class) -> str:
         weight_class = work_or_class.weight_class if isinstance(work_or_class, Work) else work_or_class
