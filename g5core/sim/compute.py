@@ -212,7 +212,7 @@ class LatencyLookup:
     _by_kernels: dict = attrs.field(factory=dict)
     #: every distinct answer, by id
     answers: list[LatencyAnswer] = attrs.field(factory=list)
-    _answer_ids: dict = attrs.field(factory=dict)  # (class, dtype, kernels, FLOPs, bytes) -> id into ``answers``
+    _answer_ids: dict = attrs.field(factory=dict)  # (class, dtype, kernels, FLOPs, bytes, launch, name) -> id into ``answers``
     _launches: dict = attrs.field(factory=dict)  # (kernels, name, owner) -> launch seconds
 
     def _launch_s(self, op) -> float:
@@ -228,11 +228,12 @@ class LatencyLookup:
         """The id (into :attr:`answers`) of ``op``'s answer; compile records one per op."""
         kernels = op.kernels
         launch = self._launch_s(op)
-        fast = (op.op_class, op.dtype, id(kernels), op.flops, op.hbm_bytes, launch)
+        # the name too: which kernels fuse can depend on it (framework.kernel_fusions: o_proj)
+        fast = (op.op_class, op.dtype, id(kernels), op.flops, op.hbm_bytes, launch, op.name)
         seen = self._by_kernels.get(fast)
         if seen is not None and seen[0] is kernels:
             return seen[1]
-        key = (op.op_class, op.dtype, kernels, op.flops, op.hbm_bytes, launch)
+        key = (op.op_class, op.dtype, kernels, op.flops, op.hbm_bytes, launch, op.name)
         aid = self._answer_ids.get(key)
         if aid is None:
             aid = self._answer_ids[key] = len(self.answers)
