@@ -808,6 +808,13 @@ class _Progress:
                 text = f"lone TTFT {payload['lone_ttft_s']:.4g} s, TPOT {payload['lone_tpot_s'] * 1e3:.4g} ms"
             self.inner.emit(f"{self.phase} [{n}/{total}] {label}: {text}")
 
+    def skip(self, n):
+        """``n`` candidates bounded out before their wave (never run: one update, one line)."""
+        if hasattr(self.inner, "bar"):
+            self.inner.bar.update(n)
+        elif hasattr(self.inner, "emit"):
+            self.inner.emit(f"{self.phase}: {n} more candidates bounded out (their bound is below the top-th)")
+
     def close(self):
         if hasattr(self.inner, "close"):
             self.inner.close()
@@ -848,10 +855,8 @@ class _Waves:
         self.inner.cell(self.done, label, payload)
 
     def skip(self, n):
-        for _ in range(n):
-            self.done += 1
-            if hasattr(self.inner.inner, "bar"):
-                self.inner.inner.bar.update(1)
+        self.done += n
+        self.inner.skip(n)
 
     def close(self):
         pass
