@@ -301,7 +301,7 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
     residues = [0] * bs
     for q in running:
         c = q.computed
-        if q.num_tokens - c != 1 or q.last_s is None or q.scheduled or q.blocks != -(-c // bs):
+        if q.num_tokens - c != 1 or q.last_s is None or q.scheduled or q.blocks != sched._blocks_for(c):
             return 0, now
         contexts.append(c)
         residues[c % bs] += 1
@@ -320,7 +320,7 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
     contexts = tuple(contexts)
     total = sum(contexts)
     free = sched.free_blocks
-    used = sched.total_blocks - free
+    used = sched.used_blocks
     waiting = len(sched.waiting)
     rows = inst.steps
     itl_extend = inst.itl_s.extend
@@ -357,7 +357,7 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
         q.computed += k
         q.num_tokens += k
         q.emitted += k
-        q.blocks = -(-q.computed // bs)
+        q.blocks = sched._blocks_for(q.computed)
         q.last_s = t
         top = gap if gap > worst else worst
         if top > q.max_itl_s:
