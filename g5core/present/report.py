@@ -42,23 +42,29 @@ def auto_dims(db_path, sweep_id: Optional[int] = None) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-def _csv_cell(column: str, value) -> str:
+def _csv_cell(column: str, value, json_columns: Sequence[str] = JSON_COLUMNS) -> str:
     if value is None:
         return ""
-    if column in JSON_COLUMNS:
+    if column in json_columns:
         return canonical_json(value)
     if isinstance(value, float):
         return repr(value)
     return str(value)
 
 
-def to_csv(rows: Sequence[Mapping]) -> str:
+def _csv(rows: Sequence[Mapping], columns: Sequence[str], json_columns: Sequence[str]) -> str:
+    """Every column; numbers by ``repr`` (they read back bit for bit), JSON columns as
+    canonical JSON text, an absent value as an empty field."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(RESULT_COLUMNS)
+    w.writerow(columns)
     for r in rows:
-        w.writerow([_csv_cell(c, r.get(c)) for c in RESULT_COLUMNS])
+        w.writerow([_csv_cell(c, r.get(c), json_columns) for c in columns])
     return buf.getvalue()
+
+
+def to_csv(rows: Sequence[Mapping]) -> str:
+    return _csv(rows, RESULT_COLUMNS, JSON_COLUMNS)
 
 
 def to_json(rows: Sequence[Mapping]) -> str:
@@ -133,15 +139,8 @@ def _deployment(config: Mapping) -> str:
 def render_serving(rows: Sequence[Mapping], fmt: str) -> str:
     if fmt == "json":
         return json.dumps(list(rows), indent=2, sort_keys=True, allow_nan=False) + "\n"
-    columns = list(rows[0]) if rows else []
     if fmt == "csv":
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(columns)
-        for r in rows:
-            w.writerow(["" if r[c] is None else canonical_json(r[c]) if c in SERVING_JSON_COLUMNS
-                        else repr(r[c]) if isinstance(r[c], float) else r[c] for c in columns])
-        return buf.getvalue()
+        return _csv(rows, list(rows[0]) if rows else [], SERVING_JSON_COLUMNS)
     if fmt != "markdown":
         raise ConfigError("--format", f"unknown format {fmt!r}; use {', '.join(FORMATS)}")
     lines = ["| " + " | ".join(SERVING_MARKDOWN_COLUMNS) + " |", "|" + "---|" * len(SERVING_MARKDOWN_COLUMNS)]
