@@ -82,7 +82,10 @@ def main() -> None:
         "load_1min": [round(load0, 2), round(os.getloadavg()[0], 2)],
         "screened": res.layouts, "pruned": len(res.pruned),
         "pruned_by_family": {f: len(m) for f, m in res.families()},
-        "simulated": res.candidates, "bounded_out": len(res.bounded), "beyond_beam": res.skipped_by_beam,
+        "simulated": res.candidates, "bounded_out": len(res.bounded),
+        "bounded_by_source": {src: sum(b.source == src for b in res.bounded)
+                              for src in sorted({b.source for b in res.bounded})},
+        "beyond_beam": res.skipped_by_beam,
         "serving_runs": res.runs,
         "winner": None if win is None else {
             "deployment": res.ranked[0].candidate.label(), "disaggregated": win["disaggregated"],

@@ -28,6 +28,13 @@ SLO limits, which deployment serves the most?
    deployment with ``SATURATED_ROUNDS`` full batches of requests arriving at once
    (:func:`saturated_run`, in its cell). A run at a rate above ``mu`` builds a queue, so
    the TTFT percentile bounds the capacity (:func:`capacity_bound`).
+   **Estimate.** Each candidate also gets an estimated capacity from its layouts' step
+   tables (:mod:`g5core.study.serve_estimate`: the scheduler's steady state per instance,
+   the prompts' queue of the run's own length and arrivals; the lower of the prefill and
+   decode pools' for a disaggregated one); its bound is at most the estimate times ``1 +
+   ESTIMATE_MARGIN``, it needs no saturated run, and its bisection starts at
+   ``START_ESTIMATE_SHARE x estimate``. The estimate is not a proof either: the tests check
+   it against simulated capacities.
 5. **Capacity** of each candidate: the highest Poisson arrival rate at which the SLO holds
    (every named percentile under its limit, every request completed), by a seeded run of
    ``requests`` requests per rate: from ``START_SHARE x mu`` (without a bound: ``instances /
@@ -40,7 +47,7 @@ SLO limits, which deployment serves the most?
    the system when the SLO holds, by Little's law). ``min_chips`` also lets a deployment
    use fewer chips and first asks whether it serves ``--rate``.
 6. **Branch and bound** (not for ``min_chips``; ``bound=False`` turns it off): candidates run
-   best roles' bound first, ``WAVE`` at a time; before each wave, a candidate whose bound of
+   best bound first, ``WAVE`` at a time; before each wave, a candidate whose bound of
    the objective (its capacity bound over its chips, the goodput share at most 1) is below
    the ``top``-th best simulated value cannot enter the top ``top`` and is bounded out
    (reported with its bound, not simulated), and so is every one after it; in the wave, an
@@ -51,7 +58,7 @@ SLO limits, which deployment serves the most?
    at capacity), ``throughput_per_chip`` (output tokens/s per chip at capacity), or
    ``min_chips`` (fewest chips serving ``--rate``, then the most goodput per chip).
 
-What is approximate: the bounds. ``mu`` is a measured steady state (no proof that a lighter
+What is approximate: the bounds and the estimates. ``mu`` is a measured steady state (no proof that a lighter
 load does better per second), the queue argument takes the queue's growth at its mean, the
 decode role counts only batches within ``1 + TPOT_SLACK`` of the TPOT limit, and each
 allows ``BOUND_MARGIN`` more; ``tests/test_serve_search.py`` simulates the bounded-out
@@ -77,6 +84,7 @@ import attrs
 from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.study.resultsdb import ResultsDB, canonical_json, config_hash, sqlite_errors
 from g5core.study.search import divisors, enumerate_layouts, layout_label
+from g5core.study.serve_estimate import Estimator, estimate_for
 
 SERVE_OBJECTIVES = ("goodput_per_chip", "throughput_per_chip", "min_chips")
 DISAGG_MODES = ("off", "on", "auto")
@@ -109,10 +117,17 @@ SATURATED_RATE = 1e6
 BOUND_MARGIN = 0.05
 #: the bisection starts at this share of the saturated throughput
 START_SHARE = 0.8
+#: or, with an estimate of the capacity (:mod:`g5core.study.serve_estimate`), at this share
+#: of it
+START_ESTIMATE_SHARE = 0.9
 #: candidates simulated together between two branch-and-bound decisions (fixed, so the
 #: candidates simulated do not depend on the workers or on which finishes first)
 WAVE = 8
 DEFAULT_TOP = 10
+
+#: the cells' payload format (screens carry the estimate's step table from 2): part of every
+#: cell's key, so a database of an older format is not read as this one
+CELL_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS serve_search (
@@ -370,10 +385,17 @@ def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, worklo
     isl = lone_wl.requests[0].input_tokens
     holds = max(info["kv_capacity_tokens"] // max(_longest(workload), 1), 1)
     batches = [1 << k for k in range(min((holds - 1).bit_length(), MAX_DECODE_BATCH.bit_length() - 1) + 1)]
+    from g5core.serve.workload import synthetic
+    from g5core.study.serve_estimate import step_table
+
+    reqs = synthetic(workload).requests
+    isl_mean = round(sum(r.input_tokens for r in reqs) / len(reqs))
+    osl_mean = round(sum(r.output_tokens for r in reqs) / len(reqs))
     return {"status": "ok", "kv_capacity_tokens": info["kv_capacity_tokens"],
             "kv_pool_bytes_per_chip": info["kv_pool_bytes_per_chip"], "lone_ttft_s": lone.summary["ttft_s"]["p50"],
             "lone_tpot_s": lone.summary["tpot_s"]["p50"], "lone_e2e_s": lone.summary["e2e_s"]["p50"],
-            "decode_step_s": [[b, cost.latency_s(StepWork((), (isl,) * b))] for b in batches]}
+            "decode_step_s": [[b, cost.latency_s(StepWork((), (isl,) * b))] for b in batches],
+            "estimate": step_table(cost, isl_mean, osl_mean, chunk, batches)}
 
 
 def _holds(result) -> bool:
@@ -382,8 +404,14 @@ def _holds(result) -> bool:
     return bool(g and g["all_met"]) and s["completed"] == s["requests"]
 
 
+class _BelowBar(Exception):
+    def __init__(self, rate: float):
+        self.rate = rate
+
+
 def capacity_search(run, start_rate: float, tolerance: float, max_rate: float,
-                    floor_rate: Optional[float] = None, upper: Optional[float] = None) -> dict:
+                    floor_rate: Optional[float] = None, upper: Optional[float] = None,
+                    bar: Optional[float] = None) -> dict:
     """The highest rate at which ``run(rate)`` (a serving result) holds the SLO, within
     ``hi / lo <= 1 + tolerance``: ``{capacity, held, failed, failed_rate, ceiling}`` with the
     results at the capacity and at the lowest failing rate tried (``None`` when none);
@@ -392,19 +420,34 @@ def capacity_search(run, start_rate: float, tolerance: float, max_rate: float,
     ``upper``: an estimate of a rate the SLO does not hold at (the saturated throughput's
     bound): from a start that holds, the bisection runs toward it first instead of doubling,
     and a failing run there is required before it counts (if the SLO holds at ``upper``
-    too, the doubling goes on from there): a guess of the bracket, never of the result."""
+    too, the doubling goes on from there): a guess of the bracket, never of the result.
+    ``bar``: a rate the capacity must reach to matter (the branch and bound's top-th value):
+    from a start below it the first run is at ``bar``, and the search stops at the first
+    run at or below ``bar`` that fails (``below_bar``: the capacity is below that rate)."""
     results: dict = {}
 
     def ok(rate: float) -> bool:
         results[rate] = run(rate)
-        return _holds(results[rate])
+        held = _holds(results[rate])
+        if not held and bar is not None and rate <= bar:
+            raise _BelowBar(rate)
+        return held
 
-    def done(lo, hi, ceiling=False):
+    def done(lo, hi, ceiling=False, below_bar=False):
         return {"capacity": lo, "held": results.get(lo), "failed": results.get(hi), "failed_rate": hi,
-                "ceiling": ceiling}
+                "ceiling": ceiling, "below_bar": below_bar}
 
+    try:
+        return _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, bar)
+    except _BelowBar as stop:
+        return done(0.0, stop.rate, below_bar=True)
+
+
+def _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, bar) -> dict:
     lo, hi = 0.0, None
     rate = min(floor_rate if floor_rate is not None else start_rate, max_rate)
+    if bar is not None and floor_rate is None and rate < bar:
+        rate = min(bar, max_rate)
     if not ok(rate):
         if floor_rate is not None:
             return done(0.0, rate)
@@ -490,14 +533,18 @@ def run_requests(workload: Mapping, rate: float, settle_s: float, settle: float 
 
 def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
                    start_rate: float, settle_s: float, disabled=(), runner_for=None,
-                   roles: Optional[Mapping] = None, kth: Optional[float] = None) -> dict:
+                   roles: Optional[Mapping] = None, kth: Optional[float] = None,
+                   estimate: Optional[float] = None) -> dict:
     """A candidate's capacity (a bisection over the rate, see the module doc) and its runs at
     the capacity and at the first failing rate. ``roles``: its roles' bound
     (:func:`role_rates`); with it, an aggregated candidate first measures its saturated
     throughput (:func:`saturated_run`), the lower of the two is ``mu``, and when the
     objective's bound from ``mu`` (:func:`capacity_bound`) is below ``kth`` (the wave's
     ``top``-th simulated value) the candidate is bounded out (``status: bounded``);
-    otherwise the bisection starts at ``START_SHARE x mu``, toward the bound."""
+    otherwise the bisection starts at ``START_SHARE x mu``, toward the bound. ``estimate``:
+    the candidate's estimated capacity (:mod:`g5core.study.serve_estimate`); with it (and
+    ``roles``) the saturated run is left out, the bound is at most the estimate times ``1 +
+    ESTIMATE_MARGIN``, and the bisection starts at ``START_ESTIMATE_SHARE x estimate``."""
     raw = candidate_config(base, cand, workload, slo, None)
     try:
         session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])}, 1.0),
@@ -513,27 +560,40 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
         from g5core.serve.metrics import parse_slo
 
         sat = dict(roles)
-        if not cand.disaggregated:
+        if not cand.disaggregated and not estimate:
             run_sat = saturated_run(session, cand, workload)
             if run_sat["saturated_requests_per_s"] and (
                     run_sat["saturated_requests_per_s"] < sat["saturated_requests_per_s"]):
                 sat = {**run_sat, "roles": roles["roles"]}
         mu = sat["saturated_requests_per_s"]
         bound = capacity_bound(sat, parse_slo(slo), workload, settle_s, settings)
+        if estimate:
+            bound = _estimate_bound(estimate, bound)
         upper = _upper_value(settings.objective, bound, cand, _longest_output(workload))
         if kth is not None and upper < kth:
             return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": bound,
-                    "upper": upper, "kth": kth}
+                    "upper": upper, "kth": kth, "source": "estimate" if estimate else "saturated run",
+                    "runs": 0 if estimate else 1}
 
     def run(rate, seed=None):
         runs["n"] += 1
         n = run_requests(workload, rate, settle_s, settings.settle)
         return session.run(_at_rate({**workload, "requests": n, "seed": workload["seed"] if seed is None else seed},
                                     rate))
-    if mu and floor is None:
+    if estimate and floor is None:
+        start_rate = START_ESTIMATE_SHARE * estimate
+    elif mu and floor is None:
         start_rate = START_SHARE * mu
+    # the rate at which the candidate's value would equal the top-th's (below it, it cannot enter)
+    bar = None if kth is None or floor is not None else _bar_rate(settings.objective, kth, cand,
+                                                                   _longest_output(workload))
     found = capacity_search(run, start_rate, settings.tolerance, settings.max_rate, floor,
-                            bound if floor is None else None)
+                            bound if floor is None else None, bar)
+    if found["below_bar"]:
+        rate = found["failed_rate"]
+        return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
+                "upper": _upper_value(settings.objective, rate, cand, _longest_output(workload)), "kth": kth,
+                "runs": runs["n"], "failed_rate_per_s": rate, "source": "simulated"}
     confirm_steps = 0
     seeds = [workload["seed"] + k for k in range(1, settings.confirm + 1)]
     while found["capacity"] > 0 and seeds:
@@ -679,6 +739,7 @@ class ServeSearchResult:
     runs: int                         # serving runs over all candidates
     db_path: Optional[str]
     bounded: tuple = ()               # Bounded: not simulated (branch and bound)
+    estimates: Mapping = attrs.field(factory=dict)   # candidate label -> estimated capacity (req/s)
 
     def families(self) -> list[tuple[str, list[Pruned]]]:
         return _group(self.pruned)
@@ -874,9 +935,18 @@ class Bounded:
     capacity_bound: float  # requests/s (capacity_bound)
     upper: float           # the bound of the objective's value (goodput or output tokens/s per chip)
     kth: float             # the top-th simulated value when it was bounded out
-    source: str = "roles"  # where the saturated throughput came from: roles, or saturated run
+    source: str = "roles"  # where the bound came from: roles, saturated run, estimate, or simulated (a run failed)
+    estimate: Optional[float] = None   # the estimated capacity (requests/s), when there is one
+    runs: int = 0                      # serving runs it took (a saturated run, or the runs to the bar)
 
     def reason(self) -> str:
+        if self.source == "simulated":
+            return (f"a run at {self.capacity_bound:.4g} req/s misses the SLO, so its capacity is below that: at "
+                    f"most {self.upper:.4g} per chip, not above the top-th simulated ({self.kth:.4g})")
+        if self.estimate:
+            return (f"estimated capacity {self.estimate:.4g} req/s, so at most {self.capacity_bound:.4g} req/s "
+                    f"with the estimate's margin: at most {self.upper:.4g} per chip, below the top-th simulated "
+                    f"({self.kth:.4g})")
         return (f"saturated throughput ({self.source}) {self.saturated_requests_per_s:.4g} req/s, so a capacity "
                 f"of at most "
                 f"{self.capacity_bound:.4g} req/s: at most {self.upper:.4g} per chip, below the top-th simulated "
@@ -910,6 +980,17 @@ def capacity_bound(saturated: Optional[Mapping], limits, workload: Mapping, sett
     return best
 
 
+def _estimate_bound(estimate: Optional[float], bound: Optional[float]) -> Optional[float]:
+    """The capacity bound a candidate is ordered and bounded by: its estimate times ``1 +
+    ESTIMATE_MARGIN``, or the roles' bound when that is lower (``None``: neither)."""
+    from g5core.study.serve_estimate import ESTIMATE_MARGIN
+
+    if not estimate:
+        return bound
+    cap = estimate * (1 + ESTIMATE_MARGIN)
+    return cap if bound is None else min(cap, bound)
+
+
 def role_rates(p: Mapping, d: Mapping, n_p: int, n_d: int, max_num_seqs: int, chunk: int, shortest,
                tpot_limits) -> Optional[dict]:
     """A disaggregated candidate's saturated rate from its roles, the way DistServe sizes
@@ -938,6 +1019,12 @@ def _upper_value(objective: str, bound: Optional[float], cand: Candidate, top_ou
     if bound is None:
         return math.inf
     return (bound * top_out if objective == "throughput_per_chip" else bound) / cand.chips
+
+
+def _bar_rate(objective: str, kth: float, cand: Candidate, top_out: int) -> float:
+    """The rate at which the candidate's value could at best equal ``kth`` (the inverse of
+    :func:`_upper_value`): a capacity below it cannot enter the top."""
+    return kth * cand.chips / (top_out if objective == "throughput_per_chip" else 1)
 
 
 def _kth_value(settings: SearchSettings, cands, results) -> Optional[float]:
@@ -1011,7 +1098,9 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
     base = {k: v for k, v in raw.items() if k not in ("parallel",)}
     ttft_limits = [l for l in limits if l.metric in ("ttft", "e2e")]
     tpot_limits = [l for l in limits if l.metric in ("tpot", "itl")]
-    ident = {"base": base, "workload": workload, "slo": settings.slo, "runner": None if runner_for is None else getattr(runner_for, "__name__", "custom")}
+    ident = {"base": base, "workload": workload, "slo": settings.slo,
+             "runner": None if runner_for is None else getattr(runner_for, "__name__", "custom"),
+             "cells": CELL_VERSION}
 
     # 1. layouts x chunks, screened
     layouts = []
@@ -1067,6 +1156,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         cands: list[tuple[Candidate, float]] = []
         fewer = settings.objective == "min_chips"
         roles_bound: dict = {}   # candidate index -> its roles' bound (role_rates)
+        screens: dict = {}       # candidate index -> (its pools' screens, their layout keys)
         shortest = _lone(workload).requests[0]
         if settings.disagg in ("off", "auto"):
             for c, par, chunk, res in roles["serve"]:
@@ -1074,6 +1164,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                     pool = PoolChoice(c, tuple(sorted(par.items())), inst)
                     for m in _pow2_seqs(res["kv_capacity_tokens"], longest, settings):
                         roles_bound[len(cands)] = role_rates(res, res, inst, inst, m, chunk, shortest, tpot_limits)
+                        screens[len(cands)] = ((res,), ((c, layout_label(par), chunk),))
                         cands.append((Candidate((pool,), m, chunk), inst / res["lone_e2e_s"]))
         skipped = 0
         if settings.disagg in ("on", "auto"):
@@ -1101,6 +1192,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                                     start = min(n_p / p[3]["lone_ttft_s"], n_d / d[3]["lone_e2e_s"])
                                     roles_bound[len(cands)] = role_rates(p[3], d[3], n_p, n_d, m, chunk, shortest,
                                                                          tpot_limits)
+                                    screens[len(cands)] = ((p[3], d[3]), ((p[0], layout_label(p[1]), chunk),
+                                                                          (d[0], layout_label(d[1]), chunk)))
                                     cands.append((Candidate(pools, m, chunk), start))
         if not cands:
             fams = sorted(((len(m), f, m[0].reason) for f, m in _group(pruned)), reverse=True)
@@ -1116,6 +1209,12 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         top_out = _longest_output(workload)
         caps = [capacity_bound(roles_bound[i], limits, workload, settle_s, settings) if use_bounds else None
                 for i in range(len(cands))]
+        estimator = Estimator(limits, workload,
+                              lambda r: run_requests(workload, r, settle_s, settings.settle), settings.max_rate)
+        estimated = [estimate_for(estimator, cand, *screens[i]) if settings.objective != "min_chips" else None
+                     for i, (cand, _) in enumerate(cands)]
+        estimates = estimated if use_bounds else [None] * len(cands)
+        caps = [_estimate_bound(e, cap) for e, cap in zip(estimates, caps)]
         upper = [_upper_value(settings.objective, cap, cand, top_out) for (cand, _), cap in zip(cands, caps)]
         order = sorted(range(len(cands)), key=lambda i: (-upper[i], cands[i][0].label()))
         results: list = [None] * len(cands)
@@ -1130,7 +1229,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 if kth is not None and upper[i] < kth:
                     for j in order[pos:]:
                         bounded.append(Bounded(cands[j][0], roles_bound[j]["saturated_requests_per_s"], caps[j],
-                                               upper[j], kth, "roles"))
+                                               upper[j], kth, "estimate" if estimates[j] else "roles",
+                                               estimates[j]))
                     if reporter is not None:
                         reporter.skip(len(order) - pos)
                     pos = len(order)
@@ -1142,14 +1242,15 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 cand, start = cands[i]
                 roles = roles_bound[i] if use_bounds else None
                 key = config_hash({"kind": "candidate", **ident, "candidate": attrs.asdict(cand, recurse=True),
-                                   "settings": keyed, "roles": roles, "kth": kth}, names)
+                                   "settings": keyed, "roles": roles, "kth": kth, "estimate": estimates[i]}, names)
                 cells.append((key, "candidate", cand.label(), candidate_cell,
                               (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
-                               runner_for, roles, kth)))
+                               runner_for, roles, kth, estimates[i])))
             for i, res in zip(wave, _drive(table, kept, cells, reporter, workers)):
                 if res["status"] == "bounded":
                     bounded.append(Bounded(cands[i][0], res["saturated"]["saturated_requests_per_s"],
-                                           res["capacity_bound"], res["upper"], res["kth"], "saturated run"))
+                                           res["capacity_bound"], res["upper"], res["kth"], res["source"],
+                                           estimates[i], res.get("runs", 0)))
                 else:
                     results[i] = res
         if reporter is not None:
@@ -1172,8 +1273,10 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
     scored.sort(key=lambda s: (s.value(settings.objective), s.candidate.label()))
     simulated = [r for r in results if r is not None]
     return ServeSearchResult(settings.objective, settings, len(layouts), tuple(pruned), tuple(scored), len(simulated),
-                             skipped, sum(r.get("runs", 0) for r in simulated if r["status"] == "ok"),
-                             None if own_db else str(db_path), tuple(bounded))
+                             skipped, sum(r.get("runs", 0) for r in simulated if r["status"] == "ok")
+                             + sum(b.runs for b in bounded),
+                             None if own_db else str(db_path), tuple(bounded),
+                             {cand.label(): e for (cand, _), e in zip(cands, estimated)})
 
 
 def _settle_s(workload: Mapping, ttft_limits, tpot_limits, roles) -> float:

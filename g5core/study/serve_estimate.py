@@ -1,0 +1,350 @@
+"""A serving candidate's capacity, estimated from its layouts' step costs without a serving
+run: what ``g5 best --serve`` orders and bounds its candidates by before simulating them.
+
+The model is the steady state of the vLLM-style scheduler (:mod:`g5core.serve.scheduler`)
+on one instance, from a few step latencies its screen measured on the engine
+(:func:`step_table`), per instance at an arrival rate ``lam``:
+
+- **Decode** (a decode pool, or the decodes of an aggregated instance): ``b`` sequences
+  decode together, each step ``D(b)`` at the mean context (prompt plus half the output).
+  While any sequence runs the instance never idles, so a request's TPOT is the mean step
+  time, and by Little's law ``b = lam x (osl - 1) x TPOT``.
+- **Prefill** (a prefill pool, or the chunks of an aggregated instance): a prompt is
+  served in ``k(b)`` steps of ``max_num_batched_tokens - b`` prompt tokens (the decodes
+  take their share of the budget first), costing ``P(b)`` in all per prompt; several short
+  prompts share a step. The prompts queue first come, first served: TTFT is the prompt's
+  sojourn in that queue (:func:`sojourn_percentile`, the run's own number of requests and
+  arrival process, started empty, as the search's runs are).
+- **Aggregated**: per request the instance spends ``f(b) = P(b) + ((osl - 1) / b - k(b))
+  D(b)`` (its prompt's steps, which also emit a token for each of the ``b`` decodes, and
+  its share of the decode-only steps), so ``lam f(b) = 1`` fixes ``b``; the steps per
+  second are ``lam (osl - 1) / b``, the TPOT their inverse.
+- **Disaggregated**: the prefill pool's capacity under the TTFT limits and the decode
+  pool's under the TPOT ones, the lower of the two (the loop couples the pools only by the
+  KV transfer, which the estimate leaves out: an idle transfer adds to TTFT).
+
+The capacity is the highest rate meeting every limit, by bisection over the rate. It is an
+estimate, not a bound: ``g5 best --serve`` simulates every candidate whose estimate, times
+``1 + ESTIMATE_MARGIN``, could reach the top ones, and ``tests/test_serve_search.py``
+checks the estimate against simulated capacities. What it leaves out: the batch's
+fluctuation around its mean (p90 TPOT is taken as the mean step time), preemption, the
+transfer, and the percentile of a request's TPOT mixing prefill steps unevenly.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+#: the simulated capacity may exceed the estimate by this share (checked against simulated
+#: candidates in tests/test_serve_search.py); a candidate whose estimate times ``1 +
+#: ESTIMATE_MARGIN`` cannot reach the top ones is bounded out
+ESTIMATE_MARGIN = 0.25
+#: the rates tried go up to this many times the saturated throughput (a finite run started
+#: empty can hold the TTFT limit for a while above it)
+OVERLOAD = 4
+#: the bisection over the rate stops at this relative width
+ESTIMATE_TOLERANCE = 0.01
+
+
+# ----------------------------------------------------------------------------------------
+# The step table (in the screen cell, on the layout's step cost)
+# ----------------------------------------------------------------------------------------
+
+
+def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int]) -> dict:
+    """The step latencies the estimate needs, from ``cost.latency_s`` (a
+    :class:`~g5core.serve.cost.StepCost`): ``decode_mid_s`` ``[[b, D(b)]]`` at the mean
+    context ``isl + osl // 2``, and ``prefill`` ``[[b, P(b), k(b), first_s(b)]]`` for
+    ``b`` running decodes (0 and ``batches`` below ``chunk``): a prompt's time in steps
+    (``P``), its steps (``k``, a share of one when prompts share a step) and the time from
+    its first step's start to its first token (``first_s``)."""
+    from g5core.serve.cost import StepWork
+
+    isl, osl = max(int(isl), 1), max(int(osl), 1)
+    mid = isl + osl // 2
+    decode = [[b, cost.latency_s(StepWork((), (mid,) * b))] for b in batches]
+    prefill = []
+    for b in [0, *batches]:
+        budget = chunk - b
+        if budget < 1:
+            break
+        decodes = (mid,) * b
+        if isl <= budget:
+            q = budget // isl   # prompts per step under load
+            full = cost.latency_s(StepWork(((isl, 0),) * q, decodes))
+            prefill.append([b, full / q, 1.0 / q, full])
+            continue
+        total, done, steps = 0.0, 0, 0
+        while done < isl:
+            n = min(budget, isl - done)
+            total += cost.latency_s(StepWork(((n, done),), decodes))
+            done += n
+            steps += 1
+        prefill.append([b, total, float(steps), total])
+    return {"isl": isl, "osl": osl, "decode_mid_s": decode, "prefill": prefill}
+
+
+# ----------------------------------------------------------------------------------------
+# The queue of prompts
+# ----------------------------------------------------------------------------------------
+
+_UNIT: dict = {}
+
+
+def _unit_arrivals(workload: Mapping, n: int) -> np.ndarray:
+    """The first ``n`` arrival times of the workload's own stream (its seed, kind and cv) at 1
+    request/s; at rate ``r`` they are these over ``r`` (both processes scale so), and with
+    fixed lengths they are the search's runs' arrivals (a run of ``n`` requests draws the
+    same stream)."""
+    from g5core.serve.workload import synthetic
+    from g5core.study.resultsdb import canonical_json
+    from g5core.study.serve_search import MAX_RUN_REQUESTS, _at_rate
+
+    spec = _at_rate({**dict(workload), "requests": max(MAX_RUN_REQUESTS, n)}, 1.0)
+    key = canonical_json(spec)
+    hit = _UNIT.get(key)
+    if hit is None:
+        if len(_UNIT) > 16:
+            _UNIT.clear()
+        hit = _UNIT[key] = np.array([r.arrival_s for r in synthetic(spec).requests])
+    return hit[:n]
+
+
+def sojourn_percentile(workload: Mapping, rate: float, n: int, servers: int, service_s: float, first_s: float,
+                       share: float, wait_only: bool = False) -> float:
+    """The ``share`` quantile (0-1) of a prompt's time from arrival to its first token in
+    ``servers`` first-come-first-served queues fed in turn (round robin) by ``n`` arrivals at
+    ``rate``, each prompt holding its server ``service_s`` and getting its first token
+    ``first_s`` after its service starts (``wait_only``: the wait alone, the ``queue``
+    metric). A queue of constant service ``s`` departs the k-th arrival at ``(k + 1) s +
+    max over j <= k of (A_j - j s)`` (started empty)."""
+    times = _unit_arrivals(workload, n) / rate
+    out = []
+    for i in range(servers):
+        a = times[i::servers]
+        j = np.arange(len(a))
+        start = j * service_s + np.maximum.accumulate(a - j * service_s)   # the k-th service starts here
+        out.append(start - a + (0.0 if wait_only else first_s))
+    return float(np.percentile(np.concatenate(out), 100 * share))
+
+
+# ----------------------------------------------------------------------------------------
+# Capacity
+# ----------------------------------------------------------------------------------------
+
+
+def _lin(points: Sequence[Sequence[float]], x: float, col: int = 1) -> float:
+    """Column ``col`` of ``points`` (sorted by their first column) at ``x``, linear between
+    points and beyond the last two."""
+    xs = [p[0] for p in points]
+    if len(points) == 1:
+        return points[0][col]
+    i = max(1, min(int(np.searchsorted(xs, x)), len(points) - 1))
+    x0, x1 = xs[i - 1], xs[i]
+    w = (x - x0) / (x1 - x0)
+    return points[i - 1][col] + w * (points[i][col] - points[i - 1][col])
+
+
+def _limits(limits) -> tuple[list, list]:
+    first = [l for l in limits if l.metric in ("ttft", "e2e", "queue")]
+    token = [l for l in limits if l.metric in ("tpot", "itl", "e2e")]
+    return first, token
+
+
+def _share(lim) -> float:
+    return (lim.percentile if lim.percentile is not None else 100) / 100
+
+
+def _bisect(ok, hi: float) -> float:
+    """The highest rate in ``(0, hi]`` with ``ok(rate)`` (monotone), within the tolerance;
+    0 when even ``hi * 1e-6`` fails."""
+    if ok(hi):
+        return hi
+    lo = hi * 1e-6
+    if not ok(lo):
+        return 0.0
+    while hi > lo * (1 + ESTIMATE_TOLERANCE):
+        mid = math.sqrt(lo * hi)
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class Estimator:
+    """Capacities of a search's candidates from their layouts' step tables; ``run_requests``:
+    ``rate -> requests`` of the search's run at that rate (the estimate's queue has as many)."""
+
+    def __init__(self, limits, workload: Mapping, run_requests, max_rate: float):
+        self.first, self.token = _limits(limits)
+        self.workload = dict(workload)
+        self.run_requests = run_requests
+        self.max_rate = max_rate
+        self._cache: dict = {}
+
+    # -- the pieces -----------------------------------------------------------------------
+
+    def _first_ok(self, rate: float, servers: int, service_s: float, first_s: float,
+                  tail_s: float) -> bool:
+        """The TTFT-like limits at ``rate`` over ``servers`` instances (``tail_s``: a
+        request's time after its first token, for e2e)."""
+        n = self.run_requests(rate)
+        for lim in self.first:
+            value = sojourn_percentile(self.workload, rate, n, servers, service_s, first_s, _share(lim),
+                                       wait_only=lim.metric == "queue")
+            if lim.metric == "e2e":
+                value += tail_s
+            if value > lim.limit_s:
+                return False
+        return True
+
+    def _decode_b(self, table, max_b: float) -> float:
+        """The largest mean batch of a decode pool instance within the TPOT-like limits (and
+        ``max_b``); 0 when not even one sequence meets them."""
+        pts = table["decode_mid_s"]
+        limit = min((l.limit_s for l in self.token if l.metric in ("tpot", "itl")), default=math.inf)
+        if _lin(pts, 1.0) > limit:
+            return 0.0
+        if _lin(pts, max_b) <= limit:
+            return max_b
+        lo, hi = 1.0, max_b
+        while hi - lo > 1e-3 * hi:
+            mid = 0.5 * (lo + hi)
+            if _lin(pts, mid) <= limit:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def prefill_pool(self, table, instances: int, key=None) -> float:
+        """Requests/s a pool of ``instances`` prefill instances serves within the TTFT-like
+        limits (prefill-only steps)."""
+        ck = ("p", key, instances)
+        if key is not None and ck in self._cache:
+            return self._cache[ck]
+        _, service, _, first = table["prefill"][0]
+        hi = min(self.max_rate, OVERLOAD * instances / service)
+        out = _bisect(lambda r: self._first_ok(r, instances, service, first, 0.0), hi)
+        if key is not None:
+            self._cache[ck] = out
+        return out
+
+    def decode_pool(self, table, instances: int, max_num_seqs: int, holds: float, key=None) -> float:
+        """Requests/s a pool of ``instances`` decode instances serves within the TPOT-like
+        limits: ``b / ((osl - 1) D(b))`` per instance at the largest mean batch ``b`` the
+        limits, ``max_num_seqs`` and the KV pool allow."""
+        ck = ("d", key, instances, max_num_seqs)
+        if key is not None and ck in self._cache:
+            return self._cache[ck]
+        decodes = max(table["osl"] - 1, 1)
+        top = float(min(max_num_seqs, holds))
+        b = self._decode_b(table, top)
+        out = min(self.max_rate, instances * b / (decodes * _lin(table["decode_mid_s"], b))) if b > 0 else 0.0
+        if b >= top and top >= 1:
+            # the batch full within the limits: past it requests wait for a slot, their wait in
+            # their TPOT (a finite run holds the limit for a while): the slots as first-come-
+            # first-served servers, each request holding one for its decodes at the full batch
+            slots = instances * int(top)
+            service = decodes * _lin(table["decode_mid_s"], top)
+            limits = [l for l in self.token if l.metric == "tpot"]
+
+            def ok(rate):
+                n = self.run_requests(rate)
+                return all(sojourn_percentile(self.workload, rate, n, slots, service, service, _share(l)) / decodes
+                           <= l.limit_s for l in limits)
+            if limits:
+                out = max(out, _bisect(ok, min(self.max_rate, OVERLOAD * slots / service)))
+        if key is not None:
+            self._cache[ck] = out
+        return out
+
+    def aggregated(self, table, instances: int, max_num_seqs: int, holds: float, key=None) -> float:
+        """Requests/s of ``instances`` aggregated instances (see the module doc)."""
+        ck = ("a", key, instances, max_num_seqs)
+        if key is not None and ck in self._cache:
+            return self._cache[ck]
+        decodes = max(table["osl"] - 1, 1)
+        pre = table["prefill"]
+        dec = table["decode_mid_s"]
+        top_b = float(min(max_num_seqs, holds, pre[-1][0] if pre[-1][0] > 0 else 1))
+        top_b = max(top_b, 1.0)
+
+        def per_request_s(b):
+            service, k = _lin(pre, b), _lin(pre, b, 2)
+            return service + max(decodes / b - k, 0.0) * _lin(dec, b)
+
+        def batch_at(lam):
+            """The mean batch at ``lam`` per instance (``lam f(b) = 1``), or None: saturated."""
+            if per_request_s(top_b) * lam > 1:
+                return None
+            if per_request_s(1.0) * lam <= 1:
+                return 1.0
+            lo, hi = 1.0, top_b
+            while hi - lo > 1e-3 * hi:
+                mid = 0.5 * (lo + hi)
+                if per_request_s(mid) * lam > 1:
+                    lo = mid
+                else:
+                    hi = mid
+            return hi
+
+        tpot_limit = min((l.limit_s for l in self.token if l.metric == "tpot"), default=math.inf)
+        itl_limits = [l for l in self.token if l.metric == "itl"]
+
+        def ok(rate):
+            lam = rate / instances
+            b = batch_at(lam)
+            service = None
+            if b is None:   # saturated: prompts are admitted as requests finish, 1 / f(b) per second
+                b = top_b
+                service = per_request_s(b)
+                lam = 1.0 / service
+            steps_per_s = lam * decodes / b
+            # the mean step: a request's share of the instance's time over its share of the
+            # steps (at least its prompt's; b = 1: light load, idle between requests)
+            tpot = per_request_s(b) / max(_lin(pre, b, 2), decodes / b)
+            if tpot > tpot_limit:
+                return False
+            k = _lin(pre, b, 2)
+            prefill_share = min(lam * k / steps_per_s, 1.0)   # of the steps, those holding a prompt
+            for lim in itl_limits:
+                slow = _lin(pre, b) / max(k, 1.0)
+                gap = slow if prefill_share > 1 - _share(lim) else _lin(dec, b)
+                if gap > lim.limit_s:
+                    return False
+            return self._first_ok(rate, instances, service or _lin(pre, b), _lin(pre, b, 3), decodes * tpot)
+
+        hi = min(self.max_rate, OVERLOAD * instances / per_request_s(top_b))
+        out = _bisect(ok, hi)
+        if key is not None:
+            self._cache[ck] = out
+        return out
+
+    def disaggregated(self, p_table, n_p: int, d_table, n_d: int, max_num_seqs: int, holds_d: float,
+                      p_key=None, d_key=None) -> float:
+        """The lower of the prefill pool's capacity and the decode pool's."""
+        return min(self.prefill_pool(p_table, n_p, p_key),
+                   self.decode_pool(d_table, n_d, max_num_seqs, holds_d, d_key))
+
+
+def holds_mean(kv_capacity_tokens: int, table: Mapping) -> float:
+    """Sequences an instance's KV pool holds at the mean length (prompt plus half the output)."""
+    return kv_capacity_tokens / max(table["isl"] + table["osl"] // 2, 1)
+
+
+def estimate_for(estimator: Estimator, cand, screens: Sequence[Mapping], keys: Sequence) -> Optional[float]:
+    """The candidate's estimated capacity (requests/s); ``screens``: its pools' screen
+    results (aggregated: one), each with its ``estimate`` table; ``None`` without tables."""
+    tables = [s.get("estimate") for s in screens]
+    if any(t is None for t in tables):
+        return None
+    if len(cand.pools) == 1:
+        pool = cand.pools[0]
+        return estimator.aggregated(tables[0], pool.instances, cand.max_num_seqs,
+                                    holds_mean(screens[0]["kv_capacity_tokens"], tables[0]), keys[0])
+    p, d = cand.pools
+    return estimator.disaggregated(tables[0], p.instances, tables[1], d.instances, cand.max_num_seqs,
+                                   holds_mean(screens[1]["kv_capacity_tokens"], tables[1]), keys[0], keys[1])
