@@ -11,7 +11,10 @@ changes nothing).
    20.9 us since NCCL 2.28.9, commit dbc86fd0) and its bandwidth as nHeads x min(bwIntra,
    bwInter) x 5/6, so its NVLS tree (53 us + the transfer) overtakes tree LL128 at 512 KiB ..
    1 MiB (with 8 heads of 48 GB/s assumed: the run printed no algorithm), where 2.29.2's (66.8
-   us) waits until 4 MiB. The forced column is G5's time of the algorithm the run ran.
+   us) waits until 4 MiB. The forced column is G5's time of the algorithm the run ran. With the
+   run's tuner (``nccl: {tuner: {release: '2.26.2'}}``, G5's substitutions for NCCL's graph
+   bandwidths) the NVLS tree wins from 1 MiB; at 512 KiB tree LL128 stays ahead by 0.7 us (54.0
+   against 54.7 us), a tie the run's TUNING log would settle.
 2. The one-node NVLS-forced tables (Azure ND H100 v5 and H200 v5): at each NVLS chunk size
    (enqueue.cc calcCollChunking) the time is a straight line of the size; the script prints
    its slope (as busbw) and its intercept, and the intercept beyond NCCL's NVLS latency
@@ -43,12 +46,16 @@ def two_nodes() -> None:
     sizes = [s for s in sorted(measured) if 2 ** 17 <= s <= 2 ** 26]
     own = collective_rows("all_reduce", "h100-sxm", 16, sizes)
     nvls_tree = collective_rows("all_reduce", forced, 16, sizes)
-    print("nccl-tests #309 qoofyk-bm, 2 x 8 H100 (time us; error = G5 / measured - 1)")
-    print(f"{'size':>10} {'measured':>9} {'G5 choice':>16} {'G5':>7} {'err':>6} {'G5 nvls_tree':>12} {'err':>6}")
-    for size, a, b in zip(sizes, own, nvls_tree):
-        m, ta, tb = measured[size], a["time_s"] * 1e6, b["time_s"] * 1e6
-        choice = f"{a['algorithm']}/{a['protocol']}"
-        print(f"{size:>10} {m:>9.1f} {choice:>16} {ta:>7.1f} {ta / m - 1:>+6.0%} {tb:>12.1f} {tb / m - 1:>+6.0%}")
+    old = collective_rows("all_reduce", attrs.evolve(system, nccl={"tuner": {"release": "2.26.2"}}), 16, sizes)
+    print("nccl-tests #309 qoofyk-bm, 2 x 8 H100 (time us; error = G5 / measured - 1); G5's choice with its "
+          "default (2.29.2) tuner and with the run's 2.26.2 tuner")
+    print(f"{'size':>10} {'measured':>9} {'G5 choice':>16} {'G5':>7} {'err':>6} {'2.26.2 choice':>16} {'G5':>7} "
+          f"{'err':>6} {'G5 nvls_tree':>12} {'err':>6}")
+    for size, a, c, b in zip(sizes, own, old, nvls_tree):
+        m, ta, tc, tb = measured[size], a["time_s"] * 1e6, c["time_s"] * 1e6, b["time_s"] * 1e6
+        choice, choice_c = f"{a['algorithm']}/{a['protocol']}", f"{c['algorithm']}/{c['protocol']}"
+        print(f"{size:>10} {m:>9.1f} {choice:>16} {ta:>7.1f} {ta / m - 1:>+6.0%} {choice_c:>16} {tc:>7.1f} "
+              f"{tc / m - 1:>+6.0%} {tb:>12.1f} {tb / m - 1:>+6.0%}")
 
 
 def line(points):

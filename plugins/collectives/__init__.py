@@ -26,12 +26,14 @@ The chosen algorithm becomes flows on the topology's resources:
 
 Its flows carry the payload times the protocol's own wire overhead (LL 2: a flag per data
 word; LL128 128/120; NVLS: NCCL cuts the message into chunks of 16 to 128 KiB by its size,
-and each chunk costs as much as 27.7 KB of transfer, measured on nccl-tests; NVLS tree: the
-switch part at NCCL's NVLS-tree chunks and bus scaling, the NICs at NCCL's 1/nvlsEfficiency).
-Its start latency is NCCL's latency of the pair plus whatever NCCL's bandwidth model adds
-beyond those wires (LL's polling, a tree's pipeline) and, for the NVLS tree, the fill of its
-node crossings (:func:`nccl.nvls_tree_fill_loops` loops of the chunk pipeline): time that
-holds the op but not its links. So an op alone takes NCCL's predicted
+and the switch traffic runs at NCCL's nvlsEfficiency less a measured cost per chunk (7.3 KB of
+transfer, fitted on nccl-tests); NVLS tree: the switch part at NCCL's NVLS-tree chunks and bus
+scaling, the NICs at NCCL's 1/nvlsEfficiency). Its start latency is NCCL's latency of the pair
+plus whatever NCCL's bandwidth model adds beyond those wires (LL's polling, a tree's pipeline)
+and, for NVLS, the fill of its chunk pipeline: the measured :data:`nccl.NVLS_FILL_LOOPS` loops
+at the switch's rate and, for the NVLS tree, :func:`nccl.nvls_tree_fill_loops` loops of its node
+crossings at the NICs' rate: time that holds the op but not its links. The system file's
+``nccl: {tuner: {release: R}}`` picks whose tuner tables choose (:data:`nccl.TUNER_RELEASES`). So an op alone takes NCCL's predicted
 time, or longer where its wires are the limit, and a busy one slows down with everything
 else on its links.
 
@@ -61,6 +63,8 @@ NCCL_ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree")
 NCCL_PROTOCOLS = ("ll", "ll128", "simple")
 #: ``nccl: {p2p: {net_peer_channels: N}}``: NCCL_NCHANNELS_PER_NET_PEER (1 .. MAXCHANNELS)
 NCCL_P2P_KEYS = ("net_peer_channels",)
+#: ``nccl: {tuner: {release: R}}``: the NCCL release whose tuner picks (nccl.TUNER_RELEASES)
+NCCL_TUNER_KEYS = ("release",)
 
 
 def forced_choices(system) -> Mapping[str, Mapping[str, str]]:
@@ -71,6 +75,14 @@ def forced_choices(system) -> Mapping[str, Mapping[str, str]]:
     for coll, choice in system.nccl.items():
         if coll == "p2p":
             _check_p2p(f"{field}.p2p", choice)
+            continue
+        if coll == "tuner":
+            check_keys(choice, f"{field}.tuner", NCCL_TUNER_KEYS)
+            release = choice.get("release", nccl.DEFAULT_TUNER)
+            if release not in nccl.TUNER_RELEASES:
+                raise ConfigError(f"{field}.tuner.release",
+                                  f"G5 has no tuner tables of NCCL {release!r}; "
+                                  f"choose one of {', '.join(nccl.TUNER_RELEASES)} (quote it: '2.26.2')")
             continue
         if coll not in NCCL_COLLECTIVES:
             raise ConfigError(f"{field}.{coll}", f"unknown collective{suggest(str(coll), NCCL_COLLECTIVES)}; "
@@ -120,10 +132,11 @@ def _nccl_group(coll: str, group, topo: Topology) -> nccl.Group:
     nodes = _by_node(group, topo)
     ppn = max(len(m) for m in nodes.values())
     rails = min(len(_rails(m, topo)) for m in nodes.values())
+    tuner = system.nccl.get("tuner", {}).get("release", nccl.DEFAULT_TUNER)
     return nccl.Group(coll=coll, n_ranks=len(group), n_nodes=len(nodes), ppn=ppn,
                       link_bw_gbytes_per_s=topo.link_bw_bytes_per_s / 1e9,
                       net_bw_gbytes_per_s=rails * topo.nic_bw_bytes_per_s / 1e9,
-                      compute_capability=float(cc), nvls=topo.nvls)
+                      compute_capability=float(cc), nvls=topo.nvls, tuner=tuner)
 
 
 def _cross(flows: list, a: int, b: int, nbytes: float, channels: int, topo: Topology, rails_a, rails_b) -> None:
@@ -263,25 +276,28 @@ def lower_collective(coll: str, group, nbytes: float, topo: Topology) -> Lowerin
         flows = nvls_flows(group, nbytes, topo)
     else:
         flows = nvls_tree_flows(group, nbytes, topo)
-    own = nccl.PROTOCOL_WIRE_FACTOR[protocol]
+    own = net_own = nccl.PROTOCOL_WIRE_FACTOR[protocol]
+    chunk = None
     if algorithm == "nvls":      # the switch's rate with NCCL's chunks (measured per-chunk cost)
-        own = 1.0 / nccl.nvls_efficiency_of_chunk(nccl.nvls_chunk_bytes(nbytes, g.ppn))
+        chunk = nccl.nvls_chunk_bytes(nbytes, g.ppn)
+        own = 1.0 / nccl.nvls_efficiency_of_chunk(chunk, g.compute_capability)
     elif algorithm == "nvls_tree":
         # the switch part: NCCL's NVLS-tree chunks at the measured cost per chunk, and NCCL's bus-rate
         # scaling from one node to n ranks; the NIC part: NCCL's 1 / nvlsEfficiency
-        own = (1.0 / nccl.nvls_efficiency_of_chunk(nccl.nvls_tree_chunk_bytes(nbytes, g.ppn, g.n_nodes))
+        chunk = nccl.nvls_tree_chunk_bytes(nbytes, g.ppn, g.n_nodes)
+        own = (1.0 / nccl.nvls_efficiency_of_chunk(chunk, g.compute_capability)
                * nccl.nvls_tree_bus_factor(g.n_ranks, g.ppn))
         net_own = 1.0 / nccl.NVLS_EFFICIENCY[nccl.comp_cap_index(g.compute_capability)]
-    else:
-        net_own = own
     flows = [(f[0], f[1], f[2] * (own if f[0] == f[1] else net_own)) + tuple(f[3:]) for f in flows]
     # what NCCL's model adds beyond the wires (a protocol's polling, a tree's pipeline) holds
     # the op but not its links: it joins the start latency
     wires_s = idle_transfer_s(flows, topo)
     extra_s = max(0.0, transfer_us * 1e-6 - wires_s)
-    if algorithm == "nvls_tree":     # the tree's crossings fill NCCL's chunk pipeline, a loop each
-        loop = nccl.nvls_loop_bytes(nccl.nvls_tree_chunk_bytes(nbytes, g.ppn, g.n_nodes), g.ppn)
-        extra_s += nccl.nvls_tree_fill_loops(g.n_nodes) * wires_s * min(loop, nbytes) / nbytes
+    if chunk is not None:     # NVLS: the chunk pipeline's fill, at the switch's and (tree crossings) the NICs' rate
+        share = min(nccl.nvls_loop_bytes(chunk, g.ppn), nbytes) / nbytes
+        switch_s = idle_transfer_s([f for f in flows if f[0] == f[1]], topo)
+        net_s = idle_transfer_s([f for f in flows if f[0] != f[1]], topo)
+        extra_s += (nccl.NVLS_FILL_LOOPS * switch_s + nccl.nvls_tree_fill_loops(g.n_nodes) * net_s) * share
     return Lowering(flows=flows, latency_s=latency_us * 1e-6 + extra_s, algorithm=algorithm, protocol=protocol,
                     channels=nc, wire_bytes_per_payload_byte=own)
 

@@ -53,6 +53,25 @@ PER_CH_MAX_TREE_LL128_GBYTES_PER_S = ((20, 20, 20), (20, 20, 20), (36.7, 36.7, 2
 PER_CH_MAX_TREE_GBYTES_PER_S = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (70.0, 42.8, 24.0))
 PER_CH_MAX_NVLS_TREE_GBYTES_PER_S = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (0.0, 57.7, 45.5), (0.0, 96.0, 43.8))
 NVLS_EFFICIENCY = (0.0, 0.0, 0.85, 0.74)
+
+#: NCCL releases whose tuner G5 can run (``nccl: {tuner: {release: R}}`` in a system file): the one above,
+#: the default, and NCCL 2.26.2 (NVIDIA/nccl tag v2.26.2-1, the release of nccl-tests #309's runs; the same tables
+#: through v2.27.7-1). Their
+#: tuning.cc tables differ, for what G5 models, in the NVLS and NVLS-tree terms and in Blackwell's per-channel
+#: caps; the graph search (search.cc), the chunking (enqueue.cc) and the kernels G5 times are 2.29.2's.
+TUNER_RELEASES = ("2.29.2", "2.26.2")
+DEFAULT_TUNER = TUNER_RELEASES[0]
+#: v2.26.2-1 src/graph/tuning.cc: hwLat[NET][NVLS_TREE][SIMPLE] = 14 us (20.9 since 2.28.9, commit dbc86fd0);
+#: no perChMaxNVLSTreeBws; Blackwell's per-channel caps twice Hopper's
+HW_LAT_NET_NVLS_TREE_US_2_26 = 14.0
+PER_CH_MAX_2_26 = {
+    "ring_ll128": ((20, 20, 20), (20, 20, 20), (36.7, 36.7, 36.7), (73.4, 73.4, 73.4)),
+    "tree_ll128": ((20, 20, 20), (20, 20, 20), (36.7, 36.7, 29.0), (73.4, 73.4, 58.0)),
+    "tree": ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0), (77.4, 82.8, 72.0)),
+}
+#: v2.26.2-1 ncclTopoTuneModel converts NVLS and NVLS-tree bus bandwidth to algorithm bandwidth by 5/6
+#: (2.28.3 on: nRanks / nsteps, as the ring)
+NVLS_ALGBW_RATIO_2_26 = 5.0 / 6.0
 # tuning.cc treeCorrectionFactor[protocol][log2(nBytes / 64)], applied to tree all-reduce bandwidth
 TREE_CORRECTION = {
     "ll": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
@@ -78,11 +97,20 @@ SPEED_ARRAY_INTRA = {
 # the message is below 64, 8 and 2 x (channels x NVLS heads x chunk) bytes
 NVLS_MAX_CHUNK_BYTES = 131072
 NVLS_CHUNK_STEPS = ((64, 65536), (8, 32768), (2, 16384))
-# the fixed cost of one NVLS chunk, in bytes of transfer it is worth: fitted by
-# `python tools/fit_nvls_chunk.py` to nccl-tests NVLS all-reduce on 8 x H100, 2 MiB .. 8 GiB
-# (tests/data/nccl/azure-nd-h100-v5.csv; rms log error 0.065), and within -11% .. +12% of the
-# same benchmark on 8 x H200 (azure-nd-h200-v5.csv), which the fit did not see
-NVLS_CHUNK_COST_BYTES = 27715.0
+# The measured cost of NVLS chunks and of the NVLS pipeline's fill: each chip's traffic to and from the
+# switch runs at NCCL's own nvlsEfficiency (tuning.cc, NVLS_EFFICIENCY below) x chunk / (chunk +
+# NVLS_CHUNK_COST_BYTES) of its link, and an op holds NVLS_FILL_LOOPS loops of its chunk pipeline
+# (nvls_loop_bytes: every NVLS channel hands each head one chunk) at that rate before its first chunk is
+# done, time that holds the op but not its links. Both fitted by `python tools/fit_nvls_chunk.py` to the
+# two public NVLS all-reduce tables of one 8 x H100 node from 2 MiB (tests/data/nccl/azure-nd-h100-v5.csv,
+# NVLS forced, to 8 GiB; aiconfigurator-h100-sxm-nccl2.29.2.csv, to 512 MiB; rms log error 0.059), and
+# within -6% .. +10% of the Azure benchmark on 8 x H200 (azure-nd-h200-v5.csv), which the fit did not see.
+# The measured time at one chunk size is a straight line of the size (`python tools/nvls_mid_sizes.py`)
+# with an intercept one to two loops beyond NCCL's 25 us NVLS latency (the fill) and a slope near 0.85 of
+# the link at 128 KiB chunks; one cost per chunk without the fill (27.7 KB) bent the slope to make up for
+# the intercept and put 256 and 512 MiB 7-9% slow and 8 MiB 16% fast.
+NVLS_CHUNK_COST_BYTES = 7316.0
+NVLS_FILL_LOOPS = 0.878
 
 
 def nvls_chunk_bytes(n_bytes: float, n_heads: int) -> int:
@@ -127,8 +155,14 @@ def nvls_tree_fill_loops(n_nodes: int) -> int:
     reduce warps back down (``treeDown``) and into the child's broadcast warps, so every tree
     level is crossed twice, each crossing one more stage of the chunk pipeline whose stages
     move one loop per loop time (the one-node stages -- scatter, reduce-multicast, gather --
-    are in the measured NVLS chunk cost)."""
+    fill the measured NVLS_FILL_LOOPS, which :func:`nvls_fill_loops` adds)."""
     return 2 * log2i(n_nodes)
+
+
+def nvls_fill_loops(n_nodes: int) -> float:
+    """Loops of its chunk pipeline an NVLS (one node) or NVLS-tree all-reduce holds before its
+    first chunk is done: the one-node pipeline's measured fill plus the tree's crossings."""
+    return NVLS_FILL_LOOPS + (nvls_tree_fill_loops(n_nodes) if n_nodes > 1 else 0)
 
 
 def nvls_tree_bus_factor(n_ranks: int, ppn: int) -> float:
@@ -143,10 +177,11 @@ def nvls_tree_bus_factor(n_ranks: int, ppn: int) -> float:
     return (n_ranks - 1) / n_ranks * ppn / (ppn - 1)
 
 
-def nvls_efficiency_of_chunk(chunk_bytes: float, cost_bytes: float = None) -> float:
-    """Fraction of the large-chunk NVLS rate a chunk of ``chunk_bytes`` reaches."""
+def nvls_efficiency_of_chunk(chunk_bytes: float, compute_capability: float, cost_bytes: float = None) -> float:
+    """Fraction of the link's rate NVLS traffic in chunks of ``chunk_bytes`` reaches: NCCL's
+    nvlsEfficiency of the GPU generation, less the measured cost of each chunk."""
     cost = NVLS_CHUNK_COST_BYTES if cost_bytes is None else cost_bytes
-    return chunk_bytes / (chunk_bytes + cost)
+    return NVLS_EFFICIENCY[comp_cap_index(compute_capability)] * chunk_bytes / (chunk_bytes + cost)
 
 
 # the wire overhead of the protocols themselves: LL sends a 4-byte flag with every 4 data bytes,
@@ -207,6 +242,7 @@ class Group:
     net_bw_gbytes_per_s: float             # the group's NIC bandwidth on one node, per direction
     compute_capability: float
     nvls: bool
+    tuner: str = DEFAULT_TUNER      # the NCCL release whose tuner tables are used (TUNER_RELEASES)
 
     @property
     def nsteps(self) -> int:
@@ -253,6 +289,8 @@ def latency_us(group: Group, algorithm: str, protocol: str, hop_us=None) -> floa
     lat = BASE_LAT_US[algorithm][protocol]
     intra = HW_LAT_US["nvlink"][algorithm][protocol]
     inter = HW_LAT_US["net"]["tree" if group.ppn == 1 else algorithm][protocol]
+    if group.tuner == "2.26.2" and algorithm == "nvls_tree" and group.ppn > 1:
+        inter = HW_LAT_NET_NVLS_TREE_US_2_26
     if hop_us is not None and algorithm in hop_us:
         inter = hop_us[algorithm]
     nodes = group.n_nodes
@@ -269,14 +307,23 @@ def latency_us(group: Group, algorithm: str, protocol: str, hop_us=None) -> floa
 
 
 def algbw_gbytes_per_s(group: Group, algorithm: str, protocol: str) -> float:
-    """ncclTopoTuneModel's algorithm bandwidth (``comm->bandwidths``), GB/s."""
+    """ncclTopoTuneModel's algorithm bandwidth (``comm->bandwidths``), GB/s, of the group's
+    tuner release."""
     cc = comp_cap_index(group.compute_capability)
     nodes_index = min(group.n_nodes, 3) - 1
     n_ch = group.channels
     ll_max = LL_MAX_BW_GBYTES_PER_S[cc if group.n_nodes == 1 else 0][nodes_index]
     bus = group.graph_busbw_gbytes_per_s
+    old = group.tuner == "2.26.2"
+    ring_ll128, tree_ll128, tree = ((PER_CH_MAX_2_26[k] for k in ("ring_ll128", "tree_ll128", "tree")) if old else
+                                    (PER_CH_MAX_RING_LL128_GBYTES_PER_S, PER_CH_MAX_TREE_LL128_GBYTES_PER_S,
+                                     PER_CH_MAX_TREE_GBYTES_PER_S))
     if algorithm in ("nvls", "nvls_tree"):
         n_ch = NVLS_CHANNELS
+        if old:     # v2.26.2-1: nChannels x min(bwIntra, bwInter (halved beyond two nodes for the tree))
+            inter = group.net_bw_gbytes_per_s / n_ch / (2 if group.n_nodes > 2 and algorithm == "nvls_tree" else 1)
+            bus = n_ch * min(group.link_bw_gbytes_per_s / n_ch, inter if group.n_nodes > 1 else math.inf)
+            return bus * NVLS_ALGBW_RATIO_2_26
         intra = group.link_bw_gbytes_per_s / n_ch * NVLS_EFFICIENCY[cc] * (n_ch - 1) / n_ch * 2.0
         inter = group.net_bw_gbytes_per_s / n_ch * (2 if group.n_nodes <= 2 and algorithm == "nvls_tree" else 1)
         per_ch = min(intra, inter if group.n_nodes > 1 else math.inf,
@@ -285,14 +332,13 @@ def algbw_gbytes_per_s(group: Group, algorithm: str, protocol: str) -> float:
     if algorithm == "ring" and protocol == "ll":
         bus = min(ll_max, bus * 0.5)
     if algorithm == "ring" and protocol == "ll128":
-        bus = min(bus * 0.92, n_ch * PER_CH_MAX_RING_LL128_GBYTES_PER_S[cc][nodes_index])
+        bus = min(bus * 0.92, n_ch * ring_ll128[cc][nodes_index])
     if algorithm == "tree":
-        bus = min(bus * 0.92, n_ch * PER_CH_MAX_TREE_GBYTES_PER_S[cc][nodes_index])
+        bus = min(bus * 0.92, n_ch * tree[cc][nodes_index])
         if protocol == "ll":
             bus = min(bus / 3.8, ll_max)
         elif protocol == "ll128":
-            bus = min(bus * (7.0 / 9.0 if group.n_nodes == 1 else 120.0 / 128.0),
-                      n_ch * PER_CH_MAX_TREE_LL128_GBYTES_PER_S[cc][nodes_index])
+            bus = min(bus * (7.0 / 9.0 if group.n_nodes == 1 else 120.0 / 128.0), n_ch * tree_ll128[cc][nodes_index])
     ratio = 0.5 if algorithm == "tree" else group.n_ranks / group.nsteps
     return bus * ratio
 
