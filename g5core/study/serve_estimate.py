@@ -57,7 +57,8 @@ def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int]) -> 
     """The step latencies the estimate needs, from ``cost.latency_s`` (a
     :class:`~g5core.serve.cost.StepCost`): ``decode_mid_s`` ``[[b, D(b)]]`` at the mean
     context ``isl + osl // 2``, and ``prefill`` ``[[b, P(b), k(b), first_s(b)]]`` for
-    ``b`` running decodes (0 and ``batches`` below ``chunk``): a prompt's time in steps
+    ``b`` running decodes (0, and the middle and largest of ``batches`` below ``chunk``): a
+    prompt's time in steps
     (``P``), its steps (``k``, a share of one when prompts share a step) and the time from
     its first step's start to its first token (``first_s``)."""
     from g5core.serve.cost import StepWork
@@ -66,10 +67,11 @@ def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int]) -> 
     mid = isl + osl // 2
     decode = [[b, cost.latency_s(StepWork((), (mid,) * b))] for b in batches]
     prefill = []
-    for b in [0, *batches]:
+    # the prompt's steps at 0 running decodes, the middle batch and the largest (P(b) is
+    # nearly linear in b: the step's tokens stay the budget, the decodes' attention grows)
+    below = [b for b in batches if b < chunk]
+    for b in sorted({0, *below[len(below) // 2:len(below) // 2 + 1], *below[-1:]}):
         budget = chunk - b
-        if budget < 1:
-            break
         decodes = (mid,) * b
         if isl <= budget:
             q = budget // isl   # prompts per step under load

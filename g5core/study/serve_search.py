@@ -118,8 +118,8 @@ BOUND_MARGIN = 0.05
 #: the bisection starts at this share of the saturated throughput
 START_SHARE = 0.8
 #: or, with an estimate of the capacity (:mod:`g5core.study.serve_estimate`), at this share
-#: of it
-START_ESTIMATE_SHARE = 0.9
+#: of it (the estimates run a few percent above the simulated capacity of the issue's case)
+START_ESTIMATE_SHARE = 0.95
 #: candidates simulated together between two branch-and-bound decisions (fixed, so the
 #: candidates simulated do not depend on the workers or on which finishes first)
 WAVE = 8
@@ -411,7 +411,7 @@ class _BelowBar(Exception):
 
 def capacity_search(run, start_rate: float, tolerance: float, max_rate: float,
                     floor_rate: Optional[float] = None, upper: Optional[float] = None,
-                    bar: Optional[float] = None) -> dict:
+                    bar: Optional[float] = None, gallop: bool = False) -> dict:
     """The highest rate at which ``run(rate)`` (a serving result) holds the SLO, within
     ``hi / lo <= 1 + tolerance``: ``{capacity, held, failed, failed_rate, ceiling}`` with the
     results at the capacity and at the lowest failing rate tried (``None`` when none);
@@ -423,7 +423,11 @@ def capacity_search(run, start_rate: float, tolerance: float, max_rate: float,
     too, the doubling goes on from there): a guess of the bracket, never of the result.
     ``bar``: a rate the capacity must reach to matter (the branch and bound's top-th value):
     from a start below it the first run is at ``bar``, and the search stops at the first
-    run at or below ``bar`` that fails (``below_bar``: the capacity is below that rate)."""
+    run at or below ``bar`` that fails (``below_bar``: the capacity is below that rate).
+    ``gallop`` (a start from an estimate of the capacity): from the start the rate moves by
+    ``1 + tolerance`` up (while the SLO holds) or down (while it does not), the factor
+    squared at each step, to a bracket, then bisects; an estimate within the tolerance
+    takes two runs."""
     results: dict = {}
 
     def ok(rate: float) -> bool:
@@ -438,17 +442,39 @@ def capacity_search(run, start_rate: float, tolerance: float, max_rate: float,
                 "ceiling": ceiling, "below_bar": below_bar}
 
     try:
-        return _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, bar)
+        return _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, bar, gallop)
     except _BelowBar as stop:
         return done(0.0, stop.rate, below_bar=True)
 
 
-def _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, bar) -> dict:
+def _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, bar, gallop) -> dict:
     lo, hi = 0.0, None
     rate = min(floor_rate if floor_rate is not None else start_rate, max_rate)
     if bar is not None and floor_rate is None and rate < bar:
         rate = min(bar, max_rate)
-    if not ok(rate):
+    if gallop and floor_rate is None:
+        step = 1 + tolerance
+        if ok(rate):
+            lo = rate
+            while hi is None:
+                if lo >= max_rate:
+                    return done(lo, None, True)
+                nxt = min(lo * step, max_rate)
+                if ok(nxt):
+                    lo, step = nxt, step * step
+                else:
+                    hi = nxt
+        else:
+            hi = rate
+            while True:
+                nxt = hi / step
+                if nxt < rate * 1e-4:
+                    return done(0.0, hi)
+                if ok(nxt):
+                    lo = nxt
+                    break
+                hi, step = nxt, step * step
+    elif not ok(rate):
         if floor_rate is not None:
             return done(0.0, rate)
         hi = rate
@@ -588,7 +614,7 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
     bar = None if kth is None or floor is not None else _bar_rate(settings.objective, kth, cand,
                                                                    _longest_output(workload))
     found = capacity_search(run, start_rate, settings.tolerance, settings.max_rate, floor,
-                            bound if floor is None else None, bar)
+                            bound if floor is None else None, bar, gallop=bool(estimate) and floor is None)
     if found["below_bar"]:
         rate = found["failed_rate"]
         return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
