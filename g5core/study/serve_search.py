@@ -36,24 +36,30 @@ SLO limits, which deployment serves the most?
    ``START_ESTIMATE_SHARE x estimate``. The estimate is not a proof either: the tests check
    it against simulated capacities.
 5. **Capacity** of each candidate: the highest Poisson arrival rate at which the SLO holds
-   (every named percentile under its limit, every request completed), by a seeded run of
-   ``requests`` requests per rate: from ``START_SHARE x mu`` (without a bound: ``instances /
-   lone end-to-end``) the rate bisects toward the bound, then doubles past it if the SLO
-   still holds there (the bound only guesses the bracket: a failing run is required above
-   the capacity), or halves until it holds, then bisects until ``hi / lo <= 1 +
-   tolerance``; then ``lo`` must hold on ``confirm`` further seeds too (else it steps down
-   by the tolerance until it does): the capacity. Each run has ``max(requests, settle x rate
-   x (TTFT limit + mean output x TPOT limit))`` requests (``settle`` times the requests in
-   the system when the SLO holds, by Little's law). ``min_chips`` also lets a deployment
-   use fewer chips and first asks whether it serves ``--rate``.
+   (every named percentile under its limit, every request completed) on the workload's
+   seed and on ``confirm`` further seeds (a rate holds when every seed's run does; the
+   further seeds run only while the earlier ones hold), by seeded runs of ``requests``
+   requests: from ``START_ESTIMATE_SHARE x estimate`` the rate gallops by ``1 +
+   tolerance`` (the factor squared each step) up while the SLO holds or down while it does
+   not, to a bracket; without an estimate (``min_chips``, ``bound=False``) from ``START_SHARE
+   x mu`` (without a bound: ``instances / lone end-to-end``) it bisects toward the bound,
+   then doubles past it if the SLO still holds there (the bound only guesses the bracket:
+   a failing run is required above the capacity), or halves until it holds; then it bisects
+   until ``hi / lo <= 1 + tolerance``: the capacity is ``lo``. Each run has ``max(requests,
+   settle x rate x (TTFT limit + mean output x TPOT limit))`` requests (``settle`` times the
+   requests in the system when the SLO holds, by Little's law). ``min_chips`` also lets a
+   deployment use fewer chips and first asks whether it serves ``--rate``.
 6. **Branch and bound** (not for ``min_chips``; ``bound=False`` turns it off): candidates run
    best bound first, ``WAVE`` at a time; before each wave, a candidate whose bound of
    the objective (its capacity bound over its chips, the goodput share at most 1) is below
    the ``top``-th best simulated value cannot enter the top ``top`` and is bounded out
-   (reported with its bound, not simulated), and so is every one after it; in the wave, an
-   aggregated candidate whose saturated run lowers its bound below that value stops there
-   (bounded out too). The waves are fixed, so the candidates simulated do not depend on the
-   workers. The Pareto front is the simulated candidates' front.
+   (reported with its bound, not simulated), and so is every one after it. In the wave, a
+   candidate's first run is at the rate where its value would equal that one (when its
+   start is below it), and a failing run at or below that rate ends its search: its
+   capacity is below it (bounded out by simulation); an aggregated candidate without an
+   estimate whose saturated run lowers its bound below that value stops there (bounded out
+   too). The waves are fixed, so the candidates simulated do not depend on the workers.
+   The Pareto front is the simulated candidates' front.
 7. **Ranking** by the objective: ``goodput_per_chip`` (requests/s per chip meeting the SLO
    at capacity), ``throughput_per_chip`` (output tokens/s per chip at capacity), or
    ``min_chips`` (fewest chips serving ``--rate``, then the most goodput per chip).
@@ -613,34 +619,26 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
     # the rate at which the candidate's value would equal the top-th's (below it, it cannot enter)
     bar = None if kth is None or floor is not None else _bar_rate(settings.objective, kth, cand,
                                                                    _longest_output(workload))
-    found = capacity_search(run, start_rate, settings.tolerance, settings.max_rate, floor,
+    seeds = [workload["seed"] + k for k in range(1, settings.confirm + 1)]
+
+    def run_all(rate):
+        """The run on the workload's seed, and while it holds on the confirming seeds in turn:
+        the first failing run, else the workload seed's (a rate holds when every seed does)."""
+        first = run(rate)
+        if not _holds(first):
+            return first
+        return next((r for r in (run(rate, sd) for sd in seeds) if not _holds(r)), first)
+    found = capacity_search(run_all, start_rate, settings.tolerance, settings.max_rate, floor,
                             bound if floor is None else None, bar, gallop=bool(estimate) and floor is None)
     if found["below_bar"]:
         rate = found["failed_rate"]
         return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
                 "upper": _upper_value(settings.objective, rate, cand, _longest_output(workload)), "kth": kth,
                 "runs": runs["n"], "failed_rate_per_s": rate, "source": "simulated"}
-    confirm_steps = 0
-    seeds = [workload["seed"] + k for k in range(1, settings.confirm + 1)]
-    while found["capacity"] > 0 and seeds:
-        # the capacity must hold on the confirming seeds too, else one tolerance step down
-        rate = found["capacity"]
-        # the seeds in turn, stopping at the first that fails
-        tries = (found["held"] if sd is None else run(rate, sd) for sd in [None] + seeds)
-        bad = next((r for r in tries if not _holds(r)), None)
-        if bad is None:
-            break
-        confirm_steps += 1
-        lower = rate / (1 + settings.tolerance)
-        if confirm_steps > 20 or (floor is not None and lower < floor):
-            found = {"capacity": 0.0, "held": None, "failed": bad, "failed_rate": rate, "ceiling": False}
-            break
-        found = {"capacity": lower, "held": run(lower), "failed": bad, "failed_rate": rate, "ceiling": False}
-    found["confirm_steps"] = confirm_steps
     held, failed = found["held"], found["failed"]
     return {"status": "ok", "label": cand.label(), "disaggregated": cand.disaggregated, "chips": cand.chips,
             "capacity_requests_per_s": found["capacity"], "ceiling": found["ceiling"],
-            "runs": runs["n"], "failed_rate_per_s": found["failed_rate"], "confirm_steps": found["confirm_steps"],
+            "runs": runs["n"], "failed_rate_per_s": found["failed_rate"],
             "build_s": session.build_s, "saturated_requests_per_s": mu, "capacity_bound": bound, "saturated": sat,
             "held": None if held is None else _run_summary(held, session),
             "failed": None if failed is None else _run_summary(failed, session)}
