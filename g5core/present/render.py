@@ -340,8 +340,8 @@ def render_serve_best(result, top: int) -> str:
     st = result.settings
     lines = [f"serving search, SLO {st.slo}: {result.layouts} layout x chunk cells screened, {len(result.pruned)} "
              f"pruned; {result.candidates} candidates simulated ({result.runs} serving runs"
-             + (f"; {len(result.bounded)} bounded out: their saturated throughput cannot reach the top {st.top}"
-                if result.bounded else "")
+             + (f"; {len(result.bounded)} bounded out ({_bounded_by(result.bounded)}): they cannot reach the top "
+                f"{st.top}" if result.bounded else "")
              + (f"; {result.skipped_by_beam} disaggregated layout pairs beyond --beam {st.beam} not tried"
                 if result.skipped_by_beam else "") + f"); ranked by {result.objective}"
              + (f" at {st.rate:g} req/s" if st.rate is not None else "") + " (best first)",
@@ -360,6 +360,16 @@ def render_serve_best(result, top: int) -> str:
             more = f" and {len(members) - 3} more" if len(members) > 3 else ""
             lines.append(f"  {family}: {len(members)} ({examples}{more}); e.g. {members[0].reason}")
     return "\n".join(lines)
+
+
+def _bounded_by(bounded) -> str:
+    """``2171 by their estimates, 48 by a failing run at the top-th's rate``."""
+    what = {"estimate": "by their estimates", "simulated": "by a failing run at the top-th's rate",
+            "saturated run": "by their saturated runs", "roles": "by their roles' bounds"}
+    counts: dict = {}
+    for b in bounded:
+        counts[b.source] = counts.get(b.source, 0) + 1
+    return ", ".join(f"{n} {what.get(src, src)}" for src, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def render_collective(primitive: str, system_name: str, chips: int, nodes: int, rows: list[dict]) -> str:
