@@ -394,7 +394,7 @@ def test_prompt_queue_closed_form_matches_a_direct_fcfs_simulation():
     wl = check_workload(WL)
     for servers, service, rate in ((1, 0.2, 4.0), (3, 0.5, 5.5), (8, 0.1, 100.0)):
         n = 400
-        arrivals = _unit_arrivals(wl, n) / rate
+        arrivals = _unit_arrivals(wl, n, 1000) / rate
         free = [0.0] * servers
         waits = []
         for a in arrivals:              # the earliest free server takes the next arrival
@@ -404,7 +404,7 @@ def test_prompt_queue_closed_form_matches_a_direct_fcfs_simulation():
             heapq.heappush(free, start + service)
         for share in (0.5, 0.9, 0.99):
             want = float(np.percentile(np.array(waits) + service, 100 * share))
-            got = sojourn_percentile(wl, rate, n, servers, service, service, share)
+            got = sojourn_percentile(wl, rate, n, servers, service, service, share, stream=1000)
             assert got == pytest.approx(want, rel=1e-9, abs=1e-12), (servers, share)
-            assert sojourn_percentile(wl, rate, n, servers, service, service, share, wait_only=True) == \
+            assert sojourn_percentile(wl, rate, n, servers, service, service, share, wait_only=True, stream=1000) == \
                 pytest.approx(float(np.percentile(waits, 100 * share)), rel=1e-9, abs=1e-12)

@@ -95,16 +95,17 @@ def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int]) -> 
 _UNIT: dict = {}
 
 
-def _unit_arrivals(workload: Mapping, n: int) -> np.ndarray:
-    """The first ``n`` arrival times of the workload's own stream (its seed, kind and cv) at 1
-    request/s; at rate ``r`` they are these over ``r`` (both processes scale so), and with
-    fixed lengths they are the search's runs' arrivals (a run of ``n`` requests draws the
-    same stream)."""
+def _unit_arrivals(workload: Mapping, n: int, stream: int) -> np.ndarray:
+    """The first ``n`` arrival times of the workload's own stream of ``stream`` requests (its
+    seed, kind and cv) at 1 request/s; at rate ``r`` they are these over ``r`` (both
+    processes scale so), and with fixed lengths they are a run's arrivals (a run of ``n``
+    requests draws the same stream's first ``n``)."""
     from g5core.serve.workload import synthetic
     from g5core.study.resultsdb import canonical_json
-    from g5core.study.serve_search import MAX_RUN_REQUESTS, _at_rate
 
-    spec = _at_rate({**dict(workload), "requests": max(MAX_RUN_REQUESTS, n)}, 1.0)
+    arrival = {**dict(workload.get("arrival") or {}), "rate_per_s": 1.0}
+    arrival.setdefault("kind", "poisson")
+    spec = {**dict(workload), "arrival": arrival, "requests": max(n, stream)}
     key = canonical_json(spec)
     hit = _UNIT.get(key)
     if hit is None:
@@ -115,14 +116,15 @@ def _unit_arrivals(workload: Mapping, n: int) -> np.ndarray:
 
 
 def sojourn_percentile(workload: Mapping, rate: float, n: int, servers: int, service_s: float, first_s: float,
-                       share: float, wait_only: bool = False) -> float:
+                       share: float, wait_only: bool = False, stream: int = 0) -> float:
     """The ``share`` quantile (0-1) of a prompt's time from arrival to its first token in
     ``servers`` first-come-first-served queues fed in turn (round robin) by ``n`` arrivals at
     ``rate``, each prompt holding its server ``service_s`` and getting its first token
     ``first_s`` after its service starts (``wait_only``: the wait alone, the ``queue``
     metric). A queue of constant service ``s`` departs the k-th arrival at ``(k + 1) s +
-    max over j <= k of (A_j - j s)`` (started empty)."""
-    times = _unit_arrivals(workload, n) / rate
+    max over j <= k of (A_j - j s)`` (started empty). ``stream``: the arrivals are the first
+    ``n`` of a stream of that many (at least ``n``)."""
+    times = _unit_arrivals(workload, n, stream) / rate
     out = []
     for i in range(servers):
         a = times[i::servers]
@@ -178,10 +180,12 @@ def _bisect(ok, hi: float) -> float:
 
 class Estimator:
     """Capacities of a search's candidates from their layouts' step tables; ``run_requests``:
-    ``rate -> requests`` of the search's run at that rate (the estimate's queue has as many)."""
+    ``rate -> requests`` of the search's run at that rate (the estimate's queue has as many,
+    the first of one stream of ``stream`` arrivals)."""
 
-    def __init__(self, limits, workload: Mapping, run_requests, max_rate: float):
+    def __init__(self, limits, workload: Mapping, run_requests, max_rate: float, stream: int):
         self.first, self.token = _limits(limits)
+        self.stream = stream
         self.workload = dict(workload)
         self.run_requests = run_requests
         self.max_rate = max_rate
@@ -196,7 +200,7 @@ class Estimator:
         n = self.run_requests(rate)
         for lim in self.first:
             value = sojourn_percentile(self.workload, rate, n, servers, service_s, first_s, _share(lim),
-                                       wait_only=lim.metric == "queue")
+                                       wait_only=lim.metric == "queue", stream=self.stream)
             if lim.metric == "e2e":
                 value += tail_s
             if value > lim.limit_s:
@@ -255,8 +259,8 @@ class Estimator:
 
             def ok(rate):
                 n = self.run_requests(rate)
-                return all(sojourn_percentile(self.workload, rate, n, slots, service, service, _share(l)) / decodes
-                           <= l.limit_s for l in limits)
+                return all(sojourn_percentile(self.workload, rate, n, slots, service, service, _share(l),
+                                              stream=self.stream) / decodes <= l.limit_s for l in limits)
             if limits:
                 out = max(out, _bisect(ok, min(self.max_rate, OVERLOAD * slots / service)))
         if key is not None:

@@ -1234,7 +1234,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         caps = [capacity_bound(roles_bound[i], limits, workload, settle_s, settings) if use_bounds else None
                 for i in range(len(cands))]
         estimator = Estimator(limits, workload,
-                              lambda r: run_requests(workload, r, settle_s, settings.settle), settings.max_rate)
+                              lambda r: run_requests(workload, r, settle_s, settings.settle), settings.max_rate,
+                              MAX_RUN_REQUESTS)
         estimated = [estimate_for(estimator, cand, *screens[i]) if settings.objective != "min_chips" else None
                      for i, (cand, _) in enumerate(cands)]
         estimates = estimated if use_bounds else [None] * len(cands)
