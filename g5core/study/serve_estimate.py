@@ -169,13 +169,19 @@ def _bisect(ok, hi: float) -> float:
     lo = hi * 1e-6
     if not ok(lo):
         return 0.0
-    while hi > lo * (1 + ESTIMATE_TOLERANCE):
+    return narrow(ok, lo, hi, ESTIMATE_TOLERANCE)[0]
+
+
+def narrow(ok, lo: float, hi: float, tolerance: float) -> tuple[float, float]:
+    """``[lo, hi]`` (``ok(lo)``, not ``ok(hi)``) bisected geometrically until ``hi / lo <= 1 +
+    tolerance``."""
+    while hi > lo * (1 + tolerance):
         mid = math.sqrt(lo * hi)
         if ok(mid):
             lo = mid
         else:
             hi = mid
-    return lo
+    return lo, hi
 
 
 class Estimator:

@@ -90,7 +90,7 @@ import attrs
 from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.study.resultsdb import ResultsDB, canonical_json, config_hash, sqlite_errors
 from g5core.study.search import divisors, enumerate_layouts, layout_label
-from g5core.study.serve_estimate import Estimator, estimate_for
+from g5core.study.serve_estimate import Estimator, estimate_for, narrow
 
 SERVE_OBJECTIVES = ("goodput_per_chip", "throughput_per_chip", "min_chips")
 DISAGG_MODES = ("off", "on", "auto")
@@ -514,12 +514,7 @@ def _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, b
                 lo = rate
             else:
                 hi = rate
-    while hi > lo * (1 + tolerance):
-        mid = math.sqrt(lo * hi)
-        if ok(mid):
-            lo = mid
-        else:
-            hi = mid
+    lo, hi = narrow(ok, lo, hi, tolerance)
     return done(lo, hi)
 
 
