@@ -340,7 +340,7 @@ def render_serve_best(result, top: int) -> str:
     st = result.settings
     lines = [f"serving search, SLO {st.slo}: {result.layouts} layout x chunk cells screened, {len(result.pruned)} "
              f"pruned; {result.candidates} candidates simulated ({result.runs} serving runs"
-             + (f"; {len(result.bounded)} bounded out ({_bounded_by(result.bounded)}): they cannot reach the top "
+             + (f"; {len(result.bounded)} bounded out, {_bounded_by(result.bounded)}, as they cannot reach the top "
                 f"{st.top}" if result.bounded else "")
              + (f"; {result.skipped_by_beam} disaggregated layout pairs beyond --beam {st.beam} not tried"
                 if result.skipped_by_beam else "") + f"); ranked by {result.objective}"
