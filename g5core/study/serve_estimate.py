@@ -153,7 +153,7 @@ def _lin(points: Sequence[Sequence[float]], x: float, col: int = 1) -> float:
 
 def _limits(limits) -> tuple[list, list]:
     first = [l for l in limits if l.metric in ("ttft", "e2e", "queue")]
-    token = [l for l in limits if l.metric in ("tpot", "itl", "e2e")]
+    token = [l for l in limits if l.metric in ("tpot", "itl")]
     return first, token
 
 
@@ -231,26 +231,17 @@ class Estimator:
                 hi = mid
         return lo
 
-    def prefill_pool(self, table, instances: int, key=None) -> float:
+    def prefill_pool(self, table, instances: int) -> float:
         """Requests/s a pool of ``instances`` prefill instances serves within the TTFT-like
         limits (prefill-only steps)."""
-        ck = ("p", key, instances)
-        if key is not None and ck in self._cache:
-            return self._cache[ck]
         _, service, _, first = table["prefill"][0]
         hi = min(self.max_rate, OVERLOAD * instances / service)
-        out = _bisect(lambda r: self._first_ok(r, instances, service, first, 0.0), hi)
-        if key is not None:
-            self._cache[ck] = out
-        return out
+        return _bisect(lambda r: self._first_ok(r, instances, service, first, 0.0), hi)
 
-    def decode_pool(self, table, instances: int, max_num_seqs: int, holds: float, key=None) -> float:
+    def decode_pool(self, table, instances: int, max_num_seqs: int, holds: float) -> float:
         """Requests/s a pool of ``instances`` decode instances serves within the TPOT-like
         limits: ``b / ((osl - 1) D(b))`` per instance at the largest mean batch ``b`` the
         limits, ``max_num_seqs`` and the KV pool allow."""
-        ck = ("d", key, instances, max_num_seqs)
-        if key is not None and ck in self._cache:
-            return self._cache[ck]
         decodes = max(table["osl"] - 1, 1)
         top = float(min(max_num_seqs, holds))
         b = self._decode_b(table, top)
@@ -269,15 +260,10 @@ class Estimator:
                                               stream=self.stream) / decodes <= l.limit_s for l in limits)
             if limits:
                 out = max(out, _bisect(ok, min(self.max_rate, OVERLOAD * slots / service)))
-        if key is not None:
-            self._cache[ck] = out
         return out
 
-    def aggregated(self, table, instances: int, max_num_seqs: int, holds: float, key=None) -> float:
+    def aggregated(self, table, instances: int, max_num_seqs: int, holds: float) -> float:
         """Requests/s of ``instances`` aggregated instances (see the module doc)."""
-        ck = ("a", key, instances, max_num_seqs)
-        if key is not None and ck in self._cache:
-            return self._cache[ck]
         decodes = max(table["osl"] - 1, 1)
         pre = table["prefill"]
         dec = table["decode_mid_s"]
@@ -329,17 +315,13 @@ class Estimator:
                     return False
             return self._first_ok(rate, instances, service or _lin(pre, b), _lin(pre, b, 3), decodes * tpot)
 
-        hi = min(self.max_rate, OVERLOAD * instances / per_request_s(top_b))
-        out = _bisect(ok, hi)
-        if key is not None:
-            self._cache[ck] = out
-        return out
+        return _bisect(ok, min(self.max_rate, OVERLOAD * instances / per_request_s(top_b)))
 
-    def disaggregated(self, p_table, n_p: int, d_table, n_d: int, max_num_seqs: int, holds_d: float,
-                      p_key=None, d_key=None) -> float:
-        """The lower of the prefill pool's capacity and the decode pool's."""
-        return min(self.prefill_pool(p_table, n_p, p_key),
-                   self.decode_pool(d_table, n_d, max_num_seqs, holds_d, d_key))
+    def memo(self, key, fn):
+        """``fn()`` once per ``key`` (a pool's layout and settings: many candidates share it)."""
+        if key not in self._cache:
+            self._cache[key] = fn()
+        return self._cache[key]
 
 
 def holds_mean(kv_capacity_tokens: int, table: Mapping) -> float:
@@ -349,14 +331,19 @@ def holds_mean(kv_capacity_tokens: int, table: Mapping) -> float:
 
 def estimate_for(estimator: Estimator, cand, screens: Sequence[Mapping], keys: Sequence) -> Optional[float]:
     """The candidate's estimated capacity (requests/s); ``screens``: its pools' screen
-    results (aggregated: one), each with its ``estimate`` table; ``None`` without tables."""
+    results (aggregated: one), each with its ``estimate`` table; ``keys``: their layouts'
+    keys (a pool's estimate is reused by every candidate with that pool); ``None`` without
+    tables."""
     tables = [s.get("estimate") for s in screens]
     if any(t is None for t in tables):
         return None
     if len(cand.pools) == 1:
         pool = cand.pools[0]
-        return estimator.aggregated(tables[0], pool.instances, cand.max_num_seqs,
-                                    holds_mean(screens[0]["kv_capacity_tokens"], tables[0]), keys[0])
+        holds = holds_mean(screens[0]["kv_capacity_tokens"], tables[0])
+        return estimator.memo(("a", keys[0], pool.instances, cand.max_num_seqs),
+                              lambda: estimator.aggregated(tables[0], pool.instances, cand.max_num_seqs, holds))
     p, d = cand.pools
-    return estimator.disaggregated(tables[0], p.instances, tables[1], d.instances, cand.max_num_seqs,
-                                   holds_mean(screens[1]["kv_capacity_tokens"], tables[1]), keys[0], keys[1])
+    holds = holds_mean(screens[1]["kv_capacity_tokens"], tables[1])
+    return min(estimator.memo(("p", keys[0], p.instances), lambda: estimator.prefill_pool(tables[0], p.instances)),
+               estimator.memo(("d", keys[1], d.instances, cand.max_num_seqs),
+                              lambda: estimator.decode_pool(tables[1], d.instances, cand.max_num_seqs, holds)))

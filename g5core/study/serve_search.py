@@ -90,7 +90,7 @@ import attrs
 from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.study.resultsdb import ResultsDB, canonical_json, config_hash, sqlite_errors
 from g5core.study.search import divisors, enumerate_layouts, layout_label
-from g5core.study.serve_estimate import Estimator, estimate_for, narrow
+from g5core.study.serve_estimate import ESTIMATE_MARGIN, Estimator, estimate_for, narrow
 
 SERVE_OBJECTIVES = ("goodput_per_chip", "throughput_per_chip", "min_chips")
 DISAGG_MODES = ("off", "on", "auto")
@@ -391,12 +391,9 @@ def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, worklo
     isl = lone_wl.requests[0].input_tokens
     holds = max(info["kv_capacity_tokens"] // max(_longest(workload), 1), 1)
     batches = [1 << k for k in range(min((holds - 1).bit_length(), MAX_DECODE_BATCH.bit_length() - 1) + 1)]
-    from g5core.serve.workload import synthetic
     from g5core.study.serve_estimate import step_table
 
-    reqs = synthetic(workload).requests
-    isl_mean = round(sum(r.input_tokens for r in reqs) / len(reqs))
-    osl_mean = round(sum(r.output_tokens for r in reqs) / len(reqs))
+    isl_mean, osl_mean = (round(x) for x in _mean_lengths(workload))
     return {"status": "ok", "kv_capacity_tokens": info["kv_capacity_tokens"],
             "kv_pool_bytes_per_chip": info["kv_pool_bytes_per_chip"], "lone_ttft_s": lone.summary["ttft_s"]["p50"],
             "lone_tpot_s": lone.summary["tpot_s"]["p50"], "lone_e2e_s": lone.summary["e2e_s"]["p50"],
@@ -594,13 +591,13 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
                 sat = {**run_sat, "roles": roles["roles"]}
         mu = sat["saturated_requests_per_s"]
         bound = capacity_bound(sat, parse_slo(slo), workload, settle_s, settings)
-        if estimate:
+        if estimate:     # the driver bounded the wave by this bound already
             bound = _estimate_bound(estimate, bound)
-        upper = _upper_value(settings.objective, bound, cand, _longest_output(workload))
-        if kth is not None and upper < kth:
-            return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": bound,
-                    "upper": upper, "kth": kth, "source": "estimate" if estimate else "saturated run",
-                    "runs": 0 if estimate else 1}
+        else:
+            upper = _upper_value(settings.objective, bound, cand, _longest_output(workload))
+            if kth is not None and upper < kth:
+                return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": bound,
+                        "upper": upper, "kth": kth, "source": "saturated run", "runs": 1}
 
     def run(rate, seed=None):
         runs["n"] += 1
@@ -1002,8 +999,6 @@ def capacity_bound(saturated: Optional[Mapping], limits, workload: Mapping, sett
 def _estimate_bound(estimate: Optional[float], bound: Optional[float]) -> Optional[float]:
     """The capacity bound a candidate is ordered and bounded by: its estimate times ``1 +
     ESTIMATE_MARGIN``, or the roles' bound when that is lower (``None``: neither)."""
-    from g5core.study.serve_estimate import ESTIMATE_MARGIN
-
     if not estimate:
         return bound
     cap = estimate * (1 + ESTIMATE_MARGIN)
@@ -1302,15 +1297,20 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
 def _settle_s(workload: Mapping, ttft_limits, tpot_limits, roles) -> float:
     """A request's time in the system when the SLO holds: the TTFT limit plus the mean
     output times the TPOT limit (without a limit: ten times the slowest lone figure)."""
-    from g5core.serve.workload import synthetic
-
-    reqs = synthetic(workload).requests
-    osl = sum(r.output_tokens for r in reqs) / len(reqs)
+    osl = _mean_lengths(workload)[1]
     kept = [x[3] for r in roles.values() for x in r]
     ttft = max((l.limit_s for l in ttft_limits), default=10 * max((k["lone_ttft_s"] for k in kept), default=0.0))
     tpot = max((l.limit_s for l in tpot_limits), default=10 * max((k["lone_tpot_s"] or 0.0 for k in kept),
                                                                   default=0.0))
     return ttft + osl * tpot
+
+
+def _mean_lengths(workload: Mapping) -> tuple[float, float]:
+    """The workload's mean prompt and output tokens."""
+    from g5core.serve.workload import synthetic
+
+    reqs = synthetic(workload).requests
+    return sum(r.input_tokens for r in reqs) / len(reqs), sum(r.output_tokens for r in reqs) / len(reqs)
 
 
 def _longest(workload: Mapping) -> int:
