@@ -33,9 +33,9 @@ plus whatever NCCL's bandwidth model adds beyond those wires (LL's polling, a tr
 and, for NVLS, the fill of its chunk pipeline: the measured :data:`nccl.NVLS_FILL_LOOPS` loops
 at the switch's rate and, for the NVLS tree, :func:`nccl.nvls_tree_fill_loops` loops of its node
 crossings at the NICs' rate: time that holds the op but not its links. The system file's
-``nccl: {tuner: {release: R}}`` picks whose tuner tables choose (:data:`nccl.TUNER_RELEASES`). So an op alone takes NCCL's predicted
-time, or longer where its wires are the limit, and a busy one slows down with everything
-else on its links.
+``nccl: {tuner: {release: R}}`` picks the NCCL release whose tuner tables choose
+(:data:`nccl.TUNER_RELEASES`). So an op alone takes NCCL's predicted time, or longer where
+its wires are the limit, and a busy one slows down with everything else on its links.
 
 **all_to_all** is NCCL's grouped send/receive: ``N/n`` to every other rank at once. Inside
 one node it follows NCCL's p2p schedule (:func:`nvlink_p2p`: channels per peer, LL or

@@ -60,7 +60,7 @@ NVLS_EFFICIENCY = (0.0, 0.0, 0.85, 0.74)
 #: tuning.cc tables differ, for what G5 models, in the NVLS and NVLS-tree terms and in Blackwell's per-channel
 #: caps; the graph search (search.cc), the chunking (enqueue.cc) and the kernels G5 times are 2.29.2's.
 TUNER_RELEASES = ("2.29.2", "2.26.2")
-DEFAULT_TUNER = TUNER_RELEASES[0]
+DEFAULT_TUNER, TUNER_2_26 = TUNER_RELEASES
 #: v2.26.2-1 src/graph/tuning.cc: hwLat[NET][NVLS_TREE][SIMPLE] = 14 us (20.9 since 2.28.9, commit dbc86fd0);
 #: no perChMaxNVLSTreeBws; Blackwell's per-channel caps twice Hopper's
 HW_LAT_NET_NVLS_TREE_US_2_26 = 14.0
@@ -155,14 +155,8 @@ def nvls_tree_fill_loops(n_nodes: int) -> int:
     reduce warps back down (``treeDown``) and into the child's broadcast warps, so every tree
     level is crossed twice, each crossing one more stage of the chunk pipeline whose stages
     move one loop per loop time (the one-node stages -- scatter, reduce-multicast, gather --
-    fill the measured NVLS_FILL_LOOPS, which :func:`nvls_fill_loops` adds)."""
+    fill the measured NVLS_FILL_LOOPS, at the switch's rate; the crossings fill at the NICs')."""
     return 2 * log2i(n_nodes)
-
-
-def nvls_fill_loops(n_nodes: int) -> float:
-    """Loops of its chunk pipeline an NVLS (one node) or NVLS-tree all-reduce holds before its
-    first chunk is done: the one-node pipeline's measured fill plus the tree's crossings."""
-    return NVLS_FILL_LOOPS + (nvls_tree_fill_loops(n_nodes) if n_nodes > 1 else 0)
 
 
 def nvls_tree_bus_factor(n_ranks: int, ppn: int) -> float:
@@ -289,7 +283,7 @@ def latency_us(group: Group, algorithm: str, protocol: str, hop_us=None) -> floa
     lat = BASE_LAT_US[algorithm][protocol]
     intra = HW_LAT_US["nvlink"][algorithm][protocol]
     inter = HW_LAT_US["net"]["tree" if group.ppn == 1 else algorithm][protocol]
-    if group.tuner == "2.26.2" and algorithm == "nvls_tree" and group.ppn > 1:
+    if group.tuner == TUNER_2_26 and algorithm == "nvls_tree" and group.ppn > 1:
         inter = HW_LAT_NET_NVLS_TREE_US_2_26
     if hop_us is not None and algorithm in hop_us:
         inter = hop_us[algorithm]
@@ -314,7 +308,7 @@ def algbw_gbytes_per_s(group: Group, algorithm: str, protocol: str) -> float:
     n_ch = group.channels
     ll_max = LL_MAX_BW_GBYTES_PER_S[cc if group.n_nodes == 1 else 0][nodes_index]
     bus = group.graph_busbw_gbytes_per_s
-    old = group.tuner == "2.26.2"
+    old = group.tuner == TUNER_2_26
     ring_ll128, tree_ll128, tree = ((PER_CH_MAX_2_26[k] for k in ("ring_ll128", "tree_ll128", "tree")) if old else
                                     (PER_CH_MAX_RING_LL128_GBYTES_PER_S, PER_CH_MAX_TREE_LL128_GBYTES_PER_S,
                                      PER_CH_MAX_TREE_GBYTES_PER_S))
