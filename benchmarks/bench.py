@@ -89,7 +89,7 @@ def bare_heapq_s(n_events: int, width: int) -> float:
 
 def run_case(name: str, path=None, overrides=(), symmetry=True, max_ops=None) -> dict:
     from g5core.sim.memory import memory_report
-    from g5core.sim.run import load_raw, make_plan, simulate
+    from g5core.session.run import load_raw, make_plan, simulate
 
     if path is None:
         path, overrides, symmetry = CASES[name]
@@ -151,7 +151,7 @@ def scaling(output: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from g5core.present.outputs import check_outputs
+    from g5core.inputs.outputs import check_outputs
 
     target = check_outputs({"-o": str(output)})  # before the series runs
     rows = []

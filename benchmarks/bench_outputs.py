@@ -32,9 +32,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", action="append", default=[], help="more overrides (dotted.key=value)")
     args = ap.parse_args()
-    from g5core.present.outputs import write_atomically
+    from g5core.inputs.outputs import write_atomically
     from g5core.present.trace import dump_timeline, dump_trace, parse_layers
-    from g5core.sim.run import load_raw, run
+    from g5core.session.run import load_raw, run
 
     raw = load_raw(str(CONFIG), OVERRIDES + args.set)
     t0, c0 = time.perf_counter(), time.process_time()

@@ -2,7 +2,7 @@
 
 Not a test: it reports figures. llama-3.1-70b prefill (examples/llama-3.1-70b-prefill.yaml:
 tp8, batch 4, 32K tokens) on 8 x dp H100s, each case in a fresh Python process so its peak
-resident memory (``ru_maxrss``) is its own; wall time is the whole ``g5core.sim.run.run``
+resident memory (``ru_maxrss``) is its own; wall time is the whole ``g5core.session.run.run``
 (plan, size guard, memory ledger, build, engine, report), imports excluded. Usage:
 
     python benchmarks/bench_scale.py                 # dp = 1, 16, 1024, 16384 (131,072 chips)
@@ -21,7 +21,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHILD = """
 import json, resource, sys, time
 from g5core.api.errors import ResourceError
-from g5core.sim.run import load_raw, run
+from g5core.session.run import load_raw, run
 dp, refuse = int(sys.argv[1]), sys.argv[2] == "1"
 raw = load_raw(sys.argv[3], [f"chips={8 * dp}", f"parallel.dp={dp}", "parallel.tp=8"])
 t0 = time.perf_counter()

@@ -31,7 +31,7 @@ CONFIG = ROOT / "examples" / "serving" / "llama-3.1-70b-serve.yaml"
 
 def one(requests: int, exact: bool, rate: float) -> dict:
     from g5core.serve.api import simulate_serving, workload_spec
-    from g5core.sim.run import load_raw
+    from g5core.session.run import load_raw
 
     raw = load_raw(CONFIG)
     spec = workload_spec(None, None, requests, rate, None, 2048, 256, 0)

@@ -12,7 +12,7 @@ Reported, in seconds (per series where it says so):
 
 - ``cold_g5_run_s``: a whole ``g5 run --json`` of the first step in a fresh process
   (interpreter start and imports included), the median of ``--repeats`` runs;
-- ``run_in_process_s``: ``g5core.sim.run.run`` of the same step in a warm process (no
+- ``run_in_process_s``: ``g5core.session.run.run`` of the same step in a warm process (no
   imports; everything else rebuilt), the median of ``--repeats`` runs;
 - ``prepare_s``: ``g5core.prepare`` (validation, rank map, topology, primitives, symmetry);
 - ``first_step_s``: the first ``simulate`` of a series;
@@ -45,7 +45,7 @@ def main() -> None:
     args = ap.parse_args()
     import g5core
     from g5core import Step
-    from g5core.sim.run import run
+    from g5core.session.run import run
 
     first = dict(CONFIG, phase="decode", batch=BATCH, seq_len=CONTEXTS[0])
     with tempfile.TemporaryDirectory() as tmp:

@@ -18,7 +18,7 @@ import sys
 
 import attrs
 
-from g5core.sim.collbench import collective_rows
+from g5core.session.collbench import collective_rows
 from g5core.inputs.systems import get_system
 
 DATA = pathlib.Path(__file__).resolve().parent.parent / "tests" / "data" / "nccl"

@@ -5,7 +5,7 @@
 """
 from __future__ import annotations
 
-from g5core.sim.run import run
+from g5core.session.run import run
 
 
 def config(phase: str, m: int, pp: int = 4, dp: int = 1, batch: int = 8, seq_len: int = 2048) -> dict:

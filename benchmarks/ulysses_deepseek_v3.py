@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 
 from g5core.sim.memory import GIB, memory_report
-from g5core.sim.run import make_plan, run
+from g5core.session.run import make_plan, run
 
 BASE = {"model": "deepseek-v3", "system": "h200", "chips": 8, "batch": 1,
         "dtypes": {"weights": {"default": "bf16", "experts": "fp8"}, "activations": "bf16", "kv_cache": "bf16"}}

@@ -13,7 +13,7 @@ import pathlib
 import sys
 import tempfile
 
-from g5core.present.outputs import write_atomically
+from g5core.inputs.outputs import write_atomically
 from g5core.present.plots import figure_bytes, make_figure, parse_where
 from g5core.present.report import auto_dims, load_rows
 from g5core.study.search import best_layouts

@@ -129,7 +129,7 @@ def nccl_table() -> str:
 def deepep_table() -> str:
     import csv
 
-    from g5core.sim.collbench import bench_rows
+    from g5core.session.collbench import bench_rows
 
     rows = list(csv.DictReader((REPO / "tests" / "data" / "deepep" / "deepep-performance.csv").open()))
 

@@ -18,7 +18,7 @@ import sys
 
 from g5core import G5Error
 from g5core.sim.memory import GIB, memory_report
-from g5core.sim.run import make_plan, run
+from g5core.session.run import make_plan, run
 
 LAYOUTS = ((8, 1), (4, 2), (2, 4), (1, 8))
 MAX_BATCH = 4096

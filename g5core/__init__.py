@@ -5,7 +5,7 @@ Plugins, built-in or third-party, import what they need from here and nowhere el
 helpers that turn a chip's share of the model into work and bytes. Everything in
 ``__all__`` is public API; the submodules are the core's own business.
 
-Simulating steps (:mod:`g5core.sim.prepared`): ``prepare(config)`` validates a deployment
+Simulating steps (:mod:`g5core.session.prepared`): ``prepare(config)`` validates a deployment
 once and returns a :class:`PreparedPlan`; ``plan.simulate(Step([StepGroup(new_tokens=1,
 cached_tokens=8191, count=64)]))`` returns a :class:`StepResult` (``latency_s``,
 ``ttft_s``/``tpot_s`` for a pure prefill/decode step, ``memory``: the per-chip ledger with
@@ -13,7 +13,7 @@ cached_tokens=8191, count=64)]))`` returns a :class:`StepResult` (``latency_s``,
 KV pool from the ledger.
 """
 from .api.context import BuildContext
-from .build.microbatch import PipelineMicrobatches
+from .lower.microbatch import PipelineMicrobatches
 from .api.dimensions import Dimension
 from .api.errors import ConfigError, DagError, G5Error, PluginError, suggest
 from .api.ops import CommOp, ComputeOp, Fragment
@@ -21,21 +21,21 @@ from .api.options import PluginOption
 from .api.plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_manager
 from .api.records import Lowering, MemoryTerm, SweepPreset
 from .api.work import LogicalOp, Work
-from .build.flops import activation_tensor_bytes, attention_block_bytes, causal_attention_flops, prefix_attention_flops
-from .build.layers import (
+from .lower.flops import activation_tensor_bytes, attention_block_bytes, causal_attention_flops, prefix_attention_flops
+from .lower.layers import (
     attention_dims, attention_kernel, attention_kernel_of, attention_side_kernels, attention_work, default_work,
     expert_work, local_kv_bytes_per_token, merge_kernel, step_attention_work, weight_elements, window_attention_work,
 )
-from .build.topology import Topology
+from .lower.topology import Topology
 from .inputs.framework import fused_bytes, kernel_hosts
 from .inputs.step import Step, StepGroup
 from .inputs.reading import check_keys
-from .sim.collective import NVLINK_COPY_EFFICIENCY, idle_transfer_s
+from .lower.collective import NVLINK_COPY_EFFICIENCY, idle_transfer_s
 from .sim.compute import Attention, ComputeTime, Elementwise, Gemm
 from .sim.memory import weight_bytes_by_chip
-from .sim.reference import passq_reduce_elements
+from .lower.flops import passq_reduce_elements
 from .sim.roofline import gemm_padded_flops, kernel_latency_s, op_latency_s, roofline_latency_s
-from .sim.prepared import PreparedPlan, StepMemory, StepResult, prepare
+from .session.prepared import PreparedPlan, StepMemory, StepResult, prepare
 from .version import __version__
 
 __all__ = [

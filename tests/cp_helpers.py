@@ -18,7 +18,7 @@ import pytest
 
 from g5core.api.ops import ComputeOp
 from g5core.sim.results import KPI_NAMES
-from g5core.sim.run import make_plan, simulate
+from g5core.session.run import make_plan, simulate
 
 HF_DIR = pathlib.Path(__file__).parent / "data" / "hf"
 BF16_BYTES = 2

@@ -1,6 +1,6 @@
 """Shared helpers for engine tests: synthetic systems and models, hand-built DAGs.
 
-A hand-built DAG runs on a real :class:`g5core.build.builder.Plan` (made from a small config on a
+A hand-built DAG runs on a real :class:`g5core.lower.builder.Plan` (made from a small config on a
 synthetic system file, so bandwidths and latencies are known), but its ops are written by
 the test, not by the plugins:
 
@@ -23,10 +23,10 @@ import yaml
 import numpy as np
 
 from g5core.api.ops import CommOp, ComputeOp
-from g5core.build.dag import OpDag
+from g5core.lower.dag import OpDag
 from g5core.sim.engine import Engine, compile_dag
 from g5core.sim.results import conservation_kpis
-from g5core.sim.run import make_plan
+from g5core.session.run import make_plan
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 HF_DIR = REPO_ROOT / "tests" / "data" / "hf"

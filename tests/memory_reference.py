@@ -53,7 +53,7 @@ def activation_peak_bytes(ctx, layers: list[int]) -> float:
     """
     if not layers:
         return 0.0
-    from g5core.build.layers import attention_dims, local_projections
+    from g5core.lower.layers import attention_dims, local_projections
 
     m, s = ctx.model, ctx.shape
     d = m.hidden_size
@@ -130,7 +130,7 @@ def _ranges(chips: list[int]) -> str:
 def weight_bytes_by_chip(ctx, kinds=None) -> tuple[dict[int, float], dict[int, list[int]]]:
     """Weight bytes each chip holds, of the logical ops of ``kinds`` (None: every op), and
     the decoder layers each chip holds (the one formula: weight elements x their bytes)."""
-    from g5core.build.layers import WEIGHT_CLASS, build_program, weight_elements
+    from g5core.lower.layers import WEIGHT_CLASS, build_program, weight_elements
 
     m, dep, s = ctx.model, ctx.deployment, ctx.shape
     weights: dict[int, float] = {c: 0.0 for c in ctx.all_chips}

@@ -15,7 +15,7 @@ import yaml
 
 from g5core.api.errors import ConfigError
 from g5core.inputs.systems import get_system
-from g5core.present import outputs
+from g5core.inputs import outputs
 from g5core.study import validate
 from g5core.study.validate import _system_of, calibrate, read_rows
 

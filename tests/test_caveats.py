@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from g5core.present.caveats import deployment_warnings, plural
-from g5core.sim.run import load_raw, run
+from g5core.session.run import load_raw, run
 
 from test_cli import invoke
 

@@ -14,7 +14,7 @@ from g5core.inputs.systems import ComputeModel, Profile
 from g5core.inputs.framework import Framework
 from g5core.sim.compute import Attention, Elementwise, Gemm
 from g5core.api.errors import ConfigError
-from g5core.sim.run import make_plan, run
+from g5core.session.run import make_plan, run
 from g5core.inputs.systems import SystemSpec, get_system
 from g5plugins import measured as M
 from g5plugins.measured import tables as T
@@ -53,7 +53,7 @@ def aic_system_file(tmp_path_factory):
 def test_equal_flops_and_bytes_with_different_shapes_get_different_latencies(aic_system_file):
     """Two ops with the same FLOPs and bytes (the old cache key) but transposed GEMM shapes
     get their own measured times: the lookup key includes the kernels."""
-    from g5core.build.builder import build_dag
+    from g5core.lower.builder import build_dag
     from g5core.sim.compute import LatencyLookup
     plan = make_plan(_cfg(system=aic_system_file))
     op = next(o for o in build_dag(plan).ops if o.name == "lm_head")
@@ -68,7 +68,7 @@ def test_equal_flops_and_bytes_with_different_shapes_get_different_latencies(aic
 
 def test_every_compute_op_carries_kernel_shapes_whose_work_matches_the_op():
     plan = make_plan(_cfg(parallel={"dp": 1, "tp": 2, "pp": 1, "cp": 2}, chips=4))
-    from g5core.build.builder import build_dag
+    from g5core.lower.builder import build_dag
     for op in build_dag(plan).ops:
         if not hasattr(op, "kernels"):
             continue
@@ -81,7 +81,7 @@ def test_every_compute_op_carries_kernel_shapes_whose_work_matches_the_op():
 
 def test_cp_ring_steps_are_a_causal_diagonal_then_full_blocks_of_equal_flops():
     plan = make_plan(_cfg(parallel={"dp": 1, "tp": 1, "pp": 1, "cp": 4}, chips=4, seq_len=4096))
-    from g5core.build.builder import build_dag
+    from g5core.lower.builder import build_dag
     steps = [o for o in build_dag(plan).ops if o.key.startswith("L000.attention.step") and o.chip == 0]
     assert [s.kernels[0].block for s in steps] == ["causal", "full", "full", "full"]
     assert steps[0].kernels[0].q_len == steps[0].kernels[0].kv_len == 1024

@@ -13,14 +13,14 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from g5core.build.builder import build_dag, prepare
+from g5core.lower.builder import build_dag, prepare
 from g5core.present.cli import main
 from g5core.inputs.config import Deployment, apply_overrides, load_config_file
 from g5core.api.dimensions import collect_dimensions
 from g5core.api.options import collect_options
 from g5core.api.errors import ConfigError, PluginError
 from g5core.api.plugins import Hooks, make_plugin_manager
-from g5core.sim.run import load_raw, make_plan
+from g5core.session.run import load_raw, make_plan
 from plugin_sets import THIRD_PARTY
 
 BASE = {

@@ -20,9 +20,9 @@ import pytest
 import yaml
 
 from g5core import Lowering, hookimpl
-from g5core.build.builder import prepare
+from g5core.lower.builder import prepare
 from g5core.api.ops import CommOp
-from g5core.build.dag import OpDag
+from g5core.lower.dag import OpDag
 from g5core.sim.engine import Engine, compile_dag
 from g5core.api.plugins import make_plugin_manager
 from g5core.sim.results import KPI_NAMES, conservation_kpis

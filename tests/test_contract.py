@@ -337,7 +337,7 @@ def test_a_well_behaved_third_party_plugin_passes(models):
 
 
 def test_disabled_plugin_needed_by_a_config_is_a_clear_error_not_a_pass(models):
-    from g5core.build.builder import build_dag, prepare
+    from g5core.lower.builder import build_dag, prepare
     from g5core.api.errors import ConfigError
     from g5core.api.plugins import make_plugin_manager
 

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from g5core.present.cli import main
 from g5core.api.errors import ConfigError, G5Error
 from g5core.sim.results import KPI_NAMES
-from g5core.sim.run import make_plan, run
+from g5core.session.run import make_plan, run
 
 from cp_helpers import assert_kpis_zero, raw_config, tiny_model_path_fixture
 

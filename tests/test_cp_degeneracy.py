@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from g5core.api.ops import CommOp
-from g5core.sim.run import run
+from g5core.session.run import run
 
 from cp_helpers import assert_kpis_zero, tiny_models_fixture
 from cp_helpers import raw_config as _raw_config

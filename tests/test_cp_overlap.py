@@ -24,12 +24,12 @@ import pathlib
 import pytest
 import yaml
 
-from g5core.build.builder import build_dag
+from g5core.lower.builder import build_dag
 from g5core.api.ops import CommOp, ComputeOp
 from g5core.sim.engine import Engine, compile_dag
 from g5core.sim.results import summarize
-from g5core.sim.run import make_plan, simulate
-from g5plugins.cp_passkv import block_bytes
+from g5core.session.run import make_plan, simulate
+from g5plugins.cp.passkv import block_bytes
 
 from cp_helpers import assert_kpis_zero, tiny_model_path_fixture
 from cp_helpers import raw_config as _raw_config

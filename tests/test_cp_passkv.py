@@ -15,9 +15,9 @@ import re
 import pytest
 
 from g5core.api.ops import CommOp, ComputeOp
-from g5core.build.flops import causal_attention_flops
-from g5core.sim.run import make_plan, run
-from g5plugins.cp_passkv import passkv_bytes_per_rank_per_layer
+from g5core.lower.flops import causal_attention_flops
+from g5core.session.run import make_plan, run
+from g5plugins.cp.passkv import passkv_bytes_per_rank_per_layer
 
 from cp_helpers import (
     assert_kpis_zero, literal_c_kv_bytes, literal_kv_cache_bytes, literal_head_dims, raw_config, simulate_raw, single_compute_key,

@@ -13,8 +13,8 @@ import functools
 import pytest
 
 from g5core.api.ops import CommOp, ComputeOp
-from g5core.sim.run import run
-from g5plugins.cp_passq import dispatch_bytes_per_rank, reduce_bytes_per_rank
+from g5core.session.run import run
+from g5plugins.cp.passq import dispatch_bytes_per_rank, reduce_bytes_per_rank
 
 from cp_helpers import (
     BF16_BYTES, assert_kpis_zero, literal_head_dims, literal_kv_cache_bytes, simulate_raw, single_compute_key,

@@ -1,5 +1,5 @@
 """The ring form of pass-Q (``plugins: {cp_passq: {form: ring}}``): in decode its DAG per layer
-and CP group, its bytes by the formulas of g5plugins.cp_passq, the batch padded to a
+and CP group, its bytes by the formulas of g5plugins.cp.passq, the batch padded to a
 multiple of cp, and the trend against the spec's gather form; in partial prefill (pass_q) its
 DAG with the merge after the return all-to-all; the ring buffers in the memory ledger."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import functools
 import pytest
 
 from g5core.api.errors import ConfigError
-from g5core.build.dag import CommOp, ComputeOp
-from g5core.sim.run import make_plan, run
-from g5plugins.cp_passq import (
+from g5core.lower.dag import CommOp, ComputeOp
+from g5core.session.run import make_plan, run
+from g5plugins.cp.passq import (
     queries_per_rank, reduce_bytes_per_rank, ring_a2a_bytes_per_rank, ring_step_bytes,
 )
 
@@ -95,7 +95,7 @@ def test_ring_decode_over_two_nodes_costs_more_than_the_gather_form_at_batch_1()
 # ------------------------------------------------------------------------------ memory
 def test_ring_buffers_are_the_query_blocks_in_flight_and_both_all_to_all_buffers():
     from g5core.sim.memory import memory_report
-    from g5plugins.cp_passq import ring_buffer_bytes
+    from g5plugins.cp.passq import ring_buffer_bytes
 
     assert ring_buffer_bytes(100.0, 4, 1000.0) == 3 * 100.0 + 2 * 1000.0
     assert ring_buffer_bytes(100.0, 1, 1000.0) == 2000.0
@@ -126,7 +126,7 @@ def _merges(op):
 
 
 def test_prefill_ring_form_structure_bytes_and_merge_after_the_return():
-    from g5plugins.cp_passq import query_block_bytes, return_buffer_bytes
+    from g5plugins.cp.passq import query_block_bytes, return_buffer_bytes
 
     plan, sim = _prefill("ring")
     cp, t, count, e = 4, 8192, 2, BF16_BYTES
@@ -176,7 +176,7 @@ def test_prefill_forms_move_the_same_bytes_and_the_gather_form_merges_in_its_las
 
 def test_prefill_pass_q_declares_its_ring_buffers():
     from g5core.sim.memory import memory_report
-    from g5plugins.cp_passq import query_block_bytes, return_buffer_bytes, ring_buffer_bytes
+    from g5plugins.cp.passq import query_block_bytes, return_buffer_bytes, ring_buffer_bytes
 
     for form in ("gather", "ring"):
         plan = make_plan(dict(PREFILL, plugins={"cp": {"prefill": "pass_q"}, "cp_passq": {"form": form}}))

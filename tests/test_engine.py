@@ -7,7 +7,7 @@ from g5core import hookimpl
 from g5core.api.ops import Fragment
 from g5core.sim.engine import compile_dag
 from g5core.api.errors import DagError
-from g5core.sim.run import make_plan, simulate
+from g5core.session.run import make_plan, simulate
 from g5core.sim.roofline import op_latency_s, roofline_latency_s
 
 from helpers_engine import DagBuilder, all_zero, raw_config, synthetic_plan, write_system, write_tiny_model
@@ -241,7 +241,7 @@ def test_same_dag_twice_gives_identical_times(plan4):
 
 def test_networkx_view_follows_ops_and_edges_added_after_it_was_built():
     from g5core.api.ops import ComputeOp
-    from g5core.build.dag import OpDag
+    from g5core.lower.dag import OpDag
 
     def op(key, chip=0):
         return ComputeOp(key=key, chip=chip, op_class="gemm", flops=1.0, hbm_bytes=1.0, layer=0, name="x", dtype="bf16", kernels=())
@@ -260,7 +260,7 @@ def test_compiled_successors_drop_repeated_edges():
 
     from g5core.sim.engine import _successor_lists
     from g5core.api.ops import ComputeOp
-    from g5core.build.dag import OpDag
+    from g5core.lower.dag import OpDag
 
     dag = OpDag()
     for k in ("a", "b", "c", "d"):

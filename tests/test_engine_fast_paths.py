@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from g5core.build.builder import build_dag
+from g5core.lower.builder import build_dag
 from g5core.sim.engine import Engine, compile_dag
-from g5core.sim.run import load_raw, make_plan
+from g5core.session.run import load_raw, make_plan
 
 EX = Path(__file__).resolve().parent.parent / "examples"
 
@@ -119,7 +119,7 @@ def test_a_cohort_whose_flows_all_ended_sooner_ends_nothing():
     """An NVLS all-reduce over 4 nodes: flows of unequal bytes share ports, so when the
     short ones end, the long ones speed up and end before their cohort's entry (the finish
     time at the op's first rates). That entry must end no flow and not end the op again."""
-    from g5core.sim.collbench import collective_compiler
+    from g5core.session.collbench import collective_compiler
 
     compiled = collective_compiler("all_reduce", "h100-sxm", 32)(2 ** 30)
     fast = Engine(dag=compiled).run()

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import pytest
 
-from g5core.build.builder import build_dag
+from g5core.lower.builder import build_dag
 from g5core.api.ops import CommOp
 from g5core.sim.engine import compile_dag
 from g5core.api.errors import ConfigError
 from g5core.sim.memory import memory_report
 from g5core.inputs.models import get_model
-from g5core.sim.run import make_plan, simulate
+from g5core.session.run import make_plan, simulate
 
 BF16_BYTES = 2
 MIXTRAL = get_model("mixtral-8x7b")  # 8 routed experts, top-2, hidden 4096, expert FFN 14336

@@ -18,10 +18,10 @@ import pytest
 
 import g5plugins.ep as ep_plugin
 from g5core.api.errors import ConfigError
-from g5core.build.builder import build_dag
-from g5core.sim.collbench import bench_rows
+from g5core.lower.builder import build_dag
+from g5core.session.collbench import bench_rows
 from g5core.sim.memory import memory_report
-from g5core.sim.run import load_raw, make_plan, run, simulate
+from g5core.session.run import load_raw, make_plan, run, simulate
 from g5plugins.ep.routing import expected_units_hit, route_tokens, routing_imbalance
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -285,7 +285,7 @@ def test_auto_runs_flat_where_an_ep_group_is_uneven_over_nodes_and_normal_refuse
 
 
 def test_micro_program_is_the_program_once_per_micro_batch_with_its_own_inputs():
-    from g5core.build.layers import build_program, micro_program
+    from g5core.lower.layers import build_program, micro_program
     from g5core.inputs.models import get_model
 
     program = build_program(get_model("mixtral-8x7b"))

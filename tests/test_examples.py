@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from g5core.build.builder import check_size
+from g5core.lower.builder import check_size
 from g5core.sim.memory import memory_report
-from g5core.sim.run import load_raw, make_plan
+from g5core.session.run import load_raw, make_plan
 
 from test_cli import invoke
 

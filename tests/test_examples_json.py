@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from g5core.sim.run import load_raw, run
+from g5core.session.run import load_raw, run
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = Path(__file__).resolve().parent / "data" / "examples_json"

@@ -7,7 +7,7 @@ import pytest
 from g5core.api.errors import ConfigError
 from g5core.inputs.framework import FUSIONS, STACKS, Framework, kernel_hosts, launched_kernels
 from g5core.inputs.systems import get_system
-from g5core.sim.run import run
+from g5core.session.run import run
 
 
 def _system(tmp_path, **framework):

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from g5core.api.errors import G5Error
-from g5core.sim.run import run
+from g5core.session.run import run
 from g5core.inputs.systems import CATALOG_NAMES, SystemSpec
 
 REPO = Path(__file__).resolve().parent.parent

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-import g5core.build.builder as build_mod
-from g5core.build.builder import DEFAULT_MAX_OPS, estimate_size
+import g5core.lower.builder as build_mod
+from g5core.lower.builder import DEFAULT_MAX_OPS, estimate_size
 from g5core.api.errors import ResourceError
-from g5core.sim.run import load_raw, make_plan, run, simulate
+from g5core.session.run import load_raw, make_plan, run, simulate
 
 from test_cli import error_line, invoke
 

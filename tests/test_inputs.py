@@ -12,7 +12,7 @@ from g5core import hookimpl
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.reading import LIMITS, MAX_MODEL_DIM, MAX_SEQ_LEN
 from g5core.inputs.models import ModelSpec
-from g5core.sim.run import load_raw, run
+from g5core.session.run import load_raw, run
 from g5core.inputs.systems import SystemSpec, get_system
 
 from test_cli import error_line, invoke

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from g5core.sim.engine import Engine
 from g5core.api.errors import ConservationError
 from g5core.sim.results import KPI_NAMES, check_conservation
-from g5core.sim.run import load_raw, make_plan, simulate
+from g5core.session.run import load_raw, make_plan, simulate
 
 from helpers_engine import (
     BROKEN_ENGINES, EXAMPLES_DIR, DagBuilder, all_zero, raw_config, synthetic_plan, write_system, write_tiny_model,

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from g5core.present.cli import main
 from g5core.api.errors import ConfigError
-from g5core.sim.run import make_plan, run
+from g5core.session.run import make_plan, run
 
 # Multi-chip tolerance. In the configurations below every communication op sits alone on
 # its ports (each chip's work is a chain: compute, then the collective, then compute), and

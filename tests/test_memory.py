@@ -2,7 +2,7 @@
 
 Expected values are computed here from the models' published shapes (Llama 3.1 config.json:
 hidden 4096 / 8192, 32 / 80 layers, 32 / 64 query heads, 8 KV heads of 128, FFN 14336 /
-28672, vocabulary 128256, untied embeddings), independently of ``g5core.build.layers``. The
+28672, vocabulary 128256, untied embeddings), independently of ``g5core.lower.layers``. The
 activation term follows the ledger's documented rule (``g5core.sim.memory.activation_peak_bytes``):
 ``act_bytes * tokens * (2 * hidden + W)`` with ``W`` the widest per-token intermediate:
 for Llama the gated FFN's ``2 * ffn / tp``.
@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from g5core.present.cli import main
 from g5core.sim.memory import memory_report
-from g5core.sim.run import make_plan, run
+from g5core.session.run import make_plan, run
 
 BF16_BYTES = 2
 GIB = 2.0 ** 30

@@ -128,7 +128,7 @@ def test_gemma_counts_four_norms_and_sinks_count_once_per_head():
 
 
 def _plan(model, phase="prefill", seq_len=32768, tp=8, kv="bf16"):
-    from g5core.sim.run import make_plan
+    from g5core.session.run import make_plan
     return make_plan({"model": model, "system": "h200", "chips": tp, "parallel": {"tp": tp, "cp": 1, "dp": 1, "pp": 1, "ep": 1},
                       "phase": phase, "batch": 2, "seq_len": seq_len, "dtypes": {"kv_cache": kv}})
 
@@ -146,7 +146,7 @@ def test_sliding_window_layers_cache_only_their_window():
 
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 def test_windowed_attention_does_window_work(phase):
-    from g5core.build.layers import default_work
+    from g5core.lower.layers import default_work
     plan = _plan("gpt-oss-20b", phase=phase)
     ctx = plan.ctx
     S, w = 32768, 128
@@ -160,7 +160,7 @@ def test_windowed_attention_does_window_work(phase):
 
 
 def test_chunked_attention_runs_per_chunk():
-    from g5core.build.layers import default_work
+    from g5core.lower.layers import default_work
     ctx = _plan("llama-4-scout-17b-16e", seq_len=20000).ctx
     chunked = default_work("attention", ctx.model, ctx.deployment, ctx.shape, layer=0)
     full = default_work("attention", ctx.model, ctx.deployment, ctx.shape, layer=3)
@@ -169,13 +169,13 @@ def test_chunked_attention_runs_per_chunk():
 
 
 def test_windowed_model_simulates():
-    from g5core.sim.run import simulate
+    from g5core.session.run import simulate
     out = simulate(_plan("gemma-3-27b", seq_len=8192))
     assert out.latency_s > 0
 
 
 def test_ulysses_attends_over_the_window_too():
-    from g5core.sim.run import make_plan
+    from g5core.session.run import make_plan
     pytest.importorskip("g5_ulysses")
     from g5_ulysses import attention_op_work
     plan = make_plan({"model": "gpt-oss-20b", "system": "h200", "chips": 8,
@@ -188,7 +188,7 @@ def test_ulysses_attends_over_the_window_too():
 
 def test_cp_over_a_windowed_model_says_what_it_overestimates():
     from g5core.present.caveats import deployment_warnings
-    from g5core.sim.run import make_plan
+    from g5core.session.run import make_plan
     plan = make_plan({"model": "gpt-oss-20b", "system": "h200", "chips": 8,
                       "parallel": {"tp": 4, "cp": 2, "dp": 1, "pp": 1, "ep": 1}, "phase": "prefill",
                       "batch": 1, "seq_len": 32768})

@@ -13,12 +13,12 @@ import yaml
 from click.testing import CliRunner
 
 from g5core.present.cli import main
-from g5core.sim.collbench import collective_rows, size_range
+from g5core.session.collbench import collective_rows, size_range
 from g5core.api.ops import CommOp
 from g5core.api.errors import ConfigError
-from g5core.sim.run import run
+from g5core.session.run import run
 from g5core.inputs.systems import SystemSpec, get_system
-from g5core.build.topology import Topology
+from g5core.lower.topology import Topology
 from g5plugins.collectives import dtree_edges, forced_choices, lower_collective
 from g5plugins.collectives import nccl
 from g5core import idle_transfer_s

@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from g5core.api.errors import ConfigError
-from g5core.build.topology import Topology
+from g5core.lower.topology import Topology
 from g5core.inputs.systems import SystemSpec, get_system
 from g5core.present.cli import main
-from g5core.sim.collbench import collective_rows
+from g5core.session.collbench import collective_rows
 from g5plugins.collectives import _nccl_group, forced_choices, lower_collective, nccl, p2p, sendrecv
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -214,7 +214,7 @@ def test_cross_node_tp16_decode_all_reduces_cost_more_per_layer_than_tp8_plus_on
     longer dearer: with the healthy two-node all-reduce (25 us at 8 B, nccl-tests #309) the
     halved weight reads win, as Meta measured for Llama3 405B at 128K, batch 1 (TTIT 39.52 ms
     with TP16 against 46.26 ms with TP8, arXiv:2411.01783 Table 7)."""
-    from g5core.sim.run import run
+    from g5core.session.run import run
 
     def per_layer_s(tp):
         cfg = {"model": "llama-3.1-70b", "system": "h100-sxm", "chips": tp, "phase": "decode", "batch": 1,

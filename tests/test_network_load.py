@@ -7,7 +7,7 @@ import yaml
 
 from g5core.inputs.systems import get_system
 from g5core.sim.results import network_load
-from g5core.sim.run import run
+from g5core.session.run import run
 
 RAW = {"model": "llama-3.1-8b", "chips": 16, "parallel": {"dp": 1, "tp": 8, "pp": 1, "cp": 2},
        "phase": "prefill", "batch": 1, "seq_len": 16384}

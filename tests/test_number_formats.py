@@ -46,7 +46,7 @@ def test_fp4_peak_where_the_chip_has_one_and_a_clear_error_where_not():
 
 
 def _run(system, weights, phase="decode"):
-    from g5core.sim.run import make_plan, simulate
+    from g5core.session.run import make_plan, simulate
     plan = make_plan({"model": "llama-3.1-8b", "system": system, "chips": 1,
                       "parallel": {"tp": 1, "cp": 1, "dp": 1, "pp": 1, "ep": 1}, "phase": phase, "batch": 8,
                       "seq_len": 4096, "dtypes": {"weights": weights}})

@@ -5,12 +5,12 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from g5core.build.builder import build_dag, default_fragment
+from g5core.lower.builder import build_dag, default_fragment
 from g5core.api.ops import CommOp, ComputeOp, Fragment
-from g5core.build.dag import OpDag
+from g5core.lower.dag import OpDag
 from g5core.api.errors import DagError, PluginError
-from g5core.build.layers import build_program
-from g5core.sim.run import make_plan, simulate
+from g5core.lower.layers import build_program
+from g5core.session.run import make_plan, simulate
 
 
 def _raw(tp=2, dp=2, cp=1, seq_len=512):
@@ -74,7 +74,7 @@ def test_the_core_default_fragment_builds_the_dag_the_per_op_api_builds():
 
 def _plugin_dag(monkeypatch, frag_of):
     """Build with the core's default fragment replaced by ``frag_of(ctx, lop, chips)``."""
-    import g5core.build.builder as build
+    import g5core.lower.builder as build
 
     monkeypatch.setattr(build, "default_fragment", frag_of)
     return build_dag(make_plan(_raw(tp=1, dp=1)))

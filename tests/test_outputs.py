@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-import g5core.sim.run as run_mod
-from g5core.present import outputs
-from g5core.present.outputs import OutputError, check_outputs
+import g5core.session.run as run_mod
+from g5core.inputs import outputs
+from g5core.inputs.outputs import OutputError, check_outputs
 
 from test_cli import error_line, invoke
 

@@ -15,7 +15,7 @@ import pathlib
 
 import pytest
 
-from g5core.sim.collbench import collective_rows
+from g5core.session.collbench import collective_rows
 from g5plugins.collectives import nccl
 from helpers_engine import DagBuilder, all_zero, synthetic_plan
 

@@ -10,7 +10,7 @@ import pytest
 import g5core
 from g5core import ConfigError, Dimension, PluginError, PluginOption, hookimpl
 from g5core.api.plugins import Hooks, make_plugin_manager
-from g5core.sim.run import make_plan
+from g5core.session.run import make_plan
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RAW = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 2, "parallel": {"dp": 1, "pp": 1, "tp": 2, "cp": 1},
@@ -200,9 +200,9 @@ def test_every_plugin_imports_only_the_public_api():
 
 def test_the_import_check_catches_a_submodule_import(tmp_path):
     plugin = tmp_path / "plugin.py"
-    plugin.write_text("from g5core import hookimpl\nfrom g5core.build.layers import expert_work\n"
+    plugin.write_text("from g5core import hookimpl\nfrom g5core.lower.layers import expert_work\n"
                       "def f():\n    import g5core.sim.engine\n")
-    assert _private_imports(plugin) == ["plugin.py: from g5core.build.layers", "plugin.py: import g5core.sim.engine"]
+    assert _private_imports(plugin) == ["plugin.py: from g5core.lower.layers", "plugin.py: import g5core.sim.engine"]
 
 
 def test_the_core_uses_no_private_hook_names_outside_plugins_py():

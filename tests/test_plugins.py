@@ -13,7 +13,7 @@ from g5core.api.errors import PluginError
 from g5core.api.plugins import (
     Hooks, available_plugin_names, describe_plugins, make_plugin_manager,
 )
-from g5core.sim.run import make_plan
+from g5core.session.run import make_plan
 
 BUILTIN = ("collectives", "cp", "cp_passkv", "cp_passq", "dp", "ep", "math_guard", "pp", "roofline", "tp")
 

@@ -5,10 +5,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from g5core.build.builder import build_dag
+from g5core.lower.builder import build_dag
 from g5core.api.ops import CommOp, ComputeOp
 from g5core.sim.memory import memory_report
-from g5core.sim.run import make_plan, simulate
+from g5core.session.run import make_plan, simulate
 from g5plugins.pp import stage_of, stage_sizes
 
 BF16_BYTES = 2

@@ -1,4 +1,4 @@
-"""Micro-batches through the pipeline (plugins.pp.microbatches, g5core.build.microbatch).
+"""Micro-batches through the pipeline (plugins.pp.microbatches, g5core.lower.microbatch).
 
 Decode micro-batches cycle through the stages and the engine measures the steady cycle;
 prefill chunks follow one another and attend over the earlier chunks (prefix attention).
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from g5core import ConfigError
-from g5core.build.builder import build_dag
-from g5core.build.microbatch import microbatch_program
+from g5core.lower.builder import build_dag
+from g5core.lower.microbatch import microbatch_program
 from g5core.sim.memory import memory_report
-from g5core.sim.run import make_plan, run
+from g5core.session.run import make_plan, run
 from g5core.study.search import best_layouts
 
 BATCH = 8
@@ -298,7 +298,7 @@ def test_a_plugins_bad_split_is_refused_naming_it(answer, words):
 
 def test_the_size_guard_counts_every_micro_batch_and_cycle():
     from g5core import G5Error
-    from g5core.build.builder import check_size
+    from g5core.lower.builder import check_size
 
     whole = check_size(make_plan(_raw(m=1, pp=2, seq_len=512)))
     split = check_size(make_plan(_raw(m=3, pp=2, seq_len=512)))

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from g5core.api.dimensions import collect_dimensions
 from g5core.api.plugins import Hooks
-from g5core.build.rankmap import RankMap
+from g5core.lower.rankmap import RankMap
 
 FACTORS = ("dp", "pp", "cp", "tp")  # rank order of the built-in plugins, outermost first
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from g5core.sim import reference as R
+from g5core.testing import reference as R
 
 TOL = 1e-9
 

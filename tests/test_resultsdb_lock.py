@@ -65,7 +65,7 @@ def test_a_sweep_stopped_by_an_error_is_interrupted_in_the_sweeps_table(tmp_path
         calls.append(raw)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        from g5core.sim.run import run
+        from g5core.session.run import run
         return run(raw, **kwargs)
     with pytest.raises(KeyboardInterrupt):
         run_sweep(BASE, parse_grid(["parallel.cp=1,2,4"]), db, runner=runner)

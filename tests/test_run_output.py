@@ -9,10 +9,10 @@ import yaml
 from click.testing import CliRunner
 
 from g5core.present.cli import main
-from g5core.build.topology import KIND_NAMES, LINK_TX, NIC_TX
+from g5core.lower.topology import KIND_NAMES, LINK_TX, NIC_TX
 from g5core.api.ops import CommOp, ComputeOp
 from g5core.sim.results import KPI_NAMES
-from g5core.sim.run import run
+from g5core.session.run import run
 from g5core.present.trace import assign_lanes
 from hypothesis import given, settings
 from hypothesis import strategies as st

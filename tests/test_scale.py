@@ -23,10 +23,10 @@ import pytest
 import memory_reference
 import rankmap_reference
 from g5core.api.errors import ResourceError
-from g5core.build import builder
+from g5core.lower import builder
 from g5core.sim import memory
 from g5core.sim.compute import exact_sum_repeated
-from g5core.sim.run import load_raw, make_plan, run
+from g5core.session.run import load_raw, make_plan, run
 
 ROOT = Path(__file__).resolve().parent.parent
 EX = ROOT / "examples"

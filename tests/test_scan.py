@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from g5core.present.cli import main
-from g5core.sim.run import run as run_one
+from g5core.session.run import run as run_one
 from g5core.study.sweep import run_preset
 from g5plugins.cp.scan import Cell, check_monotone
 

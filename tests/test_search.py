@@ -14,7 +14,7 @@ from g5core.api.dimensions import collect_dimensions
 from g5core.api.errors import ConfigError
 from plugin_sets import THIRD_PARTY, builtin_plugin_manager
 from g5core.api.plugins import Hooks
-from g5core.sim.run import make_plan, run
+from g5core.session.run import make_plan, run
 from g5core.study.search import Candidate, best_layouts, enumerate_layouts, factorizations, pareto_front
 from g5core.sim.memory import memory_report
 

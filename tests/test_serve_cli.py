@@ -112,7 +112,7 @@ def test_disaggregated_config(tmp_path):
 
 
 def test_db_row_and_a_db_that_is_another_output(config, tmp_path):
-    from g5core.serve.db import load_serving_rows
+    from g5core.study.serve_db import load_serving_rows
 
     db = tmp_path / "s.db"
     r = invoke(config, *FLAGS, "--db", db)

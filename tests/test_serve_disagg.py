@@ -26,7 +26,7 @@ def disagg(prefill=1, decode=1, chips=1):
 
 def test_ttft_includes_the_kv_transfer_and_its_bytes_follow_the_ledger():
     from g5core.sim.memory import memory_report
-    from g5core.sim.run import make_plan
+    from g5core.session.run import make_plan
 
     isl = 3000
     w = Workload((Request(0, 0.0, isl, 4),))
@@ -40,7 +40,7 @@ def test_ttft_includes_the_kv_transfer_and_its_bytes_follow_the_ledger():
     kv = sum(c.kv_cache_bytes for c in ledger.per_chip)
     assert res.loop.deployment.transfer_bytes(isl) == pytest.approx(kv, rel=1e-12)
     # one H100 to its neighbour over NVLink: the bytes at the link's rate, plus its latency
-    from g5core.build.topology import Topology
+    from g5core.lower.topology import Topology
 
     topo = Topology.from_system(ledger_plan.ctx.system, 2)
     link = min(topo.capacities()[topo.link_tx(0)], topo.capacities()[topo.link_rx(1)])

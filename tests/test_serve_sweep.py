@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from g5core.serve.sweep import is_serving_sweep, run_serving_sweep
+from g5core.study.serve_sweep import is_serving_sweep, run_serving_sweep
 from g5core.study.sweep import parse_grid
 
 BASE = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1},
@@ -35,8 +35,8 @@ def test_rate_sweep_rows_in_grid_order_reused_on_a_second_run(tmp_path):
 def test_serving_plot_kinds(tmp_path, kind):
     pytest.importorskip("matplotlib")
     from g5core.present.plots import figure_bytes
-    from g5core.serve.db import load_serving_rows
-    from g5core.serve.plots import serve_figure
+    from g5core.study.serve_db import load_serving_rows
+    from g5core.present.serve_plots import serve_figure
 
     db = tmp_path / "s.db"
     run_serving_sweep(BASE, parse_grid(["serving.workload.arrival.rate_per_s=5,50"]), db, runner=runner)

@@ -1,5 +1,5 @@
 """The memory-bound kernels around the GEMMs and attention: each in its op with its shape,
-its FLOPs and bytes from its formula (g5core/build/flops.py), in the op's totals and in
+its FLOPs and bytes from its formula (g5core/lower/flops.py), in the op's totals and in
 ``--timeline``."""
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ import io
 
 import pytest
 
-from g5core.build import flops as F
-from g5core.build.layers import split_kv_partitions
+from g5core.lower import flops as F
+from g5core.lower.layers import split_kv_partitions
 from g5core.inputs.models import get_model
 from g5core.present.trace import dump_timeline
 from g5core.sim.compute import Elementwise
-from g5core.sim.run import run
+from g5core.session.run import run
 
 
 def _cfg(model="llama-3.1-70b", phase="decode", seq_len=32768, tp=8, weights="bf16", batch=1):

@@ -5,7 +5,7 @@ import pytest
 
 import g5core
 from g5core import ConfigError, Step, StepGroup
-from g5core.sim.run import load_raw, run
+from g5core.session.run import load_raw, run
 
 DECODE = "examples/llama-3.1-70b-decode.yaml"
 TP8 = ["parallel.pp=1", "chips=8"]
@@ -75,9 +75,9 @@ from pathlib import Path  # noqa: E402
 
 import attrs  # noqa: E402
 
-from g5core.build.layers import attention_work, step_attention_work  # noqa: E402
-from g5core.build.flops import prefix_attention_flops  # noqa: E402
-from g5core.sim.run import make_plan  # noqa: E402
+from g5core.lower.layers import attention_work, step_attention_work  # noqa: E402
+from g5core.lower.flops import prefix_attention_flops  # noqa: E402
+from g5core.session.run import make_plan  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 REFERENCE = Path(__file__).resolve().parent / "data" / "examples_json"

@@ -8,8 +8,8 @@ import json
 import pytest
 import yaml
 
-from g5core.sim.run import make_plan, run
-from g5core.build.symmetry import plan_symmetry
+from g5core.session.run import make_plan, run
+from g5core.lower.symmetry import plan_symmetry
 from g5core.inputs.systems import get_system
 
 from test_cli import invoke
@@ -122,7 +122,7 @@ def test_a_plugin_placing_ops_outside_the_replica_falls_back_to_every_chip():
 
 
 def test_the_size_guard_counts_the_replica_that_is_simulated():
-    from g5core.build.builder import check_size
+    from g5core.lower.builder import check_size
     from g5core.api.errors import ResourceError
 
     # llama-3.1-405b, 1M tokens, sixteen replicas of TP8 x CP16: 14 M ops and flows in all
@@ -133,7 +133,7 @@ def test_the_size_guard_counts_the_replica_that_is_simulated():
     assert sym.replicas == 16
     one = check_size(plan, None, sym.replicas)
     assert one.total < 1_000_000 and "in one of 16 identical replicas" in one.describe()
-    from g5core.build.builder import DEFAULT_MAX_OPS
+    from g5core.lower.builder import DEFAULT_MAX_OPS
     with pytest.raises(ResourceError, match=f"above the limit of {DEFAULT_MAX_OPS:,}"):
         check_size(plan)
 
@@ -167,9 +167,9 @@ def test_a_trace_of_a_run_that_simulated_one_replica_is_refused():
 def test_traffic_on_another_replicas_port_or_a_lowering_that_moves_unlike_refuses_symmetry():
     import attrs
 
-    from g5core.build.builder import build_dag
+    from g5core.lower.builder import build_dag
     from g5core.sim.engine import compile_dag
-    from g5core.build.symmetry import check_resources
+    from g5core.lower.symmetry import check_resources
 
     plan = make_plan(cfg(dp=2, tp=2))
     sym = plan_symmetry(plan.ctx)

@@ -58,7 +58,7 @@ def test_compute_model_keys_have_rows_with_their_ranges():
 
 def test_the_worked_nodes_per_leaf_example():
     """The 4-node example's figures are the topology's: two leaves of two nodes, 384 GB/s up."""
-    from g5core.build.topology import Topology
+    from g5core.lower.topology import Topology
     from g5core.inputs.systems import get_system
 
     assert "fabric: {nodes_per_leaf: 2, oversubscription: 2}" in DOC

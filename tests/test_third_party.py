@@ -9,7 +9,7 @@ import pytest
 
 from g5core import ConfigError, DagError, Dimension, hookimpl
 from g5core.present.render import render_explain
-from g5core.sim.run import make_plan, run
+from g5core.session.run import make_plan, run
 from plugin_sets import THIRD_PARTY
 
 

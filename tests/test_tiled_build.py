@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from g5core import CommOp, ComputeOp, DagError, Fragment
-from g5core.build.builder import _prefix_free, build_dag
+from g5core.lower.builder import _prefix_free, build_dag
 from g5core.api.ops import KEY_GROUP, KEY_PAIR, KEY_VERBATIM, join_key, split_key
-from g5core.build.dag import OpDag
+from g5core.lower.dag import OpDag
 from g5core.api.work import LogicalOp
-from g5core.build.layers import build_program
-from g5core.sim.run import make_plan
+from g5core.lower.layers import build_program
+from g5core.session.run import make_plan
 from plugin_sets import THIRD_PARTY
 import plugins.cp_passkv as passkv
 import plugins.tp as tp
@@ -51,7 +51,7 @@ def _columns(dag: OpDag) -> dict:
     _raw(tp=4, dp=1, cp=1, plugins={"tp": {"sp": True}}),                # reduce-scatter + all-gather
 ])
 def test_tiled_plugins_build_exactly_what_their_per_op_expansion_builds(raw, monkeypatch):
-    import g5core.build.builder as build
+    import g5core.lower.builder as build
 
     plan = make_plan(raw, disabled=THIRD_PARTY)
     tiled = build_dag(plan)
@@ -113,7 +113,7 @@ def test_a_tiled_fragment_reads_as_the_per_op_fragment_it_stands_for():
 
 def _plan_with(monkeypatch, frag_of, raw=None):
     """A plan whose core default fragment is ``frag_of(ctx, lop, chips)``."""
-    import g5core.build.builder as build
+    import g5core.lower.builder as build
 
     monkeypatch.setattr(build, "default_fragment", frag_of)
     return make_plan(raw or _raw(tp=1, dp=1, cp=1), disabled=THIRD_PARTY)

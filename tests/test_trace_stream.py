@@ -12,7 +12,7 @@ import pytest
 import trace_reference as ref
 from g5core.api.errors import ConfigError
 from g5core.present import trace
-from g5core.sim.run import load_raw, run
+from g5core.session.run import load_raw, run
 
 CASES = [
     ("examples/llama-3.1-8b-prefill.yaml", ["seq_len=4096", "chips=4", "parallel.tp=4"]),

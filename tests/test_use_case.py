@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from g5core.sim.run import load_raw, run
+from g5core.session.run import load_raw, run
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 SEQ_LEN = 131072

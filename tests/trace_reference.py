@@ -18,7 +18,7 @@ Perfetto draws the slices of one thread only when they nest, and flows on a port
 communication ops on a chip) overlap freely, so such a track is split into as many lanes
 as it needs (``port nic_tx``, ``port nic_tx #2``, ...), each lane holding slices that do
 not overlap. Times are in microseconds, as the format wants. The file is written to a
-temporary name and renamed (``g5core.present.outputs``), so a failed write never leaves a partial
+temporary name and renamed (``g5core.inputs.outputs``), so a failed write never leaves a partial
 trace behind.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import heapq
 import json
 
-from g5core.build.topology import KIND_NAMES, LINK_RX, LINK_TX, Topology
+from g5core.lower.topology import KIND_NAMES, LINK_RX, LINK_TX, Topology
 from g5core.api.ops import CommOp, ComputeOp
 from g5core.api.errors import G5Error
 from g5core.sim.compute import describe_kernels

@@ -29,7 +29,7 @@ import sys
 import attrs
 
 from g5core.inputs.systems import get_system
-from g5core.sim.collbench import collective_rows
+from g5core.session.collbench import collective_rows
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from fit_net_floors import rows  # noqa: E402

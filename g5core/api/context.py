@@ -2,7 +2,7 @@
 
 The annotations name the core's input records (``Deployment``: g5core.inputs.config,
 ``ModelSpec``: g5core.inputs.models, ``SystemSpec``: g5core.inputs.systems, ``RankMap``,
-``LocalShape``, ``Topology``: g5core.build) without importing them: the plugin contract
+``LocalShape``, ``Topology``: g5core.lower) without importing them: the plugin contract
 imports no implementation module (tests/test_layout.py).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from g5core.api.work import LogicalOp, Work
 class BuildContext(abc.ABC):
     """Everything a plugin may read while contributing to a run. Plugins must not mutate it.
 
-    The core makes it (:func:`g5core.build.builder.prepare`) as a subclass that answers the
+    The core makes it (:func:`g5core.lower.builder.prepare`) as a subclass that answers the
     three questions asked of the core's formulas, abstract here: :meth:`work`,
     :meth:`hidden_states_bytes` and :attr:`kv_bytes_per_token_local`.
     """
@@ -38,7 +38,7 @@ class BuildContext(abc.ABC):
     hooks: Hooks = attrs.field(repr=False)
     _layer_chips: dict = attrs.field(factory=dict, repr=False)
     #: when set, the only chips ops are placed on (one replica of a symmetric run:
-    #: g5core.build.symmetry); every other field still describes the whole cluster
+    #: g5core.lower.symmetry); every other field still describes the whole cluster
     replica_chips: Optional[tuple[int, ...]] = attrs.field(default=None, repr=False)
 
     def restricted(self, chips: tuple[int, ...]) -> "BuildContext":

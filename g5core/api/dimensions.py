@@ -25,7 +25,7 @@ class Dimension:
     is required.
     ``replicas``: the slices of chips along this (factor) dimension are independent replicas
     running the same work, so the core may simulate one and replicate its results where
-    it proves that exact (:mod:`g5core.build.symmetry`).
+    it proves that exact (:mod:`g5core.lower.symmetry`).
     ``moe_only``: the dimension splits routed experts, so a model without MoE layers has
     nothing for it to split: the layout search does not enumerate it, and leaves it out of
     what it prints, for a dense model.

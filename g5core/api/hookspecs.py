@@ -81,7 +81,7 @@ def g5_shard_factors(
 ) -> Optional[Mapping[str, int]]:
     """Divisors this plugin applies to one chip's share of the work (collect-all).
 
-    Keys are the shard axes of :class:`g5core.build.shape.LocalShape` (``tokens``, ``kv_len``,
+    Keys are the shard axes of :class:`g5core.lower.shape.LocalShape` (``tokens``, ``kv_len``,
     ``q_heads``, ``kv_heads``, ``kv_cache_heads``, ``ffn_cols``, ``experts``, ``expert_cols``,
     ``moe_tokens``, ``vocab``, ``norm_tokens``) or axes a plugin registered through
     ``g5_register_shard_axes``; values are positive integers. The core multiplies the
@@ -94,7 +94,7 @@ def g5_pipeline_microbatches(deployment: "Deployment", model: "ModelSpec") -> Op
     """Split the step into micro-batches that follow one another through the layers' chips
     (collect-all; at most one plugin may answer).
 
-    Return :class:`g5core.build.microbatch.PipelineMicrobatches`: ``batches`` (decode micro-batches
+    Return :class:`g5core.lower.microbatch.PipelineMicrobatches`: ``batches`` (decode micro-batches
     of sequences, which cycle) or ``chunks`` (consecutive prompt chunks), adding up to the
     deployment's ``batch`` or ``seq_len``; ``None`` (or one part) leaves the step whole. Each
     part is validated as a deployment of its own (``g5_validate_deployment``).
@@ -196,7 +196,7 @@ def g5_register_primitives(
 def g5_topology(system: "SystemSpec", chips: int) -> Optional["Topology"]:
     """The network of ``chips`` chips on ``system`` (first answer wins).
 
-    Return a :class:`g5core.build.topology.Topology`, or ``None`` to let the core build it from
+    Return a :class:`g5core.lower.topology.Topology`, or ``None`` to let the core build it from
     the system file (scale-up links, NICs, and an optional oversubscribed fabric tier).
     """
 
@@ -208,7 +208,7 @@ def g5_bench_ops(name: str, topology: "Topology", params: Mapping) -> Optional[t
 
     ``params`` are the command's options (e.g. ``tokens``, ``topk``). Return ``None`` for a
     name the plugin does not know, else ``(fragment, logical_bytes)``: a
-    :class:`~g5core.build.dag.Fragment` of communication ops over chips ``0 .. n-1`` of
+    :class:`~g5core.lower.dag.Fragment` of communication ops over chips ``0 .. n-1`` of
     ``topology`` (its edges order them) and a mapping from a bandwidth column's name to the
     bytes per rank it divides by the time (the figures the benchmark being reproduced
     reports).

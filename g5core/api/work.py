@@ -16,8 +16,8 @@ class LogicalOp:
     layer: int
     inputs: tuple[str, ...] = attrs.field(converter=tuple, default=())
     #: which copy of the program it belongs to when the step runs as micro-batches: a
-    #: pipeline's (g5core.build.microbatch: micro-batch ``j`` of cycle ``c`` is copy
-    #: ``c * m + j``) or a split step's (two-batch overlap, g5core.build.layers.micro_program);
+    #: pipeline's (g5core.lower.microbatch: micro-batch ``j`` of cycle ``c`` is copy
+    #: ``c * m + j``) or a split step's (two-batch overlap, g5core.lower.layers.micro_program);
     #: -1: the whole step
     micro: int = attrs.field(default=-1, kw_only=True)
     id: str = attrs.field(init=False, eq=False,

@@ -1,1 +1,1 @@
-"""From a validated deployment to the op DAG: the model as logical ops, one chip's share of the work, the rank map, the network, the expansion hooks called, the DAG store, symmetry and the size guard."""
+"""From a validated deployment to the op DAG: the model as logical ops, one chip's share of the work, the rank map, the network, the expansion hooks called, the collective lowering contract, the DAG store, symmetry and the size guard."""

@@ -12,23 +12,23 @@ import attrs
 import numpy as np
 import pluggy
 
-from g5core.sim.collective import collect_primitives
-from g5core.build.topology import Topology
+from g5core.lower.collective import collect_primitives
+from g5core.lower.topology import Topology
 from g5core.inputs.config import Deployment
-from g5core.build.dag import ID_DTYPE, ID_LIMIT, OpDag, require_lowering
+from g5core.lower.dag import ID_DTYPE, ID_LIMIT, OpDag, require_lowering
 from g5core.api.ops import KEY_VERBATIM, CommOp, ComputeOp, Fragment, Replicated, Tiled, _slot_op, split_key
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError, ResourceError
-from g5core.build.flops import activation_tensor_bytes
-from g5core.build.microbatch import CYCLES, PipelineMicrobatches, collect_pipeline_microbatches, part_contexts
-from g5core.build.layers import EMBED_LAYER, SYNC_KINDS, build_program, default_work, local_kv_bytes_per_token, micro_program
+from g5core.lower.flops import activation_tensor_bytes
+from g5core.lower.microbatch import CYCLES, PipelineMicrobatches, collect_pipeline_microbatches, part_contexts
+from g5core.lower.layers import EMBED_LAYER, SYNC_KINDS, build_program, default_work, local_kv_bytes_per_token, micro_program
 from g5core.api.work import LogicalOp, Work
 from g5core.api.context import BuildContext
 from g5core.inputs.models import ModelSpec, get_model
 from g5core.api.plugins import Hooks, describe_plugins
-from g5core.build.rankmap import RankMap
+from g5core.lower.rankmap import RankMap
 from g5core.api.options import collect_options
-from g5core.build.shape import LocalShape, collect_shard_axes, merge_factors
+from g5core.lower.shape import LocalShape, collect_shard_axes, merge_factors
 from g5core.inputs.systems import SystemSpec, get_system
 
 
@@ -41,7 +41,7 @@ class CoreBuildContext(BuildContext):
 
     _works: dict = attrs.field(factory=dict, repr=False)
     #: batches of ``deployment.batch`` sequences whose KV the chips keep at once: the decode
-    #: micro-batches cycling through a pipeline (g5core.build.microbatch), else 1
+    #: micro-batches cycling through a pipeline (g5core.lower.microbatch), else 1
     resident_batches: int = 1
     #: the shape whose activations a chip holds at its peak, where not ``shape``'s: the
     #: largest prompt chunk of a chunked (micro-batched) prefill
@@ -84,12 +84,12 @@ class Plan:
     hooks: Hooks
     ctx: BuildContext
     primitives: Mapping
-    #: the step's split into micro-batches (g5core.build.microbatch), None for a whole step
+    #: the step's split into micro-batches (g5core.lower.microbatch), None for a whole step
     microbatches: Optional[PipelineMicrobatches] = None
     #: one build context per micro-batch, in order
     part_contexts: tuple = ()
     #: the compute-latency lookup to compile with, when one outlives the run (a prepared
-    #: plan's, shared by its steps: g5core.sim.prepared); None: a fresh one per compile
+    #: plan's, shared by its steps: g5core.session.prepared); None: a fresh one per compile
     lookup: Optional[object] = None
     #: one context per micro-batch when a plugin splits the step (``g5_micro_batches``):
     #: the same deployment with that micro-batch's ``batch``, and its local shape
@@ -271,7 +271,7 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
     """The op DAG; with ``chips``, only the ops placed on them (one symmetric replica).
 
     ``contexts``: the build context of each program copy (``LogicalOp.micro``) of a
-    micro-batched program (g5core.build.microbatch); the plan's for the others.
+    micro-batched program (g5core.lower.microbatch); the plan's for the others.
 
     Ops, edges and each logical op's outputs (its tails per chip) are op ids; no key string
     is made for a repeated (:meth:`Fragment.tiled`, :meth:`Fragment.replicated`) fragment.
@@ -636,7 +636,7 @@ def _tile_key(op, tile: tuple, lop: LogicalOp) -> str:
 
 class ReplicaSpill(DagError):
     """A plugin placed an op outside the replica a symmetric build makes (condition 5 of
-    :mod:`g5core.build.symmetry`): the run falls back to every chip."""
+    :mod:`g5core.lower.symmetry`): the run falls back to every chip."""
 
 
 class _ReplicaChips(int):
@@ -713,7 +713,7 @@ WALL_S_PER_OP = 4.8e-6
 class SizeEstimate:
     ops: int
     flows: int
-    replicas: int = 1   # identical replicas, of which these ops and flows are one (g5core.build.symmetry)
+    replicas: int = 1   # identical replicas, of which these ops and flows are one (g5core.lower.symmetry)
 
     @property
     def total(self) -> int:
@@ -846,7 +846,7 @@ def _flow_count(op: CommOp, plan: Plan, cache: dict) -> int:
 def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1, cycles: int = CYCLES) -> SizeEstimate:
     """Refuse, before building anything, a run above ``max_ops`` ops and flows together
     (default :data:`DEFAULT_MAX_OPS`), stating the estimate and the memory it would need.
-    With ``replicas > 1`` one of that many identical replicas is simulated (g5core.build.symmetry):
+    With ``replicas > 1`` one of that many identical replicas is simulated (g5core.lower.symmetry):
     its share is what counts, estimated from the reduced plan (the cost of the check does
     not grow with the replicas). A micro-batched step counts one whole step per micro-batch
     (and per decode cycle, ``cycles`` of them, each with its token return): an upper bound,

@@ -2,7 +2,7 @@
 
 A plugin registers, per primitive name, a function ``lower(group, bytes_per_rank, topology)``
 that returns a :class:`Lowering`: a start latency, then flows that start together, each
-over a route of resources of the :class:`~g5core.build.topology.Topology`. The engine shares
+over a route of resources of the :class:`~g5core.lower.topology.Topology`. The engine shares
 every resource max-min fairly among the flows on it, so contention between collectives
 comes from the engine, never from the lowering.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 import math
 from typing import Callable, Mapping
 
-from g5core.build.dag import require_lowering
+from g5core.lower.dag import require_lowering
 from g5core.api.errors import G5Error, PluginError
 from g5core.api.plugins import Hooks
 from g5core.api.records import Lowering
-from g5core.build.topology import Topology
+from g5core.lower.topology import Topology
 
 
 #: The fraction of a chip's NVLink bandwidth that SM-driven copies between GPUs reach:

@@ -14,7 +14,7 @@ from g5core.api.errors import DagError
 from g5core.api.ops import _MAX_KEY_CHIP, KEY_VERBATIM, CommOp, ComputeOp, Op, join_key, split_key
 
 #: Op ids, chips, layers and spec ids are stored as int32 (4 bytes each): a run holds far
-#: fewer than 2**31 ops (the size guard, g5core.build.builder.check_size, refuses more).
+#: fewer than 2**31 ops (the size guard, g5core.lower.builder.check_size, refuses more).
 ID_CODE = "i"
 ID_DTYPE = np.int32
 ID_LIMIT = 2 ** 31 - 1

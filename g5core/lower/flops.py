@@ -168,3 +168,11 @@ def moe_unpermute(slots: float, hidden: float, top_k: float, act_bytes: float) -
     """The weighted sum of each token's ``top_k`` expert outputs back in token order: reads the
     ``slots`` rows and their weights, writes ``slots / top_k`` rows; 2 FLOPs per element read."""
     return 2.0 * slots * hidden, slots * (hidden * act_bytes + ROUTE_SLOT_BYTES) + slots / top_k * hidden * act_bytes
+
+def passq_reduce_elements(n_heads: float, d_v_sent: float) -> float:
+    """Numbers one rank's pass-Q partial carries per query token: ``n_h * d_v + 2 n_h``
+    (numerator per head plus the per-head max and denominator). ``d_v_sent`` is the value
+    width the rank sends: the head dim for GQA; for MLA ``v_head_dim``, because the
+    per-head up-projection ``W_UV`` is linear and may be applied before the merge (checked
+    by :func:`g5core.testing.reference.up_project`)."""
+    return n_heads * d_v_sent + 2.0 * n_heads

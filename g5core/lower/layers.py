@@ -13,19 +13,19 @@ from typing import Iterator
 
 import attrs
 
-from g5core.build import flops as F
+from g5core.lower import flops as F
 from g5core.sim.compute import Attention, Elementwise, Gemm
 from g5core.inputs.config import Deployment
 from g5core.api.errors import DagError
 from g5core.api.work import LogicalOp, Work
 from g5core.inputs.models import ModelSpec
-from g5core.build.shape import LocalShape
+from g5core.lower.shape import LocalShape
 
 EMBED_LAYER = -1
 
 # Kinds whose default expansion creates no op: they exist so a plugin can claim them.
 # ``token_return``: a decode micro-batch's sampled tokens handed from the LM head back to
-# the embedding of its next step (g5core.build.microbatch); nothing moves when they share chips.
+# the embedding of its next step (g5core.lower.microbatch); nothing moves when they share chips.
 SYNC_KINDS = frozenset({"boundary", "attn_in_gather", "attn_out_reduce", "ffn_in_gather", "ffn_out_reduce",
                         "token_return"})
 
@@ -49,7 +49,7 @@ def build_program(model: ModelSpec, micro: int = -1, head: bool = True) -> tuple
     """The logical ops of one forward step, in order, with their data dependencies (made
     once per model and arguments: the tuple and its ops are immutable).
 
-    ``micro``: the program copy every op belongs to (g5core.build.microbatch); ``head=False``
+    ``micro``: the program copy every op belongs to (g5core.lower.microbatch); ``head=False``
     leaves out the final norm and LM head (a prompt chunk before the last makes no token)."""
     ops: list[LogicalOp] = []
 
@@ -396,7 +396,7 @@ def step_attention_kernels(model: ModelSpec, deployment: Deployment, shape: Loca
 
 def step_attention_work(model: ModelSpec, deployment: Deployment, shape: LocalShape, groups=None) -> Work:
     """The attention work of a step on one chip: :func:`step_attention_kernels`, their FLOPs
-    and bytes summed (each kernel's from :mod:`g5core.build.flops`)."""
+    and bytes summed (each kernel's from :mod:`g5core.lower.flops`)."""
     kernels = step_attention_kernels(model, deployment, shape, groups)
     return Work(op_class="attention", flops=sum(k.flops for k in kernels), hbm_bytes=sum(k.hbm_bytes for k in kernels),
                 weight_class="", weight_elements=0.0, kernels=kernels)
@@ -416,7 +416,7 @@ def iter_layers(model: ModelSpec) -> Iterator[int]:
 
 # ----------------------------------------------------------------------------------------
 # Side kernels: the memory-bound kernels around the GEMMs and attention (issue 22). Each
-# kernel's FLOPs and bytes are g5core.build.flops formulas.
+# kernel's FLOPs and bytes are g5core.lower.flops formulas.
 # ----------------------------------------------------------------------------------------
 
 #: vLLM's paged attention v2 cuts the KV into partitions of 512 tokens and combines them with

@@ -10,7 +10,7 @@ A plugin splits the step by answering ``g5_pipeline_microbatches`` with a :class
   simulated (more when the last two differ), so the engine reaches its steady state; the
   interval between two cycles of the same micro-batch is the time per output token.
 - ``chunks`` (prefill): a prompt's tokens in consecutive chunks; chunk ``j`` attends over
-  the KV of the chunks before it (a prefix, :func:`g5core.build.flops.prefix_attention`)
+  the KV of the chunks before it (a prefix, :func:`g5core.lower.flops.prefix_attention`)
   and only the last one runs the LM head. The step ends when the last chunk does.
 
 The program is one copy of the model program per part (and cycle), issued in that order:
@@ -33,7 +33,7 @@ import attrs
 import numpy as np
 
 from g5core.api.errors import ConfigError, PluginError
-from g5core.build.layers import EMBED_LAYER, SYNC_KINDS, LogicalOp, build_program
+from g5core.lower.layers import EMBED_LAYER, SYNC_KINDS, LogicalOp, build_program
 from g5core.inputs.step import Step
 
 #: Decode cycles simulated first; doubled (up to MAX_CYCLES) while the last two cycle
@@ -116,7 +116,7 @@ def part_contexts(ctx, mb: PipelineMicrobatches, shape_of) -> list:
     step itself; prompt chunk ``j`` is the step of ``batch`` sequences running the chunk's
     tokens after the earlier chunks' (``Step.prefill(batch, T_j, cached_tokens=P_j)``).
     ``shape_of(deployment)``: the plugins' checks of a deployment, then its local shape
-    (:func:`g5core.build.builder.validated_shape`)."""
+    (:func:`g5core.lower.builder.validated_shape`)."""
     out, prefix = [], 0
     _, owner, name = mb.field.split(".")
     options = tuple((p, tuple((k, 1 if (p, k) == (owner, name) else v) for k, v in values))

@@ -29,7 +29,7 @@ from typing import Optional
 import attrs
 import numpy as np
 
-from g5core.build.topology import LINK_RX, NIC_RX, Topology
+from g5core.lower.topology import LINK_RX, NIC_RX, Topology
 
 
 @attrs.frozen(kw_only=True)
@@ -109,7 +109,7 @@ def plan_symmetry(ctx, off_reason: Optional[str] = None) -> Symmetry:
 
 def _slices_refused(ctx, dim: str, size: int) -> Optional[str]:
     """Conditions 1 and 2, from the rank map's structure (chip ids are mixed-radix numbers
-    over the factor dimensions, outermost first: :mod:`g5core.build.rankmap`): a factor
+    over the factor dimensions, outermost first: :mod:`g5core.lower.rankmap`): a factor
     dimension's slices are contiguous runs of chips exactly when every factor outside it
     has size 1; a factor dimension's group varies in its own coordinate only, so it lies
     in one slice; only a regrouping dimension that regroups over ``dim`` can span slices,
@@ -190,7 +190,7 @@ def representative_replicas(sym: Symmetry, topo: Topology) -> list[int]:
 
 def check_resources(sym: Symmetry, dag, compiled, plan) -> Optional[str]:
     """Condition 6: the reason slice 0's traffic is not private and alike in every slice, or None."""
-    from g5core.sim.collective import lower_op
+    from g5core.lower.collective import lower_op
 
     topo: Topology = plan.ctx.topology
     size = sym.slice_chips

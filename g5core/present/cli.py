@@ -7,7 +7,7 @@ import time
 
 import click
 
-from g5core.build.builder import DEFAULT_MAX_OPS
+from g5core.lower.builder import DEFAULT_MAX_OPS
 from g5core.api.errors import ConfigError, G5Error
 from g5core.sim.memory import GIB
 from g5core.present.render import render_calibrate, render_explain, render_summary, render_validate, table
@@ -89,8 +89,8 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, trace_layers, time
             max_ops):
     """Simulate one configuration (prefill: TTFT; decode: TPOT)."""
     from g5core.present.caveats import deployment_warnings
-    from g5core.present.outputs import check_outputs
-    from g5core.sim.run import input_files, load_raw, run
+    from g5core.inputs.outputs import check_outputs
+    from g5core.session.run import input_files, load_raw, run
     from g5core.present.trace import dump_timeline, dump_trace, parse_layers
 
     _check_max_ops(max_ops)
@@ -128,7 +128,7 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, trace_layers, time
 @_max_ops_option
 def explain_cmd(config, overrides, disabled, max_ops):
     """Validate a configuration and explain its layout: groups, nodes, model, system."""
-    from g5core.sim.run import load_raw, make_plan
+    from g5core.session.run import load_raw, make_plan
 
     from g5core.present.caveats import deployment_warnings
 
@@ -183,7 +183,7 @@ def scan_cmd(config, overrides, disabled, db_path, cp_values, seq_lens, hidden_t
     """CP validation scan (the cp plugin's sweep preset): a cp x seq_len grid with chips fixed (dp
     auto); checks that TTFT does not rise with cp where the ring traffic is hidden. Exit 1 if it
     does, or if no cell ran."""
-    from g5core.sim.run import load_raw
+    from g5core.session.run import load_raw
     from g5core.study.sweep import default_progress, run_preset
 
     raw = load_raw(config, overrides)
@@ -234,10 +234,10 @@ def _finish_sweep_output(sweep) -> None:
 def serve_cmd(config, overrides, disabled, workload, requests, rate, concurrency, isl, osl, slo, seed, exact, as_json,
               requests_csv, trace_path, db_path):
     """Simulate a service: requests through routers and continuous-batching instances."""
-    from g5core.present.outputs import check_outputs
+    from g5core.inputs.outputs import check_outputs
     from g5core.serve.command import serve_command
 
-    from g5core.sim.run import input_files, load_raw
+    from g5core.session.run import input_files, load_raw
 
     raw = load_raw(config, overrides)
     inputs = input_files(config, raw)
@@ -262,12 +262,12 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
 
     Use --set parallel.dp=auto to keep the chip count fixed while other dimensions change.
     Invalid points are recorded with their error and skipped. Exit 1 when no cell ran."""
-    from g5core.sim.run import load_raw
+    from g5core.session.run import load_raw
     from g5core.study.sweep import default_progress, parse_grid, run_sweep
 
     raw = load_raw(config, overrides)
     axes = parse_grid(grid)
-    from g5core.serve.sweep import is_serving_sweep, render_rows, run_serving_sweep
+    from g5core.study.serve_sweep import is_serving_sweep, render_rows, run_serving_sweep
 
     if is_serving_sweep(raw, axes):  # a configuration with a serving block: g5 serve at every point
         rows = run_serving_sweep(raw, axes, db_path, disabled, inputs=[config],
@@ -330,7 +330,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked.
 
     With --serve: the serving search (see g5core/study/serve_search.py)."""
-    from g5core.sim.run import load_raw
+    from g5core.session.run import load_raw
     from g5core.study.search import best_layouts
     from g5core.present.render import render_best
     from g5core.study.sweep import default_progress
@@ -387,15 +387,15 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key, where):
     """Plot a results database (PNG or SVG)."""
     from g5core.present.plots import figure_bytes, image_format, make_figure, parse_where
     from g5core.present.report import auto_dims, load_rows
-    from g5core.present.outputs import check_output_path, write_atomically
+    from g5core.inputs.outputs import check_output_path, write_atomically
 
     output = output or f"g5-{kind}.png"
     fmt = image_format(output)
     conditions = parse_where(where)
     target = check_output_path(output, "-o", inputs=[db])
     if kind.startswith("serve-"):
-        from g5core.serve.db import load_serving_rows
-        from g5core.serve.plots import load_search_rows, serve_figure
+        from g5core.study.serve_db import load_serving_rows
+        from g5core.present.serve_plots import load_search_rows, serve_figure
 
         fig = serve_figure(kind, load_search_rows(db) if kind == "serve-pareto" else load_serving_rows(db))
     else:
@@ -417,7 +417,7 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key, where):
 def report_cmd(db, fmt, sweep_id, serving, output):
     """The rows of a results database as a table."""
     from g5core.present.report import load_rows, load_serving, render, render_serving
-    from g5core.present.outputs import check_output_path, write_atomically
+    from g5core.inputs.outputs import check_output_path, write_atomically
 
     target = check_output_path(output, "-o", inputs=[db]) if output else None
     if serving:
@@ -510,7 +510,7 @@ def collective_cmd(op, system_name, chips, sizes, factor, disabled, dtype, redop
     previous); nccl-tests names such as allreduce and alltoall work too. ep_dispatch /
     ep_combine: one MoE dispatch or combine over the chips, token count by token count,
     shaped like DeepEP's tests (time per call, logical RDMA and NVLink bandwidth)."""
-    from g5core.sim.collbench import bench_rows, collective_rows, size_range
+    from g5core.session.collbench import bench_rows, collective_rows, size_range
     from g5core.present.render import render_bench_rows, render_collective
     from g5core.inputs.systems import get_system
 

@@ -394,7 +394,7 @@ def timeline_figure(row: Mapping, group_dim: str = "cp", layer: Optional[int] = 
     simulation: compute in blue, each kind of communication (its reason: ring traffic, TP
     all-reduce, ...) in its own colour; ops wide enough are named on their bars."""
     from g5core.api.ops import ComputeOp
-    from g5core.sim.run import run
+    from g5core.session.run import run
 
     plt = _pyplot()
     out = run(row["config"], disabled=row.get("disabled") or ())

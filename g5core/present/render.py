@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from g5core.sim.collbench import ALIASES
+from g5core.session.collbench import ALIASES
 from g5core.sim.compute import MEASURED
 from g5core.sim.memory import GIB
 from g5core.sim.results import network_load, step_choices
@@ -56,7 +56,7 @@ def _options_note(dep) -> str:
 
 
 def _pipeline_line(p: dict, pp: int, tokens_per_s_per_chip: float) -> str:
-    """What a micro-batched run measured (g5core.build.microbatch)."""
+    """What a micro-batched run measured (g5core.lower.microbatch)."""
     if "chunk_tokens" in p:
         sizes = sorted(set(p["chunk_tokens"]))
         return (f"pipeline: every prompt in {p['microbatches']} chunks of {' or '.join(map(str, sizes))} tokens "
@@ -194,7 +194,7 @@ def render_explain(plan, given_dims: tuple[str, ...] = ()) -> str:
     if s.kv_cache_shard > 1:
         kv_local += f" ({s.kv_heads / s.kv_cache_shard:g} of them in its KV cache)"
     if dep.path != "math":
-        from g5core.build.symmetry import plan_symmetry
+        from g5core.lower.symmetry import plan_symmetry
         lines.append(plan_symmetry(ctx).describe())
     lines.append(f"per chip: {s.tokens:g} tokens in non-attention ops, {s.q_heads:g} query heads, {kv_local}, "
                  f"KV of {s.kv_len:g} tokens per sequence")

@@ -118,7 +118,7 @@ SERVING_MARKDOWN_COLUMNS = ("model", "system", "chips", "deployment", "rate (req
 
 def load_serving(db_path, sweep_id: Optional[int] = None) -> list[dict]:
     """The serving rows of ``db_path``, JSON columns decoded (``--sweep`` selects sweep rows only)."""
-    from g5core.serve.db import load_serving_rows
+    from g5core.study.serve_db import load_serving_rows
 
     if sweep_id is not None:
         raise ConfigError("--sweep", "selects a sweep's rows; serving rows are not grouped by sweep: drop --sweep")

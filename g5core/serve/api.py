@@ -188,7 +188,7 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
     ``runner``: ``groups -> latency_s`` instead of the plan's engine (tests);
     ``runner_for``: ``(pool configuration, prepared plan) -> runner``, one per pool (a
     caller sharing step latencies between deployments of the same layout)."""
-    from g5core.sim.prepared import prepare
+    from g5core.session.prepared import prepare
 
     longest_prompt = max(r.input_tokens for r in workload.requests)
     longest = max(r.input_tokens + r.output_tokens - 1 for r in workload.requests)
@@ -241,8 +241,8 @@ def kv_transfer(pools, plans):
     instance, all at once, over the network of both pools' chips (scale-up links inside a
     node, NICs and fabric between nodes); the time is when the busiest link is done plus one
     message's start latency. Transfers do not contend with one another or with the steps."""
-    from g5core.build.builder import make_topology
-    from g5core.sim.collective import idle_transfer_s
+    from g5core.lower.builder import make_topology
+    from g5core.lower.collective import idle_transfer_s
 
     (pp, (plan, sizing)), dp = (pools[0], plans[0]), pools[1]
     topo = make_topology(plan.hooks, plan.ctx.system, pools[0].chips + pools[1].chips)

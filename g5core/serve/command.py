@@ -35,7 +35,7 @@ def serve_command(raw: Mapping, disabled, targets, db_path, inputs, *, as_json: 
         import os
 
         from g5core.api.errors import ConfigError
-        from g5core.serve.db import open_serving_db
+        from g5core.study.serve_db import open_serving_db
 
         for option in ("--requests-csv", "--trace"):
             other = targets.path(option)

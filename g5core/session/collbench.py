@@ -105,10 +105,10 @@ def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterabl
 def collective_compiler(primitive: str, system_name: str, chips: int, disabled: Iterable[str] = ()):
     """A function of the size in bytes per rank: the compiled DAG of one ``primitive`` over
     chips ``0 .. chips - 1`` of ``system_name``, lowered by the enabled plugins."""
-    from g5core.build.builder import make_topology
-    from g5core.sim.collective import collect_primitives
+    from g5core.lower.builder import make_topology
+    from g5core.lower.collective import collect_primitives
     from g5core.api.ops import CommOp
-    from g5core.build.dag import OpDag
+    from g5core.lower.dag import OpDag
     from g5core.sim.engine import compile_ops
     from g5core.api.plugins import Hooks, make_plugin_manager
     from g5core.inputs.systems import SystemSpec, get_system
@@ -144,9 +144,9 @@ def bench_rows(name: str, system_name: str, chips: int, tokens: Iterable[int], p
     """``g5 collective NAME`` for a name a plugin answers through ``g5_bench_ops`` (EP
     dispatch and combine): one row per token count, ``tokens, time_s, <column>_bytes_per_s``
     for every logical-bytes column the plugin gives (bytes per rank / time), ``algorithm``."""
-    from g5core.build.builder import make_topology
-    from g5core.build.dag import OpDag
-    from g5core.sim.collective import collect_primitives
+    from g5core.lower.builder import make_topology
+    from g5core.lower.dag import OpDag
+    from g5core.lower.collective import collect_primitives
     from g5core.sim.engine import Engine, compile_ops
     from g5core.api.plugins import Hooks, make_plugin_manager
     from g5core.inputs.systems import get_system

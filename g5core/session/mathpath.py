@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import attrs
 
-from g5core.build.builder import Plan, expand
+from g5core.lower.builder import Plan, expand
 from g5core.inputs.step import phase_metrics
-from g5core.sim.collective import idle_transfer_s, lower_op
+from g5core.lower.collective import idle_transfer_s, lower_op
 from g5core.sim.compute import LatencyLookup, coverage_report
-from g5core.build.topology import Topology
+from g5core.lower.topology import Topology
 from g5core.api.ops import CommOp, ComputeOp
-from g5core.build.layers import build_program
+from g5core.lower.layers import build_program
 
 
 @attrs.frozen(kw_only=True)

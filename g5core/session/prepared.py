@@ -34,9 +34,9 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 import attrs
 
 from g5core.api.errors import ConfigError, ResourceError
-from g5core.build.builder import DEFAULT_MAX_OPS, check_size, plan_for_step
-from g5core.build.shape import collect_shard_axes
-from g5core.build.symmetry import off_reason, plan_symmetry
+from g5core.lower.builder import DEFAULT_MAX_OPS, check_size, plan_for_step
+from g5core.lower.shape import collect_shard_axes
+from g5core.lower.symmetry import off_reason, plan_symmetry
 from g5core.inputs.config import Deployment, apply_overrides, load_config_file
 from g5core.inputs.step import Step, as_step, phase_metrics
 from g5core.sim.results import step_choices
@@ -93,7 +93,7 @@ class PreparedPlan:
 
     Build it with :func:`prepare`. Attributes: ``deployment`` (the validated deployment of
     the configuration's own step), ``plan`` (the prepared run of that step,
-    :class:`g5core.build.builder.Plan`), ``symmetry`` (the replica decision, made once),
+    :class:`g5core.lower.builder.Plan`), ``symmetry`` (the replica decision, made once),
     ``lookup`` (the compute-latency lookup shared by every step)."""
 
     def __init__(self, plan, symmetry: bool | str = True, max_ops: Optional[int] = None, check: bool = True):
@@ -124,7 +124,7 @@ class PreparedPlan:
     # -- steps -----------------------------------------------------------------------------
 
     def plan_for(self, step) -> Any:
-        """The prepared run (:class:`g5core.build.builder.Plan`) of ``step``: validated and
+        """The prepared run (:class:`g5core.lower.builder.Plan`) of ``step``: validated and
         shaped, everything else shared with this plan."""
         step = as_step(step)
         got = self._plans.get(step)
@@ -150,12 +150,12 @@ class PreparedPlan:
             self.hits += 1
             return hit
         self.misses += 1
-        from g5core.sim.run import simulate as simulate_plan  # run imports this module's users
+        from g5core.session.run import simulate as simulate_plan  # run imports this module's users
 
         plan = self.plan_for(step)
         self.lookup.deployment = plan.ctx.deployment
         if plan.ctx.deployment.path == "math":  # the closed form, as `g5 run` gives it for path: math
-            from g5core.sim.mathpath import math_estimate
+            from g5core.session.mathpath import math_estimate
 
             sim = math_estimate(plan)
         else:
@@ -169,7 +169,7 @@ class PreparedPlan:
                                 f"{self.max_ops:,}; raise the limit (max_ops) or use a smaller deployment")
         ledger = memory_report(plan.ctx)
         dep = plan.ctx.deployment
-        from g5core.sim.run import tokens_per_s_per_chip
+        from g5core.session.run import tokens_per_s_per_chip
 
         metrics = phase_metrics(dep.phase, sim.latency_s)
         result = StepResult(
@@ -270,7 +270,7 @@ def sample_program(ctx):
     """The logical ops of one layer of each kind (the same logical ops, on the same chips,
     after a layer on the same chips: the size estimate's classes), the embedding and the
     head, in program order, each keeping only the inputs the sample holds."""
-    from g5core.build.layers import build_program
+    from g5core.lower.layers import build_program
 
     model = ctx.model
     program = build_program(model)
@@ -291,7 +291,7 @@ def sample_program(ctx):
 
 
 def _sample_dag(plan, sym, program):
-    from g5core.build.builder import build_dag
+    from g5core.lower.builder import build_dag
 
     return build_dag(plan, program=program, chips=sym.chips() if sym.applied else None)
 
@@ -316,9 +316,9 @@ def _run_built(plan, dag, sym, check: bool, edges):
 
     from g5core.sim.engine import Engine, compile_dag
     from g5core.sim.results import check_conservation, summarize
-    from g5core.sim.run import _check_finite, _gc_paused
+    from g5core.session.run import _check_finite, _gc_paused
 
-    from g5core.build.symmetry import check_resources
+    from g5core.lower.symmetry import check_resources
 
     with _gc_paused():
         t0 = time.perf_counter()
@@ -350,8 +350,8 @@ def prepare(config: Mapping | Deployment | str | pathlib.Path, *, overrides: Ite
     ``config``: a configuration mapping, a validated Deployment, or the path of a YAML, TOML
     or JSON file; ``overrides`` are ``dotted.key=value`` strings as ``--set`` takes them
     (``step.0.cached_tokens=4096``); ``disabled`` names plugins to disable; ``symmetry``
-    and ``max_ops`` as for :func:`g5core.sim.run.run`. Bad input raises ConfigError."""
-    from g5core.sim.run import make_plan
+    and ``max_ops`` as for :func:`g5core.session.run.run`. Bad input raises ConfigError."""
+    from g5core.session.run import make_plan
 
     if isinstance(config, (str, pathlib.Path)):
         config = load_config_file(config)

@@ -14,18 +14,18 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
-from g5core.build.builder import Plan, ReplicaSpill, build_dag, check_size, prepare
-from g5core.build.microbatch import (
+from g5core.lower.builder import Plan, ReplicaSpill, build_dag, check_size, prepare
+from g5core.lower.microbatch import (
     CYCLES, MAX_CYCLES, copy_contexts, head_end_times, microbatch_program, steady_cycle_s,
 )
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load_config_file
 from g5core.sim.engine import Engine, compile_dag
-from g5core.sim.mathpath import MathResult, math_estimate
+from g5core.session.mathpath import MathResult, math_estimate
 from g5core.sim.memory import MemoryReport, memory_report
 from g5core.api.plugins import make_plugin_manager
 from g5core.sim.results import SimResult, check_conservation, step_choices, summarize
-from g5core.build.symmetry import check_reduced_dag, check_resources, off_reason, plan_symmetry
+from g5core.lower.symmetry import check_reduced_dag, check_resources, off_reason, plan_symmetry
 
 
 def load_raw(path, overrides: Iterable[str] = ()) -> dict:
@@ -66,7 +66,7 @@ def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True, progress
     ``progress``, when given, receives one line per phase (for long runs);
     ``record_port_rates`` keeps every port's bandwidth over time (for traces).
     ``symmetry``: simulate one of identical independent replicas where that is exact
-    (:mod:`g5core.build.symmetry`); ``False`` (or a string: the reason) simulates every chip.
+    (:mod:`g5core.lower.symmetry`); ``False`` (or a string: the reason) simulates every chip.
     ``timings``, when given, receives the wall seconds of each phase (build, compile,
     engine, report: benchmarks/bench.py). Where a symmetric run falls back to every chip
     after its build, the full run is checked against ``max_ops`` first."""

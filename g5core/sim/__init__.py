@@ -1,1 +1,1 @@
-"""From an op DAG to results: collective lowering, compute lookup, the compiler and event engine, results, the memory ledger, the math path, and `run`."""
+"""From the op DAG to results: compute lookup, the compiler and event engine, conservation and reports, the memory ledger."""

@@ -17,7 +17,7 @@ kernels it runs, each with its shape:
 Two ops with equal FLOPs and bytes but different shapes are different ops: the latency
 lookup (:class:`LatencyLookup`, used by the engine and by the Math path alike) is keyed
 on ``(op class, dtype, kernels, FLOPs, bytes)`` and asks ``g5_compute_latency`` once per
-distinct key. Each kernel's FLOPs and bytes come from :mod:`g5core.build.flops` (the one place
+distinct key. Each kernel's FLOPs and bytes come from :mod:`g5core.lower.flops` (the one place
 those formulas live).
 
 A latency plugin answers with seconds, or with a :class:`ComputeTime` that also says how
@@ -31,7 +31,7 @@ from typing import Union
 
 import attrs
 
-from g5core.build import flops as F
+from g5core.lower import flops as F
 from g5core.api.errors import DagError, PluginError
 
 ATTENTION_BLOCKS = ("causal", "full", "decode")
@@ -335,7 +335,7 @@ def coverage_from_columns(answer_ids, chips, flops, system, latency_s: float, n_
     run's latency (achieved TFLOP/s) and its MFU, ``sum(op FLOPs / dense peak of the op's
     dtype) / latency`` (each chip's sums in op order). With ``replicas > 1`` the ops are
     those of chips ``0..replica_chips-1``, and every other replica of that many chips ran
-    the same (g5core.build.symmetry). Coverage sums are exactly rounded (``math.fsum``).
+    the same (g5core.lower.symmetry). Coverage sums are exactly rounded (``math.fsum``).
     """
     import numpy as np
 
@@ -400,7 +400,7 @@ def coverage_from_columns(answer_ids, chips, flops, system, latency_s: float, n_
 
 def describe_kernels(kernels, fusions=None) -> str:
     """The kernels of a compute op as the timeline shows them: each kernel's name and shape,
-    its FLOPs and HBM bytes (:mod:`g5core.build.flops`), separated by ``;``; with ``fusions``
+    its FLOPs and HBM bytes (:mod:`g5core.lower.flops`), separated by ``;``; with ``fusions``
     (g5core.inputs.framework.kernel_fusions), a fused kernel ends in ``fused=<fusion>``."""
     def one(i, k):
         text = f"{k.describe()} flops={k.flops!r} bytes={k.hbm_bytes!r}"

@@ -10,7 +10,7 @@ Model:
   is program order (layer by layer, as a framework issues its kernels);
 - a communication op starts when all its predecessors are done, waits its start latency,
   then releases its flows; each flow crosses the resources (ports) of its route (a chip's
-  link send or receive side, a NIC's, a fabric tier's: :mod:`g5core.build.topology`), and the
+  link send or receive side, a NIC's, a fabric tier's: :mod:`g5core.lower.topology`), and the
   flows on a resource share it max-min fairly; rates are recomputed (per connected set of
   resources and flows) whenever a flow starts or ends; the op ends with its last flow;
 - events are kept by time: the events of one time are a batch, processed in the order they
@@ -32,10 +32,10 @@ from typing import Optional
 import attrs
 import numpy as np
 
-from g5core.sim.collective import lower_op
+from g5core.lower.collective import lower_op
 from g5core.sim.compute import LatencyLookup
-from g5core.build.topology import Topology
-from g5core.build.dag import OpDag
+from g5core.lower.topology import Topology
+from g5core.lower.dag import OpDag
 from g5core.api.errors import DagError, G5Error
 
 # A flow that ends with |bytes left| below this fraction of its size delivered everything:
@@ -157,7 +157,7 @@ class CompiledDag:
 
 
 def compile_dag(dag: OpDag, plan, edges: Optional[tuple] = None) -> CompiledDag:
-    """:func:`compile_ops` of a prepared run's DAG (``plan``: g5core.build.builder.Plan),
+    """:func:`compile_ops` of a prepared run's DAG (``plan``: g5core.lower.builder.Plan),
     with the plan's compute-latency lookup where it keeps one (a prepared plan's, shared by
     its steps); ``edges`` as :func:`compile_ops` takes them."""
     ctx = plan.ctx
@@ -170,7 +170,7 @@ def compile_ops(dag: OpDag, *, topology: Topology, primitives: Mapping, hooks, s
     """Ask the plugins once per distinct op (spec) for durations and lowerings; validate;
     return columns made with numpy from the per-spec answers (no Python work per op).
     Edges are de-duplicated and turned into successor lists. ``primitives`` are the
-    lowerings (g5core.sim.collective.collect_primitives); ``hooks``, ``system`` and
+    lowerings (g5core.lower.collective.collect_primitives); ``hooks``, ``system`` and
     ``deployment`` answer the compute latencies (a DAG of comm ops only needs none), through
     ``lookup`` when given (its cache kept), else a fresh lookup. ``edges``, when given, are
     the successor lists (``(succ, pred_count)`` of a compiled DAG with the same ops and

@@ -59,7 +59,7 @@ def activation_peak_bytes(ctx, layers: list[int]) -> float:
     """
     if not layers:
         return 0.0
-    from g5core.build.layers import attention_dims, group_kind, local_projections
+    from g5core.lower.layers import attention_dims, group_kind, local_projections
 
     m, s = ctx.model, ctx.activation_shape or ctx.shape
     d = m.hidden_size
@@ -178,7 +178,7 @@ def _ranges(chips: list[int]) -> str:
 def weight_bytes_by_chip(ctx, kinds=None) -> tuple[dict[int, float], dict[int, list[int]]]:
     """Weight bytes each chip holds, of the logical ops of ``kinds`` (None: every op), and
     the decoder layers each chip holds (the one formula: weight elements x their bytes)."""
-    from g5core.build.layers import WEIGHT_CLASS, build_program, weight_elements
+    from g5core.lower.layers import WEIGHT_CLASS, build_program, weight_elements
 
     m, dep, s = ctx.model, ctx.deployment, ctx.shape
     weights: dict[int, float] = {c: 0.0 for c in ctx.all_chips}
@@ -208,7 +208,7 @@ def core_terms(ctx) -> list[MemoryTerm]:
     layers they hold (numpy, from the distinct chip sets of the layers) and each term is
     worked out once per group, in the same order of additions as chip by chip
     (:func:`weight_bytes_by_chip` is the chip-by-chip form)."""
-    from g5core.build.layers import WEIGHT_CLASS, build_program, weight_elements
+    from g5core.lower.layers import WEIGHT_CLASS, build_program, weight_elements
 
     m, dep, s = ctx.model, ctx.deployment, ctx.shape
     n = ctx.rankmap.chips

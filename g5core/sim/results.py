@@ -9,10 +9,10 @@ import numpy as np
 
 from g5core.inputs.step import phase_metrics
 from g5core.sim.compute import coverage_from_columns, exact_sum_repeated
-from g5core.build.dag import OpDag
+from g5core.lower.dag import OpDag
 from g5core.sim.engine import CompiledDag, Engine
 from g5core.api.errors import ConservationError
-from g5core.build.symmetry import WHOLE_RUN, Symmetry
+from g5core.lower.symmetry import WHOLE_RUN, Symmetry
 
 # Sums of intervals (comm time, its exposed part) agree with one another to about this
 # fraction of their size: closer than this they are equal, the difference float rounding.
@@ -115,7 +115,7 @@ class SimResult:
     symmetry: Symmetry = attrs.field(factory=Symmetry)  # what was simulated (ops, flows, events: of that)
     mean_heap_len: float = attrs.field(repr=False, default=0.0)  # Engine.mean_heap_len (benchmarks)
     batches: int = attrs.field(repr=False, default=0)  # Engine.batches: distinct event times (benchmarks)
-    #: a micro-batched step (g5core.build.microbatch): how it was split and what the engine
+    #: a micro-batched step (g5core.lower.microbatch): how it was split and what the engine
     #: measured; None for a whole step
     pipeline: Optional[dict] = None
 
@@ -146,7 +146,7 @@ class SimResult:
 
 def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float, symmetry: Symmetry = WHOLE_RUN) -> SimResult:
     """The results of a run; with symmetry applied, ``dag`` and ``engine`` hold one replica and
-    the totals are those of ``symmetry.replicas`` alike replicas (g5core.build.symmetry)."""
+    the totals are those of ``symmetry.replicas`` alike replicas (g5core.lower.symmetry)."""
     d = engine.dag
     k = symmetry.replicas
     kpis = conservation_kpis(engine)
@@ -231,7 +231,7 @@ def comm_bytes_by_reason(dag: OpDag, d: CompiledDag, replicas: int = 1) -> dict:
     fbytes = d.flow_bytes / d.wire_factor[d.flow_op]
     fsrc = d.flow_src
     # a flow whose first resource is a receive side (a chip's traffic down from an in-switch
-    # reduction) is received, not sent (send sides have even resource ids: g5core.build.topology)
+    # reduction) is received, not sent (send sides have even resource ids: g5core.lower.topology)
     sends = np.asarray([route[0] % 2 == 0 for route in d.routes], dtype=bool)[d.flow_route]
     by_reason, per_rank = {}, {}
     for r, name in enumerate(reasons):
@@ -361,7 +361,7 @@ def network_load(sim: SimResult, topology) -> list[dict]:
     ``busiest_port``, ``busiest_bytes``, ``utilization`` (its bytes over its capacity times
     the step) and ``busy_fraction`` (the share of the step a flow was on it). A tier no
     flow crossed is left out."""
-    from g5core.build.topology import KIND_NAMES
+    from g5core.lower.topology import KIND_NAMES
 
     d = sim.compiled
     n_ports = len(d.port_capacity)

@@ -30,7 +30,7 @@ import time
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 from g5core.api.errors import ConfigError, G5Error
-from g5core.present.outputs import check_output_path
+from g5core.inputs.outputs import check_output_path
 
 SCHEMA_VERSION = "1"
 # sqlite3's default is 5 s; a sweep shares its file with other sweeps and readers, so it

@@ -136,7 +136,7 @@ def prefilter(raw: Mapping, layouts: Sequence[dict], disabled: Sequence[str] = (
               extra_plugins: Sequence = ()) -> tuple[list[dict], list[Exclusion]]:
     """Split layouts into those to simulate and those excluded (invalid, or not fitting by the ledger)."""
     from g5core.sim.memory import memory_report
-    from g5core.sim.run import make_plan
+    from g5core.session.run import make_plan
 
     keep, excluded = [], []
     for par in layouts:

@@ -363,7 +363,7 @@ def _lone(workload: Mapping) -> dict:
 def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, workload: Mapping, slo: str,
                 disabled=(), runner_for=None) -> dict:
     """One layout at one chunk size: valid? KV pool? one request alone (TTFT, TPOT)?"""
-    from g5core.sim.run import make_plan
+    from g5core.session.run import make_plan
 
     raw = _layout_config(base, chips, parallel)
     raw["serving"] = {"instances": 1, "scheduler": {**dict((base.get("serving") or {}).get("scheduler") or {}),

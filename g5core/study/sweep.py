@@ -8,7 +8,7 @@ The machinery knows no parallel strategy:
   the other factor dimensions of the dimension registry, so the chip count stays fixed
   while cp or tp changes (:func:`resolve_auto`).
 - :func:`run_cell` is a picklable top-level function: configuration in, the database row
-  out (a :class:`~g5core.sim.run.RunOutput` holds the plugin manager and the DAG and does not
+  out (a :class:`~g5core.session.run.RunOutput` holds the plugin manager and the DAG and does not
   cross processes). An invalid point becomes an ``error`` row with its message.
 - Executors: ``local`` (in-process with one worker, else worker processes) and ``dask``
   (Dask distributed: a local cluster, or ``dask:ADDRESS`` for a running scheduler). The
@@ -156,7 +156,7 @@ def resolved_config(raw: Mapping, dims: DimensionRegistry) -> dict:
 
 
 def output_columns(out) -> dict[str, Any]:
-    """The result columns of a database row from one :class:`~g5core.sim.run.RunOutput`."""
+    """The result columns of a database row from one :class:`~g5core.session.run.RunOutput`."""
     data = out.to_json_dict()
     mem = out.memory
     worst = mem.worst()
@@ -178,7 +178,7 @@ def run_cell(raw: Mapping, disabled: Sequence[str] = (), runner: Optional[Callab
     A G5 error (invalid layout, refused configuration) is a row with ``status = 'error'``
     and the message; any other exception is a bug and propagates.
     """
-    from g5core.sim.run import run
+    from g5core.session.run import run
 
     t0 = time.perf_counter()
     try:
@@ -429,7 +429,7 @@ def _plan_cell(n: int, base: Mapping, point: Mapping, disabled: Sequence[str], d
 
 def check_base(base: Mapping, disabled: Sequence[str] = (), extra_plugins: Sequence = ()) -> None:
     """The base configuration must be valid by itself (after ``auto``): an error before any file is written."""
-    from g5core.sim.run import make_plan
+    from g5core.session.run import make_plan
 
     names = all_disabled(base, disabled)
     raw = resolve_auto(base, _Dims(extra_plugins)(names))
@@ -445,7 +445,7 @@ def run_sweep(base: Mapping, grid: Grid, db_path, *, disabled: Sequence[str] = (
     Checks happen before anything is written: the grid, the executor, the base
     configuration (valid by itself) and the database path. ``progress`` is a callable
     taking one line, a progress object (:func:`default_progress`), or ``None``.
-    ``runner`` (in-process executor only) replaces :func:`g5core.sim.run.run` for tests.
+    ``runner`` (in-process executor only) replaces :func:`g5core.session.run.run` for tests.
     """
     if not grid:
         raise ConfigError("--grid", "needs at least one KEY=V1,V2,... axis")

@@ -117,7 +117,7 @@ def row_config(row: Row, system_override: str | None = None) -> dict:
 
 
 def predict_ms(row: Row, csv_path, system_override: str | None = None) -> float:
-    from g5core.sim.run import run  # late import: run imports the engine
+    from g5core.session.run import run  # late import: run imports the engine
     raw = row_config(row, system_override)
     try:
         out = run(raw)
@@ -223,7 +223,7 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
               show: Callable[[dict], None] = lambda report: None) -> dict:
     """Fit ``keys`` of the rows' system; write the fitted system file to ``output``.
 
-    ``output`` is checked before the fit as every output is (:mod:`g5core.present.outputs`;
+    ``output`` is checked before the fit as every output is (:mod:`g5core.inputs.outputs`;
     an existing file is refused: calibrate never overwrites) and written atomically after
     ``show(report)`` had the report, so a failed write loses nothing but the file. The
     file is refused when the fit's leave-one-out error is worse than the prior's error,
@@ -232,7 +232,7 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
         from scipy.optimize import least_squares
     except ImportError:
         raise ConfigError("calibrate", "needs scipy: python3 -m pip install -e '.[measured]'") from None
-    from g5core.present.outputs import check_outputs
+    from g5core.inputs.outputs import check_outputs
 
     keys = [k.strip() for k in keys if k.strip()]
     if not keys:

@@ -28,8 +28,8 @@ wrong, and returns ``None`` when the contract holds. ``HOOK_CHECKS`` maps every 
 :mod:`g5core.api.hookspecs` to the checks that test it; :func:`check_hook_coverage` (the
 meta-check) fails when a hook is added without a check or a docstring.
 
-The checks only call the build phase (:func:`g5core.build.builder.prepare`, :func:`~g5core.build.builder.expand`,
-:func:`~g5core.build.builder.build_dag`), the plugins' own hook implementations through the
+The checks only call the build phase (:func:`g5core.lower.builder.prepare`, :func:`~g5core.lower.builder.expand`,
+:func:`~g5core.lower.builder.build_dag`), the plugins' own hook implementations through the
 :class:`~g5core.api.plugins.Hooks` facade, and, for communication primitives, the engine on a
 one-op DAG. Use small models (a Hugging Face ``config.json`` with two layers) to keep them fast.
 """
@@ -44,21 +44,21 @@ import attrs
 import networkx as nx
 
 from g5core.api import hookspecs
-from g5core.build.builder import Plan, build_dag, check_op, expand, prepare
+from g5core.lower.builder import Plan, build_dag, check_op, expand, prepare
 from g5core.api.records import Lowering
-from g5core.build.topology import Topology
+from g5core.lower.topology import Topology
 from g5core.inputs.config import TOP_LEVEL_KEYS, all_disabled
 from g5core.sim.compute import answer_seconds, scaled_kernel
 from g5core.api.ops import CommOp, ComputeOp, Fragment
-from g5core.build.dag import OpDag
+from g5core.lower.dag import OpDag
 from g5core.api.dimensions import collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError
-from g5core.build.layers import SYNC_KINDS, build_program, iter_layers
+from g5core.lower.layers import SYNC_KINDS, build_program, iter_layers
 from g5core.api.records import CATEGORIES, MemoryTerm
 from g5core.api.work import LogicalOp
 from g5core.sim.memory import memory_report
 from g5core.api.plugins import Hooks, describe_plugins, make_plugin_manager
-from g5core.build.shape import SHARD_AXES
+from g5core.lower.shape import SHARD_AXES
 
 __all__ = [
     "CHECKS", "ContractError", "applicable_checks", "GENERAL_CHECKS", "GUARD_HOOKS", "HOOK_CHECKS", "check_plugin",
@@ -328,7 +328,7 @@ def check_shard_axes(plugin: str, configs, extra_plugins: Sequence = ()) -> None
     Each configuration's local shape has a factor for every registered axis (1 when nobody
     divides it); registering is deterministic; with the plugin disabled the axes are gone.
     """
-    from g5core.build.shape import collect_shard_axes
+    from g5core.lower.shape import collect_shard_axes
 
     axes = collect_shard_axes(Hooks(_pm(extra_plugins)))
     if axes != collect_shard_axes(Hooks(_pm(extra_plugins))):
@@ -380,11 +380,11 @@ def _stable_deployment_answers(plugin: str, check, raw: Mapping, extra_plugins: 
 
 @_contract_check
 def check_pipeline_microbatches(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
-    """``g5_pipeline_microbatches``: ``None`` or a :class:`~g5core.build.microbatch.PipelineMicrobatches` whose
+    """``g5_pipeline_microbatches``: ``None`` or a :class:`~g5core.lower.microbatch.PipelineMicrobatches` whose
     parts are the step's (decode batches of ``batch`` sequences, prefill chunks adding up
     to ``seq_len``), the same on two calls.
     """
-    from g5core.build.microbatch import PipelineMicrobatches
+    from g5core.lower.microbatch import PipelineMicrobatches
 
     for raw in _as_configs(configs, extra_plugins):
         ctx, answers = _stable_deployment_answers(plugin, check_pipeline_microbatches, raw, extra_plugins, "g5_pipeline_microbatches")
@@ -400,7 +400,7 @@ def check_pipeline_microbatches(plugin: str, configs, extra_plugins: Sequence = 
 def check_shard_factors(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_shard_factors``: ``None`` or a mapping of known shard axes to positive ints, stable.
 
-    Axes must be among :data:`g5core.build.shape.SHARD_AXES` or the registered ones, values positive ``int`` (not bool);
+    Axes must be among :data:`g5core.lower.shape.SHARD_AXES` or the registered ones, values positive ``int`` (not bool);
     two calls on the same deployment give equal answers.
     """
     for raw in _as_configs(configs, extra_plugins):
@@ -483,13 +483,13 @@ def _check_fragment(plugin: str, raw: Mapping, lop, frag: Fragment, n_chips: int
 def check_fragments(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_expand_op``: every fragment the plugin returns is a well-formed, self-contained DAG piece.
 
-    For every logical op the plugin claims (:func:`g5core.build.builder.expand` names it as owner):
+    For every logical op the plugin claims (:func:`g5core.lower.builder.expand` names it as owner):
     the fragment's ops and edges form an acyclic graph (networkx); edges, heads and tails
     name only the fragment's own ops; a head or tail on chip ``c`` names an op that runs on
     ``c``; op keys are unique and start with the logical op's prefix (``lop.prefix`` then
     ``.`` or ``@``); every op's ``owner`` is the plugin; chips are in range; a comm op has
     a group of at least two distinct chips and a registered primitive. The whole DAG then
-    builds (:func:`g5core.build.builder.build_dag`) and its ops owned by the plugin are exactly
+    builds (:func:`g5core.lower.builder.build_dag`) and its ops owned by the plugin are exactly
     those of its fragments, field for field (a :meth:`~g5core.api.ops.Fragment.tiled` or
     ``replicated`` fragment, stored as columns, reads back as the ops it stands for).
     """
@@ -664,7 +664,7 @@ def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ())
 
 @_contract_check
 def check_topology(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
-    """``g5_topology``: ``None`` or a :class:`~g5core.build.topology.Topology` of exactly the chips
+    """``g5_topology``: ``None`` or a :class:`~g5core.lower.topology.Topology` of exactly the chips
     asked for, every resource with a positive, finite capacity, and every chip's
     point-to-point routes made of valid resources.
     """
@@ -980,7 +980,7 @@ def plugin_contributions(plugin: str, raw: Mapping, extra_plugins: Sequence = ()
             from g5core.api.options import collect_options
             n = len(collect_options(hooks).of(plugin))
         elif hook == "g5_register_shard_axes":
-            from g5core.build.shape import collect_shard_axes
+            from g5core.lower.shape import collect_shard_axes
             n = len(collect_shard_axes(hooks)) - len(collect_shard_axes(Hooks(_pm(extra_plugins, disabled=[plugin]))))
         elif hook == "g5_register_primitives":
             n = sum(owner == plugin for owner, _ in plan.primitives.values())

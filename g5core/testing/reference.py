@@ -26,6 +26,8 @@ from typing import Sequence
 import attrs
 import numpy as np
 
+from g5core.lower.flops import passq_reduce_elements  # noqa: F401  (the formula the oracle checks)
+
 
 def _expand_kv(x: np.ndarray, q_heads: int) -> np.ndarray:
     """KV heads repeated to one per query head (GQA grouping)."""
@@ -149,13 +151,6 @@ def passq_decode(q_last, k, v, cp: int, scale: float | None = None) -> np.ndarra
     return merge_all(passq_partials(q_last, k, v, cp, scale)).result()
 
 
-def passq_reduce_elements(n_heads: float, d_v_sent: float) -> float:
-    """Numbers one rank's pass-Q partial carries per query token: ``n_h * d_v + 2 n_h``
-    (numerator per head plus the per-head max and denominator). ``d_v_sent`` is the value
-    width the rank sends: the head dim for GQA; for MLA ``v_head_dim``, because the
-    per-head up-projection ``W_UV`` is linear and may be applied before the merge (checked
-    by :func:`up_project`)."""
-    return n_heads * d_v_sent + 2.0 * n_heads
 
 
 def up_project(p: Partial, w_uv: np.ndarray) -> Partial:

@@ -11,7 +11,7 @@ Per layer and CP group (root = cp rank 0, which holds the batch's new tokens):
   softmax) to the root; the reduction depends on every partial. ``d_v`` is the value head
   dim for GQA and ``v_head_dim`` for MLA: a rank up-projects its latent partial with the
   per-head ``W_UV`` before sending (linear, so it commutes with the merge; checked by
-  :mod:`g5core.sim.reference`). The spec's ``d + 2 n_h`` is the GQA case where
+  :mod:`g5core.testing.reference`). The spec's ``d + 2 n_h`` is the GQA case where
   ``n_h * d_v = d``; for MLA it undercounts (DeepSeek-V3: ``128 * 128 = 16384`` against
   ``d = 7168``).
 
@@ -48,7 +48,7 @@ for the all-to-all.
 order. The query blocks go around the ring as above (same messages, same per-step work), but
 no ring step merges: the return all-to-all brings each rank the ``cp`` partials of its own
 ``T/cp`` queries and their log-sum-exp, and one merge per rank follows it
-(:func:`g5plugins.cp_passkv.ring_merge_kernels`). The default (``gather``) keeps the merge in
+(:func:`g5plugins.cp.passkv.ring_merge_kernels`). The default (``gather``) keeps the merge in
 the last ring step, as before. The balanced split already gives every rank the same ``T/cp``
 queries per sequence (``T`` divides by ``2 cp``), so the prefill form pads nothing.
 
@@ -69,7 +69,7 @@ from g5core import (
     attention_work, hookimpl, merge_kernel, passq_reduce_elements,
 )
 from g5plugins.cp import prefill_mode
-from g5plugins.cp_passkv import placed_rings, ring_fragment_parts, ring_merge_kernels, ring_parts
+from g5plugins.cp.passkv import placed_rings, ring_fragment_parts, ring_merge_kernels, ring_parts
 
 
 def dispatch_bytes_per_rank(batch: int, hidden: float, act_bytes: int) -> float:

@@ -4,7 +4,7 @@ DP adds nothing to the op DAG but its chips: every replica runs the same ops on 
 chips (the rank map places them), so replicas only meet where another dimension regroups
 them (EP carves its groups from dp x tp) or where they share ports. It declares its slices independent replicas
 (``replicas=True``): where the core proves no other dimension or resource joins them, it
-simulates one replica and replicates the results (:mod:`g5core.build.symmetry`).
+simulates one replica and replicates the results (:mod:`g5core.lower.symmetry`).
 """
 from __future__ import annotations
 

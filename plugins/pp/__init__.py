@@ -6,7 +6,7 @@ Split rule: ``L`` layers on ``pp`` stages give the first ``L mod pp`` stages
 stage boundary each chip sends its activations (local tokens x hidden) to the chip with the
 same coordinates in the next stage (``pp_p2p``).
 
-Micro-batches (``plugins.pp.microbatches``, ``m``; g5core.build.microbatch): with ``m = 1``
+Micro-batches (``plugins.pp.microbatches``, ``m``; g5core.lower.microbatch): with ``m = 1``
 one batch goes through every stage in turn, so TTFT and TPOT include every stage and each
 stage idles while the others work. With ``m > 1``:
 

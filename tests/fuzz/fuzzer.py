@@ -1,5 +1,5 @@
 """A seeded fuzzer of G5's input boundary: configurations, Hugging Face config.json files
-and system files, sane and absurd, each run as ``g5 run`` runs it (``g5core.sim.run.run``).
+and system files, sane and absurd, each run as ``g5 run`` runs it (``g5core.session.run.run``).
 
 Every case must end in one of two outcomes:
 
@@ -116,7 +116,7 @@ def make_case(rng: random.Random, folder: Path, n: int) -> dict:
 def check_case(raw: dict, slow_s: float) -> tuple[str, str]:
     """('ok' | 'error' | 'FAIL', detail) of one case."""
     from g5core.api.errors import G5Error
-    from g5core.sim.run import run
+    from g5core.session.run import run
 
     t0 = time.perf_counter()
     try:

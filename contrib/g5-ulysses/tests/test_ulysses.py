@@ -12,7 +12,7 @@ import yaml
 
 from g5core import CommOp, ComputeOp, ConfigError
 from g5core.sim.memory import memory_report
-from g5core.sim.run import make_plan, run
+from g5core.session.run import make_plan, run
 from g5core.testing import plugin_checks
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -271,12 +271,12 @@ def test_comparison_example_reports_the_largest_batch_that_fits():
 
 @pytest.mark.parametrize("model,sp", [(GQA, 2), (GQA, 4), (GQA, 8), (MHA, 4)])
 def test_a2a_bytes_match_what_the_numerical_reference_exchanges(model, sp):
-    """The plugin's all-to-all widths against the elements g5core.sim.reference.ulysses_attention
+    """The plugin's all-to-all widths against the elements g5core.testing.reference.ulysses_attention
     really sends to other ranks (tp = 1; sp = 8 on 4 KV heads replicates them)."""
     import numpy as np
 
     from g5_ulysses import a2a_widths
-    from g5core.sim import reference as R
+    from g5core.testing import reference as R
 
     spec = make_plan(cfg(model=model, sp=sp, seq_len=64, **(REPLICATE if sp == 8 else {}))).ctx.model
     a = spec.attention

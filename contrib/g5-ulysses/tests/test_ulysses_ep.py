@@ -10,7 +10,7 @@ import pytest
 
 from g5core import ConfigError
 from g5core.sim.memory import memory_report
-from g5core.sim.run import make_plan, run
+from g5core.session.run import make_plan, run
 from g5core.testing import plugin_checks
 
 DATA = pathlib.Path(__file__).parent / "data"
