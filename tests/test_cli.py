@@ -1,7 +1,6 @@
 """The ``g5`` command line (click CliRunner): models, systems, plugins, explain."""
 from __future__ import annotations
 
-import importlib
 import re
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ import g5core.api.plugins as plugins_mod
 from g5core import hookimpl
 from g5core.present.cli import main
 from g5core.inputs.models import CATALOG
-from g5core.api.plugins import available_plugin_names
+from g5core.api.plugins import available_plugin_names, make_plugin_manager
 from g5core.inputs.systems import CATALOG_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -94,7 +93,7 @@ def test_systems_lists_the_shipped_systems():
 
 def _declared_hooks(name: str) -> set[str]:
     """Hooks a built-in plugin implements, read from its module's hookimpl markers."""
-    module = importlib.import_module(f"g5plugins.{name}")
+    module = make_plugin_manager().get_plugin(name)   # the module its entry point names
     return {attr for attr in dir(module)
             if attr.startswith("g5_") and hasattr(getattr(module, attr), "g5_impl")}
 

@@ -194,7 +194,7 @@ def test_every_plugin_imports_only_the_public_api():
     """Built-in (plugins/) and third-party (contrib/) plugins alike import ``g5core`` only,
     never one of its submodules (their own tests may)."""
     files = sorted((ROOT / "plugins").rglob("*.py")) + sorted((ROOT / "contrib").rglob("*.py"))
-    assert len([f for f in files if f.name == "__init__.py"]) >= 12
+    assert len([f for f in files if f.name == "__init__.py"]) >= 10
     assert [b for f in files if "tests" not in f.parts for b in _private_imports(f)] == []
 
 

@@ -15,7 +15,7 @@ from g5core.api.work import LogicalOp
 from g5core.lower.layers import build_program
 from g5core.session.run import make_plan
 from plugin_sets import THIRD_PARTY
-import plugins.cp_passkv as passkv
+import plugins.cp.passkv as passkv
 import plugins.tp as tp
 
 
