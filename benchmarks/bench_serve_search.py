@@ -120,8 +120,8 @@ def one_candidate(args, raw, workload, settings, load0) -> None:
         roles = ss.role_rates(screen, screen, pool.instances, pool.instances, cand.max_num_seqs, cand.chunk,
                               ss._lone(wl).requests[0], [l for l in limits if l.metric in ("tpot", "itl")])
     if args.step_by_step:
-        plain = loop.simulate
-        session.simulate = lambda dep, w: plain(dep, w, fast=False)
+        plain = loop.serve_requests
+        session.serve_requests = lambda fleet, w: plain(fleet, w, fast=False)
     t0, c0 = time.perf_counter(), time.process_time()
     cell = ss.candidate_cell(raw, cand, wl, args.slo, settings, pool.instances / screen["lone_e2e_s"], settle_s,
                              (), None, roles)

@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from g5core.api.errors import ConfigError
+from g5core.api.errors import ConfigError, G5Error
 from g5core.serve.api import simulate_serving
 from g5core.serve.cost import StepWork, SyntheticCost
-from g5core.serve.loop import Deployment, Pool, check_conservation, simulate
+from g5core.serve.loop import Fleet, Pool, ServingLoop, check_invariants, serve_requests
 from g5core.serve.metrics import parse_slo, per_request, summary
 from g5core.serve.router import LeastKvUse, LeastOutstandingTokens, RoundRobin
 from g5core.serve.scheduler import SchedulerSettings
@@ -25,7 +25,7 @@ def pool(cost, instances=1, blocks=None, router=None, **sched):
 
 
 def run(workload, *pools, **kw):
-    return simulate(Deployment(tuple(pools), **kw), workload)
+    return serve_requests(Fleet(tuple(pools), **kw), workload)
 
 
 def fixed(n, rate, isl, osl, seed=0, **extra):
@@ -42,7 +42,7 @@ def test_conservation_every_request_once_all_tokens_blocks_return(router):
                    "input_tokens": "lognormal:1024:0.8@8:6000", "output_tokens": "uniform:1:300", "seed": 3})
     cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=60_000)
     res = run(w, pool(cost, instances=3, router=router(), max_num_batched_tokens=2048))
-    assert check_conservation(res) == {"requests_with_wrong_token_count": 0, "requests_out_of_order": 0,
+    assert check_invariants(res) == {"requests_with_wrong_token_count": 0, "requests_out_of_order": 0,
                                        "steps_over_kv_pool": 0, "kv_blocks_left_at_end": 0}
     assert sum(res.requests.emitted) == sum(r.output_tokens for r in w.requests)
     arrays = per_request(res)
@@ -53,13 +53,37 @@ def test_conservation_every_request_once_all_tokens_blocks_return(router):
         assert used.max() <= inst.scheduler.total_blocks
 
 
+def test_the_loop_steps_event_by_event_and_runs_until_a_time():
+    """SimPy's shape: step() one event at a time, run(until) up to a time; either way the
+    same result as one run to the end, bit for bit."""
+    w = fixed(120, 40, 300, 40, seed=5)
+    cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=60_000)
+    fleet = lambda: Fleet((pool(cost, instances=2, max_num_batched_tokens=1024),))
+    whole = serve_requests(fleet(), w)
+    loop = ServingLoop(fleet(), w)
+    kinds = []
+    while loop.peek() < 1.0:
+        t, kind = loop.step()
+        assert t <= 1.0
+        kinds.append(kind.name)
+    assert {"ARRIVAL", "STEP_END"} <= set(kinds)
+    assert loop.run(until=2.0) is None and loop.peek() > 2.0     # events left after 2 s
+    with pytest.raises(G5Error, match="run it to the end"):
+        loop.result()
+    res = loop.run()
+    assert res is loop.result()
+    assert res.steps == whole.steps and res.makespan_s == whole.makespan_s
+    assert res.requests.finish_s == whole.requests.finish_s and res.requests.itl_s == whole.requests.itl_s
+    assert check_invariants(res)["kv_blocks_left_at_end"] == 0
+
+
 def test_closed_loop_keeps_concurrency():
     w = synthetic({"requests": 50, "arrival": {"kind": "closed", "concurrency": 4}, "input_tokens": 100,
                    "output_tokens": 10})
     res = run(w, pool(SyntheticCost(0.01)))
     rows = np.frombuffer(res.instances[0].steps, dtype=float).reshape(-1, 7)
     assert rows[:, 5].max() == 4          # never more than the concurrency in flight
-    assert check_conservation(res)["requests_with_wrong_token_count"] == 0
+    assert check_invariants(res)["requests_with_wrong_token_count"] == 0
 
 
 # -- low load: exact -------------------------------------------------------------------------
@@ -150,7 +174,7 @@ def test_preemption_when_the_pool_is_small_and_outputs_still_complete():
     cost = SyntheticCost(0.01, 1e-5)
     res = run(w, pool(cost, blocks=120, block_size=16))   # 1,920 tokens: a few requests at once
     assert res.preemptions > 0
-    assert check_conservation(res) == {"requests_with_wrong_token_count": 0, "requests_out_of_order": 0,
+    assert check_invariants(res) == {"requests_with_wrong_token_count": 0, "requests_out_of_order": 0,
                                        "steps_over_kv_pool": 0, "kv_blocks_left_at_end": 0}
     assert summary(res)["preemptions"] == res.preemptions
 
@@ -292,15 +316,15 @@ def test_conversations_reuse_their_earlier_turns():
     ttft = per_request(run(w, pool(cost)))["ttft_s"]
     # every turn computes only its own 100 new tokens: the earlier turns are cached
     np.testing.assert_allclose(ttft, 0.1, rtol=1e-9)
-    assert check_conservation(run(w, pool(cost, instances=2)))["requests_with_wrong_token_count"] == 0
+    assert check_invariants(run(w, pool(cost, instances=2)))["requests_with_wrong_token_count"] == 0
 
 
 # -- runs of decode steps at once ------------------------------------------------------------
 
 
 def _same_runs(dep, w):
-    slow = simulate(dep, w, fast=False)
-    fast = simulate(dep, w)
+    slow = serve_requests(dep, w, fast=False)
+    fast = serve_requests(dep, w)
     assert fast.steps == slow.steps
     assert [i.steps for i in fast.instances] == [i.steps for i in slow.instances]   # every step, bit for bit
     for name in ("scheduled_s", "first_token_s", "finish_s", "max_itl_s", "emitted", "itl_s", "decode_instance"):
@@ -318,9 +342,9 @@ def test_decode_runs_give_the_step_by_step_result(router):
                    "input_tokens": "uniform:16:900", "output_tokens": "uniform:2:400", "seed": 5})
     for blocks, seqs in ((None, 256), (None, 8), (180, 64)):
         cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=2e6)
-        res = _same_runs(Deployment((pool(cost, instances=2, blocks=blocks, router=router(), max_num_seqs=seqs,
+        res = _same_runs(Fleet((pool(cost, instances=2, blocks=blocks, router=router(), max_num_seqs=seqs,
                                           max_num_batched_tokens=512),)), w)
-        assert check_conservation(res)["kv_blocks_left_at_end"] == 0
+        assert check_invariants(res)["kv_blocks_left_at_end"] == 0
     assert res.preemptions > 0  # the small pool preempted
 
 
@@ -334,5 +358,5 @@ def test_decode_runs_match_with_the_engine_and_disaggregation():
     wl = {"requests": 120, "arrival": {"kind": "poisson", "rate_per_s": 6.0}, "input_tokens": 900,
           "output_tokens": 200, "seed": 2}
     session = ServingSession(raw, wl)
-    loop = _same_runs(session.deployment, session._workload(wl))
-    assert loop.deployment.disaggregated and loop.steps > 120
+    loop = _same_runs(session.fleet, session._workload(wl))
+    assert loop.fleet.disaggregated and loop.steps > 120

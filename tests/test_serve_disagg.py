@@ -38,7 +38,7 @@ def test_ttft_includes_the_kv_transfer_and_its_bytes_follow_the_ledger():
     ledger_plan = make_plan({**BASE, "phase": "prefill", "batch": 1, "seq_len": isl})
     ledger = memory_report(ledger_plan.ctx)
     kv = sum(c.kv_cache_bytes for c in ledger.per_chip)
-    assert res.loop.deployment.transfer_bytes(isl) == pytest.approx(kv, rel=1e-12)
+    assert res.loop.fleet.transfer_bytes(isl) == pytest.approx(kv, rel=1e-12)
     # one H100 to its neighbour over NVLink: the bytes at the link's rate, plus its latency
     from g5core.lower.topology import Topology
 
@@ -60,7 +60,7 @@ def test_disaggregation_lowers_tpot_p99_at_a_prefill_heavy_load():
                    "output_tokens": 64, "seed": 1})
     agg = simulate_serving({**BASE, "serving": {"instances": 2}}, w, runner=runner, check_predictor=0)
     split = simulate_serving(disagg(1, 1), w, runner=runner, check_predictor=0)
-    assert split.loop.deployment.chips == agg.loop.deployment.chips == 2
+    assert split.loop.fleet.chips == agg.loop.fleet.chips == 2
     assert split.summary["tpot_s"]["p99"] < agg.summary["tpot_s"]["p99"]
     assert split.summary["completed"] == 300
     assert np.all(per_request(split.loop)["kv_transfer_s"] > 0)

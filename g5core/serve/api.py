@@ -34,7 +34,7 @@ import attrs
 
 from g5core.api.errors import ConfigError, G5Error
 from g5core.serve.cost import Groups, PlanCost, StepWork, kv_sizing, plan_step_runner
-from g5core.serve.loop import Deployment, LoopResult, Pool, check_conservation, simulate, summarize_pools
+from g5core.serve.loop import Fleet, LoopResult, Pool, check_invariants, serve_requests, summarize_pools
 from g5core.serve.metrics import SloLimit, parse_slo, summary
 from g5core.serve.registry import ServingRegistry, serving_registry
 from g5core.serve.scheduler import SchedulerSettings
@@ -171,7 +171,7 @@ class ServeResult:
         out = dict(self.summary)
         out["pools"] = self.pools
         out["kv_pool_bytes_per_chip"] = min(p["kv_pool_bytes_per_chip"] for p in self.pools)
-        out["chips"] = self.loop.deployment.chips
+        out["chips"] = self.loop.fleet.chips
         out["conservation"] = self.conservation
         out["engine_runs"] = sum(getattr(c, "runs", 0) for c in self.costs)
         out["step_predictor"] = self.predictor
@@ -182,7 +182,7 @@ class ServeResult:
 
 def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, workload: Workload, disabled=(),
                 exact: bool = False, runner: Optional[Callable[[Groups], float]] = None,
-                runner_for: Optional[Callable] = None) -> tuple[Deployment, list]:
+                runner_for: Optional[Callable] = None) -> tuple[Fleet, list]:
     """The pools of a deployment, each a prepared plan with its KV pool from the ledger,
     checked against the workload's longest request before anything is simulated.
     ``runner``: ``groups -> latency_s`` instead of the plan's engine (tests);
@@ -226,7 +226,7 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
         infos.append({"kv_pool_bytes_per_chip": sizing.pool_bytes_per_chip,
                       "kv_bytes_per_token_per_chip": sizing.kv_bytes_per_token_per_chip,
                       "kv_capacity_tokens": blocks * s.block_size, "layout": dict(plan.ctx.deployment.parallel)})
-    dep = Deployment(tuple(pools), spec.routing_s)
+    dep = Fleet(tuple(pools), spec.routing_s)
     if len(pools) == 2:
         dep.transfer_s, dep.transfer_bytes = kv_transfer(pools, plans)
     for info, base in zip(infos, summarize_pools(pools)):
@@ -294,8 +294,8 @@ def simulate_serving(raw: Mapping, workload: Workload | Mapping | None = None, *
     if not workload.requests:
         raise ConfigError("--requests", "the workload has no requests")
     dep, infos = build_pools(base, spec, registry, workload, disabled, exact, runner)
-    loop = simulate(dep, workload, progress)
-    checks = check_conservation(loop)
+    loop = serve_requests(dep, workload, progress)
+    checks = check_invariants(loop)
     if any(checks.values()):
         raise G5Error("serving invariants violated: " + ", ".join(f"{k}={v}" for k, v in checks.items() if v))
     predictor = None

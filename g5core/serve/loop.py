@@ -9,6 +9,7 @@ gives the same output, bit for bit.
 """
 from __future__ import annotations
 
+import enum
 import heapq
 import math
 import time
@@ -22,7 +23,15 @@ from g5core.serve.cost import StepWork
 from g5core.serve.scheduler import SchedulerSettings, Seq, VllmScheduler
 from g5core.serve.workload import Workload
 
-ARRIVAL, STEP_END, ENQUEUE = 0, 1, 2
+
+
+class Event(enum.IntEnum):
+    """The loop's events: a request arriving, an instance's step ending, a request or a
+    prompt's KV reaching an instance."""
+
+    ARRIVAL = 0
+    STEP_END = 1
+    ENQUEUE = 2
 
 
 @attrs.define(eq=False)
@@ -45,8 +54,8 @@ class Pool:
 
 
 @attrs.define(eq=False)
-class Deployment:
-    """What ``simulate_serving`` runs: one pool (aggregated) or a prefill and a decode pool.
+class Fleet:
+    """What a :class:`ServingLoop` runs: one pool (aggregated) or a prefill and a decode pool.
     ``transfer_s(tokens, prefill_instance, decode_instance)``: the KV move of a prompt."""
 
     pools: tuple[Pool, ...]
@@ -107,7 +116,7 @@ class RequestLog:
 @attrs.define(eq=False)
 class LoopResult:
     workload: Workload
-    deployment: Deployment
+    fleet: Fleet
     requests: RequestLog
     instances: list
     makespan_s: float
@@ -117,67 +126,149 @@ class LoopResult:
     requests_time_s: float = 0.0   # integral over time of the requests in the system
 
 
-def simulate(dep: Deployment, workload: Workload, progress: Optional[Callable[[int, int], None]] = None,
-             fast: bool = True) -> LoopResult:
-    """Run every request of ``workload`` through ``dep`` to completion. ``fast``: run the
-    stretches of decode-only steps that nothing else can see in one go (:func:`_decode_run`;
-    the same steps, latencies and tokens as one event per step)."""
-    t_wall = time.perf_counter()
-    reqs = workload.requests
-    n = len(reqs)
-    log = RequestLog(n)
-    pools = [[Instance(p, i) for i in range(p.instances)] for p in dep.pools]
-    first, last = pools[0], pools[-1]
-    split = dep.disaggregated
-    heap: list = []
-    order = 0
-    # the times of the pending events that can change an instance or read its state (an
-    # arrival: the router reads the instances and the request joins one; a request or a
-    # prompt's KV reaching an instance; a prefill step's end: it routes to the decode pool);
-    # a run of decode steps stops before the first of them. Closed workloads: every finish
-    # makes an arrival, so no run (fast is off)
-    fast = fast and not workload.closed
-    arrivals = sorted(r.arrival_s for r in reqs) if fast else []
-    arrived = 0
-    watch: list = []
+class ServingLoop:
+    """The request-level discrete-event simulation of ``fleet`` serving ``workload``, in
+    SimPy's shape: :meth:`step` processes the next event, :meth:`run` processes events up to
+    a time (or to the end) and returns the :class:`LoopResult` once every request finished.
 
-    def push(t, kind, a, b=None):
-        nonlocal order
-        heapq.heappush(heap, (t, order, kind, a, b))
-        order += 1
-        if fast and (kind == ENQUEUE or (kind == STEP_END and split and a.pool.role == "prefill")):
-            heapq.heappush(watch, t)
+    Its events (:class:`Event`) are a request arriving (the router picks an instance), a
+    request or a prompt's KV reaching an instance (``ENQUEUE``), and an instance's step
+    ending (its sequences advance; finished ones leave; in a disaggregated fleet a prompt's
+    KV moves to the decode pool). An instance starts its next step as soon as one ends and it
+    has work. Ties in time are broken by the order the events were made.
 
-    def horizon(now: float) -> float:
+    ``fast``: run the stretches of decode-only steps that nothing else can see in one go
+    (:func:`_decode_run`: the same steps, latencies and tokens as one event per step)."""
+
+    def __init__(self, fleet: Fleet, workload: Workload, progress: Optional[Callable[[int, int], None]] = None,
+                 fast: bool = True):
+        self._t_wall = time.perf_counter()
+        self.fleet, self.workload, self.progress = fleet, workload, progress
+        reqs = self.requests = workload.requests
+        n = self.n = len(reqs)
+        self.log = RequestLog(n)
+        self.pools = [[Instance(p, i) for i in range(p.instances)] for p in fleet.pools]
+        self.split = fleet.disaggregated
+        self.heap: list = []
+        self.order = 0
+        # the times of the pending events that can change an instance or read its state (an
+        # arrival: the router reads the instances and the request joins one; a request or a
+        # prompt's KV reaching an instance; a prefill step's end: it routes to the decode
+        # pool); a run of decode steps stops before the first of them. Closed workloads: every
+        # finish makes an arrival, so no run (fast is off)
+        self.fast = fast and not workload.closed
+        self.arrivals = sorted(r.arrival_s for r in reqs) if self.fast else []
+        self.arrived = 0
+        self.watch: list = []
+        self.done = self.steps = 0
+        self.now = 0.0
+        # Little's law, counted independently of the log (at each change of the requests in
+        # the system: arrivals and finishes)
+        self.in_system, self.area, self.t_last = 0, 0.0, 0.0
+        self.next_closed = 0
+        if workload.closed:
+            for k in range(min(workload.concurrency, n)):
+                self._push(0.0, Event.ARRIVAL, k)
+            self.next_closed = min(workload.concurrency, n)
+        else:
+            for k, r in enumerate(reqs):
+                self._push(r.arrival_s, Event.ARRIVAL, k)
+        self._result: Optional[LoopResult] = None
+
+    # -- the event queue -------------------------------------------------------------------
+    def _push(self, t: float, kind: int, a, b=None) -> None:
+        heapq.heappush(self.heap, (t, self.order, kind, a, b))
+        self.order += 1
+        if self.fast and (kind == Event.ENQUEUE or (kind == Event.STEP_END and self.split
+                                                    and a.pool.role == "prefill")):
+            heapq.heappush(self.watch, t)
+
+    def _horizon(self, now: float) -> float:
+        watch = self.watch
         while watch and watch[0] < now:
             heapq.heappop(watch)
         h = watch[0] if watch else math.inf
-        return min(h, arrivals[arrived]) if arrived < n else h
+        return min(h, self.arrivals[self.arrived]) if self.arrived < self.n else h
 
-    next_closed = 0
-    if workload.closed:
-        for k in range(min(workload.concurrency, n)):
-            push(0.0, ARRIVAL, k)
-        next_closed = min(workload.concurrency, n)
-    else:
-        for k, r in enumerate(reqs):
-            push(r.arrival_s, ARRIVAL, k)
+    def peek(self) -> float:
+        """The time of the next event (``inf`` when none is left)."""
+        return self.heap[0][0] if self.heap else math.inf
 
-    scheduled_s, first_token_s, finish_s = log.scheduled_s, log.first_token_s, log.finish_s
-    max_itl_s, last_token_s = log.max_itl_s, log.last_token_s
+    # -- stepping --------------------------------------------------------------------------
+    def step(self) -> tuple[float, Event]:
+        """Process the next event; returns its time and kind. Raises IndexError when no
+        event is left."""
+        now, _, kind, a, b = heapq.heappop(self.heap)
+        self.now = now
+        if kind == Event.ARRIVAL:
+            self._arrive(now, a)
+        elif kind == Event.ENQUEUE:
+            self._enqueue(now, a, b)
+        else:
+            self._step_end(now, a)
+        return now, Event(kind)
 
-    def start(inst: Instance, now: float) -> None:
-        nonlocal steps
+    def run(self, until: float = math.inf) -> Optional[LoopResult]:
+        """Process every event at or before ``until``; the result once the workload is done
+        (``None`` while events are left)."""
+        heap, step = self.heap, self.step
+        while heap and heap[0][0] <= until:
+            step()
+        return None if heap else self.result()
+
+    def result(self) -> LoopResult:
+        if self._result is None:
+            if self.heap:
+                raise G5Error("the serving loop has events left: run it to the end first")
+            instances = [i for p in self.pools for i in p]
+            log = self.log
+            for inst in instances:
+                log.itl_s.extend(inst.itl_s)
+            if self.done != self.n:
+                raise G5Error(f"serving loop ended with {self.n - self.done:,} of {self.n:,} requests unfinished "
+                              "(a G5 bug)")
+            self._result = LoopResult(self.workload, self.fleet, log, instances, self.now,
+                                      sum(i.scheduler.preemptions for i in instances),
+                                      time.perf_counter() - self._t_wall, self.steps, self.area)
+        return self._result
+
+    # -- the events ------------------------------------------------------------------------
+    def _arrive(self, now: float, k: int) -> None:
+        """A request arrives: the router of the first pool picks its instance."""
+        self.area += self.in_system * (now - self.t_last)
+        self.t_last = now
+        self.in_system += 1
+        self.arrived += 1
+        req = self.requests[k]
+        log = self.log
+        log.arrival_s[k] = now if self.workload.closed else req.arrival_s
+        first = self.pools[0]
+        i = first[0].pool.router.choose(req, first)
+        log.instance[k] = i
+        if self.fleet.routing_s:
+            self._push(now + self.fleet.routing_s, Event.ENQUEUE, Seq(req), first[i])
+        else:
+            self._enqueue(now, Seq(req), first[i])
+
+    def _enqueue(self, now: float, seq: Seq, inst: Instance) -> None:
+        """A request (or a prompt's KV) reaches its instance."""
+        inst.scheduler.add(seq)
+        if not inst.busy:
+            self._start(inst, now)
+
+    def _start(self, inst: Instance, now: float) -> None:
+        """The instance's next step: a run of decode steps first where nothing can see it."""
         sched = inst.scheduler
-        if fast and type(sched) is VllmScheduler and sched.running and inst.pool.role != "prefill":
-            ran, now = _decode_run(inst, now, horizon(now))
-            steps += ran
+        if self.fast and type(sched) is VllmScheduler and sched.running and inst.pool.role != "prefill":
+            ran, now = _decode_run(inst, now, self._horizon(now))
+            self.steps += ran
         picked = sched.schedule()
         if not picked:
             if sched.running or sched.waiting:
                 raise G5Error(f"{inst.pool.role} instance {inst.index}: no sequence can be scheduled (a request needs "
                               "more KV blocks than the pool has); raise the KV pool or lower the lengths")
             return
+        scheduled_s = self.log.scheduled_s
         for q in picked:
             if q.admitted_s is None:
                 q.admitted_s = now
@@ -187,43 +278,20 @@ def simulate(dep: Deployment, workload: Workload, progress: Optional[Callable[[i
         work = sched.work(picked)
         latency = inst.pool.cost.latency_s(work)
         inst.busy, inst.picked, inst.work, inst.step_start_s = True, picked, work, now
-        push(now + latency, STEP_END, inst)
+        self._push(now + latency, Event.STEP_END, inst)
 
-    done = 0
-    steps = 0
-    now = 0.0
-    # Little's law, counted independently of the log (at each change of the requests in the
-    # system: arrivals and finishes)
-    in_system, area, t_last = 0, 0.0, 0.0
-    while heap:
-        now, _, kind, a, b = heapq.heappop(heap)
-        if kind == ARRIVAL:
-            area += in_system * (now - t_last)
-            t_last = now
-            in_system += 1
-            arrived += 1
-            req = reqs[a]
-            log.arrival_s[a] = now if workload.closed else req.arrival_s
-            pool = first[0].pool
-            i = pool.router.choose(req, first)
-            log.instance[a] = i
-            if dep.routing_s:
-                push(now + dep.routing_s, ENQUEUE, Seq(req), first[i])
-                continue
-            kind, a, b = ENQUEUE, Seq(req), first[i]
-        if kind == ENQUEUE:  # a request (or a prompt's KV) reaches its instance
-            b.scheduler.add(a)
-            if not b.busy:
-                start(b, now)
-            continue
-        inst = a
+    def _step_end(self, now: float, inst: Instance) -> None:
+        """The instance's step ends: its sequences advance, finished ones leave; in a
+        disaggregated fleet a prompt's first token sends its KV to a decode instance."""
         sched = inst.scheduler
-        steps += 1
+        self.steps += 1
         work = inst.work
         decodes = len(work.decode_contexts)
         inst.steps.extend((inst.step_start_s, now, work.new_tokens - decodes, decodes, 0, 0, 0))
-        prefill_pool = split and inst.pool.role == "prefill"
+        prefill_pool = self.split and inst.pool.role == "prefill"
         itl_append = inst.itl_s.append
+        log = self.log
+        first_token_s = log.first_token_s
         for q in sched.finish_step(inst.picked):
             k = q.req.id
             if q.last_s is None:          # its first token
@@ -237,44 +305,45 @@ def simulate(dep: Deployment, workload: Workload, progress: Optional[Callable[[i
                 q.last_s = now
             if q.emitted >= q.req.output_tokens:
                 sched.release(q)
-                finish_s[k] = now
-                last_token_s[k] = now
-                max_itl_s[k] = q.max_itl_s if q.emitted > 1 else float("nan")
+                log.finish_s[k] = now
+                log.last_token_s[k] = now
+                log.max_itl_s[k] = q.max_itl_s if q.emitted > 1 else float("nan")
                 log.emitted[k] = q.emitted
-                area += in_system * (now - t_last)
-                t_last = now
-                in_system -= 1
-                done += 1
-                if progress is not None and (done % 256 == 0 or done == n):
-                    progress(done, n)
-                if workload.closed and next_closed < n:
-                    push(now, ARRIVAL, next_closed)
-                    next_closed += 1
+                self.area += self.in_system * (now - self.t_last)
+                self.t_last = now
+                self.in_system -= 1
+                self.done += 1
+                if self.progress is not None and (self.done % 256 == 0 or self.done == self.n):
+                    self.progress(self.done, self.n)
+                if self.workload.closed and self.next_closed < self.n:
+                    self._push(now, Event.ARRIVAL, self.next_closed)
+                    self.next_closed += 1
             elif prefill_pool and q.emitted == 1:
                 sched.release(q)
+                last = self.pools[-1]
                 j = last[0].pool.router.choose(q.req, last)
                 log.decode_instance[k] = j
-                move = dep.transfer_s(q.req.input_tokens, inst.index, j)
+                move = self.fleet.transfer_s(q.req.input_tokens, inst.index, j)
                 log.transfer_s[k] = move
                 # the first token reaches the user with the KV: TTFT includes the transfer
                 first_token_s[k] = now + move
                 moved = Seq(q.req, computed=q.computed, emitted=q.emitted)
                 moved.last_s = now + move
-                push(now + move, ENQUEUE, moved, last[j])
+                self._push(now + move, Event.ENQUEUE, moved, last[j])
         row = len(inst.steps) - 7
         inst.steps[row + 4] = sched.used_blocks
         inst.steps[row + 5] = len(sched.running)
         inst.steps[row + 6] = len(sched.waiting)
         inst.busy = False
         if sched.has_work:
-            start(inst, now)
-    instances = [i for p in pools for i in p]
-    for inst in instances:
-        log.itl_s.extend(inst.itl_s)
-    if done != n:
-        raise G5Error(f"serving loop ended with {n - done:,} of {n:,} requests unfinished (a G5 bug)")
-    return LoopResult(workload, dep, log, instances, now, sum(i.scheduler.preemptions for i in instances),
-                      time.perf_counter() - t_wall, steps, area)
+            self._start(inst, now)
+
+
+def serve_requests(fleet: Fleet, workload: Workload, progress: Optional[Callable[[int, int], None]] = None,
+                   fast: bool = True) -> LoopResult:
+    """Run every request of ``workload`` through ``fleet`` to completion (a
+    :class:`ServingLoop` run to its end)."""
+    return ServingLoop(fleet, workload, progress, fast).run()
 
 
 #: a run of decode steps shorter than this goes step by step (the run's set-up costs more)
@@ -366,7 +435,7 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
     return k, t
 
 
-def check_conservation(result: LoopResult) -> dict:
+def check_invariants(result: LoopResult) -> dict:
     """The loop's invariants (each must be 0): every request finished once with all its
     tokens, none before it arrived, KV blocks within the pool and all returned."""
     log, reqs = result.requests, result.workload.requests

@@ -139,7 +139,7 @@ def summary(result, limits: tuple[SloLimit, ...] = ()) -> dict:
     span = result.makespan_s - (float(np.min(arrays["arrival_s"])) if n else 0.0)
     in_tokens = sum(r.input_tokens for r in reqs)
     out_tokens = sum(r.output_tokens for r in reqs)
-    chips = result.deployment.chips
+    chips = result.fleet.chips
     per_s = (lambda x: x / span) if span > 0 else (lambda x: 0.0)
     e2e = arrays["e2e_s"]
     kv_share, running, waiting = _occupancy(result)
@@ -168,7 +168,7 @@ def summary(result, limits: tuple[SloLimit, ...] = ()) -> dict:
         "kv_pool_use": kv_share,
         "running_seqs": running,
         "waiting_seqs": waiting,
-        "kv_transfer_s": stats(arrays["kv_transfer_s"]) if result.deployment.disaggregated else None,
+        "kv_transfer_s": stats(arrays["kv_transfer_s"]) if result.fleet.disaggregated else None,
     }
 
 

@@ -18,7 +18,7 @@ from typing import Callable, Mapping, Optional
 
 from g5core.api.errors import ConfigError, G5Error
 from g5core.serve.api import ServeResult, build_pools, load_workload, parse_serving, split_config
-from g5core.serve.loop import check_conservation, simulate
+from g5core.serve.loop import check_invariants, serve_requests
 from g5core.serve.metrics import summary
 from g5core.serve.workload import Workload
 
@@ -40,7 +40,7 @@ class ServingSession:
         self.registry = serving_registry(Hooks(make_plugin_manager(disabled=names)))
         self.spec = parse_serving(block, self.registry, slo)
         workload = self._workload(workload)
-        self.deployment, self.infos = build_pools(base, self.spec, self.registry, workload, disabled, exact, runner,
+        self.fleet, self.infos = build_pools(base, self.spec, self.registry, workload, disabled, exact, runner,
                                                     runner_for)
         self.longest = max(r.input_tokens + r.output_tokens for r in workload.requests)
         self.build_s = time.perf_counter() - t0
@@ -57,11 +57,11 @@ class ServingSession:
         workload = self._workload(workload)
         if max(r.input_tokens + r.output_tokens for r in workload.requests) > self.longest:
             raise ConfigError("--workload", "a request is longer than the ones the session's pools were sized for")
-        for pool, ps in zip(self.deployment.pools, self.spec.pools):
+        for pool, ps in zip(self.fleet.pools, self.spec.pools):
             pool.router = self.registry.router(ps.router)()
-        loop = simulate(self.deployment, workload)
-        checks = check_conservation(loop)
+        loop = serve_requests(self.fleet, workload)
+        checks = check_invariants(loop)
         if any(checks.values()):
             raise G5Error("serving invariants violated: " + ", ".join(f"{k}={v}" for k, v in checks.items() if v))
         return ServeResult(loop, summary(loop, self.spec.slo), [dict(i) for i in self.infos],
-                           [p.cost for p in self.deployment.pools], checks, time.perf_counter() - t0)
+                           [p.cost for p in self.fleet.pools], checks, time.perf_counter() - t0)

@@ -387,7 +387,7 @@ def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, worklo
     # role's bound)
     from g5core.serve.cost import StepWork
 
-    cost = session.deployment.pools[0].cost
+    cost = session.fleet.pools[0].cost
     isl = lone_wl.requests[0].input_tokens
     holds = max(info["kv_capacity_tokens"] // max(_longest(workload), 1), 1)
     batches = [1 << k for k in range(min((holds - 1).bit_length(), MAX_DECODE_BATCH.bit_length() - 1) + 1)]
@@ -522,11 +522,11 @@ def _run_summary(result, session) -> dict:
            "goodput_share": g.get("share", 0.0), "percentile_limits": g.get("percentile_limits"),
            "mean_output_tokens": s["tokens"]["output"] / max(s["requests"], 1), "requests": s["requests"],
            "preemptions": s["preemptions"], "kv_pool_use": s["kv_pool_use"], "running_seqs": s["running_seqs"],
-           "waiting_seqs": s["waiting_seqs"], "kv_transfer_s": s["kv_transfer_s"], "chips": result.loop.deployment.chips,
+           "waiting_seqs": s["waiting_seqs"], "kv_transfer_s": s["kv_transfer_s"], "chips": result.loop.fleet.chips,
            "pools": result.pools,
            "max_total_bytes": max(_hbm(pool) - pool.cost.kv_pool_bytes_per_chip
                                   + use * pool.cost.kv_pool_bytes_per_chip
-                                  for pool, use in zip(session.deployment.pools, _pool_peak_use(result)))}
+                                  for pool, use in zip(session.fleet.pools, _pool_peak_use(result)))}
     return out
 
 
@@ -539,7 +539,7 @@ def _pool_peak_use(result) -> list[float]:
     import numpy as np
 
     out = []
-    for pool in result.loop.deployment.pools:
+    for pool in result.loop.fleet.pools:
         peak = 0.0
         for inst in result.loop.instances:
             if inst.pool is pool:
@@ -644,7 +644,7 @@ def saturated_run(session, cand: Candidate, workload: Mapping) -> dict:
     when the run preempted: the pool, not the batch, set its pace."""
     import numpy as np
 
-    last = session.deployment.pools[-1]
+    last = session.fleet.pools[-1]
     holds = max(last.total_blocks * last.scheduler.block_size // max(session.longest, 1), 1)
     n = SATURATED_ROUNDS * min(cand.max_num_seqs, holds) * last.instances
     res = session.run(_at_rate({**workload, "requests": n}, SATURATED_RATE))
@@ -652,7 +652,7 @@ def saturated_run(session, cand: Candidate, workload: Mapping) -> dict:
     k1, k2 = n // SATURATED_ROUNDS, n - n // SATURATED_ROUNDS
     span = float(done[k2 - 1] - done[k1 - 1])
     rate = (k2 - k1) / span if span > 0 and not res.summary["preemptions"] else None
-    slots = sum(min(cand.max_num_seqs, holds) * p.instances for p in session.deployment.pools)
+    slots = sum(min(cand.max_num_seqs, holds) * p.instances for p in session.fleet.pools)
     return {"saturated_requests_per_s": rate, "requests": n, "slots": slots,
             "preemptions": res.summary["preemptions"]}
 
