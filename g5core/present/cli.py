@@ -235,7 +235,7 @@ def serve_cmd(config, overrides, disabled, workload, requests, rate, concurrency
               requests_csv, trace_path, db_path):
     """Simulate a service: requests through routers and continuous-batching instances."""
     from g5core.inputs.outputs import check_outputs
-    from g5core.serve.command import serve_command
+    from g5core.study.serve_command import serve_command
 
     from g5core.session.run import input_files, load_raw
 
