@@ -108,3 +108,12 @@ class SweepPreset:
     check_phases: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     options: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=lambda o: tuple(dict(o).items()))
     owner: str = ""
+
+
+@attrs.frozen
+class ComputeTime:
+    """A latency plugin's answer with its provenance: ``measured_s`` of ``seconds`` came
+    from measurements (a profile table), the rest from a model."""
+
+    seconds: float
+    measured_s: float = 0.0
