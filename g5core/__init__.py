@@ -31,7 +31,8 @@ from .inputs.framework import fused_bytes, kernel_hosts
 from .inputs.step import Step, StepGroup
 from .inputs.reading import check_keys
 from .lower.collective import NVLINK_COPY_EFFICIENCY, idle_transfer_s
-from .sim.compute import Attention, ComputeTime, Elementwise, Gemm
+from .lower.kernels import Attention, Elementwise, Gemm
+from .api.records import ComputeTime
 from .sim.memory import weight_bytes_by_chip
 from .lower.flops import passq_reduce_elements
 from .sim.roofline import gemm_padded_flops, kernel_latency_s, op_latency_s, roofline_latency_s

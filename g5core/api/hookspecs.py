@@ -233,7 +233,7 @@ def g5_compute_latency(
     """Seconds a compute op takes on its chip (first answer wins).
 
     Return ``None`` to let the next plugin answer, seconds, or a
-    ``g5core.sim.compute.ComputeTime(seconds, measured_s)`` saying how much of the time came
+    ``g5core.ComputeTime(seconds, measured_s)`` saying how much of the time came
     from measurements (reported as coverage). ``op.kernels`` gives the shapes of the kernels
     the op runs. The roofline plugin answers last.
     """

@@ -33,7 +33,7 @@ from g5core.lower.topology import KIND_NAMES, LINK_RX, LINK_TX, Topology
 from g5core.api.ops import KEY_VERBATIM, CommOp, ComputeOp
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.framework import kernel_fusions
-from g5core.sim.compute import describe_kernels
+from g5core.lower.kernels import describe_kernels
 from g5core.sim.results import SimResult
 
 COMPUTE_TID = 0

@@ -1,38 +1,24 @@
-"""Compute kernels: the shapes a compute op is made of, and the one latency lookup.
+"""The one compute-latency lookup, and the coverage report.
 
 A compute op (``ComputeOp``) carries, besides its total FLOPs and HBM bytes, the tuple of
-kernels it runs, each with its shape:
+kernels it runs, each with its shape (:mod:`g5core.lower.kernels`: ``Gemm``, ``Attention``,
+``Elementwise``). Two ops with equal FLOPs and bytes but different shapes are different ops:
+the latency lookup (:class:`LatencyLookup`, used by the engine and by the Math path alike) is
+keyed on ``(op class, dtype, kernels, FLOPs, bytes)`` and asks ``g5_compute_latency`` once per
+distinct key.
 
-- :class:`Gemm` ``C[m x n] = A[m x k] @ B[k x n]``; ``groups`` distinct weight matrices
-  (a grouped expert GEMM: ``m`` token slots spread over ``groups`` experts);
-- :class:`Attention`: ``batch`` sequences, ``q_len`` query and ``kv_len`` key tokens each,
-  ``heads`` query and ``kv_heads`` KV heads, head dims ``d_qk`` / ``d_v``; ``block`` is
-  ``causal`` (a prefill block: the ``q_len`` queries are the last of ``kv_len`` keys, so
-  ``kv_len - q_len`` keys are a cached prefix, none for a diagonal block), ``full`` (a rectangular block
-  with no mask, a CP ring step off the diagonal) or ``decode`` (one new token per
-  sequence); ``mla`` marks DeepSeek multi-head latent attention;
-- :class:`Elementwise`: a memory-bound kernel over ``tokens x width`` elements (``kind``
-  names it: rmsnorm, residual_add, rotary, embedding).
-
-Two ops with equal FLOPs and bytes but different shapes are different ops: the latency
-lookup (:class:`LatencyLookup`, used by the engine and by the Math path alike) is keyed
-on ``(op class, dtype, kernels, FLOPs, bytes)`` and asks ``g5_compute_latency`` once per
-distinct key. Each kernel's FLOPs and bytes come from :mod:`g5core.lower.flops` (the one place
-those formulas live).
-
-A latency plugin answers with seconds, or with a :class:`ComputeTime` that also says how
-many of those seconds come from measurements; the lookup keeps, per op, which source gave
-its time, so the run can report measured versus roofline coverage.
+A latency plugin answers with seconds, or with a :class:`~g5core.api.records.ComputeTime` that
+also says how many of those seconds come from measurements; the lookup keeps, per op, which
+source gave its time, so the run can report measured versus roofline coverage.
 """
 from __future__ import annotations
 
 import math
-from typing import Union
 
 import attrs
 
-from g5core.lower import flops as F
 from g5core.api.errors import DagError, PluginError
+from g5core.api.records import ComputeTime
 
 
 

@@ -48,7 +48,8 @@ from g5core.lower.builder import Plan, build_dag, check_op, expand, prepare
 from g5core.api.records import Lowering
 from g5core.lower.topology import Topology
 from g5core.inputs.config import TOP_LEVEL_KEYS, all_disabled
-from g5core.sim.compute import answer_seconds, scaled_kernel
+from g5core.lower.kernels import scaled_kernel
+from g5core.sim.compute import answer_seconds
 from g5core.api.ops import CommOp, ComputeOp, Fragment
 from g5core.lower.dag import OpDag
 from g5core.api.dimensions import collect_dimensions
