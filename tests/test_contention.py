@@ -23,7 +23,8 @@ from g5core import Lowering, hookimpl
 from g5core.lower.builder import prepare
 from g5core.api.ops import CommOp
 from g5core.lower.dag import OpDag
-from g5core.sim.engine import Engine, compile_dag
+from g5core.sim.engine import Engine
+from g5core.sim.compile import compile_dag
 from g5core.api.plugins import make_plugin_manager
 from g5core.sim.results import KPI_NAMES, conservation_kpis
 

@@ -26,7 +26,8 @@ import yaml
 
 from g5core.lower.builder import build_dag
 from g5core.api.ops import CommOp, ComputeOp
-from g5core.sim.engine import Engine, compile_dag
+from g5core.sim.engine import Engine
+from g5core.sim.compile import compile_dag
 from g5core.sim.results import summarize
 from g5core.session.run import make_plan, simulate
 from g5plugins.cp.passkv import block_bytes

@@ -5,7 +5,7 @@ import pytest
 
 from g5core import hookimpl
 from g5core.api.ops import Fragment
-from g5core.sim.engine import compile_dag
+from g5core.sim.compile import compile_dag
 from g5core.api.errors import DagError
 from g5core.session.run import make_plan, simulate
 from g5core.sim.roofline import op_latency_s, roofline_latency_s
@@ -258,7 +258,7 @@ def test_networkx_view_follows_ops_and_edges_added_after_it_was_built():
 
 def test_compiled_successors_drop_repeated_edges():
 
-    from g5core.sim.engine import _successor_lists
+    from g5core.sim.compile import _successor_lists
     from g5core.api.ops import ComputeOp
     from g5core.lower.dag import OpDag
 

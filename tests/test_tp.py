@@ -6,7 +6,7 @@ import pytest
 
 from g5core.lower.builder import build_dag
 from g5core.api.ops import CommOp, ComputeOp
-from g5core.sim.engine import compile_dag
+from g5core.sim.compile import compile_dag
 from g5core.sim.memory import memory_report
 from g5core.inputs.models import get_model
 from g5core.session.run import make_plan, simulate

@@ -109,7 +109,7 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
     from g5core.lower.collective import collect_primitives
     from g5core.api.ops import CommOp
     from g5core.lower.dag import OpDag
-    from g5core.sim.engine import compile_ops
+    from g5core.sim.compile import compile_ops
     from g5core.api.plugins import Hooks, make_plugin_manager
     from g5core.inputs.systems import SystemSpec, get_system
 
@@ -147,7 +147,8 @@ def bench_rows(name: str, system_name: str, chips: int, tokens: Iterable[int], p
     from g5core.lower.builder import make_topology
     from g5core.lower.dag import OpDag
     from g5core.lower.collective import collect_primitives
-    from g5core.sim.engine import Engine, compile_ops
+    from g5core.sim.engine import Engine
+    from g5core.sim.compile import compile_ops
     from g5core.api.plugins import Hooks, make_plugin_manager
     from g5core.inputs.systems import get_system
 

@@ -314,7 +314,8 @@ def _run_built(plan, dag, sym, check: bool, edges):
     ``sym`` applies, as it did for the DAG's first step), ``edges`` its successor lists."""
     import time
 
-    from g5core.sim.engine import Engine, compile_dag
+    from g5core.sim.engine import Engine
+    from g5core.sim.compile import compile_dag
     from g5core.sim.results import check_conservation, summarize
     from g5core.session.run import _check_finite, _gc_paused
 

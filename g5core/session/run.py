@@ -20,7 +20,8 @@ from g5core.lower.microbatch import (
 )
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load_config_file
-from g5core.sim.engine import Engine, compile_dag
+from g5core.sim.engine import Engine
+from g5core.sim.compile import compile_dag
 from g5core.session.mathpath import MathResult, math_estimate
 from g5core.sim.memory import MemoryReport, memory_report
 from g5core.api.plugins import make_plugin_manager

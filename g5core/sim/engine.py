@@ -1,8 +1,8 @@
 """The discrete-event engine: per-chip compute streams and max-min fair flows on ports.
 
-The engine sees arrays, not hooks: :func:`compile_dag` asks the plugins for every compute
-op's duration and every communication op's lowering once, before the run, and the event
-loop then touches only lists of numbers.
+The engine sees arrays, not hooks: :func:`g5core.sim.compile.compile_dag` asks the plugins
+for every compute op's duration and every communication op's lowering once, before the run,
+and the event loop then touches only lists of numbers.
 
 Model:
 - each chip has one compute stream: one op at a time; among ready ops it starts the one
@@ -24,19 +24,14 @@ import heapq
 import math
 from array import array
 from collections import defaultdict
+from collections.abc import Sequence
 from functools import partial
-from collections.abc import Mapping, Sequence
-
-from typing import Optional
 
 import attrs
 import numpy as np
 
-from g5core.lower.collective import lower_op
-from g5core.sim.compute import LatencyLookup
-from g5core.lower.topology import Topology
-from g5core.lower.dag import OpDag
-from g5core.api.errors import DagError, G5Error
+from g5core.api.errors import G5Error
+from g5core.sim.compile import CompiledDag
 
 # A flow that ends with |bytes left| below this fraction of its size delivered everything:
 # the difference is floating-point rounding of the rate integral, not lost data.

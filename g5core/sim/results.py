@@ -10,7 +10,8 @@ import numpy as np
 from g5core.inputs.step import phase_metrics
 from g5core.sim.compute import coverage_from_columns, exact_sum_repeated
 from g5core.lower.dag import OpDag
-from g5core.sim.engine import CompiledDag, Engine
+from g5core.sim.engine import Engine
+from g5core.sim.compile import CompiledDag
 from g5core.api.errors import ConservationError
 from g5core.lower.symmetry import WHOLE_RUN, Symmetry
 

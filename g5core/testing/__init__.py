@@ -571,7 +571,7 @@ def check_memory_terms(plugin: str, configs, extra_plugins: Sequence = ()) -> No
 
 
 def _probe_args(plan: Plan, chips_needed: int) -> dict[str, Any]:
-    """:func:`~g5core.sim.engine.compile_ops`'s arguments for ``plan``'s ops on a topology of
+    """:func:`~g5core.sim.compile.compile_ops`'s arguments for ``plan``'s ops on a topology of
     at least two nodes and ``chips_needed`` chips."""
     topo: Topology = plan.ctx.topology
     chips = max(chips_needed, 2 * topo.chips_per_node, 2)
@@ -581,7 +581,8 @@ def _probe_args(plan: Plan, chips_needed: int) -> dict[str, Any]:
 
 def _lone_comm_time_s(probe, primitive: str, group: tuple, nbytes: float) -> tuple[float, dict]:
     """Engine time of one comm op alone on idle ports, and the bytes each rank sends."""
-    from g5core.sim.engine import Engine, compile_ops
+    from g5core.sim.engine import Engine
+    from g5core.sim.compile import compile_ops
 
     dag = OpDag()
     dag.add_op(CommOp(key="contract.probe", primitive=primitive, group=group, bytes_per_rank=nbytes,
@@ -769,7 +770,7 @@ def check_deterministic(plugin: str, configs, extra_plugins: Sequence = ()) -> N
     equal edge lists in the same order, equal compiled durations and flows, and an equal
     memory report.
     """
-    from g5core.sim.engine import compile_dag
+    from g5core.sim.compile import compile_dag
 
     for raw in _as_configs(configs, extra_plugins):
         outs = []
