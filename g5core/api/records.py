@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import attrs
+import numpy as np
 
 CATEGORIES = ("weights", "kv_cache", "activations", "workspace")
 
@@ -42,7 +43,6 @@ class MemoryTerm:
 
     def vector(self, chips: int):
         """Bytes on every chip ``0 .. chips - 1`` (0 where absent) as one numpy array."""
-        import numpy as np
         if "vector" in self._lookup and len(self._lookup["vector"]) == chips:
             return self._lookup["vector"]
         out = np.zeros(chips)
@@ -55,7 +55,6 @@ class MemoryTerm:
     def from_vector(cls, name: str, category: str, values) -> "MemoryTerm":
         """A term holding ``values[c]`` bytes on every chip ``c`` (made without a Python step
         per chip but the pairs themselves)."""
-        import numpy as np
         values = np.asarray(values, dtype=float)
         term = cls(name=name, category=category, bytes_per_chip=_ChipItems(zip(range(len(values)), values.tolist())))
         term._lookup["vector"] = values

@@ -17,6 +17,7 @@ from typing import Callable, Optional, Protocol
 import attrs
 
 from g5core.api.errors import ConfigError
+from g5core.inputs.step import Step, StepGroup
 
 
 @attrs.frozen(slots=True)
@@ -297,8 +298,6 @@ def _canonical(groups: Groups) -> Groups:
 
 def plan_step_runner(plan) -> Callable[[Groups], float]:
     """``groups -> latency_s`` on a :class:`g5core.PreparedPlan` (the event engine)."""
-    from g5core.inputs.step import Step, StepGroup
-
     def go(groups: Groups) -> float:
         step = Step([StepGroup(new_tokens=n, cached_tokens=c, count=k) for n, c, k in groups])
         return plan.simulate(step).latency_s
@@ -321,8 +320,6 @@ def kv_sizing(plan, largest_step_tokens: int, field: str = "serving") -> KvSizin
     """Pool per chip = HBM - weights - activations of the largest step (a prefill chunk of
     ``largest_step_tokens``) - workspace, per the prepared plan's ledger, so cp and sp
     shrink a token's footprint exactly as the ledger says."""
-    from g5core.inputs.step import Step
-
     n = int(largest_step_tokens)
     step = Step.prefill(1, n)
     mem = plan.memory(step)

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Optional
 
 import attrs
+import networkx as nx
 import numpy as np
 
 from g5core.api.errors import DagError
@@ -263,8 +264,6 @@ def _check_acyclic(dag: OpDag, succ: Successors, pred_count: np.ndarray) -> None
         remaining[ids] -= dec
         frontier = ids[remaining[ids] == 0]
     if seen != len(remaining):
-        import networkx as nx
-
         cycle = nx.find_cycle(dag.graph)
         key = cycle[0][0]
         owner = dag.owner(dag.index[key])

@@ -14,11 +14,14 @@ source gave its time, so the run can report measured versus roofline coverage.
 from __future__ import annotations
 
 import math
+from itertools import chain, repeat
 
 import attrs
+import numpy as np
 
 from g5core.api.errors import DagError, PluginError
 from g5core.api.records import ComputeTime
+from g5core.inputs.framework import launch_s
 
 
 
@@ -62,8 +65,6 @@ class LatencyLookup:
     _launches: dict = attrs.field(factory=dict)  # (kernels, name, owner) -> launch seconds
 
     def _launch_s(self, op) -> float:
-        from g5core.inputs.framework import launch_s
-
         key = (op.kernels, op.name, op.owner)
         seconds = self._launches.get(key)
         if seconds is None:
@@ -156,8 +157,6 @@ class _Repeated:
         self.pairs = list(pairs)
 
     def __iter__(self):
-        from itertools import chain, repeat
-
         return chain.from_iterable(repeat(v, n) for v, n in self.pairs)
 
 
@@ -183,8 +182,6 @@ def coverage_from_columns(answer_ids, chips, flops, system, latency_s: float, n_
     those of chips ``0..replica_chips-1``, and every other replica of that many chips ran
     the same (g5core.lower.symmetry). Coverage sums are exactly rounded (``math.fsum``).
     """
-    import numpy as np
-
     ids = np.asarray(answer_ids, dtype=np.int64)
     chip = np.asarray(chips, dtype=np.int64)
     fl = np.asarray(flops, dtype=float)

@@ -13,6 +13,9 @@ import numpy as np
 
 from g5core.api.errors import PluginError
 from g5core.api.records import CATEGORIES, MemoryTerm
+from g5core.lower.layers import (
+    WEIGHT_CLASS, attention_dims, build_program, group_kind, local_projections, weight_elements,
+)
 
 GIB = float(2 ** 30)
 
@@ -59,7 +62,6 @@ def activation_peak_bytes(ctx, layers: list[int]) -> float:
     """
     if not layers:
         return 0.0
-    from g5core.lower.layers import attention_dims, group_kind, local_projections
 
     m, s = ctx.model, ctx.activation_shape or ctx.shape
     d = m.hidden_size
@@ -178,8 +180,6 @@ def _ranges(chips: list[int]) -> str:
 def weight_bytes_by_chip(ctx, kinds=None) -> tuple[dict[int, float], dict[int, list[int]]]:
     """Weight bytes each chip holds, of the logical ops of ``kinds`` (None: every op), and
     the decoder layers each chip holds (the one formula: weight elements x their bytes)."""
-    from g5core.lower.layers import WEIGHT_CLASS, build_program, weight_elements
-
     m, dep, s = ctx.model, ctx.deployment, ctx.shape
     weights: dict[int, float] = {c: 0.0 for c in ctx.all_chips}
     layers_on: dict[int, list[int]] = {c: [] for c in ctx.all_chips}
@@ -208,8 +208,6 @@ def core_terms(ctx) -> list[MemoryTerm]:
     layers they hold (numpy, from the distinct chip sets of the layers) and each term is
     worked out once per group, in the same order of additions as chip by chip
     (:func:`weight_bytes_by_chip` is the chip-by-chip form)."""
-    from g5core.lower.layers import WEIGHT_CLASS, build_program, weight_elements
-
     m, dep, s = ctx.model, ctx.deployment, ctx.shape
     n = ctx.rankmap.chips
     per_layer: dict[int, float] = {}

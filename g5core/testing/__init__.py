@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -60,6 +61,15 @@ from g5core.api.work import LogicalOp
 from g5core.sim.memory import memory_report
 from g5core.api.plugins import Hooks, describe_plugins, make_plugin_manager
 from g5core.lower.shape import SHARD_AXES
+from g5core.api.options import collect_options
+from g5core.lower.microbatch import PipelineMicrobatches
+from g5core.lower.shape import collect_shard_axes
+from g5core.serve.registry import serving_registry
+from g5core.serve.scheduler import SchedulerSettings
+from g5core.serve.traces import BUILTIN_FORMATS
+from g5core.sim.compile import compile_dag, compile_ops
+from g5core.sim.engine import Engine
+from g5core.study.sweep import collect_presets
 
 __all__ = [
     "CHECKS", "ContractError", "applicable_checks", "GENERAL_CHECKS", "GUARD_HOOKS", "HOOK_CHECKS", "check_plugin",
@@ -150,8 +160,6 @@ _ACCEPTED: dict = {}
 
 def _accepted(raw: Mapping, extra_plugins: tuple) -> bool:
     """Whether the enabled plugins accept ``raw`` (a ConfigError: a step they refuse)."""
-    import json
-
     key = (json.dumps(raw, sort_keys=True, default=str), tuple(name for name, _ in extra_plugins))
     if key not in _ACCEPTED:
         try:
@@ -291,8 +299,6 @@ def check_options(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     unknown option under ``plugins.<plugin>`` is a :class:`~g5core.api.errors.ConfigError` naming
     that field; and with the plugin disabled none of its options is declared.
     """
-    from g5core.api.options import collect_options
-
     own = collect_options(Hooks(_pm(extra_plugins))).of(plugin)
     if own != collect_options(Hooks(_pm(extra_plugins))).of(plugin):
         raise _fail(plugin, check_options, "declares different options on two calls")
@@ -329,8 +335,6 @@ def check_shard_axes(plugin: str, configs, extra_plugins: Sequence = ()) -> None
     Each configuration's local shape has a factor for every registered axis (1 when nobody
     divides it); registering is deterministic; with the plugin disabled the axes are gone.
     """
-    from g5core.lower.shape import collect_shard_axes
-
     axes = collect_shard_axes(Hooks(_pm(extra_plugins)))
     if axes != collect_shard_axes(Hooks(_pm(extra_plugins))):
         raise _fail(plugin, check_shard_axes, "registers different axes on two calls")
@@ -385,8 +389,6 @@ def check_pipeline_microbatches(plugin: str, configs, extra_plugins: Sequence = 
     parts are the step's (decode batches of ``batch`` sequences, prefill chunks adding up
     to ``seq_len``), the same on two calls.
     """
-    from g5core.lower.microbatch import PipelineMicrobatches
-
     for raw in _as_configs(configs, extra_plugins):
         ctx, answers = _stable_deployment_answers(plugin, check_pipeline_microbatches, raw, extra_plugins, "g5_pipeline_microbatches")
         for answer in answers:
@@ -581,9 +583,6 @@ def _probe_args(plan: Plan, chips_needed: int) -> dict[str, Any]:
 
 def _lone_comm_time_s(probe, primitive: str, group: tuple, nbytes: float) -> tuple[float, dict]:
     """Engine time of one comm op alone on idle ports, and the bytes each rank sends."""
-    from g5core.sim.engine import Engine
-    from g5core.sim.compile import compile_ops
-
     dag = OpDag()
     dag.add_op(CommOp(key="contract.probe", primitive=primitive, group=group, bytes_per_rank=nbytes,
                       reason="contract_probe", layer=0, name="probe", owner="contract"))
@@ -770,8 +769,6 @@ def check_deterministic(plugin: str, configs, extra_plugins: Sequence = ()) -> N
     equal edge lists in the same order, equal compiled durations and flows, and an equal
     memory report.
     """
-    from g5core.sim.compile import compile_dag
-
     for raw in _as_configs(configs, extra_plugins):
         outs = []
         for _ in range(2):
@@ -843,8 +840,6 @@ def check_sweep_presets(plugin: str, configs, extra_plugins: Sequence = ()) -> N
     check (if any) answers an empty sequence of rows with no violation; and with the plugin
     disabled none of its presets is registered.
     """
-    from g5core.study.sweep import collect_presets
-
     own = {n: p for n, p in collect_presets(Hooks(_pm(extra_plugins))).items() if p.owner == plugin}
     again = {n: p for n, p in collect_presets(Hooks(_pm(extra_plugins))).items() if p.owner == plugin}
     if own != again:
@@ -877,9 +872,6 @@ def check_serving_registrations(plugin: str, configs, extra_plugins: Sequence = 
     formats are :class:`g5core.serve.traces.TraceFormat` values with a container (csv or
     jsonl) and identifying columns.
     """
-    from g5core.serve.registry import serving_registry
-    from g5core.serve.scheduler import SchedulerSettings
-
     def own():
         reg = serving_registry(Hooks(_pm(extra_plugins)))
         return ({n: f for n, (o, f) in reg.schedulers.items() if o == plugin},
@@ -915,8 +907,6 @@ def check_serving_registrations(plugin: str, configs, extra_plugins: Sequence = 
 
 
 def _builtin_formats():
-    from g5core.serve.traces import BUILTIN_FORMATS
-
     return BUILTIN_FORMATS
 
 
@@ -979,10 +969,8 @@ def plugin_contributions(plugin: str, raw: Mapping, extra_plugins: Sequence = ()
         if hook == "g5_register_dimensions":
             n = sum(d.owner == plugin for d in ctx.dims.dims)
         elif hook == "g5_register_options":
-            from g5core.api.options import collect_options
             n = len(collect_options(hooks).of(plugin))
         elif hook == "g5_register_shard_axes":
-            from g5core.lower.shape import collect_shard_axes
             n = len(collect_shard_axes(hooks)) - len(collect_shard_axes(Hooks(_pm(extra_plugins, disabled=[plugin]))))
         elif hook == "g5_register_primitives":
             n = sum(owner == plugin for owner, _ in plan.primitives.values())
@@ -1005,9 +993,6 @@ def plugin_contributions(plugin: str, raw: Mapping, extra_plugins: Sequence = ()
             n = sum(a is not None for o in ops.values()
                     for a in _call_own(hooks, hook, plugin, op=o, system=ctx.system, deployment=ctx.deployment))
         elif hook in ("g5_register_schedulers", "g5_register_routers", "g5_register_workload_formats"):
-            from g5core.serve.registry import serving_registry
-            from g5core.serve.traces import BUILTIN_FORMATS
-
             reg = serving_registry(hooks)
             n = (sum(o == plugin for o, _ in reg.schedulers.values()) if hook == "g5_register_schedulers" else
                  sum(o == plugin for o, _ in reg.routers.values()) if hook == "g5_register_routers" else
