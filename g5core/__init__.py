@@ -19,7 +19,7 @@ from .api.errors import ConfigError, DagError, G5Error, PluginError, suggest
 from .api.ops import CommOp, ComputeOp, Fragment
 from .api.options import PluginOption
 from .api.plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_manager
-from .api.records import Lowering, MemoryTerm, SweepPreset
+from .api.records import Lowering, MemoryTerm, StepRules, SweepPreset
 from .api.work import LogicalOp, Work
 from .lower.flops import activation_tensor_bytes, attention_block_bytes, causal_attention_flops, prefix_attention_flops
 from .lower.layers import (
@@ -33,7 +33,7 @@ from .inputs.reading import check_keys
 from .lower.collective import NVLINK_COPY_EFFICIENCY, idle_transfer_s
 from .lower.kernels import Attention, Elementwise, Gemm
 from .api.records import ComputeTime
-from .sim.memory import weight_bytes_by_chip
+from .sim.memory import weight_bytes_per_chip
 from .lower.flops import passq_reduce_elements
 from .sim.roofline import gemm_padded_flops, kernel_latency_s, op_latency_s, roofline_latency_s
 from .session.prepared import PreparedPlan, StepMemory, StepResult, prepare
@@ -43,7 +43,7 @@ __all__ = [
     "Attention", "BuildContext", "CommOp", "ComputeOp", "ComputeTime", "ConfigError", "DagError", "Dimension",
     "Elementwise", "Fragment", "G5Error", "Gemm", "Hooks", "LogicalOp", "Lowering", "MemoryTerm", "NVLINK_COPY_EFFICIENCY",
     "PipelineMicrobatches", "PluginError",
-    "PluginInfo", "PluginOption", "PreparedPlan", "Step", "StepGroup", "StepMemory", "StepResult", "SweepPreset",
+    "PluginInfo", "PluginOption", "PreparedPlan", "Step", "StepGroup", "StepMemory", "StepResult", "StepRules", "SweepPreset",
     "Topology", "Work", "activation_tensor_bytes",
     "attention_block_bytes", "attention_dims", "attention_kernel", "attention_kernel_of", "attention_side_kernels",
     "attention_work", "causal_attention_flops", "check_keys",
@@ -51,5 +51,5 @@ __all__ = [
     "idle_transfer_s", "kernel_hosts", "kernel_latency_s", "local_kv_bytes_per_token", "make_plugin_manager", "merge_kernel",
     "op_latency_s", "passq_reduce_elements",
     "prefix_attention_flops", "prepare", "roofline_latency_s", "step_attention_work", "suggest",
-    "weight_bytes_by_chip", "weight_elements", "window_attention_work",
+    "weight_bytes_per_chip", "weight_elements", "window_attention_work",
 ]

@@ -101,6 +101,20 @@ def g5_pipeline_microbatches(deployment: "Deployment", model: "ModelSpec") -> Op
     """
 
 
+@hookspec
+def g5_step_rules(deployment: "Deployment") -> Optional["StepRules"]:
+    """What this plugin's dimensions require of every step the deployment's layout runs
+    (collect-all): the serving cost model and the serving search follow them, knowing no
+    dimension.
+
+    Return :class:`g5core.StepRules` (``token_multiple``: each sequence's token counts padded
+    up to a multiple of it; ``mixed``: whether prefill and decode groups may share a step;
+    ``split``: when not, ``split(step) -> (step, ...)``, the unmixed steps run instead, one
+    after the other, holding the step's groups) or ``None`` for no rule. The core merges
+    every plugin's answer (:func:`g5core.lower.steprules.step_rules`).
+    """
+
+
 # --------------------------------------------------------------------------------------
 # Family 2: op expansion
 # --------------------------------------------------------------------------------------

@@ -208,9 +208,8 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
                               "raise max_num_batched_tokens")
         prepared = prepare(praw, disabled=disabled)
         plan = prepared.plan
-        cp = plan.ctx.deployment.size("cp")
-        multiple = 2 * cp if cp > 1 else 1   # the cp plugin's balanced split (see PlanCost)
-        sizing = kv_sizing(prepared, -(-s.max_num_batched_tokens // multiple) * multiple, field)
+        rules = prepared.step_rules   # what the layout's dimensions require of a step (see PlanCost)
+        sizing = kv_sizing(prepared, rules.round_up(s.max_num_batched_tokens), field)
         need = longest_prompt if ps.role == "prefill" else longest
         blocks = sizing.capacity_tokens // s.block_size
         if blocks * s.block_size < need:
@@ -218,7 +217,7 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
                                      f"{blocks * s.block_size:,} tokens; the longest request needs {need:,}: "
                                      "use more chips per instance (tp, pp, cp) or shorter requests")
         step_runner = runner or (runner_for(praw, prepared) if runner_for else plan_step_runner(prepared))
-        cost = PlanCost(step_runner, exact, multiple, cp > 1,
+        cost = PlanCost(step_runner, exact, rules,
                         sizing.kv_bytes_per_token_per_chip, sizing.pool_bytes_per_chip, sizing.capacity_tokens,
                         sizing.chips)
         pool = Pool(ps.role, ps.instances, cost, s, blocks, registry.router(ps.router)(),

@@ -37,6 +37,7 @@ import attrs
 from g5core.api.errors import ConfigError, ResourceError
 from g5core.lower.builder import DEFAULT_MAX_OPS, check_size, plan_for_step
 from g5core.lower.shape import collect_shard_axes
+from g5core.lower.steprules import step_rules
 from g5core.lower.symmetry import off_reason, plan_symmetry
 from g5core.inputs.config import Deployment, apply_overrides, load_config_file
 from g5core.inputs.step import Step, as_step, phase_metrics
@@ -103,7 +104,8 @@ class PreparedPlan:
     Build it with :func:`prepare`. Attributes: ``deployment`` (the validated deployment of
     the configuration's own step), ``plan`` (the prepared run of that step,
     :class:`g5core.lower.builder.Plan`), ``symmetry`` (the replica decision, made once),
-    ``lookup`` (the compute-latency lookup shared by every step)."""
+    ``lookup`` (the compute-latency lookup shared by every step), ``step_rules`` (what the
+    layout's dimensions require of every step: :func:`g5core.lower.steprules.step_rules`)."""
 
     def __init__(self, plan, symmetry: bool | str = True, max_ops: Optional[int] = None, check: bool = True):
         if plan.microbatches is not None:
@@ -118,6 +120,7 @@ class PreparedPlan:
         self.symmetry = plan_symmetry(plan.ctx, off_reason(symmetry))
         self._axes = collect_shard_axes(plan.hooks)
         self.lookup = LatencyLookup(hooks=plan.hooks, system=plan.ctx.system, deployment=self.deployment)
+        self.step_rules = step_rules(plan.hooks, self.deployment)
         self._results: dict[Step, StepResult] = {}
         self._plans: dict[Step, Any] = {self.deployment.step: plan}
         self.hits = 0

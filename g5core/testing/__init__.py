@@ -56,7 +56,9 @@ from g5core.lower.dag import OpDag
 from g5core.api.dimensions import collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError
 from g5core.lower.layers import SYNC_KINDS, build_program, iter_layers
-from g5core.api.records import CATEGORIES, MemoryTerm
+from g5core.api.records import CATEGORIES, MemoryTerm, StepRules
+from g5core.inputs.step import Step, StepGroup
+from g5core.lower.steprules import checked_split
 from g5core.api.work import LogicalOp
 from g5core.sim.memory import memory_report
 from g5core.api.plugins import Hooks, describe_plugins, make_plugin_manager
@@ -611,6 +613,29 @@ def check_step_choices(plugin: str, configs, extra_plugins: Sequence = ()) -> No
                                                         "names to strings or numbers")
 
 
+@_contract_check
+def check_step_rules(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_step_rules``: ``None`` or a :class:`~g5core.api.records.StepRules`; when it
+    refuses mixed steps, its split of a mixed step (a prefill chunk and decodes, at its
+    token multiple) is steps, none mixed, holding the step's groups between them."""
+    for raw in _as_configs(configs, extra_plugins):
+        plan = _plan(raw, extra_plugins)
+        for answer in _call_own(plan.hooks, "g5_step_rules", plugin, deployment=plan.ctx.deployment):
+            if answer is None:
+                continue
+            if not isinstance(answer, StepRules):
+                raise _fail(plugin, check_step_rules, f"{_where(raw)} answered {answer!r}, not a StepRules")
+            if answer.mixed:
+                continue
+            m = answer.token_multiple
+            mixed = Step([StepGroup(new_tokens=4 * m, cached_tokens=2 * m, count=1),
+                          StepGroup(new_tokens=1, cached_tokens=8 * m - 1, count=3)])
+            try:
+                checked_split(plugin, answer.split, mixed)
+            except PluginError as exc:
+                raise _fail(plugin, check_step_rules, f"{_where(raw)}: {exc}") from None
+
+
 def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     """``g5_register_primitives``: a primitive's cost grows with the bytes it carries.
 
@@ -935,6 +960,7 @@ HOOK_CHECKS: Mapping[str, tuple[CheckFn, ...]] = {
     "g5_require_owner": (check_require_owner,),
     "g5_memory_terms": (check_memory_terms,),
     "g5_step_choices": (check_step_choices,),
+    "g5_step_rules": (check_step_rules,),
     "g5_register_primitives": (check_comm_cost_monotone,),
     "g5_topology": (check_topology,),
     "g5_compute_latency": (check_compute_latency,),
