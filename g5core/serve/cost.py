@@ -22,34 +22,6 @@ from g5core.inputs.step import Step, StepGroup
 from g5core.lower.steprules import split_step
 
 
-@attrs.frozen(slots=True)
-class StepWork:
-    """What one step of one instance computes: its prefill chunks as ``(new_tokens,
-    cached_tokens)`` pairs, and one decode token for each sequence whose cached tokens are
-    in ``decode_contexts`` (sorted)."""
-
-    chunks: tuple[tuple[int, int], ...]
-    decode_contexts: tuple[int, ...]
-
-    @property
-    def decodes(self) -> int:
-        return len(self.decode_contexts)
-
-    @property
-    def decode_context_tokens(self) -> int:
-        return sum(self.decode_contexts)
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(n for n, _ in self.chunks) + len(self.decode_contexts)
-
-    def groups(self) -> tuple[tuple[int, int, int], ...]:
-        """The step as ``(new_tokens, cached_tokens, count)`` groups, every sequence as it is."""
-        out = [(n, c, 1) for n, c in self.chunks]
-        out.extend((1, c, 1) for c in self.decode_contexts)
-        return tuple(out)
-
-
 class StepCost(Protocol):
     chips: int                          # chips of one instance
     kv_bytes_per_token_per_chip: float  # one token of one sequence, on the chip that holds most

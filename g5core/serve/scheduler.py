@@ -66,24 +66,6 @@ class SchedulerSettings:
         return cls(**values)
 
 
-class Seq:
-    """One request's state on one instance."""
-
-    __slots__ = ("req", "computed", "num_tokens", "emitted", "blocks", "admitted_s", "scheduled", "last_s",
-                 "max_itl_s")
-
-    def __init__(self, req: Request, computed: int = 0, emitted: int = 0):
-        self.req = req
-        self.computed = computed
-        self.emitted = emitted
-        self.num_tokens = req.input_tokens + emitted
-        self.blocks = 0
-        self.admitted_s: Optional[float] = None
-        self.scheduled = 0
-        self.last_s: Optional[float] = None   # when its last token was emitted (the loop keeps it)
-        self.max_itl_s = 0.0
-
-
 class VllmScheduler:
     """Continuous batching over ``total_blocks`` KV blocks (see the module doc)."""
 

@@ -48,26 +48,6 @@ class TraceError(G5Error):
         super().__init__(f"{path}, line {line}, field {field}: {message}")
 
 
-class _Bad(Exception):
-    def __init__(self, field: str, message: str):
-        self.field, self.message = field, message
-        super().__init__(message)
-
-
-@attrs.frozen
-class TraceFormat:
-    """``row(record) -> (time_s, input_tokens, output_tokens, cached_tokens, prefix)``;
-    raise ``bad(field, message)`` on a bad field. ``relative``: times are counted from the
-    first request (``False``: kept as the file gives them)."""
-
-    name: str
-    container: str                       # "csv" or "jsonl"
-    columns: tuple[str, ...]             # the columns (or keys) that identify the format
-    row: Callable[[Mapping], tuple]
-    relative: bool = True
-    doc: str = ""
-
-
 def bad(field: str, message: str) -> Exception:
     return _Bad(field, message)
 

@@ -41,25 +41,6 @@ ARRIVALS = ("poisson", "gamma", "closed")
 LENGTH_KINDS = ("fixed", "uniform", "normal", "lognormal", "hist")
 
 
-@attrs.frozen(slots=True)
-class Request:
-    """One request: when it arrives, its prompt and output lengths, and what of the prompt a
-    cache may already hold.
-
-    ``cached_tokens``: prompt tokens already in the KV cache wherever the request runs
-    (a trace's ``cached_tokens`` column). ``prefix``: ``((key, tokens), ...)``, a chain of
-    shared-prefix segments with the prompt tokens each one covers (cumulative); the
-    instance serving the request reuses the longest chain it has already computed."""
-
-    id: int
-    arrival_s: float
-    input_tokens: int
-    output_tokens: int
-    cached_tokens: int = 0
-    prefix: tuple = ()
-    cache_key: Optional[str] = None   # what the instance caches when the request finishes (its whole context)
-
-
 @attrs.frozen
 class Workload:
     requests: tuple[Request, ...]
