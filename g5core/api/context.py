@@ -1,9 +1,9 @@
 """What a plugin reads while it contributes to a run: the build context.
 
-The annotations name the core's input records (``Deployment``: g5core.inputs.config,
-``ModelSpec``: g5core.inputs.models, ``SystemSpec``: g5core.inputs.systems, ``RankMap``,
-``LocalShape``, ``Topology``: g5core.lower) without importing them: the plugin contract
-imports no implementation module (tests/test_layout.py).
+The annotations name the core's input records (``Deployment``, ``ModelSpec``,
+``SystemSpec``, ``RankMap``, ``LocalShape``, ``Topology``) by their public names, each
+exported from ``g5core`` (``tests/test_plugin_api.py`` resolves every one there), without
+importing them: the plugin contract imports no implementation module (tests/test_layout.py).
 """
 from __future__ import annotations
 

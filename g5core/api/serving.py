@@ -1,10 +1,25 @@
 """The serving contract: the records and protocols a scheduler, router or trace-format plugin
 works with (``g5_register_schedulers``, ``g5_register_routers``,
 ``g5_register_workload_formats``), exported from ``g5core``.
+
+- :class:`Request`: one request of a workload (arrival, prompt and output lengths, cache);
+- :class:`Seq`: one request's state on one instance, made by the serving loop and handed
+  to the instance's scheduler;
+- :class:`StepWork`: what one step of an instance computes (prefill chunks and decodes),
+  which the scheduler makes and the step cost prices;
+- :class:`Scheduler` (made by a factory ``(settings, total_blocks)``, ``settings`` a
+  :class:`g5core.SchedulerSettings`) and :class:`Router`: the protocols the serving loop
+  calls; :class:`RoutedInstance`: what a router sees of an instance;
+- :class:`TraceFormat`: a request-trace format; its ``row`` raises
+  :class:`TraceFieldError` on a bad field.
+
+The serving loop (:mod:`g5core.serve.loop`) is the only caller; the built-in scheduler
+(``vllm``, :class:`g5core.serve.scheduler.VllmScheduler`) and routers
+(:mod:`g5core.serve.router`) implement the same protocols a plugin does.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional, Protocol, Sequence, Sized
 
 import attrs
 
@@ -74,7 +89,10 @@ class Seq:
         self.max_itl_s = 0.0
 
 
-class _Bad(Exception):
+class TraceFieldError(Exception):
+    """A bad field of one trace record (a format's ``row`` raises it): the reader adds the
+    file and the line."""
+
     def __init__(self, field: str, message: str):
         self.field, self.message = field, message
         super().__init__(message)
@@ -83,7 +101,7 @@ class _Bad(Exception):
 @attrs.frozen
 class TraceFormat:
     """``row(record) -> (time_s, input_tokens, output_tokens, cached_tokens, prefix)``;
-    raise ``bad(field, message)`` on a bad field. ``relative``: times are counted from the
+    raise :class:`TraceFieldError` ``(field, message)`` on a bad field. ``relative``: times are counted from the
     first request (``False``: kept as the file gives them)."""
 
     name: str
@@ -92,3 +110,54 @@ class TraceFormat:
     row: Callable[[Mapping], tuple]
     relative: bool = True
     doc: str = ""
+
+
+class Scheduler(Protocol):
+    """One instance's scheduler, made by a registered factory ``(settings, total_blocks)``.
+
+    The serving loop calls ``add`` when a request reaches the instance; ``schedule`` when
+    the instance is idle (the sequences of the next step, each with ``scheduled`` tokens;
+    empty: nothing fits); ``work(picked)`` for the step's :class:`StepWork`;
+    ``finish_step(picked)`` when the step ends (the sequences that emitted a token);
+    ``release(seq)`` when a sequence leaves (finished, or its KV moved to a decode pool).
+    It reads ``running``, ``waiting``, ``used_blocks``, ``total_blocks``, ``has_work`` and
+    ``preemptions`` for its step log and invariants; routers read ``outstanding_tokens()``.
+    """
+
+    total_blocks: int
+    preemptions: int
+    running: list
+
+    @property
+    def waiting(self) -> Sized: ...
+
+    @property
+    def used_blocks(self) -> int: ...
+
+    @property
+    def has_work(self) -> bool: ...
+
+    def add(self, seq: Seq) -> None: ...
+
+    def schedule(self) -> list[Seq]: ...
+
+    def work(self, picked: list[Seq]) -> StepWork: ...
+
+    def finish_step(self, picked: list[Seq]) -> Iterable[Seq]: ...
+
+    def release(self, seq: Seq) -> None: ...
+
+    def outstanding_tokens(self) -> int: ...
+
+
+class RoutedInstance(Protocol):
+    """What a router sees of an instance: its scheduler."""
+
+    scheduler: Scheduler
+
+
+class Router(Protocol):
+    """Which instance of a pool a request goes to (a registered factory ``()`` makes one per
+    pool): the index into ``instances``; deterministic for the same calls."""
+
+    def choose(self, request: Request, instances: Sequence[RoutedInstance]) -> int: ...

@@ -1,7 +1,7 @@
 """What a step costs: the protocol the serving loop needs, a synthetic model, and the engine.
 
 The serving loop asks a :class:`StepCost` three things: the latency of a step
-(:class:`StepWork`: the prefill chunks and the decodes the scheduler put in it), the KV
+(:class:`g5core.StepWork`: the prefill chunks and the decodes the scheduler put in it), the KV
 bytes one token of one sequence takes per chip, and the KV pool per chip. Two models answer:
 
 - :class:`SyntheticCost`: ``fixed_s + per_token_s * new tokens + per_context_token_s *
@@ -18,6 +18,7 @@ import attrs
 
 from g5core.api.errors import ConfigError
 from g5core.api.records import StepRules
+from g5core.api.serving import StepWork
 from g5core.inputs.step import Step, StepGroup
 from g5core.lower.steprules import split_step
 

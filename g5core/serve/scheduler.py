@@ -29,13 +29,11 @@ preempted sequence recomputes its cached prefix too.
 from __future__ import annotations
 
 import collections
-from typing import Optional
 
 import attrs
 
 from g5core.api.errors import ConfigError
-from g5core.serve.cost import StepWork
-from g5core.serve.workload import Request
+from g5core.api.serving import Request, Seq, StepWork
 from g5core.inputs.reading import check_keys
 
 

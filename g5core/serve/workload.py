@@ -1,6 +1,6 @@
 """Workloads: the requests a service receives, generated (seeded) or read from a trace file.
 
-A :class:`Workload` is a tuple of :class:`Request` records sorted by arrival, or, for a
+A :class:`Workload` is a tuple of :class:`g5core.Request` records sorted by arrival, or, for a
 closed loop, the request lengths plus a concurrency (each finished request is replaced by
 the next one at once, so arrivals are decided by the simulation).
 
@@ -33,6 +33,7 @@ import attrs
 import numpy as np
 
 from g5core.api.errors import ConfigError
+from g5core.api.serving import Request
 from g5core.inputs.reading import MAX_SEQ_LEN, check_keys
 
 #: most requests one workload may hold (a 10^7-request run already takes minutes)

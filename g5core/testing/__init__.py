@@ -894,7 +894,7 @@ def check_serving_registrations(plugin: str, configs, extra_plugins: Sequence = 
     with ``add``, ``schedule``, ``work``, ``finish_step``, ``release``, ``running``,
     ``waiting``, ``used_blocks``, ``total_blocks`` and ``preemptions``, whose ``schedule()``
     on an empty queue picks nothing; a router factory returns an object with ``choose``;
-    formats are :class:`g5core.serve.traces.TraceFormat` values with a container (csv or
+    formats are :class:`g5core.TraceFormat` values with a container (csv or
     jsonl) and identifying columns.
     """
     def own():
