@@ -23,7 +23,7 @@ from g5core.api.work import LogicalOp, Work
 class BuildContext(abc.ABC):
     """Everything a plugin may read while contributing to a run. Plugins must not mutate it.
 
-    The core makes it (:func:`g5core.lower.builder.prepare`) as a subclass that answers the
+    The core makes it (:func:`g5core.lower.builder.plan_deployment`) as a subclass that answers the
     three questions asked of the core's formulas, abstract here: :meth:`work`,
     :meth:`hidden_states_bytes` and :attr:`kv_bytes_per_token_local`.
     """

@@ -48,7 +48,7 @@ from g5core.lower.builder import build_dag
 from g5core.lower.layers import build_program
 from g5core.lower.symmetry import check_resources
 from g5core.session.mathpath import math_estimate
-from g5core.session.run import _check_finite, _gc_paused, make_plan, simulate as simulate_plan, tokens_per_s_per_chip
+from g5core.session.run import _check_finite, _gc_paused, make_plan, simulate_plan, tokens_per_s_per_chip
 from g5core.sim.compile import compile_dag
 from g5core.sim.engine import Engine
 from g5core.sim.results import check_conservation, summarize

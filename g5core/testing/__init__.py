@@ -28,7 +28,7 @@ wrong, and returns ``None`` when the contract holds. ``HOOK_CHECKS`` maps every 
 :mod:`g5core.api.hookspecs` to the checks that test it; :func:`check_hook_coverage` (the
 meta-check) fails when a hook is added without a check or a docstring.
 
-The checks only call the build phase (:func:`g5core.lower.builder.prepare`, :func:`~g5core.lower.builder.expand`,
+The checks only call the build phase (:func:`g5core.lower.builder.plan_deployment`, :func:`~g5core.lower.builder.expand`,
 :func:`~g5core.lower.builder.build_dag`), the plugins' own hook implementations through the
 :class:`~g5core.api.plugins.Hooks` facade, and, for communication primitives, the engine on a
 one-op DAG. Use small models (a Hugging Face ``config.json`` with two layers) to keep them fast.
@@ -45,7 +45,7 @@ import attrs
 import networkx as nx
 
 from g5core.api import hookspecs
-from g5core.lower.builder import Plan, build_dag, check_op, expand, prepare
+from g5core.lower.builder import Plan, build_dag, check_op, expand, plan_deployment
 from g5core.api.records import Lowering
 from g5core.lower.topology import Topology
 from g5core.inputs.config import TOP_LEVEL_KEYS, all_disabled
@@ -177,7 +177,7 @@ def _pm(extra_plugins: Sequence, disabled: Iterable[str] = (), raw: Mapping | No
 
 
 def _plan(raw: Mapping, extra_plugins: Sequence, disabled: Iterable[str] = ()) -> Plan:
-    return prepare(raw, _pm(extra_plugins, disabled, raw))
+    return plan_deployment(raw, _pm(extra_plugins, disabled, raw))
 
 
 def _own_impls(hooks: Hooks, hook_name: str, plugin: str) -> list:
