@@ -490,6 +490,9 @@ def systems_show_cmd(name):
 @click.option("--redop", default="sum", show_default=True,
               help="nccl-tests' -o: the reduction of all_reduce and reduce_scatter (sum, prod, max, min, avg).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows instead of the table.")
+@click.option("--framework", default=None, metavar="NAME",
+              help="A serving framework's profile (vllm, sglang, trtllm, generic): its own all-reduce kernels "
+                   "replace NCCL's where its code chooses them.")
 @click.option("--tokens", default=None, callback=_int_list, metavar="N[,N...]",
               help="ep_dispatch/ep_combine: tokens per rank (4096).")
 @click.option("--topk", type=int, default=None, help="ep_dispatch/ep_combine: experts per token (8).")
@@ -501,8 +504,8 @@ def systems_show_cmd(name):
 @click.option("--kernel", default=None, help="ep_dispatch/ep_combine: normal or low_latency (normal).")
 @click.option("--copy-dtype", default=None,
               help="ep_dispatch/ep_combine: a token copy's dtype, fp8 or bf16 (fp8 dispatch, bf16 combine).")
-def collective_cmd(op, system_name, chips, sizes, factor, disabled, dtype, redop, as_json, tokens, topk, hidden,
-                   experts, groups, topk_groups, kernel, copy_dtype):
+def collective_cmd(op, system_name, chips, sizes, factor, disabled, dtype, redop, as_json, framework, tokens, topk,
+                   hidden, experts, groups, topk_groups, kernel, copy_dtype):
     """One collective alone on SYSTEM, size by size, shaped like nccl-tests output.
 
     OP is all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, gather, p2p (2 chips)
@@ -532,7 +535,7 @@ def collective_cmd(op, system_name, chips, sizes, factor, disabled, dtype, redop
     if given:
         raise ConfigError(given[0], f"applies to ep_dispatch and ep_combine only, not {op}")
     sizes_list = size_range(sizes, factor)
-    rows = collective_rows(op, system_name, chips, sizes_list, disabled, dtype=dtype, redop=redop)
+    rows = collective_rows(op, system_name, chips, sizes_list, disabled, dtype=dtype, redop=redop, framework=framework)
     if as_json:
         click.echo(json.dumps(rows, indent=1, allow_nan=False))
         return
