@@ -494,3 +494,28 @@ def with_framework(system, name: str, field: str = "--framework"):
     own = {} if block is None else {k: v for k, v in block.to_dict().items()
                                    if k not in ("name", "version") and block.name is None}
     return attrs.evolve(system, framework=Framework.from_mapping({**own, "name": name}, field))
+
+
+def graph_step(step, system):
+    """The step the GPU runs for ``step`` under the system's framework: a decode step whose
+    batch lies between captured CUDA-graph sizes is padded up to the next one (the padding
+    slots attend nothing: one new token after no cached ones each), as vLLM's and SGLang's
+    runners pad a batch to the captured graph (bisect); every other step as it is."""
+    from g5core.inputs.step import Step, StepGroup
+
+    fw = getattr(system, "framework", None)
+    if fw is None or fw.cuda_graph_batch_sizes is None or fw.cuda_graphs == "none" or step.phase != "decode":
+        return step
+    padded = fw.graph_batch(step.sequences)
+    if padded is None or padded == step.sequences:
+        return step
+    return Step(tuple(step) + (StepGroup(new_tokens=1, cached_tokens=0, count=padded - step.sequences),))
+
+
+def host_step_s(gpu_s: float, step, system) -> float:
+    """A serving step's time with the framework's host work per step (:class:`HostTime`); the
+    GPU's time where the framework has none."""
+    fw = getattr(system, "framework", None)
+    if fw is None or fw.host is None:
+        return gpu_s
+    return fw.host.step_s(gpu_s, step.sequences, step.new_tokens)

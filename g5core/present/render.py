@@ -266,8 +266,12 @@ def render_compute(report: dict) -> list[str]:
     launch = report.get("launch") or {}
     if launch.get("framework"):
         fw = launch["framework"]
+        graph = fw.get("graph_kernel_s")
+        inside = "" if graph is None else f", {graph * 1e6:g} us per kernel inside a graph instead of launch_overhead_s"
+        name = f"framework {fw['name']} {fw.get('version', '')}: " if fw.get("name") else ""
         lines.append(f"kernel launches: {launch['added_s'] * 1e3:.3f} ms added on the busiest chip "
-                     f"(cuda_graphs: {fw['cuda_graphs']}, {fw['kernel_launch_s'] * 1e6:g} us per kernel not captured)")
+                     f"({name}cuda_graphs: {fw['cuda_graphs']}, {fw['kernel_launch_s'] * 1e6:g} us per kernel not "
+                     f"captured{inside})")
         fused = [name for name, on in (fw.get("fusions") or {}).items() if on]
         lines.append(f"kernel fusions: stack {fw.get('stack', 'generic')} ({', '.join(fused) or 'none'}; a fused kernel "
                      f"is neither timed nor launched on its own)")
