@@ -491,8 +491,12 @@ def with_framework(system, name: str, field: str = "--framework"):
         raise ConfigError(field, f"unknown framework {name!r}{suggest(str(name), FRAMEWORK_NAMES)}; "
                                  f"choose one of {', '.join(FRAMEWORK_NAMES)}")
     block = getattr(system, "framework", None)
-    own = {} if block is None else {k: v for k, v in block.to_dict().items()
-                                   if k not in ("name", "version") and block.name is None}
+    if name == "generic" and block is None:
+        return system   # G5's model without a profile: the same system, bit for bit
+    own = {}
+    if block is not None and block.name is None:   # the file's own keys: those that differ from the defaults
+        defaults = DEFAULT_FRAMEWORK.to_dict()
+        own = {k: v for k, v in block.to_dict().items() if k != "name" and v != defaults.get(k)}
     return attrs.evolve(system, framework=Framework.from_mapping({**own, "name": name}, field))
 
 
