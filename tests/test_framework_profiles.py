@@ -136,3 +136,24 @@ def test_g5_collective_prints_both_regimes_under_a_framework():
     assert result.exit_code == 0, result.output
     algorithms = [r["algorithm"] for r in json.loads(result.output)]
     assert "vllm_custom_one_shot" in algorithms and any(not a.startswith("vllm_custom") for a in algorithms)
+
+
+def test_validate_reports_each_framework_and_refuses_an_unknown_one(tmp_path):
+    from g5core.study.validate import validate
+
+    config = tmp_path / "c.yaml"
+    config.write_text("model: llama-3.1-8b\nsystem: h100-sxm\nchips: 1\nparallel: {dp: 1, tp: 1, pp: 1, cp: 1}\n"
+                      "phase: decode\nbatch: 1\nseq_len: 1024\n")
+    csv = tmp_path / "m.csv"
+    csv.write_text("config,set,metric,measured_ms,framework,source\n"
+                   "c.yaml,,tpot,5,vllm,x\nc.yaml,,tpot,5,trtllm,x\nc.yaml,,tpot,5,,x\n")
+    report = validate(csv)
+    groups = {(g["framework"], g["metric"]): g["rows"] for g in report["by_framework"]}
+    assert groups == {("-", "tpot"): 1, ("trtllm", "tpot"): 1, ("vllm", "tpot"): 1}
+    plain = run({**SMALL, "seq_len": 1024}).latency_s * 1e3
+    vllm = run({**SMALL, "seq_len": 1024, "framework": "vllm"}).latency_s * 1e3
+    by_row = {r["row"]: r["predicted_ms"] for r in report["rows"]}
+    assert by_row[1] == vllm and by_row[3] == plain and vllm != plain
+    csv.write_text("config,set,metric,measured_ms,framework,source\nc.yaml,,tpot,5,vlm,x\n")
+    with pytest.raises(ConfigError, match="row 1.*unknown framework 'vlm'"):
+        validate(csv)

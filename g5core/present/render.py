@@ -232,6 +232,9 @@ def render_validate(report: dict) -> str:
     lines = [table(rows, ["row", "config", "metric", "measured ms", "predicted ms", "error", "source"]), "",
              f"MAPE {report['mape_pct']:.1f}% over {len(rows)} rows; worst: row {report['worst_row']} "
              f"({report['worst_error_pct']:+.1f}%)"]
+    for g in report.get("by_framework", ()):
+        lines.append(f"  {g['framework']} {g['metric']}: MAPE {g['mape_pct']:.1f}% over {g['rows']} row"
+                     f"{'s' if g['rows'] != 1 else ''}; worst: row {g['worst_row']} ({g['worst_error_pct']:+.1f}%)")
     return "\n".join(lines)
 
 
