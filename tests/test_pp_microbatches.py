@@ -259,6 +259,7 @@ def test_cli_bad_m_exits_2_and_writes_nothing(tmp_path):
 # ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.bench   # 25 s on 2 cores: a g5 best search (python3 -m pytest -q -m bench)
 def test_best_ranks_pp_layouts_on_pipelined_throughput(tmp_path):
     raw = _raw(m=4, pp=4)
     result = best_layouts(raw, objective="tokens_per_s_per_chip", db_path=tmp_path / "b.db")
