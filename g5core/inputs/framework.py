@@ -35,12 +35,15 @@ from __future__ import annotations
 import bisect
 import functools
 import math
+import pathlib
+from importlib.resources import files
 from typing import Any, Mapping
 
 import attrs
 
 from g5core.api.errors import ConfigError, suggest
-from g5core.inputs.reading import check_keys
+from g5core.inputs.reading import check_keys, load_yaml
+from g5core.inputs.step import Step, StepGroup
 
 CUDA_GRAPH_MODES = ("decode", "all", "none")
 FRAMEWORK_KEYS = ("name", "version", "cuda_graphs", "kernel_launch_s", "eager_passkv_ring", "stack", "fusions",
@@ -227,15 +230,11 @@ class CustomAllReduce:
 
 def _profile_dir():
     try:
-        from importlib.resources import files
-
         root = files("g5core") / "data" / "frameworks"
         if root.is_dir():
             return root
     except Exception:  # a namespace package on an old Python: use the file system
         pass
-    import pathlib
-
     return pathlib.Path(__file__).resolve().parent.parent / "data" / "frameworks"
 
 
@@ -243,8 +242,6 @@ def _profile_dir():
 def load_profile(name: str) -> dict:
     """The shipped profile ``name`` (g5core/data/frameworks/NAME.yaml): ``{name, version,
     sources, framework}``; its ``framework`` mapping is a framework block."""
-    from g5core.inputs.reading import load_yaml
-
     text = (_profile_dir() / f"{name}.yaml").read_text(encoding="utf-8")
     data = load_yaml(text)
     if not isinstance(data, Mapping) or data.get("name") != name or not isinstance(data.get("framework"), Mapping):
@@ -505,8 +502,6 @@ def graph_step(step, system):
     batch lies between captured CUDA-graph sizes is padded up to the next one (the padding
     slots attend nothing: one new token after no cached ones each), as vLLM's and SGLang's
     runners pad a batch to the captured graph (bisect); every other step as it is."""
-    from g5core.inputs.step import Step, StepGroup
-
     fw = getattr(system, "framework", None)
     if fw is None or fw.cuda_graph_batch_sizes is None or fw.cuda_graphs == "none" or step.phase != "decode":
         return step

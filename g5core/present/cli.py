@@ -14,6 +14,7 @@ from g5core.api.errors import ConfigError, G5Error, suggest
 from g5core.sim.memory import GIB
 from g5core.present.render import render_calibrate, render_explain, render_summary, render_validate, table
 from g5core.api.plugins import describe_plugins, make_plugin_manager
+from g5core.inputs.framework import FRAMEWORK_NAMES
 from g5core.inputs.models import CATALOG
 from g5core.inputs.outputs import check_output_path, check_outputs, write_atomically
 from g5core.inputs.systems import CATALOG_NAMES, get_system, system_source
@@ -101,8 +102,6 @@ def _with_framework(raw: dict, framework) -> dict:
     """The configuration with ``--framework NAME`` as its ``framework`` key."""
     if framework is None:
         return raw
-    from g5core.inputs.framework import FRAMEWORK_NAMES
-
     if framework not in FRAMEWORK_NAMES:
         raise ConfigError("--framework", f"unknown framework {framework!r}{suggest(framework, FRAMEWORK_NAMES)}; "
                                          f"choose one of {', '.join(FRAMEWORK_NAMES)}")
