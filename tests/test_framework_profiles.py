@@ -157,3 +157,27 @@ def test_validate_reports_each_framework_and_refuses_an_unknown_one(tmp_path):
     csv.write_text("config,set,metric,measured_ms,framework,source\nc.yaml,,tpot,5,vlm,x\n")
     with pytest.raises(ConfigError, match="row 1.*unknown framework 'vlm'"):
         validate(csv)
+
+
+def test_best_serve_framework_auto_ranks_every_framework_s_candidates_together():
+    from types import SimpleNamespace
+
+    from g5core.present.cli import _best_serve_by_framework
+
+    capacity = {"vllm": 3.0, "sglang": 5.0, "trtllm": 4.0}
+
+    def scored(name):
+        return SimpleNamespace(capacity=capacity[name], value=lambda objective: (-capacity[name],),
+                               rates=lambda: (capacity[name] / 8, 100 * capacity[name]),
+                               candidate=SimpleNamespace(label=lambda: "tp8"),
+                               to_json_dict=lambda: {"capacity_requests_per_s": capacity[name]})
+    asked = []
+
+    def search(raw):
+        asked.append(raw["framework"])
+        return SimpleNamespace(objective="goodput_per_chip", ranked=(scored(raw["framework"]),))
+    out = json.loads(_best_serve_by_framework({"model": "m"}, search, 10, as_json=True))
+    assert asked == ["vllm", "sglang", "trtllm"]
+    assert [r["framework"] for r in out] == ["sglang", "trtllm", "vllm"]
+    result = CliRunner().invoke(main, ["best", "examples/llama-3.1-8b-prefill.yaml", "--framework", "auto"])
+    assert result.exit_code == 2 and "add --serve" in result.output

@@ -1,5 +1,20 @@
 """The ``framework:`` block of a system file: how the serving framework launches kernels.
 
+- ``name`` / ``version``: a shipped profile (:data:`FRAMEWORK_NAMES`: ``g5core/data/frameworks/
+  NAME.yaml``, every value with its source; the version is the profile's, for a check) whose
+  values the block's other keys override. ``generic`` is G5's model without a profile. A
+  configuration's ``framework: NAME`` key (``--framework NAME``) applies one to its system
+  (:func:`with_framework`).
+- ``cuda_graph_batch_sizes``: the decode batch sizes captured as graphs; a batch between them runs
+  padded up to the next (:func:`graph_step`) or, with ``cuda_graph_padding: false``, eagerly, and
+  above the largest eagerly. Left out: every batch captured.
+- ``graph_kernel_s``: what one kernel costs inside a captured graph. Set (as the profiles do), it
+  replaces the system file's per-op ``launch_overhead_s`` (:func:`op_overhead_s`): a captured
+  kernel costs ``graph_kernel_s``, an eager one ``kernel_launch_s``, each launched kernel once.
+- ``host``: the host's work per serving step (:class:`HostTime`), overlapped or added.
+- ``all_reduce``: the framework's own TP all-reduce kernel (:class:`CustomAllReduce`), lowered by
+  plugins/collectives where the framework's code chooses it; NCCL otherwise.
+
 - ``cuda_graphs``: which steps run as captured CUDA graphs (``decode``: the decode step only,
   as SGLang -- its CUDA graphs cover decode batches up to ``--cuda-graph-max-bs``, prefill
   runs eagerly -- and TensorRT-LLM's PyTorch backend, whose ``cuda_graph_config`` captures
