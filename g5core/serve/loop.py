@@ -262,6 +262,9 @@ class ServingLoop:
         if self.fast and type(sched) is VllmScheduler and sched.running and inst.pool.role != "prefill":
             ran, now = _decode_run(inst, now, self._horizon(now))
             self.steps += ran
+        io = getattr(sched, "io", False)   # a plugin's scheduler may not say
+        if io:
+            sched.now = now
         picked = sched.schedule()
         if not picked:
             if sched.running or sched.waiting:
@@ -277,6 +280,8 @@ class ServingLoop:
                     scheduled_s[k] = now
         work = sched.work(picked)
         latency = inst.pool.cost.latency_s(work)
+        if io:      # a caching scheduler's step waits for the KV it loads from a lower tier
+            latency = sched.step_latency_s(now, latency, picked)
         inst.busy, inst.picked, inst.work, inst.step_start_s = True, picked, work, now
         self._push(now + latency, Event.STEP_END, inst)
 

@@ -22,9 +22,11 @@ whose KV is in the cache), and each step gives every sequence some tokens to cat
 A step emits one token for every sequence whose ``computed`` reaches ``num_tokens``.
 
 Where G5 differs from vLLM: no speculative decoding, encoder inputs, priorities or
-asynchronous scheduling; the prefix cache is per instance and never evicts (a prefix an
+asynchronous scheduling; the prefix cache here is per instance and never evicts (a prefix an
 instance has computed stays reusable; its blocks are counted per sequence, not shared); a
-preempted sequence recomputes its cached prefix too.
+preempted sequence recomputes its cached prefix too. The block-level cache that fills and
+evicts, with tiers below HBM, is :class:`g5core.serve.kvcache.CachingScheduler`
+(``serving.prefix_cache``, ``serving.kv_tiers``).
 """
 from __future__ import annotations
 
@@ -87,6 +89,8 @@ class Seq:
 class VllmScheduler:
     """Continuous batching over ``total_blocks`` KV blocks (see the module doc)."""
 
+    io = False   # a step waits for no KV loads (:class:`g5core.serve.kvcache.CachingScheduler` does)
+
     def __init__(self, settings: SchedulerSettings, total_blocks: int):
         self.s = settings
         self.total_blocks = total_blocks
@@ -125,6 +129,11 @@ class VllmScheduler:
                 break
             hit = max(hit, tokens)
         return min(hit, req.input_tokens - 1)
+
+    def lookup(self, seq: Seq) -> int:
+        """The prompt tokens a newly admitted sequence finds cached (a caching scheduler
+        also takes their blocks)."""
+        return self.cached_prefix(seq.req)
 
     def _preempt(self, victim: Seq) -> None:
         self.free_blocks += victim.blocks
@@ -176,7 +185,7 @@ class VllmScheduler:
             while self.waiting and budget > 0 and len(self.running) < s.max_num_seqs:
                 seq = self.waiting[0]
                 if seq.admitted_s is None and seq.computed == 0:
-                    seq.computed = self.cached_prefix(seq.req)
+                    seq.computed = self.lookup(seq)
                 n = seq.num_tokens - seq.computed
                 if not s.chunked_prefill and n > budget:
                     break

@@ -58,6 +58,9 @@ class Request:
     cached_tokens: int = 0
     prefix: tuple = ()
     cache_key: Optional[str] = None   # what the instance caches when the request finishes (its whole context)
+    # the conversation this request continues: block j of every request with the same
+    # history holds the same tokens (the block cache's key; g5core.serve.kvcache)
+    history: Optional[str] = None
 
 
 @attrs.frozen
@@ -264,6 +267,6 @@ def _conversations(conv, field: str, times, isl, osl) -> tuple[Request, ...]:
         prompt = context + int(isl[i])
         prefix = ((f"c{c}t{t - 1}", context),) if t else ()
         rows.append((float(times[c * turns]) + t * think, i, prompt, int(osl[i]), prefix, prompt + int(osl[i]),
-                     f"c{c}t{t}"))
+                     f"c{c}t{t}", f"c{c}"))
     rows.sort(key=lambda r: (r[0], r[1]))
-    return tuple(Request(k, r[0], r[2], r[3], 0, r[4], r[6]) for k, r in enumerate(rows))
+    return tuple(Request(k, r[0], r[2], r[3], 0, r[4], r[6], r[7]) for k, r in enumerate(rows))
