@@ -26,6 +26,7 @@ instances); the pools sit on disjoint chips, prefill first, on one network of
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Callable, Mapping, Optional
@@ -40,9 +41,12 @@ from g5core.serve.registry import ServingRegistry, serving_registry
 from g5core.serve.scheduler import SchedulerSettings
 from g5core.serve.traces import read_trace
 from g5core.serve.workload import Workload, synthetic
+from g5core.inputs.kv_tiers import CacheSpec, parse_cache, resolve_tiers
 from g5core.inputs.reading import check_keys
+from g5core.serve.kvcache import CacheConfig, CachingScheduler
 
-SERVING_KEYS = ("instances", "router", "routing_s", "scheduler", "slo", "workload", "disaggregation")
+SERVING_KEYS = ("instances", "router", "routing_s", "scheduler", "slo", "workload", "disaggregation", "prefix_cache",
+                "kv_tiers")
 POOL_KEYS = ("instances", "chips", "parallel", "scheduler", "router")
 # phase, batch and seq_len of a configuration are not used by serving (each step sets its
 # own); a configuration written for serving may leave them out
@@ -70,6 +74,7 @@ class ServingSpec:
     routing_s: float
     slo: tuple[SloLimit, ...]
     workload: Optional[Mapping]
+    cache: Optional[CacheSpec] = None   # serving.prefix_cache / kv_tiers (None: the never-evicting cache)
 
 
 def _positive_int(value, field) -> int:
@@ -136,7 +141,17 @@ def parse_serving(block: Mapping, registry: ServingRegistry, slo_text=None) -> S
     slo = parse_slo(slo_text if slo_text is not None else block.get("slo"),
                     "--slo" if slo_text is not None else "serving.slo")
     workload = block.get("workload")
-    return ServingSpec(pools, float(routing_s), slo, _mapping(workload, "serving.workload") if workload else None)
+    cache = parse_cache(block)
+    if cache is not None:
+        if cache.policy not in registry.cache_policies:
+            raise ConfigError("serving.prefix_cache.policy", f"unknown policy {cache.policy!r}; known: "
+                                                             f"{', '.join(sorted(registry.cache_policies))}")
+        for p in pools:
+            if p.scheduler_name != "vllm":
+                raise ConfigError("serving.prefix_cache", f"the block cache runs with the vllm scheduler, not "
+                                                          f"{p.scheduler_name!r}")
+    return ServingSpec(pools, float(routing_s), slo, _mapping(workload, "serving.workload") if workload else None,
+                       cache)
 
 
 def load_workload(spec: Mapping, registry: ServingRegistry, field: str = "serving.workload") -> Workload:
@@ -218,8 +233,10 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
         cost = PlanCost(step_runner, exact, multiple, cp > 1,
                         sizing.kv_bytes_per_token_per_chip, sizing.pool_bytes_per_chip, sizing.capacity_tokens,
                         sizing.chips)
-        pool = Pool(ps.role, ps.instances, cost, s, blocks, registry.router(ps.router)(),
-                    registry.scheduler(ps.scheduler_name), first_chip)
+        factory = registry.scheduler(ps.scheduler_name)
+        if spec.cache is not None:
+            factory = functools.partial(CachingScheduler, cache=cache_config(spec.cache, registry, plan, sizing, cost))
+        pool = Pool(ps.role, ps.instances, cost, s, blocks, registry.router(ps.router)(), factory, first_chip)
         first_chip += pool.chips
         pools.append(pool)
         plans.append((plan, sizing))
@@ -232,6 +249,16 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
     for info, base in zip(infos, summarize_pools(pools)):
         info.update(base)
     return dep, infos
+
+
+def cache_config(spec: CacheSpec, registry: ServingRegistry, plan, sizing, cost) -> CacheConfig:
+    """A pool's block cache: its tiers with the system's defaults, its policy, the ledger's
+    KV bytes, the model's layers (a fetch overlaps them) and the step cost of recomputing."""
+    def recompute_s(tokens: int, cached: int) -> float:
+        return cost.latency_s(StepWork(((tokens, cached),), ()))
+    return CacheConfig(registry.cache_policies[spec.policy][1], resolve_tiers(spec, plan.ctx.system), spec.miss,
+                       spec.overlap, plan.ctx.model.n_layers, sizing.kv_bytes_per_token_per_chip,
+                       sizing.kv_bytes_per_token, recompute_s, spec.policy)
 
 
 def kv_transfer(pools, plans):

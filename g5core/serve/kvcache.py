@@ -146,6 +146,7 @@ class CacheConfig:
     kv_bytes_per_token_per_chip: float = 1.0   # the busiest chip's (a transfer's time)
     kv_bytes_per_token: float = 1.0            # the instance's (bytes moved)
     recompute_s: Optional[Callable[[int, int], float]] = None   # (tokens, cached) -> seconds
+    policy_name: str = "lru"
 
 
 #: the names of the cache's per-tier counters (index 0: HBM, then the tiers top down)

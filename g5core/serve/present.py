@@ -54,6 +54,19 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
     lines.append(f"occupancy    KV pool {out['kv_pool_use']['mean']:.1%} mean, {out['kv_pool_use']['max']:.1%} max; "
                  f"running {out['running_seqs']['mean']:.1f} mean, {out['running_seqs']['max']:.0f} max; "
                  f"waiting {out['waiting_seqs']['mean']:.1f} mean, {out['waiting_seqs']['max']:.0f} max")
+    cache = out.get("kv_cache")
+    if cache:
+        lines.append(f"KV cache     {cache['policy']}: {cache['hit_rate']:.1%} of {cache['lookup_blocks']:,} prompt blocks "
+                     "looked up were cached")
+        for t in cache["tiers"]:
+            moved = (f"; {t['bytes_written'] / GIB:,.2f} GiB in, {t['bytes_read'] / GIB:,.2f} GiB fetched"
+                     if t["tier"] != "hbm" else "")
+            recomputed = f", {t['recomputed_blocks']:,} recomputed" if t["recomputed_blocks"] else ""
+            lines.append(f"  {t['tier']:<11}{t['hit_rate']:.1%} hit ({t['hit_blocks']:,} blocks{recomputed}), "
+                         f"{t['evicted_blocks']:,} evicted; {t['cached_blocks']['mean']:,.0f} mean / "
+                         f"{t['cached_blocks']['max']:,.0f} max of {t['capacity_blocks']:,} blocks{moved}")
+        split = cache["ttft_split_s"]
+        lines.append("  TTFT mean   " + ", ".join(f"{k} {_s(split[k]['mean'])}" for k in ("queue", "fetch", "compute")))
     g = out.get("goodput")
     if g:
         limits = ", ".join(f"{k} <= {_s(v)}" for k, v in g["limits"].items())
@@ -109,6 +122,21 @@ def dump_trace(result, fh) -> None:
                            "args": {"running": int(running), "waiting": int(waiting)}})
             events.append({"ph": "C", "pid": pid, "ts": end * us, "name": "KV blocks used",
                            "args": {"blocks": int(blocks)}})
+        sched = inst.scheduler
+        if getattr(sched, "io", False):     # the block cache: its cached blocks per tier
+            names = ["HBM"] + [t.spec.kind for t in sched.tiers]
+            occ = np.frombuffer(sched.occupancy, dtype=float).reshape(-1, 1 + len(names))
+            last = None
+            for row in occ.tolist():
+                if row[1:] != last:
+                    events.append({"ph": "C", "pid": pid, "ts": row[0] * us, "name": "KV cache blocks",
+                                   "args": {n: int(v) for n, v in zip(names, row[1:])}})
+                    last = row[1:]
+    fetch_s = {}
+    for inst in result.instances:
+        for k, row in getattr(inst.scheduler, "per_request", {}).items():
+            if row[3] > 0:
+                fetch_s[k] = row[3]
     rpid = len(result.instances)
     events.append({"ph": "M", "pid": rpid, "name": "process_name", "args": {"name": "requests"}})
     a = per_request(result)
@@ -119,7 +147,11 @@ def dump_trace(result, fh) -> None:
         first, finish = float(log.first_token_s[k]), float(log.finish_s[k])
         move = float(a["kv_transfer_s"][k])
         prefill_end = first - move if move == move else first
-        spans = [("queued", arrival, sched), ("prefill", sched, prefill_end)]
+        fetch = fetch_s.get(k, 0.0)
+        spans = [("queued", arrival, sched)]
+        if fetch:
+            spans.append(("KV fetch", sched, sched + fetch))
+        spans.append(("prefill", sched + fetch, prefill_end))
         if move == move:
             spans.append(("KV transfer", prefill_end, first))
         spans.append(("decode", first, finish))
