@@ -182,3 +182,119 @@ def test_an_unbounded_block_cache_without_tiers_gives_todays_results_bit_for_bit
         assert np.array_equal(np.array(getattr(old.requests, name)), np.array(getattr(new.requests, name)),
                               equal_nan=True), name
     assert np.array_equal(np.array(old.requests.itl_s), np.array(new.requests.itl_s))
+
+
+# -- configuration, outputs --------------------------------------------------------------
+
+from g5core.api.errors import ConfigError  # noqa: E402
+from g5core.inputs.kv_tiers import parse_cache, resolve_tiers  # noqa: E402
+from g5core.serve.api import simulate_serving  # noqa: E402
+
+LLAMA8 = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1}}
+CONVERSATIONS = {"requests": 12, "arrival": {"kind": "poisson", "rate_per_s": 0.5}, "input_tokens": 2000,
+                 "output_tokens": 20, "conversation": {"turns": 3, "think_s": 20}, "seed": 4}
+
+
+def engine_like(groups):
+    return 2e-3 + sum(k * (2e-5 * n + 1e-9 * n * c) for n, c, k in groups)
+
+
+@pytest.mark.parametrize("block, field", [
+    ({"prefix_cache": {"policy": 3}}, "serving.prefix_cache.policy"),
+    ({"prefix_cache": {"miss": "guess"}}, "serving.prefix_cache.miss"),
+    ({"prefix_cache": {"overlap": "yes"}}, "serving.prefix_cache.overlap"),
+    ({"prefix_cache": {"size": 1}}, "serving.prefix_cache.size"),
+    ({"kv_tiers": {"kind": "host"}}, "serving.kv_tiers"),
+    ({"kv_tiers": [{"kind": "ssd"}]}, "serving.kv_tiers.0.kind"),
+    ({"kv_tiers": [{"bytes_per_chip": 1}]}, "serving.kv_tiers.0.kind"),
+    ({"kv_tiers": [{"kind": "disk"}, {"kind": "host"}]}, "serving.kv_tiers.1.kind"),
+    ({"kv_tiers": [{"kind": "host", "read_gbytes_per_s": 0}]}, "serving.kv_tiers.0.read_gbytes_per_s"),
+    ({"kv_tiers": [{"kind": "host", "latency_s": -1}]}, "serving.kv_tiers.0.latency_s"),
+])
+def test_bad_cache_settings_name_the_field(block, field):
+    with pytest.raises(ConfigError) as err:
+        parse_cache(block)
+    assert err.value.field == field
+
+
+def test_tiers_take_the_systems_defaults_and_a_remote_store_needs_its_size():
+    from g5core.inputs.systems import get_system
+
+    h100, gh200 = get_system("h100-sxm"), get_system("gh200-nvl32")
+    spec = parse_cache({"kv_tiers": [{"kind": "host"}, {"kind": "disk", "bytes_per_chip": 1e12}]})
+    host, disk = resolve_tiers(spec, h100)
+    assert (host.read_gbytes_per_s, host.bytes_per_chip) == (63.0, 256 * 2 ** 30)
+    assert (disk.read_gbytes_per_s, disk.write_gbytes_per_s, disk.bytes_per_chip) == (7.0, 3.8, 1e12)
+    assert resolve_tiers(spec, gh200)[0].read_gbytes_per_s == 450.0
+    remote = parse_cache({"kv_tiers": [{"kind": "remote", "bytes_per_chip": 1e13}]})
+    (r,) = resolve_tiers(remote, h100)
+    assert r.read_gbytes_per_s == h100.network_bw_bytes_per_s / 1e9 and r.latency_s == h100.network_latency_s
+    with pytest.raises(ConfigError) as err:
+        resolve_tiers(parse_cache({"kv_tiers": [{"kind": "remote"}]}), h100)
+    assert err.value.field == "serving.kv_tiers.0.bytes_per_chip"
+
+
+def test_without_cache_settings_the_summary_is_todays_and_with_them_it_reports_the_cache():
+    plain = simulate_serving({**LLAMA8, "serving": {"workload": CONVERSATIONS}}, runner=engine_like,
+                             check_predictor=0)
+    assert "kv_cache" not in plain.summary and "kv_cache_blocks" not in __import__(
+        "g5core.serve.metrics", fromlist=["series"]).series(plain.loop)
+    cached = simulate_serving({**LLAMA8, "serving": {"workload": CONVERSATIONS, "kv_tiers": [{"kind": "host"}]}},
+                              runner=engine_like, check_predictor=0)
+    kv = cached.summary["kv_cache"]
+    assert [t["tier"] for t in kv["tiers"]] == ["hbm", "host"]
+    assert kv["tiers"][0]["hit_blocks"] > 0 and kv["lookup_blocks"] > 0
+    split = kv["ttft_split_s"]
+    ttft = cached.summary["ttft_s"]["mean"]
+    assert split["queue"]["mean"] + split["fetch"]["mean"] + split["compute"]["mean"] == pytest.approx(ttft)
+    # the block bytes are the ledger's
+    assert kv["tiers"][1]["block_bytes"] == cached.pools[0]["kv_bytes_per_token_per_chip"] * 16
+
+
+def test_a_plugin_registers_an_eviction_policy(tmp_path):
+    from g5core.api.plugins import Hooks, hookimpl, make_plugin_manager
+    from g5core.serve.kvcache import LruPolicy
+    from g5core.serve.registry import serving_registry
+
+    class Mru(LruPolicy):
+        def victim(self):
+            h = next(reversed(self.order))
+            del self.order[h]
+            return h
+
+    class Plugin:
+        @hookimpl
+        def g5_register_kv_cache_policies(self, register):
+            register("mru", Mru)
+    pm = make_plugin_manager()
+    pm.register(Plugin(), name="mru_policy")
+    reg = serving_registry(Hooks(pm))
+    assert reg.cache_policies["mru"] == ("mru_policy", Mru) and reg.cache_policies["lru"][0] == "g5core"
+    # most recently freed first: in the ABC cycle with one block short, A's tail goes at once
+    _, s = run(cycle("ABC", 2), caching(SyntheticCost(0.01), 12, CacheConfig(policy=Mru)))
+    assert hits(s, 6) != [0, 0, 0, 3, 3, 3]
+    with pytest.raises(ConfigError) as err:
+        simulate_serving({**LLAMA8, "serving": {"workload": CONVERSATIONS, "prefix_cache": {"policy": "mru"}}},
+                         runner=engine_like, check_predictor=0)
+    assert err.value.field == "serving.prefix_cache.policy"
+
+
+def test_text_trace_and_plot_show_the_cache(tmp_path):
+    from g5core.serve.present import dump_trace, render_summary
+
+    res = simulate_serving({**LLAMA8, "serving": {"workload": CONVERSATIONS, "kv_tiers": [
+        {"kind": "host", "bytes_per_chip": 2e9}]}}, runner=engine_like, check_predictor=0)
+    text = render_summary(res.to_json_dict())
+    assert "KV cache     lru:" in text and "  host " in text and "TTFT mean   queue" in text
+    path = tmp_path / "t.json"
+    with open(path, "w") as fh:
+        dump_trace(res.loop, fh)
+    events = json.loads(path.read_text())["traceEvents"]
+    assert any(e.get("name") == "KV cache blocks" and "host" in e["args"] for e in events)
+    pytest.importorskip("matplotlib")
+    from g5core.present.plots import figure_bytes
+    from g5core.present.serve_plots import serve_figure
+    from g5core.serve.metrics import series
+
+    row = {"key": "abc", "rate_per_s": 0.5, "series": json.dumps(series(res.loop))}
+    assert figure_bytes(serve_figure("serve-cache", [row]), "png")[:8] == b"\x89PNG\r\n\x1a\n"
