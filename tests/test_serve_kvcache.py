@@ -298,3 +298,24 @@ def test_text_trace_and_plot_show_the_cache(tmp_path):
 
     row = {"key": "abc", "rate_per_s": 0.5, "series": json.dumps(series(res.loop))}
     assert figure_bytes(serve_figure("serve-cache", [row]), "png")[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.bench   # 30-40 s on 2 cores: the shipped multi-turn example's claims (python3 -m pytest -q -m bench)
+def test_the_multiturn_example_answer_changes_with_the_tier():
+    from g5core.session.run import load_raw
+
+    path = ROOT / "examples" / "serving" / "llama-3.1-8b-multiturn-128k.yaml"
+    text = path.read_text()
+    assert "--set 'serving.kv_tiers=[{kind: host}]'" in text and "--set chips=2 --set parallel.cp=2" in text
+
+    def go(*sets):
+        return simulate_serving(load_raw(path, sets), check_predictor=0).summary
+    hbm, host, cp2 = go(), go("serving.kv_tiers=[{kind: host}]"), go("chips=2", "parallel.cp=2")
+    # HBM only: TTFT is recompute (compute 90%+ of it); with the host tier most turns fetch
+    split = hbm["kv_cache"]["ttft_split_s"]
+    assert split["compute"]["mean"] > 0.9 * hbm["ttft_s"]["mean"]
+    assert host["kv_cache"]["tiers"][1]["fetched_blocks"] > 0
+    assert host["ttft_s"]["p50"] < hbm["ttft_s"]["p50"] / 5
+    assert host["kv_cache"]["ttft_split_s"]["fetch"]["mean"] > 0
+    # cp=2 halves the misses (the first turns: the p90)
+    assert cp2["ttft_s"]["p90"] < 0.6 * hbm["ttft_s"]["p90"]
