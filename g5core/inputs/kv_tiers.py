@@ -19,6 +19,7 @@ layer by layer under the step's compute (vLLM's KV connector: ``start_load_kv`` 
 from __future__ import annotations
 
 import math
+from importlib.resources import files
 from typing import Mapping, Optional
 
 import attrs
@@ -104,8 +105,6 @@ def _number(value, field: str, zero: bool = False) -> float:
 
 def tier_defaults() -> dict:
     """``g5core/data/kv_tiers.yaml``: ``{links: {...}, systems: {name: {kind: {...}}}}``."""
-    from importlib.resources import files   # deferred: read only when a tier is configured
-
     return load_yaml((files("g5core") / "data" / "kv_tiers.yaml").read_text())
 
 

@@ -44,9 +44,9 @@ from typing import Callable, Optional
 import attrs
 
 from g5core.api.errors import G5Error
+from g5core.api.serving import Seq, StepWork
 from g5core.inputs.kv_tiers import TierSpec
-from g5core.serve.cost import StepWork
-from g5core.serve.scheduler import SchedulerSettings, Seq, VllmScheduler
+from g5core.serve.scheduler import SchedulerSettings, VllmScheduler
 
 
 def block_hashes(req, lo: int, hi: int, block_size: int) -> list:
