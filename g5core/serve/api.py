@@ -16,6 +16,8 @@ The ``serving:`` block (every key optional)::
       slo: {ttft: 2s, tpot: 50ms}     # like --slo
       workload: {requests: 1000, arrival: {kind: poisson, rate_per_s: 8},
                  input_tokens: 2048, output_tokens: 256, seed: 0}   # or {trace: FILE}
+      prefix_cache: {policy: lru, miss: faster, overlap: true}   # the block cache (README, "KV cache")
+      kv_tiers: [{kind: host}, {kind: disk, bytes_per_chip: 1.0e12}]  # tiers below HBM
       disaggregation:                 # instead of instances: a prefill and a decode pool
         prefill: {instances: 2, chips: 8, parallel: {tp: 8}, scheduler: {...}}
         decode:  {instances: 1, chips: 16, parallel: {tp: 8, pp: 2}}

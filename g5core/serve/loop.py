@@ -442,7 +442,9 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
 
 def check_invariants(result: LoopResult) -> dict:
     """The loop's invariants (each must be 0): every request finished once with all its
-    tokens, none before it arrived, KV blocks within the pool and all returned."""
+    tokens, none before it arrived, KV blocks within the pool and all returned (and, with
+    a block cache, its own: a block in one place at most, the pool's blocks adding up, no
+    tier over its size, bytes moved = blocks moved x bytes per block)."""
     log, reqs = result.requests, result.workload.requests
     bad_tokens = sum(1 for k, r in enumerate(reqs) if log.emitted[k] != r.output_tokens)
     early = sum(1 for k in range(log.n) if not (log.arrival_s[k] <= log.scheduled_s[k] <= log.first_token_s[k]
@@ -450,8 +452,13 @@ def check_invariants(result: LoopResult) -> dict:
     over = sum(1 for inst in result.instances for row in range(0, len(inst.steps), 7)
                if inst.steps[row + 4] > inst.scheduler.total_blocks)
     left = sum(i.scheduler.used_blocks for i in result.instances)
-    return {"requests_with_wrong_token_count": bad_tokens, "requests_out_of_order": early,
-            "steps_over_kv_pool": over, "kv_blocks_left_at_end": left}
+    out = {"requests_with_wrong_token_count": bad_tokens, "requests_out_of_order": early,
+           "steps_over_kv_pool": over, "kv_blocks_left_at_end": left}
+    for inst in result.instances:   # a block cache's own (CachingScheduler.check), named kv_cache_...
+        if getattr(inst.scheduler, "io", False):
+            for key, value in inst.scheduler.check().items():
+                out[f"kv_cache_{key}"] = out.get(f"kv_cache_{key}", 0) + value
+    return out
 
 
 def summarize_pools(pools: Sequence[Pool]) -> list[dict]:
