@@ -199,6 +199,17 @@ class CachingScheduler(VllmScheduler):
             self.free_blocks -= 1
         self.ref[h] = n + 1
 
+    def _unhold(self, h) -> int:
+        """A sequence lets HBM block ``h`` go: 1 when no sequence holds it any more (it joins
+        the free, evictable blocks), else 0."""
+        n = self.ref[h] - 1
+        if n:
+            self.ref[h] = n
+            return 0
+        del self.ref[h]
+        self.evictable.add(h)
+        return 1
+
     def _take(self) -> None:
         """A free block for new KV (already counted out of ``free_blocks``): an empty one,
         else the policy's victim, which moves down."""
@@ -311,13 +322,7 @@ class CachingScheduler(VllmScheduler):
             self.hashed.pop(seq)
             self.fetches.pop(seq, None)
             for h in reversed(held[:hbm]):
-                count = self.ref[h] - 1
-                if count:
-                    self.ref[h] = count
-                else:
-                    del self.ref[h]
-                    self.evictable.add(h)
-                    self.free_blocks += 1
+                self.free_blocks += self._unhold(h)
             for t, hs in moved:
                 for h in hs:
                     del self.ref[h]
@@ -340,13 +345,7 @@ class CachingScheduler(VllmScheduler):
                 self.empty += 1
                 freed += 1
                 continue
-            n = self.ref[h] - 1
-            if n:
-                self.ref[h] = n
-            else:
-                del self.ref[h]
-                self.evictable.add(h)
-                freed += 1
+            freed += self._unhold(h)
         self.free_blocks += freed
         seq.blocks = 0
 
