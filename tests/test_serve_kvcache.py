@@ -286,6 +286,13 @@ def test_text_trace_and_plot_show_the_cache(tmp_path):
         {"kind": "host", "bytes_per_chip": 2e9}]}}, runner=engine_like, check_predictor=0)
     text = render_summary(res.to_json_dict())
     assert "KV cache     lru:" in text and "  host " in text and "TTFT mean   queue" in text
+    from g5core.serve.present import write_requests_csv
+    import io
+    buf = io.StringIO()
+    write_requests_csv(res.loop, buf)
+    lines = buf.getvalue().splitlines()
+    assert lines[0].endswith(",hbm_hit_blocks,fetched_blocks,recomputed_blocks,fetch_s") and len(lines) == 13
+    assert sum(int(line.split(",")[-4]) for line in lines[1:]) == res.summary["kv_cache"]["tiers"][0]["hit_blocks"]
     path = tmp_path / "t.json"
     with open(path, "w") as fh:
         dump_trace(res.loop, fh)

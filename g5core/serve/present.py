@@ -12,6 +12,9 @@ from g5core.serve.metrics import per_request
 GIB = float(2 ** 30)
 REQUEST_COLUMNS = ("id", "arrival_s", "input_tokens", "output_tokens", "cached_tokens", "instance", "decode_instance",
                    "queue_s", "ttft_s", "tpot_s", "max_itl_s", "e2e_s", "kv_transfer_s")
+#: with a block cache, after those: the prompt blocks found in HBM, fetched from a lower tier
+#: or found there and recomputed, and what waiting for the fetch added to the first step
+CACHE_COLUMNS = ("hbm_hit_blocks", "fetched_blocks", "recomputed_blocks", "fetch_s")
 
 
 def _s(x) -> str:
@@ -87,10 +90,15 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
 
 
 def write_requests_csv(result, fh) -> None:
-    """One row per request (the workload's order), the columns of :data:`REQUEST_COLUMNS`."""
+    """One row per request (the workload's order), the columns of :data:`REQUEST_COLUMNS`
+    (and :data:`CACHE_COLUMNS` with a block cache)."""
     a = per_request(result)
     log = result.requests
-    fh.write(",".join(REQUEST_COLUMNS) + "\n")
+    cache = {}
+    for inst in result.instances:
+        cache.update(getattr(inst.scheduler, "per_request", {}))
+    caching = any(getattr(i.scheduler, "io", False) for i in result.instances)
+    fh.write(",".join(REQUEST_COLUMNS + (CACHE_COLUMNS if caching else ())) + "\n")
 
     def cell(x):
         return "" if isinstance(x, float) and math.isnan(x) else repr(float(x)) if isinstance(x, float) else str(x)
@@ -99,6 +107,8 @@ def write_requests_csv(result, fh) -> None:
                log.decode_instance[k] if log.decode_instance[k] >= 0 else "", float(a["queue_s"][k]),
                float(a["ttft_s"][k]), float(a["tpot_s"][k]), float(a["max_itl_s"][k]), float(a["e2e_s"][k]),
                float(a["kv_transfer_s"][k]))
+        if caching:
+            row += tuple(cache.get(r.id, (0, 0, 0, 0.0)))
         fh.write(",".join(cell(x) for x in row) + "\n")
 
 
