@@ -258,9 +258,7 @@ def test_a_plugin_registers_an_eviction_policy(tmp_path):
 
     class Mru(LruPolicy):
         def victim(self):
-            h = next(reversed(self.order))
-            del self.order[h]
-            return h
+            return self.order.popitem(last=True)[0]
 
     class Plugin:
         @hookimpl

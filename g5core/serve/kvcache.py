@@ -38,6 +38,7 @@ the instance's (``kv_bytes_per_token``, summed over its chips).
 """
 from __future__ import annotations
 
+import collections
 from array import array
 from typing import Callable, Optional
 
@@ -72,7 +73,9 @@ class LruPolicy:
     __slots__ = ("order",)
 
     def __init__(self):
-        self.order: dict = {}
+        # an OrderedDict: popping its oldest entry is O(1) (a dict's first key after many
+        # deletions at its front is not)
+        self.order: collections.OrderedDict = collections.OrderedDict()
 
     def add(self, h) -> None:
         self.order[h] = None
@@ -81,9 +84,7 @@ class LruPolicy:
         del self.order[h]
 
     def victim(self):
-        h = next(iter(self.order))
-        del self.order[h]
-        return h
+        return self.order.popitem(last=False)[0]
 
     def __len__(self) -> int:
         return len(self.order)
