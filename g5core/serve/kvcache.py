@@ -45,7 +45,7 @@ from typing import Callable, Optional
 import attrs
 
 from g5core.api.errors import G5Error
-from g5core.api.serving import Seq, StepWork
+from g5core.api.serving import Seq
 from g5core.inputs.kv_tiers import TierSpec
 from g5core.serve.scheduler import SchedulerSettings, VllmScheduler
 

@@ -13,17 +13,14 @@ Percentiles are numpy's ``linear`` method (p50 is the median).
 """
 from __future__ import annotations
 
-import re
-from typing import Mapping, Optional
+from typing import Optional
 
-import attrs
 import numpy as np
 
-from g5core.api.errors import ConfigError
+from g5core.inputs.serving import SloLimit
+from g5core.inputs.serving import parse_slo  # noqa: F401  (the serving search and the tests import it from here)
 
 PERCENTILES = (50, 90, 99)
-SLO_METRICS = ("ttft", "tpot", "e2e", "itl", "queue")
-_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
 
 def stats(values: np.ndarray) -> dict:
@@ -36,47 +33,6 @@ def stats(values: np.ndarray) -> dict:
     for p, q in zip(PERCENTILES, np.percentile(v, PERCENTILES)):
         out[f"p{p}"] = float(q)
     return out
-
-
-@attrs.frozen
-class SloLimit:
-    metric: str             # ttft, tpot, e2e, itl (a request's worst gap), queue
-    limit_s: float
-    percentile: Optional[int] = None   # a run-level limit on that percentile; None: every request
-
-    @property
-    def key(self) -> str:
-        return self.metric + (f"_p{self.percentile}" if self.percentile is not None else "")
-
-
-def parse_slo(text, field: str = "--slo") -> tuple[SloLimit, ...]:
-    """``ttft=2s,tpot=50ms`` or ``ttft_p90=2s`` (a mapping from the configuration works too)."""
-    if text is None or text == "":
-        return ()
-    items = text.items() if isinstance(text, Mapping) else (p.partition("=")[::2] for p in str(text).split(","))
-    out = []
-    for key, value in items:
-        key = str(key).strip()
-        m = re.fullmatch(r"([a-z0-9]+)(?:_p(\d{1,2}(?:\.\d+)?))?", key)
-        if not m or m.group(1) not in SLO_METRICS:
-            raise ConfigError(field, f"unknown limit {key!r}; use {', '.join(SLO_METRICS)}, optionally with a "
-                                     "percentile (ttft_p90=2s)")
-        vm = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(s|ms|us)\s*", str(value))
-        if not vm:
-            raise ConfigError(field, f"{key}={value!r}: give a time with its unit, e.g. {key}=2s or {key}=50ms")
-        try:
-            limit = float(vm.group(1)) * _UNITS[vm.group(2)]
-        except ValueError:
-            raise ConfigError(field, f"{key}={value!r} is not a number") from None
-        if not limit > 0 or limit == float("inf"):
-            raise ConfigError(field, f"{key}: the limit must be positive, got {value!r}")
-        pct = float(m.group(2)) if m.group(2) else None
-        if pct is not None and not 0 < pct < 100:
-            raise ConfigError(field, f"{key}: the percentile must lie between 0 and 100")
-        if any(o.key == key for o in out):
-            raise ConfigError(field, f"{key} is given twice")
-        out.append(SloLimit(m.group(1), limit, int(pct) if pct is not None and pct.is_integer() else pct))
-    return tuple(out)
 
 
 def per_request(result) -> dict[str, np.ndarray]:

@@ -32,38 +32,8 @@ from __future__ import annotations
 
 import collections
 
-import attrs
-
-from g5core.api.errors import ConfigError
 from g5core.api.serving import Request, Seq, StepWork
-from g5core.inputs.reading import check_keys
-
-
-@attrs.frozen
-class SchedulerSettings:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0   # 0: no cap beyond the budget (vLLM's default)
-    block_size: int = 16
-
-    FIELDS = ("name", "max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "long_prefill_token_threshold",
-              "block_size")
-
-    @classmethod
-    def from_dict(cls, data, field: str = "serving.scheduler") -> "SchedulerSettings":
-        check_keys(data, field, cls.FIELDS)
-        values = {}
-        for key, value in data.items():
-            if key == "name":
-                continue
-            if key == "chunked_prefill":
-                if not isinstance(value, bool):
-                    raise ConfigError(f"{field}.{key}", f"must be true or false, got {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key.startswith("long") else 1):
-                raise ConfigError(f"{field}.{key}", f"must be a positive whole number, got {value!r}")
-            values[key] = value
-        return cls(**values)
+from g5core.inputs.serving import SchedulerSettings
 
 
 class VllmScheduler:
