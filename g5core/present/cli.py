@@ -408,12 +408,13 @@ def _best_serve_by_framework(raw: dict, search, top: int, as_json: bool) -> str:
 @click.option("-o", "--output", "output", default=None, type=click.Path(dir_okay=False),
               help="Image file, .png or .svg [default: g5-KIND.png].")
 @click.option("--kind", type=click.Choice(["latency", "memory", "pareto", "timeline", "serve-cdf", "serve-occupancy",
-                                          "serve-throughput", "serve-pareto"]), default="latency",
+                                          "serve-cache", "serve-throughput", "serve-pareto"]), default="latency",
               show_default=True, help="latency: TTFT/TPOT against --x, one line per S; memory: stacked per-chip "
                                       "memory against capacity; pareto: latency against memory; timeline: one layer "
                                       "across the chips of a group, compute against communication; serve-cdf: "
                                       "TTFT/TPOT CDFs of serving runs; serve-occupancy: KV use and waiting requests "
-                                      "over time; serve-throughput: tokens/s per chip against per-user speed across "
+                                      "over time; serve-cache: the block cache's cached blocks per tier over time; "
+                                      "serve-throughput: tokens/s per chip against per-user speed across "
                                       "a rate sweep; serve-pareto: output tokens/s per chip against per user of a g5 best --serve search's "
                                       "candidates at their capacity.")
 @click.option("--sweep", "sweep_id", type=int, default=None, help="Only this sweep's rows [default: every row].")
