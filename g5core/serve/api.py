@@ -33,11 +33,13 @@ from typing import Callable, Mapping, Optional
 import attrs
 
 from g5core.api.errors import ConfigError, G5Error
-from g5core.serve.cost import Groups, PlanCost, StepWork, kv_sizing, plan_step_runner
+from g5core.serve.cost import (
+    Groups, KvSizing, PlanCost, SpeculativeCost, StepWork, kv_sizing, plan_step_runner, speculative_extra,
+)
 from g5core.serve.loop import Fleet, LoopResult, Pool, check_invariants, serve_requests, summarize_pools
 from g5core.serve.metrics import SloLimit, parse_slo, summary
 from g5core.serve.registry import ServingRegistry, serving_registry
-from g5core.serve.scheduler import SchedulerSettings
+from g5core.serve.scheduler import SchedulerSettings, speculative_factory
 from g5core.serve.traces import read_trace
 from g5core.serve.workload import Workload, synthetic
 from g5core.inputs.reading import check_keys
@@ -45,7 +47,8 @@ from g5core.api.plugins import Hooks, make_plugin_manager
 from g5core.inputs.config import disabled_from_config
 from g5core.lower.builder import make_topology
 from g5core.lower.collective import idle_transfer_s
-from g5core.session.prepared import prepare
+from g5core.session.prepared import PreparedPlan, prepare
+from g5core.session.speculative import Proposer
 
 SERVING_KEYS = ("instances", "router", "routing_s", "scheduler", "slo", "workload", "disaggregation")
 POOL_KEYS = ("instances", "chips", "parallel", "scheduler", "router")
@@ -210,6 +213,11 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
         plan = prepared.plan
         rules = prepared.step_rules   # what the layout's dimensions require of a step (see PlanCost)
         sizing = kv_sizing(prepared, rules.round_up(s.max_num_batched_tokens), field)
+        speculative = prepared.deployment.speculative
+        proposer = None
+        if speculative is not None and speculative.enabled and ps.role != "prefill":
+            proposer = Proposer(prepared.plan, speculative)
+            sizing = proposer_sizing(sizing, proposer)
         need = longest_prompt if ps.role == "prefill" else longest
         blocks = sizing.capacity_tokens // s.block_size
         if blocks * s.block_size < need:
@@ -220,8 +228,10 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
         cost = PlanCost(step_runner, exact, rules,
                         sizing.kv_bytes_per_token_per_chip, sizing.pool_bytes_per_chip, sizing.capacity_tokens,
                         sizing.chips)
-        pool = Pool(ps.role, ps.instances, cost, s, blocks, registry.router(ps.router)(),
-                    registry.scheduler(ps.scheduler_name), first_chip)
+        factory = registry.scheduler(ps.scheduler_name)
+        if proposer is not None:
+            cost, factory = speculative_pool(prepared, proposer, cost, ps, field)
+        pool = Pool(ps.role, ps.instances, cost, s, blocks, registry.router(ps.router)(), factory, first_chip)
         first_chip += pool.chips
         pools.append(pool)
         plans.append((plan, sizing))
@@ -234,6 +244,31 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
     for info, base in zip(infos, summarize_pools(pools)):
         info.update(base)
     return dep, infos
+
+
+def proposer_sizing(sizing: KvSizing, proposer: Proposer) -> KvSizing:
+    """The KV pool with a speculative proposer on the chips: its weights (its ledger line) come
+    out of the pool, and every token also stores the proposer's KV (its layers' ``c_kv``)."""
+    terms = {t.name: t for t in proposer.memory_terms()}
+    if not terms:
+        return sizing
+    weights = max(b for name, t in terms.items() if not name.endswith("_kv_cache") for _, b in t.bytes_per_chip)
+    per_token = sizing.kv_bytes_per_token_per_chip + PreparedPlan(proposer.plan).kv_bytes_per_token
+    pool = max(sizing.pool_bytes_per_chip - weights, 0.0)
+    return attrs.evolve(sizing, pool_bytes_per_chip=pool, kv_bytes_per_token_per_chip=per_token,
+                        capacity_tokens=int(pool // per_token))
+
+
+def speculative_pool(prepared, proposer: Proposer, cost: PlanCost, ps, field: str) -> tuple:
+    """A pool's cost and scheduler factory with speculative decoding: :class:`SpeculativeCost`
+    (the verification excess and the proposer's passes from the engine) and the seeded
+    :class:`SpeculativeScheduler` (instance ``i`` draws from seed ``i``)."""
+    if ps.scheduler_name != "vllm":
+        raise ConfigError(f"{field}.scheduler.name", f"speculative decoding runs on the vllm scheduler, not "
+                                                     f"{ps.scheduler_name!r}; remove the name or the speculative block")
+    runner = None if proposer.plan is None else PreparedPlan(proposer.plan)
+    cost = SpeculativeCost(cost, speculative_extra(prepared, runner, cost.rules))
+    return cost, speculative_factory(prepared.deployment.speculative)
 
 
 def kv_transfer(pools, plans):
