@@ -117,3 +117,34 @@ def test_speculation_under_context_parallel_pass_q():
     plain = run(raw)
     spec = run({**raw, "speculative": {"method": "eagle", "tokens": 2, "acceptance": 1.0}}).speculative
     assert spec.verify_s > plain.latency_s and spec.plain_decode_s == plain.latency_s
+
+
+def _serve(acceptance, arrival, n):
+    from g5core.serve.api import simulate_serving
+
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1},
+           "serving": {"instances": 1, "scheduler": {"max_num_batched_tokens": 4096}}}
+    if acceptance is not None:
+        raw["speculative"] = {"method": "eagle", "tokens": 3, "acceptance": acceptance}
+    workload = {"requests": n, "input_tokens": 512, "output_tokens": 64, "seed": 0, "arrival": arrival}
+    return simulate_serving(raw, workload, check_predictor=0).summary
+
+
+def test_serving_speed_rises_with_acceptance_and_the_gain_shrinks_at_saturation():
+    low = {"kind": "poisson", "rate_per_s": 0.5}
+    per_user = [1.0 / _serve(a, low, 12)["tpot_s"]["p50"] for a in (None, 0.5, 0.9)]
+    assert per_user[0] < per_user[1] < per_user[2]
+    busy = {"kind": "closed", "concurrency": 128}
+    plain, fast = (_serve(a, busy, 128) for a in (None, 0.9))
+    gain_low = per_user[2] / per_user[0]
+    gain_busy = fast["throughput"]["output_tokens_per_s"] / plain["throughput"]["output_tokens_per_s"]
+    assert gain_busy < gain_low
+    spec = fast["speculative"]
+    assert spec["kept_tokens"] == 128 * 63          # every token after the first came from a verification
+    assert abs(spec["mean_accepted_length"] / spec["expected_tokens_per_step"] - 1) < 0.05
+    assert "speculative" not in plain and "per_user_tokens_per_s" in fast
+
+
+def test_serving_draws_are_seeded():
+    low = {"kind": "poisson", "rate_per_s": 2.0}
+    assert _serve(0.7, low, 8) == _serve(0.7, low, 8)
