@@ -177,7 +177,7 @@ def _acceptance(data: Mapping, field: str, method: str, k: int) -> tuple[tuple[f
     rates = list(known["acceptance"])
     if len(rates) < k:
         raise ConfigError(f"{field}.acceptance", f"the published {method} figure covers {len(rates)} draft token(s) "
-                                                 f"({known['source'].split(':')[0]}); for tokens: {k} give acceptance "
+                                                 f"({known['source'].split(',')[0]}); for tokens: {k} give acceptance "
                                                  f"or mean_accepted")
     return tuple(float(a) for a in rates[:k]), known["source"]
 
