@@ -148,3 +148,13 @@ def test_serving_speed_rises_with_acceptance_and_the_gain_shrinks_at_saturation(
 def test_serving_draws_are_seeded():
     low = {"kind": "poisson", "rate_per_s": 2.0}
     assert _serve(0.7, low, 8) == _serve(0.7, low, 8)
+
+
+def test_search_variants():
+    from g5core.inputs.speculative import speculative_variants
+
+    assert speculative_variants(None) == [None]
+    assert speculative_variants({"method": "mtp", "tokens": 1}) == [None, {"method": "mtp", "tokens": 1}]
+    got = speculative_variants({"method": "eagle", "tokens": 3, "acceptance": [0.8, 0.6, 0.4]}, (0, 1, 3, 5))
+    assert got == [None, {"method": "eagle", "tokens": 1, "acceptance": [0.8]},
+                   {"method": "eagle", "tokens": 3, "acceptance": [0.8, 0.6, 0.4]}]

@@ -187,3 +187,32 @@ def parse_speculative(data: Mapping) -> Speculative | None:
     if FIELD not in data or data[FIELD] is None:
         return None
     return Speculative.from_dict(data[FIELD])
+
+
+def speculative_variants(block: Mapping | None, tokens=(0, 1, 2, 3, 4)) -> list[dict | None]:
+    """The ``speculative:`` blocks a search tries for one method: ``None`` (plain decode) and
+    ``block`` at each draft length of ``tokens`` (0: the same as None, left out), each with the
+    first ``k`` of ``block``'s per-position rates (its ``acceptance`` list, given for the
+    longest ``k``, or the constant rate its ``mean_accepted`` for the longest ``k`` implies);
+    a ``k`` the block has no rates for (longer than its list, or an MTP default beyond its
+    published token) is left out. Each block validates (:meth:`Speculative.from_dict`)."""
+    out: list[dict | None] = [None]
+    if block is None:
+        return out
+    base = {key: v for key, v in block.items() if key not in ("tokens", "acceptance", "mean_accepted")}
+    longest = Speculative.from_dict(block)
+    for k in tokens:
+        if k == 0:
+            continue
+        if "acceptance" in block or "mean_accepted" in block:
+            if k > len(longest.acceptance):
+                continue
+            candidate = {**base, "tokens": k, "acceptance": list(longest.acceptance[:k])}
+        else:
+            candidate = {**base, "tokens": k}
+        try:
+            Speculative.from_dict(candidate)
+        except ConfigError:
+            continue
+        out.append(candidate)
+    return out
