@@ -43,6 +43,15 @@ def _whole(value: Any, field: str, minimum: int) -> int:
     return value
 
 
+def _verify_flag(value: Any, new_tokens: int, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(field, f"must be true or false, got {value!r}")
+    if value and new_tokens < 2:
+        raise ConfigError(field, f"a verification group runs k + 1 >= 2 new tokens, got new_tokens {new_tokens}; "
+                                 "drop verify for plain decode")
+    return value
+
+
 @attrs.frozen(kw_only=True, order=True)
 class StepGroup:
     """``count`` sequences, each running ``new_tokens`` new tokens after ``cached_tokens``
@@ -58,11 +67,7 @@ class StepGroup:
         _whole(self.new_tokens, "new_tokens", 1)
         _whole(self.cached_tokens, "cached_tokens", 0)
         _whole(self.count, "count", 1)
-        if not isinstance(self.verify, bool):
-            raise ConfigError("verify", f"must be true or false, got {self.verify!r}")
-        if self.verify and self.new_tokens < 2:
-            raise ConfigError("verify", f"a verification group runs k + 1 >= 2 new tokens, got new_tokens "
-                                        f"{self.new_tokens}; drop verify for plain decode")
+        _verify_flag(self.verify, self.new_tokens, "verify")
 
     @property
     def context_tokens(self) -> int:
@@ -97,12 +102,7 @@ class StepGroup:
         new = _whole(data["new_tokens"], f"{field}.new_tokens", 1)
         cached = _whole(data.get("cached_tokens", 0), f"{field}.cached_tokens", 0)
         count = _whole(data["count"], f"{field}.count", 1)
-        verify = data.get("verify", False)
-        if not isinstance(verify, bool):
-            raise ConfigError(f"{field}.verify", f"must be true or false, got {verify!r}")
-        if verify and new < 2:
-            raise ConfigError(f"{field}.verify", f"a verification group runs k + 1 >= 2 new tokens, got new_tokens "
-                                                 f"{new}; drop verify for plain decode")
+        verify = _verify_flag(data.get("verify", False), new, f"{field}.verify")
         return cls(new_tokens=new, cached_tokens=cached, count=count, verify=verify)
 
 
