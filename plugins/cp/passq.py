@@ -65,7 +65,7 @@ import math
 import attrs
 
 from g5core import (
-    Fragment, MemoryTerm, PluginOption, Work, activation_tensor_bytes, attention_dims, attention_kernel, attention_side_kernels,
+    Fragment, MemoryTerm, PluginOption, Work, activation_tensor_bytes, attention_dims, attention_side_kernels,
     decode_attention_kernel, decode_query_rows, hookimpl, merge_kernel, passq_reduce_elements,
 )
 from g5plugins.cp import prefill_mode
