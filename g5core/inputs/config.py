@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import pathlib
 import sys
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional
 
 import attrs
 import yaml
@@ -21,6 +21,7 @@ from g5core.api.options import OptionRegistry, option_value
 from g5core.inputs.dtypes import dtype_bytes, number_format
 from g5core.api.errors import ConfigError, suggest
 from g5core.inputs.framework import FRAMEWORK_NAMES
+from g5core.inputs.speculative import Speculative, parse_speculative
 from g5core.inputs.step import Step, as_step
 from g5core.inputs.reading import (
     MAX_BATCH, MAX_CHIPS, MAX_SEQ_LEN, MAX_TOKENS, DuplicateKeyError, check_keys, check_size, duplicate_key_error,
@@ -38,7 +39,7 @@ PATHS = ("g5", "math")
 WEIGHT_CLASSES = ("default", "attention", "ffn", "experts", "embedding")
 TOP_LEVEL_KEYS = (
     "name", "model", "system", "chips", "parallel", "phase", "batch", "seq_len", "step",
-    "dtypes", "path", "plugins", "framework",
+    "dtypes", "path", "plugins", "framework", "speculative",
 )
 NO_OPTIONS = OptionRegistry()
 REQUIRED_KEYS = ("model", "system", "chips", "parallel")
@@ -150,6 +151,8 @@ class Deployment:
     step: Step = attrs.field(default=None, kw_only=True)
     #: whether the configuration gave a ``step:`` list (echoed as such) rather than the shorthand
     step_form: bool = attrs.field(default=False, eq=False, kw_only=True)
+    #: speculative decoding (g5core.inputs.speculative.Speculative), or None: plain decode
+    speculative: Optional[Speculative] = attrs.field(default=None, kw_only=True)
 
     @property
     def uniform(self) -> bool:
@@ -233,6 +236,7 @@ class Deployment:
             implicit=implicit_dims + implicit_options,
             step=step,
             step_form="step" in data,
+            speculative=_parse_speculative(data, phase),
         )
 
     def to_dict(self) -> dict:
@@ -247,6 +251,8 @@ class Deployment:
         else:
             out.update(phase=self.phase, batch=self.batch, seq_len=self.seq_len)
         out.update(dtypes=self.dtypes.to_dict(), path=self.path)
+        if self.speculative is not None:
+            out["speculative"] = self.speculative.to_dict()
         if self.name:
             out["name"] = self.name
         if self.framework:
@@ -261,6 +267,15 @@ class Deployment:
         if plugins:
             out["plugins"] = plugins
         return out
+
+
+def _parse_speculative(data: Mapping, phase: str) -> Optional[Speculative]:
+    """The ``speculative:`` block, validated (None where absent); it applies to a decode step."""
+    spec = parse_speculative(data)
+    if spec is not None and spec.enabled and phase != "decode":
+        raise ConfigError("speculative", f"applies to a decode step (this step is {phase}); remove the block or "
+                                         "use phase: decode")
+    return spec
 
 
 def shorthand_of(step: Step) -> tuple[str, int, int]:

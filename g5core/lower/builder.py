@@ -112,7 +112,7 @@ class Plan:
 
 
 def plan_deployment(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configuration",
-            max_ops: int | None = None) -> Plan:
+            max_ops: int | None = None, model: ModelSpec | None = None) -> Plan:
     """Validate a raw configuration mapping (or a Deployment) against the enabled plugins.
 
     A deployment whose op count is certainly above ``max_ops`` (default DEFAULT_MAX_OPS)
@@ -128,7 +128,8 @@ def plan_deployment(raw_or_deployment, pm: pluggy.PluginManager, source: str = "
             deployment = Deployment.from_dict(raw_or_deployment, dims, source, options)
         except ConfigError as exc:
             raise _name_disabled_plugins(exc, pm, dims) from None
-    model = get_model(deployment.model)
+    # ``model``: a model given as a spec (a speculative proposer: g5core.session.speculative)
+    model = get_model(deployment.model) if model is None else model
     system = get_system(deployment.system)
     if deployment.framework:   # the configuration's framework profile (g5core.inputs.framework)
         system = with_framework(system, deployment.framework, "framework")

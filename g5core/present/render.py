@@ -72,6 +72,11 @@ def _pipeline_line(p: dict, pp: int, tokens_per_s_per_chip: float) -> str:
             f"{steady} after {p['cycles_simulated']} cycles; {tokens_per_s_per_chip:.4g} tokens/s/chip")
 
 
+def _source_note(source: str) -> str:
+    """Where a speculative acceptance came from, shortened to its citation's title."""
+    return "from the configuration" if source == "configuration" else "published: " + source.split(",")[0]
+
+
 def render_summary(out, trace_path=None, timeline_path=None) -> str:
     dep = out.deployment
     lines = []
@@ -81,7 +86,18 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
             else f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}")
     lines.append(f"{model} on {dep.chips} x {system}  [{par}{_options_note(dep)}]  {work}, path {dep.path}")
     metric = {"prefill": "TTFT", "decode": "TPOT"}.get(dep.phase, "step latency")
-    lines.append(f"{metric}: {fmt_s(out.latency_s)}")
+    spec = getattr(out, "speculative", None)
+    if spec is not None:
+        sp = spec.spec
+        lines.append(f"TPOT per output token: {fmt_s(spec.tpot_s)}  (speculative {sp.method}, {sp.tokens} draft "
+                     f"token{'s' if sp.tokens != 1 else ''}; plain decode {fmt_s(spec.plain_decode_s)}, "
+                     f"x{spec.speedup:.3g})")
+        lines.append(f"tokens per step: {spec.tokens_per_step:.4g} (acceptance "
+                     f"{', '.join(f'{a:.3g}' for a in sp.acceptance)}; {_source_note(sp.source)}); step "
+                     f"{fmt_s(spec.step_s)} = verification {fmt_s(spec.verify_s)} + proposer {sp.tokens} x "
+                     f"{fmt_s(spec.proposer_pass_s)} ({100 * spec.proposer_share:.1f}% of the step)")
+    else:
+        lines.append(f"{metric}: {fmt_s(out.latency_s)}")
     if out.sim is not None and out.sim.pipeline is not None:
         lines.append(_pipeline_line(out.sim.pipeline, dep.size("pp"), out.tokens_per_s_per_chip))
     for plugin, choice in step_choices(out.plan.ctx).items():

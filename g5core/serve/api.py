@@ -17,11 +17,13 @@ from typing import Callable, Mapping, Optional
 import attrs
 
 from g5core.api.errors import ConfigError, G5Error
-from g5core.serve.cost import DpCost, Groups, PlanCost, StepWork, kv_sizing, plan_step_runner
+from g5core.serve.cost import (
+    DpCost, Groups, KvSizing, PlanCost, SpeculativeCost, StepWork, kv_sizing, plan_step_runner, speculative_extra,
+)
 from g5core.serve.loop import Fleet, LoopResult, Pool, check_invariants, serve_requests, summarize_pools
 from g5core.serve.metrics import summary
 from g5core.serve.registry import ServingRegistry, serving_registry
-from g5core.serve.scheduler import DpScheduler
+from g5core.serve.scheduler import DpScheduler, speculative_factory
 from g5core.serve.traces import read_trace
 from g5core.serve.workload import Workload, synthetic
 from g5core.inputs.kv_tiers import CacheSpec, resolve_tiers
@@ -30,7 +32,8 @@ from g5core.api.plugins import Hooks, make_plugin_manager
 from g5core.inputs.config import disabled_from_config
 from g5core.lower.builder import make_topology
 from g5core.lower.collective import idle_transfer_s
-from g5core.session.prepared import prepare
+from g5core.session.prepared import PreparedPlan, prepare
+from g5core.session.speculative import Proposer
 from g5core.inputs.serving import ServingSpec, _positive_int, parse_serving, split_config
 from g5core.inputs.serving import workload_spec  # noqa: F401  (g5 serve and the serving search import it from here)
 
@@ -107,6 +110,11 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
         plan = prepared.plan
         rules = prepared.step_rules   # what the layout's dimensions require of a step (see PlanCost)
         sizing = kv_sizing(prepared, rules.round_up(s.max_num_batched_tokens), field)
+        speculative = prepared.deployment.speculative
+        proposer = None
+        if speculative is not None and speculative.enabled and ps.role != "prefill":
+            proposer = Proposer(prepared.plan, speculative)
+            sizing = proposer_sizing(sizing, proposer)
         need = longest_prompt if ps.role == "prefill" else longest
         blocks = sizing.capacity_tokens // s.block_size
         if blocks * s.block_size < need:
@@ -124,10 +132,18 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
                 raise ConfigError("serving.prefix_cache", "the block cache and KV tiers are per scheduler and not yet "
                                   "modelled per attention-DP rank (parallel.dp > 1): drop serving.prefix_cache and "
                                   "serving.kv_tiers, or use dp: 1 with more instances")
+            if proposer is not None:
+                raise ConfigError("speculative", "speculative decoding is not yet modelled with attention DP "
+                                  "(parallel.dp > 1): drop the speculative block, or use dp: 1 with more instances")
             cost = DpCost(cost, dp)
             factory = functools.partial(DpScheduler, dp=dp, balance=ps.dp_balance, factory=factory)
         elif spec.cache is not None:
+            if proposer is not None:
+                raise ConfigError("speculative", "speculative decoding is not yet modelled with the block cache "
+                                  "(serving.prefix_cache, serving.kv_tiers): drop one of them")
             factory = functools.partial(CachingScheduler, cache=cache_config(spec.cache, registry, plan, sizing, cost))
+        elif proposer is not None:
+            cost, factory = speculative_pool(prepared, proposer, cost, ps, field)
         pool = Pool(ps.role, ps.instances, cost, s, blocks * dp, registry.router(ps.router)(), factory, first_chip)
         first_chip += pool.chips
         pools.append(pool)
@@ -187,6 +203,31 @@ def cache_config(spec: CacheSpec, registry: ServingRegistry, plan, sizing, cost)
     return CacheConfig(registry.cache_policies[spec.policy][1], resolve_tiers(spec, plan.ctx.system), spec.miss,
                        spec.overlap, plan.ctx.model.n_layers, sizing.kv_bytes_per_token_per_chip,
                        sizing.kv_bytes_per_token, recompute_s, spec.policy)
+
+
+def proposer_sizing(sizing: KvSizing, proposer: Proposer) -> KvSizing:
+    """The KV pool with a speculative proposer on the chips: its weights (its ledger line) come
+    out of the pool, and every token also stores the proposer's KV (its layers' ``c_kv``)."""
+    terms = {t.name: t for t in proposer.memory_terms()}
+    if not terms:
+        return sizing
+    weights = max(b for name, t in terms.items() if not name.endswith("_kv_cache") for _, b in t.bytes_per_chip)
+    per_token = sizing.kv_bytes_per_token_per_chip + PreparedPlan(proposer.plan).kv_bytes_per_token
+    pool = max(sizing.pool_bytes_per_chip - weights, 0.0)
+    return attrs.evolve(sizing, pool_bytes_per_chip=pool, kv_bytes_per_token_per_chip=per_token,
+                        capacity_tokens=int(pool // per_token))
+
+
+def speculative_pool(prepared, proposer: Proposer, cost: PlanCost, ps, field: str) -> tuple:
+    """A pool's cost and scheduler factory with speculative decoding: :class:`SpeculativeCost`
+    (the verification excess and the proposer's passes from the engine) and the seeded
+    :class:`SpeculativeScheduler` (instance ``i`` draws from seed ``i``)."""
+    if ps.scheduler_name != "vllm":
+        raise ConfigError(f"{field}.scheduler.name", f"speculative decoding runs on the vllm scheduler, not "
+                                                     f"{ps.scheduler_name!r}; remove the name or the speculative block")
+    runner = None if proposer.plan is None else PreparedPlan(proposer.plan)
+    cost = SpeculativeCost(cost, speculative_extra(prepared, runner, cost.rules))
+    return cost, speculative_factory(prepared.deployment.speculative)
 
 
 def kv_transfer(pools, plans):

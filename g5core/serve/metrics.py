@@ -99,7 +99,7 @@ def summary(result, limits: tuple[SloLimit, ...] = ()) -> dict:
     per_s = (lambda x: x / span) if span > 0 else (lambda x: 0.0)
     e2e = arrays["e2e_s"]
     kv_share, running, waiting = _occupancy(result)
-    return {
+    out = {
         "requests": n,
         "completed": int(np.count_nonzero(~np.isnan(e2e))),
         "duration_s": span,
@@ -127,6 +127,27 @@ def summary(result, limits: tuple[SloLimit, ...] = ()) -> dict:
         "kv_transfer_s": stats(arrays["kv_transfer_s"]) if result.fleet.disaggregated else None,
         **({"kv_cache": cache} if (cache := kv_cache(result, arrays)) is not None else {}),
     }
+    spec = speculative_summary(result)
+    if spec is not None:   # only then: a plain run's summary keeps its keys
+        tpot = arrays["tpot_s"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out["per_user_tokens_per_s"] = stats(np.where(tpot > 0, 1.0 / tpot, np.nan))
+        out["speculative"] = spec
+    return out
+
+
+def speculative_summary(result) -> Optional[dict]:
+    """Over the instances that decode speculatively: the verification steps of sequences, the
+    tokens they kept and their mean (tokens per verification, the bonus token included); None
+    without speculation."""
+    scheds = [i.scheduler for i in result.instances if getattr(i.scheduler, "draft_tokens", 0)]
+    if not scheds:
+        return None
+    steps = sum(s.verify_steps for s in scheds)
+    tokens = sum(s.verify_tokens for s in scheds)
+    spec = scheds[0].spec
+    return {"method": spec.method, "draft_tokens": spec.tokens, "expected_tokens_per_step": spec.tokens_per_step,
+            "verifications": steps, "kept_tokens": tokens, "mean_accepted_length": tokens / steps if steps else None}
 
 
 def _caches(result) -> list:

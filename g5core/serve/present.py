@@ -70,6 +70,14 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
                          f"{t['cached_blocks']['max']:,.0f} max of {t['capacity_blocks']:,} blocks{moved}")
         split = cache["ttft_split_s"]
         lines.append("  TTFT mean   " + ", ".join(f"{k} {_s(split[k]['mean'])}" for k in ("queue", "fetch", "compute")))
+    spec = out.get("speculative")
+    if spec:
+        mean, user = spec["mean_accepted_length"], out["per_user_tokens_per_s"]["p50"]
+        mean_text = "-" if mean is None else f"{mean:.3g}"
+        user_text = "-" if user is None else f"{user:,.1f}"
+        lines.append(f"speculative  {spec['method']}, {spec['draft_tokens']} drafts: {mean_text} tokens per "
+                     f"verification (expected {spec['expected_tokens_per_step']:.3g}) over "
+                     f"{spec['verifications']:,}; per user {user_text} tokens/s p50")
     g = out.get("goodput")
     if g:
         limits = ", ".join(f"{k} <= {_s(v)}" for k, v in g["limits"].items())

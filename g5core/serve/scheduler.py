@@ -21,9 +21,15 @@ whose KV is in the cache), and each step gives every sequence some tokens to cat
 
 A step emits one token for every sequence whose ``computed`` reaches ``num_tokens``.
 
-Where G5 differs from vLLM: no speculative decoding, encoder inputs, priorities or
-asynchronous scheduling; the prefix cache here is per instance and never evicts (a prefix an
-instance has computed stays reusable; its blocks are counted per sequence, not shared); a
+With speculative decoding (:class:`SpeculativeScheduler`, a pool whose configuration has a
+``speculative:`` block) each decoding sequence takes ``k + 1`` tokens of the budget and KV
+blocks for ``k + 1`` more tokens; after the step it keeps ``1 .. k + 1`` tokens, drawn per
+sequence and step from a seeded generator (vLLM's rejection sampler accepts the drafts up to
+the first rejection and adds one token of the target), and its blocks shrink back to those
+its computed tokens fill.
+
+Where G5 differs from vLLM: no encoder inputs, priorities or asynchronous scheduling; the
+prefix cache is per instance and never evicts (a prefix an instance has computed stays reusable; its blocks are counted per sequence, not shared); a
 preempted sequence recomputes its cached prefix too. The block-level cache that fills and
 evicts, with tiers below HBM, is :class:`g5core.serve.kvcache.CachingScheduler`
 (``serving.prefix_cache``, ``serving.kv_tiers``).
@@ -31,6 +37,8 @@ evicts, with tiers below HBM, is :class:`g5core.serve.kvcache.CachingScheduler`
 from __future__ import annotations
 
 import collections
+
+import numpy as np
 
 from g5core.api.serving import Request, Seq, StepWork
 from g5core.inputs.serving import SchedulerSettings
@@ -50,6 +58,9 @@ class VllmScheduler:
         self.running: list[Seq] = []
         self.preemptions = 0
         self.prefixes: set = set()   # prefix keys this instance has computed
+
+    #: draft tokens each decode verifies (0: plain decode; SpeculativeScheduler sets it)
+    draft_tokens = 0
 
     # -- queue ---------------------------------------------------------------------------
 
@@ -109,6 +120,8 @@ class VllmScheduler:
         while i < len(running) and budget > 0:
             seq = running[i]
             n = seq.num_tokens - seq.computed
+            if n == 1 and seq.emitted:
+                n += self.draft_tokens     # a decode verifies its drafts (SpeculativeScheduler)
             if 0 < cap < n:
                 n = cap
             if n > budget:
@@ -296,3 +309,71 @@ class DpScheduler:
         """Per rank: blocks still held, steps over the rank's pool, requests given twice."""
         return {"kv_blocks_left_at_end": sum(abs(r.used_blocks) for r in self.ranks),
                 "steps_over_kv_pool": sum(self.steps_over_pool), "requests_given_twice": self.twice}
+
+
+class SpeculativeScheduler(VllmScheduler):
+    """:class:`VllmScheduler` with speculative decoding: each decode runs ``k + 1`` tokens and
+    keeps ``spec.draw`` of them (the module doc); ``seed`` makes the draws (one generator per
+    instance). ``verify_steps`` / ``verify_tokens``: decodes verified and tokens they kept.
+    A decode the token budget cuts short verifies fewer drafts (its draw capped there); the
+    step's cost counts it at ``k + 1``."""
+
+    def __init__(self, settings: SchedulerSettings, total_blocks: int, spec, seed: int = 0):
+        super().__init__(settings, total_blocks)
+        self.spec = spec
+        self.draft_tokens = spec.tokens
+        self.rng = np.random.default_rng(seed)
+        self.verify_steps = 0
+        self.verify_tokens = 0
+
+    @staticmethod
+    def _decoding(q: Seq) -> bool:
+        return bool(q.emitted) and q.computed == q.num_tokens - 1
+
+    def work(self, picked: list[Seq]) -> StepWork:
+        chunks, contexts = [], []
+        for q in picked:
+            if self._decoding(q):
+                contexts.append(q.computed)
+            else:
+                chunks.append((q.scheduled, q.computed))
+        contexts.sort()
+        return StepWork(tuple(chunks), tuple(contexts), self.draft_tokens)
+
+    def finish_step(self, picked: list[Seq]) -> list[Seq]:
+        bs = self.s.block_size
+        decodes = [q for q in picked if self._decoding(q)]
+        kept = iter(self.spec.draw(len(decodes), self.rng).tolist()) if decodes else iter(())
+        emitted = []
+        for q in picked:
+            if not self._decoding(q):
+                emitted.extend(super().finish_step([q]))
+                continue
+            # drafts accepted up to the first rejection, plus the target's token; a request
+            # stops at its last token
+            n = min(next(kept), q.scheduled, q.req.output_tokens - q.emitted)
+            q.computed += n
+            q.scheduled = 0
+            q.emitted += n
+            q.num_tokens += n
+            self.verify_steps += 1
+            self.verify_tokens += n
+            keep = -(-q.computed // bs)      # the blocks follow the kept tokens
+            self.free_blocks += q.blocks - keep
+            q.blocks = keep
+            if q.emitted == q.req.output_tokens and q.req.cache_key is not None:
+                self.prefixes.add(q.req.cache_key)
+            emitted.append(q)
+        return emitted
+
+
+def speculative_factory(spec, seed: int = 0):
+    """A scheduler factory ``(settings, total_blocks) -> SpeculativeScheduler``; instance ``i``
+    of a pool draws from ``seed + i`` (the factory counts the instances it made)."""
+    made = [0]
+
+    def make(settings: SchedulerSettings, total_blocks: int) -> SpeculativeScheduler:
+        made[0] += 1
+        return SpeculativeScheduler(settings, total_blocks, spec, seed + made[0] - 1)
+
+    return make
