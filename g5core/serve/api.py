@@ -44,7 +44,7 @@ from typing import Callable, Mapping, Optional
 import attrs
 
 from g5core.api.errors import ConfigError, G5Error
-from g5core.serve.cost import DpCost, Groups, PlanCost, StepWork, kv_sizing, plan_step_runner
+from g5core.serve.cost import DpCost, Groups, PlanCost, StepWork, kv_sizing, plan_experts_runner, plan_step_runner
 from g5core.serve.loop import Fleet, LoopResult, Pool, check_invariants, serve_requests, summarize_pools
 from g5core.serve.metrics import SloLimit, parse_slo, summary
 from g5core.serve.registry import ServingRegistry, serving_registry
@@ -240,7 +240,9 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
                         sizing.chips)
         factory = registry.scheduler(ps.scheduler_name)
         if dp > 1:
-            cost = DpCost(cost, dp)
+            # the experts' part of an unequal step from the engine's op breakdown; a stand-in
+            # runner (``runner``) has none, and its steps are the slowest rank's (DpCost's doc)
+            cost = DpCost(cost, dp, experts_s=None if runner else plan_experts_runner(prepared))
             factory = functools.partial(DpScheduler, dp=dp, balance=ps.dp_balance, factory=factory)
         pool = Pool(ps.role, ps.instances, cost, s, blocks * dp, registry.router(ps.router)(), factory, first_chip)
         first_chip += pool.chips
