@@ -41,6 +41,9 @@ class Request:
     cached_tokens: int = 0
     prefix: tuple = ()
     cache_key: Optional[str] = None   # what the instance caches when the request finishes (its whole context)
+    # the conversation this request continues: block j of every request with the same
+    # history holds the same tokens (the block cache's key; g5core.serve.kvcache)
+    history: Optional[str] = None
 
 
 @attrs.frozen(slots=True)

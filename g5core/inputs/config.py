@@ -20,6 +20,7 @@ from g5core.api.dimensions import DimensionRegistry
 from g5core.api.options import OptionRegistry, option_value
 from g5core.inputs.dtypes import dtype_bytes, number_format
 from g5core.api.errors import ConfigError, suggest
+from g5core.inputs.framework import FRAMEWORK_NAMES
 from g5core.inputs.step import Step, as_step
 from g5core.inputs.reading import (
     MAX_BATCH, MAX_CHIPS, MAX_SEQ_LEN, MAX_TOKENS, DuplicateKeyError, check_keys, check_size, duplicate_key_error,
@@ -37,7 +38,7 @@ PATHS = ("g5", "math")
 WEIGHT_CLASSES = ("default", "attention", "ffn", "experts", "embedding")
 TOP_LEVEL_KEYS = (
     "name", "model", "system", "chips", "parallel", "phase", "batch", "seq_len", "step",
-    "dtypes", "path", "plugins",
+    "dtypes", "path", "plugins", "framework",
 )
 NO_OPTIONS = OptionRegistry()
 REQUIRED_KEYS = ("model", "system", "chips", "parallel")
@@ -137,6 +138,9 @@ class Deployment:
     dtypes: Dtypes
     path: str
     name: str = ""
+    #: the serving framework profile the run uses (``framework: vllm``, g5core/inputs/framework.py);
+    #: "" for the system file's own framework block (or none)
+    framework: str = ""
     disabled_plugins: tuple[str, ...] = ()
     # Parallel dimensions (``"sp"``) and plugin options (``"tp.sp"``) the configuration left out,
     # filled from their registered defaults. Not part of equality; ``to_dict`` leaves them out,
@@ -208,6 +212,10 @@ class Deployment:
         name = data.get("name", "")
         if not isinstance(name, str):
             raise ConfigError("name", f"must be a string, got {name!r}")
+        framework = data.get("framework", "")
+        if framework != "" and framework not in FRAMEWORK_NAMES:
+            raise ConfigError("framework", f"unknown framework {framework!r}{suggest(str(framework), FRAMEWORK_NAMES)}; "
+                                           f"choose one of {', '.join(FRAMEWORK_NAMES)}")
         return cls(
             model=data["model"],
             system=data["system"],
@@ -220,6 +228,7 @@ class Deployment:
             dtypes=Dtypes.from_dict(data.get("dtypes")),
             path=path,
             name=name,
+            framework=framework,
             disabled_plugins=disabled,
             implicit=implicit_dims + implicit_options,
             step=step,
@@ -240,6 +249,8 @@ class Deployment:
         out.update(dtypes=self.dtypes.to_dict(), path=self.path)
         if self.name:
             out["name"] = self.name
+        if self.framework:
+            out["framework"] = self.framework
         plugins: dict[str, Any] = {}
         for plugin, values in self.options:
             given = {k: v for k, v in values if f"{plugin}.{k}" not in self.implicit}

@@ -29,6 +29,7 @@ from g5core.api.plugins import Hooks, describe_plugins
 from g5core.lower.rankmap import RankMap
 from g5core.api.options import collect_options
 from g5core.lower.shape import LocalShape, collect_shard_axes, merge_factors
+from g5core.inputs.framework import with_framework
 from g5core.inputs.systems import SystemSpec, get_system
 
 
@@ -129,6 +130,8 @@ def plan_deployment(raw_or_deployment, pm: pluggy.PluginManager, source: str = "
             raise _name_disabled_plugins(exc, pm, dims) from None
     model = get_model(deployment.model)
     system = get_system(deployment.system)
+    if deployment.framework:   # the configuration's framework profile (g5core.inputs.framework)
+        system = with_framework(system, deployment.framework, "framework")
     shape = validated_shape(hooks, deployment, model, system, axes)
     _check_floor(deployment, model, max_ops)
     sizes = dict(deployment.parallel)

@@ -234,6 +234,9 @@ def render_validate(report: dict) -> str:
     lines = [table(rows, ["row", "config", "metric", "measured ms", "predicted ms", "error", "source"]), "",
              f"MAPE {report['mape_pct']:.1f}% over {len(rows)} rows; worst: row {report['worst_row']} "
              f"({report['worst_error_pct']:+.1f}%)"]
+    for g in report.get("by_framework", ()):
+        lines.append(f"  {g['framework']} {g['metric']}: MAPE {g['mape_pct']:.1f}% over {g['rows']} row"
+                     f"{'s' if g['rows'] != 1 else ''}; worst: row {g['worst_row']} ({g['worst_error_pct']:+.1f}%)")
     return "\n".join(lines)
 
 
@@ -267,8 +270,12 @@ def render_compute(report: dict) -> list[str]:
     launch = report.get("launch") or {}
     if launch.get("framework"):
         fw = launch["framework"]
+        graph = fw.get("graph_kernel_s")
+        inside = "" if graph is None else f", {graph * 1e6:g} us per kernel inside a graph instead of launch_overhead_s"
+        name = f"framework {fw['name']} {fw.get('version', '')}: " if fw.get("name") else ""
         lines.append(f"kernel launches: {launch['added_s'] * 1e3:.3f} ms added on the busiest chip "
-                     f"(cuda_graphs: {fw['cuda_graphs']}, {fw['kernel_launch_s'] * 1e6:g} us per kernel not captured)")
+                     f"({name}cuda_graphs: {fw['cuda_graphs']}, {fw['kernel_launch_s'] * 1e6:g} us per kernel not "
+                     f"captured{inside})")
         fused = [name for name, on in (fw.get("fusions") or {}).items() if on]
         lines.append(f"kernel fusions: stack {fw.get('stack', 'generic')} ({', '.join(fused) or 'none'}; a fused kernel "
                      f"is neither timed nor launched on its own)")

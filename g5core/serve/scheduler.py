@@ -22,51 +22,25 @@ whose KV is in the cache), and each step gives every sequence some tokens to cat
 A step emits one token for every sequence whose ``computed`` reaches ``num_tokens``.
 
 Where G5 differs from vLLM: no speculative decoding, encoder inputs, priorities or
-asynchronous scheduling; the prefix cache is per instance and never evicts (a prefix an
+asynchronous scheduling; the prefix cache here is per instance and never evicts (a prefix an
 instance has computed stays reusable; its blocks are counted per sequence, not shared); a
-preempted sequence recomputes its cached prefix too.
+preempted sequence recomputes its cached prefix too. The block-level cache that fills and
+evicts, with tiers below HBM, is :class:`g5core.serve.kvcache.CachingScheduler`
+(``serving.prefix_cache``, ``serving.kv_tiers``).
 """
 from __future__ import annotations
 
 import collections
 
-import attrs
-
-from g5core.api.errors import ConfigError
 from g5core.api.serving import Request, Seq, StepWork
+from g5core.inputs.serving import SchedulerSettings
 from g5core.serve.cost import RankedWork
-from g5core.inputs.reading import check_keys
-
-
-@attrs.frozen
-class SchedulerSettings:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0   # 0: no cap beyond the budget (vLLM's default)
-    block_size: int = 16
-
-    FIELDS = ("name", "max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "long_prefill_token_threshold",
-              "block_size")
-
-    @classmethod
-    def from_dict(cls, data, field: str = "serving.scheduler") -> "SchedulerSettings":
-        check_keys(data, field, cls.FIELDS)
-        values = {}
-        for key, value in data.items():
-            if key == "name":
-                continue
-            if key == "chunked_prefill":
-                if not isinstance(value, bool):
-                    raise ConfigError(f"{field}.{key}", f"must be true or false, got {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key.startswith("long") else 1):
-                raise ConfigError(f"{field}.{key}", f"must be a positive whole number, got {value!r}")
-            values[key] = value
-        return cls(**values)
 
 
 class VllmScheduler:
     """Continuous batching over ``total_blocks`` KV blocks (see the module doc)."""
+
+    io = False   # a step waits for no KV loads (:class:`g5core.serve.kvcache.CachingScheduler` does)
 
     def __init__(self, settings: SchedulerSettings, total_blocks: int):
         self.s = settings
@@ -106,6 +80,11 @@ class VllmScheduler:
                 break
             hit = max(hit, tokens)
         return min(hit, req.input_tokens - 1)
+
+    def lookup(self, seq: Seq) -> int:
+        """The prompt tokens a newly admitted sequence finds cached (a caching scheduler
+        also takes their blocks)."""
+        return self.cached_prefix(seq.req)
 
     def _preempt(self, victim: Seq) -> None:
         self.free_blocks += victim.blocks
@@ -157,7 +136,7 @@ class VllmScheduler:
             while self.waiting and budget > 0 and len(self.running) < s.max_num_seqs:
                 seq = self.waiting[0]
                 if seq.admitted_s is None and seq.computed == 0:
-                    seq.computed = self.cached_prefix(seq.req)
+                    seq.computed = self.lookup(seq)
                 n = seq.num_tokens - seq.computed
                 if not s.chunked_prefill and n > budget:
                     break
@@ -219,12 +198,11 @@ class VllmScheduler:
 #: ``shortest_queue`` (``shortest_queue_scheduler``: its ``DPBudget`` sends requests to the
 #: ranks with the fewest requests, lowest rank first; G5 reads the ranks' request counts at
 #: the moment of the arrival, where SGLang reads them from the ranks' periodic load reports).
-DP_BALANCE = ("round_robin", "shortest_queue")
 
 
 class DpScheduler:
     """The schedulers of an instance of ``dp`` attention-DP ranks, as one scheduler to the
-    serving loop: a request goes to one rank (:data:`DP_BALANCE`) and stays there; each rank
+    serving loop: a request goes to one rank (:data:`g5core.inputs.serving.DP_BALANCE`) and stays there; each rank
     schedules its own batch from its own KV pool (``total_blocks // dp`` blocks, the
     pool's ``max_num_seqs`` and ``max_num_batched_tokens`` per rank, as each SGLang DP rank
     runs its own scheduler); a step of the instance is every rank's step at once

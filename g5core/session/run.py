@@ -14,12 +14,14 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
-from g5core.lower.builder import Plan, ReplicaSpill, build_dag, check_size, plan_deployment
+from g5core.lower.builder import Plan, ReplicaSpill, build_dag, check_size, plan_deployment, plan_for_step
+from g5core.lower.shape import collect_shard_axes
 from g5core.lower.microbatch import (
     CYCLES, MAX_CYCLES, copy_contexts, head_end_times, microbatch_program, steady_cycle_s,
 )
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load_config_file
+from g5core.inputs.framework import graph_step
 from g5core.sim.engine import Engine
 from g5core.sim.compile import compile_dag
 from g5core.session.mathpath import MathResult, math_estimate
@@ -225,6 +227,9 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
     ``symmetry``: see :func:`simulate_plan`."""
     plan = make_plan(raw, disabled, extra_plugins, max_ops=max_ops)
     dep = plan.ctx.deployment
+    gpu_step = graph_step(dep.step, plan.ctx.system)
+    if gpu_step is not dep.step:  # a decode batch padded up to its captured CUDA graph
+        plan = plan_for_step(plan, dep.with_step(gpu_step), collect_shard_axes(plan.hooks))
     replicas = plan_symmetry(plan.ctx, off_reason(symmetry)).replicas if dep.path != "math" else 1
     size = check_size(plan, max_ops, replicas)
     if progress is not None:

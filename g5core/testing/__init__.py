@@ -968,6 +968,7 @@ HOOK_CHECKS: Mapping[str, tuple[CheckFn, ...]] = {
     "g5_register_schedulers": (check_serving_registrations,),
     "g5_register_routers": (check_serving_registrations,),
     "g5_register_workload_formats": (check_serving_registrations,),
+    "g5_register_kv_cache_policies": (check_serving_registrations,),
     "g5_micro_batches": (check_micro_batches,),
     "g5_bench_ops": (check_bench_ops,),
     "g5_run_notes": (check_run_notes,),
