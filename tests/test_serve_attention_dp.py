@@ -137,3 +137,68 @@ def test_deepseek_v3_decode_on_32_chips_with_128_sequences_per_rank_is_g5_runs_s
                                 "parallel": {"dp": 32, "tp": 1, "pp": 1, "cp": 1, "ep": 32},
                                 "dtypes": {"weights": {"default": "bf16", "experts": "fp8"},
                                            "activations": "bf16", "kv_cache": "bf16"}}, 128, 4096)
+
+
+def experts(groups):
+    """The stand-in's experts: 1 ms and 10 us a token a rank routes (inside ``runner_moe``)."""
+    return 1e-3 + 1e-5 * sum(n * k for n, c, k in groups)
+
+
+def runner_moe(groups):
+    return runner(groups) + experts(groups)
+
+
+def composed(works) -> float:
+    """DpCost's step by its formula: each rank's step less its experts, the slowest, plus the
+    experts at the mean tokens the ranks route (an idle rank's dummy token counted)."""
+    works = [w if w.new_tokens else IDLE_WORK for w in works]
+    mean = sum(w.new_tokens for w in works) / len(works)
+    return max(runner_moe(w.groups()) - experts(((1, 1, w.new_tokens),)) for w in works) + 1e-3 + 1e-5 * mean
+
+
+def test_an_unequal_step_has_the_experts_of_every_ranks_tokens_and_each_ranks_own_part():
+    bound = DpCost(PlanCost(runner_moe, exact=True), 4)                 # i31b's: the slowest rank's step
+    cost = DpCost(PlanCost(runner_moe, exact=True), 4, experts_s=experts)
+    # equal ranks: the layout's step, bit for bit i31b's
+    for w in (StepWork(((700, 0),), ()), StepWork((), (100, 900)), IDLE_WORK):
+        assert cost.latency_s(RankedWork((w,) * 4)) == bound.latency_s(RankedWork((w,) * 4)) == runner_moe(w.groups())
+    idle = StepWork((), ())
+    previous = 0.0
+    for n in (256, 1024, 4096):
+        one = RankedWork((StepWork(((n, 0),), ()), idle, idle, idle))
+        even = RankedWork((StepWork(((n // 4, 0),), ()),) * 4)          # the same tokens spread evenly
+        got = cost.latency_s(one)
+        assert got == pytest.approx(composed(one.ranks), rel=1e-12)
+        assert cost.latency_s(even) < got < bound.latency_s(one)
+        assert got > previous                                            # rises with the busiest rank's batch
+        previous = got
+        assert cost.latency_s(one.ranks[0]) == got                       # one rank's work, the others idle
+    # mixed ranks: a decode rank, a prefill rank, an idle one
+    mixed = (StepWork((), (3000,) * 8), StepWork(((900, 100),), ()), idle, StepWork((), (10,)))
+    assert cost.latency_s(RankedWork(mixed)) == pytest.approx(composed(mixed), rel=1e-12)
+
+
+def test_idle_ranks_own_part_counts_in_an_unequal_step():
+    """An idle rank runs the dummy step's attention and exchange: when that is the slowest
+    part, the step is it plus the experts of every rank's tokens."""
+    slow_dummy = lambda g: 1.0 if g == ((1, 0, 1),) else runner_moe(g)  # noqa: E731
+    cost = DpCost(PlanCost(slow_dummy, exact=True), 2, experts_s=experts)
+    work = RankedWork((StepWork(((300, 0),), ()), StepWork((), ())))
+    assert cost.latency_s(work) == pytest.approx(1.0 - experts(((1, 1, 1),)) + experts(((1, 1, 150.5),)), rel=1e-12)
+
+
+def test_the_engines_unequal_step_lies_between_the_even_step_and_the_max_rank_bound():
+    """On the engine (qwen3-30b-a3b, dp2/ep2): the experts' part comes from the op
+    breakdown, and an unequal step costs less than i31b's bound, more than the even one."""
+    res = simulate_serving(moe(2), Workload((Request(0, 0.0, 64, 2),)), check_predictor=0, exact=True)
+    cost = res.costs[0]
+    assert cost.experts_s is not None
+    bound = DpCost(cost.rank, 2)
+    e = [cost.expert_s(n, True) for n in (1, 512, 1024)]
+    assert 0 < e[0] < e[1] < e[2]
+    assert e[2] < cost.rank.latency_s(StepWork(((1024, 0),), ()), True)
+    one = RankedWork((StepWork(((1024, 0),), ()), StepWork((), ())))
+    even = RankedWork((StepWork(((512, 0),), ()),) * 2)
+    got = cost.latency_s(one, True)
+    assert cost.latency_s(even, True) < got < bound.latency_s(one, True)
+    assert cost.latency_s(even, True) == bound.latency_s(even, True)

@@ -18,7 +18,8 @@ import attrs
 
 from g5core.api.errors import ConfigError, G5Error
 from g5core.serve.cost import (
-    DpCost, Groups, KvSizing, PlanCost, SpeculativeCost, StepWork, kv_sizing, plan_step_runner, speculative_extra,
+    DpCost, Groups, KvSizing, PlanCost, SpeculativeCost, StepWork, kv_sizing, plan_experts_runner, plan_step_runner,
+    speculative_extra,
 )
 from g5core.serve.loop import Fleet, LoopResult, Pool, check_invariants, serve_requests, summarize_pools
 from g5core.serve.metrics import summary
@@ -135,7 +136,9 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
             if proposer is not None:
                 raise ConfigError("speculative", "speculative decoding is not yet modelled with attention DP "
                                   "(parallel.dp > 1): drop the speculative block, or use dp: 1 with more instances")
-            cost = DpCost(cost, dp)
+            # the experts' part of an unequal step from the engine's op breakdown; a stand-in
+            # runner (``runner``) has none, and its steps are the slowest rank's (DpCost's doc)
+            cost = DpCost(cost, dp, experts_s=None if runner else plan_experts_runner(prepared))
             factory = functools.partial(DpScheduler, dp=dp, balance=ps.dp_balance, factory=factory)
         elif spec.cache is not None:
             if proposer is not None:

@@ -9,14 +9,16 @@ bytes one token of one sequence takes per chip, and the KV pool per chip. Two mo
 - :class:`PlanCost`: the event engine through the prepared plan of the steps API
   (``g5core.prepare(config).simulate(step)``), cached per step shape, with a predictor
   composed of single-group steps unless ``exact``;
-- :class:`DpCost`: an instance of attention-DP ranks (a :class:`RankedWork` a step), the
-  slowest rank's step of a :class:`PlanCost`.
+- :class:`DpCost`: an instance of attention-DP ranks (a :class:`RankedWork` a step): each
+  rank's own part of a :class:`PlanCost` step, the slowest's, plus the experts of the tokens
+  every rank routes (from the engine's op breakdown).
 """
 from __future__ import annotations
 
 from typing import Callable, Optional, Protocol
 
 import attrs
+import numpy as np
 
 from g5core.api.errors import ConfigError
 from g5core.api.records import StepRules
@@ -300,14 +302,29 @@ class DpCost:
 
     ``rank``: a :class:`PlanCost` whose step is the layout's step with that batch on every
     rank (the engine's ``count`` is per data-parallel replica). The engine lowers one shape
-    for every rank, so a step of unequal ranks is costed as the slowest of the layout's
-    steps at each rank's batch: exact for the rank's own attention and for equal batches
-    (all ranks at the same step is ``g5 run``'s step), an upper bound for the experts and the
-    all-to-all when the other ranks bring fewer tokens than the slowest."""
+    for every rank, so a step of equal ranks is that step (``g5 run``'s). A step of unequal
+    ranks is composed from engine runs (``experts_s``: the busiest chip's routed-expert
+    compute in the engine's step of ``n`` new tokens a rank, from the op breakdown of its
+    :class:`~g5core.sim.results.SimResult`, :func:`plan_experts_runner`)::
+
+        step = max over ranks r [L(w_r) - E(n_r)] + E(mean n)
+
+    ``L(w_r)``: the layout's step with every rank at rank ``r``'s batch, which holds ``r``'s
+    own attention and dense layers and its share of the dispatch/combine (what ``r`` sends
+    and receives back: the all-to-all waits for the busiest sender); ``E(n_r)``: its
+    experts' part, replaced by ``E`` at the mean of the tokens every rank routes (an idle
+    rank's dummy token counted): each expert's grouped GEMM sees the tokens ALL ranks
+    route to it. One layer of the real step is ``max_r(attention_r + exchange_r) +
+    experts(all tokens)``; layers alike, the sum over layers is the formula. Without
+    ``experts_s`` (a stand-in step runner that has no op breakdown) the step is the
+    slowest of the ranks' ``L(w_r)``: exact for equal ranks, an overestimate of the experts
+    when the other ranks bring fewer tokens than the slowest."""
 
     rank: PlanCost
     dp: int
     idle: StepWork = IDLE_WORK
+    experts_s: Optional[Callable[[Groups], float]] = None
+    _experts: dict = attrs.field(factory=dict)
 
     @property
     def chips(self) -> int:
@@ -323,18 +340,47 @@ class DpCost:
 
     @property
     def runs(self) -> int:
-        return self.rank.runs
+        """Distinct steps simulated by the engine (the ranks' and the experts' runs)."""
+        return self.rank.runs + len(self._experts)
 
     def kv_tokens(self) -> int:
         """Tokens one rank's pool holds."""
         return self.rank.kv_tokens()
 
     def latency_s(self, work, exact: Optional[bool] = None) -> float:
-        """The slowest rank's step (``work``: a :class:`RankedWork`, or a :class:`StepWork`
-        of one rank, the others idle)."""
+        """The instance's step (``work``: a :class:`RankedWork`, or a :class:`StepWork` of
+        one rank, the others idle); see the class doc."""
         ranks = work.ranks if isinstance(work, RankedWork) else (work,) + (StepWork((), ()),) * (self.dp - 1)
-        seen = {w if w.new_tokens else self.idle for w in ranks}
-        return max(self.rank.latency_s(w, exact) for w in seen)
+        ranks = [w if w.new_tokens else self.idle for w in ranks]
+        seen = set(ranks)
+        if len(seen) == 1 or self.experts_s is None:
+            return max(self.rank.latency_s(w, exact) for w in seen)
+        exact = self.rank.exact if exact is None else exact
+        own = max(self.rank.latency_s(w, exact) - self.expert_s(w.new_tokens, exact) for w in seen)
+        return own + self.expert_s(sum(w.new_tokens for w in ranks) / len(ranks), exact)
+
+    def expert_s(self, tokens: float, exact: bool = False) -> float:
+        """``E(n)``: the routed experts' compute on the busiest chip in the layout's step of
+        ``tokens`` new tokens a rank (one-token sequences at context 1: the experts see only
+        the token count). ``exact``: the engine at ``tokens`` (linear between the whole
+        counts around a mean); otherwise on the predictor's grid (:func:`_interp`)."""
+        if not exact:
+            return _interp(self._expert_at, tokens)
+        lo = int(tokens)
+        if lo == tokens:
+            return self._expert_at(lo)
+        w = tokens - lo
+        return (1 - w) * self._expert_at(lo) + w * self._expert_at(lo + 1)
+
+    def _expert_at(self, n: int) -> float:
+        hit = self._experts.get(n)
+        if hit is None:
+            groups = ((1, 1, n),)
+            multiple = self.rank.rules.token_multiple
+            if multiple > 1:
+                groups = _canonical(tuple(_pad(g, multiple) for g in groups))
+            hit = self._experts[n] = self.experts_s(groups)
+        return hit
 
     def predicted_steps(self) -> list[StepWork]:
         return self.rank.predicted_steps()
@@ -429,6 +475,36 @@ def plan_step_runner(plan) -> Callable[[Groups], float]:
     """``groups -> latency_s`` on a :class:`g5core.PreparedPlan` (the event engine)."""
     def go(groups: Groups) -> float:
         return plan.simulate(to_step(groups)).latency_s
+    return go
+
+
+#: the owner of the routed experts' compute ops (``plugins/ep``'s ``g5_expand_op``, part "experts")
+EXPERTS_OWNER = "ep"
+
+
+def busiest_compute_s(sim, owner: str) -> float:
+    """The compute time of ``owner``'s ops on the chip that runs most of it, from a
+    simulation's op breakdown (each op's start and end in the engine)."""
+    dag = sim.dag
+    specs = [i for i, spec in enumerate(dag.specs) if not dag.spec_is_comm[i] and spec.owner == owner]
+    if not specs:
+        return 0.0
+    spec = np.frombuffer(dag.spec, dtype=np.dtype(dag.spec.typecode))
+    chip = np.frombuffer(dag.chip, dtype=np.dtype(dag.chip.typecode))
+    mine = np.isin(spec, specs)
+    per_chip = np.bincount(chip[mine], weights=(np.asarray(sim.end_s) - np.asarray(sim.start_s))[mine])
+    return float(per_chip.max())
+
+
+def plan_experts_runner(plan) -> Optional[Callable[[Groups], float]]:
+    """``groups -> seconds`` of the routed experts on the busiest chip in the engine's step
+    (:func:`busiest_compute_s`), for :class:`DpCost`; None where the plan's path has no op
+    breakdown (``path: math``)."""
+    if plan.plan.ctx.deployment.path == "math":
+        return None
+
+    def go(groups: Groups) -> float:
+        return busiest_compute_s(plan.simulate(to_step(groups), detail=True).sim, EXPERTS_OWNER)
     return go
 
 
