@@ -143,7 +143,7 @@ def framework_changes_table() -> str:
 
     import yaml
 
-    from g5core.inputs.framework import load_profile
+    from g5core.inputs.framework import host_step_s, load_profile
     from g5core.session.run import run
 
     base = {"model": "llama-3.1-70b", "chips": 8, "parallel": {"dp": 1, "tp": 8, "pp": 1, "cp": 1}, "batch": 1}
@@ -164,7 +164,8 @@ def framework_changes_table() -> str:
                 path.write_text(yaml.safe_dump({"base": "h100-sxm", "name": "h100-fw", "framework": block}))
                 system = str(path)
             out = run({**base, **steps[step], "system": system})
-            return out.latency_s  # host time (a serving step's) is not part of one simulated step
+            # with the profile's host time per step, as a serving step (and g5 validate) pays it
+            return host_step_s(out.latency_s, out.deployment.step, out.plan.ctx.system)
 
         plain = {step: latency(None, step) for step in steps}
         for name in ("vllm", "sglang", "trtllm"):

@@ -181,3 +181,32 @@ def test_best_serve_framework_auto_ranks_every_framework_s_candidates_together()
     assert [r["framework"] for r in out] == ["sglang", "trtllm", "vllm"]
     result = CliRunner().invoke(main, ["best", "examples/llama-3.1-8b-prefill.yaml", "--framework", "auto"])
     assert result.exit_code == 2 and "add --serve" in result.output
+
+
+def test_shipped_host_times_are_the_cited_ones_overlapped_and_generic_has_none():
+    """vLLM: V1 Scheduler.schedule() per call (PR #19057's microbenchmark) as a fixed cost, behind
+    async scheduling (on by default); SGLang and TensorRT-LLM ship no figure; generic no host block."""
+    host = {name: load_profile(name)["framework"].get("host") for name in FRAMEWORK_NAMES}
+    assert host["vllm"] == {"fixed_s": 1.06e-4, "per_sequence_s": 0.0, "per_token_s": 0.0, "overlap": True}
+    assert "PR #19057" in load_profile("vllm")["sources"]["host"]
+    for name in ("sglang", "trtllm"):
+        assert host[name]["overlap"] is True and not any(host[name][k] for k in ("fixed_s", "per_sequence_s",
+                                                                                 "per_token_s"))
+    assert host.get("generic") is None
+
+
+def test_validate_adds_the_profile_s_host_time_as_a_serving_step_pays_it(tmp_path):
+    from g5core.study.validate import validate
+
+    gpu = run({**SMALL, "seq_len": 1024}).latency_s
+    rows = []
+    for i, (fixed, overlap) in enumerate(((1e-3, False), (0.5 * gpu, True), (2 * gpu, True))):
+        system = _system(tmp_path, f"{{host: {{fixed_s: {fixed!r}, overlap: {str(overlap).lower()}}}}}")
+        (tmp_path / f"c{i}.yaml").write_text(
+            f"model: llama-3.1-8b\nsystem: {system}\nchips: 1\nparallel: {{dp: 1, tp: 1, pp: 1, cp: 1}}\n"
+            "phase: decode\nbatch: 1\nseq_len: 1024\n")
+        rows.append(f"c{i}.yaml,,tpot,5,,x\n")
+    csv = tmp_path / "m.csv"
+    csv.write_text("config,set,metric,measured_ms,framework,source\n" + "".join(rows))
+    got = [r["predicted_ms"] for r in validate(csv)["rows"]]
+    assert got == pytest.approx([(gpu + 1e-3) * 1e3, gpu * 1e3, 2 * gpu * 1e3], rel=1e-9)

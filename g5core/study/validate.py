@@ -38,7 +38,7 @@ import attrs
 import yaml
 
 from g5core.inputs.config import apply_overrides, load_config_file
-from g5core.inputs.framework import FRAMEWORK_NAMES
+from g5core.inputs.framework import FRAMEWORK_NAMES, host_step_s
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.systems import CATALOG_NAMES, SystemSpec, get_system
 from g5core.inputs.outputs import check_outputs
@@ -139,7 +139,9 @@ def predict_ms(row: Row, csv_path, system_override: str | None = None) -> float:
     if out.deployment.phase != METRICS[row.metric]:
         raise ConfigError(row.where(csv_path), f"metric {row.metric} needs phase {METRICS[row.metric]}, "
                                                f"but the config runs {out.deployment.phase}")
-    return out.latency_s * 1e3
+    # a measured TTFT/TPOT includes the framework's host work per step (its profile's host block),
+    # overlapped with the GPU's or added to it, as a serving step pays it (PreparedPlan.simulate)
+    return host_step_s(out.latency_s, out.deployment.step, out.plan.ctx.system) * 1e3
 
 
 def error_pct(predicted_ms: float, measured_ms: float) -> float:
