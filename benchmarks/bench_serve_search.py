@@ -51,7 +51,7 @@ def main() -> None:
                          "instances / lone end-to-end")
     args = ap.parse_args()
 
-    from g5core.study import serve_search as ss
+    from g5core.study import serving as ss
 
     ints = lambda text: tuple(int(v) for v in text.split(",")) if text else None  # noqa: E731
     settings = ss.SearchSettings(
@@ -100,7 +100,9 @@ def one_candidate(args, raw, workload, settings, load0) -> None:
     """One candidate's capacity search, timed (CPU of this process)."""
     from g5core.serve import loop, session
     from g5core.serve.metrics import parse_slo
-    from g5core.study import serve_search as ss
+    from g5core.study import serving as ss
+    from g5core.study.serving.driver import _settle_s
+    from g5core.study.serving.screen import _lone
 
     spec = dict(kv.split("=") for kv in args.candidate.split(","))
     par = {d: 1 for d in ("cp", "dp", "ep", "pp", "sp", "tp")}
@@ -113,12 +115,12 @@ def one_candidate(args, raw, workload, settings, load0) -> None:
     pool = ss.PoolChoice(chips, tuple(sorted(par.items())), int(spec["instances"]))
     cand = ss.Candidate((pool,), int(spec["seqs"]), int(spec["chunk"]))
     limits = parse_slo(args.slo)
-    settle_s = ss._settle_s(wl, [l for l in limits if l.metric in ("ttft", "e2e")],
-                            [l for l in limits if l.metric in ("tpot", "itl")], {})
+    settle_s = _settle_s(wl, [l for l in limits if l.metric in ("ttft", "e2e")],
+                         [l for l in limits if l.metric in ("tpot", "itl")], {})
     roles = None
     if args.bracket:
         roles = ss.role_rates(screen, screen, pool.instances, pool.instances, cand.max_num_seqs, cand.chunk,
-                              ss._lone(wl).requests[0], [l for l in limits if l.metric in ("tpot", "itl")])
+                              _lone(wl).requests[0], [l for l in limits if l.metric in ("tpot", "itl")])
     if args.step_by_step:
         plain = loop.serve_requests
         session.serve_requests = lambda fleet, w: plain(fleet, w, fast=False)

@@ -112,7 +112,8 @@ def test_the_readme_layout_matches_the_tree():
     listed = _readme_layout()
     modules = {str(p.relative_to(ROOT)) for p in PACKAGE.rglob("*.py")
                if p.name != "__init__.py" or p.parent == PACKAGE}
-    folders = {str(p.relative_to(ROOT)) + "/" for p in PACKAGE.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    folders = {str(p.relative_to(ROOT)) + "/" for p in PACKAGE.rglob("*") if p.is_dir() and p.name != "__pycache__"
+               and (p.parent == PACKAGE or (p / "__init__.py").is_file())}
     plugins = {f"plugins/{p.name}/" for p in (ROOT / "plugins").iterdir() if (p / "__init__.py").is_file()}
     top = {p.name + "/" for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")
            and not p.name.endswith(".egg-info") and p.name not in ("build", "dist", "out")}

@@ -13,9 +13,8 @@ import pytest
 from g5core.api.errors import ConfigError
 from g5core.serve.api import simulate_serving
 from g5core.serve.session import ServingSession
-from g5core.study.serve_search import (SearchSettings, Scored, capacity_search, candidate_cell,
-                                       candidate_config, check_workload, run_requests, serve_search, Candidate,
-                                       PoolChoice)
+from g5core.study.serving import (SearchSettings, Scored, capacity_search, candidate_cell, candidate_config,
+                                  check_workload, run_requests, serve_search, Candidate, PoolChoice)
 
 
 def layout_runner(praw, prepared=None):
@@ -324,7 +323,7 @@ def test_exhaustive_grid_on_the_engine_agrees_with_the_search():
     serving session (``g5 serve``'s runs, bit for bit), holds the SLO at a rate above the
     winner's capacity by more than the tolerance, and the winner holds at its capacity; no
     simulated capacity exceeds its bound."""
-    from g5core.study.serve_search import _shared_runner
+    from g5core.study.serving.screen import _shared_runner
 
     raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8}
     space = SearchSettings(slo=SLO, chunks=(1024,), seqs=(4, 16), vary=("tp",), disagg="off", settle=4, confirm=0)
@@ -334,7 +333,7 @@ def test_exhaustive_grid_on_the_engine_agrees_with_the_search():
     assert all(s.capacity <= s.cell["capacity_bound"] for s in result.ranked)
     # the estimates the candidates were ordered and bounded by track the simulated capacities:
     # none is exceeded by more than the margin, and the typical error is a few percent
-    from g5core.study.serve_estimate import ESTIMATE_MARGIN
+    from g5core.study.serving.estimate import ESTIMATE_MARGIN
 
     ratios = [s.capacity / result.estimates[s.candidate.label()] for s in result.ranked]
     assert all(r <= 1 + ESTIMATE_MARGIN for r in ratios), ratios
@@ -389,7 +388,7 @@ def test_prompt_queue_closed_form_matches_a_direct_fcfs_simulation():
 
     import numpy as np
 
-    from g5core.study.serve_estimate import _unit_arrivals, sojourn_percentile
+    from g5core.study.serving.estimate import _unit_arrivals, sojourn_percentile
 
     wl = check_workload(WL)
     for servers, service, rate in ((1, 0.2, 4.0), (3, 0.5, 5.5), (8, 0.1, 100.0)):

@@ -329,7 +329,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     """Layout search: every split of chips over the registered dimensions; those that are invalid or
     do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked.
 
-    With --serve: the serving search (see g5core/study/serve_search.py)."""
+    With --serve: the serving search (see g5core/study/serving/)."""
     from g5core.session.run import load_raw
     from g5core.study.search import best_layouts
     from g5core.present.render import render_best
@@ -341,7 +341,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
                   "--max-rate": max_rate, "--beam": beam, "--vary": vary, "--settle": settle, "--confirm": confirm}
     if serve:
         from g5core.present.render import render_serve_best
-        from g5core.study.serve_search import best_serve_command
+        from g5core.study.serving import best_serve_command
 
         found = best_serve_command(raw, config, disabled, objective, db_path, workers, executor, disagg=disagg, top=top,
                                    **{k[2:].replace("-", "_"): v for k, v in serve_only.items()})

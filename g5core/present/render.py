@@ -12,7 +12,7 @@ from g5core.sim.compute import MEASURED
 from g5core.sim.memory import GIB
 from g5core.sim.results import network_load, step_choices
 from g5core.study.search import SearchResult, layout_label
-from g5core.study.serve_search import short_label
+from g5core.study.serving.space import short_label
 
 
 def fmt_s(seconds: float) -> str:
@@ -318,7 +318,7 @@ def render_best(result: SearchResult, top: int) -> str:
 
 
 def render_serve_best(result, top: int) -> str:
-    """The text of ``g5 best --serve`` (a :class:`g5core.study.serve_search.ServeSearchResult`):
+    """The text of ``g5 best --serve`` (a :class:`g5core.study.serving.ServeSearchResult`):
     top K, the Pareto front, why the winner, what was pruned."""
     import yaml
 

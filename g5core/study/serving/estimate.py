@@ -37,6 +37,10 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+from g5core.serve.cost import StepWork
+from g5core.serve.workload import synthetic
+from g5core.study.resultsdb import canonical_json
+
 #: the simulated capacity may exceed the estimate by this share (checked against simulated
 #: candidates in tests/test_serve_search.py); a candidate whose estimate times ``1 +
 #: ESTIMATE_MARGIN`` cannot reach the top ones is bounded out
@@ -61,7 +65,6 @@ def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int]) -> 
     prompt's time in steps
     (``P``), its steps (``k``, a share of one when prompts share a step) and the time from
     its first step's start to its first token (``first_s``)."""
-    from g5core.serve.cost import StepWork
 
     isl, osl = max(int(isl), 1), max(int(osl), 1)
     mid = isl + osl // 2
@@ -100,8 +103,6 @@ def _unit_arrivals(workload: Mapping, n: int, stream: int) -> np.ndarray:
     seed, kind and cv) at 1 request/s; at rate ``r`` they are these over ``r`` (both
     processes scale so), and with fixed lengths they are a run's arrivals (a run of ``n``
     requests draws the same stream's first ``n``)."""
-    from g5core.serve.workload import synthetic
-    from g5core.study.resultsdb import canonical_json
 
     arrival = {**dict(workload.get("arrival") or {}), "rate_per_s": 1.0}
     arrival.setdefault("kind", "poisson")

@@ -1,0 +1,110 @@
+"""Screening (in the workers): one layout at one chunk size, before any rate is tried: the
+plugins' refusals, the KV pool, one request alone on an idle instance, the estimate's step
+table. The engine's step latencies are cached per worker and layout."""
+from __future__ import annotations
+
+from typing import Mapping
+
+from g5core.api.errors import ConfigError, PluginError
+from g5core.inputs.step import Step
+from g5core.serve.api import split_config
+from g5core.serve.cost import StepWork, plan_step_runner
+from g5core.serve.session import ServingSession
+from g5core.serve.workload import Request, Workload, synthetic
+from g5core.session.run import make_plan
+from g5core.study.resultsdb import canonical_json
+from g5core.study.serving.estimate import step_table
+from g5core.study.serving.space import _layout_config, _longest, _mean_lengths
+
+
+#: the decode role's bound looks at batches up to this many sequences
+MAX_DECODE_BATCH = 1024
+
+
+#: per worker process: (layout configuration JSON) -> cached step runner, shared by the
+#: sessions of every candidate using that layout (the engine's latencies do not depend on
+#: the instances, the scheduler limits or the rate)
+_RUNNERS: dict = {}
+
+
+#: id(runner) -> HBM capacity per chip of its layout (the memory ledger's, the tightest chip)
+_CAPACITY: dict = {}
+
+
+def _shared_runner(praw: Mapping, prepared):
+
+    key = canonical_json({k: v for k, v in praw.items() if k != "serving"})
+    hit = _RUNNERS.get(key)
+    if hit is None:
+        engine = plan_step_runner(prepared)
+        cache: dict = {}
+
+        def hit(groups):
+            if groups not in cache:
+                cache[groups] = engine(groups)
+            return cache[groups]
+
+        if len(_RUNNERS) > 256:
+            _RUNNERS.clear()
+            _CAPACITY.clear()
+        _RUNNERS[key] = hit
+        probe = 16 * 2 * int(praw["parallel"].get("cp", 1))   # any step the layout runs (cp: 2 cp chunks)
+        _CAPACITY[id(hit)] = min(c.capacity_bytes for c in prepared.memory(Step.prefill(1, probe)).per_chip)
+    return hit
+
+
+def _session(raw: Mapping, workload: Mapping, slo: str, disabled, runner_for=None):
+
+    return ServingSession(raw, workload, disabled=disabled, slo=slo, runner_for=runner_for or _shared_runner)
+
+
+def _lone(workload: Mapping) -> dict:
+    """One request, the workload's shortest prompt and output (a bound every request's TTFT
+    and TPOT are at or above), arriving on an idle deployment."""
+
+    reqs = synthetic(workload).requests
+    isl = min(r.input_tokens for r in reqs)
+    osl = min(r.output_tokens for r in reqs)
+    return Workload((Request(0, 0.0, isl, max(osl, 2)),), source={"lone": [isl, max(osl, 2)]})
+
+
+def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, workload: Mapping, slo: str,
+                disabled=(), runner_for=None) -> dict:
+    """One layout at one chunk size: valid? KV pool? one request alone (TTFT, TPOT)?"""
+
+    raw = _layout_config(base, chips, parallel)
+    raw["serving"] = {"instances": 1, "scheduler": {**dict((base.get("serving") or {}).get("scheduler") or {}),
+                                                    "max_num_batched_tokens": chunk, "chunked_prefill": True}}
+    try:
+
+        make_plan(split_config(raw)[0], disabled)
+        session = _session(raw, workload, slo, disabled, runner_for)
+    except ConfigError as exc:
+        text = str(exc)
+        family = "memory" if "KV pool" in text or "HBM" in text or "fill" in text else (exc.field or "configuration")
+        return {"status": "pruned", "family": family, "reason": text}
+    except PluginError as exc:
+        return {"status": "pruned", "family": f"plugin '{exc.plugin}'", "reason": str(exc)}
+    lone_wl = _lone(workload)
+    lone = session.run(lone_wl)
+    info = session.infos[0]
+    # decode steps of b sequences at the shortest prompt's context, b over the powers of two
+    # up to the first at or above what the pool holds at the longest request (the decode
+    # role's bound)
+
+    cost = session.fleet.pools[0].cost
+    isl = lone_wl.requests[0].input_tokens
+    holds = max(info["kv_capacity_tokens"] // max(_longest(workload), 1), 1)
+    batches = [1 << k for k in range(min((holds - 1).bit_length(), MAX_DECODE_BATCH.bit_length() - 1) + 1)]
+
+    isl_mean, osl_mean = (round(x) for x in _mean_lengths(workload))
+    return {"status": "ok", "kv_capacity_tokens": info["kv_capacity_tokens"],
+            "kv_pool_bytes_per_chip": info["kv_pool_bytes_per_chip"], "lone_ttft_s": lone.summary["ttft_s"]["p50"],
+            "lone_tpot_s": lone.summary["tpot_s"]["p50"], "lone_e2e_s": lone.summary["e2e_s"]["p50"],
+            "decode_step_s": [[b, cost.latency_s(StepWork((), (isl,) * b))] for b in batches],
+            "estimate": step_table(cost, isl_mean, osl_mean, chunk, batches)}
+
+
+def _hbm(pool) -> float:
+    return _CAPACITY.get(id(pool.cost.step_s), pool.cost.kv_pool_bytes_per_chip)
+

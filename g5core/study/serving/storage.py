@@ -1,0 +1,168 @@
+"""The serving search's cells: each stored as its own row of the results database's
+``serve_search`` table the moment it finishes (a killed search resumes), run through the sweep
+machinery's executors, with their progress lines."""
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Mapping, Optional, Sequence
+
+from g5core.study.resultsdb import ResultsDB, canonical_json, sqlite_errors
+from g5core.study.sweep import run_windowed
+
+
+#: the cells' payload format (screens carry the estimate's step table from 2): part of every
+#: cell's key, so a database of an older format is not read as this one
+CELL_VERSION = 2
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS serve_search (
+    key TEXT PRIMARY KEY,     -- config_hash of the cell (kind, configuration, workload, SLO, search settings)
+    kind TEXT NOT NULL,       -- screen (a layout and chunk size) or candidate (a deployment's capacity)
+    label TEXT NOT NULL,
+    payload TEXT NOT NULL,    -- JSON, the cell's result
+    finished_at TEXT NOT NULL
+)
+"""
+
+
+class _Table:
+    def __init__(self, db: ResultsDB):
+        self.db = db
+        with sqlite_errors(db.path, db.busy_timeout_s):
+            db.con.execute(SCHEMA)
+
+    def get(self, key: str) -> Optional[dict]:
+        with sqlite_errors(self.db.path, self.db.busy_timeout_s):
+            row = self.db.con.execute("SELECT payload FROM serve_search WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def add(self, key: str, kind: str, label: str, payload: Mapping) -> None:
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        with sqlite_errors(self.db.path, self.db.busy_timeout_s):
+            self.db.con.execute("INSERT OR IGNORE INTO serve_search VALUES (?, ?, ?, ?, ?)",
+                                (key, kind, label, canonical_json(payload), now))
+
+
+def _drive(table: _Table, exe, cells: Sequence[tuple], reporter, workers: int) -> list:
+    """Run ``(key, kind, label, fn, args)`` cells not in the table; every result in order."""
+
+    out: list = [None] * len(cells)
+    if reporter is not None:
+        reporter.start(len(cells))
+    done = 0
+
+    def finish(i, label, payload):
+        nonlocal done
+        done += 1
+        out[i] = payload
+        if reporter is not None:
+            reporter.cell(done, label, payload)
+
+    def start(exe, item):
+        i, (key, kind, label, fn, args) = item
+        hit = table.get(key)
+        if hit is not None:
+            finish(i, label, None)
+            out[i] = hit
+            return None
+        return exe.submit(fn, *args)
+
+    def stored(item, payload) -> None:
+        i, (key, kind, label, _, _) = item
+        table.add(key, kind, label, payload)
+        finish(i, label, payload)
+
+    try:
+        run_windowed(exe, enumerate(cells), workers, start, stored)
+    finally:
+        if reporter is not None:
+            reporter.close()
+    return out
+
+
+class _Progress:
+    """Adapts the sweep's progress objects to the search's cells."""
+
+    def __init__(self, inner, phase: str):
+        self.inner, self.phase = inner, phase
+
+    def start(self, total):
+        if hasattr(self.inner, "start"):
+            self.inner.start(total)
+
+    def cell(self, n, label, payload):
+        if hasattr(self.inner, "bar"):
+            self.inner.bar.update(1)
+            return
+        if hasattr(self.inner, "emit"):
+            total = getattr(self.inner, "total", "?")
+            if payload is None:
+                text = "already in the database"
+            elif payload.get("status") == "bounded":
+                text = f"bounded out (at most {payload['upper']:.4g} per chip, the top-th has {payload['kth']:.4g})"
+            elif payload.get("status") != "ok":
+                text = f"pruned: {payload['reason']}"
+            elif "capacity_requests_per_s" in payload:
+                text = f"capacity {payload['capacity_requests_per_s']:.4g} req/s"
+            else:
+                text = f"lone TTFT {payload['lone_ttft_s']:.4g} s, TPOT {payload['lone_tpot_s'] * 1e3:.4g} ms"
+            self.inner.emit(f"{self.phase} [{n}/{total}] {label}: {text}")
+
+    def skip(self, n):
+        """``n`` candidates bounded out before their wave (never run: one update, one line)."""
+        if hasattr(self.inner, "bar"):
+            self.inner.bar.update(n)
+        elif hasattr(self.inner, "emit"):
+            self.inner.emit(f"{self.phase}: {n} more candidates bounded out (their bound is below the top-th)")
+
+    def close(self):
+        if hasattr(self.inner, "close"):
+            self.inner.close()
+
+
+class _Kept:
+    """An executor entered once for the whole search (its workers, and the step latencies
+    they cache, serve every phase and wave): entering and leaving it do nothing."""
+
+    def __init__(self, exe):
+        self.exe = exe
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, *args, **kwargs):
+        return self.exe.submit(fn, *args, **kwargs)
+
+    def wait(self, futures):
+        return self.exe.wait(futures)
+
+
+class _Waves:
+    """One progress display over the capacity waves (and the candidates bounded out)."""
+
+    def __init__(self, inner, total: int):
+        self.inner, self.done = inner, 0
+        inner.start(total)
+
+    def start(self, total):
+        pass
+
+    def cell(self, n, label, payload):
+        self.done += 1
+        self.inner.cell(self.done, label, payload)
+
+    def skip(self, n):
+        self.done += n
+        self.inner.skip(n)
+
+    def close(self):
+        pass
+
+    def finish(self):
+        self.inner.close()
+
