@@ -37,9 +37,10 @@ SLO limits, which deployment serves the most?
    it against simulated capacities.
 5. **Capacity** of each candidate: the highest Poisson arrival rate at which the SLO holds
    (every named percentile under its limit, every request completed) on the workload's
-   seed and on ``confirm`` further seeds (a rate holds when every seed's run does; the
-   further seeds run only while the earlier ones hold), by seeded runs of ``requests``
-   requests: from ``START_ESTIMATE_SHARE x estimate`` the rate gallops by ``1 +
+   seed and on ``confirm`` further seeds (the capacity holds when every seed's run does
+   there), by seeded runs of ``requests`` requests. The search over the rate runs on the
+   workload's seed; the further seeds run at the capacity it finds, and while one fails there
+   the rate steps down by ``1 + tolerance`` (:func:`~.capacity.confirm`). From ``START_ESTIMATE_SHARE x estimate`` the rate gallops by ``1 +
    tolerance`` (the factor squared each step) up while the SLO holds or down while it does
    not, to a bracket; without an estimate (``min_chips``, ``bound=False``) from ``START_SHARE
    x mu`` (without a bound: ``instances / lone end-to-end``) it bisects toward the bound,

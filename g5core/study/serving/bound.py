@@ -1,6 +1,6 @@
 """Bounds of a candidate's capacity (branch and bound): its roles' saturated rate
 (:func:`role_rates`), the queue argument (:func:`capacity_bound`), the estimate's margin, and
-the objective's value they allow against the top-th simulated one."""
+the objective's value they allow against the simulated one at the last place the ranking is exact to."""
 from __future__ import annotations
 
 import math

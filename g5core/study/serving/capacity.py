@@ -3,7 +3,7 @@ hold the SLO on every seed, by galloping and bisection over the rate, and its sa
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -11,7 +11,7 @@ from g5core.api.errors import ConfigError, PluginError
 from g5core.serve.metrics import parse_slo
 from g5core.study.serving.bound import _bar_rate, _estimate_bound, _upper_value, capacity_bound
 from g5core.study.serving.estimate import narrow
-from g5core.study.serving.screen import _hbm, _session
+from g5core.study.serving.screen import _hbm, _session, refusal
 from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, SearchSettings, _at_rate, _longest_output,
                                         candidate_config, run_requests)
 
@@ -26,7 +26,7 @@ SATURATED_RATE = 1e6
 START_SHARE = 0.8
 
 
-#: or, with an estimate of the capacity (:mod:`g5core.study.serve_estimate`), at this share
+#: or, with an estimate of the capacity (:mod:`g5core.study.serving.estimate`), at this share
 #: of it (the estimates run a few percent above the simulated capacity of the issue's case)
 START_ESTIMATE_SHARE = 0.95
 
@@ -54,7 +54,7 @@ def capacity_search(run, start_rate: float, tolerance: float, max_rate: float,
     bound): from a start that holds, the bisection runs toward it first instead of doubling,
     and a failing run there is required before it counts (if the SLO holds at ``upper``
     too, the doubling goes on from there): a guess of the bracket, never of the result.
-    ``bar``: a rate the capacity must reach to matter (the branch and bound's top-th value):
+    ``bar``: a rate the capacity must reach to matter (the branch and bound's value at place ``top``):
     from a start below it the first run is at ``bar``, and the search stops at the first
     run at or below ``bar`` that fails (``below_bar``: the capacity is below that rate).
     ``gallop`` (a start from an estimate of the capacity): from the start the rate moves by
@@ -162,7 +162,6 @@ def _run_summary(result, session) -> dict:
 
 def _pool_peak_use(result) -> list[float]:
     """Per pool: the largest share of its KV blocks any of its instances used."""
-
     out = []
     for pool in result.loop.fleet.pools:
         peak = 0.0
@@ -186,16 +185,21 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
     objective's bound from ``mu`` (:func:`capacity_bound`) is below ``kth`` (the wave's
     ``top``-th simulated value) the candidate is bounded out (``status: bounded``);
     otherwise the bisection starts at ``START_SHARE x mu``, toward the bound. ``estimate``:
-    the candidate's estimated capacity (:mod:`g5core.study.serve_estimate`); with it (and
+    the candidate's estimated capacity (:mod:`g5core.study.serving.estimate`); with it (and
     ``roles``) the saturated run is left out, the bound is at most the estimate times ``1 +
     ESTIMATE_MARGIN``, and the bisection starts at ``START_ESTIMATE_SHARE x estimate``."""
-    raw = candidate_config(base, cand, workload, slo, None)
     try:
-        session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])}, 1.0),
-                           slo, disabled, runner_for)
-    except (ConfigError, PluginError) as exc:
-        return {"status": "pruned", "family": "memory" if "KV pool" in str(exc) else "configuration",
-                "reason": str(exc)}
+        return _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disabled, runner_for, roles, kth,
+                         estimate)
+    except (ConfigError, PluginError) as exc:   # a plugin refusing one of its steps prunes the candidate
+        return refusal(exc)
+
+
+def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disabled, runner_for, roles, kth,
+              estimate) -> dict:
+    raw = candidate_config(base, cand, workload, slo, None)
+    session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])}, 1.0),
+                       slo, disabled, runner_for)
     floor = settings.rate if settings.objective == "min_chips" else None
     runs = {"n": 0}
     mu = bound = None
@@ -227,20 +231,15 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
         start_rate = START_ESTIMATE_SHARE * estimate
     elif mu and floor is None:
         start_rate = START_SHARE * mu
-    # the rate at which the candidate's value would equal the top-th's (below it, it cannot enter)
+    # the rate at which the candidate's value would equal the one at place ``top`` (below it, it cannot enter)
     bar = None if kth is None or floor is not None else _bar_rate(settings.objective, kth, cand,
                                                                    _longest_output(workload))
     seeds = [workload["seed"] + k for k in range(1, settings.confirm + 1)]
 
-    def run_all(rate):
-        """The run on the workload's seed, and while it holds on the confirming seeds in turn:
-        the first failing run, else the workload seed's (a rate holds when every seed does)."""
-        first = run(rate)
-        if not _holds(first):
-            return first
-        return next((r for r in (run(rate, sd) for sd in seeds) if not _holds(r)), first)
-    found = capacity_search(run_all, start_rate, settings.tolerance, settings.max_rate, floor,
+    found = capacity_search(run, start_rate, settings.tolerance, settings.max_rate, floor,
                             bound if floor is None else None, bar, gallop=bool(estimate) and floor is None)
+    if not found["below_bar"] and seeds and found["capacity"] > 0:
+        found = confirm(found, run, seeds, settings.tolerance, bar)
     if found["below_bar"]:
         rate = found["failed_rate"]
         return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
@@ -255,13 +254,37 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
             "failed": None if failed is None else _run_summary(failed, session)}
 
 
+def confirm(found: dict, run, seeds: Sequence[int], tolerance: float, bar: Optional[float]) -> dict:
+    """The capacity found on the workload's seed, confirmed on the further ``seeds``: the
+    capacity holds when every seed's run does there; while one fails the rate steps down by
+    ``1 + tolerance`` (the failing run is the new failed one, and the seeds run again, the
+    workload's first). The confirming seeds run only at the capacity, not at every rate the
+    bisection tried (a rate holds on the workload's seed before the others can tell)."""
+    lo, held = found["capacity"], found["held"]
+    first = lo
+    while True:
+        miss = next((r for r in (run(lo, sd) for sd in seeds) if not _holds(r)), None)
+        if miss is None:
+            return {**found, "capacity": lo, "held": held}
+        found = {**found, "failed": miss, "failed_rate": lo, "ceiling": False}
+        while True:
+            lo /= 1 + tolerance
+            if bar is not None and lo <= bar:
+                return {**found, "capacity": 0.0, "held": None, "below_bar": True}
+            if lo < first * 1e-4:
+                return {**found, "capacity": 0.0, "held": None}
+            held = run(lo)
+            if _holds(held):
+                break
+            found = {**found, "failed": held, "failed_rate": lo}
+
+
 def saturated_run(session, cand: Candidate, workload: Mapping) -> dict:
     """The candidate's saturated throughput on its session: ``SATURATED_ROUNDS`` batches'
     worth of requests (``max_num_seqs`` times the instances of the last pool, at most what a
     pool holds at the longest request) arrive at once, and the throughput is the
     completions of the middle rounds over their span, the queue never empty. ``None``
     when the run preempted: the pool, not the batch, set its pace."""
-
     last = session.fleet.pools[-1]
     holds = max(last.total_blocks * last.scheduler.block_size // max(session.longest, 1), 1)
     n = SATURATED_ROUNDS * min(cand.max_num_seqs, holds) * last.instances

@@ -22,7 +22,7 @@ from g5core.study.serving.estimate import Estimator, estimate_for
 from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group
 from g5core.study.serving.screen import _lone, screen_cell
 from g5core.study.serving.space import (DEFAULT_BEAM, DEFAULT_CHUNKS, DEFAULT_CONFIRM, DEFAULT_MAX_RATE,
-                                        DEFAULT_TOLERANCE, DEFAULT_TOP, MAX_RUN_REQUESTS, SERVE_OBJECTIVES, SETTLE,
+                                        DEFAULT_REQUESTS, DEFAULT_TOLERANCE, DEFAULT_TOP, MAX_RUN_REQUESTS, SERVE_OBJECTIVES, SETTLE,
                                         Candidate, PoolChoice, Pruned, SearchSettings, _longest, _longest_output,
                                         _mean_lengths, _pow2_seqs, candidate_config, check_workload,
                                         run_requests, short_label)
@@ -170,7 +170,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                           f"sizes screened){hint}")
         settle_s = _settle_s(workload, ttft_limits, tpot_limits, roles)
         # 3. capacities, best roles' bound first, in waves; a candidate whose bound cannot
-        # reach the top-th simulated one is bounded out (by the driver from its roles'
+        # reach the simulated one at place --top is bounded out (by the driver from its roles'
         # bound, or by its cell from its saturated run)
         use_bounds = settings.bound and settings.objective != "min_chips"
         keyed = {k: v for k, v in attrs.asdict(settings).items() if k not in ("top", "bound")}
@@ -199,7 +199,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                     for j in order[pos:]:
                         bounded.append(Bounded(cands[j][0], roles_bound[j]["saturated_requests_per_s"], caps[j],
                                                upper[j], kth, "estimate" if estimates[j] else "roles",
-                                               estimates[j]))
+                                               estimates[j], place=settings.top))
                     if reporter is not None:
                         reporter.skip(len(order) - pos)
                     pos = len(order)
@@ -219,7 +219,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 if res["status"] == "bounded":
                     bounded.append(Bounded(cands[i][0], res["saturated"]["saturated_requests_per_s"],
                                            res["capacity_bound"], res["upper"], res["kth"], res["source"],
-                                           estimates[i], res.get("runs", 0)))
+                                           estimates[i], res.get("runs", 0), settings.top))
                 else:
                     results[i] = res
         if reporter is not None:
@@ -238,7 +238,10 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                                  res["reason"]))
             continue
         rate = res["capacity_requests_per_s"] or None
-        scored.append(Scored(cand, candidate_config(base, cand, workload, settings.slo, rate), res))
+        # the workload its capacity was measured with: the run's requests and seed (g5 serve on
+        # this configuration reproduces the capacity run on the workload's seed)
+        measured = {**workload, "requests": (res.get("held") or {}).get("requests", workload["requests"])}
+        scored.append(Scored(cand, candidate_config(base, cand, measured, settings.slo, rate), res))
     scored.sort(key=lambda s: (s.value(settings.objective), s.candidate.label()))
     simulated = [r for r in results if r is not None]
     return ServeSearchResult(settings.objective, settings, len(layouts), tuple(pruned), tuple(scored), len(simulated),
@@ -264,7 +267,6 @@ def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, 
                        chunks=None, seqs=None, tolerance=None, max_rate=None, beam=None, vary=None, settle=None,
                        confirm=None, top=DEFAULT_TOP) -> ServeSearchResult:
     """``g5 best CONFIG --serve``'s flags to a search (the CLI prints its result)."""
-
     if objective is not None and objective not in SERVE_OBJECTIVES:
         raise ConfigError("--objective", f"{objective} ranks single-batch layouts; with --serve use "
                                          f"{', '.join(SERVE_OBJECTIVES)}")
@@ -273,6 +275,9 @@ def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, 
     if rate is not None and objective != "min_chips":
         raise ConfigError("--rate", "the search finds the rate (the capacity); --rate is the min_chips objective's")
     # the flags over the configuration's workload; the search sets each run's rate itself
+    if requests is None and "requests" not in base_wl and not (workload or "").lower().endswith(
+            (".csv", ".jsonl", ".json", ".ndjson")):
+        requests = DEFAULT_REQUESTS     # the documented default (--help, the README)
     spec = workload_spec(base_wl, workload, requests, 1.0 if "arrival" not in base_wl and not workload else None,
                          None, isl, osl, seed)
     slo = slo if slo is not None else block.get("slo")

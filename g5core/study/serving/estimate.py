@@ -65,7 +65,6 @@ def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int]) -> 
     prompt's time in steps
     (``P``), its steps (``k``, a share of one when prompts share a step) and the time from
     its first step's start to its first token (``first_s``)."""
-
     isl, osl = max(int(isl), 1), max(int(osl), 1)
     mid = isl + osl // 2
     decode = [[b, cost.latency_s(StepWork((), (mid,) * b))] for b in batches]
@@ -103,7 +102,6 @@ def _unit_arrivals(workload: Mapping, n: int, stream: int) -> np.ndarray:
     seed, kind and cv) at 1 request/s; at rate ``r`` they are these over ``r`` (both
     processes scale so), and with fixed lengths they are a run's arrivals (a run of ``n``
     requests draws the same stream's first ``n``)."""
-
     arrival = {**dict(workload.get("arrival") or {}), "rate_per_s": 1.0}
     arrival.setdefault("kind", "poisson")
     spec = {**dict(workload), "arrival": arrival, "requests": max(n, stream)}

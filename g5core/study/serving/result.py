@@ -151,27 +151,37 @@ def _group(pruned: Sequence[Pruned]) -> list[tuple[str, list[Pruned]]]:
 
 @attrs.frozen
 class Bounded:
-    """A candidate not simulated: its bound cannot reach the top-th simulated value."""
-
+    """A candidate not simulated: its bound cannot reach the simulated value at the last place
+    the ranking is exact to (``--top``)."""
     candidate: Candidate
     saturated_requests_per_s: float
     capacity_bound: float  # requests/s (capacity_bound)
     upper: float           # the bound of the objective's value (goodput or output tokens/s per chip)
-    kth: float             # the top-th simulated value when it was bounded out
+    kth: float             # the simulated value at place ``place`` when it was bounded out
     source: str = "roles"  # where the bound came from: roles, saturated run, estimate, or simulated (a run failed)
     estimate: Optional[float] = None   # the estimated capacity (requests/s), when there is one
     runs: int = 0                      # serving runs it took (a saturated run, or the runs to the bar)
+    place: int = 0                     # the place the ranking is exact to (--top)
+
+    def _kth_name(self) -> str:
+        return f"{ordinal(self.place)} best simulated" if self.place else "last ranked place"
 
     def reason(self) -> str:
         if self.source == "simulated":
             return (f"a run at {self.capacity_bound:.4g} req/s misses the SLO, so its capacity is below that: at "
-                    f"most {self.upper:.4g} per chip, not above the top-th simulated ({self.kth:.4g})")
+                    f"most {self.upper:.4g} per chip, not above the {self._kth_name()} ({self.kth:.4g})")
         if self.estimate:
             return (f"estimated capacity {self.estimate:.4g} req/s, so at most {self.capacity_bound:.4g} req/s "
-                    f"with the estimate's margin: at most {self.upper:.4g} per chip, below the top-th simulated "
+                    f"with the estimate's margin: at most {self.upper:.4g} per chip, below the {self._kth_name()} "
                     f"({self.kth:.4g})")
         return (f"saturated throughput ({self.source}) {self.saturated_requests_per_s:.4g} req/s, so a capacity "
                 f"of at most "
-                f"{self.capacity_bound:.4g} req/s: at most {self.upper:.4g} per chip, below the top-th simulated "
+                f"{self.capacity_bound:.4g} req/s: at most {self.upper:.4g} per chip, below the {self._kth_name()} "
                 f"({self.kth:.4g})")
 
+
+
+def ordinal(n: int) -> str:
+    """``1st``, ``2nd``, ``3rd``, ``10th``, ``11th``, ``22nd``."""
+    tail = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{tail}"

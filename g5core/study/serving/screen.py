@@ -61,7 +61,6 @@ def _session(raw: Mapping, workload: Mapping, slo: str, disabled, runner_for=Non
 def _lone(workload: Mapping) -> dict:
     """One request, the workload's shortest prompt and output (a bound every request's TTFT
     and TPOT are at or above), arriving on an idle deployment."""
-
     reqs = synthetic(workload).requests
     isl = min(r.input_tokens for r in reqs)
     osl = min(r.output_tokens for r in reqs)
@@ -71,38 +70,43 @@ def _lone(workload: Mapping) -> dict:
 def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, workload: Mapping, slo: str,
                 disabled=(), runner_for=None) -> dict:
     """One layout at one chunk size: valid? KV pool? one request alone (TTFT, TPOT)?"""
-
     raw = _layout_config(base, chips, parallel)
     raw["serving"] = {"instances": 1, "scheduler": {**dict((base.get("serving") or {}).get("scheduler") or {}),
                                                     "max_num_batched_tokens": chunk, "chunked_prefill": True}}
     try:
-
         make_plan(split_config(raw)[0], disabled)
         session = _session(raw, workload, slo, disabled, runner_for)
-    except ConfigError as exc:
-        text = str(exc)
-        family = "memory" if "KV pool" in text or "HBM" in text or "fill" in text else (exc.field or "configuration")
-        return {"status": "pruned", "family": family, "reason": text}
-    except PluginError as exc:
-        return {"status": "pruned", "family": f"plugin '{exc.plugin}'", "reason": str(exc)}
-    lone_wl = _lone(workload)
-    lone = session.run(lone_wl)
-    info = session.infos[0]
-    # decode steps of b sequences at the shortest prompt's context, b over the powers of two
-    # up to the first at or above what the pool holds at the longest request (the decode
-    # role's bound)
-
-    cost = session.fleet.pools[0].cost
-    isl = lone_wl.requests[0].input_tokens
-    holds = max(info["kv_capacity_tokens"] // max(_longest(workload), 1), 1)
-    batches = [1 << k for k in range(min((holds - 1).bit_length(), MAX_DECODE_BATCH.bit_length() - 1) + 1)]
-
-    isl_mean, osl_mean = (round(x) for x in _mean_lengths(workload))
+        lone_wl = _lone(workload)
+        lone = session.run(lone_wl)
+        info = session.infos[0]
+        # decode steps of b sequences at the shortest prompt's context, b over the powers of
+        # two up to the first at or above what the pool holds at the longest request (the
+        # decode role's bound)
+        cost = session.fleet.pools[0].cost
+        isl = lone_wl.requests[0].input_tokens
+        holds = max(info["kv_capacity_tokens"] // max(_longest(workload), 1), 1)
+        batches = [1 << k for k in range(min((holds - 1).bit_length(), MAX_DECODE_BATCH.bit_length() - 1) + 1)]
+        isl_mean, osl_mean = (round(x) for x in _mean_lengths(workload))
+        decode = [[b, cost.latency_s(StepWork((), (isl,) * b))] for b in batches]
+        table = step_table(cost, isl_mean, osl_mean, chunk, batches)
+    except (ConfigError, PluginError) as exc:
+        return refusal(exc)
     return {"status": "ok", "kv_capacity_tokens": info["kv_capacity_tokens"],
             "kv_pool_bytes_per_chip": info["kv_pool_bytes_per_chip"], "lone_ttft_s": lone.summary["ttft_s"]["p50"],
             "lone_tpot_s": lone.summary["tpot_s"]["p50"], "lone_e2e_s": lone.summary["e2e_s"]["p50"],
-            "decode_step_s": [[b, cost.latency_s(StepWork((), (isl,) * b))] for b in batches],
-            "estimate": step_table(cost, isl_mean, osl_mean, chunk, batches)}
+            "decode_step_s": decode, "estimate": table}
+
+
+def refusal(exc: Exception) -> dict:
+    """A plugin's or the configuration's refusal as a pruned cell, grouped by family: the
+    memory (the KV pool, HBM), the plugin that refused, or the field named. A refusal at
+    any point of a layout's screen or runs (a step its plugins refuse to lower, e.g. a
+    batch an sp group cannot split) prunes that layout, never the search."""
+    text = str(exc)
+    if isinstance(exc, PluginError):
+        return {"status": "pruned", "family": f"plugin '{exc.plugin}'", "reason": text}
+    family = "memory" if "KV pool" in text or "HBM" in text or "fill" in text else (exc.field or "configuration")
+    return {"status": "pruned", "family": family, "reason": text}
 
 
 def _hbm(pool) -> float:

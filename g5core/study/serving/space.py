@@ -85,7 +85,6 @@ class SearchSettings:
 @attrs.frozen
 class PoolChoice:
     """One pool of a candidate: ``instances`` copies of ``parallel`` on ``chips`` chips each."""
-
     chips: int
     parallel: tuple          # sorted (dimension, size) pairs
     instances: int
@@ -213,7 +212,6 @@ def _pow2_seqs(capacity_tokens: int, longest: int, settings: SearchSettings) -> 
 
 def _mean_lengths(workload: Mapping) -> tuple[float, float]:
     """The workload's mean prompt and output tokens."""
-
     reqs = synthetic(workload).requests
     return sum(r.input_tokens for r in reqs) / len(reqs), sum(r.output_tokens for r in reqs) / len(reqs)
 

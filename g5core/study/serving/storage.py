@@ -47,7 +47,6 @@ class _Table:
 
 def _drive(table: _Table, exe, cells: Sequence[tuple], reporter, workers: int) -> list:
     """Run ``(key, kind, label, fn, args)`` cells not in the table; every result in order."""
-
     out: list = [None] * len(cells)
     if reporter is not None:
         reporter.start(len(cells))
@@ -83,10 +82,14 @@ def _drive(table: _Table, exe, cells: Sequence[tuple], reporter, workers: int) -
 
 
 class _Progress:
-    """Adapts the sweep's progress objects to the search's cells."""
+    """Adapts the sweep's progress objects to the search's cells. On a terminal, a bar; in a
+    log, a few lines: a tally at each tenth of the cells (kept, pruned, bounded out, already
+    in the database) and one line per candidate whose capacity was simulated."""
 
     def __init__(self, inner, phase: str):
         self.inner, self.phase = inner, phase
+        self.counts: dict = {}
+        self.tenth = 0
 
     def start(self, total):
         if hasattr(self.inner, "start"):
@@ -96,26 +99,31 @@ class _Progress:
         if hasattr(self.inner, "bar"):
             self.inner.bar.update(1)
             return
-        if hasattr(self.inner, "emit"):
-            total = getattr(self.inner, "total", "?")
-            if payload is None:
-                text = "already in the database"
-            elif payload.get("status") == "bounded":
-                text = f"bounded out (at most {payload['upper']:.4g} per chip, the top-th has {payload['kth']:.4g})"
-            elif payload.get("status") != "ok":
-                text = f"pruned: {payload['reason']}"
-            elif "capacity_requests_per_s" in payload:
-                text = f"capacity {payload['capacity_requests_per_s']:.4g} req/s"
-            else:
-                text = f"lone TTFT {payload['lone_ttft_s']:.4g} s, TPOT {payload['lone_tpot_s'] * 1e3:.4g} ms"
-            self.inner.emit(f"{self.phase} [{n}/{total}] {label}: {text}")
+        if not hasattr(self.inner, "emit"):
+            return
+        total = getattr(self.inner, "total", 0) or 0
+        status = "in the database" if payload is None else {"ok": "kept"}.get(payload.get("status"),
+                                                                             payload.get("status"))
+        self.counts[status] = self.counts.get(status, 0) + 1
+        if payload is not None and "capacity_requests_per_s" in payload and payload.get("status") == "ok":
+            self.inner.emit(f"{self.phase} [{n}/{total}] {label}: capacity "
+                            f"{payload['capacity_requests_per_s']:.4g} req/s ({payload.get('runs', 0)} runs)")
+        tenth = 10 * n // total if total else 10
+        if tenth > self.tenth:
+            self.tenth = tenth
+            self.inner.emit(f"{self.phase} [{n}/{total}]: " + self._tally())
+
+    def _tally(self) -> str:
+        return ", ".join(f"{v} {k}" for k, v in sorted(self.counts.items()))
 
     def skip(self, n):
         """``n`` candidates bounded out before their wave (never run: one update, one line)."""
         if hasattr(self.inner, "bar"):
             self.inner.bar.update(n)
         elif hasattr(self.inner, "emit"):
-            self.inner.emit(f"{self.phase}: {n} more candidates bounded out (their bound is below the top-th)")
+            self.counts["bounded"] = self.counts.get("bounded", 0) + n
+            self.inner.emit(f"{self.phase}: {n} more candidates bounded out (their bound is below the value at the "
+                            f"last ranked place); " + self._tally())
 
     def close(self):
         if hasattr(self.inner, "close"):
