@@ -15,6 +15,7 @@ from typing import Mapping, Optional, Sequence
 from g5core.api.errors import ConfigError
 from g5core.sim.memory import GIB
 from g5core.study.resultsdb import JSON_COLUMNS, RESULT_COLUMNS, ResultsDB, canonical_json
+from g5core.study.serve_db import load_serving_rows
 
 FORMATS = ("csv", "json", "markdown")
 
@@ -118,8 +119,6 @@ SERVING_MARKDOWN_COLUMNS = ("model", "system", "chips", "deployment", "rate (req
 
 def load_serving(db_path, sweep_id: Optional[int] = None) -> list[dict]:
     """The serving rows of ``db_path``, JSON columns decoded (``--sweep`` selects sweep rows only)."""
-    from g5core.study.serve_db import load_serving_rows
-
     if sweep_id is not None:
         raise ConfigError("--sweep", "selects a sweep's rows; serving rows are not grouped by sweep: drop --sweep")
     return [{c: (json.loads(v) if c in SERVING_JSON_COLUMNS and v is not None else v) for c, v in r.items()}

@@ -16,6 +16,8 @@ import json
 from typing import Mapping, Sequence
 
 from g5core.api.errors import ConfigError
+from g5core.present.plots import FIGSIZE_IN, _pyplot
+from g5core.study.resultsdb import ResultsDB
 
 SERVE_KINDS = ("serve-cdf", "serve-occupancy", "serve-throughput", "serve-pareto")
 
@@ -26,8 +28,6 @@ def _label(row: Mapping) -> str:
 
 
 def serve_figure(kind: str, rows: Sequence[Mapping]):
-    from g5core.present.plots import FIGSIZE_IN, _pyplot
-
     if not rows:
         raise ConfigError("--kind", f"{kind} needs serving rows: run "
                                     + ("g5 best --serve --db first" if kind == "serve-pareto"
@@ -108,8 +108,6 @@ def _pareto_figure(plt, rows: Sequence[Mapping], figsize):
 def load_search_rows(db_path) -> list[dict]:
     """The candidates of the ``g5 best --serve`` searches in a results database, each at its
     capacity: ``label``, ``disaggregated``, ``per_chip`` and ``per_user`` (output tokens/s)."""
-    from g5core.study.resultsdb import ResultsDB
-
     db = ResultsDB.open_existing(db_path)
     try:
         tables = {r[0] for r in db.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}

@@ -41,6 +41,11 @@ from g5core.serve.scheduler import SchedulerSettings
 from g5core.serve.traces import read_trace
 from g5core.serve.workload import Workload, synthetic
 from g5core.inputs.reading import check_keys
+from g5core.api.plugins import Hooks, make_plugin_manager
+from g5core.inputs.config import disabled_from_config
+from g5core.lower.builder import make_topology
+from g5core.lower.collective import idle_transfer_s
+from g5core.session.prepared import prepare
 
 SERVING_KEYS = ("instances", "router", "routing_s", "scheduler", "slo", "workload", "disaggregation")
 POOL_KEYS = ("instances", "chips", "parallel", "scheduler", "router")
@@ -188,8 +193,6 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
     ``runner``: ``groups -> latency_s`` instead of the plan's engine (tests);
     ``runner_for``: ``(pool configuration, prepared plan) -> runner``, one per pool (a
     caller sharing step latencies between deployments of the same layout)."""
-    from g5core.session.prepared import prepare
-
     longest_prompt = max(r.input_tokens for r in workload.requests)
     longest = max(r.input_tokens + r.output_tokens - 1 for r in workload.requests)
     pools, infos, plans = [], [], []
@@ -205,9 +208,8 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
                               "raise max_num_batched_tokens")
         prepared = prepare(praw, disabled=disabled)
         plan = prepared.plan
-        cp = plan.ctx.deployment.size("cp")
-        multiple = 2 * cp if cp > 1 else 1   # the cp plugin's balanced split (see PlanCost)
-        sizing = kv_sizing(prepared, -(-s.max_num_batched_tokens // multiple) * multiple, field)
+        rules = prepared.step_rules   # what the layout's dimensions require of a step (see PlanCost)
+        sizing = kv_sizing(prepared, rules.round_up(s.max_num_batched_tokens), field)
         need = longest_prompt if ps.role == "prefill" else longest
         blocks = sizing.capacity_tokens // s.block_size
         if blocks * s.block_size < need:
@@ -215,7 +217,7 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
                                      f"{blocks * s.block_size:,} tokens; the longest request needs {need:,}: "
                                      "use more chips per instance (tp, pp, cp) or shorter requests")
         step_runner = runner or (runner_for(praw, prepared) if runner_for else plan_step_runner(prepared))
-        cost = PlanCost(step_runner, exact, multiple, cp > 1,
+        cost = PlanCost(step_runner, exact, rules,
                         sizing.kv_bytes_per_token_per_chip, sizing.pool_bytes_per_chip, sizing.capacity_tokens,
                         sizing.chips)
         pool = Pool(ps.role, ps.instances, cost, s, blocks, registry.router(ps.router)(),
@@ -241,9 +243,6 @@ def kv_transfer(pools, plans):
     instance, all at once, over the network of both pools' chips (scale-up links inside a
     node, NICs and fabric between nodes); the time is when the busiest link is done plus one
     message's start latency. Transfers do not contend with one another or with the steps."""
-    from g5core.lower.builder import make_topology
-    from g5core.lower.collective import idle_transfer_s
-
     (pp, (plan, sizing)), dp = (pools[0], plans[0]), pools[1]
     topo = make_topology(plan.hooks, plan.ctx.system, pools[0].chips + pools[1].chips)
     cp, cd = pp.cost.chips, dp.cost.chips
@@ -276,9 +275,6 @@ def simulate_serving(raw: Mapping, workload: Workload | Mapping | None = None, *
     ``runner``: ``groups -> step latency`` (default: the engine, through each pool's
     prepared plan). ``check_predictor``: steps
     checked against the engine when the predictor is used (0: none)."""
-    from g5core.api.plugins import Hooks, make_plugin_manager
-    from g5core.inputs.config import disabled_from_config
-
     t0 = time.perf_counter()
     base, block = split_config(raw)
     names = tuple(dict.fromkeys(tuple(disabled) + tuple(disabled_from_config(base))))

@@ -29,13 +29,11 @@ preempted sequence recomputes its cached prefix too.
 from __future__ import annotations
 
 import collections
-from typing import Optional
 
 import attrs
 
 from g5core.api.errors import ConfigError
-from g5core.serve.cost import StepWork
-from g5core.serve.workload import Request
+from g5core.api.serving import Request, Seq, StepWork
 from g5core.inputs.reading import check_keys
 
 
@@ -64,24 +62,6 @@ class SchedulerSettings:
                 raise ConfigError(f"{field}.{key}", f"must be a positive whole number, got {value!r}")
             values[key] = value
         return cls(**values)
-
-
-class Seq:
-    """One request's state on one instance."""
-
-    __slots__ = ("req", "computed", "num_tokens", "emitted", "blocks", "admitted_s", "scheduled", "last_s",
-                 "max_itl_s")
-
-    def __init__(self, req: Request, computed: int = 0, emitted: int = 0):
-        self.req = req
-        self.computed = computed
-        self.emitted = emitted
-        self.num_tokens = req.input_tokens + emitted
-        self.blocks = 0
-        self.admitted_s: Optional[float] = None
-        self.scheduled = 0
-        self.last_s: Optional[float] = None   # when its last token was emitted (the loop keeps it)
-        self.max_itl_s = 0.0
 
 
 class VllmScheduler:

@@ -37,6 +37,8 @@ import yaml
 from g5core.inputs.config import apply_overrides, load_config_file
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.systems import CATALOG_NAMES, SystemSpec, get_system
+from g5core.inputs.outputs import check_outputs
+from g5core.session.run import run
 
 COLUMNS = ("config", "set", "metric", "measured_ms", "source")
 METRICS = {"ttft": "prefill", "tpot": "decode"}
@@ -117,7 +119,6 @@ def row_config(row: Row, system_override: str | None = None) -> dict:
 
 
 def predict_ms(row: Row, csv_path, system_override: str | None = None) -> float:
-    from g5core.session.run import run  # late import: run imports the engine
     raw = row_config(row, system_override)
     try:
         out = run(raw)
@@ -229,10 +230,9 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
     file is refused when the fit's leave-one-out error is worse than the prior's error,
     unless ``force``."""
     try:
-        from scipy.optimize import least_squares
+        from scipy.optimize import least_squares  # optional (the measured extra)
     except ImportError:
         raise ConfigError("calibrate", "needs scipy: python3 -m pip install -e '.[measured]'") from None
-    from g5core.inputs.outputs import check_outputs
 
     keys = [k.strip() for k in keys if k.strip()]
     if not keys:
