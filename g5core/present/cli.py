@@ -335,8 +335,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
         found = best_serve_command(raw, config, disabled, objective, db_path, workers, executor, disagg=disagg, top=top,
                                    **{k[2:].replace("-", "_"): v for k, v in serve_only.items()})
         if as_json:
-            click.echo(json.dumps([s.to_json_dict() for s in found.ranked[:top]], indent=2, sort_keys=True,
-                                  allow_nan=False))
+            click.echo(json.dumps(found.to_json_dict(top), indent=2, sort_keys=True, allow_nan=False))
         else:
             click.echo(render_serve_best(found, top))
         return

@@ -350,6 +350,7 @@ def render_serve_best(result, top: int) -> str:
              table(rows(result.ranked[:top]), ["rank"] + head)]
     lines += ["", "Pareto front (output tokens/s per chip against per user, at capacity):",
               table(rows(result.pareto(), rank=False), head)]
+    lines += ["", "aggregated against disaggregated (the best of each):"] + _sides(result.sides())
     lines += ["", "why: " + result.why()]
     if result.ranked:
         lines += ["", "the winner, as g5 serve takes it (g5 serve FILE reproduces its capacity):",
@@ -361,6 +362,27 @@ def render_serve_best(result, top: int) -> str:
             more = f" and {len(members) - 3} more" if len(members) > 3 else ""
             lines.append(f"  {family}: {len(members)} ({examples}{more}); e.g. {members[0].reason}")
     return "\n".join(lines)
+
+
+def _sides(sides: Mapping) -> list[str]:
+    """The best aggregated and disaggregated answers, one line each, and their ratio."""
+    unit = "goodput req/s/chip" if sides["value"] == "goodput_per_chip" else "output tokens/s/chip"
+    out = []
+    for name in ("aggregated", "disaggregated"):
+        side = sides[name]
+        if side is None:
+            out.append(f"  {name}: not searched (--disagg)")
+        elif side["simulated"]:
+            out.append(f"  {name}: {side['deployment']}: {side['capacity_requests_per_s']:.4g} req/s, "
+                       f"{side['value']:.4g} {unit}")
+        else:
+            out.append(f"  {name}: not simulated, bounded out: {side['deployment']}: at most "
+                       f"{side['at_most_capacity_requests_per_s']:.4g} req/s, {side['at_most_value']:.4g} {unit} "
+                       "(a bound)")
+    ratio = sides["disaggregated_over_aggregated"]
+    if ratio is not None:
+        out.append(f"  disaggregated / aggregated: {ratio:.3g}x")
+    return out
 
 
 def _slo_columns(slo) -> list[tuple[str, str, str]]:

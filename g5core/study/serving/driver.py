@@ -15,17 +15,17 @@ from g5core.inputs.config import disabled_from_config
 from g5core.serve.api import split_config, workload_spec
 from g5core.serve.metrics import parse_slo
 from g5core.study.resultsdb import ResultsDB, config_hash
-from g5core.study.search import divisors, enumerate_layouts, layout_label
+from g5core.study.search import layout_label
 from g5core.study.serving.bound import _estimate_bound, _kth_value, _upper_value, capacity_bound, role_rates
 from g5core.study.serving.capacity import candidate_cell
 from g5core.study.serving.estimate import Estimator, estimate_for
 from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group
-from g5core.study.serving.screen import _lone, screen_cell
+from g5core.study.serving.screen import _lone, screen_layout
 from g5core.study.serving.space import (DEFAULT_BEAM, DEFAULT_CHUNKS, DEFAULT_CONFIRM, DEFAULT_MAX_RATE,
-                                        DEFAULT_REQUESTS, DEFAULT_TOLERANCE, DEFAULT_TOP, MAX_RUN_REQUESTS, SERVE_OBJECTIVES, SETTLE,
-                                        Candidate, PoolChoice, Pruned, SearchSettings, _longest, _longest_output,
-                                        _mean_lengths, _pow2_seqs, candidate_config, check_workload,
-                                        run_requests, short_label)
+                                        DEFAULT_REQUESTS, DEFAULT_TOLERANCE, DEFAULT_TOP, MAX_RUN_REQUESTS,
+                                        SERVE_OBJECTIVES, SETTLE, Candidate, PoolChoice, Pruned, SearchSettings,
+                                        _longest, _longest_output, _mean_lengths, _pow2_seqs, candidate_config,
+                                        check_workload, instance_layouts, is_moe, run_requests, short_label)
 from g5core.study.serving.storage import CELL_VERSION, _drive, _Kept, _Progress, _Table, _Waves
 from g5core.study.sweep import LineProgress, LocalExecutor, default_progress, make_executor
 
@@ -71,20 +71,17 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
              "cells": CELL_VERSION}
 
     # 1. layouts x chunks, screened
-    layouts = []
-    for c in divisors(chips):
-        for par in enumerate_layouts(c, dims):
-            if par.get("dp", 1) != 1:
-                continue
-            if settings.vary is not None and any(v != 1 for k, v in par.items() if k not in settings.vary):
-                continue
-            for chunk in settings.chunks:
-                layouts.append((c, par, chunk))
+    layouts = [(c, par, chunk) for c, par in instance_layouts(chips, dims, settings.vary, is_moe(raw))
+               for chunk in settings.chunks]
+    by_layout = list(dict.fromkeys((c, layout_label(par)) for c, par, _ in layouts))
+    pars = {(c, layout_label(par)): par for c, par, _ in layouts}
     screen_cells = []
-    for c, par, chunk in layouts:
-        key = config_hash({"kind": "screen", **ident, "chips": c, "parallel": par, "chunk": chunk}, names)
-        screen_cells.append((key, "screen", f"[{short_label(par)}] chunk={chunk}", screen_cell,
-                             (base, c, par, chunk, workload, settings.slo, tuple(disabled), runner_for)))
+    for c, lab in by_layout:
+        par = pars[(c, lab)]
+        key = config_hash({"kind": "screen", **ident, "chips": c, "parallel": par, "chunks": list(settings.chunks)},
+                          names)
+        screen_cells.append((key, "screen", f"[{short_label(par)}]", screen_layout,
+                             (base, c, par, settings.chunks, workload, settings.slo, tuple(disabled), runner_for)))
     own_db = db_path is None
     tmp = tempfile.TemporaryDirectory(prefix="g5-best-serve-") if own_db else None
     path = f"{tmp.name}/best-serve.db" if own_db else db_path
@@ -94,8 +91,10 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         table = _Table(db)
         outer = stack.enter_context(make_executor(executor, workers))
         kept = _Kept(outer)
-        screened = _drive(table, kept, screen_cells,
-                          _Progress(progress, "screen") if progress is not None else None, workers)
+        per_layout = _drive(table, kept, screen_cells,
+                            _Progress(progress, "screen") if progress is not None else None, workers)
+        found = {key: cell["chunks"] for key, cell in zip(by_layout, per_layout)}
+        screened = [found[(c, layout_label(par))][settings.chunks.index(chunk)] for c, par, chunk in layouts]
         longest = _longest(workload)
         pruned: list[Pruned] = []
         roles: dict[str, list] = {"serve": [], "prefill": [], "decode": []}
@@ -189,6 +188,25 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         results: list = [None] * len(cands)
         bounded: list[Bounded] = []
         reporter = _Waves(_Progress(progress, "capacity"), len(cands)) if progress is not None else None
+
+        def simulate(wave, kth):
+            cells = []
+            for i in wave:
+                cand, start = cands[i]
+                roles = roles_bound[i] if use_bounds else None
+                key = config_hash({"kind": "candidate", **ident, "candidate": attrs.asdict(cand, recurse=True),
+                                   "settings": keyed, "roles": roles, "kth": kth, "estimate": estimates[i]}, names)
+                cells.append((key, "candidate", cand.label(), candidate_cell,
+                              (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
+                               runner_for, roles, kth, estimates[i])))
+            for i, res in zip(wave, _drive(table, kept, cells, reporter, workers)):
+                if res["status"] == "bounded":
+                    bounded.append(Bounded(cands[i][0], res["saturated"]["saturated_requests_per_s"],
+                                           res["capacity_bound"], res["upper"], res["kth"], res["source"],
+                                           estimates[i], res.get("runs", 0), settings.top))
+                else:
+                    results[i] = res
+
         pos = 0
         while pos < len(order):
             kth = _kth_value(settings, cands, results) if use_bounds else None
@@ -206,22 +224,16 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                     break
                 wave.append(i)
                 pos += 1
-            cells = []
-            for i in wave:
-                cand, start = cands[i]
-                roles = roles_bound[i] if use_bounds else None
-                key = config_hash({"kind": "candidate", **ident, "candidate": attrs.asdict(cand, recurse=True),
-                                   "settings": keyed, "roles": roles, "kth": kth, "estimate": estimates[i]}, names)
-                cells.append((key, "candidate", cand.label(), candidate_cell,
-                              (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
-                               runner_for, roles, kth, estimates[i])))
-            for i, res in zip(wave, _drive(table, kept, cells, reporter, workers)):
-                if res["status"] == "bounded":
-                    bounded.append(Bounded(cands[i][0], res["saturated"]["saturated_requests_per_s"],
-                                           res["capacity_bound"], res["upper"], res["kth"], res["source"],
-                                           estimates[i], res.get("runs", 0), settings.top))
-                else:
-                    results[i] = res
+            simulate(wave, kth)
+        # both answers: a side (aggregated, disaggregated) whose every candidate was bounded
+        # out gets its best by the bounds' order simulated once, without the bar
+        for side in (False, True):
+            mine = [i for i in order if cands[i][0].disaggregated == side]
+            if mine and use_bounds and not any(results[i] is not None and results[i]["status"] == "ok"
+                                               for i in mine):
+                simulate(mine[:1], None)
+                if results[mine[0]] is not None:
+                    bounded = [b for b in bounded if b.candidate != cands[mine[0]][0]]
         if reporter is not None:
             reporter.finish()
     finally:

@@ -7,6 +7,7 @@ from typing import Mapping, Optional, Sequence
 
 import attrs
 
+from g5core.serve.metrics import parse_slo
 from g5core.study.serving.space import Candidate, Pruned, SearchSettings
 
 
@@ -51,6 +52,17 @@ class Scored:
                 "kv_pool_bytes_per_chip": min((p["kv_pool_bytes_per_chip"] for p in held.get("pools", [])),
                                               default=0.0),
                 "rate_ceiling": self.cell["ceiling"], "limited_by": limiter(self)}
+
+
+def _at_limits(s: Scored, slo: str) -> str:
+    """``TTFT p99 1.2 s and TPOT p99 31 ms``: the held run's figures at the limits the SLO
+    names (each at its own percentile)."""
+    checks = (s.cell.get("held") or {}).get("percentile_limits") or {}
+    parts = [f"{lim.metric.upper()} p{lim.percentile:g} " + (f"{checks[lim.key]['value_s'] * 1e3:.3g} ms"
+                                                           if lim.metric in ("tpot", "itl") else
+                                                           f"{checks[lim.key]['value_s']:.3g} s")
+             for lim in parse_slo(slo) if lim.key in checks]
+    return " and ".join(parts) or "every request within the SLO's limits"
 
 
 def _pcts(stats: Optional[Mapping]) -> dict:
@@ -120,6 +132,48 @@ class ServeSearchResult:
                 best = chip
         return front[::-1]
 
+    def sides(self) -> dict:
+        """The best aggregated and the best disaggregated answer, whichever wins, and their
+        ratio: ``{"aggregated": ..., "disaggregated": ..., "disaggregated_over_aggregated":
+        r}``. A side is its best simulated candidate's figures (``simulated: true``), or,
+        when none of its candidates was simulated, its best bound, labelled so
+        (``simulated: false``, ``at_most_*``); ``None`` when the search had no candidate of
+        that kind (``--disagg off|on``). The ratio is of the objective's per-chip value (the
+        goodput or the output tokens), ``None`` unless both sides were simulated."""
+        key = "output_tokens_per_s_per_chip" if self.objective == "throughput_per_chip" else "goodput_per_chip"
+        out: dict = {}
+        for name, flag in (("aggregated", False), ("disaggregated", True)):
+            mine = [s for s in self.ranked if s.candidate.disaggregated == flag and s.capacity > 0]
+            if mine:
+                j = mine[0].to_json_dict()
+                out[name] = {"simulated": True, "deployment": mine[0].candidate.label(),
+                             "capacity_requests_per_s": j["capacity_requests_per_s"],
+                             "goodput_per_chip": j["goodput_per_chip"],
+                             "output_tokens_per_s_per_chip": j["output_tokens_per_s_per_chip"], "value": j[key]}
+                continue
+            out_of = [b for b in self.bounded if b.candidate.disaggregated == flag]
+            if out_of:
+                b = max(out_of, key=lambda b: (b.upper, b.candidate.label()))
+                out[name] = {"simulated": False, "deployment": b.candidate.label(),
+                             "at_most_capacity_requests_per_s": b.capacity_bound, "at_most_value": b.upper,
+                             "reason": b.reason()}
+            else:
+                out[name] = None
+        a, d = out["aggregated"], out["disaggregated"]
+        out["disaggregated_over_aggregated"] = (d["value"] / a["value"] if a and d and a["simulated"]
+                                                and d["simulated"] and a["value"] else None)
+        out["value"] = key
+        return out
+
+    def to_json_dict(self, top: int) -> dict:
+        """``g5 best --serve --json``: the ranking (``top`` rows), both answers side by side
+        (:meth:`sides`), and the search's counts."""
+        return {"ranked": [s.to_json_dict() for s in self.ranked[:top]], "sides": self.sides(),
+                "counts": {"layout_chunk_cells": self.layouts, "pruned": len(self.pruned),
+                           "simulated": self.candidates, "bounded_out": len(self.bounded),
+                           "estimated": sum(1 for e in self.estimates.values() if e is not None),
+                           "serving_runs": self.runs, "skipped_by_beam": self.skipped_by_beam}}
+
     def why(self) -> str:
         if not self.ranked or self.ranked[0].capacity <= 0:
             return "No candidate meets the SLO at any rate tried."
@@ -127,9 +181,8 @@ class ServeSearchResult:
         wj = w.to_json_dict()
         text = (f"The winner, {w.candidate.label()}, serves {w.capacity:.3g} req/s "
                 f"({wj['output_tokens_per_s_per_chip']:.4g} output tokens/s per chip, "
-                f"{wj['goodput_per_chip']:.3g} req/s per chip of goodput) with TTFT p90 "
-                f"{wj['ttft_s']['p90']:.3g} s and TPOT p90 {wj['tpot_s']['p90'] * 1e3:.3g} ms; past it, "
-                f"{limiter(w)}.")
+                f"{wj['goodput_per_chip']:.3g} req/s per chip of goodput) with {_at_limits(w, self.settings.slo)}; "
+                f"past it, {limiter(w)}.")
         # the runner-up: the best other deployment (not the winner with other scheduler limits)
         other = [s for s in self.ranked[1:] if s.candidate.pools != w.candidate.pools]
         if other:

@@ -73,10 +73,17 @@ def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, worklo
     raw = _layout_config(base, chips, parallel)
     raw["serving"] = {"instances": 1, "scheduler": {**dict((base.get("serving") or {}).get("scheduler") or {}),
                                                     "max_num_batched_tokens": chunk, "chunked_prefill": True}}
+    lone_wl = _lone(workload)
     try:
         make_plan(split_config(raw)[0], disabled)
+        # a lone decode (batch 1) first: a layout whose plugins refuse it (e.g. sp splitting a
+        # decode batch) can serve no request, and says so before any step is simulated
+        make_plan({**split_config(raw)[0], "phase": "decode", "batch": 1,
+                   "seq_len": lone_wl.requests[0].input_tokens}, disabled)
+    except (ConfigError, PluginError) as exc:
+        return {**refusal(exc), "layout": True}     # the layout itself, whatever the chunk size
+    try:
         session = _session(raw, workload, slo, disabled, runner_for)
-        lone_wl = _lone(workload)
         lone = session.run(lone_wl)
         info = session.infos[0]
         # decode steps of b sequences at the shortest prompt's context, b over the powers of
@@ -95,6 +102,21 @@ def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, worklo
             "kv_pool_bytes_per_chip": info["kv_pool_bytes_per_chip"], "lone_ttft_s": lone.summary["ttft_s"]["p50"],
             "lone_tpot_s": lone.summary["tpot_s"]["p50"], "lone_e2e_s": lone.summary["e2e_s"]["p50"],
             "decode_step_s": decode, "estimate": table}
+
+
+def screen_layout(base: Mapping, chips: int, parallel: Mapping, chunks, workload: Mapping, slo: str, disabled=(),
+                  runner_for=None) -> dict:
+    """One layout at every chunk size of ``chunks``, in one cell, so that the chunk sizes
+    share the layout's step latencies (one worker's cached runner): ``{"chunks": [the
+    screen_cell result per chunk size]}``. A refusal of the layout itself (before any step of
+    a chunk size) prunes every chunk size at once."""
+    out = []
+    for chunk in chunks:
+        res = screen_cell(base, chips, parallel, chunk, workload, slo, disabled, runner_for)
+        if res.get("layout"):
+            return {"status": "ok", "chunks": [res] * len(chunks)}
+        out.append(res)
+    return {"status": "ok", "chunks": out}
 
 
 def refusal(exc: Exception) -> dict:

@@ -8,6 +8,8 @@ from typing import Mapping, Optional
 import attrs
 
 from g5core.api.errors import ConfigError
+from g5core.inputs.models import get_model
+from g5core.study.search import divisors, enumerate_layouts
 from g5core.serve.workload import synthetic
 
 
@@ -35,6 +37,10 @@ DEFAULT_CONFIRM = 2
 
 
 DEFAULT_TOP = 10
+#: whether the search tries instances of attention data-parallel ranks with the experts over
+#: ep (:func:`attention_dp_layout`) for MoE models: off until the serving loop's attention-DP
+#: pools (helper i31b's serve/ part) are on main
+ATTENTION_DP = False
 
 
 @attrs.frozen
@@ -225,3 +231,36 @@ def _longest_output(workload: Mapping) -> int:
 
     return max(r.output_tokens for r in synthetic(workload).requests)
 
+
+
+def instance_layouts(chips: int, dims, vary: Optional[tuple] = None, moe: bool = False,
+                     attention_dp: bool = ATTENTION_DP) -> list[tuple[int, dict]]:
+    """Every ``(chips per instance, layout)`` of the search: the layouts of each ``c``
+    dividing ``chips`` over the registered dimensions (``vary``: only those vary), ``dp`` 1
+    (the instances are the data-parallel copies), and with ``attention_dp`` for a MoE model
+    also the attention-DP layouts (:func:`attention_dp_layout`)."""
+    out = []
+    for c in divisors(chips):
+        for par in enumerate_layouts(c, dims):
+            if par.get("dp", 1) != 1 and not (attention_dp and moe and attention_dp_layout(par)):
+                continue
+            if vary is not None and any(v != 1 for k, v in par.items() if k not in vary):
+                continue
+            out.append((c, par))
+    return out
+
+
+def attention_dp_layout(par: Mapping) -> bool:
+    """An instance of ``dp`` attention data-parallel ranks (each its own batch and KV pool)
+    of ``tp`` x ``sp`` chips each, the experts over ``ep = dp x sp x tp`` (every EP group
+    spans every attention-DP rank, one per pipeline stage): SGLang's
+    ``--enable-dp-attention`` with ``--ep-size``, TensorRT-LLM's attention DP. ``dp > 1``
+    only; cp stays 1 (the ranks split requests, not a sequence)."""
+    dp = par.get("dp", 1)
+    return dp > 1 and par.get("cp", 1) == 1 and par.get("ep", 1) == dp * par.get("sp", 1) * par.get("tp", 1)
+
+
+def is_moe(raw: Mapping) -> bool:
+    """Whether the configuration's model has experts (a name or a path; inline models: no)."""
+    model = raw.get("model")
+    return isinstance(model, str) and get_model(model).moe is not None

@@ -13,7 +13,7 @@ from g5core.study.sweep import run_windowed
 
 #: the cells' payload format (screens carry the estimate's step table from 2): part of every
 #: cell's key, so a database of an older format is not read as this one
-CELL_VERSION = 2
+CELL_VERSION = 3
 
 
 SCHEMA = """
@@ -102,9 +102,9 @@ class _Progress:
         if not hasattr(self.inner, "emit"):
             return
         total = getattr(self.inner, "total", 0) or 0
-        status = "in the database" if payload is None else {"ok": "kept"}.get(payload.get("status"),
-                                                                             payload.get("status"))
-        self.counts[status] = self.counts.get(status, 0) + 1
+        for one in (payload or {}).get("chunks") or [payload]:   # a layout's screen: one per chunk size
+            status = "in the database" if one is None else {"ok": "kept"}.get(one.get("status"), one.get("status"))
+            self.counts[status] = self.counts.get(status, 0) + 1
         if payload is not None and "capacity_requests_per_s" in payload and payload.get("status") == "ok":
             self.inner.emit(f"{self.phase} [{n}/{total}] {label}: capacity "
                             f"{payload['capacity_requests_per_s']:.4g} req/s ({payload.get('runs', 0)} runs)")
