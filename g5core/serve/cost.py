@@ -8,7 +8,9 @@ bytes one token of one sequence takes per chip, and the KV pool per chip. Two mo
   (cached tokens attended)``: deterministic, for tests and queueing checks;
 - :class:`PlanCost`: the event engine through the prepared plan of the steps API
   (``g5core.prepare(config).simulate(step)``), cached per step shape, with a predictor
-  composed of single-group steps unless ``exact``.
+  composed of single-group steps unless ``exact``;
+- :class:`DpCost`: an instance of attention-DP ranks (a :class:`RankedWork` a step), the
+  slowest rank's step of a :class:`PlanCost`.
 """
 from __future__ import annotations
 
@@ -21,6 +23,41 @@ from g5core.api.records import StepRules
 from g5core.api.serving import StepWork
 from g5core.inputs.step import Step, StepGroup
 from g5core.lower.steprules import split_step
+
+
+#: what an idle attention-DP rank runs while the others step: SGLang's idle batch
+#: (``ForwardMode.IDLE``, ``python/sglang/srt/model_executor/forward_batch_info.py``) runs the
+#: MoE layers with no tokens so that the rank joins every all-to-all; the engine cannot run a
+#: step of no tokens, so G5 runs one dummy token at no context (a decode of one sequence)
+IDLE_WORK = StepWork((), (0,))
+
+
+@attrs.frozen(slots=True)
+class RankedWork:
+    """One step of an instance of attention-DP ranks: each rank's own :class:`StepWork`
+    (an idle rank's is empty). ``new_tokens`` and ``decode_contexts`` are the instance's."""
+
+    ranks: tuple[StepWork, ...]
+
+    @property
+    def chunks(self) -> tuple[tuple[int, int], ...]:
+        return tuple(c for w in self.ranks for c in w.chunks)
+
+    @property
+    def decode_contexts(self) -> tuple[int, ...]:
+        return tuple(sorted(c for w in self.ranks for c in w.decode_contexts))
+
+    @property
+    def decodes(self) -> int:
+        return sum(w.decodes for w in self.ranks)
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(w.new_tokens for w in self.ranks)
+
+    @property
+    def idle_ranks(self) -> int:
+        return sum(1 for w in self.ranks if not w.new_tokens)
 
 
 class StepCost(Protocol):
@@ -251,6 +288,59 @@ class PlanCost:
         mid = len(errors) // 2
         median = errors[mid] if len(errors) % 2 else 0.5 * (errors[mid - 1] + errors[mid])
         return {"steps_checked": len(errors), "median_rel": median, "max_rel": errors[-1]}
+
+
+@attrs.define
+class DpCost:
+    """The step cost of an instance of ``dp`` attention-DP ranks with the experts over EP
+    across them (SGLang's ``--enable-dp-attention``, TensorRT-LLM's attention DP): each rank
+    has its own batch, and the MoE all-to-all of every layer synchronises the ranks, so a
+    step of the instance lasts as long as its slowest rank's, and an idle rank still runs the
+    MoE layers (:data:`IDLE_WORK`).
+
+    ``rank``: a :class:`PlanCost` whose step is the layout's step with that batch on every
+    rank (the engine's ``count`` is per data-parallel replica). The engine lowers one shape
+    for every rank, so a step of unequal ranks is costed as the slowest of the layout's
+    steps at each rank's batch: exact for the rank's own attention and for equal batches
+    (all ranks at the same step is ``g5 run``'s step), an upper bound for the experts and the
+    all-to-all when the other ranks bring fewer tokens than the slowest."""
+
+    rank: PlanCost
+    dp: int
+    idle: StepWork = IDLE_WORK
+
+    @property
+    def chips(self) -> int:
+        return self.rank.chips
+
+    @property
+    def kv_bytes_per_token_per_chip(self) -> float:
+        return self.rank.kv_bytes_per_token_per_chip
+
+    @property
+    def kv_pool_bytes_per_chip(self) -> float:
+        return self.rank.kv_pool_bytes_per_chip
+
+    @property
+    def runs(self) -> int:
+        return self.rank.runs
+
+    def kv_tokens(self) -> int:
+        """Tokens one rank's pool holds."""
+        return self.rank.kv_tokens()
+
+    def latency_s(self, work, exact: Optional[bool] = None) -> float:
+        """The slowest rank's step (``work``: a :class:`RankedWork`, or a :class:`StepWork`
+        of one rank, the others idle)."""
+        ranks = work.ranks if isinstance(work, RankedWork) else (work,) + (StepWork((), ()),) * (self.dp - 1)
+        seen = {w if w.new_tokens else self.idle for w in ranks}
+        return max(self.rank.latency_s(w, exact) for w in seen)
+
+    def predicted_steps(self) -> list[StepWork]:
+        return self.rank.predicted_steps()
+
+    def predictor_error(self, sample: list[StepWork]) -> dict:
+        return self.rank.predictor_error(sample)
 
 
 def _pad(group: tuple, m: int) -> tuple:
