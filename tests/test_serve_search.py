@@ -488,3 +488,19 @@ def test_the_winner_configuration_reproduces_its_capacity_run(small_search):
     run = simulate_serving(win.config, None, runner=layout_runner(win.config), check_predictor=0)
     assert run.summary["goodput"]["all_met"]
     assert run.summary["ttft_s"]["p90"] == pytest.approx(win.cell["held"]["ttft_s"]["p90"])
+
+
+def test_the_space_has_attention_dp_with_ep_layouts_for_moe_models_only():
+    from g5core.api.dimensions import collect_dimensions
+    from g5core.api.plugins import Hooks, make_plugin_manager
+    from g5core.study.serving.space import attention_dp_layout, instance_layouts, is_moe
+
+    dims = collect_dimensions(Hooks(make_plugin_manager()))
+    moe = instance_layouts(16, dims, None, is_moe({"model": "qwen3-235b-a22b"}))
+    dp = [p for _, p in moe if p.get("dp", 1) > 1]
+    assert dp and all(p["ep"] == p["dp"] * p.get("sp", 1) * p.get("tp", 1) and p.get("cp", 1) == 1 for p in dp)
+    assert {"dp": 2, "tp": 4, "ep": 8} in [{k: v for k, v in p.items() if v != 1} for p in dp]
+    dense = instance_layouts(16, dims, None, is_moe({"model": "llama-3.1-70b"}))
+    assert all(p.get("dp", 1) == 1 for _, p in dense)
+    assert not attention_dp_layout({"dp": 2, "tp": 4, "ep": 4})
+    assert instance_layouts(16, dims, None, True, attention_dp=False) == [(c, p) for c, p in moe if p.get("dp", 1) == 1]

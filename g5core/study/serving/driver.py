@@ -129,8 +129,9 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             for c, par, chunk, res in roles["serve"]:
                 for inst in (range(1, chips // c + 1) if fewer else (chips // c,)):
                     pool = PoolChoice(c, tuple(sorted(par.items())), inst)
-                    for m in _pow2_seqs(res["kv_capacity_tokens"], longest, settings):
-                        roles_bound[len(cands)] = role_rates(res, res, inst, inst, m, chunk, shortest, tpot_limits)
+                    for m in _pow2_seqs(res["kv_capacity_tokens"] // par.get("dp", 1), longest, settings):
+                        roles_bound[len(cands)] = role_rates(res, res, inst, inst, m * par.get("dp", 1), chunk,
+                                                             shortest, tpot_limits)
                         screens[len(cands)] = ((res,), ((c, layout_label(par), chunk),))
                         cands.append((Candidate((pool,), m, chunk), inst / res["lone_e2e_s"]))
         skipped = 0
@@ -155,9 +156,11 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                                     continue
                                 pools = (PoolChoice(p[0], tuple(sorted(p[1].items())), n_p),
                                          PoolChoice(d[0], tuple(sorted(d[1].items())), n_d))
-                                for m in _pow2_seqs(d[3]["kv_capacity_tokens"], longest, settings):
+                                for m in _pow2_seqs(d[3]["kv_capacity_tokens"] // d[1].get("dp", 1), longest,
+                                                    settings):
                                     start = min(n_p / p[3]["lone_ttft_s"], n_d / d[3]["lone_e2e_s"])
-                                    roles_bound[len(cands)] = role_rates(p[3], d[3], n_p, n_d, m, chunk, shortest,
+                                    seqs = m * d[1].get("dp", 1)    # max_num_seqs is per attention-DP rank
+                                    roles_bound[len(cands)] = role_rates(p[3], d[3], n_p, n_d, seqs, chunk, shortest,
                                                                          tpot_limits)
                                     screens[len(cands)] = ((p[3], d[3]), ((p[0], layout_label(p[1]), chunk),
                                                                           (d[0], layout_label(d[1]), chunk)))

@@ -339,10 +339,12 @@ def estimate_for(estimator: Estimator, cand, screens: Sequence[Mapping], keys: S
     if len(cand.pools) == 1:
         pool = cand.pools[0]
         holds = holds_mean(screens[0]["kv_capacity_tokens"], tables[0])
-        return estimator.memo(("a", keys[0], pool.instances, cand.max_num_seqs),
-                              lambda: estimator.aggregated(tables[0], pool.instances, cand.max_num_seqs, holds))
+        seqs = cand.max_num_seqs * pool.layout.get("dp", 1)   # max_num_seqs is per attention-DP rank
+        return estimator.memo(("a", keys[0], pool.instances, seqs),
+                              lambda: estimator.aggregated(tables[0], pool.instances, seqs, holds))
     p, d = cand.pools
     holds = holds_mean(screens[1]["kv_capacity_tokens"], tables[1])
     return min(estimator.memo(("p", keys[0], p.instances), lambda: estimator.prefill_pool(tables[0], p.instances)),
-               estimator.memo(("d", keys[1], d.instances, cand.max_num_seqs),
-                              lambda: estimator.decode_pool(tables[1], d.instances, cand.max_num_seqs, holds)))
+               estimator.memo(("d", keys[1], d.instances, cand.max_num_seqs * d.layout.get("dp", 1)),
+                              lambda: estimator.decode_pool(tables[1], d.instances,
+                                                            cand.max_num_seqs * d.layout.get("dp", 1), holds)))

@@ -8,7 +8,7 @@ from typing import Mapping
 from g5core.api.errors import ConfigError, PluginError
 from g5core.inputs.step import Step
 from g5core.serve.api import split_config
-from g5core.serve.cost import StepWork, plan_step_runner
+from g5core.serve.cost import DpCost, RankedWork, StepWork, plan_step_runner
 from g5core.serve.session import ServingSession
 from g5core.serve.workload import Request, Workload, synthetic
 from g5core.session.run import make_plan
@@ -89,7 +89,7 @@ def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, worklo
         # decode steps of b sequences at the shortest prompt's context, b over the powers of
         # two up to the first at or above what the pool holds at the longest request (the
         # decode role's bound)
-        cost = session.fleet.pools[0].cost
+        cost = instance_cost(session.fleet.pools[0].cost)
         isl = lone_wl.requests[0].input_tokens
         holds = max(info["kv_capacity_tokens"] // max(_longest(workload), 1), 1)
         batches = [1 << k for k in range(min((holds - 1).bit_length(), MAX_DECODE_BATCH.bit_length() - 1) + 1)]
@@ -102,6 +102,30 @@ def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, worklo
             "kv_pool_bytes_per_chip": info["kv_pool_bytes_per_chip"], "lone_ttft_s": lone.summary["ttft_s"]["p50"],
             "lone_tpot_s": lone.summary["tpot_s"]["p50"], "lone_e2e_s": lone.summary["e2e_s"]["p50"],
             "decode_step_s": decode, "estimate": table}
+
+
+class _SpreadCost:
+    """An attention-DP instance's cost (:class:`~g5core.serve.cost.DpCost`) for the screen and
+    the estimate, which see an instance as one server: a step's decodes spread over the ranks
+    in turn (as the ranks' schedulers hold them at steady state), its prompt chunks on the
+    first ranks in turn."""
+
+    def __init__(self, cost):
+        self.cost, self.dp = cost, cost.dp
+
+    def latency_s(self, work: StepWork) -> float:
+        ranks = [([], []) for _ in range(self.dp)]
+        for k, chunk in enumerate(work.chunks):
+            ranks[k % self.dp][0].append(chunk)
+        for k, c in enumerate(work.decode_contexts):
+            ranks[k % self.dp][1].append(c)
+        return self.cost.latency_s(RankedWork(tuple(StepWork(tuple(ch), tuple(sorted(dc))) for ch, dc in ranks)))
+
+
+def instance_cost(cost):
+    """The cost the screen's step tables read: the pool's own, or an attention-DP instance's
+    spread over its ranks (:class:`_SpreadCost`)."""
+    return _SpreadCost(cost) if isinstance(cost, DpCost) else cost
 
 
 def screen_layout(base: Mapping, chips: int, parallel: Mapping, chunks, workload: Mapping, slo: str, disabled=(),

@@ -38,9 +38,9 @@ DEFAULT_CONFIRM = 2
 
 DEFAULT_TOP = 10
 #: whether the search tries instances of attention data-parallel ranks with the experts over
-#: ep (:func:`attention_dp_layout`) for MoE models: off until the serving loop's attention-DP
-#: pools (helper i31b's serve/ part) are on main
-ATTENTION_DP = False
+#: ep (:func:`attention_dp_layout`) for MoE models (the serving loop's attention-DP pools:
+#: g5core.serve.cost.DpCost, g5core.serve.scheduler.DpScheduler)
+ATTENTION_DP = True
 
 
 @attrs.frozen
