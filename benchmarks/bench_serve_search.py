@@ -50,7 +50,7 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=None)
     ap.add_argument("--confirm", type=int, default=None)
     ap.add_argument("--beam", type=int, default=None)
-    ap.add_argument("--top", type=int, default=None, help="the ranking is exact down to this place (default 10)")
+    ap.add_argument("--top", type=int, default=None, help="the ranking is exact down to this place (default 5)")
     ap.add_argument("--no-bound", action="store_true", help="simulate every candidate (no branch and bound)")
     ap.add_argument("--peer", action="store_true",
                     help="also run aiconfigurator's CLI (pip install .[peers]) on the same case and print both")

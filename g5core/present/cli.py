@@ -27,7 +27,7 @@ from g5core.session.run import input_files, load_raw, make_plan, run
 from g5core.study.search import best_layouts
 from g5core.study.serve_command import serve_command
 from g5core.study.serve_db import load_serving_rows
-from g5core.study.serving import best_serve_command
+from g5core.study.serving import DEFAULT_TOP as DEFAULT_SERVE_TOP, best_serve_command
 from g5core.study.serve_sweep import is_serving_sweep, render_rows, run_serving_sweep
 from g5core.study.sweep import default_progress, parse_grid, run_preset, run_sweep
 from g5core.study.validate import calibrate, validate
@@ -282,12 +282,14 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
                                                 "throughput_per_chip", "min_chips"]), default=None,
               help="What to rank by [default: ttft for prefill, tpot for decode, latency for a mixed step; with "
                    "--serve: goodput_per_chip (or throughput_per_chip, min_chips with --rate)].")
-@click.option("--top", "top", default=10, show_default=True, type=click.IntRange(min=1),
-              help="How many to show (--serve: the ranking is exact down to this place; the rest may be bounded out).")
+@click.option("--top", "top", default=None, type=click.IntRange(min=1),
+              help="How many to show [default: 10] (--serve: the ranking is exact down to this place; the rest may "
+                   "be bounded out) [--serve default: 5].")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes, "
                    "tokens_per_s_per_chip, objective_value and the full configuration (with --serve: config, "
-                   "capacity_requests_per_s, goodput_per_chip, ...).")
+                   "capacity_requests_per_s, goodput_per_chip, ...; an object with the ranked list, both answers "
+                   "(sides: the best aggregated and disaggregated, their ratio) and the counts).")
 @click.option("--db", "db_path", default=None, type=click.Path(dir_okay=False),
               help="Keep the simulated layouts in this results database (and reuse what it holds).")
 @sweep_options
@@ -332,6 +334,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
                   "--seed": seed, "--rate": rate, "--chunks": chunks, "--seqs": seqs, "--tolerance": tolerance,
                   "--max-rate": max_rate, "--beam": beam, "--vary": vary, "--settle": settle, "--confirm": confirm}
     if serve:
+        top = DEFAULT_SERVE_TOP if top is None else top
         found = best_serve_command(raw, config, disabled, objective, db_path, workers, executor, disagg=disagg, top=top,
                                    **{k[2:].replace("-", "_"): v for k, v in serve_only.items()})
         if as_json:
@@ -342,6 +345,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     given = [k for k, v in serve_only.items() if v is not None]
     if given:
         raise ConfigError(given[0], "applies to the serving search; add --serve")
+    top = 10 if top is None else top
     result = best_layouts(raw, objective, db_path, disabled, workers, executor,
                           progress=default_progress(), inputs=[config])
     if as_json:

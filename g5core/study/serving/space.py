@@ -36,7 +36,7 @@ MAX_RUN_REQUESTS = 20000
 DEFAULT_CONFIRM = 2
 
 
-DEFAULT_TOP = 10
+DEFAULT_TOP = 5
 #: whether the search tries instances of attention data-parallel ranks with the experts over
 #: ep (:func:`attention_dp_layout`) for MoE models (the serving loop's attention-DP pools:
 #: g5core.serve.cost.DpCost, g5core.serve.scheduler.DpScheduler)
