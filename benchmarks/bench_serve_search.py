@@ -136,8 +136,8 @@ def peer(args, wall: float, cpu: float, res) -> None:
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     peer_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     text = done.stdout + done.stderr
-    best = [line.strip() for line in text.splitlines()
-            if re.search(r"best|tokens/s/gpu|agg|disagg", line, re.I) and "deprecat" not in line.lower()]
+    best = [re.sub(r"\s+", " ", line.strip()) for line in text.splitlines()
+            if re.search(r"Best Experiment Chosen|Per-GPU Throughput|Top Configurations|^\|\s+1\s+\|", line)]
     g5_sides = res.sides()
     print(json.dumps({
         "peer": "aiconfigurator", "command": " ".join(cmd), "exit": done.returncode,
@@ -148,7 +148,7 @@ def peer(args, wall: float, cpu: float, res) -> None:
                     "g5_output_tokens_per_s_per_chip": {
                         k: g5_sides[k] and g5_sides[k].get("output_tokens_per_s_per_chip")
                         for k in ("aggregated", "disaggregated")},
-                    "aiconfigurator": best[-40:]},
+                    "aiconfigurator": best},
     }, indent=2))
 
 
