@@ -11,6 +11,12 @@ Tables (each between ``<!-- g5-table: NAME -->`` and ``<!-- /g5-table: NAME -->`
   roofline), about 30 s each;
 - ``validation-meta``: the same for `validation/measured-meta.csv` (Meta's rows, each on its GTT
   hosts' system file, validation/systems/h100-gtt.yaml), about 15 s each;
+- ``validation-frameworks``: `g5 validate validation/measured-frameworks.csv` (each row under its
+  framework's profile), every row against the +-10% band, a few seconds;
+- ``framework-changes``: how much each element of each framework profile (g5core/data/frameworks)
+  moves a TP8 decode step (batch 1, 4K context) and a 4K prefill of Llama-3.1-70B bf16 on
+  h100-sxm (the size-aware roofline), one element at a time on G5's model without a profile,
+  ranked by the decode change, about 20 s;
 - ``nccl``: `python benchmarks/nccl_agreement.py --summary`, G5's bus bandwidth beside the
   published NCCL measurements, about 20 s;
 - ``deepep``: `g5 collective ep_dispatch|ep_combine --system h800 --chips N` beside DeepEP's
@@ -33,6 +39,9 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 README = REPO / "README.md"
 MEASURED = REPO / "validation" / "measured.csv"
 MEASURED_META = REPO / "validation" / "measured-meta.csv"
+MEASURED_FRAMEWORKS = REPO / "validation" / "measured-frameworks.csv"
+#: the band a validation row of a framework is held to (issue 32)
+BAND_PCT = 10.0
 
 # validation/measured.csv rows: the README's label of each, and the heading above its group
 VALIDATION_LABELS = {
@@ -101,6 +110,80 @@ def validation_meta_table() -> str:
     return _validation(MEASURED_META, META_LABELS, META_GROUPS, "GTT hosts (h100-gtt)")
 
 
+def validation_frameworks_table() -> str:
+    from g5core.study.validate import read_rows, validate
+
+    report = validate(MEASURED_FRAMEWORKS)
+    names = {r.number: r.label.split()[0].rsplit("/", 1)[-1] for r in read_rows(MEASURED_FRAMEWORKS)}
+    lines = ["| row | framework | metric | config | measured ms | G5 ms | error | within +-10% |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in report["rows"]:
+        ok = "yes" if abs(r["error_pct"]) <= BAND_PCT else "**no**"
+        lines.append(f"| {r['row']} | {r['framework']} | {r['metric']} | {names[r['row']]} | {_num(r['measured_ms'])} | "
+                     f"{_ms(r['predicted_ms'])} | {r['error_pct']:+.1f}% | {ok} |")
+    for g in report["by_framework"]:
+        lines.append(f"| MAPE | {g['framework']} | {g['metric']} | {g['rows']} row{'s' if g['rows'] != 1 else ''} | | | "
+                     f"{g['mape_pct']:.1f}% | |")
+    return "\n".join(lines)
+
+
+#: the elements of a framework profile, each the framework-block keys it sets (the rest of the
+#: block: every step captured, as G5's model without a profile runs)
+PROFILE_ELEMENTS = {
+    "CUDA graphs (captured sizes, launches)": ("cuda_graphs", "cuda_graph_batch_sizes", "cuda_graph_padding",
+                                               "graph_kernel_s", "kernel_launch_s"),
+    "TP all-reduce kernels": ("all_reduce",),
+    "kernel fusions": ("stack",),
+    "host time per step": ("host",),
+}
+
+
+def framework_changes_table() -> str:
+    import tempfile
+
+    import yaml
+
+    from g5core.inputs.framework import load_profile
+    from g5core.session.run import run
+
+    base = {"model": "llama-3.1-70b", "chips": 8, "parallel": {"dp": 1, "tp": 8, "pp": 1, "cp": 1}, "batch": 1}
+    steps = {"decode": {"phase": "decode", "seq_len": 4096}, "prefill": {"phase": "prefill", "seq_len": 4096}}
+    rows = []
+    seen: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        def latency(block, step) -> float:
+            key = (yaml.safe_dump(block, sort_keys=True), step)
+            if key not in seen:
+                seen[key] = _latency(block, step)
+            return seen[key]
+
+        def _latency(block, step) -> float:
+            system = "h100-sxm"
+            if block is not None:
+                path = pathlib.Path(tmp) / f"s{abs(hash(yaml.safe_dump(block, sort_keys=True)))}.yaml"
+                path.write_text(yaml.safe_dump({"base": "h100-sxm", "name": "h100-fw", "framework": block}))
+                system = str(path)
+            out = run({**base, **steps[step], "system": system})
+            return out.latency_s  # host time (a serving step's) is not part of one simulated step
+
+        plain = {step: latency(None, step) for step in steps}
+        for name in ("vllm", "sglang", "trtllm"):
+            values = dict(load_profile(name)["framework"])
+            for element, keys in PROFILE_ELEMENTS.items():
+                block = {"cuda_graphs": "all", **{k: values[k] for k in keys if k in values}}
+                moved = {step: latency(block, step) / plain[step] - 1.0 for step in steps}
+                rows.append((name, element, moved))
+            whole = {step: latency({"name": name}, step) / plain[step] - 1.0 for step in steps}
+            rows.append((name, "the whole profile", whole))
+    # the elements by how much they move the decode step, the whole profiles last
+    rows.sort(key=lambda r: (r[1] == "the whole profile", -abs(r[2]["decode"]), r[0], r[1]))
+    lines = [f"| framework | profile element | TP8 decode step (G5 without a profile: {plain['decode'] * 1e3:.2f} ms) | "
+             f"4K prefill ({plain['prefill'] * 1e3:.1f} ms) |", "|---|---|---|---|"]
+    for name, element, moved in rows:
+        lines.append(f"| {name} | {element} | {100 * moved['decode']:+.1f}% | {100 * moved['prefill']:+.1f}% |")
+    return "\n".join(lines)
+
+
 def _agreement_module():
     spec = importlib.util.spec_from_file_location("nccl_agreement", REPO / "benchmarks" / "nccl_agreement.py")
     module = importlib.util.module_from_spec(spec)
@@ -161,8 +244,9 @@ def deepep_table() -> str:
     return "\n".join(lines)
 
 
-TABLES = {"validation": validation_table, "validation-meta": validation_meta_table, "nccl": nccl_table,
-          "deepep": deepep_table}
+TABLES = {"validation": validation_table, "validation-meta": validation_meta_table,
+          "validation-frameworks": validation_frameworks_table, "framework-changes": framework_changes_table,
+          "nccl": nccl_table, "deepep": deepep_table}
 
 
 def _block(name: str) -> re.Pattern:

@@ -24,11 +24,11 @@ from .api.serving import Request, RoutedInstance, Router, Scheduler, Seq, StepWo
 from .api.work import LogicalOp, Work
 from .lower.flops import activation_tensor_bytes, attention_block_bytes, causal_attention_flops, prefix_attention_flops
 from .lower.layers import (
-    attention_dims, attention_kernel, attention_kernel_of, attention_side_kernels, attention_work, default_work,
-    expert_work, local_kv_bytes_per_token, merge_kernel, step_attention_work, weight_elements, window_attention_work,
+    attention_dims, attention_kernel, attention_kernel_of, attention_side_kernels, attention_work,
+    decode_attention_kernel, decode_query_rows, default_work, expert_work, local_kv_bytes_per_token, merge_kernel, step_attention_work, weight_elements, window_attention_work,
 )
 from .lower.topology import Topology
-from .inputs.framework import fused_bytes, kernel_hosts
+from .inputs.framework import fused_bytes, kernel_hosts, op_overhead_s
 from .inputs.step import Step, StepGroup
 from .inputs.reading import check_keys
 from .lower.collective import NVLINK_COPY_EFFICIENCY, idle_transfer_s
@@ -56,9 +56,10 @@ __all__ = [
     "SchedulerSettings", "Seq", "Step", "StepGroup", "StepMemory", "StepResult", "StepRules", "StepWork",
     "SweepPreset", "SystemSpec", "Topology", "TraceFieldError", "TraceFormat", "Work", "activation_tensor_bytes",
     "attention_block_bytes", "attention_dims", "attention_kernel", "attention_kernel_of", "attention_side_kernels",
-    "attention_work", "causal_attention_flops", "check_keys", "default_work", "describe_plugins", "expert_work",
+    "attention_work", "causal_attention_flops", "check_keys", "decode_attention_kernel", "decode_query_rows", "default_work", "describe_plugins", "expert_work",
     "fused_bytes", "gemm_padded_flops", "hookimpl", "idle_transfer_s", "kernel_hosts", "kernel_latency_s",
-    "local_kv_bytes_per_token", "make_plugin_manager", "merge_kernel", "op_latency_s", "passq_reduce_elements",
+    "local_kv_bytes_per_token", "make_plugin_manager", "merge_kernel", "op_latency_s", "op_overhead_s",
+    "passq_reduce_elements",
     "prefix_attention_flops", "prepare", "roofline_latency_s", "step_attention_work", "suggest",
     "weight_bytes_per_chip", "weight_elements", "window_attention_work",
 ]

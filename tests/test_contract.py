@@ -360,11 +360,12 @@ def test_each_configuration_is_also_checked_on_a_step(models):
     raws = [_cfg(models), _cfg(models, cp=2), _cfg(models, cp=2, phase="decode")]
     configs = contract._as_configs(raws)
     steps = [c["step"] for c in configs if "step" in c]
-    assert configs[:3] == tuple(raws) and len(steps) == 3
+    assert configs[:3] == tuple(raws) and len(steps) == 4
     assert steps[0] == [{"new_tokens": 256, "cached_tokens": 256, "count": 2},       # cp = 1: a mixed step
                         {"new_tokens": 1, "cached_tokens": 255, "count": 512}]
     assert steps[1] == [{"new_tokens": 256, "cached_tokens": 256, "count": 2}]        # cp > 1: partial prefill
     assert [g["cached_tokens"] for g in steps[2]] == [255, 511]                     # decode at two contexts
+    assert steps[3] == [{"new_tokens": 3, "cached_tokens": 255, "count": 2, "verify": True}]  # speculative verification
     assert contract._as_configs(configs) == configs                                  # no variant of a variant
 
 

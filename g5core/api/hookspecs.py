@@ -300,6 +300,18 @@ def g5_register_routers(register: Callable[[str, Callable], None]) -> None:
 
 
 @hookspec
+def g5_register_kv_cache_policies(register: Callable[[str, Callable], None]) -> None:
+    """Register eviction policies for ``serving.prefix_cache.policy`` (registration hook).
+
+    ``register(name, factory)`` where ``factory()`` returns an ordered store of block hashes
+    with ``add(h)`` (a block just freed), ``remove(h)`` (held again), ``victim()`` (the
+    block to evict, removed from the store), ``len()``, ``in`` and iteration; one store per
+    instance for HBM and one per tier below it. Built in: ``lru``
+    (:class:`g5core.serve.kvcache.LruPolicy`).
+    """
+
+
+@hookspec
 def g5_register_workload_formats(register: Callable[[object], None]) -> None:
     """Register request-trace formats (registration hook).
 

@@ -41,16 +41,22 @@ class Request:
     cached_tokens: int = 0
     prefix: tuple = ()
     cache_key: Optional[str] = None   # what the instance caches when the request finishes (its whole context)
+    # the conversation this request continues: block j of every request with the same
+    # history holds the same tokens (the block cache's key; g5core.serve.kvcache)
+    history: Optional[str] = None
 
 
 @attrs.frozen(slots=True)
 class StepWork:
     """What one step of one instance computes: its prefill chunks as ``(new_tokens,
     cached_tokens)`` pairs, and one decode token for each sequence whose cached tokens are
-    in ``decode_contexts`` (sorted)."""
+    in ``decode_contexts`` (sorted). ``draft_tokens``: with speculative decoding, each decode
+    also verifies ``draft_tokens`` drafts (``k + 1`` query tokens; ``new_tokens`` and
+    :meth:`groups` count the one token of plain decode, the cost adds the rest)."""
 
     chunks: tuple[tuple[int, int], ...]
     decode_contexts: tuple[int, ...]
+    draft_tokens: int = 0
 
     @property
     def decodes(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import copy
 import pathlib
 import sys
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Optional
 
 import attrs
 import yaml
@@ -20,6 +20,8 @@ from g5core.api.dimensions import DimensionRegistry
 from g5core.api.options import OptionRegistry, option_value
 from g5core.inputs.dtypes import dtype_bytes, number_format
 from g5core.api.errors import ConfigError, suggest
+from g5core.inputs.framework import FRAMEWORK_NAMES
+from g5core.inputs.speculative import Speculative, parse_speculative
 from g5core.inputs.step import Step, as_step
 from g5core.inputs.reading import (
     MAX_BATCH, MAX_CHIPS, MAX_SEQ_LEN, MAX_TOKENS, DuplicateKeyError, check_keys, check_size, duplicate_key_error,
@@ -37,7 +39,7 @@ PATHS = ("g5", "math")
 WEIGHT_CLASSES = ("default", "attention", "ffn", "experts", "embedding")
 TOP_LEVEL_KEYS = (
     "name", "model", "system", "chips", "parallel", "phase", "batch", "seq_len", "step",
-    "dtypes", "path", "plugins",
+    "dtypes", "path", "plugins", "framework", "speculative",
 )
 NO_OPTIONS = OptionRegistry()
 REQUIRED_KEYS = ("model", "system", "chips", "parallel")
@@ -137,6 +139,9 @@ class Deployment:
     dtypes: Dtypes
     path: str
     name: str = ""
+    #: the serving framework profile the run uses (``framework: vllm``, g5core/inputs/framework.py);
+    #: "" for the system file's own framework block (or none)
+    framework: str = ""
     disabled_plugins: tuple[str, ...] = ()
     # Parallel dimensions (``"sp"``) and plugin options (``"tp.sp"``) the configuration left out,
     # filled from their registered defaults. Not part of equality; ``to_dict`` leaves them out,
@@ -146,6 +151,8 @@ class Deployment:
     step: Step = attrs.field(default=None, kw_only=True)
     #: whether the configuration gave a ``step:`` list (echoed as such) rather than the shorthand
     step_form: bool = attrs.field(default=False, eq=False, kw_only=True)
+    #: speculative decoding (g5core.inputs.speculative.Speculative), or None: plain decode
+    speculative: Optional[Speculative] = attrs.field(default=None, kw_only=True)
 
     @property
     def uniform(self) -> bool:
@@ -208,6 +215,10 @@ class Deployment:
         name = data.get("name", "")
         if not isinstance(name, str):
             raise ConfigError("name", f"must be a string, got {name!r}")
+        framework = data.get("framework", "")
+        if framework != "" and framework not in FRAMEWORK_NAMES:
+            raise ConfigError("framework", f"unknown framework {framework!r}{suggest(str(framework), FRAMEWORK_NAMES)}; "
+                                           f"choose one of {', '.join(FRAMEWORK_NAMES)}")
         return cls(
             model=data["model"],
             system=data["system"],
@@ -220,10 +231,12 @@ class Deployment:
             dtypes=Dtypes.from_dict(data.get("dtypes")),
             path=path,
             name=name,
+            framework=framework,
             disabled_plugins=disabled,
             implicit=implicit_dims + implicit_options,
             step=step,
             step_form="step" in data,
+            speculative=_parse_speculative(data, phase),
         )
 
     def to_dict(self) -> dict:
@@ -238,8 +251,12 @@ class Deployment:
         else:
             out.update(phase=self.phase, batch=self.batch, seq_len=self.seq_len)
         out.update(dtypes=self.dtypes.to_dict(), path=self.path)
+        if self.speculative is not None:
+            out["speculative"] = self.speculative.to_dict()
         if self.name:
             out["name"] = self.name
+        if self.framework:
+            out["framework"] = self.framework
         plugins: dict[str, Any] = {}
         for plugin, values in self.options:
             given = {k: v for k, v in values if f"{plugin}.{k}" not in self.implicit}
@@ -250,6 +267,15 @@ class Deployment:
         if plugins:
             out["plugins"] = plugins
         return out
+
+
+def _parse_speculative(data: Mapping, phase: str) -> Optional[Speculative]:
+    """The ``speculative:`` block, validated (None where absent); it applies to a decode step."""
+    spec = parse_speculative(data)
+    if spec is not None and spec.enabled and phase != "decode":
+        raise ConfigError("speculative", f"applies to a decode step (this step is {phase}); remove the block or "
+                                         "use phase: decode")
+    return spec
 
 
 def shorthand_of(step: Step) -> tuple[str, int, int]:

@@ -1,5 +1,20 @@
 """The ``framework:`` block of a system file: how the serving framework launches kernels.
 
+- ``name`` / ``version``: a shipped profile (:data:`FRAMEWORK_NAMES`: ``g5core/data/frameworks/
+  NAME.yaml``, every value with its source; the version is the profile's, for a check) whose
+  values the block's other keys override. ``generic`` is G5's model without a profile. A
+  configuration's ``framework: NAME`` key (``--framework NAME``) applies one to its system
+  (:func:`with_framework`).
+- ``cuda_graph_batch_sizes``: the decode batch sizes captured as graphs; a batch between them runs
+  padded up to the next (:func:`graph_step`) or, with ``cuda_graph_padding: false``, eagerly, and
+  above the largest eagerly. Left out: every batch captured.
+- ``graph_kernel_s``: what one kernel costs inside a captured graph. Set (as the profiles do), it
+  replaces the system file's per-op ``launch_overhead_s`` (:func:`op_overhead_s`): a captured
+  kernel costs ``graph_kernel_s``, an eager one ``kernel_launch_s``, each launched kernel once.
+- ``host``: the host's work per serving step (:class:`HostTime`), overlapped or added.
+- ``all_reduce``: the framework's own TP all-reduce kernel (:class:`CustomAllReduce`), lowered by
+  plugins/collectives where the framework's code chooses it; NCCL otherwise.
+
 - ``cuda_graphs``: which steps run as captured CUDA graphs (``decode``: the decode step only,
   as SGLang -- its CUDA graphs cover decode batches up to ``--cuda-graph-max-bs``, prefill
   runs eagerly -- and TensorRT-LLM's PyTorch backend, whose ``cuda_graph_config`` captures
@@ -32,17 +47,28 @@ the time added per step on the busiest chip.
 """
 from __future__ import annotations
 
+import bisect
+import functools
 import math
+import pathlib
+from importlib.resources import files
 from typing import Any, Mapping
 
 import attrs
 
 from g5core.api.errors import ConfigError, suggest
-from g5core.inputs.reading import check_keys
+from g5core.inputs.reading import check_keys, load_yaml
+from g5core.inputs.step import Step, StepGroup
 
 CUDA_GRAPH_MODES = ("decode", "all", "none")
-FRAMEWORK_KEYS = ("cuda_graphs", "kernel_launch_s", "eager_passkv_ring", "stack", "fusions", "fused_fp8_quant",
-                  "attention")
+FRAMEWORK_KEYS = ("name", "version", "cuda_graphs", "kernel_launch_s", "eager_passkv_ring", "stack", "fusions",
+                  "fused_fp8_quant", "attention", "cuda_graph_batch_sizes", "cuda_graph_padding", "graph_kernel_s",
+                  "host", "all_reduce")
+#: the shipped profiles (g5core/data/frameworks/NAME.yaml)
+FRAMEWORK_NAMES = ("generic", "vllm", "sglang", "trtllm")
+HOST_KEYS = ("fixed_s", "per_sequence_s", "per_token_s", "overlap")
+ALL_REDUCE_KEYS = ("kernel", "world_sizes", "max_bytes", "one_shot_max_bytes", "one_shot_latency_s",
+                   "two_shot_latency_s")
 DEFAULT_KERNEL_LAUNCH_S = 5.0e-6
 
 #: The fusions G5 models. Each names side kernels that run inside another kernel:
@@ -96,8 +122,158 @@ def _bool(data: Mapping, key: str, default: bool, field: str) -> bool:
     return value
 
 
+def _seconds(data: Mapping, key: str, default: float, field: str) -> float:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not 0 <= value <= 1:
+        raise ConfigError(f"{field}.{key}", f"expected seconds in 0 .. 1, got {value!r}")
+    return float(value)
+
+
+def _whole(value: Any, field: str, low: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(field, f"expected a whole number >= {low}, got {value!r}")
+    return value
+
+
+def _per_world(data: Mapping, key: str, field: str, kind) -> tuple:
+    """``{world size: value}`` of an ``all_reduce`` block, as sorted ``(size, value)`` pairs."""
+    value = data.get(key)
+    if not isinstance(value, Mapping) or not value:
+        raise ConfigError(f"{field}.{key}", f"expected a mapping of world size to a value, e.g. {{8: 262144}}, "
+                                            f"got {value!r}")
+    out = []
+    for ws, v in value.items():
+        _whole(ws, f"{field}.{key}", 2)
+        out.append((ws, kind(v, f"{field}.{key}.{ws}")))
+    return tuple(sorted(out))
+
+
+def _bytes(v: Any, field: str) -> int:
+    return _whole(v, field, 0)
+
+
+def _checked_seconds(v: Any, field: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= 1:
+        raise ConfigError(field, f"expected seconds in 0 .. 1, got {v!r}")
+    return float(v)
+
+
+@attrs.frozen(kw_only=True)
+class HostTime:
+    """The host's work per step (scheduling, input preparation, sampling, output processing):
+    ``fixed_s + per_sequence_s * sequences + per_token_s * new tokens``; ``overlap``: the
+    framework runs it while the GPU runs the previous step (vLLM v1's async scheduling, SGLang's
+    overlap scheduler), so a step takes ``max(GPU, host)``, else ``GPU + host``."""
+
+    fixed_s: float = 0.0
+    per_sequence_s: float = 0.0
+    per_token_s: float = 0.0
+    overlap: bool = False
+
+    @classmethod
+    def from_mapping(cls, data: Any, field: str) -> "HostTime":
+        if not isinstance(data, Mapping):
+            raise ConfigError(field, f"expected a mapping such as {{fixed_s: 1e-3, overlap: true}}, got {data!r}")
+        check_keys(data, field, HOST_KEYS)
+        return cls(fixed_s=_seconds(data, "fixed_s", 0.0, field),
+                   per_sequence_s=_seconds(data, "per_sequence_s", 0.0, field),
+                   per_token_s=_seconds(data, "per_token_s", 0.0, field), overlap=_bool(data, "overlap", False, field))
+
+    def seconds(self, sequences: int, tokens: int) -> float:
+        return self.fixed_s + self.per_sequence_s * sequences + self.per_token_s * tokens
+
+    def step_s(self, gpu_s: float, sequences: int, tokens: int) -> float:
+        """What a step of ``gpu_s`` on the GPU takes with this host work: overlapped host time
+        shows only where it exceeds the GPU's."""
+        host = self.seconds(sequences, tokens)
+        return max(gpu_s, host) if self.overlap else gpu_s + host
+
+
+@attrs.frozen(kw_only=True)
+class CustomAllReduce:
+    """The framework's own all-reduce kernel inside one NVLink node (plugins/collectives uses it):
+    chosen for a group of ``world_sizes`` chips of one node and a buffer under ``max_bytes`` (per
+    world size), one-shot (each rank reads every peer's buffer and reduces) under
+    ``one_shot_max_bytes`` and two-shot (reduce-scatter then all-gather through peer memory) above;
+    NCCL otherwise. ``*_latency_s``: each kernel's fixed cost (its wires come from the topology)."""
+
+    kernel: str
+    world_sizes: tuple
+    max_bytes: tuple
+    one_shot_max_bytes: tuple
+    one_shot_latency_s: tuple
+    two_shot_latency_s: tuple
+
+    @classmethod
+    def from_mapping(cls, data: Any, field: str) -> "CustomAllReduce":
+        if not isinstance(data, Mapping):
+            raise ConfigError(field, f"expected a mapping (kernel, world_sizes, max_bytes, ...), got {data!r}")
+        check_keys(data, field, ALL_REDUCE_KEYS)
+        kernel = data.get("kernel")
+        if not isinstance(kernel, str) or not kernel:
+            raise ConfigError(f"{field}.kernel", f"expected the kernel's name, e.g. vllm_custom, got {kernel!r}")
+        sizes = data.get("world_sizes")
+        if not isinstance(sizes, (list, tuple)) or not sizes:
+            raise ConfigError(f"{field}.world_sizes", f"expected a list of world sizes such as [2, 4, 8], got {sizes!r}")
+        world = tuple(sorted(_whole(w, f"{field}.world_sizes", 2) for w in sizes))
+        out = cls(kernel=kernel, world_sizes=world,
+                  max_bytes=_per_world(data, "max_bytes", field, _bytes),
+                  one_shot_max_bytes=_per_world(data, "one_shot_max_bytes", field, _bytes),
+                  one_shot_latency_s=_per_world(data, "one_shot_latency_s", field, _checked_seconds),
+                  two_shot_latency_s=_per_world(data, "two_shot_latency_s", field, _checked_seconds))
+        for key in ALL_REDUCE_KEYS[2:]:
+            missing = [w for w in world if w not in dict(getattr(out, key))]
+            if missing:
+                raise ConfigError(f"{field}.{key}", f"no value for world size {missing[0]}; give one for each of "
+                                                    f"world_sizes {list(world)}")
+        return out
+
+    def choose(self, world: int, nbytes: float) -> str | None:
+        """``one_shot``, ``two_shot`` or None (NCCL) for ``nbytes`` per rank over ``world`` chips of one node."""
+        if world not in self.world_sizes or nbytes >= dict(self.max_bytes)[world]:
+            return None
+        return "one_shot" if nbytes < dict(self.one_shot_max_bytes)[world] else "two_shot"
+
+    def latency_s(self, world: int, regime: str) -> float:
+        return dict(self.one_shot_latency_s if regime == "one_shot" else self.two_shot_latency_s)[world]
+
+    def to_dict(self) -> dict:
+        return {"kernel": self.kernel, "world_sizes": list(self.world_sizes),
+                **{k: dict(getattr(self, k)) for k in ALL_REDUCE_KEYS[2:]}}
+
+
+def _profile_dir():
+    try:
+        root = files("g5core") / "data" / "frameworks"
+        if root.is_dir():
+            return root
+    except Exception:  # a namespace package on an old Python: use the file system
+        pass
+    return pathlib.Path(__file__).resolve().parent.parent / "data" / "frameworks"
+
+
+@functools.lru_cache(maxsize=None)
+def load_profile(name: str) -> dict:
+    """The shipped profile ``name`` (g5core/data/frameworks/NAME.yaml): ``{name, version,
+    sources, framework}``; its ``framework`` mapping is a framework block."""
+    text = (_profile_dir() / f"{name}.yaml").read_text(encoding="utf-8")
+    data = load_yaml(text)
+    if not isinstance(data, Mapping) or data.get("name") != name or not isinstance(data.get("framework"), Mapping):
+        raise ConfigError(f"framework profile {name}", "the shipped file is malformed (name, version, sources, "
+                                                       "framework)")
+    return data
+
+
+def profile_names() -> tuple:
+    return FRAMEWORK_NAMES
+
+
 @attrs.frozen(kw_only=True)
 class Framework:
+    #: the profile the block selected (``name:``), None for a block without one (today's behaviour)
+    name: str | None = None
+    version: str | None = None
     cuda_graphs: str = "decode"
     kernel_launch_s: float = DEFAULT_KERNEL_LAUNCH_S
     eager_passkv_ring: bool = True
@@ -105,21 +281,49 @@ class Framework:
     #: the fusions in force (the stack's, with the block's overrides), in FUSIONS order
     fusions: tuple = STACKS[DEFAULT_STACK]
     attention: str = "default"
+    #: the decode batch sizes captured as CUDA graphs; None: every size (no padding)
+    cuda_graph_batch_sizes: tuple | None = None
+    #: a decode batch between captured sizes runs padded up to the next one (else eagerly)
+    cuda_graph_padding: bool = True
+    #: what one launched kernel costs inside a captured graph; None: the system file's
+    #: ``launch_overhead_s`` per op, everywhere (the model without a profile)
+    graph_kernel_s: float | None = None
+    host: HostTime | None = None
+    all_reduce: CustomAllReduce | None = None
 
     @classmethod
     def from_mapping(cls, data: Any, field: str = "system.framework") -> "Framework":
         if not isinstance(data, Mapping):
-            raise ConfigError(field, f"expected a mapping such as {{cuda_graphs: decode, kernel_launch_s: 5e-6}}, "
-                                     f"got {data!r}")
+            raise ConfigError(field, f"expected a mapping such as {{name: vllm}} or {{cuda_graphs: decode, "
+                                     f"kernel_launch_s: 5e-6}}, got {data!r}")
         check_keys(data, field, FRAMEWORK_KEYS)
+        name = data.get("name")
+        version = None
+        if name is not None:
+            if name not in FRAMEWORK_NAMES:
+                raise ConfigError(f"{field}.name", f"unknown framework {name!r}{suggest(str(name), FRAMEWORK_NAMES)}; "
+                                                   f"choose one of {', '.join(FRAMEWORK_NAMES)}")
+            profile = load_profile(name)
+            version = str(profile["version"])
+            asked = data.get("version")
+            if asked is not None and str(asked) != version:
+                raise ConfigError(f"{field}.version", f"G5 ships the {name} profile of release {version} only, not "
+                                                      f"{asked!r}; remove version or set it to '{version}'")
+            values = dict(profile["framework"])
+            overrides = data.get("fusions")
+            if "fusions" in values and isinstance(overrides, Mapping):
+                overrides = {**values["fusions"], **overrides}
+            data = {**values, **{k: v for k, v in data.items() if k not in ("name", "version")}}
+            if overrides is not None:
+                data["fusions"] = overrides
+        elif "version" in data:
+            raise ConfigError(f"{field}.version", "a version selects a release of a named profile; add name: "
+                                                  f"{' | '.join(FRAMEWORK_NAMES)}")
         mode = data.get("cuda_graphs", "decode")
         if mode not in CUDA_GRAPH_MODES:
             raise ConfigError(f"{field}.cuda_graphs", f"unknown mode {mode!r}{suggest(str(mode), CUDA_GRAPH_MODES)}; "
                                                       f"choose one of {', '.join(CUDA_GRAPH_MODES)}")
-        launch = data.get("kernel_launch_s", DEFAULT_KERNEL_LAUNCH_S)
-        if isinstance(launch, bool) or not isinstance(launch, (int, float)) or not math.isfinite(launch) \
-                or not 0 <= launch <= 1:
-            raise ConfigError(f"{field}.kernel_launch_s", f"expected seconds in 0 .. 1, got {launch!r}")
+        launch = _seconds(data, "kernel_launch_s", DEFAULT_KERNEL_LAUNCH_S, field)
         eager = _bool(data, "eager_passkv_ring", True, field)
         stack = data.get("stack", DEFAULT_STACK)
         if stack not in STACKS:
@@ -132,24 +336,59 @@ class Framework:
         if not isinstance(overrides, Mapping):
             raise ConfigError(f"{field}.fusions", f"expected a mapping such as {{attn_quant: true}}, got {overrides!r}")
         check_keys(overrides, f"{field}.fusions", FUSIONS)
-        for name in overrides:
-            (on.add if _bool(overrides, name, False, f"{field}.fusions") else on.discard)(name)
+        for fusion in overrides:
+            (on.add if _bool(overrides, fusion, False, f"{field}.fusions") else on.discard)(fusion)
         attention = data.get("attention", "default")
         if not isinstance(attention, str) or not attention:
             raise ConfigError(f"{field}.attention", f"expected a curve name (default, fa3, ...), got {attention!r}")
-        return cls(cuda_graphs=mode, kernel_launch_s=float(launch), eager_passkv_ring=eager, stack=stack,
-                   fusions=tuple(f for f in FUSIONS if f in on), attention=attention)
+        sizes = data.get("cuda_graph_batch_sizes")
+        if sizes is not None:
+            if not isinstance(sizes, (list, tuple)) or not sizes:
+                raise ConfigError(f"{field}.cuda_graph_batch_sizes",
+                                  f"expected a list of batch sizes such as [1, 2, 4, 8], got {sizes!r}")
+            sizes = tuple(sorted({_whole(b, f"{field}.cuda_graph_batch_sizes") for b in sizes}))
+        graph_kernel = data.get("graph_kernel_s")
+        if graph_kernel is not None:
+            graph_kernel = _seconds(data, "graph_kernel_s", 0.0, field)
+        host = data.get("host")
+        host = None if host is None else HostTime.from_mapping(host, f"{field}.host")
+        reduce = data.get("all_reduce")
+        reduce = None if reduce is None else CustomAllReduce.from_mapping(reduce, f"{field}.all_reduce")
+        return cls(name=name, version=version, cuda_graphs=mode, kernel_launch_s=launch, eager_passkv_ring=eager,
+                   stack=stack, fusions=tuple(f for f in FUSIONS if f in on), attention=attention,
+                   cuda_graph_batch_sizes=sizes, cuda_graph_padding=_bool(data, "cuda_graph_padding", True, field),
+                   graph_kernel_s=graph_kernel, host=host, all_reduce=reduce)
 
     def to_dict(self) -> dict:
-        out = attrs.asdict(self)
+        out = attrs.asdict(self, recurse=False)
         out["fusions"] = {f: f in self.fusions for f in FUSIONS}
-        return out
+        if self.cuda_graph_batch_sizes is not None:
+            out["cuda_graph_batch_sizes"] = list(self.cuda_graph_batch_sizes)
+        out["host"] = None if self.host is None else attrs.asdict(self.host)
+        out["all_reduce"] = None if self.all_reduce is None else self.all_reduce.to_dict()
+        return {k: v for k, v in out.items() if v is not None or k in ("name",)}
 
-    def captured(self, phase: str, owner: str) -> bool:
-        """Whether an op of ``owner`` in a ``phase`` step runs inside a captured CUDA graph."""
+    def graph_batch(self, sequences: int) -> int | None:
+        """The captured batch size a decode step of ``sequences`` runs as, or None where it runs
+        eagerly (above the largest captured size, or between sizes without padding)."""
+        sizes = self.cuda_graph_batch_sizes
+        if sizes is None:
+            return sequences
+        i = bisect.bisect_left(sizes, sequences)
+        if i == len(sizes) or (sizes[i] != sequences and not self.cuda_graph_padding):
+            return None
+        return sizes[i]
+
+    def captured(self, phase: str, owner: str, sequences: int | None = None) -> bool:
+        """Whether an op of ``owner`` in a ``phase`` step (of ``sequences`` sequences, for a
+        decode step) runs inside a captured CUDA graph."""
         if owner == "cp_passkv" and self.eager_passkv_ring:
             return False
-        return self.cuda_graphs == "all" or (self.cuda_graphs == "decode" and phase == "decode")
+        if self.cuda_graphs == "all":
+            return True
+        if self.cuda_graphs != "decode" or phase != "decode":
+            return False
+        return sequences is None or self.graph_batch(sequences) is not None
 
 
 #: the fusions of a system without a framework block
@@ -220,15 +459,77 @@ def fused_bytes(op, hosts) -> list:
     return extra
 
 
-def launch_s(op, system, phase: str) -> float:
-    """The launch time G5 adds to compute ``op``: its launched (unfused) kernels times
-    ``kernel_launch_s`` when it is not captured (0 without a ``framework`` block)."""
+def step_sequences(deployment) -> int | None:
+    """The sequences of a deployment's step (what CUDA-graph capture is keyed on), or None."""
+    step = getattr(deployment, "step", None)
+    return None if step is None else step.sequences
+
+
+def launch_s(op, system, phase: str, sequences: int | None = None) -> float:
+    """The launch time G5 adds to compute ``op`` (0 without a ``framework`` block): its launched
+    (unfused) kernels times ``kernel_launch_s`` where the op is not captured (``sequences``: the
+    step's, which decide whether a decode step has a captured graph); under a profile with
+    ``graph_kernel_s``, captured kernels pay that each (:func:`op_overhead_s`)."""
     fw = getattr(system, "framework", None)
-    if fw is None or fw.captured(phase, op.owner):
+    if fw is None:
         return 0.0
+    if fw.captured(phase, op.owner, sequences):
+        if fw.graph_kernel_s is None:
+            return 0.0
+        return max(1, launched_kernels(op, system, phase)) * fw.graph_kernel_s
     return max(1, launched_kernels(op, system, phase)) * fw.kernel_launch_s
+
+
+def op_overhead_s(system) -> float:
+    """The fixed time the latency plugins add to every compute op: the system file's
+    ``launch_overhead_s`` ("fixed host cost of one kernel launch"), except under a framework
+    with ``graph_kernel_s``, where :func:`launch_s` prices every kernel's launch -- a captured
+    kernel at the graph's cost, an eager one at ``kernel_launch_s`` -- and adding the per-op
+    host launch on top would count a launch twice (in a CUDA graph there is no host launch at
+    all)."""
+    fw = getattr(system, "framework", None)
+    return system.launch_overhead_s if fw is None or fw.graph_kernel_s is None else 0.0
 
 
 def launched_kernels(op, system, phase: str) -> int:
     """How many of ``op``'s kernels are launched (not fused into another)."""
     return sum(1 for h in kernel_hosts(op, system, phase) if h is None)
+
+
+def with_framework(system, name: str, field: str = "--framework"):
+    """``system`` under the shipped profile ``name`` (what ``--framework NAME`` does): the system
+    file's own framework block keeps its other keys, which override the profile's values."""
+    if name not in FRAMEWORK_NAMES:
+        raise ConfigError(field, f"unknown framework {name!r}{suggest(str(name), FRAMEWORK_NAMES)}; "
+                                 f"choose one of {', '.join(FRAMEWORK_NAMES)}")
+    block = getattr(system, "framework", None)
+    if name == "generic" and block is None:
+        return system   # G5's model without a profile: the same system, bit for bit
+    own = {}
+    if block is not None and block.name is None:   # the file's own keys: those that differ from the defaults
+        defaults = DEFAULT_FRAMEWORK.to_dict()
+        own = {k: v for k, v in block.to_dict().items() if k != "name" and v != defaults.get(k)}
+    return attrs.evolve(system, framework=Framework.from_mapping({**own, "name": name}, field))
+
+
+def graph_step(step, system):
+    """The step the GPU runs for ``step`` under the system's framework: a decode step whose
+    batch lies between captured CUDA-graph sizes is padded up to the next one (the padding
+    slots attend nothing: one new token after no cached ones each), as vLLM's and SGLang's
+    runners pad a batch to the captured graph (bisect); every other step as it is."""
+    fw = getattr(system, "framework", None)
+    if fw is None or fw.cuda_graph_batch_sizes is None or fw.cuda_graphs == "none" or step.phase != "decode":
+        return step
+    padded = fw.graph_batch(step.sequences)
+    if padded is None or padded == step.sequences:
+        return step
+    return Step(tuple(step) + (StepGroup(new_tokens=1, cached_tokens=0, count=padded - step.sequences),))
+
+
+def host_step_s(gpu_s: float, step, system) -> float:
+    """A serving step's time with the framework's host work per step (:class:`HostTime`); the
+    GPU's time where the framework has none."""
+    fw = getattr(system, "framework", None)
+    if fw is None or fw.host is None:
+        return gpu_s
+    return fw.host.step_s(gpu_s, step.sequences, step.new_tokens)

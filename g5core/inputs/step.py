@@ -14,7 +14,9 @@ The shorthand of a configuration maps onto one group:
   (the attention of the new token reads ``S`` keys, and the KV cache holds ``S`` tokens).
 
 A group with ``new_tokens == 1`` is a decode group (the single-query decode kernel runs it);
-any other group is a prefill group (a prompt, or a chunk of one after ``cached_tokens``).
+a group with ``verify: true`` is a speculative verification group, also decode (``new_tokens =
+k + 1``: the last sampled token and ``k`` draft tokens, checked against the context in one
+pass; :mod:`g5core.inputs.speculative`); any other group is a prefill group (a prompt, or a chunk of one after ``cached_tokens``).
 A step's :attr:`Step.phase` is ``prefill`` or ``decode`` when every group is of that kind,
 else ``mixed``. Groups are kept in a canonical order (equal shapes merged, then sorted), so a
 step's result never depends on the order its groups were written in.
@@ -28,7 +30,7 @@ import attrs
 from g5core.api.errors import ConfigError
 from g5core.inputs.reading import check_keys
 
-GROUP_KEYS = ("new_tokens", "cached_tokens", "count")
+GROUP_KEYS = ("new_tokens", "cached_tokens", "count", "verify")
 STEP_PHASES = ("prefill", "decode", "mixed")
 
 
@@ -41,6 +43,15 @@ def _whole(value: Any, field: str, minimum: int) -> int:
     return value
 
 
+def _verify_flag(value: Any, new_tokens: int, field: str) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(field, f"must be true or false, got {value!r}")
+    if value and new_tokens < 2:
+        raise ConfigError(field, f"a verification group runs k + 1 >= 2 new tokens, got new_tokens {new_tokens}; "
+                                 "drop verify for plain decode")
+    return value
+
+
 @attrs.frozen(kw_only=True, order=True)
 class StepGroup:
     """``count`` sequences, each running ``new_tokens`` new tokens after ``cached_tokens``
@@ -49,11 +60,14 @@ class StepGroup:
     new_tokens: int
     cached_tokens: int = 0
     count: int = 1
+    #: a speculative verification group: ``new_tokens - 1`` draft tokens after the last sampled one
+    verify: bool = False
 
     def __attrs_post_init__(self) -> None:
         _whole(self.new_tokens, "new_tokens", 1)
         _whole(self.cached_tokens, "cached_tokens", 0)
         _whole(self.count, "count", 1)
+        _verify_flag(self.verify, self.new_tokens, "verify")
 
     @property
     def context_tokens(self) -> int:
@@ -62,15 +76,18 @@ class StepGroup:
 
     @property
     def is_decode(self) -> bool:
-        """One new token per sequence: the decode kernel runs it."""
-        return self.new_tokens == 1
+        """One new token per sequence, or a verification group: the decode kernel runs it."""
+        return self.new_tokens == 1 or self.verify
 
     @property
     def kind(self) -> str:
         return "decode" if self.is_decode else "prefill"
 
     def to_dict(self) -> dict:
-        return {"new_tokens": self.new_tokens, "cached_tokens": self.cached_tokens, "count": self.count}
+        out = {"new_tokens": self.new_tokens, "cached_tokens": self.cached_tokens, "count": self.count}
+        if self.verify:
+            out["verify"] = True
+        return out
 
     @classmethod
     def from_dict(cls, data: Any, field: str = "step.0") -> "StepGroup":
@@ -85,7 +102,8 @@ class StepGroup:
         new = _whole(data["new_tokens"], f"{field}.new_tokens", 1)
         cached = _whole(data.get("cached_tokens", 0), f"{field}.cached_tokens", 0)
         count = _whole(data["count"], f"{field}.count", 1)
-        return cls(new_tokens=new, cached_tokens=cached, count=count)
+        verify = _verify_flag(data.get("verify", False), new, f"{field}.verify")
+        return cls(new_tokens=new, cached_tokens=cached, count=count, verify=verify)
 
 
 class Step(tuple):
@@ -95,17 +113,17 @@ class Step(tuple):
     __slots__ = ()
 
     def __new__(cls, groups: Iterable[StepGroup] = ()) -> "Step":
-        merged: dict[tuple[int, int], int] = {}
+        merged: dict[tuple[int, int, bool], int] = {}
         for g in groups:
             if not isinstance(g, StepGroup):
                 raise TypeError(f"a Step holds StepGroup records, got {g!r}")
-            key = (g.new_tokens, g.cached_tokens)
+            key = (g.new_tokens, g.cached_tokens, g.verify)
             merged[key] = merged.get(key, 0) + g.count
         if not merged:
             raise ConfigError("step", "must list at least one group, e.g. [{new_tokens: 2048, cached_tokens: 0, "
                                       "count: 1}]")
-        return super().__new__(cls, (StepGroup(new_tokens=n, cached_tokens=c, count=k)
-                                     for (n, c), k in sorted(merged.items())))
+        return super().__new__(cls, (StepGroup(new_tokens=n, cached_tokens=c, count=k, verify=v)
+                                     for (n, c, v), k in sorted(merged.items())))
 
     # -- shorthand -------------------------------------------------------------------------
 
@@ -118,6 +136,16 @@ class Step(tuple):
     def decode(cls, batch: int, seq_len: int) -> "Step":
         """``batch`` decode tokens at context ``seq_len`` (the new token included)."""
         return cls((StepGroup(new_tokens=1, cached_tokens=seq_len - 1, count=batch),))
+
+    @classmethod
+    def verify(cls, batch: int, seq_len: int, draft_tokens: int) -> "Step":
+        """The verification step of a speculative decode at context ``seq_len`` (the decode
+        shorthand's: the last sampled token included): ``batch`` sequences each running the
+        last sampled token and ``draft_tokens`` drafts (``k + 1`` queries) after ``seq_len - 1``
+        cached tokens. ``draft_tokens == 0`` is :meth:`decode`."""
+        if draft_tokens == 0:
+            return cls.decode(batch, seq_len)
+        return cls((StepGroup(new_tokens=draft_tokens + 1, cached_tokens=seq_len - 1, count=batch, verify=True),))
 
     @classmethod
     def from_shorthand(cls, phase: str, batch: int, seq_len: int) -> "Step":
@@ -185,6 +213,8 @@ class Step(tuple):
         if not self.uniform:
             return None
         g = self[0]
+        if g.verify:
+            return None
         if g.is_decode:
             return "decode", g.count, g.context_tokens
         if g.cached_tokens == 0:
@@ -193,7 +223,8 @@ class Step(tuple):
 
     def describe(self) -> str:
         """``1 x (2048 new after 30000 cached) + 64 x (1 new after 8191 cached)``."""
-        return " + ".join(f"{g.count} x ({g.new_tokens} new after {g.cached_tokens} cached)" for g in self)
+        return " + ".join(f"{g.count} x ({g.new_tokens} {'verified' if g.verify else 'new'} after {g.cached_tokens} "
+                          "cached)" for g in self)
 
     def __repr__(self) -> str:
         return f"Step({list(self)!r})"

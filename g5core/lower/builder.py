@@ -29,6 +29,7 @@ from g5core.api.plugins import Hooks, describe_plugins
 from g5core.lower.rankmap import RankMap
 from g5core.api.options import collect_options
 from g5core.lower.shape import LocalShape, collect_shard_axes, merge_factors
+from g5core.inputs.framework import with_framework
 from g5core.inputs.systems import SystemSpec, get_system
 
 
@@ -111,7 +112,7 @@ class Plan:
 
 
 def plan_deployment(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configuration",
-            max_ops: int | None = None) -> Plan:
+            max_ops: int | None = None, model: ModelSpec | None = None) -> Plan:
     """Validate a raw configuration mapping (or a Deployment) against the enabled plugins.
 
     A deployment whose op count is certainly above ``max_ops`` (default DEFAULT_MAX_OPS)
@@ -127,8 +128,11 @@ def plan_deployment(raw_or_deployment, pm: pluggy.PluginManager, source: str = "
             deployment = Deployment.from_dict(raw_or_deployment, dims, source, options)
         except ConfigError as exc:
             raise _name_disabled_plugins(exc, pm, dims) from None
-    model = get_model(deployment.model)
+    # ``model``: a model given as a spec (a speculative proposer: g5core.session.speculative)
+    model = get_model(deployment.model) if model is None else model
     system = get_system(deployment.system)
+    if deployment.framework:   # the configuration's framework profile (g5core.inputs.framework)
+        system = with_framework(system, deployment.framework, "framework")
     shape = validated_shape(hooks, deployment, model, system, axes)
     _check_floor(deployment, model, max_ops)
     sizes = dict(deployment.parallel)

@@ -386,12 +386,44 @@ def step_attention_kernels(model: ModelSpec, deployment: Deployment, shape: Loca
         if not g.decode:
             out.append(attention_kernel_of(model, deployment, shape, g.count, g.q_tokens, g.kv_len, "causal",
                                          "prefill"))
-    decode = [g for g in groups if g.decode]
+    for g in groups:
+        if g.verify:
+            out.append(verify_attention_kernel(model, deployment, shape, g.count, g.q_tokens, g.kv_len))
+    decode = [g for g in groups if g.decode and not g.verify]
     if decode:
         count = sum(g.count for g in decode)
         kv_len = decode[0].kv_len if len(decode) == 1 else sum(g.count * g.kv_len for g in decode) / count
         out.append(attention_kernel_of(model, deployment, shape, count, 1.0, kv_len, "decode", "decode"))
     return tuple(out)
+
+
+def verify_attention_kernel(model: ModelSpec, deployment: Deployment, shape: LocalShape, batch: float,
+                            q_len: float, kv_len: float) -> Attention:
+    """The attention of a speculative verification: ``q_len = k + 1`` queries per sequence (the
+    last sampled token and the drafts) over ``kv_len`` keys, the drafts causal among themselves
+    after the cached prefix (the ``causal`` block's ``q_len x (kv_len - q_len)`` rectangle plus
+    its diagonal block), on the decode path's head dims (MLA absorbed, as FlashMLA runs
+    ``seq_len_q > 1``). A KV shard shorter than the queries (context parallelism) is an
+    unmasked block."""
+    block = "causal" if kv_len >= q_len else "full"
+    return attention_kernel_of(model, deployment, shape, batch, q_len, kv_len, block, "decode")
+
+
+def decode_query_rows(shape: LocalShape) -> float:
+    """Query tokens of a decode step per replica: one per sequence, ``k + 1`` per sequence of a
+    verification group (what the LM head and a decode attention's outputs run on)."""
+    return float(shape.batch + sum(g.count * (g.new_tokens - 1) for g in shape.groups if g.verify))
+
+
+def decode_attention_kernel(model: ModelSpec, deployment: Deployment, shape: LocalShape, batch: float,
+                            kv_len: float) -> Attention:
+    """A decode step's attention kernel over ``kv_len`` keys per sequence (a strategy's KV
+    shard): the single-query decode kernel, or for a verification step (one verification
+    group) :func:`verify_attention_kernel` with its ``k + 1`` queries."""
+    verify = [g for g in shape.groups if g.verify]
+    if verify:
+        return verify_attention_kernel(model, deployment, shape, batch, verify[0].q_tokens, kv_len)
+    return attention_kernel_of(model, deployment, shape, batch, 1, kv_len, "decode", deployment.phase)
 
 
 def step_attention_work(model: ModelSpec, deployment: Deployment, shape: LocalShape, groups=None) -> Work:
@@ -404,8 +436,9 @@ def step_attention_work(model: ModelSpec, deployment: Deployment, shape: LocalSh
 
 def _head_tokens(shape: LocalShape) -> float:
     """The LM head computes logits for the last token of each sequence (prefill) or the new
-    token (decode): ``batch`` tokens, wherever the sequence is sharded."""
-    return float(shape.batch)
+    token (decode): ``batch`` tokens, wherever the sequence is sharded; a verification group
+    needs the logits of all its ``k + 1`` tokens (:func:`decode_query_rows`)."""
+    return decode_query_rows(shape)
 
 
 def iter_layers(model: ModelSpec) -> Iterator[int]:
@@ -481,7 +514,8 @@ def attention_side_kernels(model: ModelSpec, deployment: Deployment, shape: Loca
         parts = split_kv_partitions(shape.batch, shape.q_heads, shape.kv_len)
         if parts > 1:
             _, d_v = attention_dims(model, deployment.phase)
-            out.append(merge_kernel(shape.batch * shape.q_heads, d_v, parts, deployment, "splitkv_combine"))
+            out.append(merge_kernel(decode_query_rows(shape) * shape.q_heads, d_v, parts, deployment,
+                                    "splitkv_combine"))
     return tuple(out)
 
 

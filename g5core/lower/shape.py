@@ -71,7 +71,8 @@ class LocalGroup:
     cached_tokens: int      # tokens of each sequence already in the KV cache
     q_tokens: float         # query tokens per sequence on a chip (new / the tokens split; 1 for decode)
     kv_len: float           # keys per sequence whose KV this chip holds: (cached + new) / the kv_len split
-    decode: bool            # one new token per sequence (the decode kernel)
+    decode: bool            # one new token per sequence, or a verification group (the decode kernel)
+    verify: bool = False    # a speculative verification group: q_tokens = k + 1 queries per sequence
 
 
 @attrs.frozen(kw_only=True)
@@ -119,8 +120,9 @@ class LocalShape:
             q_tokens = step.new_tokens / step.sequences / factors["tokens"]
             kv_len = step.context_tokens / step.sequences / factors["kv_len"]
         groups = tuple(LocalGroup(count=g.count, new_tokens=g.new_tokens, cached_tokens=g.cached_tokens,
-                                  q_tokens=1.0 if g.is_decode else g.new_tokens / factors["tokens"],
-                                  kv_len=g.context_tokens / factors["kv_len"], decode=g.is_decode)
+                                  q_tokens=1.0 if g.new_tokens == 1 else g.new_tokens / factors["tokens"],
+                                  kv_len=g.context_tokens / factors["kv_len"], decode=g.is_decode,
+                                  verify=g.verify)
                        for g in step)
         tokens = total_tokens / factors["tokens"]
         kv_shard = 1 if a.kind == "mla" else factors["kv_heads"]

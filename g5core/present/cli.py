@@ -1,6 +1,7 @@
 """The ``g5`` command line. Errors print one line to stderr and exit with status 2."""
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
@@ -9,10 +10,11 @@ import warnings
 import click
 
 from g5core.lower.builder import DEFAULT_MAX_OPS
-from g5core.api.errors import ConfigError, G5Error
+from g5core.api.errors import ConfigError, G5Error, suggest
 from g5core.sim.memory import GIB
 from g5core.present.render import render_calibrate, render_explain, render_summary, render_validate, table
 from g5core.api.plugins import describe_plugins, make_plugin_manager
+from g5core.inputs.framework import FRAMEWORK_NAMES
 from g5core.inputs.models import CATALOG
 from g5core.inputs.outputs import check_output_path, check_outputs, write_atomically
 from g5core.inputs.systems import CATALOG_NAMES, get_system, system_source
@@ -90,6 +92,22 @@ def _check_max_ops(max_ops) -> None:
         raise ConfigError("--max-ops", f"must be a positive whole number, got {max_ops}")
 
 
+_framework_option = click.option(
+    "--framework", "framework", default=None, metavar="NAME",
+    help="The serving framework's profile: vllm, sglang, trtllm or generic (the configuration's framework key; "
+         "the system file's framework block keeps its other keys).")
+
+
+def _with_framework(raw: dict, framework) -> dict:
+    """The configuration with ``--framework NAME`` as its ``framework`` key."""
+    if framework is None:
+        return raw
+    if framework not in FRAMEWORK_NAMES:
+        raise ConfigError("--framework", f"unknown framework {framework!r}{suggest(framework, FRAMEWORK_NAMES)}; "
+                                         f"choose one of {', '.join(FRAMEWORK_NAMES)}")
+    return {**raw, "framework": framework}
+
+
 @main.command("run")
 @config_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the summary.")
@@ -103,14 +121,15 @@ def _check_max_ops(max_ops) -> None:
 @click.option("--no-symmetry", is_flag=True,
               help="Simulate every chip, even where identical replicas could be simulated once.")
 @_max_ops_option
+@_framework_option
 def run_cmd(config, overrides, disabled, as_json, trace_path, trace_layers, timeline_path, compare_math, no_symmetry,
-            max_ops):
+            max_ops, framework):
     """Simulate one configuration (prefill: TTFT; decode: TPOT)."""
     _check_max_ops(max_ops)
     if trace_layers is not None and not trace_path:
         raise ConfigError("--trace-layers", "selects the layers of the trace; give --trace FILE too")
     layers = None if trace_layers is None else parse_layers(trace_layers)
-    raw = load_raw(config, overrides)
+    raw = _with_framework(load_raw(config, overrides), framework)
     targets = check_outputs({"--trace": trace_path, "--timeline": timeline_path}, input_files(config, raw))
     if targets and raw.get("path") == "math":
         raise G5Error("--trace and --timeline need the G5 path (path: g5); the Math path has no timeline")
@@ -237,10 +256,11 @@ def _finish_sweep_output(sweep) -> None:
 @click.option("--requests-csv", "requests_csv", help="Write one row per request here.")
 @click.option("--trace", "trace_path", help="Write a Perfetto trace (instances' steps, requests' spans) here.")
 @click.option("--db", "db_path", help="Add the run's summary to this results database (serving_results).")
+@_framework_option
 def serve_cmd(config, overrides, disabled, workload, requests, rate, concurrency, isl, osl, slo, seed, exact, as_json,
-              requests_csv, trace_path, db_path):
+              requests_csv, trace_path, db_path, framework):
     """Simulate a service: requests through routers and continuous-batching instances."""
-    raw = load_raw(config, overrides)
+    raw = _with_framework(load_raw(config, overrides), framework)
     inputs = input_files(config, raw)
     if workload and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
         inputs.append(("--workload", workload))
@@ -322,21 +342,34 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
               help="--serve: each run holds this many times the requests in the system [default: 16].")
 @click.option("--confirm", type=int, default=None,
               help="--serve: further seeds the capacity must hold on [default: 2].")
+@click.option("--framework", "framework", default=None, metavar="NAME",
+              help="The serving framework's profile (vllm, sglang, trtllm, generic); with --serve, auto: the search "
+                   "under each of vllm, sglang and trtllm, ranked together with the framework as a column.")
 def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, workers, executor, serve, workload,
              requests, isl, osl, slo, seed, rate, disagg, chunks, seqs, tolerance, max_rate, beam, vary, settle,
-             confirm):
+             confirm, framework):
     """Layout search: every split of chips over the registered dimensions; those that are invalid or
     do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked.
 
     With --serve: the serving search (see g5core/study/serving/)."""
     raw = load_raw(config, overrides)
+    if framework == "auto" and not serve:
+        raise ConfigError("--framework", "auto compares the frameworks in the serving search; add --serve or name "
+                                         "one framework")
+    if framework != "auto":
+        raw = _with_framework(raw, framework)
     serve_only = {"--workload": workload, "--requests": requests, "--isl": isl, "--osl": osl, "--slo": slo,
                   "--seed": seed, "--rate": rate, "--chunks": chunks, "--seqs": seqs, "--tolerance": tolerance,
                   "--max-rate": max_rate, "--beam": beam, "--vary": vary, "--settle": settle, "--confirm": confirm}
     if serve:
         top = DEFAULT_SERVE_TOP if top is None else top
-        found = best_serve_command(raw, config, disabled, objective, db_path, workers, executor, disagg=disagg, top=top,
+        search = functools.partial(best_serve_command, config_path=config, disabled=disabled, objective=objective,
+                                   db_path=db_path, workers=workers, executor=executor, disagg=disagg, top=top,
                                    **{k[2:].replace("-", "_"): v for k, v in serve_only.items()})
+        if framework == "auto":
+            click.echo(_best_serve_by_framework(raw, search, top, as_json))
+            return
+        found = search(raw)
         if as_json:
             click.echo(json.dumps(found.to_json_dict(top), indent=2, sort_keys=True, allow_nan=False))
         else:
@@ -354,17 +387,37 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     click.echo(render_best(result, top))
 
 
+def _best_serve_by_framework(raw: dict, search, top: int, as_json: bool) -> str:
+    """``g5 best --serve --framework auto``: the serving search under each framework profile
+    (vllm, sglang, trtllm), the candidates of all three ranked together by the search's own
+    objective, the framework a column. (The search itself is g5core.study.serving.)"""
+    results = [(name, search(_with_framework(raw, name))) for name in ("vllm", "sglang", "trtllm")]
+    objective = results[0][1].objective
+    ranked = sorted(((name, s) for name, found in results for s in found.ranked),
+                    key=lambda fs: (fs[1].value(objective), fs[0]))[:top]
+    if as_json:
+        return json.dumps([{"framework": name, **s.to_json_dict()} for name, s in ranked], indent=2, sort_keys=True,
+                          allow_nan=False)
+    lines = [f"# serving search under each framework profile, ranked by {objective}",
+             f"{'#':>3} {'framework':<9} {'capacity req/s':>14} {'goodput/chip':>12} {'tok/s/chip':>10}  deployment"]
+    for i, (name, s) in enumerate(ranked, 1):
+        goodput, tokens = s.rates()
+        lines.append(f"{i:>3} {name:<9} {s.capacity:>14.4g} {goodput:>12.4g} {tokens:>10.4g}  {s.candidate.label()}")
+    return "\n".join(lines)
+
+
 @main.command("plot")
 @click.argument("db", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "output", default=None, type=click.Path(dir_okay=False),
               help="Image file, .png or .svg [default: g5-KIND.png].")
 @click.option("--kind", type=click.Choice(["latency", "memory", "pareto", "timeline", "serve-cdf", "serve-occupancy",
-                                          "serve-throughput", "serve-pareto"]), default="latency",
+                                          "serve-cache", "serve-throughput", "serve-pareto"]), default="latency",
               show_default=True, help="latency: TTFT/TPOT against --x, one line per S; memory: stacked per-chip "
                                       "memory against capacity; pareto: latency against memory; timeline: one layer "
                                       "across the chips of a group, compute against communication; serve-cdf: "
                                       "TTFT/TPOT CDFs of serving runs; serve-occupancy: KV use and waiting requests "
-                                      "over time; serve-throughput: tokens/s per chip against per-user speed across "
+                                      "over time; serve-cache: the block cache's cached blocks per tier over time; "
+                                      "serve-throughput: tokens/s per chip against per-user speed across "
                                       "a rate sweep; serve-pareto: output tokens/s per chip against per user of a g5 best --serve search's "
                                       "candidates at their capacity.")
 @click.option("--sweep", "sweep_id", type=int, default=None, help="Only this sweep's rows [default: every row].")
@@ -467,6 +520,9 @@ def systems_show_cmd(name):
 @click.option("--redop", default="sum", show_default=True,
               help="nccl-tests' -o: the reduction of all_reduce and reduce_scatter (sum, prod, max, min, avg).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list of rows instead of the table.")
+@click.option("--framework", default=None, metavar="NAME",
+              help="A serving framework's profile (vllm, sglang, trtllm, generic): its own all-reduce kernels "
+                   "replace NCCL's where its code chooses them.")
 @click.option("--tokens", default=None, callback=_int_list, metavar="N[,N...]",
               help="ep_dispatch/ep_combine: tokens per rank (4096).")
 @click.option("--topk", type=int, default=None, help="ep_dispatch/ep_combine: experts per token (8).")
@@ -478,8 +534,8 @@ def systems_show_cmd(name):
 @click.option("--kernel", default=None, help="ep_dispatch/ep_combine: normal or low_latency (normal).")
 @click.option("--copy-dtype", default=None,
               help="ep_dispatch/ep_combine: a token copy's dtype, fp8 or bf16 (fp8 dispatch, bf16 combine).")
-def collective_cmd(op, system_name, chips, sizes, factor, disabled, dtype, redop, as_json, tokens, topk, hidden,
-                   experts, groups, topk_groups, kernel, copy_dtype):
+def collective_cmd(op, system_name, chips, sizes, factor, disabled, dtype, redop, as_json, framework, tokens, topk,
+                   hidden, experts, groups, topk_groups, kernel, copy_dtype):
     """One collective alone on SYSTEM, size by size, shaped like nccl-tests output.
 
     OP is all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, gather, p2p (2 chips)
@@ -505,7 +561,7 @@ def collective_cmd(op, system_name, chips, sizes, factor, disabled, dtype, redop
     if given:
         raise ConfigError(given[0], f"applies to ep_dispatch and ep_combine only, not {op}")
     sizes_list = size_range(sizes, factor)
-    rows = collective_rows(op, system_name, chips, sizes_list, disabled, dtype=dtype, redop=redop)
+    rows = collective_rows(op, system_name, chips, sizes_list, disabled, dtype=dtype, redop=redop, framework=framework)
     if as_json:
         click.echo(json.dumps(rows, indent=1, allow_nan=False))
         return

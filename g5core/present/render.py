@@ -73,6 +73,11 @@ def _pipeline_line(p: dict, pp: int, tokens_per_s_per_chip: float) -> str:
             f"{steady} after {p['cycles_simulated']} cycles; {tokens_per_s_per_chip:.4g} tokens/s/chip")
 
 
+def _source_note(source: str) -> str:
+    """Where a speculative acceptance came from, shortened to its citation's title."""
+    return "from the configuration" if source == "configuration" else "published: " + source.split(",")[0]
+
+
 def render_summary(out, trace_path=None, timeline_path=None) -> str:
     dep = out.deployment
     lines = []
@@ -82,7 +87,18 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
             else f"{dep.phase}, batch {dep.batch}, seq_len {dep.seq_len}")
     lines.append(f"{model} on {dep.chips} x {system}  [{par}{_options_note(dep)}]  {work}, path {dep.path}")
     metric = {"prefill": "TTFT", "decode": "TPOT"}.get(dep.phase, "step latency")
-    lines.append(f"{metric}: {fmt_s(out.latency_s)}")
+    spec = getattr(out, "speculative", None)
+    if spec is not None:
+        sp = spec.spec
+        lines.append(f"TPOT per output token: {fmt_s(spec.tpot_s)}  (speculative {sp.method}, {sp.tokens} draft "
+                     f"token{'s' if sp.tokens != 1 else ''}; plain decode {fmt_s(spec.plain_decode_s)}, "
+                     f"x{spec.speedup:.3g})")
+        lines.append(f"tokens per step: {spec.tokens_per_step:.4g} (acceptance "
+                     f"{', '.join(f'{a:.3g}' for a in sp.acceptance)}; {_source_note(sp.source)}); step "
+                     f"{fmt_s(spec.step_s)} = verification {fmt_s(spec.verify_s)} + proposer {sp.tokens} x "
+                     f"{fmt_s(spec.proposer_pass_s)} ({100 * spec.proposer_share:.1f}% of the step)")
+    else:
+        lines.append(f"{metric}: {fmt_s(out.latency_s)}")
     if out.sim is not None and out.sim.pipeline is not None:
         lines.append(_pipeline_line(out.sim.pipeline, dep.size("pp"), out.tokens_per_s_per_chip))
     for plugin, choice in step_choices(out.plan.ctx).items():
@@ -235,6 +251,9 @@ def render_validate(report: dict) -> str:
     lines = [table(rows, ["row", "config", "metric", "measured ms", "predicted ms", "error", "source"]), "",
              f"MAPE {report['mape_pct']:.1f}% over {len(rows)} rows; worst: row {report['worst_row']} "
              f"({report['worst_error_pct']:+.1f}%)"]
+    for g in report.get("by_framework", ()):
+        lines.append(f"  {g['framework']} {g['metric']}: MAPE {g['mape_pct']:.1f}% over {g['rows']} row"
+                     f"{'s' if g['rows'] != 1 else ''}; worst: row {g['worst_row']} ({g['worst_error_pct']:+.1f}%)")
     return "\n".join(lines)
 
 
@@ -268,8 +287,12 @@ def render_compute(report: dict) -> list[str]:
     launch = report.get("launch") or {}
     if launch.get("framework"):
         fw = launch["framework"]
+        graph = fw.get("graph_kernel_s")
+        inside = "" if graph is None else f", {graph * 1e6:g} us per kernel inside a graph instead of launch_overhead_s"
+        name = f"framework {fw['name']} {fw.get('version', '')}: " if fw.get("name") else ""
         lines.append(f"kernel launches: {launch['added_s'] * 1e3:.3f} ms added on the busiest chip "
-                     f"(cuda_graphs: {fw['cuda_graphs']}, {fw['kernel_launch_s'] * 1e6:g} us per kernel not captured)")
+                     f"({name}cuda_graphs: {fw['cuda_graphs']}, {fw['kernel_launch_s'] * 1e6:g} us per kernel not "
+                     f"captured{inside})")
         fused = [name for name, on in (fw.get("fusions") or {}).items() if on]
         lines.append(f"kernel fusions: stack {fw.get('stack', 'generic')} ({', '.join(fused) or 'none'}; a fused kernel "
                      f"is neither timed nor launched on its own)")

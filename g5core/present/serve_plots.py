@@ -2,6 +2,9 @@
 
 - ``serve-cdf``: TTFT and TPOT latency CDFs, one line per row;
 - ``serve-occupancy``: KV-pool use and waiting requests over time, one line per row;
+- ``serve-cache``: the block cache's cached blocks per tier (HBM, host, disk, remote) over
+  time, one line per row and tier (rows of runs with ``serving.prefix_cache`` or
+  ``serving.kv_tiers``);
 - ``serve-throughput``: output tokens/s per chip against per-user speed (1 / TPOT p50,
   tokens/s) across the rows of a rate sweep, each point labelled with its arrival rate;
 - ``serve-pareto``: output tokens/s per chip against output tokens/s per user (1 / TPOT
@@ -19,7 +22,7 @@ from g5core.api.errors import ConfigError
 from g5core.present.plots import FIGSIZE_IN, _pyplot
 from g5core.study.resultsdb import ResultsDB
 
-SERVE_KINDS = ("serve-cdf", "serve-occupancy", "serve-throughput", "serve-pareto")
+SERVE_KINDS = ("serve-cdf", "serve-occupancy", "serve-cache", "serve-throughput", "serve-pareto")
 
 
 def _label(row: Mapping) -> str:
@@ -63,6 +66,23 @@ def serve_figure(kind: str, rows: Sequence[Mapping]):
         a.legend()
         for ax in (a, b):
             ax.grid(alpha=0.3)
+    elif kind == "serve-cache":
+        cached = [(r, json.loads(r["series"])) for r in rows]
+        cached = [(r, s) for r, s in cached if s.get("kv_cache_blocks")]
+        if not cached:
+            raise ConfigError("--kind", "serve-cache needs rows of runs with a block cache (serving.prefix_cache or "
+                                        "serving.kv_tiers)")
+        tiers = list(dict.fromkeys(t for _, s in cached for t in s["kv_cache_blocks"]))
+        fig, axes = plt.subplots(len(tiers), 1, figsize=FIGSIZE_IN, sharex=True, squeeze=False)
+        for ax, tier in zip(axes[:, 0], tiers):
+            for r, s in cached:
+                if tier in s["kv_cache_blocks"]:
+                    ax.plot(s["time_s"], s["kv_cache_blocks"][tier], label=_label(r))
+            ax.set_ylabel(f"{tier} blocks")
+            ax.grid(alpha=0.3)
+        axes[0, 0].legend()
+        axes[-1, 0].set_xlabel("time (s)")
+        fig.suptitle("KV cache occupancy")
     elif kind == "serve-throughput":
         fig, ax = plt.subplots(figsize=FIGSIZE_IN)
         pts = sorted((1.0 / r["tpot_p50_s"], r["output_tokens_per_s_per_chip"], _label(r)) for r in rows

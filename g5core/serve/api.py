@@ -5,160 +5,43 @@
     result = simulate_serving(raw, synthetic_workload(raw, requests=1000, rate_per_s=8))
     print(result.summary["ttft_s"]["p99"])
 
-The ``serving:`` block (every key optional)::
-
-    serving:
-      instances: 8                    # copies of the configuration's layout
-      router: round_robin             # or least_outstanding_tokens, least_kv, a plugin's
-      routing_s: 0.0                  # delay from arrival to the instance's queue
-      dp_balance: round_robin         # attention DP (parallel.dp > 1): or shortest_queue
-      scheduler: {name: vllm, max_num_seqs: 256, max_num_batched_tokens: 8192,
-                  chunked_prefill: true, long_prefill_token_threshold: 0, block_size: 16}
-      slo: {ttft: 2s, tpot: 50ms}     # like --slo
-      workload: {requests: 1000, arrival: {kind: poisson, rate_per_s: 8},
-                 input_tokens: 2048, output_tokens: 256, seed: 0}   # or {trace: FILE}
-      disaggregation:                 # instead of instances: a prefill and a decode pool
-        prefill: {instances: 2, chips: 8, parallel: {tp: 8}, scheduler: {...}}
-        decode:  {instances: 1, chips: 16, parallel: {tp: 8, pp: 2}}
-
-A pool's ``chips`` and ``parallel`` replace the configuration's (the layout of one of its
-instances); the pools sit on disjoint chips, prefill first, on one network of
-``prefill chips + decode chips`` chips of the system.
-
-Attention DP: an instance's layout with ``dp > 1`` (e.g. ``chips: 16, parallel: {dp: 8, tp: 2,
-pp: 1, cp: 1, ep: 16}``) is one instance of ``dp`` attention-DP ranks (each ``tp`` chips for
-attention and the dense layers) with the experts over ``ep`` across them, as SGLang's
-``--enable-dp-attention`` runs it: each rank has its own scheduler (the pool's settings, per
-rank) and its own KV pool (the ledger's per-replica capacity), ``dp_balance`` picks a
-request's rank (:data:`~g5core.serve.scheduler.DP_BALANCE`), and a step is every rank's step
-at once, as long as the slowest (:class:`~g5core.serve.cost.DpCost`). Every EP group must span
-every rank (the all-to-all is what joins them): in practice ``ep = dp x sp x tp``.
+The ``serving:`` block is parsed and checked in :mod:`g5core.inputs.serving` (its keys are
+listed there).
 """
 from __future__ import annotations
 
 import functools
-import math
 import time
 from typing import Callable, Mapping, Optional
 
 import attrs
 
 from g5core.api.errors import ConfigError, G5Error
-from g5core.serve.cost import DpCost, Groups, PlanCost, StepWork, kv_sizing, plan_step_runner
+from g5core.serve.cost import (
+    DpCost, Groups, KvSizing, PlanCost, SpeculativeCost, StepWork, kv_sizing, plan_step_runner, speculative_extra,
+)
 from g5core.serve.loop import Fleet, LoopResult, Pool, check_invariants, serve_requests, summarize_pools
-from g5core.serve.metrics import SloLimit, parse_slo, summary
+from g5core.serve.metrics import summary
 from g5core.serve.registry import ServingRegistry, serving_registry
-from g5core.serve.scheduler import DP_BALANCE, DpScheduler, SchedulerSettings
+from g5core.serve.scheduler import DpScheduler, speculative_factory
 from g5core.serve.traces import read_trace
 from g5core.serve.workload import Workload, synthetic
-from g5core.inputs.reading import check_keys
+from g5core.inputs.kv_tiers import CacheSpec, resolve_tiers
+from g5core.serve.kvcache import CacheConfig, CachingScheduler
 from g5core.api.plugins import Hooks, make_plugin_manager
 from g5core.inputs.config import disabled_from_config
 from g5core.lower.builder import make_topology
 from g5core.lower.collective import idle_transfer_s
-from g5core.session.prepared import prepare
+from g5core.session.prepared import PreparedPlan, prepare
+from g5core.session.speculative import Proposer
+from g5core.inputs.serving import ServingSpec, _positive_int, parse_serving, split_config
+from g5core.inputs.serving import workload_spec  # noqa: F401  (g5 serve and the serving search import it from here)
 
-SERVING_KEYS = ("instances", "router", "routing_s", "scheduler", "slo", "workload", "disaggregation", "dp_balance")
-POOL_KEYS = ("instances", "chips", "parallel", "scheduler", "router", "dp_balance")
-# phase, batch and seq_len of a configuration are not used by serving (each step sets its
-# own); a configuration written for serving may leave them out
-PLACEHOLDERS = {"phase": "decode", "batch": 1, "seq_len": 4096}
 GIB = float(2 ** 30)
 
 
 def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB" if n < 10 * GIB else f"{n / GIB:.1f} GiB"
-
-
-@attrs.frozen
-class PoolSpec:
-    role: str
-    instances: int
-    overrides: tuple        # (key, value) pairs replacing the configuration's chips/parallel
-    scheduler: SchedulerSettings
-    scheduler_name: str
-    router: str
-    dp_balance: str = "round_robin"
-
-
-@attrs.frozen
-class ServingSpec:
-    pools: tuple[PoolSpec, ...]
-    routing_s: float
-    slo: tuple[SloLimit, ...]
-    workload: Optional[Mapping]
-
-
-def _positive_int(value, field) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(field, f"must be a positive whole number, got {value!r}")
-    return value
-
-
-def _mapping(value, field) -> Mapping:
-    if not isinstance(value, Mapping):
-        raise ConfigError(field, f"must be a mapping, got {value!r}")
-    return value
-
-
-def split_config(raw: Mapping) -> tuple[dict, Mapping]:
-    """The deployment part of a configuration and its ``serving:`` block."""
-    raw = dict(raw)
-    block = raw.pop("serving", None) or {}
-    for key, value in PLACEHOLDERS.items():
-        raw.setdefault(key, value)
-    return raw, _mapping(block, "serving")
-
-
-def parse_serving(block: Mapping, registry: ServingRegistry, slo_text=None) -> ServingSpec:
-    check_keys(block, "serving", SERVING_KEYS)
-    routing_s = block.get("routing_s", 0.0)
-    if isinstance(routing_s, bool) or not isinstance(routing_s, (int, float)) or not 0 <= routing_s < math.inf:
-        raise ConfigError("serving.routing_s", f"must be a number of seconds >= 0, got {routing_s!r}")
-    sched = _mapping(block.get("scheduler", {}), "serving.scheduler")
-    router = block.get("router", "round_robin")
-    balance = block.get("dp_balance", "round_robin")
-
-    def pool(role: str, data: Mapping, field: str, instances_default: int) -> PoolSpec:
-        s = {**sched, **_mapping(data.get("scheduler", {}), f"{field}.scheduler")}
-        name = s.get("name", "vllm")
-        if name not in registry.schedulers:
-            raise ConfigError(f"{field}.scheduler.name", f"unknown scheduler {name!r}; known: "
-                                                         f"{', '.join(sorted(registry.schedulers))}")
-        r = data.get("router", router)
-        if r not in registry.routers:
-            raise ConfigError(f"{field}.router", f"unknown router {r!r}; known: {', '.join(sorted(registry.routers))}")
-        b = data.get("dp_balance", balance)
-        if b not in DP_BALANCE:
-            raise ConfigError(f"{field}.dp_balance", f"unknown attention-DP balance {b!r}; known: "
-                                                     f"{', '.join(DP_BALANCE)}")
-        over = tuple((k, data[k]) for k in ("chips", "parallel") if k in data)
-        return PoolSpec(role, _positive_int(data.get("instances", instances_default), f"{field}.instances"), over,
-                        SchedulerSettings.from_dict(s, f"{field}.scheduler"), name, r, b)
-
-    disagg = block.get("disaggregation")
-    if disagg is not None:
-        disagg = _mapping(disagg, "serving.disaggregation")
-        for key in disagg:
-            if key not in ("prefill", "decode"):
-                raise ConfigError(f"serving.disaggregation.{key}", "unknown key; give prefill and decode")
-        if "instances" in block:
-            raise ConfigError("serving.instances", "give the instances of each pool under serving.disaggregation "
-                                                   "instead")
-        pools = []
-        for role in ("prefill", "decode"):
-            if role not in disagg:
-                raise ConfigError(f"serving.disaggregation.{role}", "is required")
-            data = _mapping(disagg[role], f"serving.disaggregation.{role}")
-            check_keys(data, f"serving.disaggregation.{role}", POOL_KEYS)
-            pools.append(pool(role, data, f"serving.disaggregation.{role}", 1))
-        pools = tuple(pools)
-    else:
-        pools = (pool("serve", {"instances": block.get("instances", 1)}, "serving", 1),)
-    slo = parse_slo(slo_text if slo_text is not None else block.get("slo"),
-                    "--slo" if slo_text is not None else "serving.slo")
-    workload = block.get("workload")
-    return ServingSpec(pools, float(routing_s), slo, _mapping(workload, "serving.workload") if workload else None)
 
 
 def load_workload(spec: Mapping, registry: ServingRegistry, field: str = "serving.workload") -> Workload:
@@ -227,6 +110,11 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
         plan = prepared.plan
         rules = prepared.step_rules   # what the layout's dimensions require of a step (see PlanCost)
         sizing = kv_sizing(prepared, rules.round_up(s.max_num_batched_tokens), field)
+        speculative = prepared.deployment.speculative
+        proposer = None
+        if speculative is not None and speculative.enabled and ps.role != "prefill":
+            proposer = Proposer(prepared.plan, speculative)
+            sizing = proposer_sizing(sizing, proposer)
         need = longest_prompt if ps.role == "prefill" else longest
         blocks = sizing.capacity_tokens // s.block_size
         if blocks * s.block_size < need:
@@ -240,8 +128,22 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
                         sizing.chips)
         factory = registry.scheduler(ps.scheduler_name)
         if dp > 1:
+            if spec.cache is not None:
+                raise ConfigError("serving.prefix_cache", "the block cache and KV tiers are per scheduler and not yet "
+                                  "modelled per attention-DP rank (parallel.dp > 1): drop serving.prefix_cache and "
+                                  "serving.kv_tiers, or use dp: 1 with more instances")
+            if proposer is not None:
+                raise ConfigError("speculative", "speculative decoding is not yet modelled with attention DP "
+                                  "(parallel.dp > 1): drop the speculative block, or use dp: 1 with more instances")
             cost = DpCost(cost, dp)
             factory = functools.partial(DpScheduler, dp=dp, balance=ps.dp_balance, factory=factory)
+        elif spec.cache is not None:
+            if proposer is not None:
+                raise ConfigError("speculative", "speculative decoding is not yet modelled with the block cache "
+                                  "(serving.prefix_cache, serving.kv_tiers): drop one of them")
+            factory = functools.partial(CachingScheduler, cache=cache_config(spec.cache, registry, plan, sizing, cost))
+        elif proposer is not None:
+            cost, factory = speculative_pool(prepared, proposer, cost, ps, field)
         pool = Pool(ps.role, ps.instances, cost, s, blocks * dp, registry.router(ps.router)(), factory, first_chip)
         first_chip += pool.chips
         pools.append(pool)
@@ -291,6 +193,41 @@ def rank_chips(plan) -> tuple[int, ...]:
     sequence's KV lives."""
     rm = plan.ctx.rankmap
     return tuple(c for c in range(rm.chips) if rm.rank_in("dp", c) == 0)
+
+
+def cache_config(spec: CacheSpec, registry: ServingRegistry, plan, sizing, cost) -> CacheConfig:
+    """A pool's block cache: its tiers with the system's defaults, its policy, the ledger's
+    KV bytes, the model's layers (a fetch overlaps them) and the step cost of recomputing."""
+    def recompute_s(tokens: int, cached: int) -> float:
+        return cost.latency_s(StepWork(((tokens, cached),), ()))
+    return CacheConfig(registry.cache_policies[spec.policy][1], resolve_tiers(spec, plan.ctx.system), spec.miss,
+                       spec.overlap, plan.ctx.model.n_layers, sizing.kv_bytes_per_token_per_chip,
+                       sizing.kv_bytes_per_token, recompute_s, spec.policy)
+
+
+def proposer_sizing(sizing: KvSizing, proposer: Proposer) -> KvSizing:
+    """The KV pool with a speculative proposer on the chips: its weights (its ledger line) come
+    out of the pool, and every token also stores the proposer's KV (its layers' ``c_kv``)."""
+    terms = {t.name: t for t in proposer.memory_terms()}
+    if not terms:
+        return sizing
+    weights = max(b for name, t in terms.items() if not name.endswith("_kv_cache") for _, b in t.bytes_per_chip)
+    per_token = sizing.kv_bytes_per_token_per_chip + PreparedPlan(proposer.plan).kv_bytes_per_token
+    pool = max(sizing.pool_bytes_per_chip - weights, 0.0)
+    return attrs.evolve(sizing, pool_bytes_per_chip=pool, kv_bytes_per_token_per_chip=per_token,
+                        capacity_tokens=int(pool // per_token))
+
+
+def speculative_pool(prepared, proposer: Proposer, cost: PlanCost, ps, field: str) -> tuple:
+    """A pool's cost and scheduler factory with speculative decoding: :class:`SpeculativeCost`
+    (the verification excess and the proposer's passes from the engine) and the seeded
+    :class:`SpeculativeScheduler` (instance ``i`` draws from seed ``i``)."""
+    if ps.scheduler_name != "vllm":
+        raise ConfigError(f"{field}.scheduler.name", f"speculative decoding runs on the vllm scheduler, not "
+                                                     f"{ps.scheduler_name!r}; remove the name or the speculative block")
+    runner = None if proposer.plan is None else PreparedPlan(proposer.plan)
+    cost = SpeculativeCost(cost, speculative_extra(prepared, runner, cost.rules))
+    return cost, speculative_factory(prepared.deployment.speculative)
 
 
 def kv_transfer(pools, plans):
@@ -373,66 +310,3 @@ def _sample_steps(loop: LoopResult, pool: Pool, n: int) -> list[StepWork]:
     return [seen[round(k * (len(seen) - 1) / (n - 1))] for k in range(n)]
 
 
-ARRIVAL_SPECS = {"poisson": ("rate",), "gamma": ("rate", "cv"), "closed": ("concurrency",)}
-
-
-def workload_spec(base: Optional[Mapping], workload: Optional[str] = None, requests: Optional[int] = None,
-                  rate: Optional[float] = None, concurrency: Optional[int] = None, isl=None, osl=None,
-                  seed: Optional[int] = None) -> Optional[dict]:
-    """The workload mapping that ``g5 serve``'s flags describe, over the configuration's
-    ``serving.workload`` (``base``). ``workload``: a trace file (``.csv``/``.jsonl``) or an
-    arrival process ``poisson``, ``gamma:cv=2`` or ``closed`` (with ``key=value`` settings:
-    ``rate``, ``cv``, ``concurrency``). ``None`` when nothing describes one."""
-    flags = {"--requests": requests, "--rate": rate, "--concurrency": concurrency, "--isl": isl, "--osl": osl,
-             "--seed": seed}
-    if rate is not None and concurrency is not None:
-        raise ConfigError("--rate", "give --rate (open loop) or --concurrency (closed loop), not both")
-    if workload is not None and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
-        given = [k for k, v in flags.items() if v is not None and k != "--requests"]
-        if given:
-            raise ConfigError(given[0], "applies to a synthetic workload, not to a trace file")
-        return {"trace": workload, **({"requests": requests} if requests is not None else {})}
-    spec = dict(base or {})
-    if "trace" in spec:
-        if any(v is not None for v in flags.values()) or workload is not None:
-            raise ConfigError("--workload", "the configuration's serving.workload is a trace; give a synthetic "
-                                            "workload in full (--workload, --rate, --isl, --osl) or none")
-        return spec
-    if not spec and workload is None and all(v is None for v in flags.values()):
-        return None
-    arrival = dict(spec.get("arrival", {}))
-    if workload is not None:
-        kind, _, rest = workload.partition(":")
-        if kind not in ARRIVAL_SPECS:
-            raise ConfigError("--workload", f"{workload!r} is neither a trace file (.csv, .jsonl) nor an arrival "
-                                            "process (poisson, gamma:cv=C, closed)")
-        arrival = {"kind": kind}
-        for part in filter(None, rest.split(",")):
-            key, eq, value = part.partition("=")
-            if not eq or key not in ARRIVAL_SPECS[kind]:
-                raise ConfigError("--workload", f"{kind} takes {', '.join(k + '=N' for k in ARRIVAL_SPECS[kind])}; "
-                                                f"got {part!r}")
-            try:
-                number = float(value) if key != "concurrency" else int(value)
-            except ValueError:
-                raise ConfigError("--workload", f"{key}={value!r} is not a number") from None
-            arrival[{"rate": "rate_per_s"}.get(key, key)] = number
-    if rate is not None:
-        if arrival.get("kind") == "closed":
-            raise ConfigError("--rate", "a closed loop has no arrival rate; give --concurrency")
-        arrival = {**arrival, "kind": arrival.get("kind", "poisson"), "rate_per_s": rate}
-        arrival.pop("concurrency", None)
-    if concurrency is not None:
-        arrival = {"kind": "closed", "concurrency": concurrency}
-    if arrival:
-        spec["arrival"] = arrival
-    for key, value in (("requests", requests), ("input_tokens", isl), ("output_tokens", osl), ("seed", seed)):
-        if value is not None:
-            spec[key] = value
-    for key, flag in (("arrival", "--rate or --concurrency"), ("input_tokens", "--isl"), ("output_tokens", "--osl"),
-                      ("requests", "--requests")):
-        if key not in spec or (key == "arrival" and not spec["arrival"]):
-            raise ConfigError(flag, f"a synthetic workload needs {flag} (or serving.workload.{key})")
-    if spec["arrival"].get("kind", "poisson") in ("poisson", "gamma") and "rate_per_s" not in spec["arrival"]:
-        raise ConfigError("--rate", "an open-loop workload needs its arrival rate")
-    return spec

@@ -343,6 +343,45 @@ class DpCost:
         return self.rank.predictor_error(sample)
 
 
+@attrs.define
+class SpeculativeCost:
+    """A pool's step cost with speculative decoding: ``base`` (a :class:`PlanCost`) prices the
+    step as plain decode, and ``extra_s(b, c)`` adds what speculation costs a decode of ``b``
+    sequences at context ``c``: the verification step's excess over the plain decode step
+    (``k`` more query tokens per sequence through every layer) plus ``k`` proposer passes,
+    interpolated on the predictor's grid of ``b`` and ``c`` (each point from the engine)."""
+
+    base: PlanCost
+    extra_s: Callable[[int, int], float]
+    _points: dict = attrs.field(factory=dict)
+
+    def __getattr__(self, name):     # chips, the KV sizing, runs, predicted_steps: the base's
+        if name.startswith("_") or name in ("base", "extra_s"):
+            raise AttributeError(name)
+        return getattr(self.base, name)
+
+    def kv_tokens(self) -> int:
+        return self.base.kv_tokens()
+
+    def _at(self, b: int, c: int) -> float:
+        hit = self._points.get((b, c))
+        if hit is None:
+            hit = self._points[(b, c)] = self.extra_s(b, c)
+        return hit
+
+    def latency_s(self, work: StepWork, exact: Optional[bool] = None) -> float:
+        plain = StepWork(work.chunks, work.decode_contexts) if work.draft_tokens else work
+        total = self.base.latency_s(plain, exact)
+        if work.draft_tokens and work.decodes:
+            c = max(work.decode_context_tokens / work.decodes, 1.0)
+            total += _interp(lambda b: _interp(lambda cc: self._at(b, cc), c, tokens=False), work.decodes)
+        return total
+
+    def predictor_error(self, sample: list[StepWork]) -> dict:
+        """The base predictor's error (the speculative excess is the same in both)."""
+        return self.base.predictor_error([StepWork(w.chunks, w.decode_contexts) for w in sample])
+
+
 def _pad(group: tuple, m: int) -> tuple:
     n, c, k = group
     up = lambda x: -(-x // m) * m  # noqa: E731
@@ -367,6 +406,23 @@ def to_step(groups: Groups) -> Step:
 def shapes(step: Step) -> Groups:
     """A step's groups as the ``(new_tokens, cached_tokens, count)`` keys of the caches."""
     return tuple((g.new_tokens, g.cached_tokens, g.count) for g in step)
+
+
+def speculative_extra(prepared, proposer, rules: StepRules) -> Callable[[int, int], float]:
+    """``(b, c) -> seconds`` for :class:`SpeculativeCost`: the verification step of ``b``
+    sequences at ``c`` cached tokens minus their plain decode step, plus the proposer's ``k``
+    passes (``proposer``: its :class:`g5core.PreparedPlan`, or None for ngram), each padded
+    to the rules' token multiple like the engine's steps."""
+    k = prepared.deployment.speculative.tokens
+
+    def extra(b: int, c: int) -> float:
+        _, cached, _ = _pad((1, c, b), rules.token_multiple)
+        verify = prepared.simulate(Step.verify(b, cached + 1, k)).latency_s
+        plain = prepared.simulate(Step.decode(b, cached + 1)).latency_s
+        passes = k * proposer.simulate(Step.decode(b, cached + 1)).latency_s if proposer is not None else 0.0
+        return verify - plain + passes
+
+    return extra
 
 
 def plan_step_runner(plan) -> Callable[[Groups], float]:

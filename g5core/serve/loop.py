@@ -262,6 +262,9 @@ class ServingLoop:
         if self.fast and type(sched) is VllmScheduler and sched.running and inst.pool.role != "prefill":
             ran, now = _decode_run(inst, now, self._horizon(now))
             self.steps += ran
+        io = getattr(sched, "io", False)   # a plugin's scheduler may not say
+        if io:
+            sched.now = now
         picked = sched.schedule()
         if not picked:
             if sched.running or sched.waiting:
@@ -277,6 +280,8 @@ class ServingLoop:
                     scheduled_s[k] = now
         work = sched.work(picked)
         latency = inst.pool.cost.latency_s(work)
+        if io:      # a caching scheduler's step waits for the KV it loads from a lower tier
+            latency = sched.step_latency_s(now, latency, picked)
         inst.busy, inst.picked, inst.work, inst.step_start_s = True, picked, work, now
         self._push(now + latency, Event.STEP_END, inst)
 
@@ -437,7 +442,9 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
 
 def check_invariants(result: LoopResult) -> dict:
     """The loop's invariants (each must be 0): every request finished once with all its
-    tokens, none before it arrived, KV blocks within the pool and all returned."""
+    tokens, none before it arrived, KV blocks within the pool and all returned (and, with
+    a block cache, its own: a block in one place at most, the pool's blocks adding up, no
+    tier over its size, bytes moved = blocks moved x bytes per block)."""
     log, reqs = result.requests, result.workload.requests
     bad_tokens = sum(1 for k, r in enumerate(reqs) if log.emitted[k] != r.output_tokens)
     early = sum(1 for k in range(log.n) if not (log.arrival_s[k] <= log.scheduled_s[k] <= log.first_token_s[k]
@@ -454,6 +461,10 @@ def check_invariants(result: LoopResult) -> dict:
                 out[key] = out.get(key, 0) + value
         out["requests_not_on_one_rank"] = sum(abs(sum(sum(i.scheduler.added) for i in insts) - log.n)
                                               for insts in _by_pool(result) if hasattr(insts[0].scheduler, "ranks"))
+    for inst in result.instances:   # a block cache's own (CachingScheduler.check), named kv_cache_...
+        if getattr(inst.scheduler, "io", False):
+            for key, value in inst.scheduler.check().items():
+                out[f"kv_cache_{key}"] = out.get(f"kv_cache_{key}", 0) + value
     return out
 
 

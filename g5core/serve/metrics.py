@@ -13,17 +13,14 @@ Percentiles are numpy's ``linear`` method (p50 is the median).
 """
 from __future__ import annotations
 
-import re
-from typing import Mapping, Optional
+from typing import Optional
 
-import attrs
 import numpy as np
 
-from g5core.api.errors import ConfigError
+from g5core.inputs.serving import SloLimit
+from g5core.inputs.serving import parse_slo  # noqa: F401  (the serving search and the tests import it from here)
 
 PERCENTILES = (50, 90, 99)
-SLO_METRICS = ("ttft", "tpot", "e2e", "itl", "queue")
-_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
 
 def stats(values: np.ndarray) -> dict:
@@ -36,47 +33,6 @@ def stats(values: np.ndarray) -> dict:
     for p, q in zip(PERCENTILES, np.percentile(v, PERCENTILES)):
         out[f"p{p}"] = float(q)
     return out
-
-
-@attrs.frozen
-class SloLimit:
-    metric: str             # ttft, tpot, e2e, itl (a request's worst gap), queue
-    limit_s: float
-    percentile: Optional[int] = None   # a run-level limit on that percentile; None: every request
-
-    @property
-    def key(self) -> str:
-        return self.metric + (f"_p{self.percentile}" if self.percentile is not None else "")
-
-
-def parse_slo(text, field: str = "--slo") -> tuple[SloLimit, ...]:
-    """``ttft=2s,tpot=50ms`` or ``ttft_p90=2s`` (a mapping from the configuration works too)."""
-    if text is None or text == "":
-        return ()
-    items = text.items() if isinstance(text, Mapping) else (p.partition("=")[::2] for p in str(text).split(","))
-    out = []
-    for key, value in items:
-        key = str(key).strip()
-        m = re.fullmatch(r"([a-z0-9]+)(?:_p(\d{1,2}(?:\.\d+)?))?", key)
-        if not m or m.group(1) not in SLO_METRICS:
-            raise ConfigError(field, f"unknown limit {key!r}; use {', '.join(SLO_METRICS)}, optionally with a "
-                                     "percentile (ttft_p90=2s)")
-        vm = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(s|ms|us)\s*", str(value))
-        if not vm:
-            raise ConfigError(field, f"{key}={value!r}: give a time with its unit, e.g. {key}=2s or {key}=50ms")
-        try:
-            limit = float(vm.group(1)) * _UNITS[vm.group(2)]
-        except ValueError:
-            raise ConfigError(field, f"{key}={value!r} is not a number") from None
-        if not limit > 0 or limit == float("inf"):
-            raise ConfigError(field, f"{key}: the limit must be positive, got {value!r}")
-        pct = float(m.group(2)) if m.group(2) else None
-        if pct is not None and not 0 < pct < 100:
-            raise ConfigError(field, f"{key}: the percentile must lie between 0 and 100")
-        if any(o.key == key for o in out):
-            raise ConfigError(field, f"{key} is given twice")
-        out.append(SloLimit(m.group(1), limit, int(pct) if pct is not None and pct.is_integer() else pct))
-    return tuple(out)
 
 
 def per_request(result) -> dict[str, np.ndarray]:
@@ -143,7 +99,7 @@ def summary(result, limits: tuple[SloLimit, ...] = ()) -> dict:
     per_s = (lambda x: x / span) if span > 0 else (lambda x: 0.0)
     e2e = arrays["e2e_s"]
     kv_share, running, waiting = _occupancy(result)
-    return {
+    out = {
         "requests": n,
         "completed": int(np.count_nonzero(~np.isnan(e2e))),
         "duration_s": span,
@@ -169,7 +125,74 @@ def summary(result, limits: tuple[SloLimit, ...] = ()) -> dict:
         "running_seqs": running,
         "waiting_seqs": waiting,
         "kv_transfer_s": stats(arrays["kv_transfer_s"]) if result.fleet.disaggregated else None,
+        **({"kv_cache": cache} if (cache := kv_cache(result, arrays)) is not None else {}),
     }
+    spec = speculative_summary(result)
+    if spec is not None:   # only then: a plain run's summary keeps its keys
+        tpot = arrays["tpot_s"]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out["per_user_tokens_per_s"] = stats(np.where(tpot > 0, 1.0 / tpot, np.nan))
+        out["speculative"] = spec
+    return out
+
+
+def speculative_summary(result) -> Optional[dict]:
+    """Over the instances that decode speculatively: the verification steps of sequences, the
+    tokens they kept and their mean (tokens per verification, the bonus token included); None
+    without speculation."""
+    scheds = [i.scheduler for i in result.instances if getattr(i.scheduler, "draft_tokens", 0)]
+    if not scheds:
+        return None
+    steps = sum(s.verify_steps for s in scheds)
+    tokens = sum(s.verify_tokens for s in scheds)
+    spec = scheds[0].spec
+    return {"method": spec.method, "draft_tokens": spec.tokens, "expected_tokens_per_step": spec.tokens_per_step,
+            "verifications": steps, "kept_tokens": tokens, "mean_accepted_length": tokens / steps if steps else None}
+
+
+def _caches(result) -> list:
+    return [i.scheduler for i in result.instances if getattr(i.scheduler, "io", False)]
+
+
+def kv_cache(result, arrays: Optional[dict] = None) -> Optional[dict]:
+    """The block cache's figures (``None`` without one), summed over the instances: per tier
+    (HBM first) its size, the blocks looked up that it held (``hit_rate``: of all the
+    blocks looked up), fetched from it or recomputed, evicted from it and stored into it, the
+    bytes written into it and read from it, its cached blocks over time (mean and max); and
+    TTFT split into queueing, waiting for fetched KV, and the rest (compute; with
+    disaggregation it includes the KV transfer)."""
+    caches = _caches(result)
+    if not caches:
+        return None
+    arrays = arrays if arrays is not None else per_request(result)
+    first = caches[0]
+    looked = sum(c.lookup_blocks for c in caches)
+    names = ["hbm"] + [t.spec.kind for t in first.tiers]
+    tiers = []
+    for level, name in enumerate(names):
+        sizes = [c.total_blocks if level == 0 else c.tiers[level - 1].capacity_blocks for c in caches]
+        row = {"tier": name, "capacity_blocks": sum(sizes),
+               "block_bytes": first.block_bytes}
+        for key, values in first.counts.items():
+            row[key] = sum(c.counts[key][level] for c in caches)
+        row["hit_rate"] = row["hit_blocks"] / looked if looked else 0.0
+        means, tops = [], []
+        for c in caches:
+            occ = np.frombuffer(c.occupancy, dtype=float).reshape(-1, 2 + len(c.tiers))
+            if len(occ):
+                means.append(float(occ[:, 1 + level].mean()))
+                tops.append(float(occ[:, 1 + level].max()))
+        row["cached_blocks"] = {"mean": float(np.sum(means)) if means else 0.0, "max": float(np.sum(tops))}
+        tiers.append(row)
+    fetch = np.zeros(len(arrays["ttft_s"]))
+    for c in caches:
+        for k, row in c.per_request.items():
+            fetch[k] += row[3]
+    queue, ttft = arrays["queue_s"], arrays["ttft_s"]
+    hit = sum(t["fetched_blocks"] for t in tiers) + tiers[0]["hit_blocks"]
+    return {"policy": first.cache.policy_name, "lookup_blocks": looked,
+            "hit_rate": hit / looked if looked else 0.0, "tiers": tiers,
+            "ttft_split_s": {"queue": stats(queue), "fetch": stats(fetch), "compute": stats(ttft - queue - fetch)}}
 
 
 def _occupancy(result) -> tuple[dict, dict, dict]:
@@ -222,6 +245,20 @@ def series(result) -> dict:
         used[have] += rows[idx[have], 4]
         running[have] += rows[idx[have], 5]
         waiting[have] += rows[idx[have], 6]
-    return {"quantiles": q.tolist(), "ttft_s": cdf(arrays["ttft_s"]), "tpot_s": cdf(arrays["tpot_s"]),
-            "time_s": times.tolist(), "kv_pool_use": (used / total).tolist() if total else [],
-            "running": running.tolist(), "waiting": waiting.tolist()}
+    out = {"quantiles": q.tolist(), "ttft_s": cdf(arrays["ttft_s"]), "tpot_s": cdf(arrays["tpot_s"]),
+           "time_s": times.tolist(), "kv_pool_use": (used / total).tolist() if total else [],
+           "running": running.tolist(), "waiting": waiting.tolist()}
+    caches = _caches(result)
+    if caches:     # the block cache's cached blocks per tier, summed over instances
+        levels = 1 + len(caches[0].tiers)
+        cached = np.zeros((levels, SERIES_POINTS))
+        for c in caches:
+            occ = np.frombuffer(c.occupancy, dtype=float).reshape(-1, 1 + levels)
+            if not len(occ):
+                continue
+            idx = np.searchsorted(occ[:, 0], times, side="right") - 1
+            have = idx >= 0
+            cached[:, have] += occ[idx[have], 1:].T
+        out["kv_cache_blocks"] = {name: row.tolist() for name, row in
+                                  zip(["hbm"] + [t.spec.kind for t in caches[0].tiers], cached)}
+    return out

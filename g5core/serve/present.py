@@ -12,6 +12,9 @@ from g5core.serve.metrics import per_request
 GIB = float(2 ** 30)
 REQUEST_COLUMNS = ("id", "arrival_s", "input_tokens", "output_tokens", "cached_tokens", "instance", "decode_instance",
                    "queue_s", "ttft_s", "tpot_s", "max_itl_s", "e2e_s", "kv_transfer_s")
+#: with a block cache, after those: the prompt blocks found in HBM, fetched from a lower tier
+#: or found there and recomputed, and what waiting for the fetch added to the first step
+CACHE_COLUMNS = ("hbm_hit_blocks", "fetched_blocks", "recomputed_blocks", "fetch_s")
 
 
 def _s(x) -> str:
@@ -54,6 +57,27 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
     lines.append(f"occupancy    KV pool {out['kv_pool_use']['mean']:.1%} mean, {out['kv_pool_use']['max']:.1%} max; "
                  f"running {out['running_seqs']['mean']:.1f} mean, {out['running_seqs']['max']:.0f} max; "
                  f"waiting {out['waiting_seqs']['mean']:.1f} mean, {out['waiting_seqs']['max']:.0f} max")
+    cache = out.get("kv_cache")
+    if cache:
+        lines.append(f"KV cache     {cache['policy']}: {cache['hit_rate']:.1%} of {cache['lookup_blocks']:,} prompt blocks "
+                     "looked up were cached")
+        for t in cache["tiers"]:
+            moved = (f"; {t['bytes_written'] / GIB:,.2f} GiB in, {t['bytes_read'] / GIB:,.2f} GiB fetched"
+                     if t["tier"] != "hbm" else "")
+            recomputed = f", {t['recomputed_blocks']:,} recomputed" if t["recomputed_blocks"] else ""
+            lines.append(f"  {t['tier']:<11}{t['hit_rate']:.1%} hit ({t['hit_blocks']:,} blocks{recomputed}), "
+                         f"{t['evicted_blocks']:,} evicted; {t['cached_blocks']['mean']:,.0f} mean / "
+                         f"{t['cached_blocks']['max']:,.0f} max of {t['capacity_blocks']:,} blocks{moved}")
+        split = cache["ttft_split_s"]
+        lines.append("  TTFT mean   " + ", ".join(f"{k} {_s(split[k]['mean'])}" for k in ("queue", "fetch", "compute")))
+    spec = out.get("speculative")
+    if spec:
+        mean, user = spec["mean_accepted_length"], out["per_user_tokens_per_s"]["p50"]
+        mean_text = "-" if mean is None else f"{mean:.3g}"
+        user_text = "-" if user is None else f"{user:,.1f}"
+        lines.append(f"speculative  {spec['method']}, {spec['draft_tokens']} drafts: {mean_text} tokens per "
+                     f"verification (expected {spec['expected_tokens_per_step']:.3g}) over "
+                     f"{spec['verifications']:,}; per user {user_text} tokens/s p50")
     g = out.get("goodput")
     if g:
         limits = ", ".join(f"{k} <= {_s(v)}" for k, v in g["limits"].items())
@@ -74,10 +98,15 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
 
 
 def write_requests_csv(result, fh) -> None:
-    """One row per request (the workload's order), the columns of :data:`REQUEST_COLUMNS`."""
+    """One row per request (the workload's order), the columns of :data:`REQUEST_COLUMNS`
+    (and :data:`CACHE_COLUMNS` with a block cache)."""
     a = per_request(result)
     log = result.requests
-    fh.write(",".join(REQUEST_COLUMNS) + "\n")
+    cache = {}
+    for inst in result.instances:
+        cache.update(getattr(inst.scheduler, "per_request", {}))
+    caching = any(getattr(i.scheduler, "io", False) for i in result.instances)
+    fh.write(",".join(REQUEST_COLUMNS + (CACHE_COLUMNS if caching else ())) + "\n")
 
     def cell(x):
         return "" if isinstance(x, float) and math.isnan(x) else repr(float(x)) if isinstance(x, float) else str(x)
@@ -86,6 +115,8 @@ def write_requests_csv(result, fh) -> None:
                log.decode_instance[k] if log.decode_instance[k] >= 0 else "", float(a["queue_s"][k]),
                float(a["ttft_s"][k]), float(a["tpot_s"][k]), float(a["max_itl_s"][k]), float(a["e2e_s"][k]),
                float(a["kv_transfer_s"][k]))
+        if caching:
+            row += tuple(cache.get(r.id, (0, 0, 0, 0.0)))
         fh.write(",".join(cell(x) for x in row) + "\n")
 
 
@@ -109,6 +140,21 @@ def dump_trace(result, fh) -> None:
                            "args": {"running": int(running), "waiting": int(waiting)}})
             events.append({"ph": "C", "pid": pid, "ts": end * us, "name": "KV blocks used",
                            "args": {"blocks": int(blocks)}})
+        sched = inst.scheduler
+        if getattr(sched, "io", False):     # the block cache: its cached blocks per tier
+            names = ["HBM"] + [t.spec.kind for t in sched.tiers]
+            occ = np.frombuffer(sched.occupancy, dtype=float).reshape(-1, 1 + len(names))
+            last = None
+            for row in occ.tolist():
+                if row[1:] != last:
+                    events.append({"ph": "C", "pid": pid, "ts": row[0] * us, "name": "KV cache blocks",
+                                   "args": {n: int(v) for n, v in zip(names, row[1:])}})
+                    last = row[1:]
+    fetch_s = {}
+    for inst in result.instances:
+        for k, row in getattr(inst.scheduler, "per_request", {}).items():
+            if row[3] > 0:
+                fetch_s[k] = row[3]
     rpid = len(result.instances)
     events.append({"ph": "M", "pid": rpid, "name": "process_name", "args": {"name": "requests"}})
     a = per_request(result)
@@ -119,7 +165,11 @@ def dump_trace(result, fh) -> None:
         first, finish = float(log.first_token_s[k]), float(log.finish_s[k])
         move = float(a["kv_transfer_s"][k])
         prefill_end = first - move if move == move else first
-        spans = [("queued", arrival, sched), ("prefill", sched, prefill_end)]
+        fetch = fetch_s.get(k, 0.0)
+        spans = [("queued", arrival, sched)]
+        if fetch:
+            spans.append(("KV fetch", sched, sched + fetch))
+        spans.append(("prefill", sched + fetch, prefill_end))
         if move == move:
             spans.append(("KV transfer", prefill_end, first))
         spans.append(("decode", first, finish))

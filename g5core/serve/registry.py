@@ -1,7 +1,7 @@
 """Schedulers, routers and trace formats by name: the core's built-in ones, then what the
 enabled plugins register through the serving hooks (``g5_register_schedulers``,
-``g5_register_routers``, ``g5_register_workload_formats``). A name registered twice is an
-error naming both owners."""
+``g5_register_routers``, ``g5_register_workload_formats``, ``g5_register_kv_cache_policies``).
+A name registered twice is an error naming both owners."""
 from __future__ import annotations
 
 from typing import Callable
@@ -10,6 +10,7 @@ import attrs
 
 from g5core.api.errors import PluginError
 from g5core.api.plugins import Hooks
+from g5core.serve.kvcache import BUILTIN_POLICIES
 from g5core.serve.router import BUILTIN_ROUTERS
 from g5core.serve.scheduler import VllmScheduler
 from g5core.api.serving import TraceFormat
@@ -23,6 +24,7 @@ class ServingRegistry:
     schedulers: dict      # name -> (owner, factory)
     routers: dict         # name -> (owner, factory)
     formats: tuple        # TraceFormat, built-in first
+    cache_policies: dict = attrs.field(factory=lambda: {n: (CORE, f) for n, f in BUILTIN_POLICIES.items()})
 
     def scheduler(self, name: str) -> Callable:
         return self.schedulers[name][1]
@@ -56,4 +58,6 @@ def serving_registry(hooks: Hooks) -> ServingRegistry:
             raise PluginError(plugin, f"trace format {fmt.name!r} ({fmt.container}) is already registered")
         formats.append(fmt)
     hooks.call_registration("g5_register_workload_formats", record_format)
-    return ServingRegistry(schedulers, routers, tuple(formats))
+    policies = {name: (CORE, cls) for name, cls in BUILTIN_POLICIES.items()}
+    hooks.call_registration("g5_register_kv_cache_policies", _named(policies, "KV cache policy"))
+    return ServingRegistry(schedulers, routers, tuple(formats), policies)

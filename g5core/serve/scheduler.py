@@ -21,52 +21,34 @@ whose KV is in the cache), and each step gives every sequence some tokens to cat
 
 A step emits one token for every sequence whose ``computed`` reaches ``num_tokens``.
 
-Where G5 differs from vLLM: no speculative decoding, encoder inputs, priorities or
-asynchronous scheduling; the prefix cache is per instance and never evicts (a prefix an
-instance has computed stays reusable; its blocks are counted per sequence, not shared); a
-preempted sequence recomputes its cached prefix too.
+With speculative decoding (:class:`SpeculativeScheduler`, a pool whose configuration has a
+``speculative:`` block) each decoding sequence takes ``k + 1`` tokens of the budget and KV
+blocks for ``k + 1`` more tokens; after the step it keeps ``1 .. k + 1`` tokens, drawn per
+sequence and step from a seeded generator (vLLM's rejection sampler accepts the drafts up to
+the first rejection and adds one token of the target), and its blocks shrink back to those
+its computed tokens fill.
+
+Where G5 differs from vLLM: no encoder inputs, priorities or asynchronous scheduling; the
+prefix cache is per instance and never evicts (a prefix an instance has computed stays reusable; its blocks are counted per sequence, not shared); a
+preempted sequence recomputes its cached prefix too. The block-level cache that fills and
+evicts, with tiers below HBM, is :class:`g5core.serve.kvcache.CachingScheduler`
+(``serving.prefix_cache``, ``serving.kv_tiers``).
 """
 from __future__ import annotations
 
 import collections
 
-import attrs
+import numpy as np
 
-from g5core.api.errors import ConfigError
 from g5core.api.serving import Request, Seq, StepWork
+from g5core.inputs.serving import SchedulerSettings
 from g5core.serve.cost import RankedWork
-from g5core.inputs.reading import check_keys
-
-
-@attrs.frozen
-class SchedulerSettings:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0   # 0: no cap beyond the budget (vLLM's default)
-    block_size: int = 16
-
-    FIELDS = ("name", "max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "long_prefill_token_threshold",
-              "block_size")
-
-    @classmethod
-    def from_dict(cls, data, field: str = "serving.scheduler") -> "SchedulerSettings":
-        check_keys(data, field, cls.FIELDS)
-        values = {}
-        for key, value in data.items():
-            if key == "name":
-                continue
-            if key == "chunked_prefill":
-                if not isinstance(value, bool):
-                    raise ConfigError(f"{field}.{key}", f"must be true or false, got {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key.startswith("long") else 1):
-                raise ConfigError(f"{field}.{key}", f"must be a positive whole number, got {value!r}")
-            values[key] = value
-        return cls(**values)
 
 
 class VllmScheduler:
     """Continuous batching over ``total_blocks`` KV blocks (see the module doc)."""
+
+    io = False   # a step waits for no KV loads (:class:`g5core.serve.kvcache.CachingScheduler` does)
 
     def __init__(self, settings: SchedulerSettings, total_blocks: int):
         self.s = settings
@@ -76,6 +58,9 @@ class VllmScheduler:
         self.running: list[Seq] = []
         self.preemptions = 0
         self.prefixes: set = set()   # prefix keys this instance has computed
+
+    #: draft tokens each decode verifies (0: plain decode; SpeculativeScheduler sets it)
+    draft_tokens = 0
 
     # -- queue ---------------------------------------------------------------------------
 
@@ -107,6 +92,11 @@ class VllmScheduler:
             hit = max(hit, tokens)
         return min(hit, req.input_tokens - 1)
 
+    def lookup(self, seq: Seq) -> int:
+        """The prompt tokens a newly admitted sequence finds cached (a caching scheduler
+        also takes their blocks)."""
+        return self.cached_prefix(seq.req)
+
     def _preempt(self, victim: Seq) -> None:
         self.free_blocks += victim.blocks
         victim.blocks = 0
@@ -130,6 +120,8 @@ class VllmScheduler:
         while i < len(running) and budget > 0:
             seq = running[i]
             n = seq.num_tokens - seq.computed
+            if n == 1 and seq.emitted:
+                n += self.draft_tokens     # a decode verifies its drafts (SpeculativeScheduler)
             if 0 < cap < n:
                 n = cap
             if n > budget:
@@ -157,7 +149,7 @@ class VllmScheduler:
             while self.waiting and budget > 0 and len(self.running) < s.max_num_seqs:
                 seq = self.waiting[0]
                 if seq.admitted_s is None and seq.computed == 0:
-                    seq.computed = self.cached_prefix(seq.req)
+                    seq.computed = self.lookup(seq)
                 n = seq.num_tokens - seq.computed
                 if not s.chunked_prefill and n > budget:
                     break
@@ -219,12 +211,11 @@ class VllmScheduler:
 #: ``shortest_queue`` (``shortest_queue_scheduler``: its ``DPBudget`` sends requests to the
 #: ranks with the fewest requests, lowest rank first; G5 reads the ranks' request counts at
 #: the moment of the arrival, where SGLang reads them from the ranks' periodic load reports).
-DP_BALANCE = ("round_robin", "shortest_queue")
 
 
 class DpScheduler:
     """The schedulers of an instance of ``dp`` attention-DP ranks, as one scheduler to the
-    serving loop: a request goes to one rank (:data:`DP_BALANCE`) and stays there; each rank
+    serving loop: a request goes to one rank (:data:`g5core.inputs.serving.DP_BALANCE`) and stays there; each rank
     schedules its own batch from its own KV pool (``total_blocks // dp`` blocks, the
     pool's ``max_num_seqs`` and ``max_num_batched_tokens`` per rank, as each SGLang DP rank
     runs its own scheduler); a step of the instance is every rank's step at once
@@ -318,3 +309,71 @@ class DpScheduler:
         """Per rank: blocks still held, steps over the rank's pool, requests given twice."""
         return {"kv_blocks_left_at_end": sum(abs(r.used_blocks) for r in self.ranks),
                 "steps_over_kv_pool": sum(self.steps_over_pool), "requests_given_twice": self.twice}
+
+
+class SpeculativeScheduler(VllmScheduler):
+    """:class:`VllmScheduler` with speculative decoding: each decode runs ``k + 1`` tokens and
+    keeps ``spec.draw`` of them (the module doc); ``seed`` makes the draws (one generator per
+    instance). ``verify_steps`` / ``verify_tokens``: decodes verified and tokens they kept.
+    A decode the token budget cuts short verifies fewer drafts (its draw capped there); the
+    step's cost counts it at ``k + 1``."""
+
+    def __init__(self, settings: SchedulerSettings, total_blocks: int, spec, seed: int = 0):
+        super().__init__(settings, total_blocks)
+        self.spec = spec
+        self.draft_tokens = spec.tokens
+        self.rng = np.random.default_rng(seed)
+        self.verify_steps = 0
+        self.verify_tokens = 0
+
+    @staticmethod
+    def _decoding(q: Seq) -> bool:
+        return bool(q.emitted) and q.computed == q.num_tokens - 1
+
+    def work(self, picked: list[Seq]) -> StepWork:
+        chunks, contexts = [], []
+        for q in picked:
+            if self._decoding(q):
+                contexts.append(q.computed)
+            else:
+                chunks.append((q.scheduled, q.computed))
+        contexts.sort()
+        return StepWork(tuple(chunks), tuple(contexts), self.draft_tokens)
+
+    def finish_step(self, picked: list[Seq]) -> list[Seq]:
+        bs = self.s.block_size
+        decodes = [q for q in picked if self._decoding(q)]
+        kept = iter(self.spec.draw(len(decodes), self.rng).tolist()) if decodes else iter(())
+        emitted = []
+        for q in picked:
+            if not self._decoding(q):
+                emitted.extend(super().finish_step([q]))
+                continue
+            # drafts accepted up to the first rejection, plus the target's token; a request
+            # stops at its last token
+            n = min(next(kept), q.scheduled, q.req.output_tokens - q.emitted)
+            q.computed += n
+            q.scheduled = 0
+            q.emitted += n
+            q.num_tokens += n
+            self.verify_steps += 1
+            self.verify_tokens += n
+            keep = -(-q.computed // bs)      # the blocks follow the kept tokens
+            self.free_blocks += q.blocks - keep
+            q.blocks = keep
+            if q.emitted == q.req.output_tokens and q.req.cache_key is not None:
+                self.prefixes.add(q.req.cache_key)
+            emitted.append(q)
+        return emitted
+
+
+def speculative_factory(spec, seed: int = 0):
+    """A scheduler factory ``(settings, total_blocks) -> SpeculativeScheduler``; instance ``i``
+    of a pool draws from ``seed + i`` (the factory counts the instances it made)."""
+    made = [0]
+
+    def make(settings: SchedulerSettings, total_blocks: int) -> SpeculativeScheduler:
+        made[0] += 1
+        return SpeculativeScheduler(settings, total_blocks, spec, seed + made[0] - 1)
+
+    return make

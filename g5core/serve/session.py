@@ -17,13 +17,14 @@ import time
 from typing import Callable, Mapping, Optional
 
 from g5core.api.errors import ConfigError, G5Error
-from g5core.serve.api import ServeResult, build_pools, load_workload, parse_serving, split_config
+from g5core.serve.api import ServeResult, build_pools, load_workload
 from g5core.serve.loop import check_invariants, serve_requests
 from g5core.serve.metrics import summary
 from g5core.serve.workload import Workload
 from g5core.api.plugins import Hooks, make_plugin_manager
 from g5core.inputs.config import disabled_from_config
 from g5core.serve.registry import serving_registry
+from g5core.inputs.serving import parse_serving, split_config
 
 
 class ServingSession:

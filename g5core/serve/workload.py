@@ -17,9 +17,10 @@ strings (:func:`parse_lengths`):
 - shared prefixes ``{groups: G, tokens: P}``: each request starts with one of ``G``
   prompt prefixes of ``P`` tokens, drawn uniformly; an instance that has already computed
   a prefix serves it from its prefix cache;
-- multi-turn conversations ``{turns: K, think_s: T}``: each arrival starts a conversation
-  of ``K`` turns ``T`` seconds apart, each turn's prompt holding the earlier turns (prompts
-  and outputs), which are cached where the previous turn finished.
+- multi-turn conversations ``{turns: K, think_s: T[, history_tokens: H]}``: each arrival
+  starts a conversation of ``K`` turns ``T`` seconds apart, each turn's prompt holding the
+  earlier turns (prompts and outputs), which are cached where the previous turn finished
+  (the first turn's prompt starts with ``H`` tokens of history, e.g. a long document).
 
 Trace files are read by the formats registered through ``g5_register_workload_formats``
 (:mod:`g5core.serve.registry`; the built-in ones are in :mod:`g5core.serve.traces`).
@@ -233,19 +234,21 @@ def _conversations(conv, field: str, times, isl, osl) -> tuple[Request, ...]:
     of conversation ``k``, which starts at the ``k``-th arrival; turn ``t`` arrives ``t *
     think_s`` later, its prompt is the conversation so far (earlier prompts and outputs) plus
     its own new tokens, and the conversation so far is cached on the instance that finished
-    the previous turn (if it has finished by then)."""
+    the previous turn (if it has finished by then). ``history_tokens``: the first turn's
+    prompt starts with that many tokens already (a document the conversation is about)."""
     if not isinstance(conv, Mapping):
         raise ConfigError(field, "must be a mapping {turns: K, think_s: T}")
-    _keys(conv, field, ("turns", "think_s"), ("turns", "think_s"))
+    _keys(conv, field, ("turns", "think_s", "history_tokens"), ("turns", "think_s"))
     turns = int(_num(conv["turns"], f"{field}.turns", integer=True))
+    history = int(_num(conv.get("history_tokens", 0), f"{field}.history_tokens", positive=False, integer=True))
     think = float(_num(conv["think_s"], f"{field}.think_s", positive=False))
     rows = []
     for i in range(len(isl)):
         c, t = divmod(i, turns)
-        context = 0 if t == 0 else rows[-1][5]
+        context = history if t == 0 else rows[-1][5]
         prompt = context + int(isl[i])
         prefix = ((f"c{c}t{t - 1}", context),) if t else ()
         rows.append((float(times[c * turns]) + t * think, i, prompt, int(osl[i]), prefix, prompt + int(osl[i]),
-                     f"c{c}t{t}"))
+                     f"c{c}t{t}", f"c{c}"))
     rows.sort(key=lambda r: (r[0], r[1]))
-    return tuple(Request(k, r[0], r[2], r[3], 0, r[4], r[6]) for k, r in enumerate(rows))
+    return tuple(Request(k, r[0], r[2], r[3], 0, r[4], r[6], r[7]) for k, r in enumerate(rows))

@@ -27,6 +27,7 @@ from g5core.api.errors import ConfigError
 from g5core.api.errors import suggest
 from g5core.api.ops import CommOp
 from g5core.api.plugins import Hooks, make_plugin_manager
+from g5core.inputs.framework import with_framework
 from g5core.inputs.systems import SystemSpec, get_system
 from g5core.lower.builder import make_topology
 from g5core.lower.collective import collect_primitives
@@ -82,7 +83,8 @@ def size_range(spec: str, factor: int = 2) -> list[int]:
 
 
 def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterable[int],
-                    disabled: Iterable[str] = (), dtype: str = "float", redop: str = "sum") -> list[dict]:
+                    disabled: Iterable[str] = (), dtype: str = "float", redop: str = "sum",
+                    framework: str | None = None) -> list[dict]:
     """One row per size: ``size_bytes, count, type, redop, root, time_s, algbw_bytes_per_s,
     busbw_bytes_per_s, in_place_time_s, algorithm, protocol, channels``."""
     primitive = ALIASES.get(primitive, primitive)
@@ -93,7 +95,7 @@ def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterabl
         raise ConfigError("--redop", f"unknown reduction {redop!r}{suggest(redop, NCCL_REDOPS)}; nccl-tests' -o "
                                      f"takes {', '.join(NCCL_REDOPS)}")
     element = NCCL_TYPES[dtype]
-    compile_one = collective_compiler(primitive, system_name, chips, disabled)
+    compile_one = collective_compiler(primitive, system_name, chips, disabled, framework)
     rows = []
     for size in sizes:
         compiled = compile_one(size)
@@ -108,9 +110,12 @@ def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterabl
     return rows
 
 
-def collective_compiler(primitive: str, system_name: str, chips: int, disabled: Iterable[str] = ()):
+def collective_compiler(primitive: str, system_name: str, chips: int, disabled: Iterable[str] = (),
+                        framework: str | None = None):
     """A function of the size in bytes per rank: the compiled DAG of one ``primitive`` over
-    chips ``0 .. chips - 1`` of ``system_name``, lowered by the enabled plugins."""
+    chips ``0 .. chips - 1`` of ``system_name``, lowered by the enabled plugins (under the
+    serving framework profile ``framework``, whose own all-reduce kernels replace NCCL's where
+    its code chooses them)."""
     if isinstance(chips, bool) or not isinstance(chips, int) or chips < 2:
         raise ConfigError("--chips", f"a collective needs at least 2 chips, got {chips!r}")
     if primitive == "p2p" and chips != 2:
@@ -122,6 +127,8 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
         raise ConfigError("OP", f"unknown collective {primitive!r}{suggest(primitive, primitives)}; "
                                 f"the enabled plugins lower {', '.join(primitives) or 'none'}")
     system = system_name if isinstance(system_name, SystemSpec) else get_system(system_name)
+    if framework is not None:
+        system = with_framework(system, framework)
     topo = make_topology(hooks, system, chips)
     group = tuple(range(chips))
 

@@ -40,6 +40,7 @@ from g5core.lower.shape import collect_shard_axes
 from g5core.lower.steprules import step_rules
 from g5core.lower.symmetry import off_reason, plan_symmetry
 from g5core.inputs.config import Deployment, apply_overrides, load_config_file
+from g5core.inputs.framework import graph_step, host_step_s
 from g5core.inputs.step import Step, as_step, phase_metrics
 from g5core.sim.results import step_choices
 from g5core.sim.compute import LatencyLookup
@@ -163,7 +164,9 @@ class PreparedPlan:
             return hit
         self.misses += 1
 
-        plan = self.plan_for(step)
+        # the step the GPU runs: a decode batch padded up to its captured CUDA graph
+        gpu_step = graph_step(step, self.plan.ctx.system)
+        plan = self.plan_for(gpu_step)
         self.lookup.deployment = plan.ctx.deployment
         if plan.ctx.deployment.path == "math":  # the closed form, as `g5 run` gives it for path: math
 
@@ -178,13 +181,15 @@ class PreparedPlan:
             raise ResourceError(f"step {step.describe()} simulated {total:,} ops and flows, above the limit of "
                                 f"{self.max_ops:,}; raise the limit (max_ops) or use a smaller deployment")
         ledger = memory_report(plan.ctx)
-        dep = plan.ctx.deployment
+        dep = plan.ctx.deployment if gpu_step is step else self.deployment.with_step(step)
 
-        metrics = phase_metrics(dep.phase, sim.latency_s)
+        # the framework's host work per step, overlapped with the GPU's or added to it
+        latency_s = host_step_s(sim.latency_s, step, self.plan.ctx.system)
+        metrics = phase_metrics(dep.phase, latency_s)
         result = StepResult(
-            step=step, phase=dep.phase, latency_s=sim.latency_s, ttft_s=metrics.get("ttft_s"),
+            step=step, phase=dep.phase, latency_s=latency_s, ttft_s=metrics.get("ttft_s"),
             tpot_s=metrics.get("tpot_s"), new_tokens=step.new_tokens,
-            tokens_per_s_per_chip=tokens_per_s_per_chip(dep, sim.latency_s),
+            tokens_per_s_per_chip=tokens_per_s_per_chip(dep, latency_s),
             memory=self._step_memory(ledger), choices=step_choices(plan.ctx))
         self._results[step] = result
         return attrs.evolve(result, sim=sim, ledger=ledger) if detail else result

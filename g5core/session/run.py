@@ -14,16 +14,19 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
-from g5core.lower.builder import Plan, ReplicaSpill, build_dag, check_size, plan_deployment
+from g5core.lower.builder import Plan, ReplicaSpill, build_dag, check_size, plan_deployment, plan_for_step
+from g5core.lower.shape import collect_shard_axes
 from g5core.lower.microbatch import (
     CYCLES, MAX_CYCLES, copy_contexts, head_end_times, microbatch_program, steady_cycle_s,
 )
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load_config_file
+from g5core.inputs.framework import graph_step
 from g5core.sim.engine import Engine
 from g5core.sim.compile import compile_dag
 from g5core.session.mathpath import MathResult, math_estimate
-from g5core.sim.memory import MemoryReport, memory_report
+from g5core.sim.memory import MemoryReport, memory_report, with_terms
+from g5core.session.speculative import Proposer, SpeculativeResult, verify_deployment
 from g5core.api.plugins import make_plugin_manager
 from g5core.sim.results import SimResult, check_conservation, step_choices, summarize
 from g5core.lower.symmetry import check_reduced_dag, check_resources, off_reason, plan_symmetry
@@ -191,9 +194,14 @@ class RunOutput:
     memory: MemoryReport
     sim: Optional[SimResult] = None
     math: Optional[MathResult] = None
+    #: a speculative decode (g5core.session.speculative.SpeculativeResult): ``sim`` / ``math``
+    #: is then its verification step, ``latency_s`` the effective time per output token
+    speculative: Optional[SpeculativeResult] = None
 
     @property
     def latency_s(self) -> float:
+        if self.speculative is not None:
+            return self.speculative.tpot_s
         return self.sim.latency_s if self.sim is not None else self.math.latency_s
 
     @property
@@ -207,6 +215,8 @@ class RunOutput:
         else:
             out = self.math.to_json_dict()
         out = {"path": dep.path, **out, "tokens_per_s_per_chip": self.tokens_per_s_per_chip}
+        if self.speculative is not None:
+            out.update(latency_s=self.latency_s, tpot_s=self.latency_s, speculative=self.speculative.to_json_dict())
         out["deployment"] = dep.to_dict()
         out["memory"] = self.memory.to_json_dict()
         choices = step_choices(self.plan.ctx)
@@ -225,10 +235,15 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
     ``symmetry``: see :func:`simulate_plan`."""
     plan = make_plan(raw, disabled, extra_plugins, max_ops=max_ops)
     dep = plan.ctx.deployment
+    gpu_step = graph_step(dep.step, plan.ctx.system)
+    if gpu_step is not dep.step:  # a decode batch padded up to its captured CUDA graph
+        plan = plan_for_step(plan, dep.with_step(gpu_step), collect_shard_axes(plan.hooks))
     replicas = plan_symmetry(plan.ctx, off_reason(symmetry)).replicas if dep.path != "math" else 1
     size = check_size(plan, max_ops, replicas)
     if progress is not None:
         progress(f"estimated {size.describe()}")
+    if dep.speculative is not None and dep.speculative.enabled:
+        return _finite(speculative_run(plan, progress, symmetry, max_ops))
     memory = memory_report(plan.ctx)
     if dep.path == "math":
         return _finite(RunOutput(deployment=dep, plan=plan, memory=memory, math=math_estimate(plan)))
@@ -244,6 +259,31 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
     sim = simulate_plan(plan, progress=progress, record_port_rates=record_port_rates, symmetry=symmetry, max_ops=max_ops)
     mres = math_estimate(plan) if compare_math else None
     return _finite(RunOutput(deployment=dep, plan=plan, memory=memory, sim=sim, math=mres))
+
+
+def speculative_run(plan: Plan, progress: Progress = None, symmetry: bool | str = True,
+                    max_ops: Optional[int] = None) -> RunOutput:
+    """A speculative decode (:mod:`g5core.session.speculative`): the verification step, one
+    proposer pass and the plain decode step, each simulated (or estimated on the Math path);
+    the ledger of the verification step with the proposer's lines."""
+    dep = plan.ctx.deployment
+    if plan.microbatches is not None:
+        raise ConfigError(plan.microbatches.field, "speculative decoding runs one batch per step here, not "
+                                                   f"micro-batches through a pipeline; set {plan.microbatches.field}: 1")
+    vplan = plan_for_step(plan, verify_deployment(dep), collect_shard_axes(plan.hooks))
+
+    def simulate(p: Plan):
+        if p.ctx.deployment.path == "math":
+            return math_estimate(p)
+        return simulate_plan(p, progress=progress, symmetry=symmetry, max_ops=max_ops)
+
+    proposer = Proposer(plan, dep.speculative)
+    verify = simulate(vplan)
+    result = SpeculativeResult(spec=dep.speculative, verify_s=verify.latency_s, proposer_pass_s=proposer.pass_s(simulate),
+                               plain_decode_s=simulate(plan).latency_s, batch=dep.batch)
+    memory = with_terms(memory_report(vplan.ctx), proposer.memory_terms())
+    sim, mres = (None, verify) if dep.path == "math" else (verify, None)
+    return RunOutput(deployment=dep, plan=vplan, memory=memory, sim=sim, math=mres, speculative=result)
 
 
 def _finite(out: RunOutput) -> RunOutput:

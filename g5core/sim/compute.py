@@ -21,7 +21,7 @@ import numpy as np
 
 from g5core.api.errors import DagError, PluginError
 from g5core.api.records import ComputeTime
-from g5core.inputs.framework import launch_s
+from g5core.inputs.framework import launch_s, step_sequences
 
 
 
@@ -65,10 +65,12 @@ class LatencyLookup:
     _launches: dict = attrs.field(factory=dict)  # (kernels, name, owner) -> launch seconds
 
     def _launch_s(self, op) -> float:
-        key = (op.kernels, op.name, op.owner)
+        # the step's sequences too: a decode step above the largest captured batch runs eagerly
+        sequences = step_sequences(self.deployment)
+        key = (op.kernels, op.name, op.owner, getattr(self.deployment, "phase", ""), sequences)
         seconds = self._launches.get(key)
         if seconds is None:
-            seconds = self._launches[key] = launch_s(op, self.system, getattr(self.deployment, "phase", ""))
+            seconds = self._launches[key] = launch_s(op, self.system, key[3], sequences)
         return seconds
 
     def answer_id(self, op) -> int:

@@ -270,8 +270,16 @@ def memory_report(ctx) -> MemoryReport:
                 if any(b > whole.on(c) * (1 + 1e-12) for c, b in term.bytes_per_chip):
                     raise PluginError(plugin, f"memory term {term.name!r} exceeds the {term.part_of!r} it is part of")
             terms.append(term)
-    cap = ctx.system.hbm_capacity_bytes
-    n = ctx.rankmap.chips
+    return report_of(terms, ctx.system.hbm_capacity_bytes, ctx.rankmap.chips)
+
+
+def with_terms(report: MemoryReport, extra) -> MemoryReport:
+    """``report`` with more terms (a speculative proposer's lines), the totals summed again."""
+    return report_of(list(report.terms) + list(extra), report.capacity_bytes, report.chips)
+
+
+def report_of(terms: list[MemoryTerm], cap: int, n: int) -> MemoryReport:
+    """The ledger of ``terms`` over ``n`` chips of ``cap`` bytes each."""
     # per category, the terms added in their order (as chip by chip: the same sums)
     by_cat = {k: np.zeros(n) for k in CATEGORIES}
     for t in terms:

@@ -8,7 +8,9 @@
 + launch_overhead_s``.
 
 **Size-aware** (the system file has a ``compute_model`` block): the op's time is the sum of
-its kernels' times (:mod:`g5core.lower.kernels` gives their shapes) plus ``launch_overhead_s`` once;
+its kernels' times (:mod:`g5core.lower.kernels` gives their shapes) plus ``launch_overhead_s`` once
+(none under a framework profile that prices each kernel's launch itself:
+:func:`g5core.inputs.framework.op_overhead_s`);
 each kernel takes ``max(compute_s, memory_s, floor_s)``, with
 ``memory_s = kernel bytes / (hbm_bw * hbm_fraction)`` and ``floor_s`` the measured shortest
 kernel of its kind (``kernel_floor_s``), and:
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from g5core.inputs.framework import fused_bytes, kernel_hosts
+from g5core.inputs.framework import fused_bytes, kernel_hosts, op_overhead_s
 from g5core.lower.kernels import Attention, Gemm
 
 
@@ -37,7 +39,7 @@ def roofline_latency_s(op_class, flops, hbm_bytes, dtype, system) -> float:
     """The flat roofline of one op (no compute_model block)."""
     compute_s = flops / (system.peak_flops(dtype) * system.op_efficiency(op_class)) if flops else 0.0
     memory_s = hbm_bytes / (system.hbm_bw_bytes_per_s * system.op_efficiency("hbm")) if hbm_bytes else 0.0
-    return max(compute_s, memory_s) + system.launch_overhead_s
+    return max(compute_s, memory_s) + op_overhead_s(system)
 
 
 def gemm_padded_flops(kernel: Gemm, cm) -> float:
@@ -95,4 +97,4 @@ def op_latency_s(op, system, phase: str = "") -> float:
     hosts = kernel_hosts(op, system, phase)
     extra = fused_bytes(op, hosts)
     return math.fsum(kernel_latency_s(k, op.dtype, system, extra[i]) for i, k in enumerate(op.kernels)
-                     if hosts[i] is None) + system.launch_overhead_s
+                     if hosts[i] is None) + op_overhead_s(system)

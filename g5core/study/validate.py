@@ -7,7 +7,10 @@ A measurement file is a CSV with a header and these columns:
 - ``set``: ``--set`` style overrides, ``KEY=VALUE`` separated by spaces (may be empty);
 - ``metric``: ``ttft`` (prefill) or ``tpot`` (decode);
 - ``measured_ms``: the measured time in milliseconds (> 0);
-- ``source``: free text, where the figure comes from (required, may not be empty).
+- ``source``: free text, where the figure comes from (required, may not be empty);
+- ``framework`` (optional): the serving framework the measurement ran (a shipped profile:
+  vllm, sglang, trtllm, generic, g5core/data/frameworks), applied to the row as its
+  configuration's ``framework`` key; ``validate`` then reports the error per framework too.
 
 Other columns (``name``, notes, ...) are kept and ignored. ``validate`` prints predicted
 beside measured, the error ``(predicted - measured) / measured``, the mean absolute
@@ -35,6 +38,7 @@ import attrs
 import yaml
 
 from g5core.inputs.config import apply_overrides, load_config_file
+from g5core.inputs.framework import FRAMEWORK_NAMES
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.systems import CATALOG_NAMES, SystemSpec, get_system
 from g5core.inputs.outputs import check_outputs
@@ -53,6 +57,7 @@ class Row:
     measured_ms: float
     source: str
     label: str               # config file name plus overrides, for tables
+    framework: str = ""      # the serving framework profile the row ran ("": the configuration's own)
 
     def where(self, csv_path) -> str:
         return f"{csv_path} row {self.number}"
@@ -98,8 +103,15 @@ def read_rows(csv_path) -> list[Row]:
             overrides = tuple(shlex.split(rec.get("set") or ""))
         except ValueError as exc:
             raise ConfigError(where, f"bad set column: {exc}") from None
+        framework = (rec.get("framework") or "").strip()
+        if framework and framework not in FRAMEWORK_NAMES:
+            raise ConfigError(where, f"unknown framework {framework!r}; use one of {', '.join(FRAMEWORK_NAMES)} "
+                                     "or leave it empty")
+        if framework:
+            overrides = (f"framework={framework}",) + overrides
         label = " ".join((cfg,) + overrides)
-        rows.append(Row(number=number, config=str(cfg_path), overrides=overrides, metric=metric, measured_ms=ms, source=source, label=label))
+        rows.append(Row(number=number, config=str(cfg_path), overrides=overrides, metric=metric, measured_ms=ms,
+                        source=source, label=label, framework=framework))
     if not rows:
         raise ConfigError(str(path), "no measurement rows")
     return rows
@@ -141,10 +153,22 @@ def validate(csv_path, overrides: Sequence[str] = ()) -> dict:
     for row in rows:
         pred = predict_ms(row, csv_path)
         out.append({"row": row.number, "config": row.label, "metric": row.metric, "measured_ms": row.measured_ms,
-                    "predicted_ms": pred, "error_pct": error_pct(pred, row.measured_ms), "source": row.source})
-    mape = math.fsum(abs(r["error_pct"]) for r in out) / len(out)
-    worst = max(out, key=lambda r: (abs(r["error_pct"]), -r["row"]))
-    return {"rows": out, "mape_pct": mape, "worst_row": worst["row"], "worst_error_pct": worst["error_pct"]}
+                    "predicted_ms": pred, "error_pct": error_pct(pred, row.measured_ms), "source": row.source,
+                    **({"framework": row.framework} if row.framework else {})})
+    report = {"rows": out, **_agreement(out)}
+    if any(r.get("framework") for r in out):   # the error of each framework's rows (metric by metric)
+        groups: dict = {}
+        for r in out:
+            groups.setdefault((r.get("framework") or "-", r["metric"]), []).append(r)
+        report["by_framework"] = [{"framework": fw, "metric": metric, "rows": len(rs), **_agreement(rs)}
+                                  for (fw, metric), rs in sorted(groups.items())]
+    return report
+
+
+def _agreement(rows: Sequence[dict]) -> dict:
+    mape = math.fsum(abs(r["error_pct"]) for r in rows) / len(rows)
+    worst = max(rows, key=lambda r: (abs(r["error_pct"]), -r["row"]))
+    return {"mape_pct": mape, "worst_row": worst["row"], "worst_error_pct": worst["error_pct"]}
 
 
 # ----------------------------------------------------------------------------------------

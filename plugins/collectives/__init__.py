@@ -37,6 +37,10 @@ crossings at the NICs' rate: time that holds the op but not its links. The syste
 (:data:`nccl.TUNER_RELEASES`). So an op alone takes NCCL's predicted time, or longer where
 its wires are the limit, and a busy one slows down with everything else on its links.
 
+**The serving framework's own all-reduce** (a framework profile's ``all_reduce``: vLLM's and
+SGLang's custom all-reduce, TensorRT-LLM's one-shot / two-shot) replaces NCCL's for a group of
+one node where the framework's code chooses it (:func:`custom_all_reduce`); NCCL above.
+
 **all_to_all** is NCCL's grouped send/receive: ``N/n`` to every other rank at once. Inside
 one node it follows NCCL's p2p schedule (:func:`nvlink_p2p`: channels per peer, LL or
 Simple steps, a measured copy rate per channel and NVLink efficiency); across nodes a
@@ -52,7 +56,9 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from g5core import ConfigError, Lowering, Topology, check_keys, hookimpl, idle_transfer_s, suggest
+from g5core import (
+    NVLINK_COPY_EFFICIENCY, ConfigError, Lowering, Topology, check_keys, hookimpl, idle_transfer_s, suggest,
+)
 
 from . import nccl
 
@@ -304,7 +310,31 @@ def lower_collective(coll: str, group, nbytes: float, topo: Topology) -> Lowerin
 
 # ------------------------------------------------------------------------------ primitives
 def all_reduce(group, nbytes, topo: Topology) -> Lowering:
-    return lower_collective("all_reduce", group, nbytes, topo)
+    custom = custom_all_reduce(group, nbytes, topo)
+    return custom if custom is not None else lower_collective("all_reduce", group, nbytes, topo)
+
+
+def custom_all_reduce(group, nbytes, topo: Topology):
+    """The serving framework's own all-reduce kernel (``system.framework.all_reduce``,
+    g5core.inputs.framework.CustomAllReduce), or None where the framework runs NCCL: a group of
+    one node of a world size it supports, a buffer under its limit. One-shot: every rank reads
+    each peer's whole buffer over NVLink and reduces it (``N`` from each peer); two-shot: a
+    reduce-scatter then an all-gather through peer memory (``2 N / n`` from each peer). The
+    flows move at NVLINK_COPY_EFFICIENCY (SM-driven loads, as NCCL's p2p copies) after the
+    kernel's measured fixed cost."""
+    fw = getattr(topo.system, "framework", None) if topo.system is not None else None
+    spec = getattr(fw, "all_reduce", None)
+    n = len(group)
+    if spec is None or len({topo.node_of(c) for c in group}) != 1:
+        return None
+    regime = spec.choose(n, nbytes)
+    if regime is None:
+        return None
+    per_peer = nbytes if regime == "one_shot" else 2.0 * nbytes / n
+    wire = 1.0 / NVLINK_COPY_EFFICIENCY
+    flows = tuple((a, b, per_peer * wire) for a in group for b in group if a != b)
+    return Lowering(flows=flows, latency_s=spec.latency_s(n, regime), algorithm=f"{spec.kernel}_{regime}",
+                    protocol="", channels=1, wire_bytes_per_payload_byte=wire)
 
 
 def all_gather(group, nbytes, topo: Topology) -> Lowering:

@@ -58,8 +58,10 @@ def g5_validate_deployment(deployment, model, system):
                                   "rotates a ring over the sequence, CP decode runs on the CP root); simulate the "
                                   "prefill and the decode groups as separate steps, or set parallel.cp: 1")
     for g in step:
-        # the cached KV is sharded like the new tokens: balanced chunks of both
-        sizes = (("context", g.context_tokens),) if g.is_decode else (("new", g.new_tokens),
+        # the cached KV is sharded like the new tokens: balanced chunks of both; a verification
+        # group's drafts (and their KV) are transient: its context is that of its decode
+        context = g.cached_tokens + 1 if g.verify else g.context_tokens
+        sizes = (("context", context),) if g.is_decode else (("new", g.new_tokens),
                                                                       ("cached", g.cached_tokens))
         for what, n in sizes:
             if n % (2 * cp):

@@ -65,8 +65,8 @@ import math
 import attrs
 
 from g5core import (
-    Fragment, MemoryTerm, PluginOption, Work, activation_tensor_bytes, attention_dims, attention_kernel, attention_side_kernels,
-    attention_work, hookimpl, merge_kernel, passq_reduce_elements,
+    Fragment, MemoryTerm, PluginOption, Work, activation_tensor_bytes, attention_dims, attention_side_kernels,
+    decode_attention_kernel, decode_query_rows, hookimpl, merge_kernel, passq_reduce_elements,
 )
 from g5plugins.cp import prefill_mode
 from g5plugins.cp.passkv import placed_rings, ring_fragment_parts, ring_merge_kernels, ring_parts
@@ -184,8 +184,9 @@ def ring_decode_bytes(ctx) -> tuple[int, float, float]:
     dep, s, cp = ctx.deployment, ctx.shape, ctx.size("cp")
     act = dep.dtypes.activation_element_bytes
     q = queries_per_rank(dep.batch, cp)
-    step_bytes = ring_step_bytes(q, ctx.model.hidden_size / s.factor("q_heads"), act)
-    return q, step_bytes, ring_a2a_bytes_per_rank(q, cp, s.q_heads, partial_value_dim(ctx.model), act)
+    rows = q * decode_query_rows(s) / s.batch   # k + 1 query rows per sequence in a verification step
+    step_bytes = ring_step_bytes(rows, ctx.model.hidden_size / s.factor("q_heads"), act)
+    return q, step_bytes, ring_a2a_bytes_per_rank(rows, cp, s.q_heads, partial_value_dim(ctx.model), act)
 
 
 def _form(ctx) -> str:
@@ -225,17 +226,19 @@ def g5_expand_op(ctx, lop):
     dep, s = ctx.deployment, ctx.shape
     act = dep.dtypes.activation_element_bytes
     hidden_local = ctx.model.hidden_size / s.factor("q_heads")
-    q_bytes = dispatch_bytes_per_rank(dep.batch, hidden_local, act)
-    r_bytes = reduce_bytes_per_rank(dep.batch, s.q_heads, partial_value_dim(ctx.model), act)
-    flops, hbm = attention_work(ctx.model, dep, s, 1, s.kv_len)
-    work = Work(op_class="attention", flops=flops, hbm_bytes=hbm, weight_class="", weight_elements=0.0,
-                kernels=(attention_kernel(ctx.model, dep, s, 1, s.kv_len, "decode"),))
+    # a speculative verification step sends k + 1 queries per sequence (decode_query_rows)
+    rows = decode_query_rows(s)
+    q_bytes = dispatch_bytes_per_rank(rows, hidden_local, act)
+    r_bytes = reduce_bytes_per_rank(rows, s.q_heads, partial_value_dim(ctx.model), act)
+    kernel = decode_attention_kernel(ctx.model, dep, s, s.batch, s.kv_len)
+    work = Work(op_class="attention", flops=kernel.flops, hbm_bytes=kernel.hbm_bytes, weight_class="",
+                weight_elements=0.0, kernels=(kernel,))
     # the side kernels of a decode attention (layers.attention_side_kernels): every partial's
     # split-KV combine over its shard; on the root also the merge of the cp partials
     # (layers.merge_kernel). The merge follows the reduce; it is counted in the root's
     # partial, which the reduce waits for: the same critical path, and the spec's DAG unchanged
     work = attrs.evolve(work, kernels=work.kernels + attention_side_kernels(ctx.model, dep, s))
-    merge = merge_kernel(dep.batch * s.q_heads, partial_value_dim(ctx.model), cp, dep)
+    merge = merge_kernel(rows * s.q_heads, partial_value_dim(ctx.model), cp, dep)
     root_work = attrs.evolve(work, kernels=work.kernels + (merge,))
     placed = set(ctx.place(lop))
     ops, edges, heads, tails = [], [], {}, {}
@@ -263,12 +266,13 @@ def ring_form(ctx, lop, cp: int) -> Fragment:
     """The ring form's ops for every CP group (module docstring)."""
     dep, s = ctx.deployment, ctx.shape
     q, step_bytes, a2a_bytes = ring_decode_bytes(ctx)
-    kernel = attrs.evolve(attention_kernel(ctx.model, dep, s, 1, s.kv_len, "decode"), batch=q)
+    kernel = decode_attention_kernel(ctx.model, dep, s, q, s.kv_len)
     flops, hbm = kernel.flops, kernel.hbm_bytes
     side = tuple(attrs.evolve(k, tokens=k.tokens * q / s.batch) for k in attention_side_kernels(ctx.model, dep, s))
     step = Work(op_class="attention", flops=flops, hbm_bytes=hbm, weight_class="", weight_elements=0.0,
                 kernels=(kernel,) + side)
-    merged_work = merge_work((merge_kernel(q * s.q_heads, partial_value_dim(ctx.model), cp, dep),))
+    merged_work = merge_work((merge_kernel(q * decode_query_rows(s) / s.batch * s.q_heads, partial_value_dim(ctx.model),
+                                           cp, dep),))
     placed = set(ctx.place(lop))
     ops, edges, heads, tails = [], [], {}, {}
     for group in ctx.rankmap.groups("cp"):

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 from g5core import (
     Attention, ComputeTime, ConfigError, Elementwise, Gemm, fused_bytes, hookimpl, kernel_hosts, kernel_latency_s,
-    roofline_latency_s,
+    op_overhead_s, roofline_latency_s,
 )
 
 from . import tables as T
@@ -64,7 +64,7 @@ def _roofline_s(kernel, dtype: str, system, extra_bytes: float = 0.0) -> float:
     if system.compute_model is not None:
         return kernel_latency_s(kernel, dtype, system, extra_bytes)
     return roofline_latency_s(kernel.op_class, kernel.flops, kernel.hbm_bytes + extra_bytes, dtype, system) \
-        - system.launch_overhead_s
+        - op_overhead_s(system)
 
 
 def _ideal_s(kernel, dtype: str, system) -> float:
@@ -247,4 +247,4 @@ def g5_compute_latency(op, system, deployment):
     if not measured:
         return None
     measured_s = math.fsum(measured)
-    return ComputeTime(seconds=measured_s + math.fsum(modelled) + system.launch_overhead_s, measured_s=measured_s)
+    return ComputeTime(seconds=measured_s + math.fsum(modelled) + op_overhead_s(system), measured_s=measured_s)

@@ -1,0 +1,298 @@
+"""The ``serving:`` block of a configuration, parsed and checked in one place: the pools it
+describes (instances, scheduler settings, routers, disaggregation), the SLO limits
+(``serving.slo`` or ``--slo``), and the workload mapping ``g5 serve``'s flags describe over
+``serving.workload``. ``g5core/serve/`` runs what this module returns; nothing here builds a
+plan or simulates.
+
+The ``serving:`` block (every key optional)::
+
+    serving:
+      instances: 8                    # copies of the configuration's layout
+      router: round_robin             # or least_outstanding_tokens, least_kv, a plugin's
+      routing_s: 0.0                  # delay from arrival to the instance's queue
+      dp_balance: round_robin         # attention DP (parallel.dp > 1): or shortest_queue
+      scheduler: {name: vllm, max_num_seqs: 256, max_num_batched_tokens: 8192,
+                  chunked_prefill: true, long_prefill_token_threshold: 0, block_size: 16}
+      slo: {ttft: 2s, tpot: 50ms}     # like --slo
+      workload: {requests: 1000, arrival: {kind: poisson, rate_per_s: 8},
+                 input_tokens: 2048, output_tokens: 256, seed: 0}   # or {trace: FILE}
+      prefix_cache: {policy: lru, miss: faster, overlap: true}   # the block cache (README, "KV cache")
+      kv_tiers: [{kind: host}, {kind: disk, bytes_per_chip: 1.0e12}]  # tiers below HBM (inputs/kv_tiers.py)
+      disaggregation:                 # instead of instances: a prefill and a decode pool
+        prefill: {instances: 2, chips: 8, parallel: {tp: 8}, scheduler: {...}}
+        decode:  {instances: 1, chips: 16, parallel: {tp: 8, pp: 2}}
+
+A pool's ``chips`` and ``parallel`` replace the configuration's (the layout of one of its
+instances); the pools sit on disjoint chips, prefill first, on one network of
+``prefill chips + decode chips`` chips of the system.
+
+Attention DP: an instance's layout with ``dp > 1`` (e.g. ``chips: 16, parallel: {dp: 8, tp: 2,
+pp: 1, cp: 1, ep: 16}``) is one instance of ``dp`` attention-DP ranks (each ``tp`` chips for
+attention and the dense layers) with the experts over ``ep`` across them, as SGLang's
+``--enable-dp-attention`` runs it: each rank has its own scheduler (the pool's settings, per
+rank) and its own KV pool (the ledger's per-replica capacity), ``dp_balance`` picks a
+request's rank (:data:`DP_BALANCE`), and a step is every rank's step at once, as long as the
+slowest (``g5core.serve.cost.DpCost``). Every EP group must span every rank (the all-to-all is
+what joins them): in practice ``ep = dp x sp x tp``.
+
+``parse_serving``'s ``registry`` is anything with ``schedulers``, ``routers`` and
+``cache_policies`` mappings keyed by name (``g5core.serve.registry.ServingRegistry``).
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Mapping, Optional
+
+import attrs
+
+from g5core.api.errors import ConfigError
+from g5core.inputs.kv_tiers import CacheSpec, parse_cache
+from g5core.inputs.reading import check_keys
+
+SERVING_KEYS = ("instances", "router", "routing_s", "scheduler", "slo", "workload", "disaggregation", "prefix_cache",
+                "kv_tiers", "dp_balance")
+POOL_KEYS = ("instances", "chips", "parallel", "scheduler", "router", "dp_balance")
+# how a request picks its attention-DP rank (SGLang's DataParallelController's rules:
+# g5core.serve.scheduler.DpScheduler runs them)
+DP_BALANCE = ("round_robin", "shortest_queue")
+# phase, batch and seq_len of a configuration are not used by serving (each step sets its
+# own); a configuration written for serving may leave them out
+PLACEHOLDERS = {"phase": "decode", "batch": 1, "seq_len": 4096}
+SLO_METRICS = ("ttft", "tpot", "e2e", "itl", "queue")
+_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+
+
+@attrs.frozen
+class SchedulerSettings:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0   # 0: no cap beyond the budget (vLLM's default)
+    block_size: int = 16
+
+    FIELDS = ("name", "max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "long_prefill_token_threshold",
+              "block_size")
+
+    @classmethod
+    def from_dict(cls, data, field: str = "serving.scheduler") -> "SchedulerSettings":
+        check_keys(data, field, cls.FIELDS)
+        values = {}
+        for key, value in data.items():
+            if key == "name":
+                continue
+            if key == "chunked_prefill":
+                if not isinstance(value, bool):
+                    raise ConfigError(f"{field}.{key}", f"must be true or false, got {value!r}")
+            elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key.startswith("long") else 1):
+                raise ConfigError(f"{field}.{key}", f"must be a positive whole number, got {value!r}")
+            values[key] = value
+        return cls(**values)
+
+
+@attrs.frozen
+class SloLimit:
+    metric: str             # ttft, tpot, e2e, itl (a request's worst gap), queue
+    limit_s: float
+    percentile: Optional[int] = None   # a run-level limit on that percentile; None: every request
+
+    @property
+    def key(self) -> str:
+        return self.metric + (f"_p{self.percentile}" if self.percentile is not None else "")
+
+
+def parse_slo(text, field: str = "--slo") -> tuple[SloLimit, ...]:
+    """``ttft=2s,tpot=50ms`` or ``ttft_p90=2s`` (a mapping from the configuration works too)."""
+    if text is None or text == "":
+        return ()
+    items = text.items() if isinstance(text, Mapping) else (p.partition("=")[::2] for p in str(text).split(","))
+    out = []
+    for key, value in items:
+        key = str(key).strip()
+        m = re.fullmatch(r"([a-z0-9]+)(?:_p(\d{1,2}(?:\.\d+)?))?", key)
+        if not m or m.group(1) not in SLO_METRICS:
+            raise ConfigError(field, f"unknown limit {key!r}; use {', '.join(SLO_METRICS)}, optionally with a "
+                                     "percentile (ttft_p90=2s)")
+        vm = re.fullmatch(r"\s*([0-9.eE+-]+)\s*(s|ms|us)\s*", str(value))
+        if not vm:
+            raise ConfigError(field, f"{key}={value!r}: give a time with its unit, e.g. {key}=2s or {key}=50ms")
+        try:
+            limit = float(vm.group(1)) * _UNITS[vm.group(2)]
+        except ValueError:
+            raise ConfigError(field, f"{key}={value!r} is not a number") from None
+        if not limit > 0 or limit == float("inf"):
+            raise ConfigError(field, f"{key}: the limit must be positive, got {value!r}")
+        pct = float(m.group(2)) if m.group(2) else None
+        if pct is not None and not 0 < pct < 100:
+            raise ConfigError(field, f"{key}: the percentile must lie between 0 and 100")
+        if any(o.key == key for o in out):
+            raise ConfigError(field, f"{key} is given twice")
+        out.append(SloLimit(m.group(1), limit, int(pct) if pct is not None and pct.is_integer() else pct))
+    return tuple(out)
+
+
+@attrs.frozen
+class PoolSpec:
+    role: str
+    instances: int
+    overrides: tuple        # (key, value) pairs replacing the configuration's chips/parallel
+    scheduler: SchedulerSettings
+    scheduler_name: str
+    router: str
+    dp_balance: str = "round_robin"
+
+
+@attrs.frozen
+class ServingSpec:
+    pools: tuple[PoolSpec, ...]
+    routing_s: float
+    slo: tuple[SloLimit, ...]
+    workload: Optional[Mapping]
+    cache: Optional[CacheSpec] = None   # serving.prefix_cache / kv_tiers (None: the never-evicting cache)
+
+
+def _positive_int(value, field) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(field, f"must be a positive whole number, got {value!r}")
+    return value
+
+
+def _mapping(value, field) -> Mapping:
+    if not isinstance(value, Mapping):
+        raise ConfigError(field, f"must be a mapping, got {value!r}")
+    return value
+
+
+def split_config(raw: Mapping) -> tuple[dict, Mapping]:
+    """The deployment part of a configuration and its ``serving:`` block."""
+    raw = dict(raw)
+    block = raw.pop("serving", None) or {}
+    for key, value in PLACEHOLDERS.items():
+        raw.setdefault(key, value)
+    return raw, _mapping(block, "serving")
+
+
+def parse_serving(block: Mapping, registry, slo_text=None) -> ServingSpec:
+    check_keys(block, "serving", SERVING_KEYS)
+    routing_s = block.get("routing_s", 0.0)
+    if isinstance(routing_s, bool) or not isinstance(routing_s, (int, float)) or not 0 <= routing_s < math.inf:
+        raise ConfigError("serving.routing_s", f"must be a number of seconds >= 0, got {routing_s!r}")
+    sched = _mapping(block.get("scheduler", {}), "serving.scheduler")
+    router = block.get("router", "round_robin")
+    balance = block.get("dp_balance", "round_robin")
+
+    def pool(role: str, data: Mapping, field: str, instances_default: int) -> PoolSpec:
+        s = {**sched, **_mapping(data.get("scheduler", {}), f"{field}.scheduler")}
+        name = s.get("name", "vllm")
+        if name not in registry.schedulers:
+            raise ConfigError(f"{field}.scheduler.name", f"unknown scheduler {name!r}; known: "
+                                                         f"{', '.join(sorted(registry.schedulers))}")
+        r = data.get("router", router)
+        if r not in registry.routers:
+            raise ConfigError(f"{field}.router", f"unknown router {r!r}; known: {', '.join(sorted(registry.routers))}")
+        b = data.get("dp_balance", balance)
+        if b not in DP_BALANCE:
+            raise ConfigError(f"{field}.dp_balance", f"unknown attention-DP balance {b!r}; known: "
+                                                     f"{', '.join(DP_BALANCE)}")
+        over = tuple((k, data[k]) for k in ("chips", "parallel") if k in data)
+        return PoolSpec(role, _positive_int(data.get("instances", instances_default), f"{field}.instances"), over,
+                        SchedulerSettings.from_dict(s, f"{field}.scheduler"), name, r, b)
+
+    disagg = block.get("disaggregation")
+    if disagg is not None:
+        disagg = _mapping(disagg, "serving.disaggregation")
+        for key in disagg:
+            if key not in ("prefill", "decode"):
+                raise ConfigError(f"serving.disaggregation.{key}", "unknown key; give prefill and decode")
+        if "instances" in block:
+            raise ConfigError("serving.instances", "give the instances of each pool under serving.disaggregation "
+                                                   "instead")
+        pools = []
+        for role in ("prefill", "decode"):
+            if role not in disagg:
+                raise ConfigError(f"serving.disaggregation.{role}", "is required")
+            data = _mapping(disagg[role], f"serving.disaggregation.{role}")
+            check_keys(data, f"serving.disaggregation.{role}", POOL_KEYS)
+            pools.append(pool(role, data, f"serving.disaggregation.{role}", 1))
+        pools = tuple(pools)
+    else:
+        pools = (pool("serve", {"instances": block.get("instances", 1)}, "serving", 1),)
+    slo = parse_slo(slo_text if slo_text is not None else block.get("slo"),
+                    "--slo" if slo_text is not None else "serving.slo")
+    workload = block.get("workload")
+    cache = parse_cache(block)
+    if cache is not None:
+        if cache.policy not in registry.cache_policies:
+            raise ConfigError("serving.prefix_cache.policy", f"unknown policy {cache.policy!r}; known: "
+                                                             f"{', '.join(sorted(registry.cache_policies))}")
+        for p in pools:
+            if p.scheduler_name != "vllm":
+                raise ConfigError("serving.prefix_cache", f"the block cache runs with the vllm scheduler, not "
+                                                          f"{p.scheduler_name!r}")
+    return ServingSpec(pools, float(routing_s), slo, _mapping(workload, "serving.workload") if workload else None,
+                       cache)
+
+
+ARRIVAL_SPECS = {"poisson": ("rate",), "gamma": ("rate", "cv"), "closed": ("concurrency",)}
+
+
+def workload_spec(base: Optional[Mapping], workload: Optional[str] = None, requests: Optional[int] = None,
+                  rate: Optional[float] = None, concurrency: Optional[int] = None, isl=None, osl=None,
+                  seed: Optional[int] = None) -> Optional[dict]:
+    """The workload mapping that ``g5 serve``'s flags describe, over the configuration's
+    ``serving.workload`` (``base``). ``workload``: a trace file (``.csv``/``.jsonl``) or an
+    arrival process ``poisson``, ``gamma:cv=2`` or ``closed`` (with ``key=value`` settings:
+    ``rate``, ``cv``, ``concurrency``). ``None`` when nothing describes one."""
+    flags = {"--requests": requests, "--rate": rate, "--concurrency": concurrency, "--isl": isl, "--osl": osl,
+             "--seed": seed}
+    if rate is not None and concurrency is not None:
+        raise ConfigError("--rate", "give --rate (open loop) or --concurrency (closed loop), not both")
+    if workload is not None and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
+        given = [k for k, v in flags.items() if v is not None and k != "--requests"]
+        if given:
+            raise ConfigError(given[0], "applies to a synthetic workload, not to a trace file")
+        return {"trace": workload, **({"requests": requests} if requests is not None else {})}
+    spec = dict(base or {})
+    if "trace" in spec:
+        if any(v is not None for v in flags.values()) or workload is not None:
+            raise ConfigError("--workload", "the configuration's serving.workload is a trace; give a synthetic "
+                                            "workload in full (--workload, --rate, --isl, --osl) or none")
+        return spec
+    if not spec and workload is None and all(v is None for v in flags.values()):
+        return None
+    arrival = dict(spec.get("arrival", {}))
+    if workload is not None:
+        kind, _, rest = workload.partition(":")
+        if kind not in ARRIVAL_SPECS:
+            raise ConfigError("--workload", f"{workload!r} is neither a trace file (.csv, .jsonl) nor an arrival "
+                                            "process (poisson, gamma:cv=C, closed)")
+        arrival = {"kind": kind}
+        for part in filter(None, rest.split(",")):
+            key, eq, value = part.partition("=")
+            if not eq or key not in ARRIVAL_SPECS[kind]:
+                raise ConfigError("--workload", f"{kind} takes {', '.join(k + '=N' for k in ARRIVAL_SPECS[kind])}; "
+                                                f"got {part!r}")
+            try:
+                number = float(value) if key != "concurrency" else int(value)
+            except ValueError:
+                raise ConfigError("--workload", f"{key}={value!r} is not a number") from None
+            arrival[{"rate": "rate_per_s"}.get(key, key)] = number
+    if rate is not None:
+        if arrival.get("kind") == "closed":
+            raise ConfigError("--rate", "a closed loop has no arrival rate; give --concurrency")
+        arrival = {**arrival, "kind": arrival.get("kind", "poisson"), "rate_per_s": rate}
+        arrival.pop("concurrency", None)
+    if concurrency is not None:
+        arrival = {"kind": "closed", "concurrency": concurrency}
+    if arrival:
+        spec["arrival"] = arrival
+    for key, value in (("requests", requests), ("input_tokens", isl), ("output_tokens", osl), ("seed", seed)):
+        if value is not None:
+            spec[key] = value
+    for key, flag in (("arrival", "--rate or --concurrency"), ("input_tokens", "--isl"), ("output_tokens", "--osl"),
+                      ("requests", "--requests")):
+        if key not in spec or (key == "arrival" and not spec["arrival"]):
+            raise ConfigError(flag, f"a synthetic workload needs {flag} (or serving.workload.{key})")
+    if spec["arrival"].get("kind", "poisson") in ("poisson", "gamma") and "rate_per_s" not in spec["arrival"]:
+        raise ConfigError("--rate", "an open-loop workload needs its arrival rate")
+    return spec

@@ -1,0 +1,183 @@
+"""Serving framework profiles (g5core/data/frameworks/*.yaml): selection and overrides, CUDA
+graphs with captured batch sizes, host time per step, the framework's own all-reduce."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from g5core.api.errors import ConfigError
+from g5core.inputs.framework import FRAMEWORK_NAMES, Framework, HostTime, launched_kernels, load_profile
+from g5core.inputs.step import Step, StepGroup
+from g5core.inputs.systems import get_system
+from g5core.present.cli import main
+from g5core.session.collbench import collective_rows
+from g5core.session.prepared import prepare
+from g5core.session.run import run
+
+SMALL = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 1,
+         "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1}, "phase": "decode", "batch": 1, "seq_len": 1}
+
+
+def _system(tmp_path, body: str) -> str:
+    path = tmp_path / f"fw-{len(list(tmp_path.iterdir()))}.yaml"
+    path.write_text(f"base: h100-sxm\nname: h100-fw\nframework: {body}\n")
+    return str(path)
+
+
+def test_every_shipped_profile_loads_with_a_version_and_sources():
+    for name in FRAMEWORK_NAMES:
+        data = load_profile(name)
+        fw = Framework.from_mapping({"name": name})
+        assert fw.name == name and fw.version == str(data["version"])
+        if name != "generic":
+            # every value the profile sets names where it comes from
+            assert {"cuda_graph_batch_sizes", "all_reduce.max_bytes", "host"} <= set(data["sources"])
+            assert fw.all_reduce is not None and fw.cuda_graph_batch_sizes is not None
+
+
+def test_the_block_overrides_the_profile_and_bad_selections_are_one_clear_error():
+    fw = Framework.from_mapping({"name": "vllm", "cuda_graph_batch_sizes": [1, 2], "fusions": {"act_quant": False}})
+    assert fw.cuda_graph_batch_sizes == (1, 2) and fw.stack == "vllm"
+    assert "act_quant" not in fw.fusions and "norm_quant" in fw.fusions
+    assert fw.all_reduce.kernel == "vllm_custom"        # the profile's own value, not overridden
+    with pytest.raises(ConfigError, match="system.framework.name.*did you mean 'vllm'"):
+        Framework.from_mapping({"name": "vlm"})
+    with pytest.raises(ConfigError, match="system.framework.version.*ships the vllm profile of release"):
+        Framework.from_mapping({"name": "vllm", "version": "0.1"})
+    with pytest.raises(ConfigError, match="system.framework.version.*add name"):
+        Framework.from_mapping({"version": "0.1"})
+    result = CliRunner().invoke(main, ["run", "examples/llama-3.1-8b-prefill.yaml", "--framework", "vlm"])
+    assert result.exit_code == 2 and "--framework" in result.output
+
+
+def test_generic_is_bit_for_bit_the_run_without_a_profile(tmp_path):
+    plain = run(SMALL)
+    for step in ({"batch": 3, "seq_len": 2048}, {"phase": "prefill", "batch": 1, "seq_len": 512}):
+        a, b = run({**SMALL, **step}), run({**SMALL, **step, "framework": "generic"})
+        assert a.latency_s == b.latency_s
+        ja, jb = a.to_json_dict(), b.to_json_dict()
+        jb["deployment"].pop("framework")
+        ja.pop("sim_wall_s"), jb.pop("sim_wall_s")
+        assert ja == jb
+    # a file's framework: {name: generic} block prices steps as a system without a block does
+    system = _system(tmp_path, "{name: generic}")
+    for step in ({"batch": 3, "seq_len": 2048}, {"phase": "prefill", "batch": 1, "seq_len": 512}):
+        assert run({**SMALL, **step, "system": system}).latency_s == run({**SMALL, **step}).latency_s
+    assert plain.latency_s > 0
+
+
+def test_a_decode_batch_of_5_with_graphs_of_1_2_4_8_costs_what_8_cost_and_above_8_runs_eagerly(tmp_path):
+    system = _system(tmp_path, "{cuda_graph_batch_sizes: [1, 2, 4, 8], graph_kernel_s: 0.5e-6}")
+    at = lambda b, s=1: run({**SMALL, "system": system, "batch": b, "seq_len": s})  # noqa: E731
+    # at context 1 the three padding slots are decodes like the others: the step is the batch of 8
+    assert at(5).latency_s == at(8).latency_s
+    assert at(4).latency_s < at(5).latency_s
+    # at a longer context the padding slots attend nothing: 5 real decodes and 3 empty ones
+    plan = prepare({**SMALL, "system": system})
+    padded = Step([StepGroup(new_tokens=1, cached_tokens=4095, count=5), StepGroup(new_tokens=1, count=3)])
+    assert plan.simulate(Step.decode(5, 4096)).latency_s == plan.simulate(padded).latency_s
+    # above the largest captured size every kernel pays its launch, inside a graph only 0.5 us
+    eager, graph = at(9), at(8)
+    ops = [op for op in eager.sim.dag.ops if hasattr(op, "kernels") and op.chip == 0]
+    kernels = sum(max(1, launched_kernels(op, eager.plan.ctx.system, "decode")) for op in ops)
+    assert eager.sim.compute["launch"]["added_s"] == pytest.approx(kernels * 5e-6, rel=1e-9)
+    assert graph.sim.compute["launch"]["added_s"] == pytest.approx(kernels * 0.5e-6, rel=1e-9)
+    # without padding a batch between captured sizes runs eagerly (TensorRT-LLM's default)
+    exact = _system(tmp_path, "{cuda_graph_batch_sizes: [1, 2, 4, 8], graph_kernel_s: 0.5e-6, "
+                              "cuda_graph_padding: false}")
+    assert run({**SMALL, "system": exact, "batch": 5}).sim.compute["launch"]["added_s"] == pytest.approx(
+        kernels * 5e-6, rel=1e-9)
+
+
+def test_a_profile_prices_a_launch_once_not_the_per_op_overhead_on_top(tmp_path):
+    """launch_overhead_s (the host's fixed cost of one launch, per op) is not added where the
+    framework prices every kernel's launch: inside a CUDA graph there is no host launch."""
+    old = run({**SMALL, "system": _system(tmp_path, "{cuda_graphs: decode}"), "batch": 8})
+    new = run({**SMALL, "system": _system(tmp_path, "{cuda_graphs: decode, graph_kernel_s: 0.0}"), "batch": 8})
+    ops = [op for op in old.sim.dag.ops if hasattr(op, "kernels") and op.chip == 0]
+    # a single-chip decode runs its ops one after another: the difference is one overhead per op
+    assert old.latency_s - new.latency_s == pytest.approx(len(ops) * get_system("h100-sxm").launch_overhead_s,
+                                                          rel=1e-6)
+
+
+def test_overlapped_host_time_shows_only_where_it_exceeds_the_gpu_time(tmp_path):
+    gpu = prepare(SMALL).simulate(Step.decode(4, 1024)).latency_s
+    for fixed, overlap, want in ((0.5 * gpu, True, gpu), (2 * gpu, True, 2 * gpu), (0.5 * gpu, False, 1.5 * gpu)):
+        system = _system(tmp_path, f"{{host: {{fixed_s: {fixed!r}, overlap: {str(overlap).lower()}}}}}")
+        got = prepare({**SMALL, "system": system}).simulate(Step.decode(4, 1024)).latency_s
+        assert got == pytest.approx(want, rel=1e-12)
+    host = HostTime(fixed_s=1e-3, per_sequence_s=1e-5, per_token_s=1e-6, overlap=True)
+    assert host.seconds(10, 100) == pytest.approx(1e-3 + 1e-4 + 1e-4)
+    assert host.step_s(5e-3, 10, 100) == 5e-3 and host.step_s(1e-4, 10, 100) == pytest.approx(1.2e-3)
+
+
+def test_vllm_custom_all_reduce_below_its_threshold_and_nccl_above_as_its_code_chooses():
+    def algos(chips, sizes):
+        return [r["algorithm"] for r in collective_rows("all_reduce", "h100-sxm", chips, sizes, framework="vllm")]
+    # TP8: custom (one-shot) below CUSTOM_ALL_REDUCE_MAX_SIZES["9.0"][8] = 256 KiB, NCCL from there
+    got = algos(8, [16384, 262144 - 16, 262144])
+    assert got[:2] == ["vllm_custom_one_shot"] * 2 and not got[2].startswith("vllm_custom")
+    # TP4: one-shot below 512 KiB, two-shot to max_size 8 MiB, NCCL at 8 MiB
+    got = algos(4, [262144, 524288, 8388608])
+    assert got[:2] == ["vllm_custom_one_shot", "vllm_custom_two_shot"] and not got[2].startswith("vllm_custom")
+    # across nodes the custom kernel is off (in_the_same_node_as)
+    assert not algos(16, [16384])[0].startswith("vllm_custom")
+    # the custom kernel is faster than NCCL for a decode-sized message
+    custom = collective_rows("all_reduce", "h100-sxm", 8, [16384], framework="vllm")[0]["time_s"]
+    nccl = collective_rows("all_reduce", "h100-sxm", 8, [16384])[0]["time_s"]
+    assert custom < nccl
+
+
+def test_g5_collective_prints_both_regimes_under_a_framework():
+    result = CliRunner().invoke(main, ["collective", "all_reduce", "--system", "h100-sxm", "--chips", "8",
+                                       "--sizes", "64K:1M", "--framework", "vllm", "--json"])
+    assert result.exit_code == 0, result.output
+    algorithms = [r["algorithm"] for r in json.loads(result.output)]
+    assert "vllm_custom_one_shot" in algorithms and any(not a.startswith("vllm_custom") for a in algorithms)
+
+
+def test_validate_reports_each_framework_and_refuses_an_unknown_one(tmp_path):
+    from g5core.study.validate import validate
+
+    config = tmp_path / "c.yaml"
+    config.write_text("model: llama-3.1-8b\nsystem: h100-sxm\nchips: 1\nparallel: {dp: 1, tp: 1, pp: 1, cp: 1}\n"
+                      "phase: decode\nbatch: 1\nseq_len: 1024\n")
+    csv = tmp_path / "m.csv"
+    csv.write_text("config,set,metric,measured_ms,framework,source\n"
+                   "c.yaml,,tpot,5,vllm,x\nc.yaml,,tpot,5,trtllm,x\nc.yaml,,tpot,5,,x\n")
+    report = validate(csv)
+    groups = {(g["framework"], g["metric"]): g["rows"] for g in report["by_framework"]}
+    assert groups == {("-", "tpot"): 1, ("trtllm", "tpot"): 1, ("vllm", "tpot"): 1}
+    plain = run({**SMALL, "seq_len": 1024}).latency_s * 1e3
+    vllm = run({**SMALL, "seq_len": 1024, "framework": "vllm"}).latency_s * 1e3
+    by_row = {r["row"]: r["predicted_ms"] for r in report["rows"]}
+    assert by_row[1] == vllm and by_row[3] == plain and vllm != plain
+    csv.write_text("config,set,metric,measured_ms,framework,source\nc.yaml,,tpot,5,vlm,x\n")
+    with pytest.raises(ConfigError, match="row 1.*unknown framework 'vlm'"):
+        validate(csv)
+
+
+def test_best_serve_framework_auto_ranks_every_framework_s_candidates_together():
+    from types import SimpleNamespace
+
+    from g5core.present.cli import _best_serve_by_framework
+
+    capacity = {"vllm": 3.0, "sglang": 5.0, "trtllm": 4.0}
+
+    def scored(name):
+        return SimpleNamespace(capacity=capacity[name], value=lambda objective: (-capacity[name],),
+                               rates=lambda: (capacity[name] / 8, 100 * capacity[name]),
+                               candidate=SimpleNamespace(label=lambda: "tp8"),
+                               to_json_dict=lambda: {"capacity_requests_per_s": capacity[name]})
+    asked = []
+
+    def search(raw):
+        asked.append(raw["framework"])
+        return SimpleNamespace(objective="goodput_per_chip", ranked=(scored(raw["framework"]),))
+    out = json.loads(_best_serve_by_framework({"model": "m"}, search, 10, as_json=True))
+    assert asked == ["vllm", "sglang", "trtllm"]
+    assert [r["framework"] for r in out] == ["sglang", "trtllm", "vllm"]
+    result = CliRunner().invoke(main, ["best", "examples/llama-3.1-8b-prefill.yaml", "--framework", "auto"])
+    assert result.exit_code == 2 and "add --serve" in result.output
