@@ -19,8 +19,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import resource
+import shutil
+import subprocess
 import tempfile
 import time
+
+#: G5's model and system names -> aiconfigurator's (its --model-path, a Hugging Face id it
+#: ships the config of, and its --system)
+PEER_MODELS = {"llama-3.1-70b": "meta-llama/Meta-Llama-3.1-70B", "llama-3.1-8b": "meta-llama/Meta-Llama-3.1-8B",
+               "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B", "deepseek-v3": "deepseek-ai/DeepSeek-V3"}
+PEER_SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "h200-sxm": "h200_sxm", "b200": "b200_sxm"}
 
 
 def main() -> None:
@@ -40,8 +50,10 @@ def main() -> None:
     ap.add_argument("--settle", type=float, default=None)
     ap.add_argument("--confirm", type=int, default=None)
     ap.add_argument("--beam", type=int, default=None)
-    ap.add_argument("--top", type=int, default=None, help="the ranking is exact down to this place (default 10)")
+    ap.add_argument("--top", type=int, default=None, help="the ranking is exact down to this place (default 5)")
     ap.add_argument("--no-bound", action="store_true", help="simulate every candidate (no branch and bound)")
+    ap.add_argument("--peer", action="store_true",
+                    help="also run aiconfigurator's CLI (pip install .[peers]) on the same case and print both")
     ap.add_argument("--candidate", default=None, metavar="tp=8,instances=2,seqs=64,chunk=8192",
                     help="time one aggregated candidate's capacity search alone (in this process) instead")
     ap.add_argument("--step-by-step", action="store_true",
@@ -51,7 +63,7 @@ def main() -> None:
                          "instances / lone end-to-end")
     args = ap.parse_args()
 
-    from g5core.study import serve_search as ss
+    from g5core.study import serving as ss
 
     ints = lambda text: tuple(int(v) for v in text.split(",")) if text else None  # noqa: E731
     settings = ss.SearchSettings(
@@ -75,6 +87,7 @@ def main() -> None:
         kids = os.times()
         workers_cpu = (kids.children_user - kids0.children_user) + (kids.children_system - kids0.children_system)
     win = res.ranked[0].to_json_dict() if res.ranked else None
+    sim = max(res.candidates, 1)
     print(json.dumps({
         "case": {**raw, "isl": args.isl, "osl": args.osl, "slo": args.slo, "workers": args.workers},
         "settings": {k: v for k, v in vars(args).items()},
@@ -87,6 +100,9 @@ def main() -> None:
                               for src in sorted({b.source for b in res.bounded})},
         "beyond_beam": res.skipped_by_beam,
         "serving_runs": res.runs,
+        "estimated": sum(1 for e in res.estimates.values() if e is not None),
+        "cpu_s_per_simulated_candidate": round(workers_cpu / sim, 2),
+        "sides": res.sides(),
         "winner": None if win is None else {
             "deployment": res.ranked[0].candidate.label(), "disaggregated": win["disaggregated"],
             "capacity_requests_per_s": win["capacity_requests_per_s"], "goodput_per_chip": win["goodput_per_chip"],
@@ -94,13 +110,55 @@ def main() -> None:
             "tpot_s": win["tpot_s"]},
         "why": res.why(),
     }, indent=2))
+    if args.peer:
+        peer(args, wall, workers_cpu + cpu, res)
+
+
+def peer(args, wall: float, cpu: float, res) -> None:
+    """aiconfigurator's ``cli default`` on the same case (model, system, chips, ISL/OSL,
+    TTFT and TPOT limits), in this process tree: its wall and CPU time, the ratio to G5's,
+    and both tools' winners side by side (aiconfigurator's as its own summary lines)."""
+    exe = shutil.which("aiconfigurator")
+    if exe is None:
+        print("peer: aiconfigurator is not installed (pip install '.[peers]'); skipped")
+        return
+    limits = dict(kv.split("=") for kv in args.slo.split(","))
+    ms = lambda text: float(text[:-2]) if text.endswith("ms") else float(text[:-1]) * 1e3  # noqa: E731
+    cmd = [exe, "cli", "default", "--model-path", PEER_MODELS.get(args.model, args.model),
+           "--total-gpus", str(args.chips), "--system", PEER_SYSTEMS.get(args.system, args.system),
+           "--isl", str(args.isl), "--osl", str(args.osl),
+           "--ttft", f"{ms(limits.get('ttft_p90', '2s')):g}", "--tpot", f"{ms(limits.get('tpot_p90', '50ms')):g}"]
+    with tempfile.TemporaryDirectory() as tmp:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        done = subprocess.run(cmd + ["--save-dir", tmp], capture_output=True, text=True)
+        peer_wall = time.perf_counter() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    peer_cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    text = done.stdout + done.stderr
+    best = [re.sub(r"\s+", " ", line.strip()) for line in text.splitlines()
+            if re.search(r"Best Experiment Chosen|Per-GPU Throughput|Top Configurations|^\|\s+1\s+\|", line)]
+    g5_sides = res.sides()
+    print(json.dumps({
+        "peer": "aiconfigurator", "command": " ".join(cmd), "exit": done.returncode,
+        "wall_s": {"g5": round(wall, 1), "aiconfigurator": round(peer_wall, 1),
+                   "g5_over_aiconfigurator": round(wall / peer_wall, 2) if peer_wall else None},
+        "cpu_s": {"g5": round(cpu, 1), "aiconfigurator": round(peer_cpu, 1)},
+        "winners": {"g5": {k: g5_sides[k] and g5_sides[k]["deployment"] for k in ("aggregated", "disaggregated")},
+                    "g5_output_tokens_per_s_per_chip": {
+                        k: g5_sides[k] and g5_sides[k].get("output_tokens_per_s_per_chip")
+                        for k in ("aggregated", "disaggregated")},
+                    "aiconfigurator": best},
+    }, indent=2))
 
 
 def one_candidate(args, raw, workload, settings, load0) -> None:
     """One candidate's capacity search, timed (CPU of this process)."""
     from g5core.serve import loop, session
     from g5core.serve.metrics import parse_slo
-    from g5core.study import serve_search as ss
+    from g5core.study import serving as ss
+    from g5core.study.serving.driver import _settle_s
+    from g5core.study.serving.screen import _lone
 
     spec = dict(kv.split("=") for kv in args.candidate.split(","))
     par = {d: 1 for d in ("cp", "dp", "ep", "pp", "sp", "tp")}
@@ -113,12 +171,12 @@ def one_candidate(args, raw, workload, settings, load0) -> None:
     pool = ss.PoolChoice(chips, tuple(sorted(par.items())), int(spec["instances"]))
     cand = ss.Candidate((pool,), int(spec["seqs"]), int(spec["chunk"]))
     limits = parse_slo(args.slo)
-    settle_s = ss._settle_s(wl, [l for l in limits if l.metric in ("ttft", "e2e")],
-                            [l for l in limits if l.metric in ("tpot", "itl")], {})
+    settle_s = _settle_s(wl, [l for l in limits if l.metric in ("ttft", "e2e")],
+                         [l for l in limits if l.metric in ("tpot", "itl")], {})
     roles = None
     if args.bracket:
         roles = ss.role_rates(screen, screen, pool.instances, pool.instances, cand.max_num_seqs, cand.chunk,
-                              ss._lone(wl).requests[0], [l for l in limits if l.metric in ("tpot", "itl")])
+                              _lone(wl).requests[0], [l for l in limits if l.metric in ("tpot", "itl")])
     if args.step_by_step:
         plain = loop.serve_requests
         session.serve_requests = lambda fleet, w: plain(fleet, w, fast=False)

@@ -10,12 +10,11 @@ import math
 
 import pytest
 
-from g5core.api.errors import ConfigError
+from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.serve.api import simulate_serving
 from g5core.serve.session import ServingSession
-from g5core.study.serve_search import (SearchSettings, Scored, capacity_search, candidate_cell,
-                                       candidate_config, check_workload, run_requests, serve_search, Candidate,
-                                       PoolChoice)
+from g5core.study.serving import (SearchSettings, Scored, capacity_search, candidate_cell, candidate_config,
+                                  check_workload, run_requests, serve_search, Candidate, PoolChoice)
 
 
 def layout_runner(praw, prepared=None):
@@ -292,8 +291,11 @@ def test_cli_best_serve_json_text_and_pareto_plot(tmp_path):
             "--db", str(db)]
     out = CliRunner().invoke(main, args + ["--json"])
     assert out.exit_code == 0, out.output
-    rows = json.loads(out.stdout)
+    doc = json.loads(out.stdout)
+    rows = doc["ranked"]
     assert [r["disaggregated"] for r in rows] == [False] and rows[0]["capacity_requests_per_s"] > 0
+    assert doc["sides"]["aggregated"]["simulated"] and doc["sides"]["disaggregated"] is None
+    assert doc["counts"]["simulated"] == 1
     text = CliRunner().invoke(main, args)
     assert text.exit_code == 0 and "why: The winner" in text.stdout and "capacity req/s" in text.stdout
     png = tmp_path / "p.png"
@@ -324,7 +326,7 @@ def test_exhaustive_grid_on_the_engine_agrees_with_the_search():
     serving session (``g5 serve``'s runs, bit for bit), holds the SLO at a rate above the
     winner's capacity by more than the tolerance, and the winner holds at its capacity; no
     simulated capacity exceeds its bound."""
-    from g5core.study.serve_search import _shared_runner
+    from g5core.study.serving.screen import _shared_runner
 
     raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8}
     space = SearchSettings(slo=SLO, chunks=(1024,), seqs=(4, 16), vary=("tp",), disagg="off", settle=4, confirm=0)
@@ -334,7 +336,7 @@ def test_exhaustive_grid_on_the_engine_agrees_with_the_search():
     assert all(s.capacity <= s.cell["capacity_bound"] for s in result.ranked)
     # the estimates the candidates were ordered and bounded by track the simulated capacities:
     # none is exceeded by more than the margin, and the typical error is a few percent
-    from g5core.study.serve_estimate import ESTIMATE_MARGIN
+    from g5core.study.serving.estimate import ESTIMATE_MARGIN
 
     ratios = [s.capacity / result.estimates[s.candidate.label()] for s in result.ranked]
     assert all(r <= 1 + ESTIMATE_MARGIN for r in ratios), ratios
@@ -389,7 +391,7 @@ def test_prompt_queue_closed_form_matches_a_direct_fcfs_simulation():
 
     import numpy as np
 
-    from g5core.study.serve_estimate import _unit_arrivals, sojourn_percentile
+    from g5core.study.serving.estimate import _unit_arrivals, sojourn_percentile
 
     wl = check_workload(WL)
     for servers, service, rate in ((1, 0.2, 4.0), (3, 0.5, 5.5), (8, 0.1, 100.0)):
@@ -408,3 +410,97 @@ def test_prompt_queue_closed_form_matches_a_direct_fcfs_simulation():
             assert got == pytest.approx(want, rel=1e-9, abs=1e-12), (servers, share)
             assert sojourn_percentile(wl, rate, n, servers, service, service, share, wait_only=True, stream=1000) == \
                 pytest.approx(float(np.percentile(waits, 100 * share)), rel=1e-9, abs=1e-12)
+
+
+def _refusing_runner(praw, prepared=None):
+    """``layout_runner``, except that a stand-in plugin refuses every decode step of the tp=2
+    layout with an odd batch (as Ulysses' sp refuses a batch its group cannot split)."""
+    inner = layout_runner(praw, prepared)
+    tp2 = praw["parallel"].get("tp", 1) == 2
+
+    def go(groups):
+        decodes = sum(k for n, c, k in groups if n == 1)
+        if tp2 and decodes % 2:
+            raise PluginError("standin", f"decode batch={decodes} is not divisible by 2")
+        return inner(groups)
+    return go
+
+
+def test_a_plugin_refusing_a_layout_prunes_it_and_the_search_finishes():
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8}
+    result = serve_search(raw, WL, SPACE, runner_for=_refusing_runner)
+    refused = [p for p in result.pruned if p.family == "plugin 'standin'"]
+    assert refused and all(dict(p.parallel)["tp"] == 2 for p in refused)
+    assert "not divisible by 2" in refused[0].reason
+    assert result.ranked and all(dict(s.candidate.pools[0].parallel)["tp"] != 2 for s in result.ranked)
+
+
+def test_a_search_whose_every_layout_is_pruned_says_why_in_one_line():
+    def refuse_all(praw, prepared=None):
+        def go(groups):
+            raise PluginError("standin", "refuses every step")
+        return go
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8}
+    with pytest.raises(G5Error) as err:
+        serve_search(raw, WL, SPACE, runner_for=refuse_all)
+    text = str(err.value)
+    assert "\n" not in text and "plugin 'standin'" in text and "refuses every step" in text
+
+
+def test_both_answers_side_by_side_in_json_and_text(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from g5core.present.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model: llama-3.1-8b\nsystem: h100-sxm\nchips: 2\n")
+    # no --requests: the documented default (300) applies to the synthetic workload
+    args = ["best", str(cfg), "--serve", "--isl", "1000", "--osl", "16", "--slo", "ttft_p99=1s,tpot_p99=30ms",
+            "--chunks", "1024", "--seqs", "8", "--settle", "2", "--confirm", "0", "--vary", "tp", "--disagg", "auto",
+            "--top", "1"]
+    out = CliRunner().invoke(main, args + ["--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.stdout)
+    sides = doc["sides"]
+    assert sides["aggregated"] is not None and sides["disaggregated"] is not None
+    for name in ("aggregated", "disaggregated"):   # each simulated, or labelled a bound
+        side = sides[name]
+        assert side["simulated"] or "at_most_value" in side, side
+    if sides["aggregated"]["simulated"] and sides["disaggregated"]["simulated"]:
+        assert sides["disaggregated_over_aggregated"] == pytest.approx(
+            sides["disaggregated"]["value"] / sides["aggregated"]["value"])
+    win = doc["ranked"][0]
+    assert win["config"]["serving"]["workload"]["requests"] >= 300
+    text = CliRunner().invoke(main, args)
+    assert text.exit_code == 0, text.output
+    assert "aggregated against disaggregated" in text.stdout and "  disaggregated: " in text.stdout
+    assert "TTFT p99" in text.stdout and "TPOT p99" in text.stdout and "TTFT p90" not in text.stdout
+    assert "top-th" not in text.stdout + text.stderr
+
+
+def test_the_winner_configuration_reproduces_its_capacity_run(small_search):
+    raw, result = small_search
+    win = result.ranked[0]
+    wl = win.config["serving"]["workload"]
+    assert wl["seed"] == WL["seed"] and wl["requests"] == win.cell["held"]["requests"] > WL["requests"]
+    run = simulate_serving(win.config, None, runner=layout_runner(win.config), check_predictor=0)
+    assert run.summary["goodput"]["all_met"]
+    assert run.summary["ttft_s"]["p90"] == pytest.approx(win.cell["held"]["ttft_s"]["p90"])
+
+
+def test_the_space_has_attention_dp_with_ep_layouts_for_moe_models_only():
+    from g5core.api.dimensions import collect_dimensions
+    from g5core.api.plugins import Hooks, make_plugin_manager
+    from g5core.study.serving.space import attention_dp_layout, instance_layouts, is_moe
+
+    dims = collect_dimensions(Hooks(make_plugin_manager()))
+    moe = instance_layouts(16, dims, None, is_moe({"model": "qwen3-235b-a22b"}))
+    dp = [p for _, p in moe if p.get("dp", 1) > 1]
+    assert dp and all(p["ep"] == p["dp"] * p.get("sp", 1) * p.get("tp", 1) and p.get("cp", 1) == 1 for p in dp)
+    assert {"dp": 2, "tp": 4, "ep": 8} in [{k: v for k, v in p.items() if v != 1} for p in dp]
+    dense = instance_layouts(16, dims, None, is_moe({"model": "llama-3.1-70b"}))
+    assert all(p.get("dp", 1) == 1 for _, p in dense)
+    assert not attention_dp_layout({"dp": 2, "tp": 4, "ep": 4})
+    assert instance_layouts(16, dims, None, True, attention_dp=False) == [(c, p) for c, p in moe if p.get("dp", 1) == 1]

@@ -2,7 +2,7 @@
 
 Simulates every candidate of a small space without the branch and bound (``bound=False``)
 and prints each candidate's simulated capacity, its estimate
-(:mod:`g5core.study.serve_estimate`) and their ratio, then the range of the ratios. The
+(:mod:`g5core.study.serving.estimate`) and their ratio, then the range of the ratios. The
 default space is the tests' engine case: llama-3.1-8b on 8 h100-sxm chips, tp only, ISL
 2,000 / OSL 16 Poisson, ``ttft_p90=1s,tpot_p90=40ms``, chunk 1,024, max_num_seqs 4 and 16,
 aggregated and disaggregated, runs of 4 x the requests in the system, no confirming seeds.
@@ -23,7 +23,7 @@ def main() -> None:
     ap.add_argument("--osl", type=int, default=16)
     args = ap.parse_args()
 
-    from g5core.study.serve_search import SearchSettings, serve_search
+    from g5core.study.serving import SearchSettings, serve_search
 
     raw = {"model": args.model, "system": "h100-sxm", "chips": args.chips}
     wl = {"requests": 60, "arrival": {"kind": "poisson"}, "input_tokens": args.isl, "output_tokens": args.osl,

@@ -29,7 +29,7 @@ from g5core.session.run import input_files, load_raw, make_plan, run
 from g5core.study.search import best_layouts
 from g5core.study.serve_command import serve_command
 from g5core.study.serve_db import load_serving_rows
-from g5core.study.serve_search import best_serve_command
+from g5core.study.serving import DEFAULT_TOP as DEFAULT_SERVE_TOP, best_serve_command
 from g5core.study.serve_sweep import is_serving_sweep, render_rows, run_serving_sweep
 from g5core.study.sweep import default_progress, parse_grid, run_preset, run_sweep
 from g5core.study.validate import calibrate, validate
@@ -302,12 +302,14 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
                                                 "throughput_per_chip", "min_chips"]), default=None,
               help="What to rank by [default: ttft for prefill, tpot for decode, latency for a mixed step; with "
                    "--serve: goodput_per_chip (or throughput_per_chip, min_chips with --rate)].")
-@click.option("--top", "top", default=10, show_default=True, type=click.IntRange(min=1),
-              help="How many to show (--serve: the ranking is exact down to this place; the rest may be bounded out).")
+@click.option("--top", "top", default=None, type=click.IntRange(min=1),
+              help="How many to show [default: 10] (--serve: the ranking is exact down to this place; the rest may "
+                   "be bounded out) [--serve default: 5].")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes, "
                    "tokens_per_s_per_chip, objective_value and the full configuration (with --serve: config, "
-                   "capacity_requests_per_s, goodput_per_chip, ...).")
+                   "capacity_requests_per_s, goodput_per_chip, ...; an object with the ranked list, both answers "
+                   "(sides: the best aggregated and disaggregated, their ratio) and the counts).")
 @click.option("--db", "db_path", default=None, type=click.Path(dir_okay=False),
               help="Keep the simulated layouts in this results database (and reuse what it holds).")
 @sweep_options
@@ -349,7 +351,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     """Layout search: every split of chips over the registered dimensions; those that are invalid or
     do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked.
 
-    With --serve: the serving search (see g5core/study/serve_search.py)."""
+    With --serve: the serving search (see g5core/study/serving/)."""
     raw = load_raw(config, overrides)
     if framework == "auto" and not serve:
         raise ConfigError("--framework", "auto compares the frameworks in the serving search; add --serve or name "
@@ -360,6 +362,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
                   "--seed": seed, "--rate": rate, "--chunks": chunks, "--seqs": seqs, "--tolerance": tolerance,
                   "--max-rate": max_rate, "--beam": beam, "--vary": vary, "--settle": settle, "--confirm": confirm}
     if serve:
+        top = DEFAULT_SERVE_TOP if top is None else top
         search = functools.partial(best_serve_command, config_path=config, disabled=disabled, objective=objective,
                                    db_path=db_path, workers=workers, executor=executor, disagg=disagg, top=top,
                                    **{k[2:].replace("-", "_"): v for k, v in serve_only.items()})
@@ -368,14 +371,14 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
             return
         found = search(raw)
         if as_json:
-            click.echo(json.dumps([s.to_json_dict() for s in found.ranked[:top]], indent=2, sort_keys=True,
-                                  allow_nan=False))
+            click.echo(json.dumps(found.to_json_dict(top), indent=2, sort_keys=True, allow_nan=False))
         else:
             click.echo(render_serve_best(found, top))
         return
     given = [k for k, v in serve_only.items() if v is not None]
     if given:
         raise ConfigError(given[0], "applies to the serving search; add --serve")
+    top = 10 if top is None else top
     result = best_layouts(raw, objective, db_path, disabled, workers, executor,
                           progress=default_progress(), inputs=[config])
     if as_json:
@@ -387,7 +390,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
 def _best_serve_by_framework(raw: dict, search, top: int, as_json: bool) -> str:
     """``g5 best --serve --framework auto``: the serving search under each framework profile
     (vllm, sglang, trtllm), the candidates of all three ranked together by the search's own
-    objective, the framework a column. (The search itself is study/serve_search's.)"""
+    objective, the framework a column. (The search itself is g5core.study.serving.)"""
     results = [(name, search(_with_framework(raw, name))) for name in ("vllm", "sglang", "trtllm")]
     objective = results[0][1].objective
     ranked = sorted(((name, s) for name, found in results for s in found.ranked),

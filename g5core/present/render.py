@@ -5,16 +5,17 @@ Commands (g5core.present.cli) compute and call these; nothing here simulates.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Mapping
 
 import yaml
 
+from g5core.serve.metrics import parse_slo
 from g5core.session.collbench import ALIASES
 from g5core.sim.compute import MEASURED
 from g5core.sim.memory import GIB
 from g5core.sim.results import network_load, step_choices
 from g5core.study.search import SearchResult, layout_label
-from g5core.study.serve_search import short_label
+from g5core.study.serving.space import short_label
 from g5core.lower.symmetry import plan_symmetry
 from g5core.present.caveats import plural
 from g5core.study.validate import describe_suspect
@@ -342,8 +343,10 @@ def render_best(result: SearchResult, top: int) -> str:
 
 
 def render_serve_best(result, top: int) -> str:
-    """The text of ``g5 best --serve`` (a :class:`g5core.study.serve_search.ServeSearchResult`):
+    """The text of ``g5 best --serve`` (a :class:`g5core.study.serving.ServeSearchResult`):
     top K, the Pareto front, why the winner, what was pruned."""
+    cols = _slo_columns(result.settings.slo)
+
     def rows(items, rank=True):
         out = []
         for i, s in enumerate(items):
@@ -351,14 +354,13 @@ def render_serve_best(result, top: int) -> str:
             out.append(([i + 1] if rank else []) + [
                 "disagg" if j["disaggregated"] else "agg", s.candidate.label(), f"{s.capacity:.4g}",
                 f"{j['goodput_per_chip']:.4g}", f"{j['output_tokens_per_s_per_chip']:.4g}",
-                f"{j['output_tokens_per_s_per_user']:.4g}",
-                "-" if j["ttft_s"]["p90"] is None else f"{j['ttft_s']['p90']:.3g} s",
-                "-" if j["tpot_s"]["p90"] is None else f"{j['tpot_s']['p90'] * 1e3:.3g} ms",
-                fmt_bytes(j["max_total_bytes"])])
+                f"{j['output_tokens_per_s_per_user']:.4g}"]
+                + [_slo_cell(s.cell.get("held") or {}, metric, key) for _, metric, key in cols]
+                + [fmt_bytes(j["max_total_bytes"])])
         return out
 
     head = ["kind", "deployment", "capacity req/s", "goodput req/s/chip", "out tok/s/chip", "out tok/s/user",
-            "TTFT p90", "TPOT p90", "memory per chip"]
+            *(name for name, _, _ in cols), "memory per chip"]
     st = result.settings
     lines = [f"serving search, SLO {st.slo}: {result.layouts} layout x chunk cells screened, {len(result.pruned)} "
              f"pruned; {result.candidates} candidates simulated ({result.runs} serving runs"
@@ -371,6 +373,7 @@ def render_serve_best(result, top: int) -> str:
              table(rows(result.ranked[:top]), ["rank"] + head)]
     lines += ["", "Pareto front (output tokens/s per chip against per user, at capacity):",
               table(rows(result.pareto(), rank=False), head)]
+    lines += ["", "aggregated against disaggregated (the best of each):"] + _sides(result.sides())
     lines += ["", "why: " + result.why()]
     if result.ranked:
         lines += ["", "the winner, as g5 serve takes it (g5 serve FILE reproduces its capacity):",
@@ -384,9 +387,56 @@ def render_serve_best(result, top: int) -> str:
     return "\n".join(lines)
 
 
+def _sides(sides: Mapping) -> list[str]:
+    """The best aggregated and disaggregated answers, one line each, and their ratio."""
+    unit = "goodput req/s/chip" if sides["value"] == "goodput_per_chip" else "output tokens/s/chip"
+    out = []
+    for name in ("aggregated", "disaggregated"):
+        side = sides[name]
+        if side is None:
+            out.append(f"  {name}: not searched (--disagg)")
+        elif side["simulated"]:
+            out.append(f"  {name}: {side['deployment']}: {side['capacity_requests_per_s']:.4g} req/s, "
+                       f"{side['value']:.4g} {unit}")
+        else:
+            out.append(f"  {name}: not simulated, bounded out: {side['deployment']}: at most "
+                       f"{side['at_most_capacity_requests_per_s']:.4g} req/s, {side['at_most_value']:.4g} {unit} "
+                       "(a bound)")
+    ratio = sides["disaggregated_over_aggregated"]
+    if ratio is not None:
+        out.append(f"  disaggregated / aggregated: {ratio:.3g}x")
+    return out
+
+
+def _slo_columns(slo) -> list[tuple[str, str, str]]:
+    """The ranking table's latency columns: ``(heading, metric, key)`` for each limit the SLO
+    names, at its percentile (``TTFT p99`` when it says ttft_p99), and TTFT and TPOT p90 when
+    it names no limit on them."""
+    limits = parse_slo(slo)
+    out = [(f"{lim.metric.upper()} p{lim.percentile:g}", lim.metric, lim.key) if lim.percentile is not None
+           else (f"{lim.metric.upper()} p99", lim.metric, f"{lim.metric}_p99") for lim in limits]
+    for metric in ("ttft", "tpot"):
+        if not any(lim.metric == metric for lim in limits):
+            out.append((f"{metric.upper()} p90", metric, f"{metric}_p90"))
+    order = {"ttft": 0, "tpot": 1, "itl": 2, "e2e": 3, "queue": 4}
+    return sorted(out, key=lambda c: order.get(c[1], 9))
+
+
+def _slo_cell(held: Mapping, metric: str, key: str) -> str:
+    """A run's figure for one latency column: the SLO check's own value where the SLO names
+    the limit, else the percentile of the run's statistics (ms for per-token metrics)."""
+    value = ((held.get("percentile_limits") or {}).get(key) or {}).get("value_s")
+    if value is None:
+        pct = key.rpartition("_")[2]
+        value = (held.get(f"{metric}_s") or {}).get(pct)
+    if value is None:
+        return "-"
+    return f"{value * 1e3:.3g} ms" if metric in ("tpot", "itl") else f"{value:.3g} s"
+
+
 def _bounded_by(bounded) -> str:
-    """``2171 by their estimates, 48 by a failing run at the top-th's rate``."""
-    what = {"estimate": "by their estimates", "simulated": "by a failing run at the top-th's rate",
+    """``2171 by their estimates, 48 by a failing run at the last ranked place's rate``."""
+    what = {"estimate": "by their estimates", "simulated": "by a failing run at the last ranked place's rate",
             "saturated run": "by their saturated runs", "roles": "by their roles' bounds"}
     counts: dict = {}
     for b in bounded:

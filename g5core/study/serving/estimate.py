@@ -37,6 +37,10 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
+from g5core.serve.cost import StepWork
+from g5core.serve.workload import synthetic
+from g5core.study.resultsdb import canonical_json
+
 #: the simulated capacity may exceed the estimate by this share (checked against simulated
 #: candidates in tests/test_serve_search.py); a candidate whose estimate times ``1 +
 #: ESTIMATE_MARGIN`` cannot reach the top ones is bounded out
@@ -61,8 +65,6 @@ def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int]) -> 
     prompt's time in steps
     (``P``), its steps (``k``, a share of one when prompts share a step) and the time from
     its first step's start to its first token (``first_s``)."""
-    from g5core.serve.cost import StepWork
-
     isl, osl = max(int(isl), 1), max(int(osl), 1)
     mid = isl + osl // 2
     decode = [[b, cost.latency_s(StepWork((), (mid,) * b))] for b in batches]
@@ -100,9 +102,6 @@ def _unit_arrivals(workload: Mapping, n: int, stream: int) -> np.ndarray:
     seed, kind and cv) at 1 request/s; at rate ``r`` they are these over ``r`` (both
     processes scale so), and with fixed lengths they are a run's arrivals (a run of ``n``
     requests draws the same stream's first ``n``)."""
-    from g5core.serve.workload import synthetic
-    from g5core.study.resultsdb import canonical_json
-
     arrival = {**dict(workload.get("arrival") or {}), "rate_per_s": 1.0}
     arrival.setdefault("kind", "poisson")
     spec = {**dict(workload), "arrival": arrival, "requests": max(n, stream)}
@@ -340,10 +339,12 @@ def estimate_for(estimator: Estimator, cand, screens: Sequence[Mapping], keys: S
     if len(cand.pools) == 1:
         pool = cand.pools[0]
         holds = holds_mean(screens[0]["kv_capacity_tokens"], tables[0])
-        return estimator.memo(("a", keys[0], pool.instances, cand.max_num_seqs),
-                              lambda: estimator.aggregated(tables[0], pool.instances, cand.max_num_seqs, holds))
+        seqs = cand.max_num_seqs * pool.layout.get("dp", 1)   # max_num_seqs is per attention-DP rank
+        return estimator.memo(("a", keys[0], pool.instances, seqs),
+                              lambda: estimator.aggregated(tables[0], pool.instances, seqs, holds))
     p, d = cand.pools
     holds = holds_mean(screens[1]["kv_capacity_tokens"], tables[1])
     return min(estimator.memo(("p", keys[0], p.instances), lambda: estimator.prefill_pool(tables[0], p.instances)),
-               estimator.memo(("d", keys[1], d.instances, cand.max_num_seqs),
-                              lambda: estimator.decode_pool(tables[1], d.instances, cand.max_num_seqs, holds)))
+               estimator.memo(("d", keys[1], d.instances, cand.max_num_seqs * d.layout.get("dp", 1)),
+                              lambda: estimator.decode_pool(tables[1], d.instances,
+                                                            cand.max_num_seqs * d.layout.get("dp", 1), holds)))

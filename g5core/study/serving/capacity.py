@@ -1,0 +1,299 @@
+"""A candidate's capacity (in the workers): the highest arrival rate at which its serving runs
+hold the SLO on every seed, by galloping and bisection over the rate, and its saturated run."""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+from g5core.api.errors import ConfigError, PluginError
+from g5core.serve.metrics import parse_slo
+from g5core.study.serving.bound import _bar_rate, _estimate_bound, _upper_value, capacity_bound
+from g5core.study.serving.estimate import narrow
+from g5core.study.serving.screen import _hbm, _session, refusal
+from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, SearchSettings, _at_rate, _longest_output,
+                                        candidate_config, run_requests)
+
+
+#: the saturated run (:func:`saturated_run`): this many batches of requests arrive at once, at
+#: this rate (requests/s: all within microseconds)
+SATURATED_ROUNDS = 3
+
+
+SATURATED_RATE = 1e6
+#: the bisection starts at this share of the saturated throughput
+START_SHARE = 0.8
+
+
+#: or, with an estimate of the capacity (:mod:`g5core.study.serving.estimate`), at this share
+#: of it (the estimates run a few percent above the simulated capacity of the issue's case)
+START_ESTIMATE_SHARE = 0.95
+
+
+def _holds(result) -> bool:
+    s = result.summary
+    g = s["goodput"]
+    return bool(g and g["all_met"]) and s["completed"] == s["requests"]
+
+
+class _BelowBar(Exception):
+    def __init__(self, rate: float):
+        self.rate = rate
+
+
+def capacity_search(run, start_rate: float, tolerance: float, max_rate: float,
+                    floor_rate: Optional[float] = None, upper: Optional[float] = None,
+                    bar: Optional[float] = None, gallop: bool = False) -> dict:
+    """The highest rate at which ``run(rate)`` (a serving result) holds the SLO, within
+    ``hi / lo <= 1 + tolerance``: ``{capacity, held, failed, failed_rate, ceiling}`` with the
+    results at the capacity and at the lowest failing rate tried (``None`` when none);
+    ``ceiling``: the SLO still held at ``max_rate``. ``floor_rate``: first try this rate;
+    if it fails, the capacity is 0 (min_chips: the deployment does not serve it).
+    ``upper``: an estimate of a rate the SLO does not hold at (the saturated throughput's
+    bound): from a start that holds, the bisection runs toward it first instead of doubling,
+    and a failing run there is required before it counts (if the SLO holds at ``upper``
+    too, the doubling goes on from there): a guess of the bracket, never of the result.
+    ``bar``: a rate the capacity must reach to matter (the branch and bound's value at place ``top``):
+    from a start below it the first run is at ``bar``, and the search stops at the first
+    run at or below ``bar`` that fails (``below_bar``: the capacity is below that rate).
+    ``gallop`` (a start from an estimate of the capacity): from the start the rate moves by
+    ``1 + tolerance`` up (while the SLO holds) or down (while it does not), the factor
+    squared at each step, to a bracket, then bisects; an estimate within the tolerance
+    takes two runs."""
+    results: dict = {}
+
+    def ok(rate: float) -> bool:
+        results[rate] = run(rate)
+        held = _holds(results[rate])
+        if not held and bar is not None and rate <= bar:
+            raise _BelowBar(rate)
+        return held
+
+    def done(lo, hi, ceiling=False, below_bar=False):
+        return {"capacity": lo, "held": results.get(lo), "failed": results.get(hi), "failed_rate": hi,
+                "ceiling": ceiling, "below_bar": below_bar}
+
+    try:
+        return _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, bar, gallop)
+    except _BelowBar as stop:
+        return done(0.0, stop.rate, below_bar=True)
+
+
+def _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, bar, gallop) -> dict:
+    lo, hi = 0.0, None
+    rate = min(floor_rate if floor_rate is not None else start_rate, max_rate)
+    if bar is not None and floor_rate is None and rate < bar:
+        rate = min(bar, max_rate)
+    if gallop and floor_rate is None:
+        step = 1 + tolerance
+        if ok(rate):
+            lo = rate
+            while hi is None:
+                if lo >= max_rate:
+                    return done(lo, None, True)
+                nxt = min(lo * step, max_rate)
+                if ok(nxt):
+                    lo, step = nxt, step * step
+                else:
+                    hi = nxt
+        else:
+            hi = rate
+            while True:
+                nxt = hi / step
+                if nxt < rate * 1e-4:
+                    return done(0.0, hi)
+                if ok(nxt):
+                    lo = nxt
+                    break
+                hi, step = nxt, step * step
+    elif not ok(rate):
+        if floor_rate is not None:
+            return done(0.0, rate)
+        hi = rate
+        while True:  # downwards until it holds (a lone request met it, so a low rate will)
+            rate /= 2
+            if rate < hi * 1e-4:
+                return done(0.0, hi)
+            if ok(rate):
+                lo = rate
+                break
+            hi = rate
+    else:
+        lo = rate
+        guess = None if upper is None else min(upper, max_rate)
+        while hi is None and guess is not None and guess > lo * (1 + tolerance):
+            mid = math.sqrt(lo * guess)
+            if ok(mid):
+                lo = mid
+            else:
+                hi = mid
+        if hi is None and guess is not None and guess > lo:
+            if ok(guess):
+                lo = guess
+            else:
+                hi = guess
+        while hi is None:
+            if lo >= max_rate:
+                return done(lo, None, True)
+            rate = min(2 * lo, max_rate)
+            if ok(rate):
+                lo = rate
+            else:
+                hi = rate
+    lo, hi = narrow(ok, lo, hi, tolerance)
+    return done(lo, hi)
+
+
+def _run_summary(result, session) -> dict:
+    s = result.summary
+    g = s["goodput"] or {}
+    out = {"ttft_s": s["ttft_s"], "tpot_s": s["tpot_s"], "e2e_s": s["e2e_s"], "throughput": s["throughput"],
+           "goodput_share": g.get("share", 0.0), "percentile_limits": g.get("percentile_limits"),
+           "mean_output_tokens": s["tokens"]["output"] / max(s["requests"], 1), "requests": s["requests"],
+           "preemptions": s["preemptions"], "kv_pool_use": s["kv_pool_use"], "running_seqs": s["running_seqs"],
+           "waiting_seqs": s["waiting_seqs"], "kv_transfer_s": s["kv_transfer_s"], "chips": result.loop.fleet.chips,
+           "pools": result.pools,
+           "max_total_bytes": max(_hbm(pool) - pool.cost.kv_pool_bytes_per_chip
+                                  + use * pool.cost.kv_pool_bytes_per_chip
+                                  for pool, use in zip(session.fleet.pools, _pool_peak_use(result)))}
+    return out
+
+
+def _pool_peak_use(result) -> list[float]:
+    """Per pool: the largest share of its KV blocks any of its instances used."""
+    out = []
+    for pool in result.loop.fleet.pools:
+        peak = 0.0
+        for inst in result.loop.instances:
+            if inst.pool is pool:
+                rows = np.frombuffer(inst.steps, dtype=float).reshape(-1, 7)
+                if len(rows):
+                    peak = max(peak, float(rows[:, 4].max()) / pool.total_blocks)
+        out.append(peak)
+    return out
+
+
+def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
+                   start_rate: float, settle_s: float, disabled=(), runner_for=None,
+                   roles: Optional[Mapping] = None, kth: Optional[float] = None,
+                   estimate: Optional[float] = None) -> dict:
+    """A candidate's capacity (a bisection over the rate, see the module doc) and its runs at
+    the capacity and at the first failing rate. ``roles``: its roles' bound
+    (:func:`role_rates`); with it, an aggregated candidate first measures its saturated
+    throughput (:func:`saturated_run`), the lower of the two is ``mu``, and when the
+    objective's bound from ``mu`` (:func:`capacity_bound`) is below ``kth`` (the wave's
+    ``top``-th simulated value) the candidate is bounded out (``status: bounded``);
+    otherwise the bisection starts at ``START_SHARE x mu``, toward the bound. ``estimate``:
+    the candidate's estimated capacity (:mod:`g5core.study.serving.estimate`); with it (and
+    ``roles``) the saturated run is left out, the bound is at most the estimate times ``1 +
+    ESTIMATE_MARGIN``, and the bisection starts at ``START_ESTIMATE_SHARE x estimate``."""
+    try:
+        return _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disabled, runner_for, roles, kth,
+                         estimate)
+    except (ConfigError, PluginError) as exc:   # a plugin refusing one of its steps prunes the candidate
+        return refusal(exc)
+
+
+def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disabled, runner_for, roles, kth,
+              estimate) -> dict:
+    raw = candidate_config(base, cand, workload, slo, None)
+    session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])}, 1.0),
+                       slo, disabled, runner_for)
+    floor = settings.rate if settings.objective == "min_chips" else None
+    runs = {"n": 0}
+    mu = bound = None
+    sat = None
+    if roles is not None and floor is None:
+
+        sat = dict(roles)
+        if not cand.disaggregated and not estimate:
+            run_sat = saturated_run(session, cand, workload)
+            if run_sat["saturated_requests_per_s"] and (
+                    run_sat["saturated_requests_per_s"] < sat["saturated_requests_per_s"]):
+                sat = {**run_sat, "roles": roles["roles"]}
+        mu = sat["saturated_requests_per_s"]
+        bound = capacity_bound(sat, parse_slo(slo), workload, settle_s, settings)
+        if estimate:     # the driver bounded the wave by this bound already
+            bound = _estimate_bound(estimate, bound)
+        else:
+            upper = _upper_value(settings.objective, bound, cand, _longest_output(workload))
+            if kth is not None and upper < kth:
+                return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": bound,
+                        "upper": upper, "kth": kth, "source": "saturated run", "runs": 1}
+
+    def run(rate, seed=None):
+        runs["n"] += 1
+        n = run_requests(workload, rate, settle_s, settings.settle)
+        return session.run(_at_rate({**workload, "requests": n, "seed": workload["seed"] if seed is None else seed},
+                                    rate))
+    if estimate and floor is None:
+        start_rate = START_ESTIMATE_SHARE * estimate
+    elif mu and floor is None:
+        start_rate = START_SHARE * mu
+    # the rate at which the candidate's value would equal the one at place ``top`` (below it, it cannot enter)
+    bar = None if kth is None or floor is not None else _bar_rate(settings.objective, kth, cand,
+                                                                   _longest_output(workload))
+    seeds = [workload["seed"] + k for k in range(1, settings.confirm + 1)]
+
+    found = capacity_search(run, start_rate, settings.tolerance, settings.max_rate, floor,
+                            bound if floor is None else None, bar, gallop=bool(estimate) and floor is None)
+    if not found["below_bar"] and seeds and found["capacity"] > 0:
+        found = confirm(found, run, seeds, settings.tolerance, bar)
+    if found["below_bar"]:
+        rate = found["failed_rate"]
+        return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
+                "upper": _upper_value(settings.objective, rate, cand, _longest_output(workload)), "kth": kth,
+                "runs": runs["n"], "failed_rate_per_s": rate, "source": "simulated"}
+    held, failed = found["held"], found["failed"]
+    return {"status": "ok", "label": cand.label(), "disaggregated": cand.disaggregated, "chips": cand.chips,
+            "capacity_requests_per_s": found["capacity"], "ceiling": found["ceiling"],
+            "runs": runs["n"], "failed_rate_per_s": found["failed_rate"],
+            "build_s": session.build_s, "saturated_requests_per_s": mu, "capacity_bound": bound, "saturated": sat,
+            "held": None if held is None else _run_summary(held, session),
+            "failed": None if failed is None else _run_summary(failed, session)}
+
+
+def confirm(found: dict, run, seeds: Sequence[int], tolerance: float, bar: Optional[float]) -> dict:
+    """The capacity found on the workload's seed, confirmed on the further ``seeds``: the
+    capacity holds when every seed's run does there; while one fails the rate steps down by
+    ``1 + tolerance`` (the failing run is the new failed one, and the seeds run again, the
+    workload's first). The confirming seeds run only at the capacity, not at every rate the
+    bisection tried (a rate holds on the workload's seed before the others can tell)."""
+    lo, held = found["capacity"], found["held"]
+    first = lo
+    while True:
+        miss = next((r for r in (run(lo, sd) for sd in seeds) if not _holds(r)), None)
+        if miss is None:
+            return {**found, "capacity": lo, "held": held}
+        found = {**found, "failed": miss, "failed_rate": lo, "ceiling": False}
+        while True:
+            lo /= 1 + tolerance
+            if bar is not None and lo <= bar:
+                return {**found, "capacity": 0.0, "held": None, "below_bar": True}
+            if lo < first * 1e-4:
+                return {**found, "capacity": 0.0, "held": None}
+            held = run(lo)
+            if _holds(held):
+                break
+            found = {**found, "failed": held, "failed_rate": lo}
+
+
+def saturated_run(session, cand: Candidate, workload: Mapping) -> dict:
+    """The candidate's saturated throughput on its session: ``SATURATED_ROUNDS`` batches'
+    worth of requests (``max_num_seqs`` times the instances of the last pool, at most what a
+    pool holds at the longest request) arrive at once, and the throughput is the
+    completions of the middle rounds over their span, the queue never empty. ``None``
+    when the run preempted: the pool, not the batch, set its pace."""
+    last = session.fleet.pools[-1]
+    holds = max(last.total_blocks * last.scheduler.block_size // max(session.longest, 1), 1)
+    n = SATURATED_ROUNDS * min(cand.max_num_seqs, holds) * last.instances
+    res = session.run(_at_rate({**workload, "requests": n}, SATURATED_RATE))
+    done = np.sort(np.frombuffer(res.loop.requests.finish_s, dtype=float))
+    k1, k2 = n // SATURATED_ROUNDS, n - n // SATURATED_ROUNDS
+    span = float(done[k2 - 1] - done[k1 - 1])
+    rate = (k2 - k1) / span if span > 0 and not res.summary["preemptions"] else None
+    slots = sum(min(cand.max_num_seqs, holds) * p.instances for p in session.fleet.pools)
+    return {"saturated_requests_per_s": rate, "requests": n, "slots": slots,
+            "preemptions": res.summary["preemptions"]}
+

@@ -1,0 +1,313 @@
+"""The serving search's driver: screen, enumerate, estimate and bound, simulate in waves
+(branch and bound), rank; and ``g5 best --serve``'s flags to a search."""
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from typing import Mapping, Sequence
+
+import attrs
+
+from g5core.api.dimensions import collect_dimensions
+from g5core.api.errors import ConfigError, G5Error
+from g5core.api.plugins import Hooks, make_plugin_manager
+from g5core.inputs.config import disabled_from_config
+from g5core.serve.api import split_config, workload_spec
+from g5core.serve.metrics import parse_slo
+from g5core.study.resultsdb import ResultsDB, config_hash
+from g5core.study.search import layout_label
+from g5core.study.serving.bound import _estimate_bound, _kth_value, _upper_value, capacity_bound, role_rates
+from g5core.study.serving.capacity import candidate_cell
+from g5core.study.serving.estimate import Estimator, estimate_for
+from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group
+from g5core.study.serving.screen import _lone, screen_layout
+from g5core.study.serving.space import (DEFAULT_BEAM, DEFAULT_CHUNKS, DEFAULT_CONFIRM, DEFAULT_MAX_RATE,
+                                        DEFAULT_REQUESTS, DEFAULT_TOLERANCE, DEFAULT_TOP, MAX_RUN_REQUESTS,
+                                        SERVE_OBJECTIVES, SETTLE, Candidate, PoolChoice, Pruned, SearchSettings,
+                                        _longest, _longest_output, _mean_lengths, _pow2_seqs, candidate_config,
+                                        check_workload, instance_layouts, is_moe, run_requests, short_label)
+from g5core.study.serving.storage import CELL_VERSION, _drive, _Kept, _Progress, _Table, _Waves
+from g5core.study.sweep import LineProgress, LocalExecutor, default_progress, make_executor
+
+
+#: candidates simulated together between two branch-and-bound decisions (fixed, so the
+#: candidates simulated do not depend on the workers or on which finishes first)
+WAVE = 8
+
+
+def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, db_path=None, disabled=(),
+                 workers: int = 1, executor: str = "local", progress=None, inputs: Sequence = (),
+                 runner_for=None) -> ServeSearchResult:
+    """Enumerate, screen, simulate (capacity per candidate) and rank; see the module doc.
+    ``runner_for``: ``(layout configuration, prepared plan) -> (groups -> latency_s)``
+    instead of the engine (tests; in-process only)."""
+
+
+
+    settings.check()
+    workload = check_workload(workload)
+    if callable(progress) and not hasattr(progress, "cell"):
+        progress = LineProgress(progress)
+    limits = parse_slo(settings.slo)
+    if not limits:
+        raise ConfigError("--slo", "the serving search needs SLO limits, e.g. --slo ttft_p90=2s,tpot_p90=50ms")
+    chips = raw.get("chips")
+    if isinstance(chips, bool) or not isinstance(chips, int) or chips <= 0:
+        raise ConfigError("chips", f"must be a positive whole number, got {chips!r}")
+    exe = make_executor(executor, workers)
+    if runner_for is not None and not (isinstance(exe, LocalExecutor) and workers == 1):
+        raise ConfigError("runner", "a custom runner needs the in-process executor (local, one worker)")
+    names = tuple(dict.fromkeys(tuple(disabled) + tuple(disabled_from_config(raw))))
+    dims = collect_dimensions(Hooks(make_plugin_manager(disabled=names)))
+    if settings.vary is not None:
+        unknown = [d for d in settings.vary if d not in dims.names]
+        if unknown:
+            raise ConfigError("--vary", f"unknown dimension {unknown[0]!r}; known: {', '.join(dims.names)}")
+    base = {k: v for k, v in raw.items() if k not in ("parallel",)}
+    ttft_limits = [l for l in limits if l.metric in ("ttft", "e2e")]
+    tpot_limits = [l for l in limits if l.metric in ("tpot", "itl")]
+    ident = {"base": base, "workload": workload, "slo": settings.slo,
+             "runner": None if runner_for is None else getattr(runner_for, "__name__", "custom"),
+             "cells": CELL_VERSION}
+
+    # 1. layouts x chunks, screened
+    layouts = [(c, par, chunk) for c, par in instance_layouts(chips, dims, settings.vary, is_moe(raw))
+               for chunk in settings.chunks]
+    by_layout = list(dict.fromkeys((c, layout_label(par)) for c, par, _ in layouts))
+    pars = {(c, layout_label(par)): par for c, par, _ in layouts}
+    screen_cells = []
+    for c, lab in by_layout:
+        par = pars[(c, lab)]
+        key = config_hash({"kind": "screen", **ident, "chips": c, "parallel": par, "chunks": list(settings.chunks)},
+                          names)
+        screen_cells.append((key, "screen", f"[{short_label(par)}]", screen_layout,
+                             (base, c, par, settings.chunks, workload, settings.slo, tuple(disabled), runner_for)))
+    own_db = db_path is None
+    tmp = tempfile.TemporaryDirectory(prefix="g5-best-serve-") if own_db else None
+    path = f"{tmp.name}/best-serve.db" if own_db else db_path
+    db = ResultsDB.open(path, inputs=inputs)
+    stack = contextlib.ExitStack()
+    try:
+        table = _Table(db)
+        outer = stack.enter_context(make_executor(executor, workers))
+        kept = _Kept(outer)
+        per_layout = _drive(table, kept, screen_cells,
+                            _Progress(progress, "screen") if progress is not None else None, workers)
+        found = {key: cell["chunks"] for key, cell in zip(by_layout, per_layout)}
+        screened = [found[(c, layout_label(par))][settings.chunks.index(chunk)] for c, par, chunk in layouts]
+        longest = _longest(workload)
+        pruned: list[Pruned] = []
+        roles: dict[str, list] = {"serve": [], "prefill": [], "decode": []}
+        for (c, par, chunk), res in zip(layouts, screened):
+            if res["status"] != "ok":
+                pruned.append(Pruned(par, c, chunk, res["family"], res["reason"]))
+                continue
+            ttft_miss = [l for l in ttft_limits if res["lone_ttft_s"] > l.limit_s]
+            tpot_miss = [l for l in tpot_limits if res["lone_tpot_s"] is not None and res["lone_tpot_s"] > l.limit_s]
+            if not ttft_miss:
+                roles["prefill"].append((c, par, chunk, res))
+            if not tpot_miss:
+                roles["decode"].append((c, par, chunk, res))
+            if not ttft_miss and not tpot_miss:
+                roles["serve"].append((c, par, chunk, res))
+            elif ttft_miss:
+                pruned.append(Pruned(par, c, chunk, "lone prefill misses TTFT",
+                                     f"one request alone takes {res['lone_ttft_s']:.4g} s to its first token "
+                                     f"(limit {ttft_miss[0].key} {ttft_miss[0].limit_s:.4g} s)"))
+            else:
+                pruned.append(Pruned(par, c, chunk, "lone decode misses TPOT",
+                                     f"one request alone decodes at {res['lone_tpot_s'] * 1e3:.4g} ms per token "
+                                     f"(limit {tpot_miss[0].key} {tpot_miss[0].limit_s * 1e3:.4g} ms)"))
+
+        # 2. candidates
+        cands: list[tuple[Candidate, float]] = []
+        fewer = settings.objective == "min_chips"
+        roles_bound: dict = {}   # candidate index -> its roles' bound (role_rates)
+        screens: dict = {}       # candidate index -> (its pools' screens, their layout keys)
+        shortest = _lone(workload).requests[0]
+        if settings.disagg in ("off", "auto"):
+            for c, par, chunk, res in roles["serve"]:
+                for inst in (range(1, chips // c + 1) if fewer else (chips // c,)):
+                    pool = PoolChoice(c, tuple(sorted(par.items())), inst)
+                    for m in _pow2_seqs(res["kv_capacity_tokens"] // par.get("dp", 1), longest, settings):
+                        roles_bound[len(cands)] = role_rates(res, res, inst, inst, m * par.get("dp", 1), chunk,
+                                                             shortest, tpot_limits)
+                        screens[len(cands)] = ((res,), ((c, layout_label(par), chunk),))
+                        cands.append((Candidate((pool,), m, chunk), inst / res["lone_e2e_s"]))
+        skipped = 0
+        if settings.disagg in ("on", "auto"):
+            prefill = sorted(roles["prefill"], key=lambda x: (x[3]["lone_ttft_s"] * x[0], layout_label(x[1])))
+            decode = sorted(roles["decode"], key=lambda x: (
+                -(x[3]["kv_capacity_tokens"] / longest) / (x[3]["lone_tpot_s"] * x[0]), layout_label(x[1])))
+            beam = settings.beam
+            for chunk in settings.chunks:
+                p_ok = [x for x in prefill if x[2] == chunk]
+                d_ok = [x for x in decode if x[2] == chunk]
+                if beam is not None:
+                    skipped += len(p_ok) * len(d_ok) - len(p_ok[:beam]) * len(d_ok[:beam])
+                    p_ok, d_ok = p_ok[:beam], d_ok[:beam]
+                for p in p_ok:
+                    for d in d_ok:
+                        for n_p in range(1, chips // p[0] + 1):
+                            rest = chips - n_p * p[0]
+                            for n_d in (range(1, rest // d[0] + 1) if fewer else
+                                        ((rest // d[0],) if rest > 0 and rest % d[0] == 0 else ())):
+                                if n_d < 1:
+                                    continue
+                                pools = (PoolChoice(p[0], tuple(sorted(p[1].items())), n_p),
+                                         PoolChoice(d[0], tuple(sorted(d[1].items())), n_d))
+                                for m in _pow2_seqs(d[3]["kv_capacity_tokens"] // d[1].get("dp", 1), longest,
+                                                    settings):
+                                    start = min(n_p / p[3]["lone_ttft_s"], n_d / d[3]["lone_e2e_s"])
+                                    seqs = m * d[1].get("dp", 1)    # max_num_seqs is per attention-DP rank
+                                    roles_bound[len(cands)] = role_rates(p[3], d[3], n_p, n_d, seqs, chunk, shortest,
+                                                                         tpot_limits)
+                                    screens[len(cands)] = ((p[3], d[3]), ((p[0], layout_label(p[1]), chunk),
+                                                                          (d[0], layout_label(d[1]), chunk)))
+                                    cands.append((Candidate(pools, m, chunk), start))
+        if not cands:
+            fams = sorted(((len(m), f, m[0].reason) for f, m in _group(pruned)), reverse=True)
+            hint = f"; most ({fams[0][0]}) for {fams[0][1]}: {fams[0][2]}" if fams else ""
+            raise G5Error(f"no deployment of {chips} chips is left to simulate ({len(layouts)} layouts and chunk "
+                          f"sizes screened){hint}")
+        settle_s = _settle_s(workload, ttft_limits, tpot_limits, roles)
+        # 3. capacities, best roles' bound first, in waves; a candidate whose bound cannot
+        # reach the simulated one at place --top is bounded out (by the driver from its roles'
+        # bound, or by its cell from its saturated run)
+        use_bounds = settings.bound and settings.objective != "min_chips"
+        keyed = {k: v for k, v in attrs.asdict(settings).items() if k not in ("top", "bound")}
+        top_out = _longest_output(workload)
+        caps = [capacity_bound(roles_bound[i], limits, workload, settle_s, settings) if use_bounds else None
+                for i in range(len(cands))]
+        estimator = Estimator(limits, workload,
+                              lambda r: run_requests(workload, r, settle_s, settings.settle), settings.max_rate,
+                              MAX_RUN_REQUESTS)
+        estimated = [estimate_for(estimator, cand, *screens[i]) if settings.objective != "min_chips" else None
+                     for i, (cand, _) in enumerate(cands)]
+        estimates = estimated if use_bounds else [None] * len(cands)
+        caps = [_estimate_bound(e, cap) for e, cap in zip(estimates, caps)]
+        upper = [_upper_value(settings.objective, cap, cand, top_out) for (cand, _), cap in zip(cands, caps)]
+        order = sorted(range(len(cands)), key=lambda i: (-upper[i], cands[i][0].label()))
+        results: list = [None] * len(cands)
+        bounded: list[Bounded] = []
+        reporter = _Waves(_Progress(progress, "capacity"), len(cands)) if progress is not None else None
+
+        def simulate(wave, kth):
+            cells = []
+            for i in wave:
+                cand, start = cands[i]
+                roles = roles_bound[i] if use_bounds else None
+                key = config_hash({"kind": "candidate", **ident, "candidate": attrs.asdict(cand, recurse=True),
+                                   "settings": keyed, "roles": roles, "kth": kth, "estimate": estimates[i]}, names)
+                cells.append((key, "candidate", cand.label(), candidate_cell,
+                              (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
+                               runner_for, roles, kth, estimates[i])))
+            for i, res in zip(wave, _drive(table, kept, cells, reporter, workers)):
+                if res["status"] == "bounded":
+                    bounded.append(Bounded(cands[i][0], res["saturated"]["saturated_requests_per_s"],
+                                           res["capacity_bound"], res["upper"], res["kth"], res["source"],
+                                           estimates[i], res.get("runs", 0), settings.top))
+                else:
+                    results[i] = res
+
+        pos = 0
+        while pos < len(order):
+            kth = _kth_value(settings, cands, results) if use_bounds else None
+            wave = []
+            while pos < len(order) and len(wave) < WAVE:
+                i = order[pos]
+                if kth is not None and upper[i] < kth:
+                    for j in order[pos:]:
+                        bounded.append(Bounded(cands[j][0], roles_bound[j]["saturated_requests_per_s"], caps[j],
+                                               upper[j], kth, "estimate" if estimates[j] else "roles",
+                                               estimates[j], place=settings.top))
+                    if reporter is not None:
+                        reporter.skip(len(order) - pos)
+                    pos = len(order)
+                    break
+                wave.append(i)
+                pos += 1
+            simulate(wave, kth)
+        # both answers: a side (aggregated, disaggregated) whose every candidate was bounded
+        # out gets its best by the bounds' order simulated once, without the bar
+        for side in (False, True):
+            mine = [i for i in order if cands[i][0].disaggregated == side]
+            if mine and use_bounds and not any(results[i] is not None and results[i]["status"] == "ok"
+                                               for i in mine):
+                simulate(mine[:1], None)
+                if results[mine[0]] is not None:
+                    bounded = [b for b in bounded if b.candidate != cands[mine[0]][0]]
+        if reporter is not None:
+            reporter.finish()
+    finally:
+        stack.close()
+        db.close()
+        if tmp is not None:
+            tmp.cleanup()
+    scored = []
+    for (cand, _), res in zip(cands, results):
+        if res is None:
+            continue
+        if res["status"] != "ok":
+            pruned.append(Pruned(dict(cand.pools[0].parallel), cand.pools[0].chips, cand.chunk, res["family"],
+                                 res["reason"]))
+            continue
+        rate = res["capacity_requests_per_s"] or None
+        # the workload its capacity was measured with: the run's requests and seed (g5 serve on
+        # this configuration reproduces the capacity run on the workload's seed)
+        measured = {**workload, "requests": (res.get("held") or {}).get("requests", workload["requests"])}
+        scored.append(Scored(cand, candidate_config(base, cand, measured, settings.slo, rate), res))
+    scored.sort(key=lambda s: (s.value(settings.objective), s.candidate.label()))
+    simulated = [r for r in results if r is not None]
+    return ServeSearchResult(settings.objective, settings, len(layouts), tuple(pruned), tuple(scored), len(simulated),
+                             skipped, sum(r.get("runs", 0) for r in simulated if r["status"] == "ok")
+                             + sum(b.runs for b in bounded),
+                             None if own_db else str(db_path), tuple(bounded),
+                             {cand.label(): e for (cand, _), e in zip(cands, estimated)})
+
+
+def _settle_s(workload: Mapping, ttft_limits, tpot_limits, roles) -> float:
+    """A request's time in the system when the SLO holds: the TTFT limit plus the mean
+    output times the TPOT limit (without a limit: ten times the slowest lone figure)."""
+    osl = _mean_lengths(workload)[1]
+    kept = [x[3] for r in roles.values() for x in r]
+    ttft = max((l.limit_s for l in ttft_limits), default=10 * max((k["lone_ttft_s"] for k in kept), default=0.0))
+    tpot = max((l.limit_s for l in tpot_limits), default=10 * max((k["lone_tpot_s"] or 0.0 for k in kept),
+                                                                  default=0.0))
+    return ttft + osl * tpot
+
+
+def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, workers: int, executor: str, *,
+                       disagg: str, workload=None, requests=None, isl=None, osl=None, slo=None, seed=None, rate=None,
+                       chunks=None, seqs=None, tolerance=None, max_rate=None, beam=None, vary=None, settle=None,
+                       confirm=None, top=DEFAULT_TOP) -> ServeSearchResult:
+    """``g5 best CONFIG --serve``'s flags to a search (the CLI prints its result)."""
+    if objective is not None and objective not in SERVE_OBJECTIVES:
+        raise ConfigError("--objective", f"{objective} ranks single-batch layouts; with --serve use "
+                                         f"{', '.join(SERVE_OBJECTIVES)}")
+    _, block = split_config(raw)
+    base_wl = dict(block.get("workload") or {})
+    if rate is not None and objective != "min_chips":
+        raise ConfigError("--rate", "the search finds the rate (the capacity); --rate is the min_chips objective's")
+    # the flags over the configuration's workload; the search sets each run's rate itself
+    if requests is None and "requests" not in base_wl and not (workload or "").lower().endswith(
+            (".csv", ".jsonl", ".json", ".ndjson")):
+        requests = DEFAULT_REQUESTS     # the documented default (--help, the README)
+    spec = workload_spec(base_wl, workload, requests, 1.0 if "arrival" not in base_wl and not workload else None,
+                         None, isl, osl, seed)
+    slo = slo if slo is not None else block.get("slo")
+    if isinstance(slo, Mapping):
+        slo = ",".join(f"{k}={v}" for k, v in slo.items())
+    if not slo:
+        raise ConfigError("--slo", "the serving search needs SLO limits, e.g. --slo ttft_p90=2s,tpot_p90=50ms")
+    settings = SearchSettings(
+        slo=slo, objective=objective or "goodput_per_chip", disagg=disagg,
+        chunks=tuple(chunks) if chunks else DEFAULT_CHUNKS, seqs=tuple(seqs) if seqs else None,
+        tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance,
+        max_rate=DEFAULT_MAX_RATE if max_rate is None else max_rate, beam=DEFAULT_BEAM if beam is None else beam,
+        rate=rate, vary=tuple(v.strip() for v in vary.split(",") if v.strip()) if vary else None,
+        settle=SETTLE if settle is None else settle, confirm=DEFAULT_CONFIRM if confirm is None else confirm,
+        top=top)
+    return serve_search(raw, spec, settings, db_path=db_path, disabled=disabled, workers=workers,
+                        executor=executor, progress=default_progress(), inputs=[config_path])
+

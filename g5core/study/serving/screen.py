@@ -1,0 +1,160 @@
+"""Screening (in the workers): one layout at one chunk size, before any rate is tried: the
+plugins' refusals, the KV pool, one request alone on an idle instance, the estimate's step
+table. The engine's step latencies are cached per worker and layout."""
+from __future__ import annotations
+
+from typing import Mapping
+
+from g5core.api.errors import ConfigError, PluginError
+from g5core.inputs.step import Step
+from g5core.serve.api import split_config
+from g5core.serve.cost import DpCost, RankedWork, StepWork, plan_step_runner
+from g5core.serve.session import ServingSession
+from g5core.serve.workload import Request, Workload, synthetic
+from g5core.session.run import make_plan
+from g5core.study.resultsdb import canonical_json
+from g5core.study.serving.estimate import step_table
+from g5core.study.serving.space import _layout_config, _longest, _mean_lengths
+
+
+#: the decode role's bound looks at batches up to this many sequences
+MAX_DECODE_BATCH = 1024
+
+
+#: per worker process: (layout configuration JSON) -> cached step runner, shared by the
+#: sessions of every candidate using that layout (the engine's latencies do not depend on
+#: the instances, the scheduler limits or the rate)
+_RUNNERS: dict = {}
+
+
+#: id(runner) -> HBM capacity per chip of its layout (the memory ledger's, the tightest chip)
+_CAPACITY: dict = {}
+
+
+def _shared_runner(praw: Mapping, prepared):
+
+    key = canonical_json({k: v for k, v in praw.items() if k != "serving"})
+    hit = _RUNNERS.get(key)
+    if hit is None:
+        engine = plan_step_runner(prepared)
+        cache: dict = {}
+
+        def hit(groups):
+            if groups not in cache:
+                cache[groups] = engine(groups)
+            return cache[groups]
+
+        if len(_RUNNERS) > 256:
+            _RUNNERS.clear()
+            _CAPACITY.clear()
+        _RUNNERS[key] = hit
+        probe = 16 * 2 * int(praw["parallel"].get("cp", 1))   # any step the layout runs (cp: 2 cp chunks)
+        _CAPACITY[id(hit)] = min(c.capacity_bytes for c in prepared.memory(Step.prefill(1, probe)).per_chip)
+    return hit
+
+
+def _session(raw: Mapping, workload: Mapping, slo: str, disabled, runner_for=None):
+
+    return ServingSession(raw, workload, disabled=disabled, slo=slo, runner_for=runner_for or _shared_runner)
+
+
+def _lone(workload: Mapping) -> dict:
+    """One request, the workload's shortest prompt and output (a bound every request's TTFT
+    and TPOT are at or above), arriving on an idle deployment."""
+    reqs = synthetic(workload).requests
+    isl = min(r.input_tokens for r in reqs)
+    osl = min(r.output_tokens for r in reqs)
+    return Workload((Request(0, 0.0, isl, max(osl, 2)),), source={"lone": [isl, max(osl, 2)]})
+
+
+def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, workload: Mapping, slo: str,
+                disabled=(), runner_for=None) -> dict:
+    """One layout at one chunk size: valid? KV pool? one request alone (TTFT, TPOT)?"""
+    raw = _layout_config(base, chips, parallel)
+    raw["serving"] = {"instances": 1, "scheduler": {**dict((base.get("serving") or {}).get("scheduler") or {}),
+                                                    "max_num_batched_tokens": chunk, "chunked_prefill": True}}
+    lone_wl = _lone(workload)
+    try:
+        make_plan(split_config(raw)[0], disabled)
+        # a lone decode (batch 1) first: a layout whose plugins refuse it (e.g. sp splitting a
+        # decode batch) can serve no request, and says so before any step is simulated
+        make_plan({**split_config(raw)[0], "phase": "decode", "batch": 1,
+                   "seq_len": lone_wl.requests[0].input_tokens}, disabled)
+    except (ConfigError, PluginError) as exc:
+        return {**refusal(exc), "layout": True}     # the layout itself, whatever the chunk size
+    try:
+        session = _session(raw, workload, slo, disabled, runner_for)
+        lone = session.run(lone_wl)
+        info = session.infos[0]
+        # decode steps of b sequences at the shortest prompt's context, b over the powers of
+        # two up to the first at or above what the pool holds at the longest request (the
+        # decode role's bound)
+        cost = instance_cost(session.fleet.pools[0].cost)
+        isl = lone_wl.requests[0].input_tokens
+        holds = max(info["kv_capacity_tokens"] // max(_longest(workload), 1), 1)
+        batches = [1 << k for k in range(min((holds - 1).bit_length(), MAX_DECODE_BATCH.bit_length() - 1) + 1)]
+        isl_mean, osl_mean = (round(x) for x in _mean_lengths(workload))
+        decode = [[b, cost.latency_s(StepWork((), (isl,) * b))] for b in batches]
+        table = step_table(cost, isl_mean, osl_mean, chunk, batches)
+    except (ConfigError, PluginError) as exc:
+        return refusal(exc)
+    return {"status": "ok", "kv_capacity_tokens": info["kv_capacity_tokens"],
+            "kv_pool_bytes_per_chip": info["kv_pool_bytes_per_chip"], "lone_ttft_s": lone.summary["ttft_s"]["p50"],
+            "lone_tpot_s": lone.summary["tpot_s"]["p50"], "lone_e2e_s": lone.summary["e2e_s"]["p50"],
+            "decode_step_s": decode, "estimate": table}
+
+
+class _SpreadCost:
+    """An attention-DP instance's cost (:class:`~g5core.serve.cost.DpCost`) for the screen and
+    the estimate, which see an instance as one server: a step's decodes spread over the ranks
+    in turn (as the ranks' schedulers hold them at steady state), its prompt chunks on the
+    first ranks in turn."""
+
+    def __init__(self, cost):
+        self.cost, self.dp = cost, cost.dp
+
+    def latency_s(self, work: StepWork) -> float:
+        ranks = [([], []) for _ in range(self.dp)]
+        for k, chunk in enumerate(work.chunks):
+            ranks[k % self.dp][0].append(chunk)
+        for k, c in enumerate(work.decode_contexts):
+            ranks[k % self.dp][1].append(c)
+        return self.cost.latency_s(RankedWork(tuple(StepWork(tuple(ch), tuple(sorted(dc))) for ch, dc in ranks)))
+
+
+def instance_cost(cost):
+    """The cost the screen's step tables read: the pool's own, or an attention-DP instance's
+    spread over its ranks (:class:`_SpreadCost`)."""
+    return _SpreadCost(cost) if isinstance(cost, DpCost) else cost
+
+
+def screen_layout(base: Mapping, chips: int, parallel: Mapping, chunks, workload: Mapping, slo: str, disabled=(),
+                  runner_for=None) -> dict:
+    """One layout at every chunk size of ``chunks``, in one cell, so that the chunk sizes
+    share the layout's step latencies (one worker's cached runner): ``{"chunks": [the
+    screen_cell result per chunk size]}``. A refusal of the layout itself (before any step of
+    a chunk size) prunes every chunk size at once."""
+    out = []
+    for chunk in chunks:
+        res = screen_cell(base, chips, parallel, chunk, workload, slo, disabled, runner_for)
+        if res.get("layout"):
+            return {"status": "ok", "chunks": [res] * len(chunks)}
+        out.append(res)
+    return {"status": "ok", "chunks": out}
+
+
+def refusal(exc: Exception) -> dict:
+    """A plugin's or the configuration's refusal as a pruned cell, grouped by family: the
+    memory (the KV pool, HBM), the plugin that refused, or the field named. A refusal at
+    any point of a layout's screen or runs (a step its plugins refuse to lower, e.g. a
+    batch an sp group cannot split) prunes that layout, never the search."""
+    text = str(exc)
+    if isinstance(exc, PluginError):
+        return {"status": "pruned", "family": f"plugin '{exc.plugin}'", "reason": text}
+    family = "memory" if "KV pool" in text or "HBM" in text or "fill" in text else (exc.field or "configuration")
+    return {"status": "pruned", "family": family, "reason": text}
+
+
+def _hbm(pool) -> float:
+    return _CAPACITY.get(id(pool.cost.step_s), pool.cost.kv_pool_bytes_per_chip)
+

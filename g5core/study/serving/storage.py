@@ -1,0 +1,176 @@
+"""The serving search's cells: each stored as its own row of the results database's
+``serve_search`` table the moment it finishes (a killed search resumes), run through the sweep
+machinery's executors, with their progress lines."""
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Mapping, Optional, Sequence
+
+from g5core.study.resultsdb import ResultsDB, canonical_json, sqlite_errors
+from g5core.study.sweep import run_windowed
+
+
+#: the cells' payload format (screens carry the estimate's step table from 2): part of every
+#: cell's key, so a database of an older format is not read as this one
+CELL_VERSION = 3
+
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS serve_search (
+    key TEXT PRIMARY KEY,     -- config_hash of the cell (kind, configuration, workload, SLO, search settings)
+    kind TEXT NOT NULL,       -- screen (a layout and chunk size) or candidate (a deployment's capacity)
+    label TEXT NOT NULL,
+    payload TEXT NOT NULL,    -- JSON, the cell's result
+    finished_at TEXT NOT NULL
+)
+"""
+
+
+class _Table:
+    def __init__(self, db: ResultsDB):
+        self.db = db
+        with sqlite_errors(db.path, db.busy_timeout_s):
+            db.con.execute(SCHEMA)
+
+    def get(self, key: str) -> Optional[dict]:
+        with sqlite_errors(self.db.path, self.db.busy_timeout_s):
+            row = self.db.con.execute("SELECT payload FROM serve_search WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def add(self, key: str, kind: str, label: str, payload: Mapping) -> None:
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        with sqlite_errors(self.db.path, self.db.busy_timeout_s):
+            self.db.con.execute("INSERT OR IGNORE INTO serve_search VALUES (?, ?, ?, ?, ?)",
+                                (key, kind, label, canonical_json(payload), now))
+
+
+def _drive(table: _Table, exe, cells: Sequence[tuple], reporter, workers: int) -> list:
+    """Run ``(key, kind, label, fn, args)`` cells not in the table; every result in order."""
+    out: list = [None] * len(cells)
+    if reporter is not None:
+        reporter.start(len(cells))
+    done = 0
+
+    def finish(i, label, payload):
+        nonlocal done
+        done += 1
+        out[i] = payload
+        if reporter is not None:
+            reporter.cell(done, label, payload)
+
+    def start(exe, item):
+        i, (key, kind, label, fn, args) = item
+        hit = table.get(key)
+        if hit is not None:
+            finish(i, label, None)
+            out[i] = hit
+            return None
+        return exe.submit(fn, *args)
+
+    def stored(item, payload) -> None:
+        i, (key, kind, label, _, _) = item
+        table.add(key, kind, label, payload)
+        finish(i, label, payload)
+
+    try:
+        run_windowed(exe, enumerate(cells), workers, start, stored)
+    finally:
+        if reporter is not None:
+            reporter.close()
+    return out
+
+
+class _Progress:
+    """Adapts the sweep's progress objects to the search's cells. On a terminal, a bar; in a
+    log, a few lines: a tally at each tenth of the cells (kept, pruned, bounded out, already
+    in the database) and one line per candidate whose capacity was simulated."""
+
+    def __init__(self, inner, phase: str):
+        self.inner, self.phase = inner, phase
+        self.counts: dict = {}
+        self.tenth = 0
+
+    def start(self, total):
+        if hasattr(self.inner, "start"):
+            self.inner.start(total)
+
+    def cell(self, n, label, payload):
+        if hasattr(self.inner, "bar"):
+            self.inner.bar.update(1)
+            return
+        if not hasattr(self.inner, "emit"):
+            return
+        total = getattr(self.inner, "total", 0) or 0
+        for one in (payload or {}).get("chunks") or [payload]:   # a layout's screen: one per chunk size
+            status = "in the database" if one is None else {"ok": "kept"}.get(one.get("status"), one.get("status"))
+            self.counts[status] = self.counts.get(status, 0) + 1
+        if payload is not None and "capacity_requests_per_s" in payload and payload.get("status") == "ok":
+            self.inner.emit(f"{self.phase} [{n}/{total}] {label}: capacity "
+                            f"{payload['capacity_requests_per_s']:.4g} req/s ({payload.get('runs', 0)} runs)")
+        tenth = 10 * n // total if total else 10
+        if tenth > self.tenth:
+            self.tenth = tenth
+            self.inner.emit(f"{self.phase} [{n}/{total}]: " + self._tally())
+
+    def _tally(self) -> str:
+        return ", ".join(f"{v} {k}" for k, v in sorted(self.counts.items()))
+
+    def skip(self, n):
+        """``n`` candidates bounded out before their wave (never run: one update, one line)."""
+        if hasattr(self.inner, "bar"):
+            self.inner.bar.update(n)
+        elif hasattr(self.inner, "emit"):
+            self.counts["bounded"] = self.counts.get("bounded", 0) + n
+            self.inner.emit(f"{self.phase}: {n} more candidates bounded out (their bound is below the value at the "
+                            f"last ranked place); " + self._tally())
+
+    def close(self):
+        if hasattr(self.inner, "close"):
+            self.inner.close()
+
+
+class _Kept:
+    """An executor entered once for the whole search (its workers, and the step latencies
+    they cache, serve every phase and wave): entering and leaving it do nothing."""
+
+    def __init__(self, exe):
+        self.exe = exe
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, *args, **kwargs):
+        return self.exe.submit(fn, *args, **kwargs)
+
+    def wait(self, futures):
+        return self.exe.wait(futures)
+
+
+class _Waves:
+    """One progress display over the capacity waves (and the candidates bounded out)."""
+
+    def __init__(self, inner, total: int):
+        self.inner, self.done = inner, 0
+        inner.start(total)
+
+    def start(self, total):
+        pass
+
+    def cell(self, n, label, payload):
+        self.done += 1
+        self.inner.cell(self.done, label, payload)
+
+    def skip(self, n):
+        self.done += n
+        self.inner.skip(n)
+
+    def close(self):
+        pass
+
+    def finish(self):
+        self.inner.close()
+
