@@ -48,7 +48,7 @@ def _shared_runner(praw: Mapping, prepared):
             _RUNNERS.clear()
             _CAPACITY.clear()
         _RUNNERS[key] = hit
-        probe = 16 * 2 * int(praw["parallel"].get("cp", 1))   # any step the layout runs (cp: 2 cp chunks)
+        probe = prepared.step_rules.round_up(32)   # any step the layout runs (its plugins' token multiple)
         _CAPACITY[id(hit)] = min(c.capacity_bytes for c in prepared.memory(Step.prefill(1, probe)).per_chip)
     return hit
 
