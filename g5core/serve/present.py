@@ -24,6 +24,27 @@ def _s(x) -> str:
     return f"{x * 1e6:.4g} us"
 
 
+def render_goodput(g: dict) -> list[str]:
+    """Two lines: the per-request share (every limit's threshold applied to each request) and
+    the run's verdict (percentile limits on the run's percentiles, the others on every request)."""
+    thresholds = {}
+    for key, limit in g["limits"].items():
+        metric = key.split("_p")[0]
+        thresholds[metric] = min(limit, thresholds.get(metric, limit))
+    each = ", ".join(f"{k} <= {_s(v)}" for k, v in thresholds.items())
+    lines = [f"goodput      {g['share']:.1%} of requests each have {each}: {g['requests_per_s']:.3g} requests/s"]
+    parts = [f"{key} = {_s(c['value_s'])} {'<=' if c['met'] else '>'} {_s(c['limit_s'])}"
+             for key, c in g["percentile_limits"].items()]
+    every = [k for k in g["limits"] if k not in g["percentile_limits"]]
+    if every:
+        missing = g.get("requests_missing_per_request_limits", 0)
+        parts.append(f"{missing:,} request{'s' if missing != 1 else ''} miss{'' if missing != 1 else 'es'} "
+                     f"{', '.join(every)} (a limit on every request)" if missing else
+                     f"every request meets {', '.join(every)}")
+    lines.append(f"SLO          {g.get('verdict', 'met' if g['all_met'] else 'missed')}: {'; '.join(parts)}")
+    return lines
+
+
 def render_summary(out: dict, outputs: dict | None = None) -> str:
     """The summary of ``g5 serve`` (``out``: the ``--json`` object)."""
     t = out["throughput"]
@@ -56,10 +77,7 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
                  f"waiting {out['waiting_seqs']['mean']:.1f} mean, {out['waiting_seqs']['max']:.0f} max")
     g = out.get("goodput")
     if g:
-        limits = ", ".join(f"{k} <= {_s(v)}" for k, v in g["limits"].items())
-        lines.append(f"goodput      {g['share']:.1%} of requests meet {limits}: {g['requests_per_s']:.3g} requests/s")
-        for key, c in g["percentile_limits"].items():
-            lines.append(f"             {key} = {_s(c['value_s'])} ({'met' if c['met'] else 'missed'})")
+        lines.extend(render_goodput(g))
     p = out.get("step_predictor")
     if p:
         parts = [f"{role}: median {e['median_rel']:.2%}, max {e['max_rel']:.2%} on {e['steps_checked']} steps"
