@@ -154,3 +154,17 @@ def test_g5_report_shows_serving_rows_in_each_format(config, tmp_path):
     plain = report()
     assert plain.exit_code == 2 and "--serving" in plain.output and "\n" not in plain.output.strip()
     assert report("--serving", "--sweep", "1").exit_code == 2
+
+
+def test_a_trace_runs_span_and_makespan_are_both_reported_and_named(config):
+    """Issue 35 item 8: the trace's arrival span and the simulated makespan, each with the
+    req/s over it, named (not the makespan called the trace's duration)."""
+    trace = REPO / "examples" / "traces" / "sample-azure.csv"
+    r = invoke(config, "--workload", trace, "--requests", "10", "--json")
+    out = json.loads(r.output)
+    assert out["arrival_span_s"] > 0 and out["makespan_s"] >= out["arrival_span_s"]
+    assert out["throughput"]["offered_requests_per_s"] == pytest.approx(10 / out["arrival_span_s"])
+    assert out["throughput"]["requests_per_s"] == pytest.approx(10 / out["makespan_s"])
+    text = invoke(config, "--workload", trace, "--requests", "10").output
+    assert "\narrivals     over " in text and "requests/s offered" in text
+    assert "\nmakespan     " in text and "simulated, first arrival to last token" in text and "requests/s served" in text

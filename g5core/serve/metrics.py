@@ -153,7 +153,10 @@ def summary(result, limits: tuple[SloLimit, ...] = ()) -> dict:
     arrays = per_request(result)
     itl = np.frombuffer(result.requests.itl_s, dtype=float)
     n = len(reqs)
-    span = result.makespan_s - (float(np.min(arrays["arrival_s"])) if n else 0.0)
+    first_arrival_s = float(np.min(arrays["arrival_s"])) if n else 0.0
+    span = result.makespan_s - first_arrival_s
+    # the trace's (or workload's) own span: first to last arrival; the rate offered over it
+    arrival_span_s = float(np.max(arrays["arrival_s"])) - first_arrival_s if n else 0.0
     in_tokens = sum(r.input_tokens for r in reqs)
     out_tokens = sum(r.output_tokens for r in reqs)
     chips = result.fleet.chips
@@ -164,6 +167,8 @@ def summary(result, limits: tuple[SloLimit, ...] = ()) -> dict:
         "requests": n,
         "completed": int(np.count_nonzero(~np.isnan(e2e))),
         "duration_s": span,
+        "makespan_s": span,
+        "arrival_span_s": arrival_span_s,
         "queue_s": stats(arrays["queue_s"]),
         "ttft_s": stats(arrays["ttft_s"]),
         "tpot_s": stats(arrays["tpot_s"]),
@@ -176,6 +181,7 @@ def summary(result, limits: tuple[SloLimit, ...] = ()) -> dict:
             "output_tokens_per_s_per_chip": per_s(out_tokens) / chips,
             "total_tokens_per_s_per_chip": per_s(in_tokens + out_tokens) / chips,
             "requests_per_s": per_s(n),
+            "offered_requests_per_s": n / arrival_span_s if arrival_span_s > 0 else 0.0,
         },
         "tokens": {"input": in_tokens, "output": out_tokens},
         "goodput": goodput(arrays, limits, span, itl),

@@ -58,7 +58,11 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
         for p in pools)
     lines.append(f"deployment   {out['chips']} chips; {layout}")
     lines.append(f"workload     {out['workload']}: {out['requests']:,} requests, {out['tokens']['input']:,} input and "
-                 f"{out['tokens']['output']:,} output tokens over {_s(out['duration_s'])}")
+                 f"{out['tokens']['output']:,} output tokens")
+    lines.append(f"arrivals     over {_s(out['arrival_span_s'])}, first to last ({t['offered_requests_per_s']:.3g} "
+                 "requests/s offered)")
+    lines.append(f"makespan     {_s(out['makespan_s'])} simulated, first arrival to last token "
+                 f"({t['requests_per_s']:.3g} requests/s served)")
     lines.append(f"completed    {out['completed']:,} of {out['requests']:,}; {out['steps']:,} steps; "
                  f"{out['preemptions']:,} preemptions")
     lines.append("")
@@ -71,7 +75,8 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
         lines.append(f"{label:<13}" + "".join(f"{_s(st[q]):>11}" for q in ("mean", "p50", "p90", "p99")))
     lines.append("")
     lines.append(f"throughput   {t['output_tokens_per_s']:,.0f} output tokens/s ({t['output_tokens_per_s_per_chip']:,.1f} "
-                 f"per chip), {t['input_tokens_per_s']:,.0f} input tokens/s, {t['requests_per_s']:.3g} requests/s")
+                 f"per chip), {t['input_tokens_per_s']:,.0f} input tokens/s, {t['requests_per_s']:.3g} requests/s "
+                 "(over the makespan)")
     lines.append(f"occupancy    KV pool {out['kv_pool_use']['mean']:.1%} mean, {out['kv_pool_use']['max']:.1%} max; "
                  f"running {out['running_seqs']['mean']:.1f} mean, {out['running_seqs']['max']:.0f} max; "
                  f"waiting {out['waiting_seqs']['mean']:.1f} mean, {out['waiting_seqs']['max']:.0f} max")
