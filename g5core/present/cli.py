@@ -442,11 +442,14 @@ def models_cmd():
     for name, m in CATALOG.items():
         c = m.param_counts()
         rows.append([name, m.attention.kind, m.n_layers, m.hidden_size, f"{c.total / 1e9:.1f}B",
-                     f"{c.active / 1e9:.1f}B", m.moe.n_routed_experts if m.moe else "-",
-                     m.kv_bytes_per_token_per_layer(2), m.attention_pattern()])
-    click.echo(table(rows, ["model", "attention", "layers", "hidden", "params", "active", "experts",
-                            "c_kv bf16 (B)", "attention by layer"]))
-    click.echo("\nA model can also be a path to a Hugging Face config.json.")
+                     f"{c.active / 1e9:.2f}B", f"{c.active_less_embedding / 1e9:.2f}B",
+                     m.moe.n_routed_experts if m.moe else "-", m.kv_bytes_per_token_per_layer(2),
+                     m.attention_pattern()])
+    click.echo(table(rows, ["model", "attention", "layers", "hidden", "params", "active", "active less embedding",
+                            "experts", "c_kv bf16 (B)", "attention by layer"]))
+    click.echo("\nactive: the weights one token runs through, embedding and lm_head included (as Qwen and DeepSeek "
+               "count: qwen3-30b-a3b 3.3B); less embedding: without the input embedding table (as OpenAI counts: "
+               "gpt-oss-120b 5.1B).\nA model can also be a path to a Hugging Face config.json.")
 
 
 @main.group("systems", invoke_without_command=True)
