@@ -98,6 +98,10 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, trace_layers, time
         raise ConfigError("--trace-layers", "selects the layers of the trace; give --trace FILE too")
     layers = None if trace_layers is None else parse_layers(trace_layers)
     raw = load_raw(config, overrides)
+    if "serving" in raw:
+        _run_serving_steps(raw, disabled, as_json, bool(trace_path or timeline_path), compare_math, max_ops,
+                           no_symmetry)
+        return
     targets = check_outputs({"--trace": trace_path, "--timeline": timeline_path}, input_files(config, raw))
     if targets and raw.get("path") == "math":
         raise G5Error("--trace and --timeline need the G5 path (path: g5); the Math path has no timeline")
@@ -123,6 +127,30 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, trace_layers, time
         _fail(write_error)
 
 
+def _run_serving_steps(raw, disabled, as_json, files, compare_math, max_ops, no_symmetry) -> None:
+    """``g5 run`` on a serving configuration: one representative step of each pool, each
+    said which (:func:`g5core.serve.api.representative_steps`)."""
+    from g5core.present.caveats import deployment_warnings
+    from g5core.serve.api import representative_steps
+    from g5core.session.run import run
+
+    if files:
+        raise ConfigError("--trace", "a serving configuration's representative steps have no trace here; write the "
+                                     "step as phase/batch/seq_len without serving: (or use g5 serve --trace)")
+    outs = []
+    for step in representative_steps(raw, disabled):
+        out = run(step.raw, disabled=disabled, compare_math=compare_math, max_ops=max_ops,
+                  symmetry="turned off (--no-symmetry)" if no_symmetry else True)
+        for line in deployment_warnings(out.plan.ctx, out.memory):
+            click.echo(f"g5: warning: {line}", err=True)
+        outs.append((step, out))
+    if as_json:
+        click.echo(json.dumps({"serving_steps": [{"pool": st.role, "step": st.what, **out.to_json_dict()}
+                                                 for st, out in outs]}, indent=2, sort_keys=True, allow_nan=False))
+        return
+    click.echo("\n\n".join(f"serving step  {st.what}\n{render_summary(out, None, None)}" for st, out in outs))
+
+
 @main.command("explain")
 @config_options
 @_max_ops_option
@@ -134,11 +162,20 @@ def explain_cmd(config, overrides, disabled, max_ops):
 
     _check_max_ops(max_ops)
     raw = load_raw(config, overrides)
-    plan = make_plan(raw, disabled, max_ops=max_ops)
-    for line in deployment_warnings(plan.ctx):
-        click.echo(f"g5: warning: {line}", err=True)
-    given = raw.get("parallel") if isinstance(raw.get("parallel"), dict) else {}
-    click.echo(render_explain(plan, given_dims=tuple(given)))
+    if "serving" in raw:   # one representative step of each pool, each said which
+        from g5core.serve.api import representative_steps
+
+        steps = [(st.what, st.raw) for st in representative_steps(raw, disabled)]
+    else:
+        steps = [(None, raw)]
+    texts = []
+    for what, step_raw in steps:
+        plan = make_plan(step_raw, disabled, max_ops=max_ops)
+        for line in deployment_warnings(plan.ctx):
+            click.echo(f"g5: warning: {line}", err=True)
+        given = step_raw.get("parallel") if isinstance(step_raw.get("parallel"), dict) else {}
+        texts.append((f"serving step  {what}\n" if what else "") + render_explain(plan, given_dims=tuple(given)))
+    click.echo("\n\n".join(texts))
 
 
 def _int_list(ctx, param, value):
@@ -416,17 +453,26 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key, where):
               help="Write to this file instead of standard output.")
 def report_cmd(db, fmt, sweep_id, serving, output):
     """The rows of a results database as a table."""
-    from g5core.present.report import load_rows, load_serving, render, render_serving
+    from g5core.present.report import load_rows, load_search, load_serving, render, render_search, render_serving
     from g5core.inputs.outputs import check_output_path, write_atomically
 
     target = check_output_path(output, "-o", inputs=[db]) if output else None
-    if serving:
-        text = render_serving(load_serving(db, sweep_id), fmt)
+    rows = load_serving(db, sweep_id) if serving else load_rows(db, sweep_id)
+    search = load_search(db) if not rows and sweep_id is None else []
+    if search:   # a `g5 best --serve --db` file: its cells (the candidates in markdown)
+        click.echo(f"g5: note: {db} holds a serving search's cells ({sum(r['kind'] == 'candidate' for r in search)} "
+                   f"candidates, {sum(r['kind'] == 'screen' for r in search)} screens)"
+                   + ("; markdown shows the candidates, --format csv or json every cell" if fmt == "markdown" else ""),
+                   err=True)
+        text = render_search(search, fmt)
+    elif serving:
+        text = render_serving(rows, fmt)
     else:
-        rows = load_rows(db, sweep_id)
         if not rows and sweep_id is None and load_serving(db):
             raise ConfigError("DB", f"{db} holds serving runs only; `g5 report {db} --serving` shows them")
         text = render(rows, fmt)
+    if not rows and not search:
+        click.echo(f"g5: note: {db} holds no {'serving runs' if serving else 'rows'}", err=True)
     if target is None:
         click.echo(text, nl=False)
     else:

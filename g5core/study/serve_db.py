@@ -4,6 +4,7 @@ like a sweep's rows. ``g5 plot`` reads it for the serving kinds."""
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Mapping, Sequence
 
 from g5core.study.resultsdb import ResultsDB, canonical_json, config_hash, sqlite_errors
@@ -76,3 +77,21 @@ def _rows(con) -> list[dict]:
     cur = con.execute("SELECT * FROM serving_results ORDER BY rate_per_s, key")
     names = [d[0] for d in cur.description]
     return [dict(zip(names, r)) for r in cur.fetchall()]
+
+
+def load_search_cells(db_path) -> list[dict]:
+    """The ``serve_search`` cells (``g5 best --serve --db``) of an existing results file, each
+    ``{key, kind, label, payload, finished_at}`` with its payload decoded, screens then
+    candidates, each by key ([] when it has none); read without writing to it."""
+    db = ResultsDB.open_existing(db_path)
+    try:
+        with sqlite_errors(db.path, db.busy_timeout_s):
+            tables = {r[0] for r in db.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "serve_search" not in tables:
+                return []
+            cur = db.con.execute("SELECT key, kind, label, payload, finished_at FROM serve_search ORDER BY kind DESC, "
+                                 "key")
+            return [{"key": k, "kind": kind, "label": label, "payload": json.loads(payload), "finished_at": at}
+                    for k, kind, label, payload, at in cur.fetchall()]
+    finally:
+        db.close()
