@@ -382,6 +382,11 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
 
         found = best_serve_command(raw, config, disabled, objective, db_path, workers, executor, disagg=disagg, top=top,
                                    **{k[2:].replace("-", "_"): v for k, v in serve_only.items()})
+        if db_path:   # what the search was asked, for g5 plot's titles
+            from g5core.study.serve_db import record_search_context
+
+            record_search_context(db_path, raw, _search_workload_text(raw, workload, isl, osl),
+                                  slo if slo is not None else (raw.get("serving") or {}).get("slo"))
         if as_json:
             click.echo(json.dumps([s.to_json_dict() for s in found.ranked[:top]], indent=2, sort_keys=True,
                                   allow_nan=False))
@@ -397,6 +402,18 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
         click.echo(json.dumps([c.to_json_dict() for c in result.ranked[:top]], indent=2))
         return
     click.echo(render_best(result, top))
+
+
+def _search_workload_text(raw, workload, isl, osl) -> str:
+    """A serving search's workload in words: its trace file, or its prompt and output lengths."""
+    import os
+
+    w = dict((raw.get("serving") or {}).get("workload") or {})
+    if workload and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
+        return "trace " + os.path.basename(workload)
+    if "trace" in w and isl is None:
+        return "trace " + os.path.basename(str(w["trace"]))
+    return f"isl {isl if isl is not None else w.get('input_tokens', '?')}, osl {osl if osl is not None else w.get('output_tokens', '?')}"
 
 
 @main.command("plot")

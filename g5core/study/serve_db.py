@@ -95,3 +95,39 @@ def load_search_cells(db_path) -> list[dict]:
                     for k, kind, label, payload, at in cur.fetchall()]
     finally:
         db.close()
+
+
+SEARCH_CONTEXT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS serve_search_context (
+    key TEXT PRIMARY KEY,     -- config_hash of the context
+    context TEXT NOT NULL     -- JSON {model, system, chips, workload, slo}: what a search was asked
+)
+"""
+
+
+def record_search_context(db_path, raw: Mapping, workload: str, slo) -> None:
+    """Record beside a search's cells what it was asked (for the titles of ``g5 plot``):
+    ``workload`` in words, ``slo`` as given (``--slo`` or ``serving.slo``)."""
+    ctx = {"model": raw.get("model"), "system": raw.get("system"), "chips": raw.get("chips"),
+           "workload": workload, "slo": slo if isinstance(slo, str) or slo is None else canonical_json(slo)}
+    db = ResultsDB.open(db_path)
+    try:
+        with sqlite_errors(db.path, db.busy_timeout_s):
+            db.con.execute(SEARCH_CONTEXT_SCHEMA)
+            db.con.execute("INSERT OR IGNORE INTO serve_search_context VALUES (?, ?)",
+                           (config_hash({"context": ctx}, ()), canonical_json(ctx)))
+    finally:
+        db.close()
+
+
+def load_search_context(db_path) -> list[dict]:
+    """The contexts :func:`record_search_context` wrote ([] when none)."""
+    db = ResultsDB.open_existing(db_path)
+    try:
+        with sqlite_errors(db.path, db.busy_timeout_s):
+            tables = {r[0] for r in db.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "serve_search_context" not in tables:
+                return []
+            return [json.loads(c) for (c,) in db.con.execute("SELECT context FROM serve_search_context ORDER BY key")]
+    finally:
+        db.close()
