@@ -248,6 +248,29 @@ def _finish_sweep_output(sweep) -> None:
         sys.exit(1)
 
 
+_emit_option = click.option(
+    "--emit", nargs=2, type=(click.Choice(["vllm", "sglang", "trtllm", "dynamo"]), click.Path(file_okay=False)),
+    default=None, metavar="FRAMEWORK DIR",
+    help="Write the framework's launch files for the deployment (vllm serve / sglang launch_server command lines, "
+         "TensorRT-LLM extra-llm-api-config YAML, a Dynamo deployment) and a benchmark at its rate to DIR.")
+
+
+def _prepare_emit(emit, config, inputs):
+    """The launch files of ``config`` and their checked folder, before any work."""
+    from g5core.present.emit import check_emit_dir, emit_files
+
+    framework, directory = emit
+    folder = check_emit_dir(directory, framework, inputs)
+    return framework, folder, emit_files(config, framework), inputs
+
+
+def _write_emit(framework, folder, files, inputs) -> None:
+    from g5core.present.emit import write_emit
+
+    for path in write_emit(folder, files, inputs):
+        click.echo(f"wrote        --emit {framework} {path}", err=True)
+
+
 @main.command("serve")
 @config_options
 @click.option("--workload", "workload", metavar="FILE|SPEC",
@@ -268,10 +291,12 @@ def _finish_sweep_output(sweep) -> None:
 @click.option("--requests-csv", "requests_csv", help="Write one row per request here.")
 @click.option("--trace", "trace_path", help="Write a Perfetto trace (instances' steps, requests' spans) here.")
 @click.option("--db", "db_path", help="Add the run's summary to this results database (serving_results).")
+@_emit_option
 def serve_cmd(config, overrides, disabled, workload, requests, rate, concurrency, isl, osl, slo, seed, exact, as_json,
-              requests_csv, trace_path, db_path):
+              requests_csv, trace_path, db_path, emit):
     """Simulate a service: requests through routers and continuous-batching instances."""
     from g5core.inputs.outputs import check_outputs
+    from g5core.serve.api import split_config, workload_spec
     from g5core.serve.command import serve_command
 
     from g5core.session.run import input_files, load_raw
@@ -281,10 +306,18 @@ def serve_cmd(config, overrides, disabled, workload, requests, rate, concurrency
     if workload and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
         inputs.append(("--workload", workload))
     targets = check_outputs({"--requests-csv": requests_csv, "--trace": trace_path}, inputs)
+    emitted = None
+    if emit:   # the launch files are made (and refused) before the run, written after it
+        spec = workload_spec(split_config(raw)[1].get("workload"), workload, requests, rate, concurrency, isl, osl,
+                             seed)
+        emitted = _prepare_emit(emit, {**raw, "serving": {**dict(raw.get("serving") or {}),
+                                                          **({"workload": spec} if spec else {})}}, inputs)
     text = serve_command(raw, disabled, targets, db_path, inputs, as_json=as_json, progress=sys.stderr.isatty(),
                          workload=workload, requests=requests, rate=rate, concurrency=concurrency, isl=isl, osl=osl,
                          slo=slo, seed=seed, exact=exact)
     click.echo(text)
+    if emitted:
+        _write_emit(*emitted)
 
 
 @main.command("sweep")
@@ -360,9 +393,10 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
               help="--serve: each run holds this many times the requests in the system [default: 16].")
 @click.option("--confirm", type=int, default=None,
               help="--serve: further seeds the capacity must hold on [default: 2].")
+@_emit_option
 def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, workers, executor, serve, workload,
              requests, isl, osl, slo, seed, rate, disagg, chunks, seqs, tolerance, max_rate, beam, vary, settle,
-             confirm):
+             confirm, emit):
     """Layout search: every split of chips over the registered dimensions; those that are invalid or
     do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked.
 
@@ -376,9 +410,17 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     serve_only = {"--workload": workload, "--requests": requests, "--isl": isl, "--osl": osl, "--slo": slo,
                   "--seed": seed, "--rate": rate, "--chunks": chunks, "--seqs": seqs, "--tolerance": tolerance,
                   "--max-rate": max_rate, "--beam": beam, "--vary": vary, "--settle": settle, "--confirm": confirm}
+    if emit and not serve:
+        raise ConfigError("--emit", "writes the launch files of the serving search's winner; add --serve")
     if serve:
         from g5core.present.render import render_serve_best
         from g5core.study.serve_search import best_serve_command
+
+        folder = None
+        if emit:   # checked before the search; the files are the winner's, made after it
+            from g5core.present.emit import check_emit_dir
+
+            folder = check_emit_dir(emit[1], emit[0], [config])
 
         found = best_serve_command(raw, config, disabled, objective, db_path, workers, executor, disagg=disagg, top=top,
                                    **{k[2:].replace("-", "_"): v for k, v in serve_only.items()})
@@ -392,6 +434,12 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
                                   allow_nan=False))
         else:
             click.echo(render_serve_best(found, top))
+        if emit:
+            from g5core.present.emit import emit_files
+
+            if not found.ranked or not found.ranked[0].capacity:
+                raise ConfigError("--emit", "the search found no deployment meeting the SLO; nothing to launch")
+            _write_emit(emit[0], folder, emit_files(found.ranked[0].to_json_dict()["config"], emit[0]), [config])
         return
     given = [k for k, v in serve_only.items() if v is not None]
     if given:
