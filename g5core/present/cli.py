@@ -688,14 +688,18 @@ def validate_cmd(measured, overrides, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
 @click.option("--force", is_flag=True,
               help="Write the file even when its leave-one-out error is worse than the prior's.")
-def calibrate_cmd(measured, fit, output, as_json, force):
+@click.option("--max-evals", "max_evals", type=int, default=None, metavar="N",
+              help="Stop (writing nothing) after N evaluations, each running every row once [default: 500].")
+@click.option("--workers", type=int, default=1, show_default=True, help="Processes running the rows in parallel.")
+def calibrate_cmd(measured, fit, output, as_json, force, max_evals, workers):
     """Fit system parameters to MEASURED.csv by bounded least squares on log error."""
-    from g5core.study.validate import calibrate
+    from g5core.study.validate import DEFAULT_MAX_EVALS, calibrate
 
     def show(report):  # the fit, printed before the file is written (a failed write keeps it)
         click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_calibrate(report))
-    calibrate(measured, fit.split(","), output, say=lambda line: click.echo(line, err=True)
-              if sys.stderr.isatty() else None, force=force, show=show)
+    # the estimate and one line per evaluation on stderr (tens to hundreds of lines, a terminal or not)
+    calibrate(measured, fit.split(","), output, say=lambda line: click.echo(line, err=True), force=force, show=show,
+              max_evals=DEFAULT_MAX_EVALS if max_evals is None else max_evals, workers=workers)
 
 
 if __name__ == "__main__":  # pragma: no cover
