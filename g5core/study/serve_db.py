@@ -59,18 +59,22 @@ def open_serving_db(path, inputs: Sequence = ()) -> ServingDB:
     return ServingDB(ResultsDB.open(path, inputs=inputs))
 
 
-def load_serving_rows(db_path) -> list[dict]:
-    """The ``serving_results`` rows of an existing results file ([] when it has none), read
-    without writing to it."""
+def _read(db_path, table: str, read) -> list:
+    """``read(con)`` on an existing results file ([] when it has no ``table``), without
+    writing to it."""
     db = ResultsDB.open_existing(db_path)
     try:
         with sqlite_errors(db.path, db.busy_timeout_s):
             tables = {r[0] for r in db.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if "serving_results" not in tables:
-                return []
-            return _rows(db.con)
+            return read(db.con) if table in tables else []
     finally:
         db.close()
+
+
+def load_serving_rows(db_path) -> list[dict]:
+    """The ``serving_results`` rows of an existing results file ([] when it has none), read
+    without writing to it."""
+    return _read(db_path, "serving_results", _rows)
 
 
 def _rows(con) -> list[dict]:
@@ -83,18 +87,11 @@ def load_search_cells(db_path) -> list[dict]:
     """The ``serve_search`` cells (``g5 best --serve --db``) of an existing results file, each
     ``{key, kind, label, payload, finished_at}`` with its payload decoded, screens then
     candidates, each by key ([] when it has none); read without writing to it."""
-    db = ResultsDB.open_existing(db_path)
-    try:
-        with sqlite_errors(db.path, db.busy_timeout_s):
-            tables = {r[0] for r in db.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if "serve_search" not in tables:
-                return []
-            cur = db.con.execute("SELECT key, kind, label, payload, finished_at FROM serve_search ORDER BY kind DESC, "
-                                 "key")
-            return [{"key": k, "kind": kind, "label": label, "payload": json.loads(payload), "finished_at": at}
-                    for k, kind, label, payload, at in cur.fetchall()]
-    finally:
-        db.close()
+    def read(con):
+        cur = con.execute("SELECT key, kind, label, payload, finished_at FROM serve_search ORDER BY kind DESC, key")
+        return [{"key": k, "kind": kind, "label": label, "payload": json.loads(payload), "finished_at": at}
+                for k, kind, label, payload, at in cur.fetchall()]
+    return _read(db_path, "serve_search", read)
 
 
 SEARCH_CONTEXT_SCHEMA = """
@@ -122,12 +119,5 @@ def record_search_context(db_path, raw: Mapping, workload: str, slo) -> None:
 
 def load_search_context(db_path) -> list[dict]:
     """The contexts :func:`record_search_context` wrote ([] when none)."""
-    db = ResultsDB.open_existing(db_path)
-    try:
-        with sqlite_errors(db.path, db.busy_timeout_s):
-            tables = {r[0] for r in db.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if "serve_search_context" not in tables:
-                return []
-            return [json.loads(c) for (c,) in db.con.execute("SELECT context FROM serve_search_context ORDER BY key")]
-    finally:
-        db.close()
+    return _read(db_path, "serve_search_context", lambda con: [
+        json.loads(c) for (c,) in con.execute("SELECT context FROM serve_search_context ORDER BY key")])
