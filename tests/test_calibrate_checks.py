@@ -217,3 +217,14 @@ def test_prepared_plans_reused_across_systems_predict_what_g5_run_does(tmp_path)
     whole = run(validate.row_config(row, str(moved))).latency_s * 1e3
     validate._TEMPLATES.clear()
     assert again == whole and again != first
+
+
+def test_workers_give_the_one_process_fit(tmp_path, monkeypatch):
+    """--workers runs the rows in processes (forked: the synthetic prediction with them)."""
+    prior = get_system("h100-sxm").launch_overhead_s
+    _synthetic(monkeypatch, lambda n, spec, ms: ms * (1.2 + 0.1 * n) * (spec.launch_overhead_s / prior) ** 0.5)
+    csv = _csv(tmp_path, [1.0, 2.0, 3.0])
+    one = calibrate(csv, ["launch_overhead_s"], tmp_path / "a.yaml", leave_one_out=False)
+    two = calibrate(csv, ["launch_overhead_s"], tmp_path / "b.yaml", leave_one_out=False, workers=2)
+    assert one["fitted"] == two["fitted"] and [r["predicted_ms"] for r in one["rows"]] == [
+        r["predicted_ms"] for r in two["rows"]]

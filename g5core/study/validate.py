@@ -245,8 +245,9 @@ AT_BOUND_REL = 1e-6
 
 
 #: least_squares' tolerances (relative): a fit stops when a step moves the parameters or
-#: the cost by less than this (the predictions' own finite differences are 1e-3 apart)
-FIT_TOLERANCE = 1e-8
+#: the cost by less than this; a parameter known to a millionth of itself is known well
+#: enough (the Jacobian's finite differences are 1e-3 of it apart)
+FIT_TOLERANCE = 1e-6
 #: the default bound on evaluations (each runs every row once) of one calibrate
 DEFAULT_MAX_EVALS = 500
 #: iterations a fit typically takes (for the estimate printed before starting)
@@ -349,7 +350,8 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
             say(f"calibrate: evaluation {n} ({phase[0]}): "
                 + ", ".join(f"{k}={v:.6g}" for k, v in zip(keys, x))
                 + f"; rms log error of every row {rms_now:.4f}; {time.perf_counter() - t_start:.0f} s, "
-                  f"{cpu_s() - cpu_start:.0f} s CPU so far")
+                  f"{cpu_s() - cpu_start:.0f} s CPU so far" + (" (this process; the workers' when they end)"
+                                                              if pool is not None else ""))
         return cache[key]
 
     def residuals(x, use) -> list[float]:  # log error of the rows in use
