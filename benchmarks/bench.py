@@ -89,7 +89,7 @@ def bare_heapq_s(n_events: int, width: int) -> float:
 
 def run_case(name: str, path=None, overrides=(), symmetry=True, max_ops=None) -> dict:
     from g5core.sim.memory import memory_report
-    from g5core.session.run import load_raw, make_plan, simulate
+    from g5core.session.run import load_raw, make_plan, simulate_plan
 
     if path is None:
         path, overrides, symmetry = CASES[name]
@@ -97,7 +97,7 @@ def run_case(name: str, path=None, overrides=(), symmetry=True, max_ops=None) ->
     max_ops = 10 ** 9 if max_ops is None else max_ops  # a benchmark measures what the size guard would refuse
     plan = make_plan(load_raw(ROOT / path, overrides), max_ops=max_ops)
     timings = {"build_s": time.perf_counter() - t0}
-    result = simulate(plan, symmetry=symmetry, timings=timings, max_ops=max_ops)
+    result = simulate_plan(plan, symmetry=symmetry, timings=timings, max_ops=max_ops)
     t1 = time.perf_counter()
     memory_report(plan.ctx)
     timings["report_s"] += time.perf_counter() - t1

@@ -19,7 +19,8 @@ from .api.errors import ConfigError, DagError, G5Error, PluginError, suggest
 from .api.ops import CommOp, ComputeOp, Fragment
 from .api.options import PluginOption
 from .api.plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_manager
-from .api.records import Lowering, MemoryTerm, SweepPreset
+from .api.records import Lowering, MemoryTerm, StepRules, SweepPreset
+from .api.serving import Request, RoutedInstance, Router, Scheduler, Seq, StepWork, TraceFieldError, TraceFormat
 from .api.work import LogicalOp, Work
 from .lower.flops import activation_tensor_bytes, attention_block_bytes, causal_attention_flops, prefix_attention_flops
 from .lower.layers import (
@@ -31,24 +32,33 @@ from .inputs.framework import fused_bytes, kernel_hosts
 from .inputs.step import Step, StepGroup
 from .inputs.reading import check_keys
 from .lower.collective import NVLINK_COPY_EFFICIENCY, idle_transfer_s
-from .sim.compute import Attention, ComputeTime, Elementwise, Gemm
-from .sim.memory import weight_bytes_by_chip
+from .lower.kernels import Attention, Elementwise, Gemm
+from .api.records import ComputeTime
+from .sim.memory import weight_bytes_per_chip
 from .lower.flops import passq_reduce_elements
 from .sim.roofline import gemm_padded_flops, kernel_latency_s, op_latency_s, roofline_latency_s
 from .session.prepared import PreparedPlan, StepMemory, StepResult, prepare
+# the types the hook specifications and BuildContext name (api/ imports none of them)
+from .inputs.config import Deployment
+from .inputs.models import ModelSpec
+from .inputs.systems import SystemSpec
+from .lower.rankmap import RankMap
+from .lower.shape import LocalShape
+# the settings a registered scheduler factory is given
+from .serve.scheduler import SchedulerSettings
 from .version import __version__
 
 __all__ = [
-    "Attention", "BuildContext", "CommOp", "ComputeOp", "ComputeTime", "ConfigError", "DagError", "Dimension",
-    "Elementwise", "Fragment", "G5Error", "Gemm", "Hooks", "LogicalOp", "Lowering", "MemoryTerm", "NVLINK_COPY_EFFICIENCY",
-    "PipelineMicrobatches", "PluginError",
-    "PluginInfo", "PluginOption", "PreparedPlan", "Step", "StepGroup", "StepMemory", "StepResult", "SweepPreset",
-    "Topology", "Work", "activation_tensor_bytes",
+    "Attention", "BuildContext", "CommOp", "ComputeOp", "ComputeTime", "ConfigError", "DagError", "Deployment",
+    "Dimension", "Elementwise", "Fragment", "G5Error", "Gemm", "Hooks", "LocalShape", "LogicalOp", "Lowering",
+    "MemoryTerm", "ModelSpec", "NVLINK_COPY_EFFICIENCY", "PipelineMicrobatches", "PluginError", "PluginInfo",
+    "PluginOption", "PreparedPlan", "RankMap", "Request", "RoutedInstance", "Router", "Scheduler",
+    "SchedulerSettings", "Seq", "Step", "StepGroup", "StepMemory", "StepResult", "StepRules", "StepWork",
+    "SweepPreset", "SystemSpec", "Topology", "TraceFieldError", "TraceFormat", "Work", "activation_tensor_bytes",
     "attention_block_bytes", "attention_dims", "attention_kernel", "attention_kernel_of", "attention_side_kernels",
-    "attention_work", "causal_attention_flops", "check_keys",
-    "default_work", "describe_plugins", "expert_work", "fused_bytes", "gemm_padded_flops", "hookimpl",
-    "idle_transfer_s", "kernel_hosts", "kernel_latency_s", "local_kv_bytes_per_token", "make_plugin_manager", "merge_kernel",
-    "op_latency_s", "passq_reduce_elements",
+    "attention_work", "causal_attention_flops", "check_keys", "default_work", "describe_plugins", "expert_work",
+    "fused_bytes", "gemm_padded_flops", "hookimpl", "idle_transfer_s", "kernel_hosts", "kernel_latency_s",
+    "local_kv_bytes_per_token", "make_plugin_manager", "merge_kernel", "op_latency_s", "passq_reduce_elements",
     "prefix_attention_flops", "prepare", "roofline_latency_s", "step_attention_work", "suggest",
-    "weight_bytes_by_chip", "weight_elements", "window_attention_work",
+    "weight_bytes_per_chip", "weight_elements", "window_attention_work",
 ]

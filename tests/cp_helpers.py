@@ -18,7 +18,7 @@ import pytest
 
 from g5core.api.ops import ComputeOp
 from g5core.sim.results import KPI_NAMES
-from g5core.session.run import make_plan, simulate
+from g5core.session.run import make_plan, simulate_plan
 
 HF_DIR = pathlib.Path(__file__).parent / "data" / "hf"
 BF16_BYTES = 2
@@ -147,7 +147,7 @@ def simulate_raw(raw: dict):
     """(plan, sim) of a raw config, its conservation KPIs checked zero. Every chip is
     simulated (no symmetry): the structure tests inspect every replica's ops."""
     plan = make_plan(raw)
-    sim = simulate(plan, check=False, symmetry=False)
+    sim = simulate_plan(plan, check=False, symmetry=False)
     assert_kpis_zero(sim)
     return plan, sim
 

@@ -24,7 +24,8 @@ import numpy as np
 
 from g5core.api.ops import CommOp, ComputeOp
 from g5core.lower.dag import OpDag
-from g5core.sim.engine import Engine, compile_dag
+from g5core.sim.engine import Engine
+from g5core.sim.compile import compile_dag
 from g5core.sim.results import conservation_kpis
 from g5core.session.run import make_plan
 

@@ -12,7 +12,7 @@ import yaml
 
 from g5core.inputs.systems import ComputeModel, Profile
 from g5core.inputs.framework import Framework
-from g5core.sim.compute import Attention, Elementwise, Gemm
+from g5core.lower.kernels import Attention, Elementwise, Gemm
 from g5core.api.errors import ConfigError
 from g5core.session.run import make_plan, run
 from g5core.inputs.systems import SystemSpec, get_system

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from g5core.lower.builder import build_dag, prepare
+from g5core.lower.builder import build_dag, plan_deployment
 from g5core.present.cli import main
 from g5core.inputs.config import Deployment, apply_overrides, load_config_file
 from g5core.api.dimensions import collect_dimensions
@@ -79,7 +79,7 @@ def test_base_config_is_valid_and_fills_defaults():
 
 
 def test_prepare_with_explicit_fresh_plugin_manager():
-    plan = prepare(raw(), make_plugin_manager())
+    plan = plan_deployment(raw(), make_plugin_manager())
     assert plan.ctx.deployment == make_plan(raw()).ctx.deployment
 
 

@@ -20,10 +20,11 @@ import pytest
 import yaml
 
 from g5core import Lowering, hookimpl
-from g5core.lower.builder import prepare
+from g5core.lower.builder import plan_deployment
 from g5core.api.ops import CommOp
 from g5core.lower.dag import OpDag
-from g5core.sim.engine import Engine, compile_dag
+from g5core.sim.engine import Engine
+from g5core.sim.compile import compile_dag
 from g5core.api.plugins import make_plugin_manager
 from g5core.sim.results import KPI_NAMES, conservation_kpis
 
@@ -48,7 +49,7 @@ def plan(tmp_path_factory):
     path.write_text(yaml.safe_dump(SYSTEM))
     raw = {"model": "llama-3.1-8b", "system": str(path), "chips": 8,
            "parallel": {"dp": 1, "tp": 8, "pp": 1, "cp": 1}, "phase": "decode", "batch": 1, "seq_len": 128}
-    return prepare(raw, make_plugin_manager(disabled=["collectives"], extra_plugins=[("textbook", Textbook)]))
+    return plan_deployment(raw, make_plugin_manager(disabled=["collectives"], extra_plugins=[("textbook", Textbook)]))
 
 
 class Textbook:

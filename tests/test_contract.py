@@ -337,7 +337,7 @@ def test_a_well_behaved_third_party_plugin_passes(models):
 
 
 def test_disabled_plugin_needed_by_a_config_is_a_clear_error_not_a_pass(models):
-    from g5core.lower.builder import build_dag, prepare
+    from g5core.lower.builder import build_dag, plan_deployment
     from g5core.api.errors import ConfigError
     from g5core.api.plugins import make_plugin_manager
 
@@ -345,10 +345,10 @@ def test_disabled_plugin_needed_by_a_config_is_a_clear_error_not_a_pass(models):
     # primitive lowers the all-reduce): the check accepts that as the contract's clear error
     contract.check_disabled_contributes_nothing("collectives", [_cfg(models, tp=2), _cfg(models)])
     # pass-KV disabled: cp=1 builds with no op of it; cp=2 prefill is refused, naming it
-    dag = build_dag(prepare(_cfg(models), make_plugin_manager(disabled=["cp_passkv"])))
+    dag = build_dag(plan_deployment(_cfg(models), make_plugin_manager(disabled=["cp_passkv"])))
     assert dag.ops and not any(op.owner == "cp_passkv" for op in dag.ops)
     with pytest.raises(ConfigError, match="cp_passkv"):
-        build_dag(prepare(_cfg(models, cp=2), make_plugin_manager(disabled=["cp_passkv"])))
+        build_dag(plan_deployment(_cfg(models, cp=2), make_plugin_manager(disabled=["cp_passkv"])))
 
 
 # ------------------------------------------------------------------------------------------

@@ -26,9 +26,10 @@ import yaml
 
 from g5core.lower.builder import build_dag
 from g5core.api.ops import CommOp, ComputeOp
-from g5core.sim.engine import Engine, compile_dag
+from g5core.sim.engine import Engine
+from g5core.sim.compile import compile_dag
 from g5core.sim.results import summarize
-from g5core.session.run import make_plan, simulate
+from g5core.session.run import make_plan, simulate_plan
 from g5plugins.cp.passkv import block_bytes
 
 from cp_helpers import assert_kpis_zero, tiny_model_path_fixture
@@ -146,7 +147,7 @@ def middle(workdir, tiny_llama):
 
 
 def test_overlap_takes_effect_in_the_middle_region(middle):
-    sim = simulate(middle, check=False)
+    sim = simulate_plan(middle, check=False)
     assert_kpis_zero(sim)
     topo = middle.ctx.topology
     ms = measure_all(sim.dag, topo, sim.start_s, sim.end_s)
@@ -216,7 +217,7 @@ def extremes(workdir, tiny_llama):
     out = {}
     for name, seq_len in (("large", 65536 * CP), ("small", 128 * CP)):
         plan = make_plan(raw_config(tiny_llama, system=system, seq_len=seq_len))
-        sim = simulate(plan, check=False)
+        sim = simulate_plan(plan, check=False)
         assert_kpis_zero(sim)
         out[name] = (plan, sim, measure_all(sim.dag, plan.ctx.topology, sim.start_s, sim.end_s))
     return out

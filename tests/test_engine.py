@@ -5,9 +5,9 @@ import pytest
 
 from g5core import hookimpl
 from g5core.api.ops import Fragment
-from g5core.sim.engine import compile_dag
+from g5core.sim.compile import compile_dag
 from g5core.api.errors import DagError
-from g5core.session.run import make_plan, simulate
+from g5core.session.run import make_plan, simulate_plan
 from g5core.sim.roofline import op_latency_s, roofline_latency_s
 
 from helpers_engine import DagBuilder, all_zero, raw_config, synthetic_plan, write_system, write_tiny_model
@@ -32,7 +32,7 @@ def test_single_chip_ttft_is_the_sum_of_roofline_op_times(model, seq_len):
     plan = make_plan({"model": model, "system": "h100-sxm", "chips": 1,
                       "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1}, "phase": "prefill", "batch": 1,
                       "seq_len": seq_len})
-    sim = simulate(plan)
+    sim = simulate_plan(plan)
     dag = sim.dag
     assert not dag.comm_ops()
     system = plan.ctx.system
@@ -54,7 +54,7 @@ def test_single_chip_mixtral_runs_every_expert_op():
     plan = make_plan({"model": "mixtral-8x7b", "system": "h100-sxm", "chips": 1,
                       "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1}, "phase": "prefill", "batch": 1,
                       "seq_len": 512})
-    sim = simulate(plan)
+    sim = simulate_plan(plan)
     names = {op.name for op in sim.dag.ops}
     assert {"router", "moe_experts"} <= names
     assert len([o for o in sim.dag.ops if o.name == "moe_experts"]) == plan.ctx.model.n_layers
@@ -196,7 +196,7 @@ def two_chip_raw(tmp_path_factory):
 def test_plugin_made_cycle_is_a_dag_error_naming_the_op_and_plugin(two_chip_raw):
     plan = make_plan(two_chip_raw, extra_plugins=[("rogue", _RoguePlugin("cycle"))])
     with pytest.raises(DagError) as info:
-        simulate(plan)
+        simulate_plan(plan)
     msg = str(info.value)
     assert "cycle" in msg and "'rogue'" in msg
     assert "L000.attention." in msg
@@ -205,7 +205,7 @@ def test_plugin_made_cycle_is_a_dag_error_naming_the_op_and_plugin(two_chip_raw)
 def test_plugin_comm_op_with_an_unlowered_primitive_is_a_dag_error(two_chip_raw):
     plan = make_plan(two_chip_raw, extra_plugins=[("rogue", _RoguePlugin("teleport"))])
     with pytest.raises(DagError) as info:
-        simulate(plan)
+        simulate_plan(plan)
     msg = str(info.value)
     assert "L000.attention.beam" in msg
     assert "'rogue'" in msg and "'teleport'" in msg
@@ -215,7 +215,7 @@ def test_disabling_the_collectives_plugin_leaves_tp_ops_unlowered(tmp_path):
     raw = raw_config(write_tiny_model(tmp_path), write_system(tmp_path), 2, seq_len=256, tp=2)
     plan = make_plan(raw, disabled=["collectives"])
     with pytest.raises(DagError) as info:
-        simulate(plan)
+        simulate_plan(plan)
     msg = str(info.value)
     assert "'tp'" in msg and "'all_reduce'" in msg and "collectives" in msg
 
@@ -258,7 +258,7 @@ def test_networkx_view_follows_ops_and_edges_added_after_it_was_built():
 
 def test_compiled_successors_drop_repeated_edges():
 
-    from g5core.sim.engine import _successor_lists
+    from g5core.sim.compile import _successor_lists
     from g5core.api.ops import ComputeOp
     from g5core.lower.dag import OpDag
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from g5core.lower.builder import build_dag
-from g5core.sim.engine import Engine, compile_dag
+from g5core.sim.engine import Engine
+from g5core.sim.compile import compile_dag
 from g5core.session.run import load_raw, make_plan
 
 EX = Path(__file__).resolve().parent.parent / "examples"

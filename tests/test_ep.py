@@ -11,11 +11,11 @@ import pytest
 
 from g5core.lower.builder import build_dag
 from g5core.api.ops import CommOp
-from g5core.sim.engine import compile_dag
+from g5core.sim.compile import compile_dag
 from g5core.api.errors import ConfigError
 from g5core.sim.memory import memory_report
 from g5core.inputs.models import get_model
-from g5core.session.run import make_plan, simulate
+from g5core.session.run import make_plan, simulate_plan
 
 BF16_BYTES = 2
 MIXTRAL = get_model("mixtral-8x7b")  # 8 routed experts, top-2, hidden 4096, expert FFN 14336
@@ -64,7 +64,7 @@ def test_dispatch_and_combine_bytes(dp, tp, ep, phase):
 
 def test_ep_run_has_zero_kpis_and_reports_the_all_to_all_volume():
     dp, tp, ep, batch, seq_len = 1, 2, 2, 1, 128
-    sim = simulate(make_plan(_raw(dp=dp, tp=tp, ep=ep, batch=batch, seq_len=seq_len)))
+    sim = simulate_plan(make_plan(_raw(dp=dp, tp=tp, ep=ep, batch=batch, seq_len=seq_len)))
     assert all(v == 0 for v in sim.kpis.values())
     per_rank = (ep - 1) / ep * (batch * seq_len / tp) * 2 * MIXTRAL.hidden_size * BF16_BYTES
     total = per_rank * ep * MIXTRAL.n_layers

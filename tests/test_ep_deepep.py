@@ -21,7 +21,7 @@ from g5core.api.errors import ConfigError
 from g5core.lower.builder import build_dag
 from g5core.session.collbench import bench_rows
 from g5core.sim.memory import memory_report
-from g5core.session.run import load_raw, make_plan, run, simulate
+from g5core.session.run import load_raw, make_plan, run, simulate_plan
 from g5plugins.ep.routing import expected_units_hit, route_tokens, routing_imbalance
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -121,7 +121,7 @@ def test_normal_prefill_dispatch_beats_flat_by_the_dedup_factor():
     differ by the ratio of those bytes."""
     times = {}
     for kernel in ("flat", "normal"):
-        sim = simulate(make_plan(_deepseek(32, batch=1, seq_len=4096, kernel=kernel)))
+        sim = simulate_plan(make_plan(_deepseek(32, batch=1, seq_len=4096, kernel=kernel)))
         times[kernel] = sim.overlap["by_reason"]["ep_dispatch"]["comm_time_s"]
     e_nodes = expected_units_hit((64,) * 4, 256, 8, 8, 4)
     dedup = (8 * 2 * 7168 * 24 / 32) / (e_nodes * (7168 + 224) * 3 / 4)
@@ -208,7 +208,7 @@ def test_summary_states_the_kernel_and_the_load_factor():
 # ------------------------------------------------------------------------------ two-batch overlap
 def _tbo(phase, batch, tbo, **options):
     raw = _deepseek(16, phase=phase, batch=batch, seq_len=4096, two_batch_overlap=tbo, **options)
-    return simulate(make_plan(raw))
+    return simulate_plan(make_plan(raw))
 
 
 # prefill with a BF16 dispatch: with the elementwise kernels of issue 22 (SwiGLU, FP8
@@ -316,7 +316,7 @@ def test_a_prepared_plan_splits_its_steps_like_a_run():
     raw = _deepseek(16, phase="decode", batch=16, seq_len=1024, two_batch_overlap=True)
     prepared = PreparedPlan(make_plan(raw))
     got = prepared.simulate([{"new_tokens": 1, "cached_tokens": 1023, "count": 16}])
-    assert got.latency_s == simulate(make_plan(raw)).latency_s
+    assert got.latency_s == simulate_plan(make_plan(raw)).latency_s
 
 
 def test_pipeline_micro_batches_with_two_batch_overlap_are_refused_naming_the_field():

@@ -84,7 +84,7 @@ def test_the_framework_chooses_the_attention_kernel_family_and_the_default_is_un
 
 def _ffn_op(tokens=1.0):
     from g5core.api.ops import ComputeOp
-    from g5core.sim.compute import Elementwise, Gemm
+    from g5core.lower.kernels import Elementwise, Gemm
 
     g = [Gemm(m=tokens, n=28672, k=8192, weight_bytes=1, act_bytes=2),
          Gemm(m=tokens, n=8192, k=14336, weight_bytes=1, act_bytes=2)]

@@ -10,7 +10,7 @@ import pytest
 import g5core.lower.builder as build_mod
 from g5core.lower.builder import DEFAULT_MAX_OPS, estimate_size
 from g5core.api.errors import ResourceError
-from g5core.session.run import load_raw, make_plan, run, simulate
+from g5core.session.run import load_raw, make_plan, run, simulate_plan
 
 from test_cli import error_line, invoke
 
@@ -29,9 +29,9 @@ EX = REPO / "examples"
 def test_estimate_equals_what_the_build_makes(example, overrides):
     plan = make_plan(load_raw(EX / f"{example}.yaml", overrides))
     est = estimate_size(plan)
-    sim = simulate(plan, symmetry=False)
+    sim = simulate_plan(plan, symmetry=False)
     assert (est.ops, est.flows) == (sim.ops, sim.flows)
-    reduced = simulate(plan)  # one of k identical replicas, where symmetry holds: 1/k of the ops
+    reduced = simulate_plan(plan)  # one of k identical replicas, where symmetry holds: 1/k of the ops
     k = reduced.symmetry.replicas
     assert (est.ops, est.flows) == (reduced.ops * k, reduced.flows * k)
 

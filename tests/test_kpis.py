@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from g5core.sim.engine import Engine
 from g5core.api.errors import ConservationError
 from g5core.sim.results import KPI_NAMES, check_conservation
-from g5core.session.run import load_raw, make_plan, simulate
+from g5core.session.run import load_raw, make_plan, simulate_plan
 
 from helpers_engine import (
     BROKEN_ENGINES, EXAMPLES_DIR, DagBuilder, all_zero, raw_config, synthetic_plan, write_system, write_tiny_model,
@@ -47,7 +47,7 @@ def test_kpis_are_zero_on_shipped_example(path):
     overrides = [f"{k}={v}" for k, v in SHRINK.items() if raw["seq_len"] > v]
     overrides += SHRINK_CHIPS.get(path.stem, [])
     raw = load_raw(path, overrides)
-    sim = simulate(make_plan(raw), check=False)
+    sim = simulate_plan(make_plan(raw), check=False)
     assert set(sim.kpis) == set(KPI_NAMES)
     assert sim.kpis == {name: 0 for name in KPI_NAMES}
     assert sim.latency_s > 0
@@ -236,7 +236,7 @@ def test_half_flops_gap_is_half_the_dag_flops(plan4):
     assert run.kpis["dag_flops_minus_executed_flops"] == 3e9
 
 
-# -- simulate() refuses a broken engine's result ---------------------------------------------
+# -- simulate_plan() refuses a broken engine's result ---------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +250,7 @@ def busy_raw(tmp_path_factory):
 
 
 def test_busy_config_is_clean_with_the_real_engine(busy_raw):
-    sim = simulate(make_plan(busy_raw))
+    sim = simulate_plan(make_plan(busy_raw))
     assert all_zero(sim.kpis)
     assert {"tp_allreduce", "cp_passkv", "ep_dispatch", "ep_combine"} <= set(sim.comm_bytes["by_reason"])
 
@@ -258,7 +258,7 @@ def test_busy_config_is_clean_with_the_real_engine(busy_raw):
 @pytest.mark.parametrize("kpi", KPI_NAMES)
 def test_simulate_raises_conservation_error_with_a_broken_engine(busy_raw, kpi):
     with pytest.raises(ConservationError) as info:
-        simulate(make_plan(busy_raw), engine_cls=BROKEN_ENGINES[kpi])
+        simulate_plan(make_plan(busy_raw), engine_cls=BROKEN_ENGINES[kpi])
     kpis = info.value.kpis
     assert set(kpis) == set(KPI_NAMES)
     assert kpis[kpi] != 0, kpis

@@ -1,5 +1,6 @@
-"""The layout keeps its architecture: no import circle in g5core, and the plugin contract
-(g5core/api/) depends on no implementation module.
+"""The layout keeps its architecture: the layer order (``docs/architecture.md``), no import
+circle in g5core, the plugin contract (g5core/api/) depending on no implementation module, and
+function-local imports only where each says why.
 
 Imports are read from the source with ``ast``, every one of them: at module level, inside
 functions (late imports) and under ``if TYPE_CHECKING:`` (type-only imports count too).
@@ -50,6 +51,105 @@ def import_graph(package: pathlib.Path = PACKAGE) -> nx.DiGraph:
                 if target and target != name:
                     graph.add_edge(name, target)
     return graph
+
+
+# The layer order, bottom to top (docs/architecture.md, "The layers"): a module imports only
+# its own layer or lower ones. Above the layers: the facade (g5core/__init__.py), the contract
+# suite (g5core/testing/), the command (g5core/__main__.py). version.py, imported by all and
+# importing nothing, is below them.
+LAYERS = ("api", "inputs", "lower", "sim", "session", "serve", "study", "present")
+ABOVE = ("", "testing", "__main__")
+BELOW = ("version",)
+
+
+def layer_rank(module: str) -> int:
+    """The rank of ``module`` (``root.layer...``) in the order; a module outside it raises."""
+    root, _, rest = module.partition(".")
+    head = rest.split(".")[0]
+    if head in BELOW:
+        return -1
+    if head in LAYERS:
+        return LAYERS.index(head)
+    if head in ABOVE:
+        return len(LAYERS) + ABOVE.index(head)
+    raise AssertionError(f"{module} is in no layer: put it in one of {LAYERS} (or name it in test_layout.py)")
+
+
+def upward_imports(graph: nx.DiGraph) -> list[tuple[str, str]]:
+    """The imports that go up the layer order, (importer, imported)."""
+    return sorted((a, b) for a, b in graph.edges if layer_rank(b) > layer_rank(a))
+
+
+def test_every_module_is_in_a_layer():
+    graph = import_graph()
+    assert {m.split(".")[1] for m in graph if "." in m} <= set(LAYERS) | set(ABOVE) | set(BELOW)
+    for m in graph:
+        layer_rank(m)
+
+
+def test_no_import_goes_up_the_layer_order():
+    assert upward_imports(import_graph()) == []
+
+
+@pytest.mark.parametrize("source, upward", [
+    # module level, inside a function, type-only: each is an import up the order
+    ({"lower/a.py": "from pkg.sim import b\n"}, [("pkg.lower.a", "pkg.sim.b")]),
+    ({"lower/a.py": "def f():\n    from pkg.sim.b import x\n"}, [("pkg.lower.a", "pkg.sim.b")]),
+    ({"api/a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..serve.b import B\n"},
+     [("pkg.api.a", "pkg.serve.b")]),
+    # down the order and within a layer: allowed
+    ({"sim/c.py": "from pkg.lower.a import x\nfrom pkg.sim import b\n"}, []),
+])
+def test_the_check_sees_a_planted_upward_import(tmp_path, source, upward):
+    package = tmp_path / "pkg"
+    files = {"__init__.py": "", "lower/__init__.py": "", "lower/a.py": "", "sim/__init__.py": "", "sim/b.py": "",
+             "api/__init__.py": "", "serve/__init__.py": "", "serve/b.py": "", **source}
+    for rel, text in files.items():
+        (package / rel).parent.mkdir(parents=True, exist_ok=True)
+        (package / rel).write_text(text)
+    assert upward_imports(import_graph(package)) == upward
+
+
+def function_local_imports(package: pathlib.Path = PACKAGE) -> list[tuple[str, int, bool]]:
+    """Every import inside a function: (file, line, whether its line says why in a comment)."""
+    out = []
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        lines = text.splitlines()
+        for fn in ast.walk(ast.parse(text)):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                for node in ast.walk(fn):
+                    if isinstance(node, (ast.Import, ast.ImportFrom)):
+                        out.append((str(path.relative_to(package.parent)), node.lineno,
+                                    "#" in lines[node.lineno - 1]))
+    return sorted(set(out))
+
+
+# Function-local imports allowed, a budget that only goes down: each breaks a real import
+# circle or defers a heavy optional dependency (matplotlib, distributed, scipy), and says
+# which in a comment on its line.
+LOCAL_IMPORTS_BUDGET = 36
+# Files being split while this test was written (issue 30: the serving search into a
+# package); their late imports are counted but not yet each given a reason. Empty this.
+REASONS_PENDING = {"g5core/study/serve_search.py", "g5core/study/serve_estimate.py"}
+
+
+def test_function_local_imports_are_few_and_say_why():
+    found = function_local_imports()
+    assert len(found) <= LOCAL_IMPORTS_BUDGET, (
+        f"{len(found)} function-local imports, over the budget of {LOCAL_IMPORTS_BUDGET}: import at module level")
+    assert len(found) == LOCAL_IMPORTS_BUDGET, f"only {len(found)} now: lower LOCAL_IMPORTS_BUDGET to it"
+    unexplained = [(f, line) for f, line, why in found if not why and f not in REASONS_PENDING]
+    assert unexplained == [], "a function-local import without a one-line reason (a circle it breaks, " \
+                              "or the optional dependency it defers) on its line"
+
+
+def test_the_local_import_count_sees_nested_and_commented_imports(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("import os\n")
+    (package / "a.py").write_text("def f():\n    import json\n    def g():\n        import csv  # optional\n")
+    assert function_local_imports(package) == [("pkg/a.py", 2, False), ("pkg/a.py", 4, True)]
 
 
 def test_g5core_has_no_import_circle():

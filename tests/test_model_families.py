@@ -169,8 +169,8 @@ def test_chunked_attention_runs_per_chunk():
 
 
 def test_windowed_model_simulates():
-    from g5core.session.run import simulate
-    out = simulate(_plan("gemma-3-27b", seq_len=8192))
+    from g5core.session.run import simulate_plan
+    out = simulate_plan(_plan("gemma-3-27b", seq_len=8192))
     assert out.latency_s > 0
 
 

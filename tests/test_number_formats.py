@@ -46,12 +46,12 @@ def test_fp4_peak_where_the_chip_has_one_and_a_clear_error_where_not():
 
 
 def _run(system, weights, phase="decode"):
-    from g5core.session.run import make_plan, simulate
+    from g5core.session.run import make_plan, simulate_plan
     plan = make_plan({"model": "llama-3.1-8b", "system": system, "chips": 1,
                       "parallel": {"tp": 1, "cp": 1, "dp": 1, "pp": 1, "ep": 1}, "phase": phase, "batch": 8,
                       "seq_len": 4096, "dtypes": {"weights": weights}})
     from g5core.sim.memory import memory_report
-    return simulate(plan), memory_report(plan.ctx)
+    return simulate_plan(plan), memory_report(plan.ctx)
 
 
 def test_memory_and_gemm_time_follow_the_format():

@@ -10,7 +10,7 @@ from g5core.api.ops import CommOp, ComputeOp, Fragment
 from g5core.lower.dag import OpDag
 from g5core.api.errors import DagError, PluginError
 from g5core.lower.layers import build_program
-from g5core.session.run import make_plan, simulate
+from g5core.session.run import make_plan, simulate_plan
 
 
 def _raw(tp=2, dp=2, cp=1, seq_len=512):
@@ -113,7 +113,7 @@ def test_a_replicated_key_made_twice_names_both_owners(monkeypatch):
 
 
 def test_a_columnar_run_reports_what_the_engine_recorded_on_a_cp_ring():
-    sim = simulate(make_plan(_raw(tp=2, dp=1, cp=2, seq_len=1024)), symmetry=False)
+    sim = simulate_plan(make_plan(_raw(tp=2, dp=1, cp=2, seq_len=1024)), symmetry=False)
     assert all(v == 0 for v in sim.kpis.values())
     comm = [i for i, op in enumerate(sim.dag.ops) if isinstance(op, CommOp)]
     assert comm == sim.dag.comm_indices() and comm

@@ -210,3 +210,19 @@ def test_the_core_uses_no_private_hook_names_outside_plugins_py():
     offenders = [b for f in sorted((ROOT / "g5core").glob("*.py")) if f.name not in ("plugins.py", "collective.py")
                  for b in _private_imports(f) if b.endswith(("._impls", "._call"))]
     assert offenders == []
+
+
+def test_the_contracts_type_names_are_exported():
+    """Every type the hook specifications and the build context name (strings: api/ imports no
+    implementation module) resolves among ``g5core``'s public names."""
+    import typing
+
+    from g5core.api import context, hookspecs
+    from g5core.testing import hook_names
+
+    public = {name: getattr(g5core, name) for name in g5core.__all__}
+    for hook in hook_names():
+        typing.get_type_hints(getattr(hookspecs, hook), globalns={**vars(hookspecs), **public})
+    typing.get_type_hints(context.BuildContext, globalns={**vars(context), **public})
+    with pytest.raises(NameError):
+        typing.get_type_hints(getattr(hookspecs, "g5_topology"), globalns=vars(hookspecs))

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from g5core.lower.builder import build_dag
 from g5core.api.ops import CommOp, ComputeOp
 from g5core.sim.memory import memory_report
-from g5core.session.run import make_plan, simulate
+from g5core.session.run import make_plan, simulate_plan
 from g5plugins.pp import stage_of, stage_sizes
 
 BF16_BYTES = 2
@@ -107,7 +107,7 @@ def test_pp1_has_no_p2p():
 
 @pytest.fixture(scope="module")
 def pp_runs():
-    return {pp: simulate(make_plan(_raw(pp=pp, batch=1, seq_len=1024))) for pp in (1, 2)}
+    return {pp: simulate_plan(make_plan(_raw(pp=pp, batch=1, seq_len=1024))) for pp in (1, 2)}
 
 
 def test_ttft_with_pp2_is_the_sum_of_both_stages(pp_runs):

@@ -12,7 +12,7 @@ from g5core.lower import flops as F
 from g5core.lower.layers import split_kv_partitions
 from g5core.inputs.models import get_model
 from g5core.present.trace import dump_timeline
-from g5core.sim.compute import Elementwise
+from g5core.lower.kernels import Elementwise
 from g5core.session.run import run
 
 

@@ -369,7 +369,7 @@ def test_a_sweep_grid_varies_step_entries(tmp_path):
 
 
 def test_the_measured_tables_leave_a_prefix_block_to_the_roofline():
-    from g5core.sim.compute import Attention
+    from g5core.lower.kernels import Attention
     from g5core.inputs.systems import get_system
     from g5plugins.measured import attention_ms, has_prefix
 

@@ -168,7 +168,7 @@ def test_traffic_on_another_replicas_port_or_a_lowering_that_moves_unlike_refuse
     import attrs
 
     from g5core.lower.builder import build_dag
-    from g5core.sim.engine import compile_dag
+    from g5core.sim.compile import compile_dag
     from g5core.lower.symmetry import check_resources
 
     plan = make_plan(cfg(dp=2, tp=2))

@@ -6,10 +6,10 @@ import pytest
 
 from g5core.lower.builder import build_dag
 from g5core.api.ops import CommOp, ComputeOp
-from g5core.sim.engine import compile_dag
+from g5core.sim.compile import compile_dag
 from g5core.sim.memory import memory_report
 from g5core.inputs.models import get_model
-from g5core.session.run import make_plan, simulate
+from g5core.session.run import make_plan, simulate_plan
 
 BF16_BYTES = 2
 
@@ -133,7 +133,7 @@ def ttft_70b():
     out = {}
     for tp in (1, 2, 4, 8, 16):
         plan = make_plan(_raw(model="llama-3.1-70b", tp=tp, batch=1, seq_len=TTFT_SEQ_LEN))
-        out[tp] = (plan, simulate(plan))
+        out[tp] = (plan, simulate_plan(plan))
     return out
 
 
@@ -203,6 +203,6 @@ def test_tp_sp_uses_reduce_scatter_and_all_gather_instead_of_all_reduce():
 
 
 def test_tp_sp_run_completes_with_zero_kpis():
-    sim = simulate(make_plan(_raw(tp=2, tp_sp=True, seq_len=256)))
+    sim = simulate_plan(make_plan(_raw(tp=2, tp_sp=True, seq_len=256)))
     assert all(v == 0 for v in sim.kpis.values())
     assert set(sim.comm_bytes["by_reason"]) == {"tp_reduce_scatter", "tp_allgather"}

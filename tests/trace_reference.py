@@ -29,7 +29,7 @@ import json
 from g5core.lower.topology import KIND_NAMES, LINK_RX, LINK_TX, Topology
 from g5core.api.ops import CommOp, ComputeOp
 from g5core.api.errors import G5Error
-from g5core.sim.compute import describe_kernels
+from g5core.lower.kernels import describe_kernels
 from g5core.sim.results import SimResult
 
 COMPUTE_TID = 0

@@ -71,7 +71,7 @@ if __name__ == "__main__" and "--check" not in sys.argv:
 def roofline_vs_tables(system_name: str = "h100-sxm", gpu: str = "h100_sxm") -> dict:
     """Median and 90th-percentile |error| of the size-aware roofline against the tables'
     bf16 GEMMs and bf16 context attentions (head_dim 128, no window)."""
-    from g5core.sim.compute import Attention, Gemm
+    from g5core.lower.kernels import Attention, Gemm
     from g5core.inputs.systems import get_system
     from g5core.sim.roofline import kernel_latency_s
     system = get_system(system_name)

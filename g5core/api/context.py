@@ -1,9 +1,9 @@
 """What a plugin reads while it contributes to a run: the build context.
 
-The annotations name the core's input records (``Deployment``: g5core.inputs.config,
-``ModelSpec``: g5core.inputs.models, ``SystemSpec``: g5core.inputs.systems, ``RankMap``,
-``LocalShape``, ``Topology``: g5core.lower) without importing them: the plugin contract
-imports no implementation module (tests/test_layout.py).
+The annotations name the core's input records (``Deployment``, ``ModelSpec``,
+``SystemSpec``, ``RankMap``, ``LocalShape``, ``Topology``) by their public names, each
+exported from ``g5core`` (``tests/test_plugin_api.py`` resolves every one there), without
+importing them: the plugin contract imports no implementation module (tests/test_layout.py).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from g5core.api.work import LogicalOp, Work
 class BuildContext(abc.ABC):
     """Everything a plugin may read while contributing to a run. Plugins must not mutate it.
 
-    The core makes it (:func:`g5core.lower.builder.prepare`) as a subclass that answers the
+    The core makes it (:func:`g5core.lower.builder.plan_deployment`) as a subclass that answers the
     three questions asked of the core's formulas, abstract here: :meth:`work`,
     :meth:`hidden_states_bytes` and :attr:`kv_bytes_per_token_local`.
     """

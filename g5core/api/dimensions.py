@@ -22,7 +22,8 @@ class Dimension:
     ``regroups``: for a non-factor dimension (ep), the factor dimensions whose rank space
     its groups are carved from, e.g. ``("dp", "tp")``.
     ``default``: the value when the configuration omits the key, or ``None`` when the key
-    is required.
+    is required; ``missing_hint``: then what the error for an omitted key says (the fix),
+    instead of the core's "add `NAME: 1` for none".
     ``replicas``: the slices of chips along this (factor) dimension are independent replicas
     running the same work, so the core may simulate one and replicate its results where
     it proves that exact (:mod:`g5core.lower.symmetry`).
@@ -40,6 +41,7 @@ class Dimension:
     owner: str = ""
     replicas: bool = False
     moe_only: bool = False
+    missing_hint: str = ""
 
     def __attrs_post_init__(self):
         if self.factor and self.regroups:

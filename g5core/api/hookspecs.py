@@ -14,9 +14,9 @@ inside the engine's event loop. Calling modes:
   (:class:`g5core.api.plugins.Hooks`), one implementation at a time, so no spec carries
   pluggy's ``firstresult`` flag.
 
-The annotations name the types by their ``g5core`` names (``BuildContext``, ``Fragment``,
-``MemoryTerm``... exported from ``g5core``; ``Deployment``, ``ModelSpec``, ``SystemSpec`` from
-``g5core.inputs``) without importing them: this module imports nothing of the core, so the
+The annotations name the types by their public names (``BuildContext``, ``Fragment``,
+``MemoryTerm``, ``Deployment``, ``ModelSpec``, ``SystemSpec``... each exported from ``g5core``:
+``tests/test_plugin_api.py`` resolves every one there) without importing them: this module imports nothing of the core, so the
 contract depends on no implementation module (tests/test_layout.py).
 """
 from __future__ import annotations
@@ -98,6 +98,20 @@ def g5_pipeline_microbatches(deployment: "Deployment", model: "ModelSpec") -> Op
     of sequences, which cycle) or ``chunks`` (consecutive prompt chunks), adding up to the
     deployment's ``batch`` or ``seq_len``; ``None`` (or one part) leaves the step whole. Each
     part is validated as a deployment of its own (``g5_validate_deployment``).
+    """
+
+
+@hookspec
+def g5_step_rules(deployment: "Deployment") -> Optional["StepRules"]:
+    """What this plugin's dimensions require of every step the deployment's layout runs
+    (collect-all): the serving cost model and the serving search follow them, knowing no
+    dimension.
+
+    Return :class:`g5core.StepRules` (``token_multiple``: each sequence's token counts padded
+    up to a multiple of it; ``mixed``: whether prefill and decode groups may share a step;
+    ``split``: when not, ``split(step) -> (step, ...)``, the unmixed steps run instead, one
+    after the other, holding the step's groups) or ``None`` for no rule. The core merges
+    every plugin's answer (:func:`g5core.lower.steprules.step_rules`).
     """
 
 
@@ -233,7 +247,7 @@ def g5_compute_latency(
     """Seconds a compute op takes on its chip (first answer wins).
 
     Return ``None`` to let the next plugin answer, seconds, or a
-    ``g5core.sim.compute.ComputeTime(seconds, measured_s)`` saying how much of the time came
+    ``g5core.ComputeTime(seconds, measured_s)`` saying how much of the time came
     from measurements (reported as coverage). ``op.kernels`` gives the shapes of the kernels
     the op runs. The roofline plugin answers last.
     """
@@ -264,11 +278,13 @@ def g5_register_sweep_presets(register: Callable[["SweepPreset"], None]) -> None
 def g5_register_schedulers(register: Callable[[str, Callable], None]) -> None:
     """Register per-instance schedulers for ``serving.scheduler.name`` (registration hook).
 
-    ``register(name, factory)`` where ``factory(settings, total_blocks)`` returns an object
-    with the interface of :class:`g5core.serve.scheduler.VllmScheduler` (``add``,
+    ``register(name, factory)`` where ``factory(settings, total_blocks)`` (``settings``: a
+    :class:`g5core.SchedulerSettings`) returns a :class:`g5core.Scheduler` (``add``,
     ``schedule``, ``work``, ``finish_step``, ``release``, ``running``, ``waiting``,
-    ``used_blocks``, ``total_blocks``, ``preemptions``). The core's ``vllm`` is built in.
-    Registering a name twice is an error naming both plugins.
+    ``used_blocks``, ``total_blocks``, ``has_work``, ``preemptions``,
+    ``outstanding_tokens``), working on :class:`g5core.Seq` and making
+    :class:`g5core.StepWork`. The core's ``vllm`` is built in. Registering a name twice is an
+    error naming both plugins.
     """
 
 
@@ -276,8 +292,9 @@ def g5_register_schedulers(register: Callable[[str, Callable], None]) -> None:
 def g5_register_routers(register: Callable[[str, Callable], None]) -> None:
     """Register request routers for ``serving.router`` (registration hook).
 
-    ``register(name, factory)`` where ``factory()`` returns an object with
-    ``choose(request, instances) -> index``. Built in: ``round_robin``,
+    ``register(name, factory)`` where ``factory()`` returns a :class:`g5core.Router`
+    (``choose(request, instances) -> index``; ``instances``: :class:`g5core.RoutedInstance`,
+    each with its ``scheduler``). Built in: ``round_robin``,
     ``least_outstanding_tokens``, ``least_kv``.
     """
 
@@ -286,7 +303,7 @@ def g5_register_routers(register: Callable[[str, Callable], None]) -> None:
 def g5_register_workload_formats(register: Callable[[object], None]) -> None:
     """Register request-trace formats (registration hook).
 
-    ``register(TraceFormat(...))`` (:class:`g5core.serve.traces.TraceFormat`): the
-    container (``csv`` or ``jsonl``), the columns that identify the format and how one
-    record becomes a request. Built in: ``g5`` (CSV and JSONL), ``azure``, ``mooncake``.
+    ``register(TraceFormat(...))`` (:class:`g5core.TraceFormat`): the container (``csv`` or
+    ``jsonl``), the columns that identify the format and how one record becomes a request
+    (its ``row`` raises :class:`g5core.TraceFieldError` on a bad field). Built in: ``g5`` (CSV and JSONL), ``azure``, ``mooncake``.
     """

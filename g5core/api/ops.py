@@ -12,7 +12,7 @@ from g5core.api.errors import DagError
 @attrs.frozen(kw_only=True)
 class ComputeOp:
     """Work on one chip's compute stream: its totals and the kernels (with their shapes) it
-    runs (:mod:`g5core.sim.compute`)."""
+    runs (:mod:`g5core.lower.kernels`)."""
 
     key: str
     chip: int

@@ -17,6 +17,7 @@ from typing import Any, Mapping, Optional
 import attrs
 
 from g5core.api.errors import ConfigError, PluginError, suggest
+from g5core.api.plugins import available_plugin_names
 
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 KINDS = ("bool", "int", "choice", "value")
@@ -105,8 +106,6 @@ class OptionRegistry:
                 continue
             field = f"plugins.{plugin}"
             if plugin not in self.plugins:
-                from g5core.api.plugins import available_plugin_names
-
                 if plugin in disabled or plugin in available_plugin_names():
                     raise ConfigError(field, f"plugin '{plugin}' is disabled or declares no options; remove {field} "
                                              f"or enable the plugin")

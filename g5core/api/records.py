@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import attrs
+import numpy as np
 
 CATEGORIES = ("weights", "kv_cache", "activations", "workspace")
 
@@ -42,7 +43,6 @@ class MemoryTerm:
 
     def vector(self, chips: int):
         """Bytes on every chip ``0 .. chips - 1`` (0 where absent) as one numpy array."""
-        import numpy as np
         if "vector" in self._lookup and len(self._lookup["vector"]) == chips:
             return self._lookup["vector"]
         out = np.zeros(chips)
@@ -52,12 +52,12 @@ class MemoryTerm:
         return out
 
     @classmethod
-    def from_vector(cls, name: str, category: str, values) -> "MemoryTerm":
+    def from_vector(cls, name: str, category: str, values, part_of: str = "") -> "MemoryTerm":
         """A term holding ``values[c]`` bytes on every chip ``c`` (made without a Python step
         per chip but the pairs themselves)."""
-        import numpy as np
         values = np.asarray(values, dtype=float)
-        term = cls(name=name, category=category, bytes_per_chip=_ChipItems(zip(range(len(values)), values.tolist())))
+        term = cls(name=name, category=category, bytes_per_chip=_ChipItems(zip(range(len(values)), values.tolist())),
+                   part_of=part_of)
         term._lookup["vector"] = values
         return term
 
@@ -108,3 +108,48 @@ class SweepPreset:
     check_phases: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     options: tuple[tuple[str, Any], ...] = attrs.field(default=(), converter=lambda o: tuple(dict(o).items()))
     owner: str = ""
+
+
+@attrs.frozen
+class ComputeTime:
+    """A latency plugin's answer with its provenance: ``measured_s`` of ``seconds`` came
+    from measurements (a profile table), the rest from a model."""
+
+    seconds: float
+    measured_s: float = 0.0
+
+
+def _positive_whole(instance, attribute, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{type(instance).__name__}.{attribute.name} must be a whole number >= 1, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class StepRules:
+    """What a plugin's dimension requires of every step a layout runs (``g5_step_rules``).
+
+    - ``token_multiple``: each sequence's token counts are padded up to a multiple of this
+      (a prefill chunk's new and its cached tokens, a decode's context with its new token),
+      as an implementation pads a sequence it splits;
+    - ``mixed``: whether prefill and decode groups may share one step;
+    - ``split``: when they may not, ``split(step) -> (step, ...)`` (:class:`g5core.Step` in
+      and out): the steps it runs instead, one after the other, none of them mixed, holding
+      the step's groups between them.
+
+    The core merges every plugin's answer (:func:`g5core.lower.steprules.step_rules`): the
+    least common multiple of the token multiples; mixed only if every plugin allows it; the
+    splits applied in turn. ``owner``: filled in by the core.
+    """
+
+    token_multiple: int = attrs.field(default=1, validator=_positive_whole)
+    mixed: bool = True
+    split: Optional[Callable[[Any], tuple]] = None
+    owner: str = ""
+
+    def __attrs_post_init__(self) -> None:
+        if not self.mixed and not callable(self.split):
+            raise ValueError("StepRules(mixed=False) needs split: how a step mixing prefill and decode runs instead")
+
+    def round_up(self, tokens: int) -> int:
+        """``tokens`` padded up to a multiple of ``token_multiple``."""
+        return -(-tokens // self.token_multiple) * self.token_multiple

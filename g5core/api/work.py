@@ -52,4 +52,4 @@ class Work:
     hbm_bytes: float
     weight_class: str    # which dtypes.weights entry sets the compute dtype ("" = activations)
     weight_elements: float  # weight elements resident on the chip for this op
-    kernels: tuple = attrs.field(converter=tuple)  # the kernels it runs, with shapes (g5core.sim.compute)
+    kernels: tuple = attrs.field(converter=tuple)  # the kernels it runs, with shapes (g5core.lower.kernels)

@@ -3,8 +3,8 @@
 A configuration names the model, the system, the chip count, one size per registered
 parallel dimension, the step (a ``step:`` list of sequence groups, or its shorthand
 ``phase``, ``batch`` and ``seq_len``: :mod:`g5core.inputs.step`), dtypes and the path. The
-``parallel`` keys are whatever the enabled plugins register; ``cp`` is required. Plugin
-options live under ``plugins: {NAME: {option: value}}`` (:mod:`g5core.api.options`).
+``parallel`` keys are whatever the enabled plugins register; those without a default are
+required (the plugin says what to add). Plugin options live under ``plugins: {NAME: {option: value}}`` (:mod:`g5core.api.options`).
 """
 from __future__ import annotations
 
@@ -330,14 +330,9 @@ def _parse_parallel(data: Any, dims: DimensionRegistry) -> tuple[dict[str, int],
         if d.name in data:
             out[d.name] = _positive_int(data[d.name], f"parallel.{d.name}")
             check_size(f"parallel.{d.name}", out[d.name], MAX_CHIPS)
-        elif d.name == "cp":
-            raise ConfigError(
-                "parallel.cp",
-                "is required: context parallelism is now an explicit dimension; add `cp: 1` to keep "
-                "the previous behaviour (no context parallelism), and keep dp x tp x pp x cp = chips",
-            )
         elif d.default is None:
-            raise ConfigError(f"parallel.{d.name}", f"is required (registered by plugin '{d.owner}'); add `{d.name}: 1` for none")
+            raise ConfigError(f"parallel.{d.name}", f"is required: {d.missing_hint}" if d.missing_hint else
+                              f"is required (registered by plugin '{d.owner}'); add `{d.name}: 1` for none")
         else:
             out[d.name] = d.default
             implicit.append(d.name)

@@ -15,6 +15,7 @@ import math
 import os
 import re
 from functools import lru_cache
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
@@ -714,8 +715,6 @@ _Loader.add_implicit_resolver(
 
 def _catalog_dir():
     try:
-        from importlib.resources import files
-
         root = files("g5core") / "data" / "systems"
         if root.is_dir():
             return root

@@ -1,6 +1,6 @@
 """From a deployment to a validated op DAG: the build phase, where every hook is called.
 
-Phases (desmod-style): prepare (model, system, dimensions, rank map, local shape) ->
+Phases (desmod-style): plan_deployment (model, system, dimensions, rank map, local shape) ->
 expand every logical op through the op-expansion hooks -> validate (placed, lowered,
 acyclic, keys owned) -> hand arrays to the engine. No hook is called after this.
 """
@@ -110,7 +110,7 @@ class Plan:
         return part if ctx.replica_chips is None else part.restricted(ctx.replica_chips)
 
 
-def prepare(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configuration",
+def plan_deployment(raw_or_deployment, pm: pluggy.PluginManager, source: str = "configuration",
             max_ops: int | None = None) -> Plan:
     """Validate a raw configuration mapping (or a Deployment) against the enabled plugins.
 

@@ -14,7 +14,7 @@ from typing import Iterator
 import attrs
 
 from g5core.lower import flops as F
-from g5core.sim.compute import Attention, Elementwise, Gemm
+from g5core.lower.kernels import Attention, Elementwise, Gemm
 from g5core.inputs.config import Deployment
 from g5core.api.errors import DagError
 from g5core.api.work import LogicalOp, Work

@@ -30,6 +30,7 @@ import attrs
 import numpy as np
 
 from g5core.lower.topology import LINK_RX, NIC_RX, Topology
+from g5core.lower.collective import lower_op
 
 
 @attrs.frozen(kw_only=True)
@@ -190,8 +191,6 @@ def representative_replicas(sym: Symmetry, topo: Topology) -> list[int]:
 
 def check_resources(sym: Symmetry, dag, compiled, plan) -> Optional[str]:
     """Condition 6: the reason slice 0's traffic is not private and alike in every slice, or None."""
-    from g5core.lower.collective import lower_op
-
     topo: Topology = plan.ctx.topology
     size = sym.slice_chips
     used = set()

@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
+import warnings
 
 import click
 
@@ -11,6 +13,28 @@ from g5core.lower.builder import DEFAULT_MAX_OPS
 from g5core.api.errors import ConfigError, G5Error
 from g5core.sim.memory import GIB
 from g5core.present.render import render_calibrate, render_explain, render_summary, render_validate, table
+from g5core.api.plugins import describe_plugins, make_plugin_manager
+from g5core.inputs.models import CATALOG
+from g5core.inputs.outputs import check_output_path, check_outputs, write_atomically
+from g5core.inputs.systems import CATALOG_NAMES, get_system, system_source
+from g5core.present.caveats import deployment_warnings
+from g5core.present.plots import figure_bytes, image_format, make_figure, parse_where
+from g5core.present.render import render_bench_rows, render_best, render_collective, render_serve_best
+from g5core.present.emit import FRAMEWORKS, check_emit_dir, emit_files, write_emit
+from g5core.present.report import (auto_dims, load_rows, load_search, load_serving, render, render_search,
+                                   render_serving)
+from g5core.present.serve_plots import load_search_rows, serve_figure
+from g5core.present.trace import dump_timeline, dump_trace, parse_layers
+from g5core.session.collbench import bench_rows, collective_rows, size_range
+from g5core.session.run import input_files, load_raw, make_plan, run
+from g5core.study.search import best_layouts
+from g5core.study.serve_command import serve_command
+from g5core.serve.api import representative_steps, split_config, workload_spec
+from g5core.study.serve_db import load_serving_rows, record_search_context
+from g5core.study.serve_search import best_serve_command
+from g5core.study.serve_sweep import is_serving_sweep, render_rows, run_serving_sweep
+from g5core.study.sweep import default_progress, parse_grid, run_preset, run_sweep
+from g5core.study.validate import DEFAULT_MAX_EVALS, calibrate, validate
 
 
 def _fail(exc: Exception) -> None:
@@ -30,8 +54,6 @@ class _G5Group(click.Group):
 @click.version_option(package_name="g5")
 def main() -> None:
     """G5: simulate LLM inference on multi-chip clusters (TTFT, TPOT, memory, communication)."""
-    import warnings
-
     # a plugin's warning (e.g. the measured tables' missing extra) is one line, like G5's own
     def show(message, category, filename, lineno, file=None, line=None):
         click.echo(f"g5: warning: {message}", err=True)
@@ -88,11 +110,6 @@ def _check_max_ops(max_ops) -> None:
 def run_cmd(config, overrides, disabled, as_json, trace_path, trace_layers, timeline_path, compare_math, no_symmetry,
             max_ops):
     """Simulate one configuration (prefill: TTFT; decode: TPOT)."""
-    from g5core.present.caveats import deployment_warnings
-    from g5core.inputs.outputs import check_outputs
-    from g5core.session.run import input_files, load_raw, run
-    from g5core.present.trace import dump_timeline, dump_trace, parse_layers
-
     _check_max_ops(max_ops)
     if trace_layers is not None and not trace_path:
         raise ConfigError("--trace-layers", "selects the layers of the trace; give --trace FILE too")
@@ -130,10 +147,6 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, trace_layers, time
 def _run_serving_steps(raw, disabled, as_json, files, compare_math, max_ops, no_symmetry) -> None:
     """``g5 run`` on a serving configuration: one representative step of each pool, each
     said which (:func:`g5core.serve.api.representative_steps`)."""
-    from g5core.present.caveats import deployment_warnings
-    from g5core.serve.api import representative_steps
-    from g5core.session.run import run
-
     if files:
         raise ConfigError("--trace", "a serving configuration's representative steps have no trace here; write the "
                                      "step as phase/batch/seq_len without serving: (or use g5 serve --trace)")
@@ -156,15 +169,9 @@ def _run_serving_steps(raw, disabled, as_json, files, compare_math, max_ops, no_
 @_max_ops_option
 def explain_cmd(config, overrides, disabled, max_ops):
     """Validate a configuration and explain its layout: groups, nodes, model, system."""
-    from g5core.session.run import load_raw, make_plan
-
-    from g5core.present.caveats import deployment_warnings
-
     _check_max_ops(max_ops)
     raw = load_raw(config, overrides)
     if "serving" in raw:   # one representative step of each pool, each said which
-        from g5core.serve.api import representative_steps
-
         steps = [(st.what, st.raw) for st in representative_steps(raw, disabled)]
     else:
         steps = [(None, raw)]
@@ -220,9 +227,6 @@ def scan_cmd(config, overrides, disabled, db_path, cp_values, seq_lens, hidden_t
     """CP validation scan (the cp plugin's sweep preset): a cp x seq_len grid with chips fixed (dp
     auto); checks that TTFT does not rise with cp where the ring traffic is hidden. Exit 1 if it
     does, or if no cell ran."""
-    from g5core.session.run import load_raw
-    from g5core.study.sweep import default_progress, run_preset
-
     raw = load_raw(config, overrides)
     report = run_preset("cp", raw, db_path, axes={"parallel.cp": cp_values, "seq_len": seq_lens},
                         options={"hidden_threshold": hidden_threshold}, disabled=disabled, workers=workers,
@@ -249,7 +253,7 @@ def _finish_sweep_output(sweep) -> None:
 
 
 _emit_option = click.option(
-    "--emit", nargs=2, type=(click.Choice(["vllm", "sglang", "trtllm", "dynamo"]), click.Path(file_okay=False)),
+    "--emit", nargs=2, type=(click.Choice(FRAMEWORKS), click.Path(file_okay=False)),
     default=None, metavar="FRAMEWORK DIR",
     help="Write the framework's launch files for the deployment (vllm serve / sglang launch_server command lines, "
          "TensorRT-LLM extra-llm-api-config YAML, a Dynamo deployment) and a benchmark at its rate to DIR.")
@@ -257,16 +261,12 @@ _emit_option = click.option(
 
 def _prepare_emit(emit, config, inputs):
     """The launch files of ``config`` and their checked folder, before any work."""
-    from g5core.present.emit import check_emit_dir, emit_files
-
     framework, directory = emit
     folder = check_emit_dir(directory, framework, inputs)
     return framework, folder, emit_files(config, framework), inputs
 
 
 def _write_emit(framework, folder, files, inputs) -> None:
-    from g5core.present.emit import write_emit
-
     for path in write_emit(folder, files, inputs):
         click.echo(f"wrote        --emit {framework} {path}", err=True)
 
@@ -295,12 +295,6 @@ def _write_emit(framework, folder, files, inputs) -> None:
 def serve_cmd(config, overrides, disabled, workload, requests, rate, concurrency, isl, osl, slo, seed, exact, as_json,
               requests_csv, trace_path, db_path, emit):
     """Simulate a service: requests through routers and continuous-batching instances."""
-    from g5core.inputs.outputs import check_outputs
-    from g5core.serve.api import split_config, workload_spec
-    from g5core.serve.command import serve_command
-
-    from g5core.session.run import input_files, load_raw
-
     raw = load_raw(config, overrides)
     inputs = input_files(config, raw)
     if workload and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
@@ -332,12 +326,8 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
 
     Use --set parallel.dp=auto to keep the chip count fixed while other dimensions change.
     Invalid points are recorded with their error and skipped. Exit 1 when no cell ran."""
-    from g5core.session.run import load_raw
-    from g5core.study.sweep import default_progress, parse_grid, run_sweep
-
     raw = load_raw(config, overrides)
     axes = parse_grid(grid)
-    from g5core.study.serve_sweep import is_serving_sweep, render_rows, run_serving_sweep
 
     if is_serving_sweep(raw, axes):  # a configuration with a serving block: g5 serve at every point
         rows = run_serving_sweep(raw, axes, db_path, disabled, inputs=[config],
@@ -401,11 +391,6 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked.
 
     With --serve: the serving search (see g5core/study/serve_search.py)."""
-    from g5core.session.run import load_raw
-    from g5core.study.search import best_layouts
-    from g5core.present.render import render_best
-    from g5core.study.sweep import default_progress
-
     raw = load_raw(config, overrides)
     serve_only = {"--workload": workload, "--requests": requests, "--isl": isl, "--osl": osl, "--slo": slo,
                   "--seed": seed, "--rate": rate, "--chunks": chunks, "--seqs": seqs, "--tolerance": tolerance,
@@ -413,20 +398,13 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     if emit and not serve:
         raise ConfigError("--emit", "writes the launch files of the serving search's winner; add --serve")
     if serve:
-        from g5core.present.render import render_serve_best
-        from g5core.study.serve_search import best_serve_command
-
         folder = None
         if emit:   # checked before the search; the files are the winner's, made after it
-            from g5core.present.emit import check_emit_dir
-
             folder = check_emit_dir(emit[1], emit[0], [config])
 
         found = best_serve_command(raw, config, disabled, objective, db_path, workers, executor, disagg=disagg, top=top,
                                    **{k[2:].replace("-", "_"): v for k, v in serve_only.items()})
         if db_path:   # what the search was asked, for g5 plot's titles
-            from g5core.study.serve_db import record_search_context
-
             record_search_context(db_path, raw, _search_workload_text(raw, workload, isl, osl),
                                   slo if slo is not None else (raw.get("serving") or {}).get("slo"))
         if as_json:
@@ -435,8 +413,6 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
         else:
             click.echo(render_serve_best(found, top))
         if emit:
-            from g5core.present.emit import emit_files
-
             if not found.ranked or not found.ranked[0].capacity:
                 raise ConfigError("--emit", "the search found no deployment meeting the SLO; nothing to launch")
             _write_emit(emit[0], folder, emit_files(found.ranked[0].to_json_dict()["config"], emit[0]), [config])
@@ -454,8 +430,6 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
 
 def _search_workload_text(raw, workload, isl, osl) -> str:
     """A serving search's workload in words: its trace file, or its prompt and output lengths."""
-    import os
-
     w = dict((raw.get("serving") or {}).get("workload") or {})
     if workload and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
         return "trace " + os.path.basename(workload)
@@ -487,18 +461,11 @@ def _search_workload_text(raw, workload, isl, osl) -> str:
                    "(the timeline draws the one row it leaves).")
 def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key, where):
     """Plot a results database (PNG or SVG)."""
-    from g5core.present.plots import figure_bytes, image_format, make_figure, parse_where
-    from g5core.present.report import auto_dims, load_rows
-    from g5core.inputs.outputs import check_output_path, write_atomically
-
     output = output or f"g5-{kind}.png"
     fmt = image_format(output)
     conditions = parse_where(where)
     target = check_output_path(output, "-o", inputs=[db])
     if kind.startswith("serve-"):
-        from g5core.study.serve_db import load_serving_rows
-        from g5core.present.serve_plots import load_search_rows, serve_figure
-
         fig = serve_figure(kind, load_search_rows(db) if kind == "serve-pareto" else load_serving_rows(db))
     else:
         fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key,
@@ -518,9 +485,6 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key, where):
               help="Write to this file instead of standard output.")
 def report_cmd(db, fmt, sweep_id, serving, output):
     """The rows of a results database as a table."""
-    from g5core.present.report import load_rows, load_search, load_serving, render, render_search, render_serving
-    from g5core.inputs.outputs import check_output_path, write_atomically
-
     target = check_output_path(output, "-o", inputs=[db]) if output else None
     rows = load_serving(db, sweep_id) if serving else load_rows(db, sweep_id)
     search = load_search(db) if not rows and sweep_id is None else []
@@ -547,8 +511,6 @@ def report_cmd(db, fmt, sweep_id, serving, output):
 @main.command("models")
 def models_cmd():
     """List the model catalog."""
-    from g5core.inputs.models import CATALOG
-
     rows = []
     for name, m in CATALOG.items():
         c = m.param_counts()
@@ -569,7 +531,6 @@ def systems_cmd(ctx):
     """List the system catalog (`g5 systems show NAME` for one system)."""
     if ctx.invoked_subcommand is not None:
         return
-    from g5core.inputs.systems import CATALOG_NAMES, get_system
 
     rows = []
     for name in CATALOG_NAMES:
@@ -587,8 +548,6 @@ def systems_cmd(ctx):
 @click.argument("name")
 def systems_show_cmd(name):
     """Print one system (a catalog name or a system file) with its sources, after checking it."""
-    from g5core.inputs.systems import system_source
-
     click.echo(system_source(name).rstrip("\n"))
 
 
@@ -624,10 +583,6 @@ def collective_cmd(op, system_name, chips, sizes, factor, disabled, dtype, redop
     previous); nccl-tests names such as allreduce and alltoall work too. ep_dispatch /
     ep_combine: one MoE dispatch or combine over the chips, token count by token count,
     shaped like DeepEP's tests (time per call, logical RDMA and NVLink bandwidth)."""
-    from g5core.session.collbench import bench_rows, collective_rows, size_range
-    from g5core.present.render import render_bench_rows, render_collective
-    from g5core.inputs.systems import get_system
-
     ep_params = {"topk": topk, "hidden": hidden, "experts": experts, "groups": groups, "topk_groups": topk_groups,
                  "kernel": kernel, "dtype": copy_dtype}
     ep_flags = {"topk": "--topk", "hidden": "--hidden", "experts": "--experts", "groups": "--groups",
@@ -658,8 +613,6 @@ def collective_cmd(op, system_name, chips, sizes, factor, disabled, dtype, redop
 @click.option("--disable", "disabled", multiple=True, metavar="NAME", help="Show the set with NAME disabled.")
 def plugins_cmd(disabled):
     """List every plugin, enabled or disabled, with the hooks it implements."""
-    from g5core.api.plugins import describe_plugins, make_plugin_manager
-
     pm = make_plugin_manager(disabled=disabled)
     rows = [[p.name, "enabled" if p.enabled else "disabled",
              (", ".join(p.hooks) or "-") if p.enabled else "(not loaded while disabled)"]
@@ -674,7 +627,6 @@ def plugins_cmd(disabled):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def validate_cmd(measured, overrides, as_json):
     """Compare G5 with measured TTFT/TPOT rows of MEASURED.csv (config, set, metric, measured_ms, source)."""
-    from g5core.study.validate import validate
     report = validate(measured, overrides)
     click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_validate(report))
 
@@ -693,8 +645,6 @@ def validate_cmd(measured, overrides, as_json):
 @click.option("--workers", type=int, default=1, show_default=True, help="Processes running the rows in parallel.")
 def calibrate_cmd(measured, fit, output, as_json, force, max_evals, workers):
     """Fit system parameters to MEASURED.csv by bounded least squares on log error."""
-    from g5core.study.validate import DEFAULT_MAX_EVALS, calibrate
-
     def show(report):  # the fit, printed before the file is written (a failed write keeps it)
         click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_calibrate(report))
     # the estimate and one line per evaluation on stderr (tens to hundreds of lines, a terminal or not)

@@ -59,6 +59,12 @@ from typing import Mapping, Optional
 import yaml
 
 from g5core.api.errors import ConfigError
+from g5core.api.plugins import Hooks, make_plugin_manager
+from g5core.inputs.models import MODELS_DIR
+from g5core.inputs.outputs import check_outputs
+from g5core.serve.api import load_workload
+from g5core.serve.registry import serving_registry
+from g5core.serve.scheduler import SchedulerSettings
 
 FRAMEWORKS = ("vllm", "sglang", "trtllm", "dynamo")
 #: Hugging Face repositories of the catalog models written out in Python (the data files name
@@ -75,8 +81,6 @@ VLLM_NIXL = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
 def model_id(name: str) -> str:
     """The checkpoint a framework loads: a catalog name's Hugging Face repository, or the folder
     of a config.json path."""
-    from g5core.inputs.models import MODELS_DIR
-
     if name in HF_REPOS:
         return HF_REPOS[name]
     data = MODELS_DIR / f"{name}.json"
@@ -90,8 +94,6 @@ def model_id(name: str) -> str:
 
 def _pools(config: Mapping) -> list[dict]:
     """Each pool: role, instances, chips, layout (every dimension), scheduler limits."""
-    from g5core.serve.scheduler import SchedulerSettings
-
     block = config.get("serving") or {}
     sched = dict(block.get("scheduler") or {})
     base_par = dict(config.get("parallel") or {})
@@ -135,10 +137,6 @@ def _refuse(framework: str, pool: Mapping) -> None:
 
 def _workload(config: Mapping) -> dict:
     """Benchmark settings: rate, requests and the mean input and output lengths."""
-    from g5core.api.plugins import Hooks, make_plugin_manager
-    from g5core.serve.api import load_workload
-    from g5core.serve.registry import serving_registry
-
     w = dict((config.get("serving") or {}).get("workload") or {})
     if not w:
         raise ConfigError("serving.workload", "the benchmark command needs a workload: give --rate, --isl and --osl "
@@ -429,8 +427,6 @@ def read_back(framework: str, files: Mapping[str, str]) -> list[dict]:
 def check_emit_dir(directory, framework: str, inputs=()):
     """Check ``--emit``'s folder before any work: it exists, or its parent does (it is then
     created when the files are written); a file there of an emitted name is replaced."""
-    from g5core.inputs.outputs import check_outputs
-
     if framework not in FRAMEWORKS:
         raise ConfigError("--emit", f"unknown framework {framework!r}; use {', '.join(FRAMEWORKS)}")
     d = Path(os.path.expanduser(str(directory)))
@@ -446,8 +442,6 @@ def check_emit_dir(directory, framework: str, inputs=()):
 
 def write_emit(directory: Path, files: Mapping[str, str], inputs=()) -> list[str]:
     """Write every file atomically (all staged, then renamed); returns the paths written."""
-    from g5core.inputs.outputs import check_outputs
-
     directory.mkdir(exist_ok=True)
     targets = check_outputs({f"--emit {name}": directory / name for name in files}, inputs)
     targets.write({f"--emit {name}": (lambda fh, text=text: fh.write(text)) for name, text in files.items()})

@@ -25,6 +25,9 @@ from typing import Mapping, Optional, Sequence
 
 from g5core.api.errors import ConfigError, G5Error, suggest
 from g5core.sim.memory import GIB
+from g5core.api.ops import ComputeOp
+from g5core.session.run import run
+from g5core.study.search import Candidate, pareto_front
 
 KINDS = ("latency", "memory", "pareto", "timeline")
 FORMATS = {".png": "png", ".svg": "svg"}
@@ -34,11 +37,11 @@ FONT_PT = 14
 
 def _pyplot():
     try:
-        import matplotlib
+        import matplotlib  # optional (the plot extra)
     except ImportError:
         raise G5Error("g5 plot needs matplotlib: pip install 'g5[plot]'") from None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional (the plot extra)
 
     plt.rcParams.update({"font.size": FONT_PT, "axes.titlesize": FONT_PT + 2, "axes.labelsize": FONT_PT,
                          "legend.fontsize": FONT_PT - 2, "xtick.labelsize": FONT_PT - 2,
@@ -187,7 +190,7 @@ def _ok(rows: Sequence[Mapping]) -> list[Mapping]:
 def _log_if_wide(ax, values: Sequence[float]) -> None:
     """A log y axis where the values span a decade or more, with plain tick labels (0.05,
     0.1, 0.2; never 6x10^-2)."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # optional (the plot extra)
 
     if min(values) > 0 and max(values) / min(values) >= 10:
         ax.set_yscale("log")
@@ -206,7 +209,7 @@ def _legend_outside(ax, handles=None, labels=None, title=None) -> None:
 
 
 def _fit_handle():
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # optional (the plot extra)
     return Line2D([], [], marker="o", linestyle="none", markersize=9, markerfacecolor="none",
                   markeredgecolor="black", label=DOES_NOT_FIT)
 
@@ -257,7 +260,7 @@ def latency_figure(rows: Sequence[Mapping], x_dim: str = "cp", auto_dims: Option
     if not all(r["fits"] for r in ok):
         handles.append(_fit_handle())
         labels.append(DOES_NOT_FIT)
-    from matplotlib.ticker import NullFormatter
+    from matplotlib.ticker import NullFormatter  # optional (the plot extra)
     xs = sorted({p[0] for _, pts in lines for p in pts})
     if len(xs) > 1 and min(xs) > 0 and max(xs) / min(xs) >= 4:
         ax.set_xscale("log", base=2)
@@ -315,7 +318,7 @@ def memory_figure(rows: Sequence[Mapping]):
             linestyle="--", linewidth=2, label="capacity")
     handles, legend_labels = ax.get_legend_handles_labels()
     if not all(r["fits"] for r in ok):
-        from matplotlib.patches import Patch
+        from matplotlib.patches import Patch  # optional (the plot extra)
         handles.append(Patch(facecolor="none", edgecolor="black", hatch="//", label=DOES_NOT_FIT))
         legend_labels.append(DOES_NOT_FIT)
     ax.set_ylim(0, 1.05 * max(max(bottom), max(caps)))
@@ -337,8 +340,6 @@ def _workload_keys(rows: Sequence[Mapping]) -> list[str]:
 def pareto_figure(rows: Sequence[Mapping]):
     """Latency against per-chip memory, one Pareto front per workload (the non-layout inputs
     that vary, e.g. each sequence length of a scan); hollow points do not fit."""
-    from g5core.study.search import Candidate, pareto_front
-
     plt = _pyplot()
     ok = _ok(rows)
     keys = _workload_keys(ok)
@@ -393,9 +394,6 @@ def timeline_figure(row: Mapping, group_dim: str = "cp", layer: Optional[int] = 
     """One layer across the chips of the group of chip 0 along ``group_dim``, from a fresh
     simulation: compute in blue, each kind of communication (its reason: ring traffic, TP
     all-reduce, ...) in its own colour; ops wide enough are named on their bars."""
-    from g5core.api.ops import ComputeOp
-    from g5core.session.run import run
-
     plt = _pyplot()
     out = run(row["config"], disabled=row.get("disabled") or ())
     if out.sim is None:

@@ -7,12 +7,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import yaml
+
 from g5core.session.collbench import ALIASES
 from g5core.sim.compute import MEASURED
 from g5core.sim.memory import GIB
 from g5core.sim.results import network_load, step_choices
 from g5core.study.search import SearchResult, layout_label
 from g5core.study.serve_search import short_label
+from g5core.lower.symmetry import plan_symmetry
+from g5core.present.caveats import plural
+from g5core.study.validate import describe_suspect
 
 
 def fmt_s(seconds: float) -> str:
@@ -157,8 +162,6 @@ def render_summary(out, trace_path=None, timeline_path=None) -> str:
 def render_explain(plan, given_dims: tuple[str, ...] = ()) -> str:
     """The layout of a prepared run; ``given_dims`` are the parallel keys the configuration
     set (the others are reported as defaults)."""
-    from g5core.present.caveats import plural
-
     ctx = plan.ctx
     dep, m, sysm, rm = ctx.deployment, ctx.model, ctx.system, ctx.rankmap
     counts = m.param_counts()
@@ -194,7 +197,6 @@ def render_explain(plan, given_dims: tuple[str, ...] = ()) -> str:
     if s.kv_cache_shard > 1:
         kv_local += f" ({s.kv_heads / s.kv_cache_shard:g} of them in its KV cache)"
     if dep.path != "math":
-        from g5core.lower.symmetry import plan_symmetry
         lines.append(plan_symmetry(ctx).describe())
     lines.append(f"per chip: {s.tokens:g} tokens in non-attention ops, {s.q_heads:g} query heads, {kv_local}, "
                  f"KV of {s.kv_len:g} tokens per sequence")
@@ -236,7 +238,6 @@ def render_validate(report: dict) -> str:
 
 
 def render_calibrate(report: dict) -> str:
-    from g5core.study.validate import describe_suspect
     lines = [f"fitted on system {report['system']} (bounded least squares on log error):"]
     for k, v in report["fitted"].items():
         note = "  NOT identifiable from these rows (no row depends on it)" if k in report["unidentifiable"] else ""
@@ -320,8 +321,6 @@ def render_best(result: SearchResult, top: int) -> str:
 def render_serve_best(result, top: int) -> str:
     """The text of ``g5 best --serve`` (a :class:`g5core.study.serve_search.ServeSearchResult`):
     top K, the Pareto front, why the winner, what was pruned."""
-    import yaml
-
     def rows(items, rank=True):
         out = []
         for i, s in enumerate(items):

@@ -10,11 +10,13 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 from typing import Mapping, Optional, Sequence
 
 from g5core.api.errors import ConfigError
 from g5core.sim.memory import GIB
 from g5core.study.resultsdb import JSON_COLUMNS, RESULT_COLUMNS, ResultsDB, canonical_json
+from g5core.study.serve_db import load_search_cells, load_serving_rows
 
 FORMATS = ("csv", "json", "markdown")
 
@@ -118,8 +120,6 @@ SERVING_MARKDOWN_COLUMNS = ("model", "system", "chips", "deployment", "workload"
 
 def load_serving(db_path, sweep_id: Optional[int] = None) -> list[dict]:
     """The serving rows of ``db_path``, JSON columns decoded (``--sweep`` selects sweep rows only)."""
-    from g5core.study.serve_db import load_serving_rows
-
     if sweep_id is not None:
         raise ConfigError("--sweep", "selects a sweep's rows; serving rows are not grouped by sweep: drop --sweep")
     return [{c: (json.loads(v) if c in SERVING_JSON_COLUMNS and v is not None else v) for c, v in r.items()}
@@ -171,8 +171,6 @@ def load_search(db_path) -> list[dict]:
     (:data:`SEARCH_COLUMNS`; ``payload``: the cell's whole result). A candidate's per-chip and
     per-user rates are at its capacity (the capacity times the mean output tokens, over the
     chips; 1 / TPOT p50 of the run held there)."""
-    from g5core.study.serve_db import load_search_cells
-
     out = []
     for cell in load_search_cells(db_path):
         p = cell["payload"]
@@ -221,8 +219,6 @@ def render_search(rows: Sequence[Mapping], fmt: str) -> str:
 def workload_label(workload: Optional[Mapping]) -> str:
     """A serving run's workload in a few words: a trace's file name (and its first N), or the
     arrival process and the lengths of a synthetic one."""
-    import os
-
     w = workload or {}
     if "trace" in w:
         return os.path.basename(str(w["trace"])) + (f" (first {w['requests']:,})" if "requests" in w else "")

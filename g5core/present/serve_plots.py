@@ -18,10 +18,13 @@ zero; counts over time are step-drawn.
 from __future__ import annotations
 
 import json
+import math
 from typing import Mapping, Sequence
 
 from g5core.api.errors import ConfigError
-from g5core.present.report import workload_label
+from g5core.present.plots import FIGSIZE_IN, _legend_outside, _pyplot
+from g5core.present.report import load_search, workload_label
+from g5core.study.serve_db import load_search_context
 
 SERVE_KINDS = ("serve-cdf", "serve-occupancy", "serve-throughput", "serve-pareto")
 #: front points labelled on serve-pareto (the best by output tokens/s per chip)
@@ -79,8 +82,6 @@ def _sweep_key(row: Mapping) -> str:
 
 
 def serve_figure(kind: str, rows: Sequence[Mapping]):
-    from g5core.present.plots import FIGSIZE_IN, _legend_outside, _pyplot
-
     if not rows:
         raise ConfigError("--kind", f"{kind} needs serving rows: run "
                                     + ("g5 best --serve --db first" if kind == "serve-pareto"
@@ -88,8 +89,6 @@ def serve_figure(kind: str, rows: Sequence[Mapping]):
     plt = _pyplot()
     if kind == "serve-pareto":
         return _pareto_figure(plt, rows, FIGSIZE_IN)
-    from matplotlib.ticker import MaxNLocator
-
     if kind == "serve-cdf":
         fig, (a, b) = plt.subplots(1, 2, figsize=FIGSIZE_IN)
         for r in rows:
@@ -115,7 +114,8 @@ def serve_figure(kind: str, rows: Sequence[Mapping]):
             b.step(s["time_s"], s["waiting"], where="post", label=_label(r))
         a.set_ylabel("KV pool use (%)")
         b.set_ylabel("waiting requests")
-        b.yaxis.set_major_locator(MaxNLocator(integer=True))
+        top = max((max(json.loads(r["series"])["waiting"], default=0) for r in rows), default=0)
+        b.set_yticks(range(0, int(top) + 2, max(1, math.ceil((top + 1) / 8))))   # whole requests
         b.set_ylim(bottom=0)
         b.set_xlabel("time (s)")
         _legend_outside(a)
@@ -223,9 +223,6 @@ def load_search_rows(db_path) -> list[dict]:
     """The candidates of the ``g5 best --serve`` searches in a results database, each at its
     capacity: ``label``, ``disaggregated``, ``per_chip`` and ``per_user`` (output tokens/s),
     and the searches' ``contexts`` (model, system, chips, workload, SLO) where recorded."""
-    from g5core.present.report import load_search
-    from g5core.study.serve_db import load_search_context
-
     ctx = load_search_context(db_path)
     return [{"label": r["label"], "disaggregated": r["disaggregated"], "per_chip": r["output_tokens_per_s_per_chip"],
              "per_user": r["output_tokens_per_s_per_user"], "contexts": ctx}

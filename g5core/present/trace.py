@@ -23,6 +23,7 @@ trace behind.
 """
 from __future__ import annotations
 
+import csv
 import heapq
 import itertools
 import json
@@ -33,7 +34,7 @@ from g5core.lower.topology import KIND_NAMES, LINK_RX, LINK_TX, Topology
 from g5core.api.ops import KEY_VERBATIM, CommOp, ComputeOp
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.framework import kernel_fusions
-from g5core.sim.compute import describe_kernels
+from g5core.lower.kernels import describe_kernels
 from g5core.sim.results import SimResult
 
 COMPUTE_TID = 0
@@ -341,8 +342,6 @@ def timeline_rows(sim: SimResult, system=None, phase: str = ""):
 def dump_timeline(sim: SimResult, fh, system=None, phase: str = "") -> None:
     """Per-op start and end times as CSV (one header line, then one row per op), streamed;
     with ``system`` the fused kernels are marked (:func:`timeline_rows`)."""
-    import csv
-
     w = csv.writer(fh, lineterminator="\n")
     w.writerow(TIMELINE_COLUMNS)
     rows = timeline_rows(sim, system, phase)

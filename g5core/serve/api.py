@@ -11,6 +11,7 @@ The ``serving:`` block (every key optional)::
       instances: 8                    # copies of the configuration's layout
       router: round_robin             # or least_outstanding_tokens, least_kv, a plugin's
       routing_s: 0.0                  # delay from arrival to the instance's queue
+      dp_balance: round_robin         # attention DP (parallel.dp > 1): or shortest_queue
       scheduler: {name: vllm, max_num_seqs: 256, max_num_batched_tokens: 8192,
                   chunked_prefill: true, long_prefill_token_threshold: 0, block_size: 16}
       slo: {ttft: 2s, tpot: 50ms}     # like --slo
@@ -23,9 +24,19 @@ The ``serving:`` block (every key optional)::
 A pool's ``chips`` and ``parallel`` replace the configuration's (the layout of one of its
 instances); the pools sit on disjoint chips, prefill first, on one network of
 ``prefill chips + decode chips`` chips of the system.
+
+Attention DP: an instance's layout with ``dp > 1`` (e.g. ``chips: 16, parallel: {dp: 8, tp: 2,
+pp: 1, cp: 1, ep: 16}``) is one instance of ``dp`` attention-DP ranks (each ``tp`` chips for
+attention and the dense layers) with the experts over ``ep`` across them, as SGLang's
+``--enable-dp-attention`` runs it: each rank has its own scheduler (the pool's settings, per
+rank) and its own KV pool (the ledger's per-replica capacity), ``dp_balance`` picks a
+request's rank (:data:`~g5core.serve.scheduler.DP_BALANCE`), and a step is every rank's step
+at once, as long as the slowest (:class:`~g5core.serve.cost.DpCost`). Every EP group must span
+every rank (the all-to-all is what joins them): in practice ``ep = dp x sp x tp``.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Callable, Mapping, Optional
@@ -33,17 +44,22 @@ from typing import Callable, Mapping, Optional
 import attrs
 
 from g5core.api.errors import ConfigError, G5Error
-from g5core.serve.cost import Groups, PlanCost, StepWork, kv_sizing, plan_step_runner
+from g5core.serve.cost import DpCost, Groups, PlanCost, StepWork, kv_sizing, plan_step_runner
 from g5core.serve.loop import Fleet, LoopResult, Pool, check_invariants, serve_requests, summarize_pools
 from g5core.serve.metrics import SloLimit, parse_slo, summary
 from g5core.serve.registry import ServingRegistry, serving_registry
-from g5core.serve.scheduler import SchedulerSettings
+from g5core.serve.scheduler import DP_BALANCE, DpScheduler, SchedulerSettings
 from g5core.serve.traces import read_trace
 from g5core.serve.workload import Workload, synthetic
 from g5core.inputs.reading import check_keys
+from g5core.api.plugins import Hooks, make_plugin_manager
+from g5core.inputs.config import disabled_from_config
+from g5core.lower.builder import make_topology
+from g5core.lower.collective import idle_transfer_s
+from g5core.session.prepared import prepare
 
-SERVING_KEYS = ("instances", "router", "routing_s", "scheduler", "slo", "workload", "disaggregation")
-POOL_KEYS = ("instances", "chips", "parallel", "scheduler", "router")
+SERVING_KEYS = ("instances", "router", "routing_s", "scheduler", "slo", "workload", "disaggregation", "dp_balance")
+POOL_KEYS = ("instances", "chips", "parallel", "scheduler", "router", "dp_balance")
 # phase, batch and seq_len of a configuration are not used by serving (each step sets its
 # own); a configuration written for serving may leave them out
 PLACEHOLDERS = {"phase": "decode", "batch": 1, "seq_len": 4096}
@@ -62,6 +78,7 @@ class PoolSpec:
     scheduler: SchedulerSettings
     scheduler_name: str
     router: str
+    dp_balance: str = "round_robin"
 
 
 @attrs.frozen
@@ -100,6 +117,7 @@ def parse_serving(block: Mapping, registry: ServingRegistry, slo_text=None) -> S
         raise ConfigError("serving.routing_s", f"must be a number of seconds >= 0, got {routing_s!r}")
     sched = _mapping(block.get("scheduler", {}), "serving.scheduler")
     router = block.get("router", "round_robin")
+    balance = block.get("dp_balance", "round_robin")
 
     def pool(role: str, data: Mapping, field: str, instances_default: int) -> PoolSpec:
         s = {**sched, **_mapping(data.get("scheduler", {}), f"{field}.scheduler")}
@@ -110,9 +128,13 @@ def parse_serving(block: Mapping, registry: ServingRegistry, slo_text=None) -> S
         r = data.get("router", router)
         if r not in registry.routers:
             raise ConfigError(f"{field}.router", f"unknown router {r!r}; known: {', '.join(sorted(registry.routers))}")
+        b = data.get("dp_balance", balance)
+        if b not in DP_BALANCE:
+            raise ConfigError(f"{field}.dp_balance", f"unknown attention-DP balance {b!r}; known: "
+                                                     f"{', '.join(DP_BALANCE)}")
         over = tuple((k, data[k]) for k in ("chips", "parallel") if k in data)
         return PoolSpec(role, _positive_int(data.get("instances", instances_default), f"{field}.instances"), over,
-                        SchedulerSettings.from_dict(s, f"{field}.scheduler"), name, r)
+                        SchedulerSettings.from_dict(s, f"{field}.scheduler"), name, r, b)
 
     disagg = block.get("disaggregation")
     if disagg is not None:
@@ -188,8 +210,6 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
     ``runner``: ``groups -> latency_s`` instead of the plan's engine (tests);
     ``runner_for``: ``(pool configuration, prepared plan) -> runner``, one per pool (a
     caller sharing step latencies between deployments of the same layout)."""
-    from g5core.session.prepared import prepare
-
     longest_prompt = max(r.input_tokens for r in workload.requests)
     longest = max(r.input_tokens + r.output_tokens - 1 for r in workload.requests)
     pools, infos, plans = [], [], []
@@ -205,27 +225,33 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
                               "raise max_num_batched_tokens")
         prepared = prepare(praw, disabled=disabled)
         plan = prepared.plan
-        cp = plan.ctx.deployment.size("cp")
-        multiple = 2 * cp if cp > 1 else 1   # the cp plugin's balanced split (see PlanCost)
-        sizing = kv_sizing(prepared, -(-s.max_num_batched_tokens // multiple) * multiple, field)
+        rules = prepared.step_rules   # what the layout's dimensions require of a step (see PlanCost)
+        sizing = kv_sizing(prepared, rules.round_up(s.max_num_batched_tokens), field)
         need = longest_prompt if ps.role == "prefill" else longest
         blocks = sizing.capacity_tokens // s.block_size
         if blocks * s.block_size < need:
             raise ConfigError(field, f"KV pool {_gib(sizing.pool_bytes_per_chip)} per chip holds "
                                      f"{blocks * s.block_size:,} tokens; the longest request needs {need:,}: "
                                      "use more chips per instance (tp, pp, cp) or shorter requests")
+        dp = attention_dp(plan, field)
         step_runner = runner or (runner_for(praw, prepared) if runner_for else plan_step_runner(prepared))
-        cost = PlanCost(step_runner, exact, multiple, cp > 1,
+        cost = PlanCost(step_runner, exact, rules,
                         sizing.kv_bytes_per_token_per_chip, sizing.pool_bytes_per_chip, sizing.capacity_tokens,
                         sizing.chips)
-        pool = Pool(ps.role, ps.instances, cost, s, blocks, registry.router(ps.router)(),
-                    registry.scheduler(ps.scheduler_name), first_chip)
+        factory = registry.scheduler(ps.scheduler_name)
+        if dp > 1:
+            cost = DpCost(cost, dp)
+            factory = functools.partial(DpScheduler, dp=dp, balance=ps.dp_balance, factory=factory)
+        pool = Pool(ps.role, ps.instances, cost, s, blocks * dp, registry.router(ps.router)(), factory, first_chip)
         first_chip += pool.chips
         pools.append(pool)
         plans.append((plan, sizing))
         infos.append({"kv_pool_bytes_per_chip": sizing.pool_bytes_per_chip,
                       "kv_bytes_per_token_per_chip": sizing.kv_bytes_per_token_per_chip,
-                      "kv_capacity_tokens": blocks * s.block_size, "layout": dict(plan.ctx.deployment.parallel)})
+                      "kv_capacity_tokens": blocks * s.block_size * dp, "layout": dict(plan.ctx.deployment.parallel)})
+        if dp > 1:
+            infos[-1].update(attention_dp_ranks=dp, dp_balance=ps.dp_balance,
+                             kv_capacity_tokens_per_rank=blocks * s.block_size)
     dep = Fleet(tuple(pools), spec.routing_s)
     if len(pools) == 2:
         dep.transfer_s, dep.transfer_bytes = kv_transfer(pools, plans)
@@ -234,26 +260,59 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
     return dep, infos
 
 
+def attention_dp(plan, field: str = "serving") -> int:
+    """The attention-DP ranks of an instance's layout: its ``dp``, checked. ``dp > 1`` inside
+    an instance steps the ranks together because the MoE all-to-all joins them, so it needs
+    an MoE model with ``ep > 1`` whose every EP group spans every rank; independent copies of
+    a layout are ``instances``."""
+    ctx = plan.ctx
+    dep = ctx.deployment
+    dp = dep.size("dp")
+    if dp == 1:
+        return 1
+    where = "parallel.dp" if field == "serving" else f"{field}.parallel.dp"
+    space = dp * dep.size("sp") * dep.size("tp")
+    if ctx.model.moe is None or dep.size("ep") == 1:
+        raise ConfigError(where, f"dp={dp} inside an instance is attention DP: its ranks step together because the "
+                                 f"MoE all-to-all joins them, so it needs an MoE model with ep > 1 (ep = dp x sp x tp "
+                                 f"= {space}); for independent copies of the layout use dp: 1 and more instances")
+    rm = ctx.rankmap
+    for group in rm.groups("ep"):
+        ranks = len({rm.rank_in("dp", c) for c in group})
+        if ranks != dp:
+            raise ConfigError(where, f"an EP group of ep={dep.size('ep')} spans {ranks} of the {dp} attention-DP "
+                                     f"ranks, so the ranks would not step together; set ep = dp x sp x tp = {space}, "
+                                     "or use fewer dp ranks and more instances")
+    return dp
+
+
+def rank_chips(plan) -> tuple[int, ...]:
+    """The chips of attention-DP rank 0 of an instance (every chip when dp is 1): where one
+    sequence's KV lives."""
+    rm = plan.ctx.rankmap
+    return tuple(c for c in range(rm.chips) if rm.rank_in("dp", c) == 0)
+
+
 def kv_transfer(pools, plans):
     """``(transfer_s(tokens, i, j), transfer_bytes(tokens))`` of a prompt's KV from prefill
     instance ``i`` to decode instance ``j``: chip ``k`` of the prefill instance sends the KV it
     holds (the ledger's bytes per token on that chip) to chip ``k * Cd // Cp`` of the decode
     instance, all at once, over the network of both pools' chips (scale-up links inside a
     node, NICs and fabric between nodes); the time is when the busiest link is done plus one
-    message's start latency. Transfers do not contend with one another or with the steps."""
-    from g5core.lower.builder import make_topology
-    from g5core.lower.collective import idle_transfer_s
-
-    (pp, (plan, sizing)), dp = (pools[0], plans[0]), pools[1]
+    message's start latency. Transfers do not contend with one another or with the steps.
+    With attention DP a sequence's KV is on one rank's chips: ``Cp`` and ``Cd`` are then the
+    chips of one rank (rank 0's, :func:`rank_chips`; every rank's chips are alike)."""
+    (pp, (plan, sizing)), (dp, (dplan, _)) = (pools[0], plans[0]), (pools[1], plans[1])
     topo = make_topology(plan.hooks, plan.ctx.system, pools[0].chips + pools[1].chips)
-    cp, cd = pp.cost.chips, dp.cost.chips
-    per_token = sizing.per_chip_kv_bytes_per_token
+    src, dst = rank_chips(plan), rank_chips(dplan)
+    cp, cd = len(src), len(dst)
+    per_token = dict(zip(range(sizing.chips), sizing.per_chip_kv_bytes_per_token))
     cache: dict = {}
 
     def per_token_s(i: int, j: int) -> tuple[float, float]:
         if (i, j) not in cache:
-            flows = [(pp.first_chip + i * cp + k, dp.first_chip + j * cd + k * cd // cp, per_token[k])
-                     for k in range(cp) if per_token[k] > 0]
+            flows = [(pp.first_chip + i * pp.cost.chips + src[k], dp.first_chip + j * dp.cost.chips + dst[k * cd // cp],
+                      per_token[src[k]]) for k in range(cp) if per_token[src[k]] > 0]
             latency = max(topo.message_latency_s([a, b]) for a, b, _ in flows) if flows else 0.0
             cache[(i, j)] = (idle_transfer_s(flows, topo), latency)
         return cache[(i, j)]
@@ -262,8 +321,10 @@ def kv_transfer(pools, plans):
         rate, latency = per_token_s(i, j)
         return tokens * rate + latency
 
+    per_sequence_token = sum(per_token[c] for c in src)
+
     def transfer_bytes(tokens: int) -> float:
-        return tokens * sizing.kv_bytes_per_token
+        return tokens * per_sequence_token
     return transfer_s, transfer_bytes
 
 
@@ -276,9 +337,6 @@ def simulate_serving(raw: Mapping, workload: Workload | Mapping | None = None, *
     ``runner``: ``groups -> step latency`` (default: the engine, through each pool's
     prepared plan). ``check_predictor``: steps
     checked against the engine when the predictor is used (0: none)."""
-    from g5core.api.plugins import Hooks, make_plugin_manager
-    from g5core.inputs.config import disabled_from_config
-
     t0 = time.perf_counter()
     base, block = split_config(raw)
     names = tuple(dict.fromkeys(tuple(disabled) + tuple(disabled_from_config(base))))
@@ -400,10 +458,6 @@ def representative_steps(raw: Mapping, disabled=()) -> list[RepresentativeStep]:
     pool's full chunk (``max_num_batched_tokens // isl`` prompts of ``min(isl, chunk)`` tokens)
     and a decode or aggregated pool's decode-only step (``max_num_seqs`` sequences at ``isl + osl /
     2`` context, bounded by the sequences the KV pool holds at ``isl + osl``)."""
-    from g5core.api.plugins import Hooks, make_plugin_manager
-    from g5core.inputs.config import disabled_from_config
-    from g5core.session.prepared import prepare
-
     own = {k: raw[k] for k in ("phase", "batch", "seq_len", "step") if k in raw}
     base, block = split_config(raw)
     for key in PLACEHOLDERS:

@@ -1,14 +1,16 @@
 """What a step costs: the protocol the serving loop needs, a synthetic model, and the engine.
 
 The serving loop asks a :class:`StepCost` three things: the latency of a step
-(:class:`StepWork`: the prefill chunks and the decodes the scheduler put in it), the KV
+(:class:`g5core.StepWork`: the prefill chunks and the decodes the scheduler put in it), the KV
 bytes one token of one sequence takes per chip, and the KV pool per chip. Two models answer:
 
 - :class:`SyntheticCost`: ``fixed_s + per_token_s * new tokens + per_context_token_s *
   (cached tokens attended)``: deterministic, for tests and queueing checks;
 - :class:`PlanCost`: the event engine through the prepared plan of the steps API
   (``g5core.prepare(config).simulate(step)``), cached per step shape, with a predictor
-  composed of single-group steps unless ``exact``.
+  composed of single-group steps unless ``exact``;
+- :class:`DpCost`: an instance of attention-DP ranks (a :class:`RankedWork` a step), the
+  slowest rank's step of a :class:`PlanCost`.
 """
 from __future__ import annotations
 
@@ -17,34 +19,45 @@ from typing import Callable, Optional, Protocol
 import attrs
 
 from g5core.api.errors import ConfigError
+from g5core.api.records import StepRules
+from g5core.api.serving import StepWork
+from g5core.inputs.step import Step, StepGroup
+from g5core.lower.steprules import split_step
+
+
+#: what an idle attention-DP rank runs while the others step: SGLang's idle batch
+#: (``ForwardMode.IDLE``, ``python/sglang/srt/model_executor/forward_batch_info.py``) runs the
+#: MoE layers with no tokens so that the rank joins every all-to-all; the engine cannot run a
+#: step of no tokens, so G5 runs one dummy token at no context (a decode of one sequence)
+IDLE_WORK = StepWork((), (0,))
 
 
 @attrs.frozen(slots=True)
-class StepWork:
-    """What one step of one instance computes: its prefill chunks as ``(new_tokens,
-    cached_tokens)`` pairs, and one decode token for each sequence whose cached tokens are
-    in ``decode_contexts`` (sorted)."""
+class RankedWork:
+    """One step of an instance of attention-DP ranks: each rank's own :class:`StepWork`
+    (an idle rank's is empty). ``new_tokens`` and ``decode_contexts`` are the instance's."""
 
-    chunks: tuple[tuple[int, int], ...]
-    decode_contexts: tuple[int, ...]
+    ranks: tuple[StepWork, ...]
+
+    @property
+    def chunks(self) -> tuple[tuple[int, int], ...]:
+        return tuple(c for w in self.ranks for c in w.chunks)
+
+    @property
+    def decode_contexts(self) -> tuple[int, ...]:
+        return tuple(sorted(c for w in self.ranks for c in w.decode_contexts))
 
     @property
     def decodes(self) -> int:
-        return len(self.decode_contexts)
-
-    @property
-    def decode_context_tokens(self) -> int:
-        return sum(self.decode_contexts)
+        return sum(w.decodes for w in self.ranks)
 
     @property
     def new_tokens(self) -> int:
-        return sum(n for n, _ in self.chunks) + len(self.decode_contexts)
+        return sum(w.new_tokens for w in self.ranks)
 
-    def groups(self) -> tuple[tuple[int, int, int], ...]:
-        """The step as ``(new_tokens, cached_tokens, count)`` groups, every sequence as it is."""
-        out = [(n, c, 1) for n, c in self.chunks]
-        out.extend((1, c, 1) for c in self.decode_contexts)
-        return tuple(out)
+    @property
+    def idle_ranks(self) -> int:
+        return sum(1 for w in self.ranks if not w.new_tokens)
 
 
 class StepCost(Protocol):
@@ -140,18 +153,16 @@ class PlanCost:
     ``b``: it is smooth). A prefill step of one chunk is ``F(T, P)`` (up to the grid).
     :meth:`predictor_error` checks a sample against the engine.
 
-    Context parallelism splits every sequence into ``2 cp`` balanced chunks (the cp
-    plugin's rule), so at ``cp > 1`` the engine runs each group padded up to multiples of
-    ``token_multiple = 2 cp`` (new and cached tokens of a chunk, the context of a decode),
-    as CP implementations pad a sequence; and since a CP layout cannot run prefill and
-    decode groups in one step, ``split_mixed`` runs a mixed step's prefill and decode groups
-    as two steps, one after the other.
+    ``rules``: what the layout's dimensions require of a step (:class:`g5core.StepRules`,
+    from the plugins' ``g5_step_rules``): the engine runs each group padded up to multiples
+    of ``rules.token_multiple`` (new and cached tokens of a chunk, the context of a decode),
+    and a step mixing prefill and decode groups on a layout that cannot mix them as the
+    rules' split of it, its steps one after the other.
     """
 
     step_s: Callable[[Groups], float]
     exact: bool = False
-    token_multiple: int = 1     # every group's token counts padded to a multiple of this
-    split_mixed: bool = False   # a step's prefill and decode groups run one after the other
+    rules: StepRules = StepRules()
     kv_bytes_per_token_per_chip: float = 0.0
     kv_pool_bytes_per_chip: float = 0.0
     kv_capacity_tokens: int = 0
@@ -169,18 +180,18 @@ class PlanCost:
         return self.kv_capacity_tokens
 
     def engine_s(self, groups: Groups) -> float:
-        """The engine's latency of a step, padded to ``token_multiple`` and split where the
-        layout cannot run prefill and decode groups in one step (see the class doc)."""
-        if self.token_multiple > 1:
-            groups = _canonical(tuple(_pad(g, self.token_multiple) for g in groups))
+        """The engine's latency of a step, padded to the rules' token multiple and split where
+        the layout cannot run prefill and decode groups in one step (see the class doc)."""
+        multiple = self.rules.token_multiple
+        if multiple > 1:
+            groups = _canonical(tuple(_pad(g, multiple) for g in groups))
         hit = self._groups.get(groups)
         if hit is None:
-            prefill = tuple(g for g in groups if g[0] > 1)
-            decode = tuple(g for g in groups if g[0] == 1)
-            if self.split_mixed and prefill and decode:
-                hit = self.engine_s(prefill) + self.engine_s(decode)
-            else:
+            if self.rules.mixed:
                 hit = self.step_s(groups)
+            else:
+                parts = split_step(self.rules, to_step(groups))
+                hit = self.step_s(groups) if len(parts) == 1 else sum(self.engine_s(shapes(p)) for p in parts)
             self._groups[groups] = hit
         return hit
 
@@ -279,6 +290,59 @@ class PlanCost:
         return {"steps_checked": len(errors), "median_rel": median, "max_rel": errors[-1]}
 
 
+@attrs.define
+class DpCost:
+    """The step cost of an instance of ``dp`` attention-DP ranks with the experts over EP
+    across them (SGLang's ``--enable-dp-attention``, TensorRT-LLM's attention DP): each rank
+    has its own batch, and the MoE all-to-all of every layer synchronises the ranks, so a
+    step of the instance lasts as long as its slowest rank's, and an idle rank still runs the
+    MoE layers (:data:`IDLE_WORK`).
+
+    ``rank``: a :class:`PlanCost` whose step is the layout's step with that batch on every
+    rank (the engine's ``count`` is per data-parallel replica). The engine lowers one shape
+    for every rank, so a step of unequal ranks is costed as the slowest of the layout's
+    steps at each rank's batch: exact for the rank's own attention and for equal batches
+    (all ranks at the same step is ``g5 run``'s step), an upper bound for the experts and the
+    all-to-all when the other ranks bring fewer tokens than the slowest."""
+
+    rank: PlanCost
+    dp: int
+    idle: StepWork = IDLE_WORK
+
+    @property
+    def chips(self) -> int:
+        return self.rank.chips
+
+    @property
+    def kv_bytes_per_token_per_chip(self) -> float:
+        return self.rank.kv_bytes_per_token_per_chip
+
+    @property
+    def kv_pool_bytes_per_chip(self) -> float:
+        return self.rank.kv_pool_bytes_per_chip
+
+    @property
+    def runs(self) -> int:
+        return self.rank.runs
+
+    def kv_tokens(self) -> int:
+        """Tokens one rank's pool holds."""
+        return self.rank.kv_tokens()
+
+    def latency_s(self, work, exact: Optional[bool] = None) -> float:
+        """The slowest rank's step (``work``: a :class:`RankedWork`, or a :class:`StepWork`
+        of one rank, the others idle)."""
+        ranks = work.ranks if isinstance(work, RankedWork) else (work,) + (StepWork((), ()),) * (self.dp - 1)
+        seen = {w if w.new_tokens else self.idle for w in ranks}
+        return max(self.rank.latency_s(w, exact) for w in seen)
+
+    def predicted_steps(self) -> list[StepWork]:
+        return self.rank.predicted_steps()
+
+    def predictor_error(self, sample: list[StepWork]) -> dict:
+        return self.rank.predictor_error(sample)
+
+
 def _pad(group: tuple, m: int) -> tuple:
     n, c, k = group
     up = lambda x: -(-x // m) * m  # noqa: E731
@@ -295,13 +359,20 @@ def _canonical(groups: Groups) -> Groups:
     return tuple((n, c, k) for (n, c), k in sorted(merged.items()))
 
 
+def to_step(groups: Groups) -> Step:
+    """``((new_tokens, cached_tokens, count), ...)`` as the :class:`g5core.Step` it stands for."""
+    return Step([StepGroup(new_tokens=n, cached_tokens=c, count=k) for n, c, k in groups])
+
+
+def shapes(step: Step) -> Groups:
+    """A step's groups as the ``(new_tokens, cached_tokens, count)`` keys of the caches."""
+    return tuple((g.new_tokens, g.cached_tokens, g.count) for g in step)
+
+
 def plan_step_runner(plan) -> Callable[[Groups], float]:
     """``groups -> latency_s`` on a :class:`g5core.PreparedPlan` (the event engine)."""
-    from g5core.inputs.step import Step, StepGroup
-
     def go(groups: Groups) -> float:
-        step = Step([StepGroup(new_tokens=n, cached_tokens=c, count=k) for n, c, k in groups])
-        return plan.simulate(step).latency_s
+        return plan.simulate(to_step(groups)).latency_s
     return go
 
 
@@ -321,8 +392,6 @@ def kv_sizing(plan, largest_step_tokens: int, field: str = "serving") -> KvSizin
     """Pool per chip = HBM - weights - activations of the largest step (a prefill chunk of
     ``largest_step_tokens``) - workspace, per the prepared plan's ledger, so cp and sp
     shrink a token's footprint exactly as the ledger says."""
-    from g5core.inputs.step import Step
-
     n = int(largest_step_tokens)
     step = Step.prefill(1, n)
     mem = plan.memory(step)

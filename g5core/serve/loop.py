@@ -445,8 +445,20 @@ def check_invariants(result: LoopResult) -> dict:
     over = sum(1 for inst in result.instances for row in range(0, len(inst.steps), 7)
                if inst.steps[row + 4] > inst.scheduler.total_blocks)
     left = sum(i.scheduler.used_blocks for i in result.instances)
-    return {"requests_with_wrong_token_count": bad_tokens, "requests_out_of_order": early,
-            "steps_over_kv_pool": over, "kv_blocks_left_at_end": left}
+    out = {"requests_with_wrong_token_count": bad_tokens, "requests_out_of_order": early,
+           "steps_over_kv_pool": over, "kv_blocks_left_at_end": left}
+    ranked = [i for i in result.instances if hasattr(i.scheduler, "ranks")]
+    if ranked:   # attention DP: the same per rank, and every request on one rank of each pool it passes
+        for inst in ranked:
+            for key, value in inst.scheduler.check().items():
+                out[key] = out.get(key, 0) + value
+        out["requests_not_on_one_rank"] = sum(abs(sum(sum(i.scheduler.added) for i in insts) - log.n)
+                                              for insts in _by_pool(result) if hasattr(insts[0].scheduler, "ranks"))
+    return out
+
+
+def _by_pool(result: LoopResult) -> list[list]:
+    return [[i for i in result.instances if i.pool is p] for p in result.fleet.pools]
 
 
 def summarize_pools(pools: Sequence[Pool]) -> list[dict]:

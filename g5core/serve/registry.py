@@ -12,7 +12,8 @@ from g5core.api.errors import PluginError
 from g5core.api.plugins import Hooks
 from g5core.serve.router import BUILTIN_ROUTERS
 from g5core.serve.scheduler import VllmScheduler
-from g5core.serve.traces import BUILTIN_FORMATS, TraceFormat
+from g5core.api.serving import TraceFormat
+from g5core.serve.traces import BUILTIN_FORMATS
 
 CORE = "g5core"
 

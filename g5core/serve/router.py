@@ -1,7 +1,7 @@
-"""Routers: which instance of a pool a request goes to. Each is a class with
+"""Routers: which instance of a pool a request goes to. Each is a :class:`g5core.Router`,
 ``choose(request, instances) -> index``; instances expose their scheduler
-(``instance.scheduler``: ``outstanding_tokens()``, ``used_blocks``, ``total_blocks``).
-Ties go to the lowest index, so a run is deterministic."""
+(:class:`g5core.RoutedInstance`: ``instance.scheduler``, ``outstanding_tokens()``,
+``used_blocks``, ``total_blocks``). Ties go to the lowest index, so a run is deterministic."""
 from __future__ import annotations
 
 

@@ -29,13 +29,12 @@ preempted sequence recomputes its cached prefix too.
 from __future__ import annotations
 
 import collections
-from typing import Optional
 
 import attrs
 
 from g5core.api.errors import ConfigError
-from g5core.serve.cost import StepWork
-from g5core.serve.workload import Request
+from g5core.api.serving import Request, Seq, StepWork
+from g5core.serve.cost import RankedWork
 from g5core.inputs.reading import check_keys
 
 
@@ -64,24 +63,6 @@ class SchedulerSettings:
                 raise ConfigError(f"{field}.{key}", f"must be a positive whole number, got {value!r}")
             values[key] = value
         return cls(**values)
-
-
-class Seq:
-    """One request's state on one instance."""
-
-    __slots__ = ("req", "computed", "num_tokens", "emitted", "blocks", "admitted_s", "scheduled", "last_s",
-                 "max_itl_s")
-
-    def __init__(self, req: Request, computed: int = 0, emitted: int = 0):
-        self.req = req
-        self.computed = computed
-        self.emitted = emitted
-        self.num_tokens = req.input_tokens + emitted
-        self.blocks = 0
-        self.admitted_s: Optional[float] = None
-        self.scheduled = 0
-        self.last_s: Optional[float] = None   # when its last token was emitted (the loop keeps it)
-        self.max_itl_s = 0.0
 
 
 class VllmScheduler:
@@ -228,3 +209,112 @@ class VllmScheduler:
         self.running.remove(seq)
         self.free_blocks += seq.blocks
         seq.blocks = 0
+
+
+# ------------------------------------------------------------------------------ attention DP
+#: How an instance of attention-DP ranks hands a request to a rank: the rules of SGLang's
+#: DP-attention controller (``python/sglang/srt/managers/data_parallel_controller.py``,
+#: ``DataParallelController``, ``--load-balance-method``, sgl-project/sglang at commit
+#: 000a3db): ``round_robin`` (its default: ``round_robin_scheduler``, the ranks in turn) and
+#: ``shortest_queue`` (``shortest_queue_scheduler``: its ``DPBudget`` sends requests to the
+#: ranks with the fewest requests, lowest rank first; G5 reads the ranks' request counts at
+#: the moment of the arrival, where SGLang reads them from the ranks' periodic load reports).
+DP_BALANCE = ("round_robin", "shortest_queue")
+
+
+class DpScheduler:
+    """The schedulers of an instance of ``dp`` attention-DP ranks, as one scheduler to the
+    serving loop: a request goes to one rank (:data:`DP_BALANCE`) and stays there; each rank
+    schedules its own batch from its own KV pool (``total_blocks // dp`` blocks, the
+    pool's ``max_num_seqs`` and ``max_num_batched_tokens`` per rank, as each SGLang DP rank
+    runs its own scheduler); a step of the instance is every rank's step at once
+    (:class:`~g5core.serve.cost.RankedWork`): a rank with nothing to run is idle in it but
+    still steps (it joins the MoE all-to-all; ``idle_steps`` counts them)."""
+
+    def __init__(self, settings: SchedulerSettings, total_blocks: int, dp: int, balance: str = "round_robin",
+                 factory=VllmScheduler):
+        if total_blocks % dp:
+            raise ValueError(f"{total_blocks} KV blocks do not split over {dp} attention-DP ranks")
+        self.s = settings
+        self.dp, self.balance = dp, balance
+        self.ranks = [factory(settings, total_blocks // dp) for _ in range(dp)]
+        self.rank_of: dict[int, int] = {}          # request id -> its rank, while it is here
+        self.added = [0] * dp                       # requests each rank was given
+        self.twice = 0                              # requests given to this instance while still on it
+        self.idle_steps = [0] * dp
+        self.steps_over_pool = [0] * dp
+        self._next = 0
+        self._picks: list[list[Seq]] = [[] for _ in range(dp)]
+
+    # -- the ranks seen as one -------------------------------------------------------------
+    @property
+    def total_blocks(self) -> int:
+        return sum(r.total_blocks for r in self.ranks)
+
+    @property
+    def free_blocks(self) -> int:
+        return sum(r.free_blocks for r in self.ranks)
+
+    @property
+    def used_blocks(self) -> int:
+        return sum(r.used_blocks for r in self.ranks)
+
+    @property
+    def waiting(self) -> list[Seq]:
+        return [q for r in self.ranks for q in r.waiting]
+
+    @property
+    def running(self) -> list[Seq]:
+        return [q for r in self.ranks for q in r.running]
+
+    @property
+    def has_work(self) -> bool:
+        return any(r.has_work for r in self.ranks)
+
+    @property
+    def preemptions(self) -> int:
+        return sum(r.preemptions for r in self.ranks)
+
+    def outstanding_tokens(self) -> int:
+        return sum(r.outstanding_tokens() for r in self.ranks)
+
+    # -- requests ----------------------------------------------------------------------------
+    def choose_rank(self) -> int:
+        if self.balance == "shortest_queue":
+            return min(range(self.dp), key=lambda i: (len(self.ranks[i].running) + len(self.ranks[i].waiting), i))
+        i = self._next
+        self._next = (i + 1) % self.dp
+        return i
+
+    def add(self, seq: Seq) -> None:
+        k = seq.req.id
+        if k in self.rank_of:
+            self.twice += 1
+        i = self.rank_of[k] = self.choose_rank()
+        self.added[i] += 1
+        self.ranks[i].add(seq)
+
+    def release(self, seq: Seq) -> None:
+        self.ranks[self.rank_of.pop(seq.req.id)].release(seq)
+
+    # -- one step of every rank --------------------------------------------------------------
+    def schedule(self) -> list[Seq]:
+        picks = self._picks = [r.schedule() for r in self.ranks]
+        busy = any(picks)
+        for i, (r, p) in enumerate(zip(self.ranks, picks)):
+            if busy and not p:
+                self.idle_steps[i] += 1
+            if r.used_blocks > r.total_blocks:
+                self.steps_over_pool[i] += 1
+        return [q for p in picks for q in p]
+
+    def work(self, picked: list[Seq]):
+        return RankedWork(tuple(r.work(p) for r, p in zip(self.ranks, self._picks)))
+
+    def finish_step(self, picked: list[Seq]) -> list[Seq]:
+        return [q for r, p in zip(self.ranks, self._picks) for q in r.finish_step(p)]
+
+    def check(self) -> dict:
+        """Per rank: blocks still held, steps over the rank's pool, requests given twice."""
+        return {"kv_blocks_left_at_end": sum(abs(r.used_blocks) for r in self.ranks),
+                "steps_over_kv_pool": sum(self.steps_over_pool), "requests_given_twice": self.twice}

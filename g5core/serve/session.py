@@ -21,6 +21,9 @@ from g5core.serve.api import ServeResult, build_pools, load_workload, parse_serv
 from g5core.serve.loop import check_invariants, serve_requests
 from g5core.serve.metrics import summary
 from g5core.serve.workload import Workload
+from g5core.api.plugins import Hooks, make_plugin_manager
+from g5core.inputs.config import disabled_from_config
+from g5core.serve.registry import serving_registry
 
 
 class ServingSession:
@@ -30,10 +33,6 @@ class ServingSession:
 
     def __init__(self, raw: Mapping, workload: Workload | Mapping, *, disabled=(), slo=None, exact: bool = False,
                  runner: Optional[Callable] = None, runner_for: Optional[Callable] = None):
-        from g5core.api.plugins import Hooks, make_plugin_manager
-        from g5core.inputs.config import disabled_from_config
-        from g5core.serve.registry import serving_registry
-
         t0 = time.perf_counter()
         base, block = split_config(raw)
         names = tuple(dict.fromkeys(tuple(disabled) + tuple(disabled_from_config(base))))

@@ -1,6 +1,6 @@
 """Request trace files: the built-in formats and the reader every format goes through.
 
-A format (:class:`TraceFormat`) says which container it uses (CSV with a header line, or
+A format (:class:`g5core.TraceFormat`) says which container it uses (CSV with a header line, or
 JSON Lines), which columns identify it, and how one record becomes a request; the reader
 (:func:`read_trace`) does the rest: it picks the format from the header or the first
 record's keys, numbers the lines, and turns any bad field into one error naming the file,
@@ -28,13 +28,12 @@ import csv
 import datetime
 import json
 import pathlib
-from typing import Callable, Mapping
-
-import attrs
+from typing import Mapping
 
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.reading import MAX_SEQ_LEN, read_text
-from g5core.serve.workload import MAX_REQUESTS, Request, Workload
+from g5core.api.serving import Request, TraceFieldError, TraceFormat
+from g5core.serve.workload import MAX_REQUESTS, Workload
 
 #: prompt tokens per Mooncake hash id (the Mooncake trace's block size)
 MOONCAKE_BLOCK_TOKENS = 512
@@ -48,28 +47,8 @@ class TraceError(G5Error):
         super().__init__(f"{path}, line {line}, field {field}: {message}")
 
 
-class _Bad(Exception):
-    def __init__(self, field: str, message: str):
-        self.field, self.message = field, message
-        super().__init__(message)
-
-
-@attrs.frozen
-class TraceFormat:
-    """``row(record) -> (time_s, input_tokens, output_tokens, cached_tokens, prefix)``;
-    raise ``bad(field, message)`` on a bad field. ``relative``: times are counted from the
-    first request (``False``: kept as the file gives them)."""
-
-    name: str
-    container: str                       # "csv" or "jsonl"
-    columns: tuple[str, ...]             # the columns (or keys) that identify the format
-    row: Callable[[Mapping], tuple]
-    relative: bool = True
-    doc: str = ""
-
-
 def bad(field: str, message: str) -> Exception:
-    return _Bad(field, message)
+    return TraceFieldError(field, message)
 
 
 def tokens(record: Mapping, field: str, minimum: int = 1) -> int:
@@ -217,7 +196,7 @@ def read_trace(path, formats: tuple[TraceFormat, ...] = BUILTIN_FORMATS, field: 
     for number, record in records:
         try:
             rows.append(fmt.row(record))
-        except _Bad as exc:
+        except TraceFieldError as exc:
             raise TraceError(str(path), number, exc.field, exc.message) from None
         if len(rows) > MAX_REQUESTS:
             raise TraceError(str(path), number, "requests", f"more than {MAX_REQUESTS:,} requests")

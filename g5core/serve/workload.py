@@ -1,6 +1,6 @@
 """Workloads: the requests a service receives, generated (seeded) or read from a trace file.
 
-A :class:`Workload` is a tuple of :class:`Request` records sorted by arrival, or, for a
+A :class:`Workload` is a tuple of :class:`g5core.Request` records sorted by arrival, or, for a
 closed loop, the request lengths plus a concurrency (each finished request is replaced by
 the next one at once, so arrivals are decided by the simulation).
 
@@ -33,31 +33,13 @@ import attrs
 import numpy as np
 
 from g5core.api.errors import ConfigError
+from g5core.api.serving import Request
 from g5core.inputs.reading import MAX_SEQ_LEN, check_keys
 
 #: most requests one workload may hold (a 10^7-request run already takes minutes)
 MAX_REQUESTS = 10 ** 7
 ARRIVALS = ("poisson", "gamma", "closed")
 LENGTH_KINDS = ("fixed", "uniform", "normal", "lognormal", "hist")
-
-
-@attrs.frozen(slots=True)
-class Request:
-    """One request: when it arrives, its prompt and output lengths, and what of the prompt a
-    cache may already hold.
-
-    ``cached_tokens``: prompt tokens already in the KV cache wherever the request runs
-    (a trace's ``cached_tokens`` column). ``prefix``: ``((key, tokens), ...)``, a chain of
-    shared-prefix segments with the prompt tokens each one covers (cumulative); the
-    instance serving the request reuses the longest chain it has already computed."""
-
-    id: int
-    arrival_s: float
-    input_tokens: int
-    output_tokens: int
-    cached_tokens: int = 0
-    prefix: tuple = ()
-    cache_key: Optional[str] = None   # what the instance caches when the request finishes (its whole context)
 
 
 @attrs.frozen

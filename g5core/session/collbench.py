@@ -24,6 +24,15 @@ import re
 from typing import Iterable
 
 from g5core.api.errors import ConfigError
+from g5core.api.errors import suggest
+from g5core.api.ops import CommOp
+from g5core.api.plugins import Hooks, make_plugin_manager
+from g5core.inputs.systems import SystemSpec, get_system
+from g5core.lower.builder import make_topology
+from g5core.lower.collective import collect_primitives
+from g5core.lower.dag import OpDag
+from g5core.sim.compile import compile_ops
+from g5core.sim.engine import Engine
 
 #: nccl-tests names accepted as aliases
 ALIASES = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
@@ -76,9 +85,6 @@ def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterabl
                     disabled: Iterable[str] = (), dtype: str = "float", redop: str = "sum") -> list[dict]:
     """One row per size: ``size_bytes, count, type, redop, root, time_s, algbw_bytes_per_s,
     busbw_bytes_per_s, in_place_time_s, algorithm, protocol, channels``."""
-    from g5core.api.errors import suggest
-    from g5core.sim.engine import Engine
-
     primitive = ALIASES.get(primitive, primitive)
     if dtype not in NCCL_TYPES:
         raise ConfigError("--dtype", f"unknown type {dtype!r}{suggest(dtype, NCCL_TYPES)}; nccl-tests' -d takes "
@@ -105,14 +111,6 @@ def collective_rows(primitive: str, system_name: str, chips: int, sizes: Iterabl
 def collective_compiler(primitive: str, system_name: str, chips: int, disabled: Iterable[str] = ()):
     """A function of the size in bytes per rank: the compiled DAG of one ``primitive`` over
     chips ``0 .. chips - 1`` of ``system_name``, lowered by the enabled plugins."""
-    from g5core.lower.builder import make_topology
-    from g5core.lower.collective import collect_primitives
-    from g5core.api.ops import CommOp
-    from g5core.lower.dag import OpDag
-    from g5core.sim.engine import compile_ops
-    from g5core.api.plugins import Hooks, make_plugin_manager
-    from g5core.inputs.systems import SystemSpec, get_system
-
     if isinstance(chips, bool) or not isinstance(chips, int) or chips < 2:
         raise ConfigError("--chips", f"a collective needs at least 2 chips, got {chips!r}")
     if primitive == "p2p" and chips != 2:
@@ -121,8 +119,6 @@ def collective_compiler(primitive: str, system_name: str, chips: int, disabled: 
     hooks = Hooks(make_plugin_manager(disabled=tuple(disabled)))
     primitives = collect_primitives(hooks)
     if primitive not in primitives:
-        from g5core.api.errors import suggest
-
         raise ConfigError("OP", f"unknown collective {primitive!r}{suggest(primitive, primitives)}; "
                                 f"the enabled plugins lower {', '.join(primitives) or 'none'}")
     system = system_name if isinstance(system_name, SystemSpec) else get_system(system_name)
@@ -144,13 +140,6 @@ def bench_rows(name: str, system_name: str, chips: int, tokens: Iterable[int], p
     """``g5 collective NAME`` for a name a plugin answers through ``g5_bench_ops`` (EP
     dispatch and combine): one row per token count, ``tokens, time_s, <column>_bytes_per_s``
     for every logical-bytes column the plugin gives (bytes per rank / time), ``algorithm``."""
-    from g5core.lower.builder import make_topology
-    from g5core.lower.dag import OpDag
-    from g5core.lower.collective import collect_primitives
-    from g5core.sim.engine import Engine, compile_ops
-    from g5core.api.plugins import Hooks, make_plugin_manager
-    from g5core.inputs.systems import get_system
-
     if isinstance(chips, bool) or not isinstance(chips, int) or chips < 2:
         raise ConfigError("--chips", f"an exchange needs at least 2 chips, got {chips!r}")
     hooks = Hooks(make_plugin_manager(disabled=tuple(disabled)))

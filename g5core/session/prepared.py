@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import pathlib
+import time
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import attrs
@@ -36,12 +37,21 @@ import attrs
 from g5core.api.errors import ConfigError, ResourceError
 from g5core.lower.builder import DEFAULT_MAX_OPS, check_size, plan_for_step
 from g5core.lower.shape import collect_shard_axes
+from g5core.lower.steprules import step_rules
 from g5core.lower.symmetry import off_reason, plan_symmetry
 from g5core.inputs.config import Deployment, apply_overrides, load_config_file
 from g5core.inputs.step import Step, as_step, phase_metrics
 from g5core.sim.results import step_choices
 from g5core.sim.compute import LatencyLookup
 from g5core.sim.memory import ChipMemory, MemoryReport, kv_cache_bytes, memory_report
+from g5core.lower.builder import build_dag
+from g5core.lower.layers import build_program
+from g5core.lower.symmetry import check_resources
+from g5core.session.mathpath import math_estimate
+from g5core.session.run import _check_finite, _gc_paused, make_plan, simulate_plan, tokens_per_s_per_chip
+from g5core.sim.compile import compile_dag
+from g5core.sim.engine import Engine
+from g5core.sim.results import check_conservation, summarize
 
 
 #: prepared runs of distinct steps kept for plan_for / memory (each holds its shape only)
@@ -94,7 +104,8 @@ class PreparedPlan:
     Build it with :func:`prepare`. Attributes: ``deployment`` (the validated deployment of
     the configuration's own step), ``plan`` (the prepared run of that step,
     :class:`g5core.lower.builder.Plan`), ``symmetry`` (the replica decision, made once),
-    ``lookup`` (the compute-latency lookup shared by every step)."""
+    ``lookup`` (the compute-latency lookup shared by every step), ``step_rules`` (what the
+    layout's dimensions require of every step: :func:`g5core.lower.steprules.step_rules`)."""
 
     def __init__(self, plan, symmetry: bool | str = True, max_ops: Optional[int] = None, check: bool = True):
         if plan.microbatches is not None:
@@ -109,6 +120,7 @@ class PreparedPlan:
         self.symmetry = plan_symmetry(plan.ctx, off_reason(symmetry))
         self._axes = collect_shard_axes(plan.hooks)
         self.lookup = LatencyLookup(hooks=plan.hooks, system=plan.ctx.system, deployment=self.deployment)
+        self.step_rules = step_rules(plan.hooks, self.deployment)
         self._results: dict[Step, StepResult] = {}
         self._plans: dict[Step, Any] = {self.deployment.step: plan}
         self.hits = 0
@@ -150,12 +162,10 @@ class PreparedPlan:
             self.hits += 1
             return hit
         self.misses += 1
-        from g5core.session.run import simulate as simulate_plan  # run imports this module's users
 
         plan = self.plan_for(step)
         self.lookup.deployment = plan.ctx.deployment
         if plan.ctx.deployment.path == "math":  # the closed form, as `g5 run` gives it for path: math
-            from g5core.session.mathpath import math_estimate
 
             sim = math_estimate(plan)
         else:
@@ -169,7 +179,6 @@ class PreparedPlan:
                                 f"{self.max_ops:,}; raise the limit (max_ops) or use a smaller deployment")
         ledger = memory_report(plan.ctx)
         dep = plan.ctx.deployment
-        from g5core.session.run import tokens_per_s_per_chip
 
         metrics = phase_metrics(dep.phase, sim.latency_s)
         result = StepResult(
@@ -270,8 +279,6 @@ def sample_program(ctx):
     """The logical ops of one layer of each kind (the same logical ops, on the same chips,
     after a layer on the same chips: the size estimate's classes), the embedding and the
     head, in program order, each keeping only the inputs the sample holds."""
-    from g5core.lower.layers import build_program
-
     model = ctx.model
     program = build_program(model)
     layers: dict[int, list] = {}
@@ -291,8 +298,6 @@ def sample_program(ctx):
 
 
 def _sample_dag(plan, sym, program):
-    from g5core.lower.builder import build_dag
-
     return build_dag(plan, program=program, chips=sym.chips() if sym.applied else None)
 
 
@@ -312,14 +317,6 @@ def _structure_key(dag) -> tuple:
 def _run_built(plan, dag, sym, check: bool, edges):
     """Compile, run and summarise an op DAG already built for ``plan`` (one replica where
     ``sym`` applies, as it did for the DAG's first step), ``edges`` its successor lists."""
-    import time
-
-    from g5core.sim.engine import Engine, compile_dag
-    from g5core.sim.results import check_conservation, summarize
-    from g5core.session.run import _check_finite, _gc_paused
-
-    from g5core.lower.symmetry import check_resources
-
     with _gc_paused():
         t0 = time.perf_counter()
         compiled = compile_dag(dag, plan, edges)
@@ -351,8 +348,6 @@ def prepare(config: Mapping | Deployment | str | pathlib.Path, *, overrides: Ite
     or JSON file; ``overrides`` are ``dotted.key=value`` strings as ``--set`` takes them
     (``step.0.cached_tokens=4096``); ``disabled`` names plugins to disable; ``symmetry``
     and ``max_ops`` as for :func:`g5core.session.run.run`. Bad input raises ConfigError."""
-    from g5core.session.run import make_plan
-
     if isinstance(config, (str, pathlib.Path)):
         config = load_config_file(config)
     overrides = tuple(overrides)

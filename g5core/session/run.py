@@ -14,13 +14,14 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
-from g5core.lower.builder import Plan, ReplicaSpill, build_dag, check_size, prepare
+from g5core.lower.builder import Plan, ReplicaSpill, build_dag, check_size, plan_deployment
 from g5core.lower.microbatch import (
     CYCLES, MAX_CYCLES, copy_contexts, head_end_times, microbatch_program, steady_cycle_s,
 )
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load_config_file
-from g5core.sim.engine import Engine, compile_dag
+from g5core.sim.engine import Engine
+from g5core.sim.compile import compile_dag
 from g5core.session.mathpath import MathResult, math_estimate
 from g5core.sim.memory import MemoryReport, memory_report
 from g5core.api.plugins import make_plugin_manager
@@ -38,7 +39,7 @@ def make_plan(raw: Mapping | Deployment, disabled: Iterable[str] = (), extra_plu
     """Plugin manager (CLI and config disables together) and a validated, prepared run."""
     names = all_disabled(raw, disabled)
     pm = make_plugin_manager(disabled=names, extra_plugins=extra_plugins)
-    plan = prepare(raw, pm, source=source, max_ops=max_ops)
+    plan = plan_deployment(raw, pm, source=source, max_ops=max_ops)
     if names and not plan.ctx.deployment.disabled_plugins == names:
         plan.ctx.deployment = attrs.evolve(plan.ctx.deployment, disabled_plugins=names)
     return plan
@@ -58,7 +59,7 @@ def input_files(config_path, raw: Mapping) -> list[tuple[str, Any]]:
 Progress = Optional[Callable[[str], None]]
 
 
-def simulate(plan: Plan, engine_cls: type = Engine, check: bool = True, progress: Progress = None,
+def simulate_plan(plan: Plan, engine_cls: type = Engine, check: bool = True, progress: Progress = None,
              record_port_rates: bool = False, symmetry: bool | str = True,
              timings: Optional[dict] = None, max_ops: Optional[int] = None) -> SimResult:
     """Build the DAG, run the engine, and check the six conservation KPIs.
@@ -221,7 +222,7 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
         max_ops: Optional[int] = None, symmetry: bool | str = True) -> RunOutput:
     """Validate, refuse a run above ``max_ops`` ops and flows (default
     ``build.DEFAULT_MAX_OPS``) before building anything, then simulate or estimate.
-    ``symmetry``: see :func:`simulate`."""
+    ``symmetry``: see :func:`simulate_plan`."""
     plan = make_plan(raw, disabled, extra_plugins, max_ops=max_ops)
     dep = plan.ctx.deployment
     replicas = plan_symmetry(plan.ctx, off_reason(symmetry)).replicas if dep.path != "math" else 1
@@ -240,7 +241,7 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
                                  system=plan.ctx.system)
         except ConfigError as exc:
             raise ConfigError("--compare-math", f"the Math path refuses this configuration: {exc}") from None
-    sim = simulate(plan, progress=progress, record_port_rates=record_port_rates, symmetry=symmetry, max_ops=max_ops)
+    sim = simulate_plan(plan, progress=progress, record_port_rates=record_port_rates, symmetry=symmetry, max_ops=max_ops)
     mres = math_estimate(plan) if compare_math else None
     return _finite(RunOutput(deployment=dep, plan=plan, memory=memory, sim=sim, math=mres))
 

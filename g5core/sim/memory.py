@@ -13,6 +13,9 @@ import numpy as np
 
 from g5core.api.errors import PluginError
 from g5core.api.records import CATEGORIES, MemoryTerm
+from g5core.lower.layers import (
+    WEIGHT_CLASS, attention_dims, build_program, group_kind, local_projections, weight_elements,
+)
 
 GIB = float(2 ** 30)
 
@@ -59,7 +62,6 @@ def activation_peak_bytes(ctx, layers: list[int]) -> float:
     """
     if not layers:
         return 0.0
-    from g5core.lower.layers import attention_dims, group_kind, local_projections
 
     m, s = ctx.model, ctx.activation_shape or ctx.shape
     d = m.hidden_size
@@ -175,14 +177,10 @@ def _ranges(chips: list[int]) -> str:
     return ",".join(parts)
 
 
-def weight_bytes_by_chip(ctx, kinds=None) -> tuple[dict[int, float], dict[int, list[int]]]:
-    """Weight bytes each chip holds, of the logical ops of ``kinds`` (None: every op), and
-    the decoder layers each chip holds (the one formula: weight elements x their bytes)."""
-    from g5core.lower.layers import WEIGHT_CLASS, build_program, weight_elements
-
+def _layer_weight_bytes(ctx, kinds=None) -> dict[int, float]:
+    """One chip's weight bytes in each layer it holds, of the logical ops of ``kinds``
+    (None: every op); the one formula: weight elements x their bytes."""
     m, dep, s = ctx.model, ctx.deployment, ctx.shape
-    weights: dict[int, float] = {c: 0.0 for c in ctx.all_chips}
-    layers_on: dict[int, list[int]] = {c: [] for c in ctx.all_chips}
     per_layer: dict[int, float] = {}
     per_kind: dict[str, float] = {}  # one chip's weight bytes of a kind: the same in every layer
     for lop in build_program(m):
@@ -193,11 +191,42 @@ def weight_bytes_by_chip(ctx, kinds=None) -> tuple[dict[int, float], dict[int, l
             wclass = WEIGHT_CLASS.get(lop.kind, "default")
             per_kind[lop.kind] = weight_elements(lop.kind, m, s) * dep.dtypes.weight_element_bytes(wclass)
         per_layer[lop.layer] = per_layer.get(lop.layer, 0.0) + per_kind[lop.kind]
+    return per_layer
+
+
+def _chip_groups(ctx, layers) -> tuple[np.ndarray, np.ndarray, dict[int, int]]:
+    """The chips grouped by the layers they hold: ``(groups, inverse, set_of_layer)``, where
+    ``groups[g, set_of_layer[layer]]`` says whether the chips of group ``g`` hold ``layer``
+    and ``inverse[c]`` is chip ``c``'s group."""
+    n = ctx.rankmap.chips
+    sets: dict[tuple, int] = {}
+    set_of_layer: dict[int, int] = {}
+    for layer in layers:
+        set_of_layer[layer] = sets.setdefault(ctx.layer_chips(layer), len(sets))
+    member = np.zeros((len(sets), n), dtype=bool)
+    for chips, j in sets.items():
+        member[j, np.asarray(chips, dtype=np.int64)] = True
+    groups, inverse = np.unique(member.T, axis=0, return_inverse=True) if n else \
+        (np.zeros((0, len(sets)), dtype=bool), np.zeros(0, dtype=np.int64))
+    return groups, np.asarray(inverse).reshape(-1), set_of_layer
+
+
+def weight_bytes_per_chip(ctx, kinds=None) -> np.ndarray:
+    """The ledger's weight bytes on every chip ``0 .. n - 1``, of the logical ops of ``kinds``
+    (None: every op, the ``weights`` term itself): the same sums, in the same order, as the
+    ledger's (:func:`core_terms`), e.g. the attention weights a plugin replicates."""
+    per_layer = _layer_weight_bytes(ctx, kinds)
+    groups, inverse, set_of_layer = _chip_groups(ctx, per_layer)
+    return np.asarray([_held(per_layer, row, set_of_layer)[0] for row in groups], dtype=float)[inverse]
+
+
+def _held(per_layer: dict[int, float], row, set_of_layer: dict[int, int]) -> tuple[float, list[int]]:
+    """A chip group's weight bytes (summed in layer order) and the layers it holds."""
+    weights, layers_on = 0.0, []
     for layer, nbytes in per_layer.items():
-        for c in ctx.layer_chips(layer):
-            weights[c] += nbytes
-            if 0 <= layer < m.n_layers:
-                layers_on[c].append(layer)
+        if row[set_of_layer[layer]]:
+            weights += nbytes
+            layers_on.append(layer)
     return weights, layers_on
 
 
@@ -206,36 +235,15 @@ def core_terms(ctx) -> list[MemoryTerm]:
 
     Chips that hold the same layers hold the same bytes: the chips are grouped by the
     layers they hold (numpy, from the distinct chip sets of the layers) and each term is
-    worked out once per group, in the same order of additions as chip by chip
-    (:func:`weight_bytes_by_chip` is the chip-by-chip form)."""
-    from g5core.lower.layers import WEIGHT_CLASS, build_program, weight_elements
-
+    worked out once per group, in the same order of additions as chip by chip."""
     m, dep, s = ctx.model, ctx.deployment, ctx.shape
-    n = ctx.rankmap.chips
-    per_layer: dict[int, float] = {}
-    for lop in build_program(m):
-        wclass = WEIGHT_CLASS.get(lop.kind, "default")
-        per_layer[lop.layer] = per_layer.get(lop.layer, 0.0) + (
-            weight_elements(lop.kind, m, s) * dep.dtypes.weight_element_bytes(wclass))
-    sets: dict[tuple, int] = {}
-    set_of_layer: dict[int, int] = {}
-    for layer in per_layer:
-        set_of_layer[layer] = sets.setdefault(ctx.layer_chips(layer), len(sets))
-    member = np.zeros((len(sets), n), dtype=bool)
-    for chips, j in sets.items():
-        member[j, np.asarray(chips, dtype=np.int64)] = True
-    groups, inverse = np.unique(member.T, axis=0, return_inverse=True) if n else \
-        (np.zeros((0, len(sets)), dtype=bool), np.zeros(0, dtype=np.int64))
-    inverse = np.asarray(inverse).reshape(-1)
+    per_layer = _layer_weight_bytes(ctx)
+    groups, inverse, set_of_layer = _chip_groups(ctx, per_layer)
     c_kv = m.kv_bytes_per_token_per_layer(dep.dtypes.kv_cache_element_bytes)
     w_g, kv_g, act_g = [], [], []
     for row in groups:
-        weights, layers_on = 0.0, []
-        for layer, nbytes in per_layer.items():
-            if row[set_of_layer[layer]]:
-                weights += nbytes
-                if 0 <= layer < m.n_layers:
-                    layers_on.append(layer)
+        weights, held = _held(per_layer, row, set_of_layer)
+        layers_on = [layer for layer in held if 0 <= layer < m.n_layers]
         w_g.append(weights)
         # decode micro-batches cycling through the pipeline each keep their sequences' KV
         kv_g.append(ctx.resident_batches * kv_bytes_on(m, dep, s, c_kv, layers_on))

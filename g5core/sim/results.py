@@ -10,9 +10,11 @@ import numpy as np
 from g5core.inputs.step import phase_metrics
 from g5core.sim.compute import coverage_from_columns, exact_sum_repeated
 from g5core.lower.dag import OpDag
-from g5core.sim.engine import CompiledDag, Engine
+from g5core.sim.engine import Engine
+from g5core.sim.compile import CompiledDag
 from g5core.api.errors import ConservationError
 from g5core.lower.symmetry import WHOLE_RUN, Symmetry
+from g5core.lower.topology import KIND_NAMES
 
 # Sums of intervals (comm time, its exposed part) agree with one another to about this
 # fraction of their size: closer than this they are equal, the difference float rounding.
@@ -244,8 +246,6 @@ def comm_bytes_by_reason(dag: OpDag, d: CompiledDag, replicas: int = 1) -> dict:
 
 def _fsum_replicated(values: np.ndarray, replicas: int) -> float:
     """The exactly-rounded sum of ``replicas`` copies of ``values`` (what the full run sums)."""
-    from g5core.sim.compute import exact_sum_repeated
-
     distinct, counts = np.unique(np.asarray(values, dtype=float), return_counts=True)
     return float(exact_sum_repeated(zip(distinct.tolist(), (counts * replicas).tolist())))
 
@@ -361,8 +361,6 @@ def network_load(sim: SimResult, topology) -> list[dict]:
     ``busiest_port``, ``busiest_bytes``, ``utilization`` (its bytes over its capacity times
     the step) and ``busy_fraction`` (the share of the step a flow was on it). A tier no
     flow crossed is left out."""
-    from g5core.lower.topology import KIND_NAMES
-
     d = sim.compiled
     n_ports = len(d.port_capacity)
     if not len(d.flow_bytes) or sim.latency_s <= 0:

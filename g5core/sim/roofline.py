@@ -8,7 +8,7 @@
 + launch_overhead_s``.
 
 **Size-aware** (the system file has a ``compute_model`` block): the op's time is the sum of
-its kernels' times (:mod:`g5core.sim.compute` gives their shapes) plus ``launch_overhead_s`` once;
+its kernels' times (:mod:`g5core.lower.kernels` gives their shapes) plus ``launch_overhead_s`` once;
 each kernel takes ``max(compute_s, memory_s, floor_s)``, with
 ``memory_s = kernel bytes / (hbm_bw * hbm_fraction)`` and ``floor_s`` the measured shortest
 kernel of its kind (``kernel_floor_s``), and:
@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 
 from g5core.inputs.framework import fused_bytes, kernel_hosts
-from g5core.sim.compute import Attention, Gemm
+from g5core.lower.kernels import Attention, Gemm
 
 
 def roofline_latency_s(op_class, flops, hbm_bytes, dtype, system) -> float:

@@ -23,6 +23,10 @@ from g5core.inputs.config import all_disabled
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.api.plugins import Hooks, make_plugin_manager
+from g5core.inputs.models import get_model
+from g5core.session.run import make_plan
+from g5core.sim.memory import memory_report
+from g5core.study.sweep import run_sweep
 
 #: objective -> (column, best is the largest)
 OBJECTIVES = {"ttft": ("ttft_s", False), "tpot": ("tpot_s", False), "tokens_per_s_per_chip": ("tokens_per_s_per_chip", True),
@@ -135,9 +139,6 @@ def pareto_front(cands: Sequence[Candidate]) -> tuple[Candidate, ...]:
 def prefilter(raw: Mapping, layouts: Sequence[dict], disabled: Sequence[str] = (),
               extra_plugins: Sequence = ()) -> tuple[list[dict], list[Exclusion]]:
     """Split layouts into those to simulate and those excluded (invalid, or not fitting by the ledger)."""
-    from g5core.sim.memory import memory_report
-    from g5core.session.run import make_plan
-
     keep, excluded = [], []
     for par in layouts:
         try:
@@ -161,8 +162,6 @@ def best_layouts(raw: Mapping, objective: Optional[str] = None, db_path=None, di
                  workers: int = 1, executor: str = "local", progress=None, extra_plugins: Sequence = (),
                  inputs: Sequence = ()) -> SearchResult:
     """Enumerate, pre-filter, simulate (through the sweep machinery) and rank every layout."""
-    from g5core.study.sweep import run_sweep
-
     phase = raw.get("phase")
     if "step" in raw:  # a step list: its phase (prefill, decode or mixed)
         try:
@@ -175,7 +174,6 @@ def best_layouts(raw: Mapping, objective: Optional[str] = None, db_path=None, di
     chips = raw.get("chips")
     if isinstance(chips, bool) or not isinstance(chips, int) or chips <= 0:
         raise ConfigError("chips", f"must be a positive whole number, got {chips!r}")
-    from g5core.inputs.models import get_model
     model = get_model(raw.get("model")) if isinstance(raw.get("model"), str) else None
     layouts = enumerate_layouts(chips, dims, moe=model is None or model.moe is not None)
     keep, excluded = prefilter(raw, layouts, disabled, extra_plugins)

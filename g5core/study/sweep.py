@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import attrs
 import yaml
+from tqdm import tqdm
 
 from g5core.version import __version__
 from g5core.inputs.config import Deployment, all_disabled, apply_overrides, shorthand_of
@@ -39,6 +40,8 @@ from g5core.api.errors import ConfigError, G5Error
 from g5core.api.plugins import Hooks, make_plugin_manager
 from g5core.api.records import SweepPreset
 from g5core.study.resultsdb import ResultsDB, config_hash, utc_now
+from g5core.api.errors import suggest
+from g5core.session.run import make_plan, run
 
 AUTO = "auto"
 Grid = tuple[tuple[str, tuple], ...]
@@ -178,8 +181,6 @@ def run_cell(raw: Mapping, disabled: Sequence[str] = (), runner: Optional[Callab
     A G5 error (invalid layout, refused configuration) is a row with ``status = 'error'``
     and the message; any other exception is a bug and propagates.
     """
-    from g5core.session.run import run
-
     t0 = time.perf_counter()
     try:
         if runner is not None:
@@ -254,7 +255,7 @@ class DaskExecutor:
 
     def __enter__(self):
         try:
-            import distributed
+            import distributed  # optional (the distributed extra, --executor dask)
         except ImportError:
             raise ConfigError("--executor", "dask needs the distributed extra: pip install 'g5[distributed]'") from None
         if self.address:
@@ -279,7 +280,7 @@ class DaskExecutor:
 
     @staticmethod
     def wait(futures):
-        import distributed
+        import distributed  # optional (the distributed extra, --executor dask)
 
         return distributed.wait(futures, return_when="FIRST_COMPLETED").done
 
@@ -331,8 +332,6 @@ class BarProgress:
         self.failed = 0
 
     def start(self, total: int) -> None:
-        from tqdm import tqdm
-
         self.bar = tqdm(total=total, unit="cell", file=self.stream, dynamic_ncols=True, desc="sweep")
 
     def cell(self, n: int, label: str, row: Optional[Mapping]) -> None:
@@ -429,8 +428,6 @@ def _plan_cell(n: int, base: Mapping, point: Mapping, disabled: Sequence[str], d
 
 def check_base(base: Mapping, disabled: Sequence[str] = (), extra_plugins: Sequence = ()) -> None:
     """The base configuration must be valid by itself (after ``auto``): an error before any file is written."""
-    from g5core.session.run import make_plan
-
     names = all_disabled(base, disabled)
     raw = resolve_auto(base, _Dims(extra_plugins)(names))
     make_plan(raw, disabled, extra_plugins, source="base configuration")
@@ -580,8 +577,6 @@ class PresetReport:
 def get_preset(name: str, disabled: Sequence[str] = (), extra_plugins: Sequence = ()) -> SweepPreset:
     presets = collect_presets(Hooks(make_plugin_manager(disabled=disabled, extra_plugins=extra_plugins)))
     if name not in presets:
-        from g5core.api.errors import suggest
-
         known = ", ".join(sorted(presets)) or "none"
         raise ConfigError("preset", f"no enabled plugin registers the sweep preset '{name}'"
                                     f"{suggest(name, presets)}; registered: {known}")

@@ -27,8 +27,11 @@ import hashlib
 import math
 import os
 import pathlib
+import resource
 import shlex
 import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Sequence
 
 import attrs
@@ -37,6 +40,9 @@ import yaml
 from g5core.inputs.config import apply_overrides, load_config_file
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.systems import CATALOG_NAMES, SystemSpec, get_system
+from g5core.inputs.outputs import check_outputs
+from g5core.session.prepared import PreparedPlan
+from g5core.session.run import make_plan, run
 
 COLUMNS = ("config", "set", "metric", "measured_ms", "source")
 METRICS = {"ttft": "prefill", "tpot": "decode"}
@@ -126,8 +132,6 @@ _TEMPLATES: dict = {}
 def predict_ms(row: Row, csv_path, system_override: str | None = None) -> float:
     """The row's predicted time; through a prepared plan whose op-DAG templates are kept per
     row across systems (a configuration a prepared plan refuses, pp micro-batches, runs whole)."""
-    from g5core.session.prepared import PreparedPlan
-    from g5core.session.run import make_plan, run  # late import: run imports the engine
     raw = row_config(row, system_override)
     try:
         plan = make_plan(raw)
@@ -275,10 +279,9 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
     file is refused when the fit's leave-one-out error is worse than the prior's error,
     unless ``force``."""
     try:
-        from scipy.optimize import least_squares
+        from scipy.optimize import least_squares  # optional (the measured extra)
     except ImportError:
         raise ConfigError("calibrate", "needs scipy: python3 -m pip install -e '.[measured]'") from None
-    from g5core.inputs.outputs import check_outputs
 
     if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1:
         raise ConfigError("--max-evals", f"must be a positive whole number, got {max_evals!r}")
@@ -318,17 +321,12 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
         p.write_text(yaml.safe_dump(data), encoding="utf-8")
         return str(p)
 
-    import resource
-    import time
-
     def cpu_s() -> float:
         own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
         return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
     pool = None
     if workers > 1:
-        from concurrent.futures import ProcessPoolExecutor
-
         pool = ProcessPoolExecutor(max_workers=min(workers, len(rows)))
     phase = ["sensitivity"]
     t_start, cpu_start = time.perf_counter(), cpu_s()

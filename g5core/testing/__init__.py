@@ -28,7 +28,7 @@ wrong, and returns ``None`` when the contract holds. ``HOOK_CHECKS`` maps every 
 :mod:`g5core.api.hookspecs` to the checks that test it; :func:`check_hook_coverage` (the
 meta-check) fails when a hook is added without a check or a docstring.
 
-The checks only call the build phase (:func:`g5core.lower.builder.prepare`, :func:`~g5core.lower.builder.expand`,
+The checks only call the build phase (:func:`g5core.lower.builder.plan_deployment`, :func:`~g5core.lower.builder.expand`,
 :func:`~g5core.lower.builder.build_dag`), the plugins' own hook implementations through the
 :class:`~g5core.api.plugins.Hooks` facade, and, for communication primitives, the engine on a
 one-op DAG. Use small models (a Hugging Face ``config.json`` with two layers) to keep them fast.
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -44,21 +45,33 @@ import attrs
 import networkx as nx
 
 from g5core.api import hookspecs
-from g5core.lower.builder import Plan, build_dag, check_op, expand, prepare
+from g5core.lower.builder import Plan, build_dag, check_op, expand, plan_deployment
 from g5core.api.records import Lowering
 from g5core.lower.topology import Topology
 from g5core.inputs.config import TOP_LEVEL_KEYS, all_disabled
-from g5core.sim.compute import answer_seconds, scaled_kernel
+from g5core.lower.kernels import scaled_kernel
+from g5core.sim.compute import answer_seconds
 from g5core.api.ops import CommOp, ComputeOp, Fragment
 from g5core.lower.dag import OpDag
 from g5core.api.dimensions import collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError
 from g5core.lower.layers import SYNC_KINDS, build_program, iter_layers
-from g5core.api.records import CATEGORIES, MemoryTerm
+from g5core.api.records import CATEGORIES, MemoryTerm, StepRules
+from g5core.inputs.step import Step, StepGroup
+from g5core.lower.steprules import checked_split
 from g5core.api.work import LogicalOp
 from g5core.sim.memory import memory_report
 from g5core.api.plugins import Hooks, describe_plugins, make_plugin_manager
 from g5core.lower.shape import SHARD_AXES
+from g5core.api.options import collect_options
+from g5core.lower.microbatch import PipelineMicrobatches
+from g5core.lower.shape import collect_shard_axes
+from g5core.serve.registry import serving_registry
+from g5core.serve.scheduler import SchedulerSettings
+from g5core.serve.traces import BUILTIN_FORMATS
+from g5core.sim.compile import compile_dag, compile_ops
+from g5core.sim.engine import Engine
+from g5core.study.sweep import collect_presets
 
 __all__ = [
     "CHECKS", "ContractError", "applicable_checks", "GENERAL_CHECKS", "GUARD_HOOKS", "HOOK_CHECKS", "check_plugin",
@@ -149,8 +162,6 @@ _ACCEPTED: dict = {}
 
 def _accepted(raw: Mapping, extra_plugins: tuple) -> bool:
     """Whether the enabled plugins accept ``raw`` (a ConfigError: a step they refuse)."""
-    import json
-
     key = (json.dumps(raw, sort_keys=True, default=str), tuple(name for name, _ in extra_plugins))
     if key not in _ACCEPTED:
         try:
@@ -166,7 +177,7 @@ def _pm(extra_plugins: Sequence, disabled: Iterable[str] = (), raw: Mapping | No
 
 
 def _plan(raw: Mapping, extra_plugins: Sequence, disabled: Iterable[str] = ()) -> Plan:
-    return prepare(raw, _pm(extra_plugins, disabled, raw))
+    return plan_deployment(raw, _pm(extra_plugins, disabled, raw))
 
 
 def _own_impls(hooks: Hooks, hook_name: str, plugin: str) -> list:
@@ -290,8 +301,6 @@ def check_options(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
     unknown option under ``plugins.<plugin>`` is a :class:`~g5core.api.errors.ConfigError` naming
     that field; and with the plugin disabled none of its options is declared.
     """
-    from g5core.api.options import collect_options
-
     own = collect_options(Hooks(_pm(extra_plugins))).of(plugin)
     if own != collect_options(Hooks(_pm(extra_plugins))).of(plugin):
         raise _fail(plugin, check_options, "declares different options on two calls")
@@ -328,8 +337,6 @@ def check_shard_axes(plugin: str, configs, extra_plugins: Sequence = ()) -> None
     Each configuration's local shape has a factor for every registered axis (1 when nobody
     divides it); registering is deterministic; with the plugin disabled the axes are gone.
     """
-    from g5core.lower.shape import collect_shard_axes
-
     axes = collect_shard_axes(Hooks(_pm(extra_plugins)))
     if axes != collect_shard_axes(Hooks(_pm(extra_plugins))):
         raise _fail(plugin, check_shard_axes, "registers different axes on two calls")
@@ -384,8 +391,6 @@ def check_pipeline_microbatches(plugin: str, configs, extra_plugins: Sequence = 
     parts are the step's (decode batches of ``batch`` sequences, prefill chunks adding up
     to ``seq_len``), the same on two calls.
     """
-    from g5core.lower.microbatch import PipelineMicrobatches
-
     for raw in _as_configs(configs, extra_plugins):
         ctx, answers = _stable_deployment_answers(plugin, check_pipeline_microbatches, raw, extra_plugins, "g5_pipeline_microbatches")
         for answer in answers:
@@ -570,7 +575,7 @@ def check_memory_terms(plugin: str, configs, extra_plugins: Sequence = ()) -> No
 
 
 def _probe_args(plan: Plan, chips_needed: int) -> dict[str, Any]:
-    """:func:`~g5core.sim.engine.compile_ops`'s arguments for ``plan``'s ops on a topology of
+    """:func:`~g5core.sim.compile.compile_ops`'s arguments for ``plan``'s ops on a topology of
     at least two nodes and ``chips_needed`` chips."""
     topo: Topology = plan.ctx.topology
     chips = max(chips_needed, 2 * topo.chips_per_node, 2)
@@ -580,8 +585,6 @@ def _probe_args(plan: Plan, chips_needed: int) -> dict[str, Any]:
 
 def _lone_comm_time_s(probe, primitive: str, group: tuple, nbytes: float) -> tuple[float, dict]:
     """Engine time of one comm op alone on idle ports, and the bytes each rank sends."""
-    from g5core.sim.engine import Engine, compile_ops
-
     dag = OpDag()
     dag.add_op(CommOp(key="contract.probe", primitive=primitive, group=group, bytes_per_rank=nbytes,
                       reason="contract_probe", layer=0, name="probe", owner="contract"))
@@ -608,6 +611,29 @@ def check_step_choices(plugin: str, configs, extra_plugins: Sequence = ()) -> No
                     for k, v in answer.items()):
                 raise _fail(plugin, check_step_choices, f"{_where(raw)} answered {answer!r}, not a mapping of "
                                                         "names to strings or numbers")
+
+
+@_contract_check
+def check_step_rules(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
+    """``g5_step_rules``: ``None`` or a :class:`~g5core.api.records.StepRules`; when it
+    refuses mixed steps, its split of a mixed step (a prefill chunk and decodes, at its
+    token multiple) is steps, none mixed, holding the step's groups between them."""
+    for raw in _as_configs(configs, extra_plugins):
+        plan = _plan(raw, extra_plugins)
+        for answer in _call_own(plan.hooks, "g5_step_rules", plugin, deployment=plan.ctx.deployment):
+            if answer is None:
+                continue
+            if not isinstance(answer, StepRules):
+                raise _fail(plugin, check_step_rules, f"{_where(raw)} answered {answer!r}, not a StepRules")
+            if answer.mixed:
+                continue
+            m = answer.token_multiple
+            mixed = Step([StepGroup(new_tokens=4 * m, cached_tokens=2 * m, count=1),
+                          StepGroup(new_tokens=1, cached_tokens=8 * m - 1, count=3)])
+            try:
+                checked_split(plugin, answer.split, mixed)
+            except PluginError as exc:
+                raise _fail(plugin, check_step_rules, f"{_where(raw)}: {exc}") from None
 
 
 def check_comm_cost_monotone(plugin: str, configs, extra_plugins: Sequence = ()) -> None:
@@ -768,8 +794,6 @@ def check_deterministic(plugin: str, configs, extra_plugins: Sequence = ()) -> N
     equal edge lists in the same order, equal compiled durations and flows, and an equal
     memory report.
     """
-    from g5core.sim.engine import compile_dag
-
     for raw in _as_configs(configs, extra_plugins):
         outs = []
         for _ in range(2):
@@ -841,8 +865,6 @@ def check_sweep_presets(plugin: str, configs, extra_plugins: Sequence = ()) -> N
     check (if any) answers an empty sequence of rows with no violation; and with the plugin
     disabled none of its presets is registered.
     """
-    from g5core.study.sweep import collect_presets
-
     own = {n: p for n, p in collect_presets(Hooks(_pm(extra_plugins))).items() if p.owner == plugin}
     again = {n: p for n, p in collect_presets(Hooks(_pm(extra_plugins))).items() if p.owner == plugin}
     if own != again:
@@ -872,12 +894,9 @@ def check_serving_registrations(plugin: str, configs, extra_plugins: Sequence = 
     with ``add``, ``schedule``, ``work``, ``finish_step``, ``release``, ``running``,
     ``waiting``, ``used_blocks``, ``total_blocks`` and ``preemptions``, whose ``schedule()``
     on an empty queue picks nothing; a router factory returns an object with ``choose``;
-    formats are :class:`g5core.serve.traces.TraceFormat` values with a container (csv or
+    formats are :class:`g5core.TraceFormat` values with a container (csv or
     jsonl) and identifying columns.
     """
-    from g5core.serve.registry import serving_registry
-    from g5core.serve.scheduler import SchedulerSettings
-
     def own():
         reg = serving_registry(Hooks(_pm(extra_plugins)))
         return ({n: f for n, (o, f) in reg.schedulers.items() if o == plugin},
@@ -913,8 +932,6 @@ def check_serving_registrations(plugin: str, configs, extra_plugins: Sequence = 
 
 
 def _builtin_formats():
-    from g5core.serve.traces import BUILTIN_FORMATS
-
     return BUILTIN_FORMATS
 
 
@@ -943,6 +960,7 @@ HOOK_CHECKS: Mapping[str, tuple[CheckFn, ...]] = {
     "g5_require_owner": (check_require_owner,),
     "g5_memory_terms": (check_memory_terms,),
     "g5_step_choices": (check_step_choices,),
+    "g5_step_rules": (check_step_rules,),
     "g5_register_primitives": (check_comm_cost_monotone,),
     "g5_topology": (check_topology,),
     "g5_compute_latency": (check_compute_latency,),
@@ -977,10 +995,8 @@ def plugin_contributions(plugin: str, raw: Mapping, extra_plugins: Sequence = ()
         if hook == "g5_register_dimensions":
             n = sum(d.owner == plugin for d in ctx.dims.dims)
         elif hook == "g5_register_options":
-            from g5core.api.options import collect_options
             n = len(collect_options(hooks).of(plugin))
         elif hook == "g5_register_shard_axes":
-            from g5core.lower.shape import collect_shard_axes
             n = len(collect_shard_axes(hooks)) - len(collect_shard_axes(Hooks(_pm(extra_plugins, disabled=[plugin]))))
         elif hook == "g5_register_primitives":
             n = sum(owner == plugin for owner, _ in plan.primitives.values())
@@ -1003,9 +1019,6 @@ def plugin_contributions(plugin: str, raw: Mapping, extra_plugins: Sequence = ()
             n = sum(a is not None for o in ops.values()
                     for a in _call_own(hooks, hook, plugin, op=o, system=ctx.system, deployment=ctx.deployment))
         elif hook in ("g5_register_schedulers", "g5_register_routers", "g5_register_workload_formats"):
-            from g5core.serve.registry import serving_registry
-            from g5core.serve.traces import BUILTIN_FORMATS
-
             reg = serving_registry(hooks)
             n = (sum(o == plugin for o, _ in reg.schedulers.values()) if hook == "g5_register_schedulers" else
                  sum(o == plugin for o, _ in reg.routers.values()) if hook == "g5_register_routers" else

@@ -17,7 +17,7 @@
 """
 from __future__ import annotations
 
-from g5core import ConfigError, Dimension, PluginOption, hookimpl, idle_transfer_s
+from g5core import ConfigError, Dimension, PluginOption, Step, StepRules, hookimpl, idle_transfer_s
 
 PHASE_PLUGIN = {"prefill": "cp_passkv", "decode": "cp_passq"}
 #: the ``plugins.cp.prefill`` choices: the ring algorithm of context-parallel prefill
@@ -28,7 +28,9 @@ MODE_PLUGIN = {"pass_kv": "cp_passkv", "pass_q": "cp_passq"}
 @hookimpl
 def g5_register_dimensions(register):
     register(Dimension(name="cp", factor=True, rank_order=20, default=None,
-                       doc="context parallelism: the sequence split over cp chips (required)"))
+                       doc="context parallelism: the sequence split over cp chips (required)",
+                       missing_hint="context parallelism is now an explicit dimension; add `cp: 1` to keep the "
+                                    "previous behaviour (no context parallelism), and keep dp x tp x pp x cp = chips"))
 
 
 @hookimpl
@@ -63,6 +65,23 @@ def g5_validate_deployment(deployment, model, system):
             if n % (2 * cp):
                 raise ConfigError("step", f"group {g.to_dict()}: {what} tokens {n} are not divisible by 2 x cp = "
                                           f"{2 * cp} (balanced chunk split); use a multiple of {2 * cp}")
+
+
+def split_phases(step: Step) -> tuple[Step, Step]:
+    """A step mixing prefill and decode groups at ``cp > 1``, run as its prefill groups and
+    then its decode groups: CP prefill rotates a ring over the sequence, CP decode runs on
+    the CP root, so one step cannot hold both (``g5_validate_deployment`` refuses it)."""
+    return Step(g for g in step if not g.is_decode), Step(g for g in step if g.is_decode)
+
+
+@hookimpl
+def g5_step_rules(deployment):
+    """Every sequence in ``2 cp`` balanced chunks (token counts padded to a multiple of
+    ``2 cp``, as CP implementations pad a sequence), and no mixed step (``split_phases``)."""
+    cp = deployment.size("cp")
+    if cp == 1:
+        return None
+    return StepRules(token_multiple=2 * cp, mixed=False, split=split_phases)
 
 
 def ring_bandwidth_bytes_per_s(ctx, ring) -> float:

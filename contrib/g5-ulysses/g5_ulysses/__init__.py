@@ -47,7 +47,7 @@ import attrs
 
 from g5core import (
     ConfigError, Dimension, Fragment, MemoryTerm, PluginOption, Work, activation_tensor_bytes, attention_dims,
-    attention_kernel, attention_work, hookimpl, step_attention_work, weight_bytes_by_chip, window_attention_work,
+    attention_kernel, attention_work, hookimpl, step_attention_work, weight_bytes_per_chip, window_attention_work,
 )
 
 NAME = "ulysses"
@@ -252,9 +252,8 @@ def g5_memory_terms(ctx):
     # same ones, so they are replicated sp times (split only as tp splits them). Part of
     # "weights", shown on its own: the cost of Ulysses that EP (sharding the experts over
     # the sp ranks too) does not remove.
-    attention, _ = weight_bytes_by_chip(ctx, ATTENTION_WEIGHT_KINDS)
+    attention = weight_bytes_per_chip(ctx, ATTENTION_WEIGHT_KINDS)  # the ledger's, of those kinds only
     # the all-to-all cannot run in place: one layer's received Q/K/V and output, reused per layer
     return [MemoryTerm(name="ulysses_a2a_buffers", category="workspace",
                        bytes_per_chip={c: qkv_bytes + out_bytes for c in ctx.all_chips}),
-            MemoryTerm(name="sp_replicated_attention_weights", category="weights", bytes_per_chip=attention,
-                       part_of="weights")]
+            MemoryTerm.from_vector("sp_replicated_attention_weights", "weights", attention, part_of="weights")]

@@ -4,17 +4,20 @@ written atomically afterwards; the results database row is added last."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Mapping
 
-from g5core.api.errors import G5Error
+from tqdm import tqdm
+
+from g5core.api.errors import ConfigError, G5Error
 from g5core.serve.api import simulate_serving, split_config, workload_spec
 from g5core.serve.present import dump_trace, render_summary, write_requests_csv
+from g5core.serve.metrics import series
+from g5core.study.serve_db import open_serving_db
 
 
 def _progress_bar():
-    from tqdm import tqdm
-
     bar = {}
 
     def update(done: int, total: int) -> None:
@@ -32,11 +35,6 @@ def serve_command(raw: Mapping, disabled, targets, db_path, inputs, *, as_json: 
     """Run ``g5 serve``; returns the text to print (the summary or the JSON object)."""
     db = None
     if db_path:
-        import os
-
-        from g5core.api.errors import ConfigError
-        from g5core.study.serve_db import open_serving_db
-
         for option in ("--requests-csv", "--trace"):
             other = targets.path(option)
             if other and os.path.realpath(other) == os.path.realpath(db_path):
@@ -55,8 +53,6 @@ def serve_command(raw: Mapping, disabled, targets, db_path, inputs, *, as_json: 
         except G5Error as exc:
             write_error = exc
     if db is not None:
-        from g5core.serve.metrics import series
-
         db.add(raw, disabled, spec, out, series(result.loop))
         db.close()
     text = (json.dumps(out, indent=2, sort_keys=True, allow_nan=False) if as_json
