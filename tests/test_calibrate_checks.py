@@ -105,7 +105,9 @@ def test_a_fit_worse_than_the_prior_out_of_sample_is_not_written_unless_forced(t
     assert result.exit_code == 2 and not out.exists()
     assert "leave-one-out" in result.stdout and "not written" in result.stdout   # the fit is shown
     err = result.stderr.strip().splitlines()
-    assert len(err) == 1 and "worse than the prior's" in err[0] and "--force" in err[0]
+    # the progress lines (issue 35), then the one-line error
+    assert all(line.startswith("calibrate: ") for line in err[:-1])
+    assert "worse than the prior's" in err[-1] and "--force" in err[-1] and err[-1].startswith("g5: error: ")
     forced = invoke("calibrate", csv, "--fit", "launch_overhead_s", "-o", out, "--force")
     assert forced.exit_code == 0 and out.exists()
 
@@ -157,7 +159,8 @@ def test_a_full_file_system_after_the_fit_is_one_line_and_the_fit_is_still_shown
     result = invoke("calibrate", csv, "--fit", "launch_overhead_s", "-o", out)
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "launch_overhead_s:" in result.stdout and "leave-one-out" in result.stdout   # printed before writing
-    (line,) = result.stderr.strip().splitlines()
+    *progress, line = result.stderr.strip().splitlines()
+    assert all(p.startswith("calibrate: ") for p in progress)   # issue 35: progress, then the one error line
     assert line == f"g5: error: -o: cannot write '{out}': No space left on device"
     assert sorted(os.listdir(tmp_path)) == ["c.yaml", "m.csv", "model.json"]   # no partial or temporary file
 
@@ -170,3 +173,58 @@ def test_an_existing_output_is_refused_before_the_fit(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="exists; choose another output file"):
         calibrate(csv, ["launch_overhead_s"], out)
     assert out.read_text() == "mine"
+
+
+def test_calibrate_estimates_reports_progress_and_stops_at_max_evals(tmp_path, monkeypatch):
+    """Issue 35 item 3: an estimate before the first evaluation, a line per evaluation, and
+    --max-evals a one-line stop that writes nothing."""
+    prior = get_system("h100-sxm").launch_overhead_s
+    # the rows disagree (1.3x, 1.4x, 1.5x slow), so each leave-one-out refit moves
+    _synthetic(monkeypatch, lambda n, spec, ms: ms * (1.2 + 0.1 * n) * (spec.launch_overhead_s / prior) ** 0.5)
+    csv = _csv(tmp_path, [1.0, 2.0, 3.0])
+    lines = []
+    report = calibrate(csv, ["launch_overhead_s"], tmp_path / "fit.yaml", say=lines.append)
+    assert lines[0].startswith("calibrate: 3 rows, 1 parameter; every evaluation runs every row once")
+    assert "at most 500 (--max-evals)" in lines[0]
+    evals = [ln for ln in lines if ln.startswith("calibrate: evaluation ")]
+    assert evals and "(sensitivity)" in evals[0] and any("(fit)" in ln for ln in evals)
+    assert any("leave-one-out refit without row 2" in ln for ln in evals)
+    assert lines[-1].startswith(f"calibrate: {len(evals)} evaluations")
+    assert report["written"] or report["refused"]
+    out = tmp_path / "fit2.yaml"
+    stopped = invoke("calibrate", csv, "--fit", "launch_overhead_s", "-o", out, "--max-evals", "3")
+    assert stopped.exit_code == 1 or stopped.exit_code == 2
+    err = stopped.stderr.strip().splitlines()[-1]
+    assert "--max-evals: 3 evaluations of the 3 rows reached" in err and "nothing was written" in err
+    assert not out.exists()
+
+
+def test_prepared_plans_reused_across_systems_predict_what_g5_run_does(tmp_path):
+    """The kept op-DAG templates (one per row, across evaluations' systems) give the
+    prediction g5 run gives on that system, bit for bit."""
+    from g5core.session.run import run
+
+    csv = _csv(tmp_path, [1.0])
+    (row,) = read_rows(csv)
+    validate._TEMPLATES.clear()
+    first = validate.predict_ms(row, csv)
+    assert validate._TEMPLATES                                          # kept
+    data = get_system("h100-sxm").to_dict()
+    data["compute_model"]["hbm_fraction"] *= 0.5
+    moved = tmp_path / "moved.yaml"
+    moved.write_text(yaml.safe_dump(data))
+    again = validate.predict_ms(row, csv, str(moved))
+    whole = run(validate.row_config(row, str(moved))).latency_s * 1e3
+    validate._TEMPLATES.clear()
+    assert again == whole and again != first
+
+
+def test_workers_give_the_one_process_fit(tmp_path, monkeypatch):
+    """--workers runs the rows in processes (forked: the synthetic prediction with them)."""
+    prior = get_system("h100-sxm").launch_overhead_s
+    _synthetic(monkeypatch, lambda n, spec, ms: ms * (1.2 + 0.1 * n) * (spec.launch_overhead_s / prior) ** 0.5)
+    csv = _csv(tmp_path, [1.0, 2.0, 3.0])
+    one = calibrate(csv, ["launch_overhead_s"], tmp_path / "a.yaml", leave_one_out=False)
+    two = calibrate(csv, ["launch_overhead_s"], tmp_path / "b.yaml", leave_one_out=False, workers=2)
+    assert one["fitted"] == two["fitted"] and [r["predicted_ms"] for r in one["rows"]] == [
+        r["predicted_ms"] for r in two["rows"]]

@@ -360,3 +360,22 @@ def test_decode_runs_match_with_the_engine_and_disaggregation():
     session = ServingSession(raw, wl)
     loop = _same_runs(session.fleet, session._workload(wl))
     assert loop.fleet.disaggregated and loop.steps > 120
+
+
+def test_goodput_under_percentile_limits_counts_requests_and_states_the_verdict():
+    """Issue 35: under ``ttft_p50=0.25s`` the share is per request (half the TTFTs are at
+    most 0.25 s), never 100% beside a missed percentile, and the verdict is stated apart."""
+    from g5core.serve.present import render_goodput
+
+    reqs = tuple(Request(k, 10.0 * k, 100 * (k + 1), 5) for k in range(4))
+    res = run(Workload(reqs), pool(SyntheticCost(0.0, 1e-3)))
+    g = summary(res, parse_slo("ttft_p90=0.25s"))["goodput"]
+    # TTFTs 0.1, 0.2, 0.3, 0.4 s: two requests meet 0.25 s; the p90 (0.37 s) misses it
+    assert g["requests_meeting"] == 2 and g["share"] == 0.5
+    assert g["verdict"] == "missed" and not g["all_met"] and not g["percentile_limits"]["ttft_p90"]["met"]
+    text = "\n".join(render_goodput(g))
+    assert "50.0% of requests each have ttft <= 250 ms" in text and "SLO          missed: ttft_p90 = " in text
+    assert "100.0%" not in text
+    ok = summary(res, parse_slo("ttft_p90=0.5s,tpot=1s"))["goodput"]
+    assert ok["share"] == 1.0 and ok["verdict"] == "met"
+    assert "every request meets tpot" in "\n".join(render_goodput(ok))

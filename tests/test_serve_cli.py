@@ -123,13 +123,26 @@ def test_db_row_and_a_db_that_is_another_output(config, tmp_path):
     assert clash.exit_code == 2 and "--db" in clash.output
 
 
-def test_a_serving_config_given_to_g5_run_says_to_use_g5_serve(config):
-    """A file `g5 best --serve` wrote (with its `serving:` block) run through the one-step
-    command: a one-line error pointing at `g5 serve`, not "unknown key"."""
+def test_g5_run_and_explain_time_one_representative_step_of_each_pool_and_say_which(config, tmp_path):
+    """Issue 35 item 7: a file `g5 best --serve` wrote (with its `serving:` block) through the
+    one-step commands: each pool's representative step, timed or explained, named."""
     r = CliRunner().invoke(main, ["run", str(config)])
-    assert r.exit_code == 2
-    msg = r.output.strip()
-    assert "\n" not in msg and "serving: is read by `g5 serve`" in msg and "unknown key" not in msg
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith("serving step  the aggregated pool: a decode-only step, ") and "TPOT:" in r.output
+    p = tmp_path / "d.yaml"
+    p.write_text(CONFIG.replace("  instances: 2\n", "  disaggregation: {prefill: {instances: 1}, decode: {instances: 1}}\n"
+                                ) + "  workload: {requests: 20, arrival: {kind: poisson, rate_per_s: 2}, "
+                                    "input_tokens: 1000, output_tokens: 100}\n")
+    js = json.loads(CliRunner().invoke(main, ["run", str(p), "--json"]).output)["serving_steps"]
+    assert [s["pool"] for s in js] == ["prefill", "decode"]
+    assert js[0]["step"].startswith("the prefill pool: a full prefill chunk, 2 prompts of 1,000 tokens")
+    assert "1,050 tokens of context" in js[1]["step"] and js[1]["deployment"]["batch"] == 256
+    ex = CliRunner().invoke(main, ["explain", str(p)])
+    assert ex.exit_code == 0 and ex.output.count("serving step  the ") == 2 and "tp groups" in ex.output
+    # the configuration's own step wins over the representative one
+    own = tmp_path / "own.yaml"
+    own.write_text(CONFIG + "phase: prefill\nbatch: 1\nseq_len: 512\n")
+    assert "the configuration's own step" in CliRunner().invoke(main, ["run", str(own)]).output
 
 
 def test_g5_report_shows_serving_rows_in_each_format(config, tmp_path):
@@ -144,7 +157,7 @@ def test_g5_report_shows_serving_rows_in_each_format(config, tmp_path):
     assert md.exit_code == 0, md.output
     lines = md.output.strip().splitlines()
     assert len(lines) == 4 and "TTFT p99 (s)" in lines[0] and "2x cp=1 dp=1 pp=1 tp=1" in lines[2]
-    assert [ln.split(" | ")[4] for ln in lines[2:]] == ["20", "40"]        # ordered by rate
+    assert [ln.split(" | ")[5] for ln in lines[2:]] == ["20", "40"]        # ordered by rate (after the workload)
     js = json.loads(report("--serving", "--format", "json").output)
     assert [r["rate_per_s"] for r in js] == [20, 40] and js[0]["summary"]["requests"] == 40
     assert js[0]["config"]["serving"]["instances"] == 2
@@ -154,3 +167,17 @@ def test_g5_report_shows_serving_rows_in_each_format(config, tmp_path):
     plain = report()
     assert plain.exit_code == 2 and "--serving" in plain.output and "\n" not in plain.output.strip()
     assert report("--serving", "--sweep", "1").exit_code == 2
+
+
+def test_a_trace_runs_span_and_makespan_are_both_reported_and_named(config):
+    """Issue 35 item 8: the trace's arrival span and the simulated makespan, each with the
+    req/s over it, named (not the makespan called the trace's duration)."""
+    trace = REPO / "examples" / "traces" / "sample-azure.csv"
+    r = invoke(config, "--workload", trace, "--requests", "10", "--json")
+    out = json.loads(r.output)
+    assert out["arrival_span_s"] > 0 and out["makespan_s"] >= out["arrival_span_s"]
+    assert out["throughput"]["offered_requests_per_s"] == pytest.approx(10 / out["arrival_span_s"])
+    assert out["throughput"]["requests_per_s"] == pytest.approx(10 / out["makespan_s"])
+    text = invoke(config, "--workload", trace, "--requests", "10").output
+    assert "\narrivals     over " in text and "requests/s offered" in text
+    assert "\nmakespan     " in text and "simulated, first arrival to last token" in text and "requests/s served" in text

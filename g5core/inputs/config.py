@@ -19,6 +19,7 @@ import yaml
 from g5core.api.dimensions import DimensionRegistry
 from g5core.api.options import OptionRegistry, option_value
 from g5core.inputs.dtypes import dtype_bytes, number_format
+from g5core.inputs.models import CATALOG, get_model
 from g5core.api.errors import ConfigError, suggest
 from g5core.inputs.framework import FRAMEWORK_NAMES
 from g5core.inputs.speculative import Speculative, parse_speculative
@@ -84,13 +85,15 @@ class Dtypes:
         return dtype_bytes(self.kv_cache)
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Dtypes":
+    def from_dict(cls, data: Any, published: tuple[tuple[str, str], ...] = ()) -> "Dtypes":
+        """``published``: the model's own weight dtypes (its hub config's quantization_config),
+        run when ``dtypes.weights`` is not given."""
         if data is None:
             data = {}
         if not isinstance(data, Mapping):
             raise ConfigError("dtypes", "must be a mapping with keys weights, activations, kv_cache")
         check_keys(data, "dtypes", ("weights", "activations", "kv_cache"))
-        weights = data.get("weights", DEFAULT_DTYPE)
+        weights = data.get("weights", dict(published) if published else DEFAULT_DTYPE)
         if isinstance(weights, Mapping):
             table = {}
             for cls_name, dt in weights.items():
@@ -228,7 +231,7 @@ class Deployment:
             phase=phase,
             batch=batch,
             seq_len=seq_len,
-            dtypes=Dtypes.from_dict(data.get("dtypes")),
+            dtypes=Dtypes.from_dict(data.get("dtypes"), _published_weights(data["model"])),
             path=path,
             name=name,
             framework=framework,
@@ -276,6 +279,14 @@ def _parse_speculative(data: Mapping, phase: str) -> Optional[Speculative]:
         raise ConfigError("speculative", f"applies to a decode step (this step is {phase}); remove the block or "
                                          "use phase: decode")
     return spec
+
+
+def _published_weights(model: str) -> tuple[tuple[str, str], ...]:
+    """The weight dtypes a hub config file's quantization_config publishes (() for a catalog
+    name or a path that is not there: the model's own errors come where it is read)."""
+    if model in CATALOG or not pathlib.Path(model).exists():
+        return ()
+    return get_model(model).published_weights
 
 
 def shorthand_of(step: Step) -> tuple[str, int, int]:

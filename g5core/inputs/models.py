@@ -116,7 +116,15 @@ class LayerParams:
 @attrs.frozen
 class ParamCounts:
     total: int
-    active: int
+    active: int          # every weight a token runs through: embedding and lm_head included
+    embedding: int = 0   # the input embedding table (a lookup, no FLOPs)
+
+    @property
+    def active_less_embedding(self) -> int:
+        """Active parameters without the input embedding, as OpenAI counts gpt-oss's (5.1B of
+        gpt-oss-120b: the model card's "active parameters"); Qwen and DeepSeek publish
+        :attr:`active` (qwen3-30b-a3b 3.3B, DeepSeek-V3 37B)."""
+        return self.active - self.embedding
 
 
 @attrs.frozen(kw_only=True)
@@ -139,6 +147,12 @@ class ModelSpec:
     window_kind: str = attrs.field(default="sliding", validator=in_(WINDOW_KINDS))
     #: RMSNorms per decoder layer (Gemma 2/3: 4, before and after attention and FFN)
     norms_per_layer: int = attrs.field(default=2, validator=_POS)
+    #: the weights' dtypes the hub config's ``quantization_config`` publishes, as sorted
+    #: ``(weight class, dtype)`` pairs with a ``default`` (() when it has none G5 reads); a
+    #: configuration without ``dtypes.weights`` runs them (:func:`read_quantization`)
+    published_weights: tuple[tuple[str, str], ...] = attrs.field(default=(), converter=tuple)
+    #: a one-line warning about a ``quantization_config`` G5 does not read ("" when none)
+    quantization_warning: str = attrs.field(default="", validator=instance_of(str))
 
     def __attrs_post_init__(self) -> None:
         if self.moe is not None and self.moe.first_dense_layers >= self.n_layers:
@@ -254,6 +268,7 @@ class ModelSpec:
         return ParamCounts(
             total=outer + sum(p.total for p in layers),
             active=outer + sum(p.active for p in layers),
+            embedding=self.vocab_size * self.hidden_size,
         )
 
     # -- Hugging Face config.json --------------------------------------------------------------
@@ -261,6 +276,7 @@ class ModelSpec:
     def from_hf_config(cls, data: Mapping, name: str) -> ModelSpec:
         if not isinstance(data, Mapping):
             raise ConfigError("model", f"{name}: a Hugging Face config must be a JSON object")
+        published, warning = read_quantization(data.get("quantization_config"), name)
         model_type = data.get("model_type")
         if isinstance(model_type, str) and model_type in _TEXT_CONFIG_OF and isinstance(data.get("text_config"), Mapping):
             data = {"model_type": _TEXT_CONFIG_OF[model_type], **data["text_config"]}
@@ -272,7 +288,9 @@ class ModelSpec:
                 f"{name}: {got}{suggest(str(model_type), ACCEPTED_MODEL_TYPES)}; accepted: "
                 f"{', '.join(ACCEPTED_MODEL_TYPES)}; G5 reads only model_type and {', '.join(FIELDS_READ)}",
             )
-        return _HF_PARSERS[model_type](_Fields(data, name), name)
+        spec = _HF_PARSERS[model_type](_Fields(data, name), name)
+        return attrs.evolve(spec, published_weights=published, quantization_warning=warning) if (
+            published or warning) else spec
 
     @classmethod
     def from_hf_file(cls, path: str | os.PathLike, name: str | None = None) -> ModelSpec:
@@ -287,6 +305,90 @@ class ModelSpec:
         if name is None:
             name = p.parent.name if p.name == "config.json" and p.parent.name else p.stem
         return cls.from_hf_config(data, name)
+
+
+# -- quantization_config -------------------------------------------------------------------------
+#: the ``quantization_config`` methods G5 reads, and the dtype each gives the quantized weights:
+#: ``mxfp4`` (openai/gpt-oss-20b and -120b config.json: ``{"quant_method": "mxfp4",
+#: "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+#: "model.embed_tokens", "lm_head"]}``: the experts in MXFP4, the rest bf16); ``fp8``
+#: (deepseek-ai/DeepSeek-V3 and moonshotai/Kimi-K2-Instruct config.json: ``{"quant_method":
+#: "fp8", "fmt": "e4m3", "weight_block_size": [128, 128], "activation_scheme": "dynamic"}``: every
+#: linear layer's weights in FP8 with 128x128 block scales; the embedding, the lm_head and the
+#: router bf16); ``modelopt`` with ``quant_algo`` ``NVFP4`` (the NVIDIA ModelOpt checkpoints,
+#: nvidia/*-FP4, vLLM docs/features/quantization/modelopt.md: ``hf_quant_config.json`` or
+#: config.json, ``exclude_modules`` kept bf16) and ``compressed-tensors`` with a config group of
+#: ``format`` ``nvfp4-pack-quantized`` (vLLM model_executor/layers/quantization/compressed_tensors).
+QUANT_METHODS = ("mxfp4", "fp8", "modelopt (NVFP4, FP8)", "compressed-tensors (nvfp4-pack-quantized)")
+#: the weight classes a quantization method converts (the router runs at ``default``)
+_LINEAR_CLASSES = ("attention", "ffn", "experts")
+#: module-name fragments of ``modules_to_not_convert`` / ``exclude_modules`` / ``ignore`` and the
+#: weight class they keep unconverted
+_MODULE_CLASSES = (("self_attn", "attention"), ("attn", "attention"), ("shared_expert", "ffn"),
+                   ("experts", "experts"), ("mlp", "ffn"))
+
+
+def _unconverted(modules: Any, name: str) -> tuple[set, list]:
+    """The weight classes ``modules`` keeps unconverted, and the entries naming one layer only
+    (G5 gives a weight class one dtype in every layer: those layers run converted)."""
+    kept, partial = set(), []
+    for m in modules or ():
+        text = str(m)
+        cls = next((c for frag, c in _MODULE_CLASSES if frag in text), None)
+        if cls is None or "router" in text or text.endswith(".gate") or "lm_head" in text or "embed" in text:
+            continue   # the router and the embedding run at bf16 anyway
+        if any(part.isdigit() for part in text.replace("*", ".*.").split(".")):
+            partial.append(text)
+            continue
+        kept.add(cls)
+        if cls == "ffn" and "mlp" in text and "shared" not in text:
+            kept.add("experts")
+    return kept, partial
+
+
+def read_quantization(qc: Any, name: str) -> tuple[tuple[tuple[str, str], ...], str]:
+    """``(published weights, warning)`` from a hub config's ``quantization_config``."""
+    if qc is None:
+        return (), ""
+    if not isinstance(qc, Mapping):
+        return (), f"{name}: quantization_config is not a mapping; its weights run at the configuration's dtypes"
+    method = str(qc.get("quant_method", "")).lower()
+    modules = qc.get("modules_to_not_convert") or qc.get("exclude_modules") or qc.get("ignore")
+    dtype = None
+    if method == "mxfp4":
+        dtype = "mxfp4"
+    elif method == "fp8":
+        dtype = "fp8"
+    elif method == "modelopt":
+        inner = qc.get("quantization") if isinstance(qc.get("quantization"), Mapping) else qc
+        algo = str(inner.get("quant_algo", "")).upper()
+        dtype = {"NVFP4": "nvfp4", "FP8": "fp8"}.get(algo)
+        modules = modules or inner.get("exclude_modules")
+        if dtype is None:
+            return (), (f"{name}: quantization_config quant_algo {algo or '(none)'!r} is not read (G5 reads "
+                        f"{', '.join(QUANT_METHODS)}); its weights run at the configuration's dtypes")
+    elif method == "compressed-tensors":
+        groups = qc.get("config_groups") if isinstance(qc.get("config_groups"), Mapping) else {}
+        formats = {str(g.get("format", qc.get("format", ""))) for g in groups.values() if isinstance(g, Mapping)}
+        formats = formats or {str(qc.get("format", ""))}
+        if formats == {"nvfp4-pack-quantized"}:
+            dtype = "nvfp4"
+        else:
+            return (), (f"{name}: quantization_config compressed-tensors format {', '.join(sorted(formats))} is not "
+                        f"read (G5 reads {', '.join(QUANT_METHODS)}); its weights run at the configuration's dtypes")
+    if dtype is None:
+        return (), (f"{name}: quantization_config quant_method {method or '(none)'!r} is not read (G5 reads "
+                    f"{', '.join(QUANT_METHODS)}); its weights run at the configuration's dtypes")
+    kept, partial = _unconverted(modules, name)
+    if method == "mxfp4":
+        # transformers' Mxfp4HfQuantizer converts the MoE experts only (gpt-oss)
+        kept |= {"attention", "ffn"}
+    table = {"default": "bf16", **{c: dtype for c in _LINEAR_CLASSES if c not in kept}}
+    warning = ""
+    if partial:
+        warning = (f"{name}: quantization_config keeps {', '.join(partial[:3])}{' ...' if len(partial) > 3 else ''} "
+                   f"unconverted, layer by layer; G5 gives a weight class one dtype, so those run at {dtype}")
+    return tuple(sorted(table.items())), warning
 
 
 # -- config.json parsing -------------------------------------------------------------------------

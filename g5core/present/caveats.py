@@ -9,6 +9,7 @@ at results that rest on an assumption worth knowing:
 - a model with windowed (sliding or chunked) layers runs context parallelism, whose ring
   attention G5 models over the whole context (an overestimate for those layers), or a step
   of several groups or with a cached prefix, whose attention G5 models the same way;
+- the model's hub config has a quantization_config G5 does not read;
 - the layout does not fit in memory (the summary says so too; a --json run only here).
 """
 from __future__ import annotations
@@ -40,6 +41,8 @@ def deployment_warnings(ctx, memory: Optional[MemoryReport] = None) -> list[str]
         out.append(f"heads are split {head_ways} ways but {model.name} has {plural(a.n_kv_heads, 'KV head')}: "
                    f"each KV head is replicated on {head_ways // a.n_kv_heads} chips (KV cache and its reads "
                    "do not shrink beyond that)")
+    if model.quantization_warning:
+        out.append(model.quantization_warning)
     limit = model.max_context_tokens
     if limit is not None and dep.seq_len > limit:
         what = "the step's longest context (cached + new tokens)" if dep.step_form else "seq_len"

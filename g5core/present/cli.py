@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import time
 import warnings
@@ -21,18 +22,22 @@ from g5core.inputs.systems import CATALOG_NAMES, get_system, system_source
 from g5core.present.caveats import deployment_warnings
 from g5core.present.plots import figure_bytes, image_format, make_figure, parse_where
 from g5core.present.render import render_bench_rows, render_best, render_collective, render_serve_best
-from g5core.present.report import auto_dims, load_rows, load_serving, render, render_serving
+from g5core.present.emit import FRAMEWORKS, check_emit_dir, emit_files, write_emit
+from g5core.present.report import (auto_dims, load_rows, load_search, load_serving, render, render_search,
+                                   render_serving)
 from g5core.present.serve_plots import load_search_rows, serve_figure
 from g5core.present.trace import dump_timeline, dump_trace, parse_layers
 from g5core.session.collbench import bench_rows, collective_rows, size_range
 from g5core.session.run import input_files, load_raw, make_plan, run
 from g5core.study.search import best_layouts
 from g5core.study.serve_command import serve_command
-from g5core.study.serve_db import load_serving_rows
+from g5core.serve.api import representative_steps
+from g5core.inputs.serving import split_config, workload_spec
+from g5core.study.serve_db import load_serving_rows, record_search_context
 from g5core.study.serving import DEFAULT_TOP as DEFAULT_SERVE_TOP, best_serve_command
 from g5core.study.serve_sweep import is_serving_sweep, render_rows, run_serving_sweep
 from g5core.study.sweep import default_progress, parse_grid, run_preset, run_sweep
-from g5core.study.validate import calibrate, validate
+from g5core.study.validate import DEFAULT_MAX_EVALS, calibrate, validate
 
 
 def _fail(exc: Exception) -> None:
@@ -130,6 +135,10 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, trace_layers, time
         raise ConfigError("--trace-layers", "selects the layers of the trace; give --trace FILE too")
     layers = None if trace_layers is None else parse_layers(trace_layers)
     raw = _with_framework(load_raw(config, overrides), framework)
+    if "serving" in raw:
+        _run_serving_steps(raw, disabled, as_json, bool(trace_path or timeline_path), compare_math, max_ops,
+                           no_symmetry)
+        return
     targets = check_outputs({"--trace": trace_path, "--timeline": timeline_path}, input_files(config, raw))
     if targets and raw.get("path") == "math":
         raise G5Error("--trace and --timeline need the G5 path (path: g5); the Math path has no timeline")
@@ -155,6 +164,26 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, trace_layers, time
         _fail(write_error)
 
 
+def _run_serving_steps(raw, disabled, as_json, files, compare_math, max_ops, no_symmetry) -> None:
+    """``g5 run`` on a serving configuration: one representative step of each pool, each
+    said which (:func:`g5core.serve.api.representative_steps`)."""
+    if files:
+        raise ConfigError("--trace", "a serving configuration's representative steps have no trace here; write the "
+                                     "step as phase/batch/seq_len without serving: (or use g5 serve --trace)")
+    outs = []
+    for step in representative_steps(raw, disabled):
+        out = run(step.raw, disabled=disabled, compare_math=compare_math, max_ops=max_ops,
+                  symmetry="turned off (--no-symmetry)" if no_symmetry else True)
+        for line in deployment_warnings(out.plan.ctx, out.memory):
+            click.echo(f"g5: warning: {line}", err=True)
+        outs.append((step, out))
+    if as_json:
+        click.echo(json.dumps({"serving_steps": [{"pool": st.role, "step": st.what, **out.to_json_dict()}
+                                                 for st, out in outs]}, indent=2, sort_keys=True, allow_nan=False))
+        return
+    click.echo("\n\n".join(f"serving step  {st.what}\n{render_summary(out, None, None)}" for st, out in outs))
+
+
 @main.command("explain")
 @config_options
 @_max_ops_option
@@ -162,11 +191,18 @@ def explain_cmd(config, overrides, disabled, max_ops):
     """Validate a configuration and explain its layout: groups, nodes, model, system."""
     _check_max_ops(max_ops)
     raw = load_raw(config, overrides)
-    plan = make_plan(raw, disabled, max_ops=max_ops)
-    for line in deployment_warnings(plan.ctx):
-        click.echo(f"g5: warning: {line}", err=True)
-    given = raw.get("parallel") if isinstance(raw.get("parallel"), dict) else {}
-    click.echo(render_explain(plan, given_dims=tuple(given)))
+    if "serving" in raw:   # one representative step of each pool, each said which
+        steps = [(st.what, st.raw) for st in representative_steps(raw, disabled)]
+    else:
+        steps = [(None, raw)]
+    texts = []
+    for what, step_raw in steps:
+        plan = make_plan(step_raw, disabled, max_ops=max_ops)
+        for line in deployment_warnings(plan.ctx):
+            click.echo(f"g5: warning: {line}", err=True)
+        given = step_raw.get("parallel") if isinstance(step_raw.get("parallel"), dict) else {}
+        texts.append((f"serving step  {what}\n" if what else "") + render_explain(plan, given_dims=tuple(given)))
+    click.echo("\n\n".join(texts))
 
 
 def _int_list(ctx, param, value):
@@ -236,6 +272,25 @@ def _finish_sweep_output(sweep) -> None:
         sys.exit(1)
 
 
+_emit_option = click.option(
+    "--emit", nargs=2, type=(click.Choice(FRAMEWORKS), click.Path(file_okay=False)),
+    default=None, metavar="FRAMEWORK DIR",
+    help="Write the framework's launch files for the deployment (vllm serve / sglang launch_server command lines, "
+         "TensorRT-LLM extra-llm-api-config YAML, a Dynamo deployment) and a benchmark at its rate to DIR.")
+
+
+def _prepare_emit(emit, config, inputs):
+    """The launch files of ``config`` and their checked folder, before any work."""
+    framework, directory = emit
+    folder = check_emit_dir(directory, framework, inputs)
+    return framework, folder, emit_files(config, framework), inputs
+
+
+def _write_emit(framework, folder, files, inputs) -> None:
+    for path in write_emit(folder, files, inputs):
+        click.echo(f"wrote        --emit {framework} {path}", err=True)
+
+
 @main.command("serve")
 @config_options
 @click.option("--workload", "workload", metavar="FILE|SPEC",
@@ -257,18 +312,27 @@ def _finish_sweep_output(sweep) -> None:
 @click.option("--trace", "trace_path", help="Write a Perfetto trace (instances' steps, requests' spans) here.")
 @click.option("--db", "db_path", help="Add the run's summary to this results database (serving_results).")
 @_framework_option
+@_emit_option
 def serve_cmd(config, overrides, disabled, workload, requests, rate, concurrency, isl, osl, slo, seed, exact, as_json,
-              requests_csv, trace_path, db_path, framework):
+              requests_csv, trace_path, db_path, framework, emit):
     """Simulate a service: requests through routers and continuous-batching instances."""
     raw = _with_framework(load_raw(config, overrides), framework)
     inputs = input_files(config, raw)
     if workload and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
         inputs.append(("--workload", workload))
     targets = check_outputs({"--requests-csv": requests_csv, "--trace": trace_path}, inputs)
+    emitted = None
+    if emit:   # the launch files are made (and refused) before the run, written after it
+        spec = workload_spec(split_config(raw)[1].get("workload"), workload, requests, rate, concurrency, isl, osl,
+                             seed)
+        emitted = _prepare_emit(emit, {**raw, "serving": {**dict(raw.get("serving") or {}),
+                                                          **({"workload": spec} if spec else {})}}, inputs)
     text = serve_command(raw, disabled, targets, db_path, inputs, as_json=as_json, progress=sys.stderr.isatty(),
                          workload=workload, requests=requests, rate=rate, concurrency=concurrency, isl=isl, osl=osl,
                          slo=slo, seed=seed, exact=exact)
     click.echo(text)
+    if emitted:
+        _write_emit(*emitted)
 
 
 @main.command("sweep")
@@ -345,9 +409,10 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
 @click.option("--framework", "framework", default=None, metavar="NAME",
               help="The serving framework's profile (vllm, sglang, trtllm, generic); with --serve, auto: the search "
                    "under each of vllm, sglang and trtllm, ranked together with the framework as a column.")
+@_emit_option
 def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, workers, executor, serve, workload,
              requests, isl, osl, slo, seed, rate, disagg, chunks, seqs, tolerance, max_rate, beam, vary, settle,
-             confirm, framework):
+             confirm, framework, emit):
     """Layout search: every split of chips over the registered dimensions; those that are invalid or
     do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked.
 
@@ -361,8 +426,15 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     serve_only = {"--workload": workload, "--requests": requests, "--isl": isl, "--osl": osl, "--slo": slo,
                   "--seed": seed, "--rate": rate, "--chunks": chunks, "--seqs": seqs, "--tolerance": tolerance,
                   "--max-rate": max_rate, "--beam": beam, "--vary": vary, "--settle": settle, "--confirm": confirm}
+    if emit and not serve:
+        raise ConfigError("--emit", "writes the launch files of the serving search's winner; add --serve")
     if serve:
         top = DEFAULT_SERVE_TOP if top is None else top
+        folder = None
+        if emit:   # checked before the search; the files are the winner's, made after it
+            if framework == "auto":
+                raise ConfigError("--emit", "writes one winner's launch files; name one framework instead of auto")
+            folder = check_emit_dir(emit[1], emit[0], [config])
         search = functools.partial(best_serve_command, config_path=config, disabled=disabled, objective=objective,
                                    db_path=db_path, workers=workers, executor=executor, disagg=disagg, top=top,
                                    **{k[2:].replace("-", "_"): v for k, v in serve_only.items()})
@@ -370,10 +442,17 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
             click.echo(_best_serve_by_framework(raw, search, top, as_json))
             return
         found = search(raw)
+        if db_path:   # what the search was asked, for g5 plot's titles
+            record_search_context(db_path, raw, _search_workload_text(raw, workload, isl, osl),
+                                  slo if slo is not None else (raw.get("serving") or {}).get("slo"))
         if as_json:
             click.echo(json.dumps(found.to_json_dict(top), indent=2, sort_keys=True, allow_nan=False))
         else:
             click.echo(render_serve_best(found, top))
+        if emit:
+            if not found.ranked or not found.ranked[0].capacity:
+                raise ConfigError("--emit", "the search found no deployment meeting the SLO; nothing to launch")
+            _write_emit(emit[0], folder, emit_files(found.ranked[0].to_json_dict()["config"], emit[0]), [config])
         return
     given = [k for k, v in serve_only.items() if v is not None]
     if given:
@@ -404,6 +483,16 @@ def _best_serve_by_framework(raw: dict, search, top: int, as_json: bool) -> str:
         goodput, tokens = s.rates()
         lines.append(f"{i:>3} {name:<9} {s.capacity:>14.4g} {goodput:>12.4g} {tokens:>10.4g}  {s.candidate.label()}")
     return "\n".join(lines)
+
+
+def _search_workload_text(raw, workload, isl, osl) -> str:
+    """A serving search's workload in words: its trace file, or its prompt and output lengths."""
+    w = dict((raw.get("serving") or {}).get("workload") or {})
+    if workload and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
+        return "trace " + os.path.basename(workload)
+    if "trace" in w and isl is None:
+        return "trace " + os.path.basename(str(w["trace"]))
+    return f"isl {isl if isl is not None else w.get('input_tokens', '?')}, osl {osl if osl is not None else w.get('output_tokens', '?')}"
 
 
 @main.command("plot")
@@ -455,13 +544,22 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key, where):
 def report_cmd(db, fmt, sweep_id, serving, output):
     """The rows of a results database as a table."""
     target = check_output_path(output, "-o", inputs=[db]) if output else None
-    if serving:
-        text = render_serving(load_serving(db, sweep_id), fmt)
+    rows = load_serving(db, sweep_id) if serving else load_rows(db, sweep_id)
+    search = load_search(db) if not rows and sweep_id is None else []
+    if search:   # a `g5 best --serve --db` file: its cells (the candidates in markdown)
+        click.echo(f"g5: note: {db} holds a serving search's cells ({sum(r['kind'] == 'candidate' for r in search)} "
+                   f"candidates, {sum(r['kind'] == 'screen' for r in search)} screens)"
+                   + ("; markdown shows the candidates, --format csv or json every cell" if fmt == "markdown" else ""),
+                   err=True)
+        text = render_search(search, fmt)
+    elif serving:
+        text = render_serving(rows, fmt)
     else:
-        rows = load_rows(db, sweep_id)
         if not rows and sweep_id is None and load_serving(db):
             raise ConfigError("DB", f"{db} holds serving runs only; `g5 report {db} --serving` shows them")
         text = render(rows, fmt)
+    if not rows and not search:
+        click.echo(f"g5: note: {db} holds no {'serving runs' if serving else 'rows'}", err=True)
     if target is None:
         click.echo(text, nl=False)
     else:
@@ -475,11 +573,14 @@ def models_cmd():
     for name, m in CATALOG.items():
         c = m.param_counts()
         rows.append([name, m.attention.kind, m.n_layers, m.hidden_size, f"{c.total / 1e9:.1f}B",
-                     f"{c.active / 1e9:.1f}B", m.moe.n_routed_experts if m.moe else "-",
-                     m.kv_bytes_per_token_per_layer(2), m.attention_pattern()])
-    click.echo(table(rows, ["model", "attention", "layers", "hidden", "params", "active", "experts",
-                            "c_kv bf16 (B)", "attention by layer"]))
-    click.echo("\nA model can also be a path to a Hugging Face config.json.")
+                     f"{c.active / 1e9:.2f}B", f"{c.active_less_embedding / 1e9:.2f}B",
+                     m.moe.n_routed_experts if m.moe else "-", m.kv_bytes_per_token_per_layer(2),
+                     m.attention_pattern()])
+    click.echo(table(rows, ["model", "attention", "layers", "hidden", "params", "active", "active less embedding",
+                            "experts", "c_kv bf16 (B)", "attention by layer"]))
+    click.echo("\nactive: the weights one token runs through, embedding and lm_head included (as Qwen and DeepSeek "
+               "count: qwen3-30b-a3b 3.3B); less embedding: without the input embedding table (as OpenAI counts: "
+               "gpt-oss-120b 5.1B).\nA model can also be a path to a Hugging Face config.json.")
 
 
 @main.group("systems", invoke_without_command=True)
@@ -600,12 +701,16 @@ def validate_cmd(measured, overrides, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
 @click.option("--force", is_flag=True,
               help="Write the file even when its leave-one-out error is worse than the prior's.")
-def calibrate_cmd(measured, fit, output, as_json, force):
+@click.option("--max-evals", "max_evals", type=int, default=None, metavar="N",
+              help="Stop (writing nothing) after N evaluations, each running every row once [default: 500].")
+@click.option("--workers", type=int, default=1, show_default=True, help="Processes running the rows in parallel.")
+def calibrate_cmd(measured, fit, output, as_json, force, max_evals, workers):
     """Fit system parameters to MEASURED.csv by bounded least squares on log error."""
     def show(report):  # the fit, printed before the file is written (a failed write keeps it)
         click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_calibrate(report))
-    calibrate(measured, fit.split(","), output, say=lambda line: click.echo(line, err=True)
-              if sys.stderr.isatty() else None, force=force, show=show)
+    # the estimate and one line per evaluation on stderr (tens to hundreds of lines, a terminal or not)
+    calibrate(measured, fit.split(","), output, say=lambda line: click.echo(line, err=True), force=force, show=show,
+              max_evals=DEFAULT_MAX_EVALS if max_evals is None else max_evals, workers=workers)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -27,6 +27,27 @@ def _s(x) -> str:
     return f"{x * 1e6:.4g} us"
 
 
+def render_goodput(g: dict) -> list[str]:
+    """Two lines: the per-request share (every limit's threshold applied to each request) and
+    the run's verdict (percentile limits on the run's percentiles, the others on every request)."""
+    thresholds = {}
+    for key, limit in g["limits"].items():
+        metric = key.split("_p")[0]
+        thresholds[metric] = min(limit, thresholds.get(metric, limit))
+    each = ", ".join(f"{k} <= {_s(v)}" for k, v in thresholds.items())
+    lines = [f"goodput      {g['share']:.1%} of requests each have {each}: {g['requests_per_s']:.3g} requests/s"]
+    parts = [f"{key} = {_s(c['value_s'])} {'<=' if c['met'] else '>'} {_s(c['limit_s'])}"
+             for key, c in g["percentile_limits"].items()]
+    every = [k for k in g["limits"] if k not in g["percentile_limits"]]
+    if every:
+        missing = g.get("requests_missing_per_request_limits", 0)
+        parts.append(f"{missing:,} request{'s' if missing != 1 else ''} miss{'' if missing != 1 else 'es'} "
+                     f"{', '.join(every)} (a limit on every request)" if missing else
+                     f"every request meets {', '.join(every)}")
+    lines.append(f"SLO          {g.get('verdict', 'met' if g['all_met'] else 'missed')}: {'; '.join(parts)}")
+    return lines
+
+
 def render_summary(out: dict, outputs: dict | None = None) -> str:
     """The summary of ``g5 serve`` (``out``: the ``--json`` object)."""
     t = out["throughput"]
@@ -40,7 +61,11 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
         for p in pools)
     lines.append(f"deployment   {out['chips']} chips; {layout}")
     lines.append(f"workload     {out['workload']}: {out['requests']:,} requests, {out['tokens']['input']:,} input and "
-                 f"{out['tokens']['output']:,} output tokens over {_s(out['duration_s'])}")
+                 f"{out['tokens']['output']:,} output tokens")
+    lines.append(f"arrivals     over {_s(out['arrival_span_s'])}, first to last ({t['offered_requests_per_s']:.3g} "
+                 "requests/s offered)")
+    lines.append(f"makespan     {_s(out['makespan_s'])} simulated, first arrival to last token "
+                 f"({t['requests_per_s']:.3g} requests/s served)")
     lines.append(f"completed    {out['completed']:,} of {out['requests']:,}; {out['steps']:,} steps; "
                  f"{out['preemptions']:,} preemptions")
     lines.append("")
@@ -53,7 +78,8 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
         lines.append(f"{label:<13}" + "".join(f"{_s(st[q]):>11}" for q in ("mean", "p50", "p90", "p99")))
     lines.append("")
     lines.append(f"throughput   {t['output_tokens_per_s']:,.0f} output tokens/s ({t['output_tokens_per_s_per_chip']:,.1f} "
-                 f"per chip), {t['input_tokens_per_s']:,.0f} input tokens/s, {t['requests_per_s']:.3g} requests/s")
+                 f"per chip), {t['input_tokens_per_s']:,.0f} input tokens/s, {t['requests_per_s']:.3g} requests/s "
+                 "(over the makespan)")
     lines.append(f"occupancy    KV pool {out['kv_pool_use']['mean']:.1%} mean, {out['kv_pool_use']['max']:.1%} max; "
                  f"running {out['running_seqs']['mean']:.1f} mean, {out['running_seqs']['max']:.0f} max; "
                  f"waiting {out['waiting_seqs']['mean']:.1f} mean, {out['waiting_seqs']['max']:.0f} max")
@@ -80,10 +106,7 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
                      f"{spec['verifications']:,}; per user {user_text} tokens/s p50")
     g = out.get("goodput")
     if g:
-        limits = ", ".join(f"{k} <= {_s(v)}" for k, v in g["limits"].items())
-        lines.append(f"goodput      {g['share']:.1%} of requests meet {limits}: {g['requests_per_s']:.3g} requests/s")
-        for key, c in g["percentile_limits"].items():
-            lines.append(f"             {key} = {_s(c['value_s'])} ({'met' if c['met'] else 'missed'})")
+        lines.extend(render_goodput(g))
     p = out.get("step_predictor")
     if p:
         parts = [f"{role}: median {e['median_rel']:.2%}, max {e['max_rel']:.2%} on {e['steps_checked']} steps"

@@ -4,6 +4,7 @@ like a sweep's rows. ``g5 plot`` reads it for the serving kinds."""
 from __future__ import annotations
 
 import datetime
+import json
 from typing import Mapping, Sequence
 
 from g5core.study.resultsdb import ResultsDB, canonical_json, config_hash, sqlite_errors
@@ -58,21 +59,65 @@ def open_serving_db(path, inputs: Sequence = ()) -> ServingDB:
     return ServingDB(ResultsDB.open(path, inputs=inputs))
 
 
-def load_serving_rows(db_path) -> list[dict]:
-    """The ``serving_results`` rows of an existing results file ([] when it has none), read
-    without writing to it."""
+def _read(db_path, table: str, read) -> list:
+    """``read(con)`` on an existing results file ([] when it has no ``table``), without
+    writing to it."""
     db = ResultsDB.open_existing(db_path)
     try:
         with sqlite_errors(db.path, db.busy_timeout_s):
             tables = {r[0] for r in db.con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-            if "serving_results" not in tables:
-                return []
-            return _rows(db.con)
+            return read(db.con) if table in tables else []
     finally:
         db.close()
+
+
+def load_serving_rows(db_path) -> list[dict]:
+    """The ``serving_results`` rows of an existing results file ([] when it has none), read
+    without writing to it."""
+    return _read(db_path, "serving_results", _rows)
 
 
 def _rows(con) -> list[dict]:
     cur = con.execute("SELECT * FROM serving_results ORDER BY rate_per_s, key")
     names = [d[0] for d in cur.description]
     return [dict(zip(names, r)) for r in cur.fetchall()]
+
+
+def load_search_cells(db_path) -> list[dict]:
+    """The ``serve_search`` cells (``g5 best --serve --db``) of an existing results file, each
+    ``{key, kind, label, payload, finished_at}`` with its payload decoded, screens then
+    candidates, each by key ([] when it has none); read without writing to it."""
+    def read(con):
+        cur = con.execute("SELECT key, kind, label, payload, finished_at FROM serve_search ORDER BY kind DESC, key")
+        return [{"key": k, "kind": kind, "label": label, "payload": json.loads(payload), "finished_at": at}
+                for k, kind, label, payload, at in cur.fetchall()]
+    return _read(db_path, "serve_search", read)
+
+
+SEARCH_CONTEXT_SCHEMA = """
+CREATE TABLE IF NOT EXISTS serve_search_context (
+    key TEXT PRIMARY KEY,     -- config_hash of the context
+    context TEXT NOT NULL     -- JSON {model, system, chips, workload, slo}: what a search was asked
+)
+"""
+
+
+def record_search_context(db_path, raw: Mapping, workload: str, slo) -> None:
+    """Record beside a search's cells what it was asked (for the titles of ``g5 plot``):
+    ``workload`` in words, ``slo`` as given (``--slo`` or ``serving.slo``)."""
+    ctx = {"model": raw.get("model"), "system": raw.get("system"), "chips": raw.get("chips"),
+           "workload": workload, "slo": slo if isinstance(slo, str) or slo is None else canonical_json(slo)}
+    db = ResultsDB.open(db_path)
+    try:
+        with sqlite_errors(db.path, db.busy_timeout_s):
+            db.con.execute(SEARCH_CONTEXT_SCHEMA)
+            db.con.execute("INSERT OR IGNORE INTO serve_search_context VALUES (?, ?)",
+                           (config_hash({"context": ctx}, ()), canonical_json(ctx)))
+    finally:
+        db.close()
+
+
+def load_search_context(db_path) -> list[dict]:
+    """The contexts :func:`record_search_context` wrote ([] when none)."""
+    return _read(db_path, "serve_search_context", lambda con: [
+        json.loads(c) for (c,) in con.execute("SELECT context FROM serve_search_context ORDER BY key")])

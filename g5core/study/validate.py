@@ -30,8 +30,11 @@ import hashlib
 import math
 import os
 import pathlib
+import resource
 import shlex
 import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
 from typing import Callable, Sequence
 
 import attrs
@@ -42,7 +45,8 @@ from g5core.inputs.framework import FRAMEWORK_NAMES, host_step_s
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.systems import CATALOG_NAMES, SystemSpec, get_system
 from g5core.inputs.outputs import check_outputs
-from g5core.session.run import run
+from g5core.session.prepared import PreparedPlan
+from g5core.session.run import make_plan, run
 
 COLUMNS = ("config", "set", "metric", "measured_ms", "source")
 METRICS = {"ttft": "prefill", "tpot": "decode"}
@@ -130,18 +134,44 @@ def row_config(row: Row, system_override: str | None = None) -> dict:
     return raw
 
 
+#: per row (its configuration and overrides), the op-DAG templates of its prepared plan
+#: (:meth:`g5core.session.prepared.PreparedPlan._from_template`): a system whose parameters
+#: moved builds the same ops, edges and keys, so an evaluation of calibrate re-times the kept
+#: DAG instead of building it again (cleared by :func:`calibrate` when it ends)
+_TEMPLATES: dict = {}
+
+
 def predict_ms(row: Row, csv_path, system_override: str | None = None) -> float:
+    """The row's predicted time; through a prepared plan whose op-DAG templates are kept per
+    row across systems (a configuration a prepared plan refuses, pp micro-batches, runs whole)."""
     raw = row_config(row, system_override)
     try:
-        out = run(raw)
+        plan = make_plan(raw)
+        phase = plan.ctx.deployment.phase
+        if plan.microbatches is not None:
+            out = run(raw)
+            # a measured TTFT/TPOT includes the framework's host work per step (its profile's host
+            # block), as a serving step pays it; PreparedPlan.simulate adds it on the other path
+            latency_s = host_step_s(out.latency_s, out.deployment.step, out.plan.ctx.system)
+        else:
+            prepared = PreparedPlan(plan)
+            key = (row.config, row.overrides)
+            if key in _TEMPLATES:
+                prepared._templates = _TEMPLATES[key]
+            latency_s = prepared.simulate(prepared.deployment.step).latency_s
+            _TEMPLATES[key] = prepared._templates
     except G5Error as exc:
         raise ConfigError(row.where(csv_path), str(exc)) from None
-    if out.deployment.phase != METRICS[row.metric]:
+    if phase != METRICS[row.metric]:
         raise ConfigError(row.where(csv_path), f"metric {row.metric} needs phase {METRICS[row.metric]}, "
-                                               f"but the config runs {out.deployment.phase}")
-    # a measured TTFT/TPOT includes the framework's host work per step (its profile's host block),
-    # overlapped with the GPU's or added to it, as a serving step pays it (PreparedPlan.simulate)
-    return host_step_s(out.latency_s, out.deployment.step, out.plan.ctx.system) * 1e3
+                                               f"but the config runs {phase}")
+    return latency_s * 1e3
+
+
+def _predict_one(args) -> float:
+    """A worker's prediction of one row (``--workers``); the templates stay in the worker."""
+    row, csv_path, system = args
+    return predict_ms(row, csv_path, system)
 
 
 def error_pct(predicted_ms: float, measured_ms: float) -> float:
@@ -245,10 +275,30 @@ SUSPECT_FACTOR = 3.0
 AT_BOUND_REL = 1e-6
 
 
+#: least_squares' tolerances (relative): a fit stops when a step moves the parameters or
+#: the cost by less than this; a parameter known to a millionth of itself is known well
+#: enough (the Jacobian's finite differences are 1e-3 of it apart)
+FIT_TOLERANCE = 1e-6
+#: the default bound on evaluations (each runs every row once) of one calibrate
+DEFAULT_MAX_EVALS = 500
+#: iterations a fit typically takes (for the estimate printed before starting)
+TYPICAL_ITERATIONS = 6
+
+
+class EvalBudget(G5Error):
+    """--max-evals reached."""
+
+
 def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] = lambda line: None,
               leave_one_out: bool = True, force: bool = False,
-              show: Callable[[dict], None] = lambda report: None) -> dict:
+              show: Callable[[dict], None] = lambda report: None, max_evals: int = DEFAULT_MAX_EVALS,
+              workers: int = 1) -> dict:
     """Fit ``keys`` of the rows' system; write the fitted system file to ``output``.
+
+    Every evaluation runs every row once (``workers`` processes share the rows; each row's
+    op-DAG is kept across evaluations, :data:`_TEMPLATES`); ``say`` gets the estimate before
+    the first and a line per evaluation; more than ``max_evals`` evaluations stop the fit with
+    a one-line error (nothing written). The leave-one-out refits start from the full fit.
 
     ``output`` is checked before the fit as every output is (:mod:`g5core.inputs.outputs`;
     an existing file is refused: calibrate never overwrites) and written atomically after
@@ -260,6 +310,10 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
     except ImportError:
         raise ConfigError("calibrate", "needs scipy: python3 -m pip install -e '.[measured]'") from None
 
+    if isinstance(max_evals, bool) or not isinstance(max_evals, int) or max_evals < 1:
+        raise ConfigError("--max-evals", f"must be a positive whole number, got {max_evals!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError("--workers", f"must be a positive whole number, got {workers!r}")
     keys = [k.strip() for k in keys if k.strip()]
     if not keys:
         raise ConfigError("--fit", "name at least one parameter, e.g. --fit compute_model.hbm_fraction")
@@ -294,11 +348,35 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
         p.write_text(yaml.safe_dump(data), encoding="utf-8")
         return str(p)
 
+    def cpu_s() -> float:
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    pool = None
+    if workers > 1:
+        pool = ProcessPoolExecutor(max_workers=min(workers, len(rows)))
+    phase = ["sensitivity"]
+    t_start, cpu_start = time.perf_counter(), cpu_s()
+
     def predictions(x) -> list[float]:
         key = tuple(float(v) for v in x)
         if key not in cache:
+            if len(cache) >= max_evals:
+                raise EvalBudget(f"--max-evals: {max_evals} evaluations of the {len(rows)} rows reached during "
+                                 f"the {phase[0]}; raise --max-evals or fit fewer parameters; nothing was written")
             path = system_file(x)
-            cache[key] = [predict_ms(r, csv_path, path) for r in rows]
+            if pool is not None:
+                cache[key] = list(pool.map(_predict_one, [(r, csv_path, path) for r in rows]))
+            else:
+                cache[key] = [predict_ms(r, csv_path, path) for r in rows]
+            n = len(cache)
+            rms_now = math.sqrt(math.fsum(math.log(p / r.measured_ms) ** 2 for p, r in zip(cache[key], rows))
+                                / len(rows))
+            say(f"calibrate: evaluation {n} ({phase[0]}): "
+                + ", ".join(f"{k}={v:.6g}" for k, v in zip(keys, x))
+                + f"; rms log error of every row {rms_now:.4f}; {time.perf_counter() - t_start:.0f} s, "
+                  f"{cpu_s() - cpu_start:.0f} s CPU so far" + (" (this process; the workers' when they end)"
+                                                              if pool is not None else ""))
         return cache[key]
 
     def residuals(x, use) -> list[float]:  # log error of the rows in use
@@ -311,10 +389,12 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
             x[j] = v
         return x
 
-    def fit(use, free):
-        res = least_squares(lambda fx: residuals(with_free(fx, free), use), [x0[j] for j in free],
+    def fit(use, free, start=None):
+        first = start if start is not None else x0
+        res = least_squares(lambda fx: residuals(with_free(fx, free), use), [first[j] for j in free],
                             bounds=([lo[j] for j in free], [hi[j] for j in free]), x_scale=[scale[j] for j in free],
-                            diff_step=1e-3, xtol=1e-10, ftol=1e-10, gtol=1e-10, max_nfev=200)
+                            diff_step=1e-3, xtol=FIT_TOLERANCE, ftol=FIT_TOLERANCE, gtol=FIT_TOLERANCE,
+                            max_nfev=max_evals)
         return with_free(res.x, free)
 
     sensitivity: dict[int, list[float]] = {}   # per parameter: d log(prediction) / d x, per row
@@ -329,22 +409,34 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
         sensitivity[j] = [math.log(m / b) / (x[j] - x0[j]) for m, b in zip(moved, base)]
         return any(abs(math.log(m / b)) > UNIDENTIFIABLE_SENSITIVITY for m, b in zip(moved, base))
 
+    refits = len(rows) if leave_one_out and len(rows) > 1 else 0
+    per_fit = TYPICAL_ITERATIONS * (1 + len(keys))
+    say(f"calibrate: {len(rows)} rows, {len(keys)} parameter{'s' if len(keys) > 1 else ''}; every evaluation runs "
+        f"every row once{f' on {workers} workers' if workers > 1 else ''}: {1 + len(keys)} to test which parameters "
+        f"move the rows, then the fit and {refits} leave-one-out refit{'s' if refits != 1 else ''} (started from the "
+        f"fit), about {per_fit} evaluations each ({TYPICAL_ITERATIONS} iterations x {1 + len(keys)}); about "
+        f"{1 + len(keys) + per_fit * (1 + refits // 2)} in all, at most {max_evals} (--max-evals)")
     try:
         everything = list(range(len(rows)))
         free = [j for j in range(len(keys)) if moves(j)]
         unidentifiable = [keys[j] for j in range(len(keys)) if j not in free]
+        phase[0] = "fit"
         x_fit = fit(everything, free) if free else list(x0)
         pred = predictions(x_fit)
         loo = []
-        if leave_one_out and len(rows) > 1:
+        if refits:
             for i in everything:
-                say(f"leave-one-out: refitting without row {rows[i].number}")
-                x_i = fit([j for j in everything if j != i], free) if free else list(x0)
+                phase[0] = f"leave-one-out refit without row {rows[i].number}"
+                x_i = fit([j for j in everything if j != i], free, x_fit) if free else list(x0)
                 loo.append(error_pct(predictions(x_i)[i], rows[i].measured_ms))
     finally:
         for f in pathlib.Path(workdir).glob("*.yaml"):
             f.unlink()
         os.rmdir(workdir)
+        _TEMPLATES.clear()
+        if pool is not None:
+            pool.shutdown()
+    say(f"calibrate: {len(cache)} evaluations, {time.perf_counter() - t_start:.0f} s, {cpu_s() - cpu_start:.0f} s CPU")
     fitted = {k: float(v) for k, v in zip(keys, x_fit)}
     prior_pred = predictions(x0)
     out_rows = [{"row": r.number, "config": r.label, "measured_ms": r.measured_ms, "predicted_ms": p,
