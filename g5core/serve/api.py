@@ -35,7 +35,7 @@ from g5core.lower.builder import make_topology
 from g5core.lower.collective import idle_transfer_s
 from g5core.session.prepared import PreparedPlan, prepare
 from g5core.session.speculative import Proposer
-from g5core.inputs.serving import ServingSpec, _positive_int, parse_serving, split_config
+from g5core.inputs.serving import PLACEHOLDERS, ServingSpec, _positive_int, parse_serving, split_config
 from g5core.inputs.serving import workload_spec  # noqa: F401  (g5 serve and the serving search import it from here)
 
 GIB = float(2 ** 30)
@@ -313,3 +313,71 @@ def _sample_steps(loop: LoopResult, pool: Pool, n: int) -> list[StepWork]:
     return [seen[round(k * (len(seen) - 1) / (n - 1))] for k in range(n)]
 
 
+
+
+@attrs.frozen
+class RepresentativeStep:
+    """One step of a serving pool, as a one-step configuration (``g5 run`` / ``g5 explain``)."""
+
+    role: str          # serve (aggregated), prefill or decode
+    raw: dict          # the pool's configuration, its step in phase/batch/seq_len (no serving block)
+    what: str          # which step, and why (one line)
+
+
+#: the context a decode step is timed at when the configuration names no workload (said so)
+ASSUMED_CONTEXT_TOKENS = PLACEHOLDERS["seq_len"]
+
+
+def representative_steps(raw: Mapping, disabled=()) -> list[RepresentativeStep]:
+    """One representative step per pool of a serving configuration: the configuration's own
+    ``phase``/``batch``/``seq_len`` (or ``step``) when it gives them; else, from the workload's
+    mean lengths (``serving.workload``; without one a 4,096-token context, said so), a prefill
+    pool's full chunk (``max_num_batched_tokens // isl`` prompts of ``min(isl, chunk)`` tokens)
+    and a decode or aggregated pool's decode-only step (``max_num_seqs`` sequences at ``isl + osl /
+    2`` context, bounded by the sequences the KV pool holds at ``isl + osl``)."""
+    own = {k: raw[k] for k in ("phase", "batch", "seq_len", "step") if k in raw}
+    base, block = split_config(raw)
+    for key in PLACEHOLDERS:
+        if key not in own:
+            base.pop(key)
+    names = tuple(dict.fromkeys(tuple(disabled) + tuple(disabled_from_config(base))))
+    registry = serving_registry(Hooks(make_plugin_manager(disabled=names)))
+    spec = parse_serving(block, registry)
+    if spec.workload is not None:
+        reqs = load_workload(spec.workload, registry).requests
+        isl = max(1, round(sum(r.input_tokens for r in reqs) / len(reqs)))
+        osl = max(1, round(sum(r.output_tokens for r in reqs) / len(reqs)))
+        source = f"serving.workload's mean lengths: input {isl:,}, output {osl:,}"
+    else:
+        isl, osl = ASSUMED_CONTEXT_TOKENS, 0
+        source = (f"a {ASSUMED_CONTEXT_TOKENS:,}-token context assumed, as the configuration has no serving.workload "
+                  "(give one, or phase/batch/seq_len, to choose)")
+    out = []
+    for ps in spec.pools:
+        praw = {**base, **dict(ps.overrides)}
+        pool = "the aggregated pool" if ps.role == "serve" else f"the {ps.role} pool"
+        s = ps.scheduler
+        if own:
+            out.append(RepresentativeStep(ps.role, praw, f"{pool}: the configuration's own step"))
+            continue
+        if ps.role == "prefill":
+            tokens = min(isl, s.max_num_batched_tokens)
+            batch = max(1, min(s.max_num_seqs, s.max_num_batched_tokens // tokens))
+            praw.update(phase="prefill", batch=batch, seq_len=tokens)
+            out.append(RepresentativeStep(ps.role, praw, (
+                f"{pool}: a full prefill chunk, {batch:,} prompt{'s' if batch > 1 else ''} of {tokens:,} tokens, "
+                f"max_num_batched_tokens {s.max_num_batched_tokens:,}; {source}")))
+            continue
+        context = isl + osl // 2
+        field = "serving" if ps.role == "serve" else f"serving.disaggregation.{ps.role}"
+        prepared = prepare({**praw, **PLACEHOLDERS}, disabled=disabled)
+        held = kv_sizing(prepared, s.max_num_batched_tokens, field).capacity_tokens // (isl + osl)
+        batch = max(1, min(s.max_num_seqs, held))
+        bound = (f"max_num_seqs {s.max_num_seqs:,}" if batch == s.max_num_seqs else
+                 f"as many sequences of {isl + osl:,} tokens as the KV pool holds, under max_num_seqs "
+                 f"{s.max_num_seqs:,}")
+        praw.update(phase="decode", batch=batch, seq_len=context)
+        out.append(RepresentativeStep(ps.role, praw, (
+            f"{pool}: a decode-only step, {batch:,} sequence{'s' if batch > 1 else ''} at {context:,} tokens of "
+            f"context, {bound}; {source}")))
+    return out
