@@ -21,8 +21,8 @@ from g5core.serve.loop import Fleet, LoopResult, Pool, check_invariants, serve_r
 from g5core.serve.metrics import summary
 from g5core.serve.registry import ServingRegistry, serving_registry
 from g5core.serve.traces import read_trace
-from g5core.serve.workload import Workload, synthetic
-from g5core.inputs.serving import ServingSpec, _positive_int, parse_serving, split_config
+from g5core.serve.workload import MAX_REQUESTS, Workload, synthetic
+from g5core.inputs.serving import ServingSpec, WorkloadSpec, _positive_int, parse_serving, split_config
 from g5core.inputs.serving import workload_spec  # noqa: F401  (g5 serve and the serving search import it from here)
 
 GIB = float(2 ** 30)
@@ -40,10 +40,26 @@ def load_workload(spec: Mapping, registry: ServingRegistry, field: str = "servin
             raise ConfigError(f"{field}.{sorted(extra)[0]}", "a trace workload takes only trace and requests")
         w = read_trace(spec["trace"], registry.formats, f"{field}.trace")
         if "requests" in spec:
-            n = _positive_int(spec["requests"], "--requests")
+            n = _positive_int(spec["requests"], f"{field}.requests", MAX_REQUESTS)
             w = attrs.evolve(w, requests=w.requests[:n])
         return w
     return synthetic(spec, field)
+
+
+def load_flagged_workload(spec: Mapping, registry: ServingRegistry) -> Workload:
+    """:func:`load_workload` of a mapping ``g5 serve``'s flags made over the configuration's
+    ``serving.workload`` (a :class:`WorkloadSpec`): an error names the flag that gave the bad
+    value, or its ``serving.workload`` key when no flag did. A plain mapping (the Python API)
+    is named ``--workload``."""
+    if not isinstance(spec, WorkloadSpec):
+        return load_workload(spec, registry, "--workload")
+    try:
+        return load_workload(spec, registry)
+    except ConfigError as exc:
+        field = spec.field_of(exc.field)
+        if field == exc.field:
+            raise
+        raise ConfigError(field, str(exc)[len(exc.field) + 2:]) from None
 
 
 @attrs.define(eq=False)
@@ -183,7 +199,7 @@ def simulate_serving(raw: Mapping, workload: Workload | Mapping | None = None, *
                                             "serving.workload in the configuration")
         workload = load_workload(spec.workload, registry)
     elif isinstance(workload, Mapping):
-        workload = load_workload(workload, registry, "--workload")
+        workload = load_flagged_workload(workload, registry)
     if not workload.requests:
         raise ConfigError("--requests", "the workload has no requests")
     dep, infos = build_pools(base, spec, registry, workload, disabled, exact, runner)

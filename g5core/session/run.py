@@ -20,6 +20,7 @@ from g5core.lower.microbatch import (
 )
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load_config_file
+from g5core.inputs.serving import serving_input_files
 from g5core.sim.engine import Engine, compile_dag
 from g5core.session.mathpath import MathResult, math_estimate
 from g5core.sim.memory import MemoryReport, memory_report
@@ -52,7 +53,7 @@ def input_files(config_path, raw: Mapping) -> list[tuple[str, Any]]:
         value = raw.get(key) if isinstance(raw, Mapping) else None
         if isinstance(value, str) and value:
             out.append((f"{key} file", value))
-    return out
+    return out + serving_input_files(raw)
 
 
 Progress = Optional[Callable[[str], None]]
