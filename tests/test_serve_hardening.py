@@ -126,3 +126,47 @@ def test_a_bad_flag_is_named_as_the_flag(tmp_path):
     res = serve(tmp_path, "{requests: 4, arrival: {kind: poisson, rate_per_s: 2}, input_tokens: 100, "
                           "output_tokens: 4}", "--osl", "0")
     assert res.exit_code == 2 and res.output.startswith("g5: error: --osl"), res.output
+
+
+def test_a_run_above_the_work_limit_is_refused_with_its_estimate_and_runs_with_the_limit_raised():
+    from g5core.serve.api import simulate_serving
+
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1}}
+    wl = {"requests": 6, "arrival": {"kind": "poisson", "rate_per_s": 10}, "input_tokens": 100, "output_tokens": 20}
+    # 6 requests x (20 + 1) = 126 sequence-steps; at least 21 steps, 9 each: 315
+    with pytest.raises(ConfigError) as e:
+        simulate_serving(raw, wl, runner=lambda groups: 0.01, max_work=300)
+    msg = one_line(e, "--max-steps")
+    assert "315" in msg and "126" in msg
+    res = simulate_serving(raw, wl, runner=lambda groups: 0.01, max_work=315)
+    assert res.summary["completed"] == 6
+
+
+def test_the_default_work_limit_refuses_a_huge_run_before_it_starts(tmp_path):
+    res = serve(tmp_path, "{requests: 200000, arrival: {kind: poisson, rate_per_s: 2}, input_tokens: 100, "
+                          "output_tokens: 1000}")
+    assert res.exit_code == 2 and res.output.startswith("g5: error: --max-steps: this serving run is at least"), \
+        res.output
+
+
+def test_a_search_above_the_work_limit_is_refused():
+    from g5core.serve.api import check_search_work
+
+    wl = {"requests": 300, "arrival": {"kind": "poisson", "rate_per_s": 1}, "input_tokens": 100, "output_tokens": 9}
+    assert check_search_work(5, wl, 30_000) == 5 * 2 * 300 * 10
+    with pytest.raises(ConfigError) as e:
+        check_search_work(6, wl, 30_000)
+    assert "6 candidates x 2 runs x 300 requests" in one_line(e, "--max-steps")
+
+
+def test_extreme_legal_workloads_are_refused_or_bounded():
+    """A gamma cv of 100 samples in an instant; an osl of 10^6 is one request's million steps."""
+    w = synthetic({**W, "requests": 1000, "arrival": {"kind": "gamma", "rate_per_s": 10, "cv": 100}})
+    assert len(w.requests) == 1000
+    from g5core.inputs.serving import PoolSpec, SchedulerSettings, ServingSpec
+    from g5core.serve.api import check_work
+    spec = ServingSpec((PoolSpec("serve", 1, (), SchedulerSettings(), "vllm", "round_robin"),), 0.0, (), None)
+    # three of 10^6 output tokens: 3,000,003 sequence-steps in 1,000,001 steps: within the limit
+    assert check_work(synthetic({**W, "requests": 3, "output_tokens": 10 ** 6}), spec) == 3_000_003 + 9 * 1_000_001
+    with pytest.raises(ConfigError):
+        check_work(synthetic({**W, "requests": 20, "output_tokens": 10 ** 6}), spec)

@@ -231,14 +231,19 @@ def _finish_sweep_output(sweep) -> None:
 @click.option("--requests-csv", "requests_csv", help="Write one row per request here.")
 @click.option("--trace", "trace_path", help="Write a Perfetto trace (instances' steps, requests' spans) here.")
 @click.option("--db", "db_path", help="Add the run's summary to this results database (serving_results).")
+@click.option("--max-steps", "max_steps", type=int, default=None, metavar="N",
+              help="Refuse runs estimated above N sequence-steps (a sequence's share of one step; default "
+                   "20,000,000, about 46 s).")
 def serve_cmd(config, overrides, disabled, workload, requests, rate, concurrency, isl, osl, slo, seed, exact, as_json,
-              requests_csv, trace_path, db_path):
+              requests_csv, trace_path, db_path, max_steps):
     """Simulate a service: requests through routers and continuous-batching instances."""
     from g5core.inputs.outputs import check_outputs
     from g5core.serve.command import serve_command
 
     from g5core.session.run import input_files, load_raw
 
+    if max_steps is not None and max_steps < 1:
+        raise ConfigError("--max-steps", f"must be a positive whole number, got {max_steps}")
     raw = load_raw(config, overrides)
     inputs = input_files(config, raw)
     if workload and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
@@ -246,7 +251,7 @@ def serve_cmd(config, overrides, disabled, workload, requests, rate, concurrency
     targets = check_outputs({"--requests-csv": requests_csv, "--trace": trace_path}, inputs)
     text = serve_command(raw, disabled, targets, db_path, inputs, as_json=as_json, progress=sys.stderr.isatty(),
                          workload=workload, requests=requests, rate=rate, concurrency=concurrency, isl=isl, osl=osl,
-                         slo=slo, seed=seed, exact=exact)
+                         slo=slo, seed=seed, exact=exact, max_work=max_steps)
     click.echo(text)
 
 
@@ -323,9 +328,11 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
               help="--serve: each run holds this many times the requests in the system [default: 16].")
 @click.option("--confirm", type=int, default=None,
               help="--serve: further seeds the capacity must hold on [default: 2].")
+@click.option("--max-steps", "max_steps", type=int, default=None, metavar="N",
+              help="--serve: refuse a search estimated above N sequence-steps [default: 20,000,000 a candidate].")
 def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, workers, executor, serve, workload,
              requests, isl, osl, slo, seed, rate, disagg, chunks, seqs, tolerance, max_rate, beam, vary, settle,
-             confirm):
+             confirm, max_steps):
     """Layout search: every split of chips over the registered dimensions; those that are invalid or
     do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked.
 
@@ -338,7 +345,8 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     raw = load_raw(config, overrides)
     serve_only = {"--workload": workload, "--requests": requests, "--isl": isl, "--osl": osl, "--slo": slo,
                   "--seed": seed, "--rate": rate, "--chunks": chunks, "--seqs": seqs, "--tolerance": tolerance,
-                  "--max-rate": max_rate, "--beam": beam, "--vary": vary, "--settle": settle, "--confirm": confirm}
+                  "--max-rate": max_rate, "--beam": beam, "--vary": vary, "--settle": settle, "--confirm": confirm,
+                  "--max-steps": max_steps}
     if serve:
         from g5core.present.render import render_serve_best
         from g5core.study.serve_search import best_serve_command

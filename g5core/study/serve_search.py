@@ -552,7 +552,8 @@ def _pool_peak_use(result) -> list[float]:
 
 def run_requests(workload: Mapping, rate: float, settle_s: float, settle: float = SETTLE) -> int:
     """Requests of the run at ``rate`` (see ``SETTLE``)."""
-    return int(max(workload["requests"], min(MAX_RUN_REQUESTS, math.ceil(settle * rate * settle_s))))
+    want = settle * rate * settle_s   # inf (or nan) at an extreme rate: MAX_RUN_REQUESTS, not an OverflowError
+    return int(max(workload["requests"], math.ceil(want) if want < MAX_RUN_REQUESTS else MAX_RUN_REQUESTS))
 
 
 def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
@@ -1076,7 +1077,7 @@ def _pow2_seqs(capacity_tokens: int, longest: int, settings: SearchSettings) -> 
 
 def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, db_path=None, disabled=(),
                  workers: int = 1, executor: str = "local", progress=None, inputs: Sequence = (),
-                 runner_for=None) -> ServeSearchResult:
+                 runner_for=None, max_work=None) -> ServeSearchResult:
     """Enumerate, screen, simulate (capacity per candidate) and rank; see the module doc.
     ``runner_for``: ``(layout configuration, prepared plan) -> (groups -> latency_s)``
     instead of the engine (tests; in-process only)."""
@@ -1085,6 +1086,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
     from g5core.api.dimensions import collect_dimensions
     from g5core.api.plugins import Hooks, make_plugin_manager
     from g5core.inputs.config import disabled_from_config
+    from g5core.serve.api import check_search_work
     from g5core.serve.metrics import parse_slo
     from g5core.study.sweep import LocalExecutor, make_executor
 
@@ -1231,6 +1233,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         estimates = estimated if use_bounds else [None] * len(cands)
         caps = [_estimate_bound(e, cap) for e, cap in zip(estimates, caps)]
         upper = [_upper_value(settings.objective, cap, cand, top_out) for (cand, _), cap in zip(cands, caps)]
+        check_search_work(len(cands), workload, max_work)   # issue 36: refused before any capacity run
         order = sorted(range(len(cands)), key=lambda i: (-upper[i], cands[i][0].label()))
         results: list = [None] * len(cands)
         bounded: list[Bounded] = []
@@ -1327,7 +1330,7 @@ def _longest(workload: Mapping) -> int:
 def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, workers: int, executor: str, *,
                        disagg: str, workload=None, requests=None, isl=None, osl=None, slo=None, seed=None, rate=None,
                        chunks=None, seqs=None, tolerance=None, max_rate=None, beam=None, vary=None, settle=None,
-                       confirm=None, top=DEFAULT_TOP) -> ServeSearchResult:
+                       confirm=None, top=DEFAULT_TOP, max_steps=None) -> ServeSearchResult:
     """``g5 best CONFIG --serve``'s flags to a search (the CLI prints its result)."""
     from g5core.serve.api import split_config, workload_spec
     from g5core.study.sweep import default_progress
@@ -1356,4 +1359,4 @@ def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, 
         settle=SETTLE if settle is None else settle, confirm=DEFAULT_CONFIRM if confirm is None else confirm,
         top=top)
     return serve_search(raw, spec, settings, db_path=db_path, disabled=disabled, workers=workers,
-                        executor=executor, progress=default_progress(), inputs=[config_path])
+                        executor=executor, progress=default_progress(), inputs=[config_path], max_work=max_steps)
