@@ -118,8 +118,6 @@ def check_search_work(candidates: int, workload: Mapping, max_work: Optional[int
     ``requests`` requests, each its mean output tokens plus one prefill step); returns the
     estimate. A lower bound: the bisection and the confirming seeds add runs, the settling
     rule more requests."""
-    from g5core.serve.workload import synthetic
-
     sample = synthetic({**workload, "requests": min(int(workload["requests"]), 1000)})
     per_request = sum(r.output_tokens + 1 for r in sample.requests) / len(sample.requests)
     work = int(candidates * MIN_SEARCH_RUNS * int(workload["requests"]) * per_request)
