@@ -98,8 +98,8 @@ def test_a_file_that_will_not_take_wal_is_a_one_line_error_naming_it(tmp_path):
             assert sql == "PRAGMA journal_mode=WAL"
             return self
 
-        def fetchone(self):
-            return ("delete",)
+        def fetchall(self):
+            return [("delete",)]
 
     t0 = time.monotonic()
     with pytest.raises(G5Error) as err:

@@ -43,6 +43,7 @@ def test_conservation_every_request_once_all_tokens_blocks_return(router):
     cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=60_000)
     res = run(w, pool(cost, instances=3, router=router(), max_num_batched_tokens=2048))
     assert check_invariants(res) == {"requests_with_wrong_token_count": 0, "requests_out_of_order": 0,
+                                       "requests_without_positive_ttft": 0, "requests_not_fcfs": 0,
                                        "steps_over_kv_pool": 0, "kv_blocks_left_at_end": 0}
     assert sum(res.requests.emitted) == sum(r.output_tokens for r in w.requests)
     arrays = per_request(res)
@@ -175,6 +176,7 @@ def test_preemption_when_the_pool_is_small_and_outputs_still_complete():
     res = run(w, pool(cost, blocks=120, block_size=16))   # 1,920 tokens: a few requests at once
     assert res.preemptions > 0
     assert check_invariants(res) == {"requests_with_wrong_token_count": 0, "requests_out_of_order": 0,
+                                       "requests_without_positive_ttft": 0, "requests_not_fcfs": 0,
                                        "steps_over_kv_pool": 0, "kv_blocks_left_at_end": 0}
     assert summary(res)["preemptions"] == res.preemptions
 

@@ -45,6 +45,7 @@ def test_json_has_the_issues_keys_and_is_deterministic(config):
                                       "requests_per_s"}
     assert out["requests"] == out["completed"] == 40 and out["chips"] == 2
     assert out["conservation"] == {"requests_with_wrong_token_count": 0, "requests_out_of_order": 0,
+                                   "requests_without_positive_ttft": 0, "requests_not_fcfs": 0,
                                    "steps_over_kv_pool": 0, "kv_blocks_left_at_end": 0}
     b = json.loads(invoke(config, *FLAGS, "--json", "--slo", "ttft=100ms,tpot=15ms").output)
     for d in (out, b):

@@ -26,6 +26,9 @@ from g5core.api.errors import ConfigError, suggest
 # (lowest, highest) accepted value of each kind of quantity. Sizes are whole numbers.
 #: tokens of one sequence (S): 2^40 is about a million times a 1M-token context
 MAX_SEQ_LEN = 2 ** 40
+#: latest arrival time of a serving workload, in seconds from its first request (about 3 years):
+#: beyond it a float's resolution (1.5e-8 s at 1e8 s) would swallow short steps and TTFTs
+MAX_ARRIVAL_S = 1e8
 #: sequences per data-parallel replica
 MAX_BATCH = 2 ** 30
 #: tokens one replica holds (batch x seq_len)

@@ -40,7 +40,6 @@ what joins them): in practice ``ep = dp x sp x tp``.
 """
 from __future__ import annotations
 
-import math
 import re
 from typing import Mapping, Optional
 
@@ -48,7 +47,7 @@ import attrs
 
 from g5core.api.errors import ConfigError
 from g5core.inputs.kv_tiers import CacheSpec, parse_cache
-from g5core.inputs.reading import check_keys
+from g5core.inputs.reading import MAX_ARRIVAL_S, MAX_SEQ_LEN, check_keys
 
 SERVING_KEYS = ("instances", "router", "routing_s", "scheduler", "slo", "workload", "disaggregation", "prefix_cache",
                 "kv_tiers", "dp_balance")
@@ -59,6 +58,8 @@ DP_BALANCE = ("round_robin", "shortest_queue")
 # phase, batch and seq_len of a configuration are not used by serving (each step sets its
 # own); a configuration written for serving may leave them out
 PLACEHOLDERS = {"phase": "decode", "batch": 1, "seq_len": 4096}
+#: instances of one pool (each is simulated step by step; the work limit bounds the rest)
+MAX_INSTANCES = 2 ** 20
 SLO_METRICS = ("ttft", "tpot", "e2e", "itl", "queue")
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
@@ -84,8 +85,10 @@ class SchedulerSettings:
             if key == "chunked_prefill":
                 if not isinstance(value, bool):
                     raise ConfigError(f"{field}.{key}", f"must be true or false, got {value!r}")
-            elif isinstance(value, bool) or not isinstance(value, int) or value < (0 if key.startswith("long") else 1):
-                raise ConfigError(f"{field}.{key}", f"must be a positive whole number, got {value!r}")
+            elif (isinstance(value, bool) or not isinstance(value, int)
+                  or not (0 if key.startswith("long") else 1) <= value <= MAX_SEQ_LEN):
+                raise ConfigError(f"{field}.{key}", f"must be a whole number from {0 if key.startswith('long') else 1} "
+                                                    f"to {MAX_SEQ_LEN:,}, got {value!r}")
             values[key] = value
         return cls(**values)
 
@@ -151,9 +154,9 @@ class ServingSpec:
     cache: Optional[CacheSpec] = None   # serving.prefix_cache / kv_tiers (None: the never-evicting cache)
 
 
-def _positive_int(value, field) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(field, f"must be a positive whole number, got {value!r}")
+def _positive_int(value, field, most: int = MAX_SEQ_LEN) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+        raise ConfigError(field, f"must be a whole number from 1 to {most:,}, got {value!r}")
     return value
 
 
@@ -172,11 +175,22 @@ def split_config(raw: Mapping) -> tuple[dict, Mapping]:
     return raw, _mapping(block, "serving")
 
 
+def serving_input_files(raw: Mapping) -> list[tuple[str, str]]:
+    """The files the ``serving:`` block makes a run read (its workload's trace), as
+    ``(label, path)`` pairs for the output checks: no output may overwrite one of them."""
+    block = raw.get("serving") if isinstance(raw, Mapping) else None
+    workload = block.get("workload") if isinstance(block, Mapping) else None
+    trace = workload.get("trace") if isinstance(workload, Mapping) else None
+    return [("serving.workload.trace", trace)] if isinstance(trace, str) and trace else []
+
+
 def parse_serving(block: Mapping, registry, slo_text=None) -> ServingSpec:
     check_keys(block, "serving", SERVING_KEYS)
     routing_s = block.get("routing_s", 0.0)
-    if isinstance(routing_s, bool) or not isinstance(routing_s, (int, float)) or not 0 <= routing_s < math.inf:
-        raise ConfigError("serving.routing_s", f"must be a number of seconds >= 0, got {routing_s!r}")
+    if (isinstance(routing_s, bool) or not isinstance(routing_s, (int, float))
+            or not 0 <= routing_s <= MAX_ARRIVAL_S):
+        raise ConfigError("serving.routing_s", f"must be a number of seconds from 0 to {MAX_ARRIVAL_S:g}, "
+                                               f"got {routing_s!r}")
     sched = _mapping(block.get("scheduler", {}), "serving.scheduler")
     router = block.get("router", "round_robin")
     balance = block.get("dp_balance", "round_robin")
@@ -184,18 +198,19 @@ def parse_serving(block: Mapping, registry, slo_text=None) -> ServingSpec:
     def pool(role: str, data: Mapping, field: str, instances_default: int) -> PoolSpec:
         s = {**sched, **_mapping(data.get("scheduler", {}), f"{field}.scheduler")}
         name = s.get("name", "vllm")
-        if name not in registry.schedulers:
+        if not isinstance(name, str) or name not in registry.schedulers:
             raise ConfigError(f"{field}.scheduler.name", f"unknown scheduler {name!r}; known: "
                                                          f"{', '.join(sorted(registry.schedulers))}")
         r = data.get("router", router)
-        if r not in registry.routers:
+        if not isinstance(r, str) or r not in registry.routers:
             raise ConfigError(f"{field}.router", f"unknown router {r!r}; known: {', '.join(sorted(registry.routers))}")
         b = data.get("dp_balance", balance)
         if b not in DP_BALANCE:
             raise ConfigError(f"{field}.dp_balance", f"unknown attention-DP balance {b!r}; known: "
                                                      f"{', '.join(DP_BALANCE)}")
         over = tuple((k, data[k]) for k in ("chips", "parallel") if k in data)
-        return PoolSpec(role, _positive_int(data.get("instances", instances_default), f"{field}.instances"), over,
+        return PoolSpec(role, _positive_int(data.get("instances", instances_default), f"{field}.instances",
+                                            MAX_INSTANCES), over,
                         SchedulerSettings.from_dict(s, f"{field}.scheduler"), name, r, b)
 
     disagg = block.get("disaggregation")
@@ -251,16 +266,17 @@ def workload_spec(base: Optional[Mapping], workload: Optional[str] = None, reque
         given = [k for k, v in flags.items() if v is not None and k != "--requests"]
         if given:
             raise ConfigError(given[0], "applies to a synthetic workload, not to a trace file")
-        return {"trace": workload, **({"requests": requests} if requests is not None else {})}
-    spec = dict(base or {})
+        return WorkloadSpec({"trace": workload, **({"requests": requests} if requests is not None else {})},
+                            {"trace": "--workload", "requests": "--requests"})
+    spec = dict(_mapping(base, "serving.workload")) if base else {}
     if "trace" in spec:
         if any(v is not None for v in flags.values()) or workload is not None:
             raise ConfigError("--workload", "the configuration's serving.workload is a trace; give a synthetic "
                                             "workload in full (--workload, --rate, --isl, --osl) or none")
-        return spec
+        return WorkloadSpec(spec)
     if not spec and workload is None and all(v is None for v in flags.values()):
         return None
-    arrival = dict(spec.get("arrival", {}))
+    arrival = dict(_mapping(spec.get("arrival", {}), "serving.workload.arrival"))
     if workload is not None:
         kind, _, rest = workload.partition(":")
         if kind not in ARRIVAL_SPECS:
@@ -284,15 +300,40 @@ def workload_spec(base: Optional[Mapping], workload: Optional[str] = None, reque
         arrival.pop("concurrency", None)
     if concurrency is not None:
         arrival = {"kind": "closed", "concurrency": concurrency}
+    flagged = {}
     if arrival:
         spec["arrival"] = arrival
-    for key, value in (("requests", requests), ("input_tokens", isl), ("output_tokens", osl), ("seed", seed)):
+        given = [f for f, v in (("--workload", workload), ("--rate", rate), ("--concurrency", concurrency))
+                 if v is not None]
+        if given:
+            flagged["arrival"] = given[-1]
+    for key, flag, value in (("requests", "--requests", requests), ("input_tokens", "--isl", isl),
+                             ("output_tokens", "--osl", osl), ("seed", "--seed", seed)):
         if value is not None:
             spec[key] = value
+            flagged[key] = flag
     for key, flag in (("arrival", "--rate or --concurrency"), ("input_tokens", "--isl"), ("output_tokens", "--osl"),
                       ("requests", "--requests")):
         if key not in spec or (key == "arrival" and not spec["arrival"]):
             raise ConfigError(flag, f"a synthetic workload needs {flag} (or serving.workload.{key})")
     if spec["arrival"].get("kind", "poisson") in ("poisson", "gamma") and "rate_per_s" not in spec["arrival"]:
         raise ConfigError("--rate", "an open-loop workload needs its arrival rate")
-    return spec
+    return WorkloadSpec(spec, flagged)
+
+
+class WorkloadSpec(dict):
+    """A workload mapping that knows which of its keys a flag gave (``flags``: key -> the
+    flag) and which came from the configuration's ``serving.workload``, so that an error
+    names the place the bad value was given (:meth:`field_of`)."""
+
+    def __init__(self, data: Mapping, flags: Optional[Mapping] = None):
+        super().__init__(data)
+        self.flags = dict(flags or {})
+
+    def field_of(self, field: str) -> str:
+        """``serving.workload.<key>...`` as the flag that gave ``<key>``, else unchanged."""
+        head = "serving.workload."
+        if not field.startswith(head):
+            return field
+        key = field[len(head):].split(".")[0]
+        return self.flags.get(key, field)

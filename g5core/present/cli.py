@@ -313,9 +313,14 @@ def _write_emit(framework, folder, files, inputs) -> None:
 @click.option("--db", "db_path", help="Add the run's summary to this results database (serving_results).")
 @_framework_option
 @_emit_option
+@click.option("--max-steps", "max_steps", type=int, default=None, metavar="N",
+              help="Refuse runs estimated above N sequence-steps (a sequence's share of one step; default "
+                   "20,000,000, about 46 s).")
 def serve_cmd(config, overrides, disabled, workload, requests, rate, concurrency, isl, osl, slo, seed, exact, as_json,
-              requests_csv, trace_path, db_path, framework, emit):
+              requests_csv, trace_path, db_path, framework, emit, max_steps):
     """Simulate a service: requests through routers and continuous-batching instances."""
+    if max_steps is not None and max_steps < 1:
+        raise ConfigError("--max-steps", f"must be a positive whole number, got {max_steps}")
     raw = _with_framework(load_raw(config, overrides), framework)
     inputs = input_files(config, raw)
     if workload and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
@@ -329,7 +334,7 @@ def serve_cmd(config, overrides, disabled, workload, requests, rate, concurrency
                                                           **({"workload": spec} if spec else {})}}, inputs)
     text = serve_command(raw, disabled, targets, db_path, inputs, as_json=as_json, progress=sys.stderr.isatty(),
                          workload=workload, requests=requests, rate=rate, concurrency=concurrency, isl=isl, osl=osl,
-                         slo=slo, seed=seed, exact=exact)
+                         slo=slo, seed=seed, exact=exact, max_work=max_steps)
     click.echo(text)
     if emitted:
         _write_emit(*emitted)
@@ -410,9 +415,11 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
               help="The serving framework's profile (vllm, sglang, trtllm, generic); with --serve, auto: the search "
                    "under each of vllm, sglang and trtllm, ranked together with the framework as a column.")
 @_emit_option
+@click.option("--max-steps", "max_steps", type=int, default=None, metavar="N",
+              help="--serve: refuse a search estimated above N sequence-steps [default: 20,000,000 a candidate].")
 def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, workers, executor, serve, workload,
              requests, isl, osl, slo, seed, rate, disagg, chunks, seqs, tolerance, max_rate, beam, vary, settle,
-             confirm, framework, emit):
+             confirm, framework, emit, max_steps):
     """Layout search: every split of chips over the registered dimensions; those that are invalid or
     do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked.
 
@@ -425,7 +432,8 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
         raw = _with_framework(raw, framework)
     serve_only = {"--workload": workload, "--requests": requests, "--isl": isl, "--osl": osl, "--slo": slo,
                   "--seed": seed, "--rate": rate, "--chunks": chunks, "--seqs": seqs, "--tolerance": tolerance,
-                  "--max-rate": max_rate, "--beam": beam, "--vary": vary, "--settle": settle, "--confirm": confirm}
+                  "--max-rate": max_rate, "--beam": beam, "--vary": vary, "--settle": settle, "--confirm": confirm,
+                  "--max-steps": max_steps}
     if emit and not serve:
         raise ConfigError("--emit", "writes the launch files of the serving search's winner; add --serve")
     if serve:

@@ -26,7 +26,7 @@ from g5core.serve.metrics import summary
 from g5core.serve.registry import ServingRegistry, serving_registry
 from g5core.serve.scheduler import DpScheduler, speculative_factory
 from g5core.serve.traces import read_trace
-from g5core.serve.workload import Workload, synthetic
+from g5core.serve.workload import MAX_REQUESTS, Workload, synthetic
 from g5core.inputs.kv_tiers import CacheSpec, resolve_tiers
 from g5core.serve.kvcache import CacheConfig, CachingScheduler
 from g5core.api.plugins import Hooks, make_plugin_manager
@@ -35,7 +35,7 @@ from g5core.lower.builder import make_topology
 from g5core.lower.collective import idle_transfer_s
 from g5core.session.prepared import PreparedPlan, prepare
 from g5core.session.speculative import Proposer
-from g5core.inputs.serving import PLACEHOLDERS, ServingSpec, _positive_int, parse_serving, split_config
+from g5core.inputs.serving import PLACEHOLDERS, ServingSpec, WorkloadSpec, _positive_int, parse_serving, split_config
 from g5core.inputs.serving import workload_spec  # noqa: F401  (g5 serve and the serving search import it from here)
 
 GIB = float(2 ** 30)
@@ -53,10 +53,95 @@ def load_workload(spec: Mapping, registry: ServingRegistry, field: str = "servin
             raise ConfigError(f"{field}.{sorted(extra)[0]}", "a trace workload takes only trace and requests")
         w = read_trace(spec["trace"], registry.formats, f"{field}.trace")
         if "requests" in spec:
-            n = _positive_int(spec["requests"], "--requests")
+            n = _positive_int(spec["requests"], f"{field}.requests", MAX_REQUESTS)
             w = attrs.evolve(w, requests=w.requests[:n])
         return w
     return synthetic(spec, field)
+
+
+def load_flagged_workload(spec: Mapping, registry: ServingRegistry) -> Workload:
+    """:func:`load_workload` of a mapping ``g5 serve``'s flags made over the configuration's
+    ``serving.workload`` (a :class:`WorkloadSpec`): an error names the flag that gave the bad
+    value, or its ``serving.workload`` key when no flag did. A plain mapping (the Python API)
+    is named ``--workload``."""
+    if not isinstance(spec, WorkloadSpec):
+        return load_workload(spec, registry, "--workload")
+    try:
+        return load_workload(spec, registry)
+    except ConfigError as exc:
+        field = spec.field_of(exc.field)
+        if field == exc.field:
+            raise
+        raise ConfigError(field, str(exc)[len(exc.field) + 2:]) from None
+
+
+#: The loop's cost, measured (issue 36) on the 2-core development machine, 2026-12-02, CPU
+#: seconds of simulate_serving on examples/serving/llama-3.1-8b-agg.yaml less its 0.6 s of
+#: plans (/tmp measure script in the issue's closing note; the machine was shared): 2,000
+#: requests of 200 + 256 tokens at 50/s (514,000 sequence-steps in 11,921 steps) 1.4 s, and
+#: one request of 20,000 output tokens (20,000 steps of one sequence) 0.4 s: about 2.3 us per
+#: sequence in a step and 20 us per step, so a step costs as much as STEP_WORK sequences.
+STEP_WORK = 9
+SEQ_STEP_CPU_S = 2.3e-6
+#: Work (sequence-steps plus STEP_WORK per step) a serving run may take unless --max-steps
+#: says otherwise: about 46 s of the loop at the rate above.
+DEFAULT_MAX_WORK = 20_000_000
+
+
+def serving_work(workload: Workload, spec: ServingSpec) -> tuple[int, int]:
+    """A lower bound of the loop's work before it starts: ``(sequence_steps, steps)``.
+    Each request takes a step per output token and at least one per prefill chunk of
+    ``max_num_batched_tokens`` (once per pool it runs on); the steps are at least the
+    longest request's own, and at least the sequence-steps over every instance's
+    ``max_num_seqs``. Preemptions only add to it."""
+    pools = spec.pools
+    budget = min(p.scheduler.max_num_batched_tokens for p in pools)
+    seq_steps = longest = 0
+    for r in workload.requests:
+        own = r.output_tokens + -(-r.input_tokens // budget)
+        seq_steps += own
+        longest = max(longest, own)
+    width = sum(p.instances * p.scheduler.max_num_seqs for p in pools)
+    return seq_steps * len(pools), max(longest, -(-seq_steps // width))
+
+
+def check_work(workload: Workload, spec: ServingSpec, max_work: Optional[int] = None) -> int:
+    """Refuse a run whose :func:`serving_work` is above ``max_work`` (default
+    :data:`DEFAULT_MAX_WORK`), naming ``--max-steps``; returns the estimate."""
+    limit = DEFAULT_MAX_WORK if max_work is None else max_work
+    seq_steps, steps = serving_work(workload, spec)
+    work = seq_steps + STEP_WORK * steps
+    if work > limit:
+        raise ConfigError("--max-steps", f"this serving run is at least {work:,} sequence-steps ({seq_steps:,} "
+                                         f"sequences in {steps:,}+ steps, a step counted as {STEP_WORK}), above the "
+                                         f"limit of {limit:,} (about {limit * SEQ_STEP_CPU_S:.0f} s of the loop); "
+                                         "give fewer or shorter requests, or raise --max-steps")
+    return work
+
+
+#: runs a candidate of the serving search takes at the least (a bisection from an estimate
+#: within the tolerance: two)
+MIN_SEARCH_RUNS = 2
+
+
+def check_search_work(candidates: int, workload: Mapping, max_work: Optional[int] = None) -> int:
+    """Refuse a serving search whose work is certainly above ``max_work`` (default
+    :data:`DEFAULT_MAX_WORK` each candidate, ``--max-steps``): ``candidates`` x
+    :data:`MIN_SEARCH_RUNS` runs x the sequence-steps of one run of ``workload`` (its
+    ``requests`` requests, each its mean output tokens plus one prefill step); returns the
+    estimate. A lower bound: the bisection and the confirming seeds add runs, the settling
+    rule more requests."""
+    sample = synthetic({**workload, "requests": min(int(workload["requests"]), 1000)})
+    per_request = sum(r.output_tokens + 1 for r in sample.requests) / len(sample.requests)
+    work = int(candidates * MIN_SEARCH_RUNS * int(workload["requests"]) * per_request)
+    limit = DEFAULT_MAX_WORK * max(candidates, 1) if max_work is None else max_work
+    if work > limit:
+        raise ConfigError("--max-steps", f"this serving search is at least {work:,} sequence-steps ({candidates:,} "
+                                         f"candidates x {MIN_SEARCH_RUNS} runs x {int(workload['requests']):,} "
+                                         f"requests x {per_request:,.0f} steps), above the limit of {limit:,} (about "
+                                         f"{limit * SEQ_STEP_CPU_S:.0f} s of the loop); narrow the search (--vary, "
+                                         "--chunks, --seqs), give fewer or shorter requests, or raise --max-steps")
+    return work
 
 
 @attrs.define(eq=False)
@@ -270,13 +355,15 @@ def kv_transfer(pools, plans):
 
 def simulate_serving(raw: Mapping, workload: Workload | Mapping | None = None, *, disabled=(), slo=None,
                      exact: bool = False, progress=None, runner: Optional[Callable[[Groups], float]] = None,
-                     check_predictor: int = 16, overrides: Optional[Mapping] = None) -> ServeResult:
+                     check_predictor: int = 16, overrides: Optional[Mapping] = None,
+                     max_work: Optional[int] = None) -> ServeResult:
     """Simulate serving ``workload`` (a :class:`Workload`, a workload mapping as
     :func:`workload_spec` makes, or None: the configuration's ``serving.workload``) on the
     deployment ``raw`` describes. ``slo``: ``--slo``'s text (else ``serving.slo``).
     ``runner``: ``groups -> step latency`` (default: the engine, through each pool's
     prepared plan). ``check_predictor``: steps
-    checked against the engine when the predictor is used (0: none)."""
+    checked against the engine when the predictor is used (0: none). ``max_work``: the work
+    limit (:func:`check_work`, ``--max-steps``)."""
     t0 = time.perf_counter()
     base, block = split_config(raw)
     names = tuple(dict.fromkeys(tuple(disabled) + tuple(disabled_from_config(base))))
@@ -288,9 +375,10 @@ def simulate_serving(raw: Mapping, workload: Workload | Mapping | None = None, *
                                             "serving.workload in the configuration")
         workload = load_workload(spec.workload, registry)
     elif isinstance(workload, Mapping):
-        workload = load_workload(workload, registry, "--workload")
+        workload = load_flagged_workload(workload, registry)
     if not workload.requests:
         raise ConfigError("--requests", "the workload has no requests")
+    check_work(workload, spec, max_work)
     dep, infos = build_pools(base, spec, registry, workload, disabled, exact, runner)
     loop = serve_requests(dep, workload, progress)
     checks = check_invariants(loop)

@@ -452,7 +452,9 @@ def check_invariants(result: LoopResult) -> dict:
     over = sum(1 for inst in result.instances for row in range(0, len(inst.steps), 7)
                if inst.steps[row + 4] > inst.scheduler.total_blocks)
     left = sum(i.scheduler.used_blocks for i in result.instances)
+    no_ttft = sum(1 for k in range(log.n) if not log.first_token_s[k] > log.arrival_s[k])
     out = {"requests_with_wrong_token_count": bad_tokens, "requests_out_of_order": early,
+           "requests_without_positive_ttft": no_ttft, "requests_not_fcfs": _not_fcfs(result),
            "steps_over_kv_pool": over, "kv_blocks_left_at_end": left}
     ranked = [i for i in result.instances if hasattr(i.scheduler, "ranks")]
     if ranked:   # attention DP: the same per rank, and every request on one rank of each pool it passes
@@ -470,6 +472,23 @@ def check_invariants(result: LoopResult) -> dict:
 
 def _by_pool(result: LoopResult) -> list[list]:
     return [[i for i in result.instances if i.pool is p] for p in result.fleet.pools]
+
+
+def _not_fcfs(result: LoopResult) -> int:
+    """Requests first scheduled before one that reached the same instance of the first pool
+    earlier, where that pool's scheduler is the built-in (FCFS) one; 0 elsewhere."""
+    pool = result.fleet.pools[0]
+    if pool.scheduler_factory is not VllmScheduler:
+        return 0
+    log = result.requests
+    latest: dict = {}
+    count = 0
+    for k in sorted(range(log.n), key=lambda k: (log.arrival_s[k], k)):
+        i = log.instance[k]
+        if log.scheduled_s[k] < latest.get(i, -math.inf):
+            count += 1
+        latest[i] = max(latest.get(i, -math.inf), log.scheduled_s[k])
+    return count
 
 
 def summarize_pools(pools: Sequence[Pool]) -> list[dict]:

@@ -17,7 +17,7 @@ import time
 from typing import Callable, Mapping, Optional
 
 from g5core.api.errors import ConfigError, G5Error
-from g5core.serve.api import ServeResult, build_pools, load_workload
+from g5core.serve.api import ServeResult, build_pools, load_flagged_workload
 from g5core.serve.loop import check_invariants, serve_requests
 from g5core.serve.metrics import summary
 from g5core.serve.workload import Workload
@@ -47,7 +47,7 @@ class ServingSession:
 
     def _workload(self, workload) -> Workload:
         if isinstance(workload, Mapping):
-            workload = load_workload(workload, self.registry, "--workload")
+            workload = load_flagged_workload(workload, self.registry)
         if not workload.requests:
             raise ConfigError("--requests", "the workload has no requests")
         return workload

@@ -31,7 +31,7 @@ import pathlib
 from typing import Mapping
 
 from g5core.api.errors import ConfigError, G5Error
-from g5core.inputs.reading import MAX_SEQ_LEN, read_text
+from g5core.inputs.reading import MAX_ARRIVAL_S, MAX_SEQ_LEN, read_text
 from g5core.api.serving import Request, TraceFieldError, TraceFormat
 from g5core.serve.workload import MAX_REQUESTS, Workload
 
@@ -74,13 +74,19 @@ def seconds(record: Mapping, field: str, scale: float = 1.0) -> float:
         raise bad(field, "is missing")
     try:
         out = float(value) if not isinstance(value, bool) else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         out = None
     if out is None or out != out or out in (float("inf"), float("-inf")):
         raise bad(field, f"{value!r} is not a number")
     if out < 0:
         raise bad(field, f"{value!r} is negative")
     return out * scale
+
+
+def _check_span(path: str, line: int, field: str, time_s: float) -> None:
+    if not time_s <= MAX_ARRIVAL_S:
+        raise TraceError(path, line, field, f"arrives {time_s:.3g} s after the trace's start, more than G5 "
+                                            f"simulates ({MAX_ARRIVAL_S:g} s)")
 
 
 def _g5_row(r: Mapping) -> tuple:
@@ -142,21 +148,28 @@ BUILTIN_FORMATS = (
 def _records(path: str, text: str, container: str):
     """``(line number, record)`` pairs and the columns, for a CSV or JSONL text."""
     if container == "csv":
-        lines = text.splitlines()
-        reader = csv.reader(lines)
+        reader = csv.reader(text.splitlines())
         try:
             header = [h.strip() for h in next(reader)]
         except StopIteration:
             raise TraceError(path, 1, "header", "the file is empty") from None
+        except csv.Error as exc:
+            raise TraceError(path, 1, "header", f"not a CSV line ({exc})") from None
 
         def rows():
-            for number, cells in enumerate(reader, start=2):
+            while True:
+                try:
+                    cells = next(reader)
+                except StopIteration:
+                    return
+                except csv.Error as exc:
+                    raise TraceError(path, reader.line_num, "csv", f"not a CSV line ({exc})") from None
                 if not cells or all(not c.strip() for c in cells):
                     continue
                 if len(cells) != len(header):
-                    raise TraceError(path, number, "columns", f"{len(cells)} values for {len(header)} columns "
-                                                              f"({', '.join(header)})")
-                yield number, dict(zip(header, (c.strip() for c in cells)))
+                    raise TraceError(path, reader.line_num, "columns", f"{len(cells)} values for {len(header)} "
+                                                                      f"columns ({', '.join(header)})")
+                yield reader.line_num, dict(zip(header, (c.strip() for c in cells)))
         return set(header), rows()
 
     def objects():
@@ -178,6 +191,8 @@ def _records(path: str, text: str, container: str):
 
 def read_trace(path, formats: tuple[TraceFormat, ...] = BUILTIN_FORMATS, field: str = "--workload") -> Workload:
     """Read a trace file; every request is checked before any is returned."""
+    if not isinstance(path, (str, pathlib.PurePath)) or not str(path):
+        raise ConfigError(field, f"must be the name of a trace file, got {path!r}")
     p = pathlib.Path(path)
     if not p.is_file():
         raise ConfigError(field, f"trace file {str(path)!r} does not exist")
@@ -192,10 +207,11 @@ def read_trace(path, formats: tuple[TraceFormat, ...] = BUILTIN_FORMATS, field: 
         raise TraceError(str(path), 1, "columns", f"no trace format has columns {', '.join(sorted(columns))}; "
                                                   f"known {container} formats: {known}")
     fmt = candidates[0]
-    rows = []
+    rows, numbers = [], []
     for number, record in records:
         try:
             rows.append(fmt.row(record))
+            numbers.append(number)
         except TraceFieldError as exc:
             raise TraceError(str(path), number, exc.field, exc.message) from None
         if len(rows) > MAX_REQUESTS:
@@ -203,6 +219,8 @@ def read_trace(path, formats: tuple[TraceFormat, ...] = BUILTIN_FORMATS, field: 
     if not rows:
         raise TraceError(str(path), 2 if container == "csv" else 1, "requests", "the trace has no requests")
     origin = min(r[0] for r in rows) if fmt.relative else 0.0
+    latest = max(range(len(rows)), key=lambda i: rows[i][0])
+    _check_span(str(path), numbers[latest], fmt.columns[0], rows[latest][0] - origin)
     order = sorted(range(len(rows)), key=lambda i: (rows[i][0], i))
     reqs = tuple(Request(k, rows[i][0] - origin, rows[i][1], rows[i][2], rows[i][3], rows[i][4])
                  for k, i in enumerate(order))

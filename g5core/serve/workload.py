@@ -35,12 +35,18 @@ import numpy as np
 
 from g5core.api.errors import ConfigError
 from g5core.api.serving import Request
-from g5core.inputs.reading import MAX_SEQ_LEN, check_keys
+from g5core.inputs.reading import MAX_ARRIVAL_S, MAX_SEQ_LEN, check_keys
 
 #: most requests one workload may hold (a 10^7-request run already takes minutes)
 MAX_REQUESTS = 10 ** 7
 ARRIVALS = ("poisson", "gamma", "closed")
 LENGTH_KINDS = ("fixed", "uniform", "normal", "lognormal", "hist")
+#: a gamma arrival's coefficient of variation (its shape is 1 / cv^2: 10^6 .. 10^-6)
+MIN_CV, MAX_CV = 1e-3, 1e3
+#: a lognormal's sigma (exp(40) is 2e17: every draw beyond it is clipped to max anyway)
+MAX_SIGMA = 40.0
+#: a histogram bin's weight (the weights' sum must stay finite)
+MAX_WEIGHT = 1e300
 
 
 @attrs.frozen
@@ -54,9 +60,12 @@ class Workload:
         return self.concurrency is not None
 
 
-def _num(value: Any, field: str, positive: bool = True, integer: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+def _num(value: Any, field: str, positive: bool = True, integer: bool = False, most: float = math.inf) -> float:
+    """A finite number (``most``: the largest accepted, e.g. :data:`MAX_SEQ_LEN` tokens)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not -math.inf < value < math.inf:
         raise ConfigError(field, f"must be a number, got {value!r}")
+    if value > most:
+        raise ConfigError(field, f"is {value:,}, more than G5 accepts (at most {most:,})")
     if integer and (not isinstance(value, int)):
         raise ConfigError(field, f"must be a whole number, got {value!r}")
     if positive and value <= 0:
@@ -131,34 +140,37 @@ def sample_lengths(spec: Mapping, n: int, rng: np.random.Generator, field: str) 
     spec = dict(spec)
     kind = spec.get("kind", "fixed")
     common = ("kind", "min", "max")
-    lo = int(_num(spec.get("min", 1), f"{field}.min", integer=True))
-    hi = int(_num(spec.get("max", MAX_SEQ_LEN), f"{field}.max", integer=True))
+    lo = int(_num(spec.get("min", 1), f"{field}.min", integer=True, most=MAX_SEQ_LEN))
+    hi = int(_num(spec.get("max", MAX_SEQ_LEN), f"{field}.max", integer=True, most=MAX_SEQ_LEN))
     if lo > hi:
         raise ConfigError(f"{field}.min", f"is {lo:,}, above max {hi:,}")
     if kind == "fixed":
         _keys(spec, field, common + ("tokens",), ("tokens",))
-        values = np.full(n, _num(spec["tokens"], f"{field}.tokens", integer=True), dtype=float)
+        values = np.full(n, _num(spec["tokens"], f"{field}.tokens", integer=True, most=MAX_SEQ_LEN), dtype=float)
     elif kind == "uniform":
         _keys(spec, field, common + ("low", "high"), ("low", "high"))
-        a = int(_num(spec["low"], f"{field}.low", integer=True))
-        b = int(_num(spec["high"], f"{field}.high", integer=True))
+        a = int(_num(spec["low"], f"{field}.low", integer=True, most=MAX_SEQ_LEN))
+        b = int(_num(spec["high"], f"{field}.high", integer=True, most=MAX_SEQ_LEN))
         if a > b:
             raise ConfigError(f"{field}.low", f"is {a:,}, above high {b:,}")
         values = rng.integers(a, b + 1, size=n).astype(float)
     elif kind == "normal":
         _keys(spec, field, common + ("mean", "std"), ("mean", "std"))
-        values = rng.normal(_num(spec["mean"], f"{field}.mean"), _num(spec["std"], f"{field}.std", positive=False), n)
+        values = rng.normal(_num(spec["mean"], f"{field}.mean", most=MAX_SEQ_LEN),
+                            _num(spec["std"], f"{field}.std", positive=False, most=MAX_SEQ_LEN), n)
     elif kind == "lognormal":
         _keys(spec, field, common + ("median", "sigma"), ("median", "sigma"))
-        median = _num(spec["median"], f"{field}.median")
-        values = median * np.exp(_num(spec["sigma"], f"{field}.sigma", positive=False) * rng.standard_normal(n))
+        median = _num(spec["median"], f"{field}.median", most=MAX_SEQ_LEN)
+        sigma = _num(spec["sigma"], f"{field}.sigma", positive=False, most=MAX_SIGMA)
+        values = median * np.exp(sigma * rng.standard_normal(n))
     elif kind == "hist":
         _keys(spec, field, common + ("bins",), ("bins",))
         bins = spec["bins"]
         if not isinstance(bins, Mapping) or not bins:
             raise ConfigError(f"{field}.bins", "must map token counts to weights, e.g. {1024: 0.5, 4096: 0.5}")
-        lengths = [int(_num(int(k) if str(k).isdigit() else k, f"{field}.bins", integer=True)) for k in bins]
-        weights = np.array([_num(w, f"{field}.bins.{k}") for k, w in bins.items()], dtype=float)
+        lengths = [int(_num(int(k) if str(k).isdigit() else k, f"{field}.bins", integer=True, most=MAX_SEQ_LEN))
+                   for k in bins]
+        weights = np.array([_num(w, f"{field}.bins.{k}", most=MAX_WEIGHT) for k, w in bins.items()], dtype=float)
         values = np.asarray(lengths, dtype=float)[rng.choice(len(lengths), size=n, p=weights / weights.sum())]
     else:
         raise ConfigError(f"{field}.kind", f"unknown length distribution {kind!r}; use one of {', '.join(LENGTH_KINDS)}")
@@ -178,23 +190,29 @@ def arrival_times(spec: Mapping, n: int, rng: np.random.Generator, field: str = 
         gaps = rng.exponential(1.0 / _num(spec["rate_per_s"], f"{field}.rate_per_s"), n)
     elif kind == "gamma":
         _keys(spec, field, ("kind", "rate_per_s", "cv"), ("rate_per_s", "cv"))
-        rate, cv = _num(spec["rate_per_s"], f"{field}.rate_per_s"), _num(spec["cv"], f"{field}.cv")
+        rate, cv = _num(spec["rate_per_s"], f"{field}.rate_per_s"), _num(spec["cv"], f"{field}.cv", most=MAX_CV)
+        if cv < MIN_CV:
+            raise ConfigError(f"{field}.cv", f"is {cv!r}, below {MIN_CV} (give a poisson or a gamma with a cv "
+                                             f"from {MIN_CV} to {MAX_CV:g})")
         shape = 1.0 / (cv * cv)
         gaps = rng.gamma(shape, 1.0 / (rate * shape), n)
     else:
         raise ConfigError(f"{field}.kind", f"unknown arrival process {kind!r}; use poisson, gamma or closed")
     gaps[0] = 0.0
-    return np.cumsum(gaps)
+    times = np.cumsum(gaps)
+    if not times[-1] <= MAX_ARRIVAL_S:
+        raise ConfigError(f"{field}.rate_per_s", f"{n:,} requests at this rate arrive over {times[-1]:.3g} s, more "
+                                                 f"than G5 simulates ({MAX_ARRIVAL_S:g} s); raise the rate or give "
+                                                 "fewer requests")
+    return times
 
 
 def synthetic(spec: Mapping, field: str = "serving.workload") -> Workload:
     """A seeded synthetic workload from its mapping form (see the module doc)."""
     _keys(spec, field, ("requests", "arrival", "input_tokens", "output_tokens", "prefix", "conversation", "seed"),
           ("requests", "arrival", "input_tokens", "output_tokens"))
-    n = int(_num(spec["requests"], f"{field}.requests", integer=True))
-    if n > MAX_REQUESTS:
-        raise ConfigError(f"{field}.requests", f"{n:,} is more than G5 accepts (at most {MAX_REQUESTS:,})")
-    seed = int(_num(spec.get("seed", 0), f"{field}.seed", positive=False, integer=True))
+    n = int(_num(spec["requests"], f"{field}.requests", integer=True, most=MAX_REQUESTS))
+    seed = int(_num(spec.get("seed", 0), f"{field}.seed", positive=False, integer=True, most=2 ** 63 - 1))
     arrival = spec["arrival"]
     if not isinstance(arrival, Mapping):
         raise ConfigError(f"{field}.arrival", "must be a mapping, e.g. {kind: poisson, rate_per_s: 4}")
@@ -204,7 +222,8 @@ def synthetic(spec: Mapping, field: str = "serving.workload") -> Workload:
     concurrency = None
     if arrival.get("kind") == "closed":
         _keys(arrival, f"{field}.arrival", ("kind", "concurrency"), ("concurrency",))
-        concurrency = int(_num(arrival["concurrency"], f"{field}.arrival.concurrency", integer=True))
+        concurrency = int(_num(arrival["concurrency"], f"{field}.arrival.concurrency", integer=True,
+                               most=MAX_REQUESTS))
         times = np.zeros(n)
     else:
         times = arrival_times(arrival, n, rng, f"{field}.arrival")
@@ -214,8 +233,8 @@ def synthetic(spec: Mapping, field: str = "serving.workload") -> Workload:
         if not isinstance(prefix, Mapping):
             raise ConfigError(f"{field}.prefix", "must be a mapping {groups: G, tokens: P}")
         _keys(prefix, f"{field}.prefix", ("groups", "tokens"), ("groups", "tokens"))
-        groups = int(_num(prefix["groups"], f"{field}.prefix.groups", integer=True))
-        tokens = int(_num(prefix["tokens"], f"{field}.prefix.tokens", integer=True))
+        groups = int(_num(prefix["groups"], f"{field}.prefix.groups", integer=True, most=MAX_REQUESTS))
+        tokens = int(_num(prefix["tokens"], f"{field}.prefix.tokens", integer=True, most=MAX_SEQ_LEN))
         picks = rng.integers(0, groups, size=n)
         isl = isl + tokens  # the shared prefix comes before each request's own prompt
         prefixes = [((f"p{int(g)}", tokens),) for g in picks]
@@ -239,9 +258,10 @@ def _conversations(conv, field: str, times, isl, osl) -> tuple[Request, ...]:
     if not isinstance(conv, Mapping):
         raise ConfigError(field, "must be a mapping {turns: K, think_s: T}")
     _keys(conv, field, ("turns", "think_s", "history_tokens"), ("turns", "think_s"))
-    turns = int(_num(conv["turns"], f"{field}.turns", integer=True))
-    history = int(_num(conv.get("history_tokens", 0), f"{field}.history_tokens", positive=False, integer=True))
-    think = float(_num(conv["think_s"], f"{field}.think_s", positive=False))
+    turns = int(_num(conv["turns"], f"{field}.turns", integer=True, most=MAX_REQUESTS))
+    history = int(_num(conv.get("history_tokens", 0), f"{field}.history_tokens", positive=False, integer=True,
+                       most=MAX_SEQ_LEN))
+    think = float(_num(conv["think_s"], f"{field}.think_s", positive=False, most=MAX_ARRIVAL_S / turns))
     rows = []
     for i in range(len(isl)):
         c, t = divmod(i, turns)

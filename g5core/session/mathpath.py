@@ -10,15 +10,18 @@ this is exactly the sum the engine's single stream produces.
 from __future__ import annotations
 
 
+from typing import Optional
+
 import attrs
 
-from g5core.lower.builder import Plan, expand
+from g5core.lower.builder import Plan, ReplicaSpill, expand
 from g5core.inputs.step import phase_metrics
 from g5core.lower.collective import idle_transfer_s, lower_op
-from g5core.sim.compute import LatencyLookup, coverage_report
+from g5core.sim.compute import LatencyLookup, coverage_from_columns
 from g5core.lower.topology import Topology
 from g5core.api.ops import CommOp, ComputeOp
 from g5core.lower.layers import build_program
+from g5core.lower.symmetry import Symmetry, plan_symmetry
 
 
 @attrs.frozen(kw_only=True)
@@ -45,21 +48,42 @@ def alpha_beta_s(op: CommOp, plan: Plan, cache: dict) -> float:
 
 
 def math_estimate(plan: Plan) -> MathResult:
+    """The closed form of ``plan``. Where identical independent replicas make the run
+    symmetric (:func:`g5core.lower.symmetry.plan_symmetry`, conditions 1-4), only the first
+    replica's ops are expanded and timed: every other replica's chips run the same ops, so
+    the maxima over chips are the same and the coverage counts each op once per replica. A
+    plugin that places an op outside that replica makes the estimate expand every chip."""
+    sym = plan_symmetry(plan.ctx)
+    if sym.applied:
+        try:
+            return _estimate(plan, sym)
+        except ReplicaSpill:
+            pass
+    return _estimate(plan, None)
+
+
+def _estimate(plan: Plan, sym: Optional[Symmetry]) -> MathResult:
     ctx = plan.ctx
+    ectx = ctx.restricted(sym.chips()) if sym is not None else ctx
+    inside = sym.slice_chips if sym is not None else ctx.rankmap.chips
     lookup = LatencyLookup(hooks=plan.hooks, system=ctx.system, deployment=ctx.deployment)
     comm_cache: dict = {}
     total = compute_total = comm_total = 0.0
     timed = []
     for lop in build_program(ctx.model):
-        _, frag = expand(ctx, lop)
+        _, frag = expand(ectx, lop)
         compute: dict[int, float] = {}
         comm: dict[int, float] = {}
         for op in frag.ops:
             if isinstance(op, ComputeOp):
+                if op.chip >= inside:
+                    raise ReplicaSpill(f"{lop.id}: a compute op outside the first replica")
                 seconds = lookup.seconds(op)
                 timed.append((op, seconds))
                 compute[op.chip] = compute.get(op.chip, 0.0) + seconds
             else:
+                if max(op.group) >= inside:
+                    raise ReplicaSpill(f"{lop.id}: a communication op outside the first replica")
                 t = alpha_beta_s(op, plan, comm_cache)
                 for c in op.group:
                     comm[c] = comm.get(c, 0.0) + t
@@ -70,5 +94,9 @@ def math_estimate(plan: Plan) -> MathResult:
             total += m_s
         compute_total += c_s
         comm_total += m_s
+    replicas = sym.replicas if sym is not None else 1
+    coverage = coverage_from_columns([lookup.answer_id(op) for op, _ in timed], [op.chip for op, _ in timed],
+                                     [float(op.flops) for op, _ in timed], ctx.system, total, ctx.rankmap.chips,
+                                     lookup, replicas=replicas, replica_chips=inside if replicas > 1 else 0)
     return MathResult(phase=ctx.deployment.phase, latency_s=total, compute_s=compute_total, comm_s=comm_total,
-                      compute=coverage_report(timed, ctx.system, total, ctx.rankmap.chips, lookup))
+                      compute=coverage)

@@ -24,6 +24,7 @@ from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load
 from g5core.inputs.framework import graph_step
 from g5core.sim.engine import Engine
 from g5core.sim.compile import compile_dag
+from g5core.inputs.serving import serving_input_files
 from g5core.session.mathpath import MathResult, math_estimate
 from g5core.sim.memory import MemoryReport, memory_report, with_terms
 from g5core.session.speculative import Proposer, SpeculativeResult, verify_deployment
@@ -56,7 +57,7 @@ def input_files(config_path, raw: Mapping) -> list[tuple[str, Any]]:
         value = raw.get(key) if isinstance(raw, Mapping) else None
         if isinstance(value, str) and value:
             out.append((f"{key} file", value))
-    return out
+    return out + serving_input_files(raw)
 
 
 Progress = Optional[Callable[[str], None]]

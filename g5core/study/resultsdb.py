@@ -229,7 +229,9 @@ class ResultsDB:
                     con.execute("COMMIT")
                 elif not tables:
                     raise ConfigError("DB", f"{shown} holds no G5 results")
-                version = con.execute("SELECT value FROM g5_meta WHERE key = 'schema_version'").fetchone()
+                # fetchall, not fetchone: a statement stepped but not to its end keeps a read open
+                version = next(iter(con.execute("SELECT value FROM g5_meta WHERE key = 'schema_version'")
+                                    .fetchall()), None)
                 if version is None or version[0] != SCHEMA_VERSION:
                     raise ConfigError("--db", f"{shown} was written by another G5 version (schema "
                                               f"{version[0] if version else '?'}, this one writes {SCHEMA_VERSION}); "
@@ -289,7 +291,7 @@ class ResultsDB:
 
     def has(self, key: str) -> bool:
         with sqlite_errors(self.path, self.busy_timeout_s):
-            return self.con.execute("SELECT 1 FROM results WHERE config_hash = ?", (key,)).fetchone() is not None
+            return bool(self.con.execute("SELECT 1 FROM results WHERE config_hash = ? LIMIT 1", (key,)).fetchall())
 
     def get(self, key: str) -> Optional[dict]:
         rows = self._select("WHERE config_hash = ?", (key,))
@@ -336,7 +338,7 @@ def _wal(con: sqlite3.Connection, shown, busy_timeout_s: float) -> None:
     deadline = time.monotonic() + busy_timeout_s
     delay_s = 0.01
     while True:
-        mode = con.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        mode = con.execute("PRAGMA journal_mode=WAL").fetchall()[0][0]
         if str(mode).lower() == "wal":
             return
         if time.monotonic() + delay_s > deadline:

@@ -31,7 +31,7 @@ def _progress_bar():
 
 def serve_command(raw: Mapping, disabled, targets, db_path, inputs, *, as_json: bool, progress: bool, workload=None,
                   requests=None, rate=None, concurrency=None, isl=None, osl=None, slo=None, seed=None,
-                  exact: bool = False) -> str:
+                  exact: bool = False, max_work=None) -> str:
     """Run ``g5 serve``; returns the text to print (the summary or the JSON object)."""
     db = None
     if db_path:
@@ -43,7 +43,7 @@ def serve_command(raw: Mapping, disabled, targets, db_path, inputs, *, as_json: 
     _, block = split_config(raw)
     spec = workload_spec(block.get("workload"), workload, requests, rate, concurrency, isl, osl, seed)
     result = simulate_serving(raw, spec, disabled=disabled, slo=slo, exact=exact,
-                              progress=_progress_bar() if progress else None)
+                              progress=_progress_bar() if progress else None, max_work=max_work)
     out = result.to_json_dict()
     write_error = None
     if targets:

@@ -12,7 +12,7 @@ from g5core.api.dimensions import collect_dimensions
 from g5core.api.errors import ConfigError, G5Error
 from g5core.api.plugins import Hooks, make_plugin_manager
 from g5core.inputs.config import disabled_from_config
-from g5core.serve.api import split_config, workload_spec
+from g5core.serve.api import check_search_work, split_config, workload_spec
 from g5core.serve.metrics import parse_slo
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
@@ -37,7 +37,7 @@ WAVE = 8
 
 def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, db_path=None, disabled=(),
                  workers: int = 1, executor: str = "local", progress=None, inputs: Sequence = (),
-                 runner_for=None) -> ServeSearchResult:
+                 runner_for=None, max_work=None) -> ServeSearchResult:
     """Enumerate, screen, simulate (capacity per candidate) and rank; see the module doc.
     ``runner_for``: ``(layout configuration, prepared plan) -> (groups -> latency_s)``
     instead of the engine (tests; in-process only)."""
@@ -187,6 +187,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         estimates = estimated if use_bounds else [None] * len(cands)
         caps = [_estimate_bound(e, cap) for e, cap in zip(estimates, caps)]
         upper = [_upper_value(settings.objective, cap, cand, top_out) for (cand, _), cap in zip(cands, caps)]
+        check_search_work(len(cands), workload, max_work)   # refused before any capacity run (--max-steps)
         order = sorted(range(len(cands)), key=lambda i: (-upper[i], cands[i][0].label()))
         results: list = [None] * len(cands)
         bounded: list[Bounded] = []
@@ -280,7 +281,7 @@ def _settle_s(workload: Mapping, ttft_limits, tpot_limits, roles) -> float:
 def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, workers: int, executor: str, *,
                        disagg: str, workload=None, requests=None, isl=None, osl=None, slo=None, seed=None, rate=None,
                        chunks=None, seqs=None, tolerance=None, max_rate=None, beam=None, vary=None, settle=None,
-                       confirm=None, top=DEFAULT_TOP) -> ServeSearchResult:
+                       confirm=None, top=DEFAULT_TOP, max_steps=None) -> ServeSearchResult:
     """``g5 best CONFIG --serve``'s flags to a search (the CLI prints its result)."""
     if objective is not None and objective not in SERVE_OBJECTIVES:
         raise ConfigError("--objective", f"{objective} ranks single-batch layouts; with --serve use "
@@ -309,5 +310,5 @@ def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, 
         settle=SETTLE if settle is None else settle, confirm=DEFAULT_CONFIRM if confirm is None else confirm,
         top=top)
     return serve_search(raw, spec, settings, db_path=db_path, disabled=disabled, workers=workers,
-                        executor=executor, progress=default_progress(), inputs=[config_path])
+                        executor=executor, progress=default_progress(), inputs=[config_path], max_work=max_steps)
 

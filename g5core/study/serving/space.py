@@ -200,7 +200,8 @@ def check_workload(workload: Optional[Mapping]) -> dict:
 
 def run_requests(workload: Mapping, rate: float, settle_s: float, settle: float = SETTLE) -> int:
     """Requests of the run at ``rate`` (see ``SETTLE``)."""
-    return int(max(workload["requests"], min(MAX_RUN_REQUESTS, math.ceil(settle * rate * settle_s))))
+    want = settle * rate * settle_s   # inf (or nan) at an extreme rate: MAX_RUN_REQUESTS, not an OverflowError
+    return int(max(workload["requests"], math.ceil(want) if want < MAX_RUN_REQUESTS else MAX_RUN_REQUESTS))
 
 
 def _pow2_seqs(capacity_tokens: int, longest: int, settings: SearchSettings) -> list[int]:
