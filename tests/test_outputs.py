@@ -30,7 +30,7 @@ def no_simulation(monkeypatch):
     """Fail the test if a refused output would still let the simulation start."""
     def boom(*a, **k):
         raise AssertionError("the simulation started before the output paths were checked")
-    monkeypatch.setattr(run_mod, "simulate", boom)
+    monkeypatch.setattr(run_mod, "simulate_plan", boom)
 
 
 def _files(folder: Path) -> list[str]:
@@ -128,8 +128,8 @@ def test_a_failed_write_leaves_that_output_unchanged_writes_the_other_and_still_
         fh.write("partial")
         raise OSError(28, "No space left on device")
 
-    import g5core.present.trace as trace_mod
-    monkeypatch.setattr(trace_mod, "dump_timeline", full_disk)
+    import g5core.present.cli as cli_mod   # the CLI's own name for the writer (imported at module level)
+    monkeypatch.setattr(cli_mod, "dump_timeline", full_disk)
     result = invoke("run", cfg, "--trace", trace, "--timeline", timeline)
     assert result.exit_code == 2
     assert "TTFT:" in result.stdout and "fits on every chip" in result.stdout
@@ -149,8 +149,8 @@ def test_a_trace_too_large_for_the_disk_still_lets_the_timeline_be_written(cfg, 
         fh.write('{"traceEvents":[')
         raise OSError(28, "No space left on device")
 
-    import g5core.present.trace as trace_mod
-    monkeypatch.setattr(trace_mod, "dump_trace", full_disk)
+    import g5core.present.cli as cli_mod   # the CLI's own name for the writer (imported at module level)
+    monkeypatch.setattr(cli_mod, "dump_trace", full_disk)
     result = invoke("run", cfg, "--trace", trace, "--timeline", timeline)
     assert result.exit_code == 2
     lines = result.stderr.strip().splitlines()

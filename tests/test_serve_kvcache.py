@@ -301,7 +301,11 @@ def test_text_trace_and_plot_show_the_cache(tmp_path):
     from g5core.present.serve_plots import serve_figure
     from g5core.serve.metrics import series
 
-    row = {"key": "abc", "rate_per_s": 0.5, "series": json.dumps(series(res.loop))}
+    # a serving row as the results database holds it (g5 plot titles it from its config, workload and SLO)
+    row = {"key": "abc", "rate_per_s": 0.5, "series": json.dumps(series(res.loop)), "chips": 1,
+           "config": json.dumps({"model": "llama-3.1-8b", "system": "h100-sxm"}),
+           "workload": json.dumps({"requests": 12, "arrival": {"kind": "poisson", "rate_per_s": 0.5}}),
+           "summary": json.dumps(res.summary)}
     assert figure_bytes(serve_figure("serve-cache", [row]), "png")[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -64,6 +64,7 @@ def test_a_third_party_scheduler_and_router_serve_end_to_end(installed, monkeypa
     assert got["requests"] == got["completed"] == 24
     assert got["preemptions"] == 0
     assert got["conservation"] == {"requests_with_wrong_token_count": 0, "requests_out_of_order": 0,
+                                   "requests_without_positive_ttft": 0, "requests_not_fcfs": 0,
                                    "steps_over_kv_pool": 0, "kv_blocks_left_at_end": 0}
     # the plugin's scheduler admitted every request (the loop made its instances)
     assert standin_scheduler.ReserveScheduler.admissions == 24
