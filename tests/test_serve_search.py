@@ -102,6 +102,7 @@ def small_search():
     return raw, serve_search(raw, WL, SPACE, runner_for=layout_runner)
 
 
+@pytest.mark.bench   # 10-20 s on 2 cores: a benchmark-sized check (python3 -m pytest -q -m bench)
 def test_exhaustive_grid_agrees_with_the_search_on_8_chips(small_search):
     raw, result = small_search
     win = result.ranked[0]
@@ -233,6 +234,7 @@ def test_bad_input_is_a_clear_error():
 ENGINE = dict(settle=4, confirm=0, seqs=(32,), vary=("tp",), disagg="auto")
 
 
+@pytest.mark.bench   # 10-20 s on 2 cores: a benchmark-sized check (python3 -m pytest -q -m bench)
 def test_disaggregation_wins_prefill_heavy_under_a_tight_tpot_and_loses_decode_heavy():
     raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 2}
     prefill_heavy = {"requests": 60, "arrival": {"kind": "poisson"}, "input_tokens": 4000, "output_tokens": 32}
@@ -246,6 +248,7 @@ def test_disaggregation_wins_prefill_heavy_under_a_tight_tpot_and_loses_decode_h
     assert not r.ranked[0].candidate.disaggregated, [(s.candidate.label(), s.capacity) for s in r.ranked]
 
 
+@pytest.mark.bench   # 10-20 s on 2 cores: a benchmark-sized check (python3 -m pytest -q -m bench)
 def test_128k_prompts_on_16_chips_need_context_parallelism_to_meet_the_ttft():
     raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 16}
     wl = {"requests": 20, "arrival": {"kind": "poisson"}, "input_tokens": 128000, "output_tokens": 4}
@@ -320,6 +323,7 @@ def test_min_chips_finds_the_fewest_chips_serving_the_rate():
     assert all(s.capacity == 0 for s in high.ranked if s.candidate.chips < win.candidate.chips)
 
 
+@pytest.mark.bench   # 10-20 s on 2 cores: a benchmark-sized check (python3 -m pytest -q -m bench)
 def test_exhaustive_grid_on_the_engine_agrees_with_the_search():
     """The exhaustive check on the engine's step costs (llama-3.1-8b, 8 H100s, tp only,
     short runs: settle 4, no confirming seeds): no candidate of the space, run through the
@@ -359,6 +363,7 @@ def test_exhaustive_grid_on_the_engine_agrees_with_the_search():
                 assert _holds(session.run(at))   # on the search's seed (no confirming seeds here)
 
 
+@pytest.mark.bench   # 10-20 s on 2 cores: a benchmark-sized check (python3 -m pytest -q -m bench)
 def test_dask_and_two_workers_give_the_in_process_result(tmp_path):
     """The same search in process, on two local workers and on a Dask cluster: the same
     candidates simulated and bounded out, the same ranking, byte for byte (the waves are

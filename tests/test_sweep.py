@@ -158,6 +158,7 @@ def _count(db) -> int:
 KILL_GRID = ["parallel.cp=1,2,4,8", "seq_len=4096,8192,16384", "batch=1,2,3"]  # 36 points
 
 
+@pytest.mark.bench   # 10-20 s on 2 cores: a benchmark-sized check (python3 -m pytest -q -m bench)
 def test_resume_after_kill_9_stores_every_point_once_with_the_uninterrupted_values(tmp_path):
     cfg = _write_base(tmp_path)
     db = tmp_path / "killed.db"
@@ -227,6 +228,7 @@ def test_worker_processes_give_the_in_process_values(tmp_path):
     assert [r["point"] for r in one.rows] == [r["point"] for r in two.rows]
 
 
+@pytest.mark.bench   # 10-20 s on 2 cores: a benchmark-sized check (python3 -m pytest -q -m bench)
 def test_the_dask_executor_gives_the_local_executor_values(tmp_path):
     distributed = pytest.importorskip("distributed", reason="the distributed extra (g5[distributed]) is part of "
                                                             "the test install")

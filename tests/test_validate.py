@@ -89,6 +89,7 @@ def test_a_row_whose_metric_does_not_match_the_phase_is_refused(setup):
         validate(p)
 
 
+@pytest.mark.bench   # 10-20 s on 2 cores: a benchmark-sized check (python3 -m pytest -q -m bench)
 def test_calibrate_recovers_known_parameters_and_reports_the_unidentifiable(setup):
     probe = _write_csv(setup, [1.0] * len(ROWS), "probe.csv")
     truth = str(setup / "truth.yaml")
