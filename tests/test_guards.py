@@ -3,12 +3,13 @@ anything is built, and a run above the limit is refused with the estimate and it
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 import g5core.lower.builder as build_mod
-from g5core.lower.builder import DEFAULT_MAX_OPS, estimate_size
+from g5core.lower.builder import BUILD_S_PER_LOGICAL_OP, DEFAULT_MAX_OPS, WALL_S_PER_OP, estimate_size
 from g5core.api.errors import ResourceError
 from g5core.session.run import load_raw, make_plan, run, simulate_plan
 
@@ -56,9 +57,28 @@ def test_the_refined_estimate_refuses_with_the_exact_count_and_max_ops_lifts_it(
     cfg = EX / "llama-3.1-70b-prefill.yaml"
     sim = run(load_raw(cfg, ["seq_len=1024"])).sim          # what the build really makes
     line = error_line("run", cfg, "--set", "seq_len=1024", "--max-ops", "5000")
-    assert f"about {sim.ops:,} ops and {sim.flows:,} flows" in line and f"--max-ops {sim.ops + sim.flows}" in line
-    result = invoke("run", cfg, "--set", "seq_len=1024", "--max-ops", str(sim.ops + sim.flows))
+    assert f"about {sim.ops:,} ops and {sim.flows:,} flows" in line
+    # the limit charges the build too: each logical op as BUILD_S_PER_LOGICAL_OP / WALL_S_PER_OP ops
+    plan = make_plan(load_raw(cfg, ["seq_len=1024"]))
+    charged = sim.ops + sim.flows + math.ceil(len(plan.program()) * BUILD_S_PER_LOGICAL_OP / WALL_S_PER_OP)
+    assert f"--max-ops {charged}" in line and charged > sim.ops + sim.flows
+    assert invoke("run", cfg, "--set", "seq_len=1024", "--max-ops", str(charged - 1)).exit_code == 2
+    result = invoke("run", cfg, "--set", "seq_len=1024", "--max-ops", str(charged))
     assert result.exit_code == 0, result.output
+
+
+def test_a_build_bound_model_of_many_layers_is_refused_by_its_build_time(tmp_path):
+    """Ops that do not tile cost the build about 30 times the engine's time per op: a model of
+    100,000 layers on one chip (600,003 ops, 1,100,004 logical ops) is refused for its build."""
+    hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 1024,
+          "intermediate_size": 4096, "num_attention_heads": 8, "num_key_value_heads": 8,
+          "num_hidden_layers": 100_000, "vocab_size": 32000, "max_position_embeddings": 8192,
+          "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    raw = {"model": str(tmp_path / "config.json"), "system": "h100-sxm", "chips": 1, "phase": "prefill",
+           "batch": 1, "seq_len": 1024, "parallel": {"tp": 1, "cp": 1, "dp": 1, "pp": 1}}
+    with pytest.raises(ResourceError, match="logical ops' build, counted as"):
+        run(raw)
 
 
 def test_the_math_path_is_guarded_too():

@@ -6,6 +6,7 @@ acyclic, keys owned) -> hand arrays to the engine. No hook is called after this.
 """
 from __future__ import annotations
 
+import math
 from typing import Iterable, Mapping, Optional
 
 import attrs
@@ -711,6 +712,14 @@ PEAK_BYTES_PER_OP = 150
 #: on an idle one the scaling series' largest run took 1.69 us (15.30 s for 9,054,464,
 #: `python benchmarks/bench.py --scaling`, llama-3.1-70b on 2,048 H100s).
 WALL_S_PER_OP = 4.8e-6
+#: Build time per logical op (the expansion hooks, the plugin's fragment and its checks, once
+#: per logical op whether or not its ops tile): measured on the 2-core machine (2026-12-02,
+#: idle), CPU of ``build_dag`` alone for a llama-like model of hidden 1024 on one chip, 1,000
+#: and 4,000 layers (11,004 and 44,004 logical ops): 127.6 and 131.4 us each, rounded up. A
+#: model of many layers on few chips is build-bound (about 30 times its engine time), so the
+#: size guard charges it: each logical op counts as BUILD_S_PER_LOGICAL_OP / WALL_S_PER_OP
+#: ops against the limit.
+BUILD_S_PER_LOGICAL_OP = 1.4e-4
 
 
 @attrs.frozen
@@ -718,10 +727,17 @@ class SizeEstimate:
     ops: int
     flows: int
     replicas: int = 1   # identical replicas, of which these ops and flows are one (g5core.lower.symmetry)
+    logical_ops: int = 0   # the logical ops the build expands (each costs BUILD_S_PER_LOGICAL_OP)
 
     @property
     def total(self) -> int:
         return self.ops + self.flows
+
+    @property
+    def charged(self) -> int:
+        """What counts against the limit: the ops and flows, and the build's time per logical
+        op in ops of the engine's time."""
+        return self.total + math.ceil(self.logical_ops * BUILD_S_PER_LOGICAL_OP / WALL_S_PER_OP)
 
     @property
     def memory_bytes(self) -> int:
@@ -729,7 +745,7 @@ class SizeEstimate:
 
     @property
     def wall_s(self) -> float:
-        return self.total * WALL_S_PER_OP
+        return self.total * WALL_S_PER_OP + self.logical_ops * BUILD_S_PER_LOGICAL_OP
 
     def describe(self) -> str:
         flows = f" and {self.flows:,} flows" if self.flows else ""
@@ -769,8 +785,10 @@ def _check_floor(deployment: Deployment, model: ModelSpec, max_ops: int | None) 
 
 def _refuse(est: "SizeEstimate", limit: int, exact: bool) -> None:
     what = est.describe() if exact else est.describe().replace("about", "at least", 1)
-    raise ResourceError(f"this deployment would simulate {what}, above the limit of {limit:,} ops and flows; "
-                        f"use fewer chips or layers, or raise the limit with --max-ops {est.total}")
+    build = (f" (with its {est.logical_ops:,} logical ops' build, counted as {est.charged - est.total:,} ops)"
+             if est.charged - est.total > est.total else "")
+    raise ResourceError(f"this deployment would simulate {what}{build}, above the limit of {limit:,} ops and "
+                        f"flows; use fewer chips or layers, or raise the limit with --max-ops {est.charged}")
 
 
 def _check_placed_floor(plan: Plan, limit: int) -> None:
@@ -830,7 +848,7 @@ def estimate_size(plan: Plan, program: tuple[LogicalOp, ...] | None = None) -> S
                     n_flows += _flow_count(op, plan, flow_cache)
         ops += n_ops * len(same)
         flows += n_flows * len(same)
-    return SizeEstimate(ops=ops, flows=flows)
+    return SizeEstimate(ops=ops, flows=flows, logical_ops=len(program))
 
 
 def _flow_count(op: CommOp, plan: Plan, cache: dict) -> int:
@@ -869,9 +887,9 @@ def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1, cycles
     est = estimate_size(plan, program)
     if mb is not None:
         copies = mb.count * (cycles if mb.cycles_apply else 1)
-        est = SizeEstimate(ops=est.ops * copies, flows=est.flows * copies)
+        est = SizeEstimate(ops=est.ops * copies, flows=est.flows * copies, logical_ops=est.logical_ops * copies)
     if replicas > 1:
         est = attrs.evolve(est, replicas=replicas)
-    if est.total > limit:
+    if est.charged > limit:
         _refuse(est, limit, exact=True)
     return est
