@@ -30,7 +30,8 @@ CONFIG = ROOT / "examples" / "serving" / "llama-3.1-70b-serve.yaml"
 
 
 def one(requests: int, exact: bool, rate: float) -> dict:
-    from g5core.serve.api import simulate_serving, workload_spec
+    from g5core.inputs.serving import workload_spec
+    from g5core.serve.api import simulate_serving
     from g5core.session.run import load_raw
 
     raw = load_raw(CONFIG)

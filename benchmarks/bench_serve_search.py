@@ -155,7 +155,7 @@ def peer(args, wall: float, cpu: float, res) -> None:
 def one_candidate(args, raw, workload, settings, load0) -> None:
     """One candidate's capacity search, timed (CPU of this process)."""
     from g5core.serve import loop, session
-    from g5core.serve.metrics import parse_slo
+    from g5core.inputs.serving import parse_slo
     from g5core.study import serving as ss
     from g5core.study.serving.driver import _settle_s
     from g5core.study.serving.screen import _lone

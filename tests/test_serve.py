@@ -10,7 +10,8 @@ from g5core.api.errors import ConfigError, G5Error
 from g5core.serve.api import simulate_serving
 from g5core.serve.cost import StepWork, SyntheticCost
 from g5core.serve.loop import Fleet, Pool, ServingLoop, check_invariants, serve_requests
-from g5core.serve.metrics import parse_slo, per_request, summary
+from g5core.inputs.serving import parse_slo
+from g5core.serve.metrics import per_request, summary
 from g5core.serve.router import LeastKvUse, LeastOutstandingTokens, RoundRobin
 from g5core.serve.scheduler import SchedulerSettings
 from g5core.serve.workload import Request, Workload, synthetic

@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from g5core.serve.metrics import parse_slo
+from g5core.inputs.serving import parse_slo
 from g5core.session.collbench import ALIASES
 from g5core.sim.compute import MEASURED
 from g5core.sim.memory import GIB

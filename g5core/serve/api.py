@@ -36,7 +36,6 @@ from g5core.lower.collective import idle_transfer_s
 from g5core.session.prepared import PreparedPlan, prepare
 from g5core.session.speculative import Proposer
 from g5core.inputs.serving import PLACEHOLDERS, ServingSpec, WorkloadSpec, _positive_int, parse_serving, split_config
-from g5core.inputs.serving import workload_spec  # noqa: F401  (g5 serve and the serving search import it from here)
 
 GIB = float(2 ** 30)
 

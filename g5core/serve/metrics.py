@@ -18,7 +18,6 @@ from typing import Optional
 import numpy as np
 
 from g5core.inputs.serving import SloLimit
-from g5core.inputs.serving import parse_slo  # noqa: F401  (the serving search and the tests import it from here)
 
 PERCENTILES = (50, 90, 99)
 

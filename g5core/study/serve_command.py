@@ -11,7 +11,8 @@ from typing import Mapping
 from tqdm import tqdm
 
 from g5core.api.errors import ConfigError, G5Error
-from g5core.serve.api import simulate_serving, split_config, workload_spec
+from g5core.inputs.serving import split_config, workload_spec
+from g5core.serve.api import simulate_serving
 from g5core.serve.present import dump_trace, render_summary, write_requests_csv
 from g5core.serve.metrics import series
 from g5core.study.serve_db import open_serving_db

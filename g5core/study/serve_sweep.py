@@ -14,7 +14,8 @@ from __future__ import annotations
 from typing import Callable, Mapping, Optional, Sequence
 
 from g5core.api.errors import ConfigError, G5Error
-from g5core.serve.api import simulate_serving, split_config
+from g5core.inputs.serving import split_config
+from g5core.serve.api import simulate_serving
 from g5core.study.serve_db import open_serving_db
 from g5core.serve.metrics import series
 from g5core.study.resultsdb import config_hash

@@ -8,7 +8,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from g5core.api.errors import ConfigError, PluginError
-from g5core.serve.metrics import parse_slo
+from g5core.inputs.serving import parse_slo
 from g5core.study.serving.bound import _bar_rate, _estimate_bound, _upper_value, capacity_bound
 from g5core.study.serving.estimate import narrow
 from g5core.study.serving.screen import _hbm, _session, refusal

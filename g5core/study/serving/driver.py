@@ -12,8 +12,8 @@ from g5core.api.dimensions import collect_dimensions
 from g5core.api.errors import ConfigError, G5Error
 from g5core.api.plugins import Hooks, make_plugin_manager
 from g5core.inputs.config import disabled_from_config
-from g5core.serve.api import check_search_work, split_config, workload_spec
-from g5core.serve.metrics import parse_slo
+from g5core.inputs.serving import parse_slo, split_config, workload_spec
+from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
 from g5core.study.serving.bound import _estimate_bound, _kth_value, _upper_value, capacity_bound, role_rates

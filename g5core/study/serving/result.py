@@ -7,7 +7,7 @@ from typing import Mapping, Optional, Sequence
 
 import attrs
 
-from g5core.serve.metrics import parse_slo
+from g5core.inputs.serving import parse_slo
 from g5core.study.serving.space import Candidate, Pruned, SearchSettings
 
 

@@ -7,7 +7,7 @@ from typing import Mapping
 
 from g5core.api.errors import ConfigError, PluginError
 from g5core.inputs.step import Step
-from g5core.serve.api import split_config
+from g5core.inputs.serving import split_config
 from g5core.serve.cost import DpCost, RankedWork, StepWork, plan_step_runner
 from g5core.serve.session import ServingSession
 from g5core.serve.workload import Request, Workload, synthetic
