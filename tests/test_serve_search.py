@@ -509,3 +509,33 @@ def test_the_space_has_attention_dp_with_ep_layouts_for_moe_models_only():
     assert all(p.get("dp", 1) == 1 for _, p in dense)
     assert not attention_dp_layout({"dp": 2, "tp": 4, "ep": 4})
     assert instance_layouts(16, dims, None, True, attention_dp=False) == [(c, p) for c, p in moe if p.get("dp", 1) == 1]
+
+
+def test_a_max_num_seqs_variant_whose_batches_never_reach_the_limit_takes_the_same_runs():
+    """A candidate whose max_num_seqs is above the most sequences any scheduler held in a
+    simulated variant's runs (same pools, same chunk size) is not simulated again: it takes
+    that variant's capacity search. Checked here: its runs at the capacity and at the first
+    failing rate are the variant's, figure for figure, through g5 serve; and a variant whose
+    limit the batches did reach is simulated on its own."""
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8}
+    space = SearchSettings(slo=SLO, chunks=(1024,), seqs=(2, 64, 128), vary=("tp",), disagg="off", confirm=1)
+    result = serve_search(raw, WL, space, runner_for=layout_runner)
+    by_label = {s.candidate.label(): s for s in result.ranked}
+    copies = [s for s in result.ranked if "same_runs_as" in s.cell]
+    assert result.same_runs == len(copies) + sum(b.source == "same runs" for b in result.bounded) > 0
+    assert result.to_json_dict(5)["counts"]["same_runs"] == result.same_runs
+    for s in copies:
+        src = by_label[s.cell["same_runs_as"]]
+        assert src.candidate.pools == s.candidate.pools and src.candidate.chunk == s.candidate.chunk
+        assert src.cell["peak_running_seqs"] < min(s.candidate.max_num_seqs, src.candidate.max_num_seqs)
+        assert s.cell["runs"] == 0 and src.cell["runs"] > 0
+        settle_s = 1.0 + 16 * 0.04
+        for rate in (s.capacity, s.cell["failed_rate_per_s"]):
+            n = run_requests(WL, rate, settle_s, space.settle)
+            mine, theirs = _serve(s.config, rate, n), _serve(src.config, rate, n)
+            assert mine.summary["ttft_s"] == theirs.summary["ttft_s"]
+            assert mine.summary["tpot_s"] == theirs.summary["tpot_s"]
+            assert _holds(mine) == _holds(theirs)
+    # max_num_seqs 2 binds (its batches are full): never a copy, never a source below its peak
+    assert all(s.candidate.max_num_seqs != 2 for s in copies)
+    assert all(s.cell.get("peak_running_seqs") == 2 for s in result.ranked if s.candidate.max_num_seqs == 2)

@@ -364,6 +364,8 @@ def render_serve_best(result, top: int) -> str:
     st = result.settings
     lines = [f"serving search, SLO {st.slo}: {result.layouts} layout x chunk cells screened, {len(result.pruned)} "
              f"pruned; {result.candidates} candidates simulated ({result.runs} serving runs"
+             + (f"; {result.same_runs} more took the runs of a max_num_seqs variant whose batches never reached "
+                "their limit" if result.same_runs else "")
              + (f"; {len(result.bounded)} bounded out, {_bounded_by(result.bounded)}, as they cannot reach the top "
                 f"{st.top}" if result.bounded else "")
              + (f"; {result.skipped_by_beam} disaggregated layout pairs beyond --beam {st.beam} not tried"
@@ -437,7 +439,8 @@ def _slo_cell(held: Mapping, metric: str, key: str) -> str:
 def _bounded_by(bounded) -> str:
     """``2171 by their estimates, 48 by a failing run at the last ranked place's rate``."""
     what = {"estimate": "by their estimates", "simulated": "by a failing run at the last ranked place's rate",
-            "saturated run": "by their saturated runs", "roles": "by their roles' bounds"}
+            "saturated run": "by their saturated runs", "roles": "by their roles' bounds",
+            "same runs": "by a max_num_seqs variant's failing run (the same runs)"}
     counts: dict = {}
     for b in bounded:
         counts[b.source] = counts.get(b.source, 0) + 1

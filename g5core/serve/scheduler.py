@@ -58,6 +58,10 @@ class VllmScheduler:
         self.running: list[Seq] = []
         self.preemptions = 0
         self.prefixes: set = set()   # prefix keys this instance has computed
+        # the most sequences running at once after admissions (the serving search: while it
+        # stays below max_num_seqs the limit never stopped an admission, so a larger limit
+        # makes the same steps)
+        self.peak_running = 0
 
     #: draft tokens each decode verifies (0: plain decode; SpeculativeScheduler sets it)
     draft_tokens = 0
@@ -166,6 +170,8 @@ class VllmScheduler:
                 budget -= n
                 self.running.append(seq)
                 picked.append(seq)
+            if len(self.running) > self.peak_running:
+                self.peak_running = len(self.running)
         return picked
 
     @staticmethod
@@ -253,6 +259,11 @@ class DpScheduler:
     @property
     def waiting(self) -> list[Seq]:
         return [q for r in self.ranks for q in r.waiting]
+
+    @property
+    def peak_running(self) -> int:
+        """The most sequences running at once on one rank (``max_num_seqs`` is per rank)."""
+        return max(r.peak_running for r in self.ranks)
 
     @property
     def running(self) -> list[Seq]:

@@ -225,8 +225,10 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
     def run(rate, seed=None):
         runs["n"] += 1
         n = run_requests(workload, rate, settle_s, settings.settle)
-        return session.run(_at_rate({**workload, "requests": n, "seed": workload["seed"] if seed is None else seed},
-                                    rate))
+        res = session.run(_at_rate({**workload, "requests": n, "seed": workload["seed"] if seed is None else seed},
+                                   rate))
+        runs["peak"] = _peak_running(res, runs.get("peak", 0))
+        return res
     if estimate and floor is None:
         start_rate = START_ESTIMATE_SHARE * estimate
     elif mu and floor is None:
@@ -244,14 +246,28 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
         rate = found["failed_rate"]
         return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
                 "upper": _upper_value(settings.objective, rate, cand, _longest_output(workload)), "kth": kth,
-                "runs": runs["n"], "failed_rate_per_s": rate, "source": "simulated"}
+                "runs": runs["n"], "failed_rate_per_s": rate, "source": "simulated",
+                "peak_running_seqs": runs.get("peak")}
     held, failed = found["held"], found["failed"]
     return {"status": "ok", "label": cand.label(), "disaggregated": cand.disaggregated, "chips": cand.chips,
             "capacity_requests_per_s": found["capacity"], "ceiling": found["ceiling"],
-            "runs": runs["n"], "failed_rate_per_s": found["failed_rate"],
+            "runs": runs["n"], "failed_rate_per_s": found["failed_rate"], "peak_running_seqs": runs.get("peak"),
             "build_s": session.build_s, "saturated_requests_per_s": mu, "capacity_bound": bound, "saturated": sat,
             "held": None if held is None else _run_summary(held, session),
             "failed": None if failed is None else _run_summary(failed, session)}
+
+
+def _peak_running(result, peak: Optional[int]) -> Optional[int]:
+    """The most sequences any scheduler of the run held at once (per attention-DP rank),
+    over ``peak`` (the earlier runs'); ``None`` once a scheduler does not say."""
+    if peak is None:
+        return None
+    for inst in result.loop.instances:
+        mine = getattr(inst.scheduler, "peak_running", None)
+        if mine is None:
+            return None
+        peak = max(peak, mine)
+    return peak
 
 
 def confirm(found: dict, run, seeds: Sequence[int], tolerance: float, bar: Optional[float]) -> dict:

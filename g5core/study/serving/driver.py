@@ -193,6 +193,34 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         bounded: list[Bounded] = []
         reporter = _Waves(_Progress(progress, "capacity"), len(cands)) if progress is not None else None
 
+        simulated_variants: dict = {}    # (pools, chunk) -> the candidates simulated with them
+        same_runs: dict = {}             # candidate index -> the index whose runs it takes
+
+        def take_same_runs(i) -> bool:
+            """Candidate ``i`` takes the capacity search of a simulated max_num_seqs variant whose
+            runs never held ``max_num_seqs`` of either (see above); True when it did."""
+            m = cands[i][0].max_num_seqs
+            for j in simulated_variants.get(_variant(cands[i][0]), ()):
+                res = results[j] if results[j] is not None else bounded_cell.get(j)
+                peak = None if res is None else res.get("peak_running_seqs")
+                if peak is None or peak >= min(m, cands[j][0].max_num_seqs):
+                    continue
+                same_runs[i] = j
+                if results[j] is not None:
+                    results[i] = {**results[j], "label": cands[i][0].label(), "runs": 0,
+                                  "same_runs_as": cands[j][0].label()}
+                else:
+                    b = bounded[bounded_at[j]]
+                    bounded.append(attrs.evolve(b, candidate=cands[i][0], estimate=estimates[i], runs=0,
+                                                source="same runs"))
+                if reporter is not None:
+                    reporter.skip(1)
+                return True
+            return False
+
+        bounded_cell: dict = {}   # candidate index -> its cell, when a failing run at the bar bounded it out
+        bounded_at: dict = {}     # candidate index -> its place in ``bounded``
+
         def simulate(wave, kth):
             cells = []
             for i in wave:
@@ -205,30 +233,42 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                                runner_for, roles, kth, estimates[i])))
             for i, res in zip(wave, _drive(table, kept, cells, reporter, workers)):
                 if res["status"] == "bounded":
+                    bounded_cell[i], bounded_at[i] = res, len(bounded)
                     bounded.append(Bounded(cands[i][0], res["saturated"]["saturated_requests_per_s"],
                                            res["capacity_bound"], res["upper"], res["kth"], res["source"],
                                            estimates[i], res.get("runs", 0), settings.top))
                 else:
                     results[i] = res
 
-        pos = 0
-        while pos < len(order):
+        # max_num_seqs variants of one deployment (the same pools and chunk size) run in
+        # different waves, best bound first: a variant whose limit is above the most sequences
+        # any scheduler of a simulated variant's runs held makes those runs, bit for bit (the
+        # limit never stopped an admission), so it takes that capacity search as its own
+        remaining = list(order)
+        while remaining:
             kth = _kth_value(settings, cands, results) if use_bounds else None
-            wave = []
-            while pos < len(order) and len(wave) < WAVE:
-                i = order[pos]
-                if kth is not None and upper[i] < kth:
-                    for j in order[pos:]:
-                        bounded.append(Bounded(cands[j][0], roles_bound[j]["saturated_requests_per_s"], caps[j],
-                                               upper[j], kth, "estimate" if estimates[j] else "roles",
-                                               estimates[j], place=settings.top))
-                    if reporter is not None:
-                        reporter.skip(len(order) - pos)
-                    pos = len(order)
-                    break
-                wave.append(i)
-                pos += 1
-            simulate(wave, kth)
+            cut = next((p for p, i in enumerate(remaining) if upper[i] < kth), None) if kth is not None else None
+            if cut is not None:
+                for j in remaining[cut:]:
+                    bounded.append(Bounded(cands[j][0], roles_bound[j]["saturated_requests_per_s"], caps[j],
+                                           upper[j], kth, "estimate" if estimates[j] else "roles",
+                                           estimates[j], place=settings.top))
+                if reporter is not None:
+                    reporter.skip(len(remaining) - cut)
+                remaining = remaining[:cut]
+            wave, later, keys = [], [], set()
+            for i in remaining:
+                key = _variant(cands[i][0])
+                if len(wave) < WAVE and key not in keys:
+                    wave.append(i)
+                    keys.add(key)
+                else:
+                    later.append(i)
+            if wave:
+                simulate(wave, kth)
+                for i in wave:
+                    simulated_variants.setdefault(_variant(cands[i][0]), []).append(i)
+            remaining = [i for i in later if not take_same_runs(i)]
         # both answers: a side (aggregated, disaggregated) whose every candidate was bounded
         # out gets its best by the bounds' order simulated once, without the bar
         for side in (False, True):
@@ -259,12 +299,17 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         measured = {**workload, "requests": (res.get("held") or {}).get("requests", workload["requests"])}
         scored.append(Scored(cand, candidate_config(base, cand, measured, settings.slo, rate), res))
     scored.sort(key=lambda s: (s.value(settings.objective), s.candidate.label()))
-    simulated = [r for r in results if r is not None]
+    simulated = [r for r in results if r is not None and "same_runs_as" not in r]
     return ServeSearchResult(settings.objective, settings, len(layouts), tuple(pruned), tuple(scored), len(simulated),
                              skipped, sum(r.get("runs", 0) for r in simulated if r["status"] == "ok")
                              + sum(b.runs for b in bounded),
                              None if own_db else str(db_path), tuple(bounded),
-                             {cand.label(): e for (cand, _), e in zip(cands, estimated)})
+                             {cand.label(): e for (cand, _), e in zip(cands, estimated)}, len(same_runs))
+
+
+def _variant(cand: Candidate) -> tuple:
+    """What a candidate's max_num_seqs variants share: its pools and its chunk size."""
+    return cand.pools, cand.chunk
 
 
 def _settle_s(workload: Mapping, ttft_limits, tpot_limits, roles) -> float:

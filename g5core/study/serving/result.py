@@ -116,6 +116,7 @@ class ServeSearchResult:
     db_path: Optional[str]
     bounded: tuple = ()               # Bounded: not simulated (branch and bound)
     estimates: Mapping = attrs.field(factory=dict)   # candidate label -> estimated capacity (req/s)
+    same_runs: int = 0                # candidates that took a max_num_seqs variant's runs (not simulated again)
 
     def families(self) -> list[tuple[str, list[Pruned]]]:
         return _group(self.pruned)
@@ -170,7 +171,8 @@ class ServeSearchResult:
         (:meth:`sides`), and the search's counts."""
         return {"ranked": [s.to_json_dict() for s in self.ranked[:top]], "sides": self.sides(),
                 "counts": {"layout_chunk_cells": self.layouts, "pruned": len(self.pruned),
-                           "simulated": self.candidates, "bounded_out": len(self.bounded),
+                           "simulated": self.candidates, "same_runs": self.same_runs,
+                           "bounded_out": len(self.bounded),
                            "estimated": sum(1 for e in self.estimates.values() if e is not None),
                            "serving_runs": self.runs, "skipped_by_beam": self.skipped_by_beam}}
 
@@ -211,7 +213,8 @@ class Bounded:
     capacity_bound: float  # requests/s (capacity_bound)
     upper: float           # the bound of the objective's value (goodput or output tokens/s per chip)
     kth: float             # the simulated value at place ``place`` when it was bounded out
-    source: str = "roles"  # where the bound came from: roles, saturated run, estimate, or simulated (a run failed)
+    source: str = "roles"  # where the bound came from: roles, saturated run, estimate, simulated (a run
+    # failed) or same runs (a max_num_seqs variant's failing run, the same runs)
     estimate: Optional[float] = None   # the estimated capacity (requests/s), when there is one
     runs: int = 0                      # serving runs it took (a saturated run, or the runs to the bar)
     place: int = 0                     # the place the ranking is exact to (--top)
@@ -220,9 +223,11 @@ class Bounded:
         return f"{ordinal(self.place)} best simulated" if self.place else "last ranked place"
 
     def reason(self) -> str:
-        if self.source == "simulated":
-            return (f"a run at {self.capacity_bound:.4g} req/s misses the SLO, so its capacity is below that: at "
-                    f"most {self.upper:.4g} per chip, not above the {self._kth_name()} ({self.kth:.4g})")
+        if self.source in ("simulated", "same runs"):
+            same = (" (the runs of a max_num_seqs variant, whose batches never reached either limit)"
+                    if self.source == "same runs" else "")
+            return (f"a run at {self.capacity_bound:.4g} req/s misses the SLO{same}, so its capacity is below that: "
+                    f"at most {self.upper:.4g} per chip, not above the {self._kth_name()} ({self.kth:.4g})")
         if self.estimate:
             return (f"estimated capacity {self.estimate:.4g} req/s, so at most {self.capacity_bound:.4g} req/s "
                     f"with the estimate's margin: at most {self.upper:.4g} per chip, below the {self._kth_name()} "
