@@ -177,7 +177,7 @@ def _pool_peak_use(result) -> list[float]:
 def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
                    start_rate: float, settle_s: float, disabled=(), runner_for=None,
                    roles: Optional[Mapping] = None, kth: Optional[float] = None,
-                   estimate: Optional[float] = None) -> dict:
+                   estimate: Optional[float] = None, start_share: float = START_ESTIMATE_SHARE) -> dict:
     """A candidate's capacity (a bisection over the rate, see the module doc) and its runs at
     the capacity and at the first failing rate. ``roles``: its roles' bound
     (:func:`role_rates`); with it, an aggregated candidate first measures its saturated
@@ -187,16 +187,18 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
     otherwise the bisection starts at ``START_SHARE x mu``, toward the bound. ``estimate``:
     the candidate's estimated capacity (:mod:`g5core.study.serving.estimate`); with it (and
     ``roles``) the saturated run is left out, the bound is at most the estimate times ``1 +
-    ESTIMATE_MARGIN``, and the bisection starts at ``START_ESTIMATE_SHARE x estimate``."""
+    ESTIMATE_MARGIN``, and the bisection starts at ``start_share x estimate`` (the driver's
+    calibrated share, :func:`~g5core.study.serving.driver.start_share`; by default
+    ``START_ESTIMATE_SHARE``)."""
     try:
         return _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disabled, runner_for, roles, kth,
-                         estimate)
+                         estimate, start_share)
     except (ConfigError, PluginError) as exc:   # a plugin refusing one of its steps prunes the candidate
         return refusal(exc)
 
 
 def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disabled, runner_for, roles, kth,
-              estimate) -> dict:
+              estimate, start_share) -> dict:
     raw = candidate_config(base, cand, workload, slo, None)
     session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])}, 1.0),
                        slo, disabled, runner_for)
@@ -230,7 +232,7 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
         runs["peak"] = _peak_running(res, runs.get("peak", 0))
         return res
     if estimate and floor is None:
-        start_rate = START_ESTIMATE_SHARE * estimate
+        start_rate = start_share * estimate
     elif mu and floor is None:
         start_rate = START_SHARE * mu
     # the rate at which the candidate's value would equal the one at place ``top`` (below it, it cannot enter)

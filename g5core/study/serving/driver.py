@@ -17,7 +17,7 @@ from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
 from g5core.study.serving.bound import _estimate_bound, _kth_value, _upper_value, capacity_bound, role_rates
-from g5core.study.serving.capacity import candidate_cell
+from g5core.study.serving.capacity import START_ESTIMATE_SHARE, candidate_cell
 from g5core.study.serving.estimate import Estimator, estimate_for
 from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group
 from g5core.study.serving.screen import _lone, screen_layout
@@ -226,11 +226,13 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             for i in wave:
                 cand, start = cands[i]
                 roles = roles_bound[i] if use_bounds else None
+                share = start_share(cands, results, estimates, cand.disaggregated)
                 key = config_hash({"kind": "candidate", **ident, "candidate": attrs.asdict(cand, recurse=True),
-                                   "settings": keyed, "roles": roles, "kth": kth, "estimate": estimates[i]}, names)
+                                   "settings": keyed, "roles": roles, "kth": kth, "estimate": estimates[i],
+                                   "start_share": share}, names)
                 cells.append((key, "candidate", cand.label(), candidate_cell,
                               (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
-                               runner_for, roles, kth, estimates[i])))
+                               runner_for, roles, kth, estimates[i], share)))
             for i, res in zip(wave, _drive(table, kept, cells, reporter, workers)):
                 if res["status"] == "bounded":
                     bounded_cell[i], bounded_at[i] = res, len(bounded)
@@ -305,6 +307,22 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                              + sum(b.runs for b in bounded),
                              None if own_db else str(db_path), tuple(bounded),
                              {cand.label(): e for (cand, _), e in zip(cands, estimated)}, len(same_runs))
+
+
+def start_share(cands, results, estimates, disaggregated: bool) -> float:
+    """Where a candidate's capacity search starts, as a share of its estimate: the median
+    (the lower middle) of simulated over estimated capacity among the candidates of its side
+    (aggregated or disaggregated; the other side's while its own has none) simulated so far,
+    ``START_ESTIMATE_SHARE`` before any. Only the start: the bisection's result does not
+    depend on it beyond the tolerance, and no bound uses it."""
+    ratios: dict = {False: [], True: []}
+    for (cand, _), res, est in zip(cands, results, estimates):
+        if (res is None or res.get("status") != "ok" or "same_runs_as" in res or not est or res["ceiling"]
+                or not res["capacity_requests_per_s"]):
+            continue
+        ratios[cand.disaggregated].append(res["capacity_requests_per_s"] / est)
+    pick = sorted(ratios[disaggregated] or ratios[not disaggregated])
+    return pick[(len(pick) - 1) // 2] if pick else START_ESTIMATE_SHARE
 
 
 def _variant(cand: Candidate) -> tuple:
