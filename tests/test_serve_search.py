@@ -206,6 +206,22 @@ def test_exhaustive_small_case_gives_the_top_3_of_the_branch_and_bound():
             a.candidate.label(), a.capacity, b.capacity)
 
 
+def test_top_candidate_holds_on_2000_requests_of_a_fresh_seed_and_misses_at_1_3x(small_search):
+    """Issue 31: the search's top candidate, run through ``g5 serve`` (its configuration) at
+    its capacity with 2,000 requests (about three times the search's longest run at that
+    rate) on a seed the search never ran, holds the SLO; at 1.3 x its capacity it misses."""
+    raw, result = small_search
+    win = result.ranked[0]
+    assert win.capacity > 0 and not win.cell["ceiling"]
+    searched = range(WL["seed"], WL["seed"] + SPACE.confirm + 1)   # the workload's seed, then the confirming ones
+    fresh = 7
+    assert fresh not in searched and 2000 > win.cell["held"]["requests"]
+    at = _serve(win.config, win.capacity, 2000, seed=fresh)
+    assert at.summary["requests"] == 2000 and _holds(at), at.summary["goodput"]
+    over = _serve(win.config, 1.3 * win.capacity, 2000, seed=fresh)
+    assert not _holds(over), over.summary["goodput"]
+
+
 def test_bounded_out_candidates_simulated_anyway_never_beat_the_top_th():
     """Branch and bound: a candidate whose bound (its estimate with the margin, or its
     saturated throughput's) cannot reach the top-th simulated goodput is not simulated, nor
