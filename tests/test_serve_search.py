@@ -222,6 +222,46 @@ def test_top_candidate_holds_on_2000_requests_of_a_fresh_seed_and_misses_at_1_3x
     assert not _holds(over), over.summary["goodput"]
 
 
+E2E = dict(chunks=(1024,), seqs=(4, 16), vary=("tp",), settle=4, confirm=0)
+
+
+@pytest.mark.parametrize("slo", ["e2e_p90=1s", "e2e_p90=1s,tpot_p90=40ms"])
+def test_an_e2e_limit_ranks_and_the_winner_meets_it_at_its_capacity(slo):
+    """An ``e2e_p90`` limit, alone or with a TPOT one: the search runs and ranks, and its
+    winner's e2e p90 (and TPOT p90) at its capacity, in the search's run and again through
+    ``g5 serve`` on its configuration, is within the limit; past the capacity it is not."""
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8}
+    result = serve_search(raw, WL, SearchSettings(slo=slo, disagg="off", **E2E), runner_for=layout_runner)
+    assert len(result.ranked) >= 3
+    win = result.ranked[0]
+    assert win.capacity > 0 and not win.cell["ceiling"]
+    assert win.cell["held"]["e2e_s"]["p90"] <= 1.0
+    run = simulate_serving(win.config, None, runner=layout_runner(win.config), check_predictor=0)
+    assert _holds(run) and run.summary["e2e_s"]["p90"] <= 1.0
+    assert run.summary["e2e_s"]["p90"] == pytest.approx(win.cell["held"]["e2e_s"]["p90"])
+    if "tpot" in slo:
+        assert run.summary["tpot_s"]["p90"] <= 0.040
+    assert "E2E p90" in result.why()
+    failed = win.cell["failed"]
+    assert failed is not None and (failed["e2e_s"]["p90"] > 1.0 or failed["tpot_s"]["p90"] > 0.040)
+    values = [s.rates()[0] for s in result.ranked]
+    assert values == sorted(values, reverse=True)
+
+
+@pytest.mark.parametrize("bad, says", [("e2e_p90=fast", "give a time with its unit"),
+                                       ("e2e_p90=1.5", "give a time with its unit"),
+                                       ("e2e_p90=-1s", "must be positive"), ("e2e_p90=0ms", "must be positive"),
+                                       ("e2e_p100=1s", "percentile"), ("e2e_p90=1s,e2e_p90=2s", "twice"),
+                                       ("e2e_p90=1s,tpot_p90=40ms,e2e_max=1s", "unknown limit")])
+def test_a_bad_e2e_limit_is_a_one_line_config_error_naming_the_field(bad, says):
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 2}
+    with pytest.raises(ConfigError) as err:
+        serve_search(raw, WL, SearchSettings(slo=bad, disagg="off", **E2E), runner_for=layout_runner)
+    text = str(err.value)
+    assert err.value.field == "--slo" and "\n" not in text and says in text, text
+    assert text.startswith("--slo: ") and "e2e" in text, text
+
+
 def test_bounded_out_candidates_simulated_anyway_never_beat_the_top_th():
     """Branch and bound: a candidate whose bound (its estimate with the margin, or its
     saturated throughput's) cannot reach the top-th simulated goodput is not simulated, nor
