@@ -248,6 +248,26 @@ def test_an_e2e_limit_ranks_and_the_winner_meets_it_at_its_capacity(slo):
     assert values == sorted(values, reverse=True)
 
 
+def test_a_tight_e2e_limit_prunes_by_the_lone_request_and_the_pruned_miss_it():
+    """An e2e limit some layouts' lone request misses (its prompt alone meets it, not its
+    decodes after): those layouts are pruned by the screen as such, aggregated and as the
+    decode pool of a disaggregated pair, not left to a capacity search that can only walk
+    the rate down to nothing; each pruned layout misses the limit even nearly idle, and
+    every candidate ranked serves some rate."""
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8}
+    slo = "e2e_p90=120ms"
+    result = serve_search(raw, WL, SearchSettings(slo=slo, disagg="auto", **E2E), runner_for=layout_runner)
+    families = {f for f, _ in result.families()}
+    assert "lone request misses E2E" in families and families <= {
+        "lone prefill misses TTFT", "lone request misses E2E", "memory"}, families
+    assert result.ranked and all(s.capacity > 0 for s in result.ranked), [
+        (s.candidate.label(), s.capacity) for s in result.ranked]
+    for p in result.pruned:
+        cand = Candidate((PoolChoice(p.chips, tuple(sorted(p.parallel.items())), 8 // p.chips),), 4, p.chunk)
+        cfg = candidate_config(raw, cand, {**WL, "arrival": {"kind": "poisson", "rate_per_s": 0.05}}, slo, None)
+        assert not _holds(_serve(cfg, 0.05, 20)), p
+
+
 @pytest.mark.parametrize("bad, says", [("e2e_p90=fast", "give a time with its unit"),
                                        ("e2e_p90=1.5", "give a time with its unit"),
                                        ("e2e_p90=-1s", "must be positive"), ("e2e_p90=0ms", "must be positive"),
