@@ -9,8 +9,10 @@ SLO limits, which deployment serves the most?
    plugins' refusals, the KV pool (the ledger's pool must hold the longest request), and
    one request alone on an idle instance: its TTFT is the lone prefill (every chunk), its
    TPOT the lone decode at the growing context. A layout whose lone prefill misses a TTFT
-   limit, or whose lone decode misses a TPOT limit, can meet it at no rate (a loaded
-   instance only adds work to a step), so it is pruned, with its reason, grouped by family.
+   limit, whose lone decode misses a TPOT limit, or whose lone request misses an e2e limit
+   can meet it at no rate (a loaded instance only adds work to a step), so it is pruned,
+   with its reason, grouped by family; a disaggregated pair whose lone prefill plus lone
+   decode misses an e2e limit is not a candidate.
 3. **Candidates.** Aggregated: ``chips / c`` instances of a kept layout, with
    ``max_num_seqs`` over the powers of two from ``min_seqs`` up to the first that the KV pool
    cannot hold with every sequence at its longest (the pool caps the batch beyond it).

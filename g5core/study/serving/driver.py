@@ -24,8 +24,9 @@ from g5core.study.serving.screen import _lone, screen_layout
 from g5core.study.serving.space import (DEFAULT_BEAM, DEFAULT_CHUNKS, DEFAULT_CONFIRM, DEFAULT_MAX_RATE,
                                         DEFAULT_REQUESTS, DEFAULT_TOLERANCE, DEFAULT_TOP, MAX_RUN_REQUESTS,
                                         SERVE_OBJECTIVES, SETTLE, Candidate, PoolChoice, Pruned, SearchSettings,
-                                        _longest, _longest_output, _mean_lengths, _pow2_seqs, candidate_config,
-                                        check_workload, instance_layouts, is_moe, run_requests, short_label)
+                                        _longest, _longest_output, _mean_lengths, _pow2_seqs, _shortest_output,
+                                        candidate_config, check_workload, instance_layouts, is_moe, run_requests,
+                                        short_label)
 from g5core.study.serving.storage import CELL_VERSION, _drive, _Kept, _Progress, _Table, _Waves
 from g5core.study.sweep import LineProgress, LocalExecutor, default_progress, make_executor
 
@@ -66,6 +67,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
     base = {k: v for k, v in raw.items() if k not in ("parallel",)}
     ttft_limits = [l for l in limits if l.metric in ("ttft", "e2e")]
     tpot_limits = [l for l in limits if l.metric in ("tpot", "itl")]
+    e2e_limits = [l for l in limits if l.metric == "e2e"]
     ident = {"base": base, "workload": workload, "slo": settings.slo,
              "runner": None if runner_for is None else getattr(runner_for, "__name__", "custom"),
              "cells": CELL_VERSION}
@@ -96,6 +98,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         found = {key: cell["chunks"] for key, cell in zip(by_layout, per_layout)}
         screened = [found[(c, layout_label(par))][settings.chunks.index(chunk)] for c, par, chunk in layouts]
         longest = _longest(workload)
+        fewest = _shortest_output(workload)
         pruned: list[Pruned] = []
         roles: dict[str, list] = {"serve": [], "prefill": [], "decode": []}
         for (c, par, chunk), res in zip(layouts, screened):
@@ -104,20 +107,25 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 continue
             ttft_miss = [l for l in ttft_limits if res["lone_ttft_s"] > l.limit_s]
             tpot_miss = [l for l in tpot_limits if res["lone_tpot_s"] is not None and res["lone_tpot_s"] > l.limit_s]
+            e2e_miss = [l for l in e2e_limits if _lone_e2e_s(res, res, fewest) > l.limit_s]
             if not ttft_miss:
                 roles["prefill"].append((c, par, chunk, res))
             if not tpot_miss:
                 roles["decode"].append((c, par, chunk, res))
-            if not ttft_miss and not tpot_miss:
+            if not ttft_miss and not tpot_miss and not e2e_miss:
                 roles["serve"].append((c, par, chunk, res))
             elif ttft_miss:
                 pruned.append(Pruned(par, c, chunk, "lone prefill misses TTFT",
                                      f"one request alone takes {res['lone_ttft_s']:.4g} s to its first token "
                                      f"(limit {ttft_miss[0].key} {ttft_miss[0].limit_s:.4g} s)"))
-            else:
+            elif tpot_miss:
                 pruned.append(Pruned(par, c, chunk, "lone decode misses TPOT",
                                      f"one request alone decodes at {res['lone_tpot_s'] * 1e3:.4g} ms per token "
                                      f"(limit {tpot_miss[0].key} {tpot_miss[0].limit_s * 1e3:.4g} ms)"))
+            else:
+                pruned.append(Pruned(par, c, chunk, "lone request misses E2E",
+                                     f"one request alone takes {_lone_e2e_s(res, res, fewest):.4g} s to its last "
+                                     f"token (limit {e2e_miss[0].key} {e2e_miss[0].limit_s:.4g} s)"))
 
         # 2. candidates
         cands: list[tuple[Candidate, float]] = []
@@ -148,6 +156,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                     p_ok, d_ok = p_ok[:beam], d_ok[:beam]
                 for p in p_ok:
                     for d in d_ok:
+                        if any(_lone_e2e_s(p[3], d[3], fewest) > l.limit_s for l in e2e_limits):
+                            continue    # no rate serves this pair within the e2e limit (its lone request misses it)
                         for n_p in range(1, chips // p[0] + 1):
                             rest = chips - n_p * p[0]
                             for n_d in (range(1, rest // d[0] + 1) if fewer else
@@ -328,6 +338,18 @@ def start_share(cands, results, estimates, disaggregated: bool) -> float:
 def _variant(cand: Candidate) -> tuple:
     """What a candidate's max_num_seqs variants share: its pools and its chunk size."""
     return cand.pools, cand.chunk
+
+
+def _lone_e2e_s(prefill: Mapping, decode: Mapping, fewest: int) -> float:
+    """A lower bound of every request's e2e with its prompt on the layout ``prefill``
+    screened and its decodes on ``decode`` (the same screen when aggregated): the lone
+    request's first token on ``prefill`` plus its decode steps on ``decode`` (the
+    shortest prompt and output on an idle instance: a loaded instance only adds work to a
+    step, a disaggregated deployment the KV transfer too). With a request of one output
+    token (the lone request decodes two, see ``_lone``) the first token alone."""
+    if fewest < 2:
+        return prefill["lone_ttft_s"]
+    return prefill["lone_ttft_s"] + decode["lone_e2e_s"] - decode["lone_ttft_s"]
 
 
 def _settle_s(workload: Mapping, ttft_limits, tpot_limits, roles) -> float:

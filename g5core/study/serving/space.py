@@ -233,6 +233,11 @@ def _longest_output(workload: Mapping) -> int:
     return max(r.output_tokens for r in synthetic(workload).requests)
 
 
+def _shortest_output(workload: Mapping) -> int:
+
+    return min(r.output_tokens for r in synthetic(workload).requests)
+
+
 
 def instance_layouts(chips: int, dims, vary: Optional[tuple] = None, moe: bool = False,
                      attention_dp: bool = ATTENTION_DP) -> list[tuple[int, dict]]:
