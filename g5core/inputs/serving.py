@@ -20,11 +20,18 @@ The ``serving:`` block (every key optional)::
       kv_tiers: [{kind: host}, {kind: disk, bytes_per_chip: 1.0e12}]  # tiers below HBM (inputs/kv_tiers.py)
       disaggregation:                 # instead of instances: a prefill and a decode pool
         prefill: {instances: 2, chips: 8, parallel: {tp: 8}, scheduler: {...}}
-        decode:  {instances: 1, chips: 16, parallel: {tp: 8, pp: 2}}
+        decode:  {instances: 1, chips: 16, parallel: {tp: 8, pp: 2}, system: h200}
 
 A pool's ``chips`` and ``parallel`` replace the configuration's (the layout of one of its
 instances); the pools sit on disjoint chips, prefill first, on one network of
 ``prefill chips + decode chips`` chips of the system.
+
+A disaggregated pool's ``system`` (a catalogue name or a system file, as the configuration's
+``system``) replaces the configuration's for that pool: its step costs, its memory ledger and
+its KV pool come from that system's file (heterogeneous disaggregation, as aiconfigurator's
+``--decode-system``). Pools on two different systems are two clusters: a prompt's KV moves
+between them over the inter-node network (``g5core.serve.api.kv_transfer``), never over a
+scale-up link.
 
 Attention DP: an instance's layout with ``dp > 1`` (e.g. ``chips: 16, parallel: {dp: 8, tp: 2,
 pp: 1, cp: 1, ep: 16}``) is one instance of ``dp`` attention-DP ranks (each ``tp`` chips for
@@ -48,10 +55,13 @@ import attrs
 from g5core.api.errors import ConfigError
 from g5core.inputs.kv_tiers import CacheSpec, parse_cache
 from g5core.inputs.reading import MAX_ARRIVAL_S, MAX_SEQ_LEN, check_keys
+from g5core.inputs.systems import get_system
 
 SERVING_KEYS = ("instances", "router", "routing_s", "scheduler", "slo", "workload", "disaggregation", "prefix_cache",
                 "kv_tiers", "dp_balance")
-POOL_KEYS = ("instances", "chips", "parallel", "scheduler", "router", "dp_balance")
+POOL_KEYS = ("instances", "chips", "parallel", "scheduler", "router", "dp_balance", "system")
+#: keys of a disaggregated pool that replace the configuration's own
+POOL_OVERRIDES = ("chips", "parallel", "system")
 # how a request picks its attention-DP rank (SGLang's DataParallelController's rules:
 # g5core.serve.scheduler.DpScheduler runs them)
 DP_BALANCE = ("round_robin", "shortest_queue")
@@ -138,7 +148,7 @@ def parse_slo(text, field: str = "--slo") -> tuple[SloLimit, ...]:
 class PoolSpec:
     role: str
     instances: int
-    overrides: tuple        # (key, value) pairs replacing the configuration's chips/parallel
+    overrides: tuple        # (key, value) pairs replacing the configuration's chips/parallel/system
     scheduler: SchedulerSettings
     scheduler_name: str
     router: str
@@ -164,6 +174,18 @@ def _mapping(value, field) -> Mapping:
     if not isinstance(value, Mapping):
         raise ConfigError(field, f"must be a mapping, got {value!r}")
     return value
+
+
+def check_pool_system(value, field: str) -> None:
+    """A pool's ``system``: a catalogue name or a system file (:func:`get_system`'s), else a
+    one-line ConfigError naming ``field`` and the known systems."""
+    if not isinstance(value, str) or not value:
+        raise ConfigError(field, f"must be a system name or a system file path, got {value!r}")
+    try:
+        get_system(value)
+    except ConfigError as exc:
+        # the system's own field (a bad figure in a system file) stays in the message
+        raise ConfigError(field, str(exc)[len("system: "):] if exc.field == "system" else str(exc)) from None
 
 
 def split_config(raw: Mapping) -> tuple[dict, Mapping]:
@@ -208,7 +230,9 @@ def parse_serving(block: Mapping, registry, slo_text=None) -> ServingSpec:
         if b not in DP_BALANCE:
             raise ConfigError(f"{field}.dp_balance", f"unknown attention-DP balance {b!r}; known: "
                                                      f"{', '.join(DP_BALANCE)}")
-        over = tuple((k, data[k]) for k in ("chips", "parallel") if k in data)
+        if "system" in data:
+            check_pool_system(data["system"], f"{field}.system")
+        over = tuple((k, data[k]) for k in POOL_OVERRIDES if k in data)
         return PoolSpec(role, _positive_int(data.get("instances", instances_default), f"{field}.instances",
                                             MAX_INSTANCES), over,
                         SchedulerSettings.from_dict(s, f"{field}.scheduler"), name, r, b)

@@ -172,6 +172,21 @@ class Topology:
                 return (tx, base + 2 * ls, base + 2 * ld + 1, rx)
         return (tx, rx)
 
+    def egress_route(self, chip: int) -> tuple[int, ...]:
+        """This side of a message from ``chip`` to a chip of another cluster (another system,
+        whose own topology routes the other side): ``chip``'s NIC's send side and, with an
+        oversubscribed fabric, its leaf's uplink."""
+        node = self.node_of(chip)
+        tx = self.nic_tx(node, self.rail_of(chip))
+        return (tx, self._leaf_base() + 2 * self.leaf_of(node)) if self.nodes_per_leaf else (tx,)
+
+    def ingress_route(self, chip: int) -> tuple[int, ...]:
+        """This side of a message from a chip of another cluster to ``chip``: with an
+        oversubscribed fabric the leaf's downlink, then ``chip``'s NIC's receive side."""
+        node = self.node_of(chip)
+        rx = self.nic_rx(node, self.rail_of(chip))
+        return (self._leaf_base() + 2 * self.leaf_of(node) + 1, rx) if self.nodes_per_leaf else (rx,)
+
     def route(self, src: int, dst: int) -> tuple[int, ...]:
         """Resources one point-to-point message crosses: the scale-up links inside a node;
         between nodes the sender's NIC, the fabric, and the receiver's NIC."""

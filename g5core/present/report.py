@@ -132,6 +132,7 @@ def _deployment(config: Mapping) -> str:
     if dis:
         return " + ".join(f"{role} {(dis[role] or {}).get('instances', 1)}x "
                           f"{_layout({'parallel': (dis[role] or {}).get('parallel') or config.get('parallel')})}"
+                          + (f" on {dis[role]['system']}" if (dis[role] or {}).get("system") else "")
                           for role in ("prefill", "decode") if role in dis)
     return f"{serving.get('instances', 1)}x {_layout(config)}"
 

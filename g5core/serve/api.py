@@ -237,7 +237,8 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
         plans.append((plan, sizing))
         infos.append({"kv_pool_bytes_per_chip": sizing.pool_bytes_per_chip,
                       "kv_bytes_per_token_per_chip": sizing.kv_bytes_per_token_per_chip,
-                      "kv_capacity_tokens": blocks * s.block_size * dp, "layout": dict(plan.ctx.deployment.parallel)})
+                      "kv_capacity_tokens": blocks * s.block_size * dp, "layout": dict(plan.ctx.deployment.parallel),
+                      "system": plan.ctx.system.name})
         if dp > 1:
             infos[-1].update(attention_dp_ranks=dp, dp_balance=ps.dp_balance,
                              kv_capacity_tokens_per_rank=blocks * s.block_size)
@@ -321,25 +322,56 @@ def kv_transfer(pools, plans):
     """``(transfer_s(tokens, i, j), transfer_bytes(tokens))`` of a prompt's KV from prefill
     instance ``i`` to decode instance ``j``: chip ``k`` of the prefill instance sends the KV it
     holds (the ledger's bytes per token on that chip) to chip ``k * Cd // Cp`` of the decode
-    instance, all at once, over the network of both pools' chips (scale-up links inside a
-    node, NICs and fabric between nodes); the time is when the busiest link is done plus one
-    message's start latency. Transfers do not contend with one another or with the steps.
+    instance, all at once; the time is when the busiest resource is done plus one message's
+    start latency. Transfers do not contend with one another or with the steps.
     With attention DP a sequence's KV is on one rank's chips: ``Cp`` and ``Cd`` are then the
-    chips of one rank (rank 0's, :func:`rank_chips`; every rank's chips are alike)."""
+    chips of one rank (rank 0's, :func:`rank_chips`; every rank's chips are alike).
+
+    Both pools on one system: one network of both pools' chips (prefill first): scale-up
+    links inside a node, NICs and fabric between nodes. Pools on two systems (a pool's
+    ``system``, heterogeneous disaggregation) are two clusters, each its system's topology
+    of its pool's chips: every flow leaves through its prefill chip's NIC (the prefill
+    system's NIC bandwidth and rail, and its leaf's uplink with an oversubscribed fabric)
+    and enters through its decode chip's NIC (the decode system's), over a fabric between
+    the clusters that limits nothing else, so the busiest NIC, on either side, sets the time;
+    the start latency is the larger of the two systems' ``network_latency_s``. A scale-up
+    domain never spans two systems, so no cross-system byte uses NVLink."""
     (pp, (plan, sizing)), (dp, (dplan, _)) = (pools[0], plans[0]), (pools[1], plans[1])
-    topo = make_topology(plan.hooks, plan.ctx.system, pools[0].chips + pools[1].chips)
     src, dst = rank_chips(plan), rank_chips(dplan)
     cp, cd = len(src), len(dst)
     per_token = dict(zip(range(sizing.chips), sizing.per_chip_kv_bytes_per_token))
     cache: dict = {}
+    if plan.ctx.system == dplan.ctx.system:
+        topo = make_topology(plan.hooks, plan.ctx.system, pools[0].chips + pools[1].chips)
 
-    def per_token_s(i: int, j: int) -> tuple[float, float]:
-        if (i, j) not in cache:
-            flows = [(pp.first_chip + i * pp.cost.chips + src[k], dp.first_chip + j * dp.cost.chips + dst[k * cd // cp],
-                      per_token[src[k]]) for k in range(cp) if per_token[src[k]] > 0]
-            latency = max(topo.message_latency_s([a, b]) for a, b, _ in flows) if flows else 0.0
-            cache[(i, j)] = (idle_transfer_s(flows, topo), latency)
-        return cache[(i, j)]
+        def per_token_s(i: int, j: int) -> tuple[float, float]:
+            if (i, j) not in cache:
+                flows = [(pp.first_chip + i * pp.cost.chips + src[k],
+                          dp.first_chip + j * dp.cost.chips + dst[k * cd // cp], per_token[src[k]])
+                         for k in range(cp) if per_token[src[k]] > 0]
+                latency = max(topo.message_latency_s([a, b]) for a, b, _ in flows) if flows else 0.0
+                cache[(i, j)] = (idle_transfer_s(flows, topo), latency)
+            return cache[(i, j)]
+    else:
+        ptopo = make_topology(plan.hooks, plan.ctx.system, pools[0].chips)
+        dtopo = make_topology(dplan.hooks, dplan.ctx.system, pools[1].chips)
+        caps = {"p": ptopo.capacities(), "d": dtopo.capacities()}
+        latency = max(ptopo.network_latency_s, dtopo.network_latency_s)
+
+        def per_token_s(i: int, j: int) -> tuple[float, float]:
+            if (i, j) not in cache:
+                load: dict = {}
+                for k in range(cp):
+                    b = per_token[src[k]]
+                    if b <= 0:
+                        continue
+                    a, z = i * pp.cost.chips + src[k], j * dp.cost.chips + dst[k * cd // cp]
+                    for side, r in [("p", r) for r in ptopo.egress_route(a)] + [("d", r) for r in
+                                                                              dtopo.ingress_route(z)]:
+                        load[(side, r)] = load.get((side, r), 0.0) + b
+                cache[(i, j)] = (max((b / caps[side][r] for (side, r), b in load.items()), default=0.0),
+                                 latency if load else 0.0)
+            return cache[(i, j)]
 
     def transfer_s(tokens: int, i: int, j: int) -> float:
         rate, latency = per_token_s(i, j)

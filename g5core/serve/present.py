@@ -53,13 +53,17 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
     t = out["throughput"]
     pools = out["pools"]
     lines = []
+    systems = list(dict.fromkeys(p.get("system") for p in pools))
+    mixed = len(systems) > 1    # heterogeneous disaggregation: each pool on its own system
     layout = "; ".join(
         f"{p['role']}: {p['instances']} instance{'s' if p['instances'] > 1 else ''} of {p['chips_per_instance']} "
-        f"chip{'s' if p['chips_per_instance'] > 1 else ''} "
+        f"{p['system'] + ' ' if mixed else ''}chip{'s' if p['chips_per_instance'] > 1 else ''} "
         f"({', '.join(f'{k}={v}' for k, v in p['layout'].items() if v != 1) or 'one chip'}), KV pool "
         f"{p['kv_pool_bytes_per_chip'] / GIB:.2f} GiB per chip = {p['kv_capacity_tokens']:,} tokens per instance"
         for p in pools)
-    lines.append(f"deployment   {out['chips']} chips; {layout}")
+    split = (" (" + ", ".join(f"{sum(p['instances'] * p['chips_per_instance'] for p in pools if p['system'] == name)} "
+                              f"{name}" for name in systems) + ")") if mixed else ""
+    lines.append(f"deployment   {out['chips']} chips{split}; {layout}")
     lines.append(f"workload     {out['workload']}: {out['requests']:,} requests, {out['tokens']['input']:,} input and "
                  f"{out['tokens']['output']:,} output tokens")
     lines.append(f"arrivals     over {_s(out['arrival_span_s'])}, first to last ({t['offered_requests_per_s']:.3g} "

@@ -22,6 +22,15 @@ SLO limits, which deployment serves the most?
    best of each role by their lone step: a heuristic cut, reported as such). The screen is
    the aggregated one: a layout whose pool cannot hold a whole request is out of both
    roles, even though a prefill pool only needs the prompt.
+   With ``--decode-system NAME`` (heterogeneous disaggregation, aiconfigurator's
+   ``--decode-system``) every layout is screened a second time on that system and the
+   decode role's layouts are those (their KV pool and lone TPOT on it), while the prefill
+   role's and the aggregated candidates' stay on the configuration's system; a
+   disaggregated candidate's decode pool names the system (its ``system:``). The chips stay
+   one budget, ``n_p c_p + n_d c_d = chips`` whatever each chip is, and the per-chip
+   objectives count every chip alike: aiconfigurator's convention (one ``--total-gpus``;
+   ``num_total_gpus = prefill GPUs + decode GPUs`` and tokens/s/gpu over that sum, in its
+   ``sdk/picking.py``), so no separate decode chip count.
 4. **Bounds.** Each candidate gets a saturated throughput ``mu`` (requests/s) from its
    roles as DistServe sizes them, per layout from the screen (:func:`role_rates`: the
    prefill pool's prompts per lone prefill, the decode pool's best tokens per second over

@@ -84,6 +84,16 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                           names)
         screen_cells.append((key, "screen", f"[{short_label(par)}]", screen_layout,
                              (base, c, par, settings.chunks, workload, settings.slo, tuple(disabled), runner_for)))
+    # --decode-system: the decode role's layouts screened again on that system (heterogeneous
+    # disaggregation); prefill and aggregated stay on the configuration's
+    dsys = settings.decode_system if settings.disagg != "off" and settings.decode_system != raw.get("system") else None
+    dbase = {**base, "system": dsys}
+    for c, lab in (by_layout if dsys is not None else ()):
+        par = pars[(c, lab)]
+        key = config_hash({"kind": "screen", **ident, "base": dbase, "chips": c, "parallel": par,
+                           "chunks": list(settings.chunks)}, names)
+        screen_cells.append((key, "screen", f"[{short_label(par)}] on {dsys}", screen_layout,
+                             (dbase, c, par, settings.chunks, workload, settings.slo, tuple(disabled), runner_for)))
     own_db = db_path is None
     tmp = tempfile.TemporaryDirectory(prefix="g5-best-serve-") if own_db else None
     path = f"{tmp.name}/best-serve.db" if own_db else db_path
@@ -97,6 +107,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                             _Progress(progress, "screen") if progress is not None else None, workers)
         found = {key: cell["chunks"] for key, cell in zip(by_layout, per_layout)}
         screened = [found[(c, layout_label(par))][settings.chunks.index(chunk)] for c, par, chunk in layouts]
+        dfound = {key: cell["chunks"] for key, cell in zip(by_layout, per_layout[len(by_layout):])}
         longest = _longest(workload)
         fewest = _shortest_output(workload)
         pruned: list[Pruned] = []
@@ -110,7 +121,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             e2e_miss = [l for l in e2e_limits if _lone_e2e_s(res, res, fewest) > l.limit_s]
             if not ttft_miss:
                 roles["prefill"].append((c, par, chunk, res))
-            if not tpot_miss:
+            if not tpot_miss and dsys is None:
                 roles["decode"].append((c, par, chunk, res))
             if not ttft_miss and not tpot_miss and not e2e_miss:
                 roles["serve"].append((c, par, chunk, res))
@@ -126,6 +137,17 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 pruned.append(Pruned(par, c, chunk, "lone request misses E2E",
                                      f"one request alone takes {_lone_e2e_s(res, res, fewest):.4g} s to its last "
                                      f"token (limit {e2e_miss[0].key} {e2e_miss[0].limit_s:.4g} s)"))
+        for c, par, chunk in (layouts if dsys is not None else ()):   # the decode role on --decode-system
+            res = dfound[(c, layout_label(par))][settings.chunks.index(chunk)]
+            tpot_miss = [l for l in tpot_limits if res.get("lone_tpot_s") is not None and res["lone_tpot_s"] > l.limit_s]
+            if res["status"] == "ok" and not tpot_miss:
+                roles["decode"].append((c, par, chunk, res))
+            elif res["status"] != "ok":
+                pruned.append(Pruned(par, c, chunk, f"{res['family']} (decode on {dsys})", res["reason"]))
+            else:
+                pruned.append(Pruned(par, c, chunk, f"lone decode misses TPOT (decode on {dsys})",
+                                     f"one request alone decodes at {res['lone_tpot_s'] * 1e3:.4g} ms per token on "
+                                     f"{dsys} (limit {tpot_miss[0].key} {tpot_miss[0].limit_s * 1e3:.4g} ms)"))
 
         # 2. candidates
         cands: list[tuple[Candidate, float]] = []
@@ -165,7 +187,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                                 if n_d < 1:
                                     continue
                                 pools = (PoolChoice(p[0], tuple(sorted(p[1].items())), n_p),
-                                         PoolChoice(d[0], tuple(sorted(d[1].items())), n_d))
+                                         PoolChoice(d[0], tuple(sorted(d[1].items())), n_d, dsys))
                                 for m in _pow2_seqs(d[3]["kv_capacity_tokens"] // d[1].get("dp", 1), longest,
                                                     settings):
                                     start = min(n_p / p[3]["lone_ttft_s"], n_d / d[3]["lone_e2e_s"])
@@ -312,7 +334,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         scored.append(Scored(cand, candidate_config(base, cand, measured, settings.slo, rate), res))
     scored.sort(key=lambda s: (s.value(settings.objective), s.candidate.label()))
     simulated = [r for r in results if r is not None and "same_runs_as" not in r]
-    return ServeSearchResult(settings.objective, settings, len(layouts), tuple(pruned), tuple(scored), len(simulated),
+    cells = len(layouts) * (1 + (dsys is not None))   # a layout x chunk cell per system screened
+    return ServeSearchResult(settings.objective, settings, cells, tuple(pruned), tuple(scored), len(simulated),
                              skipped, sum(r.get("runs", 0) for r in simulated if r["status"] == "ok")
                              + sum(b.runs for b in bounded),
                              None if own_db else str(db_path), tuple(bounded),
@@ -366,7 +389,7 @@ def _settle_s(workload: Mapping, ttft_limits, tpot_limits, roles) -> float:
 def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, workers: int, executor: str, *,
                        disagg: str, workload=None, requests=None, isl=None, osl=None, slo=None, seed=None, rate=None,
                        chunks=None, seqs=None, tolerance=None, max_rate=None, beam=None, vary=None, settle=None,
-                       confirm=None, top=DEFAULT_TOP, max_steps=None) -> ServeSearchResult:
+                       confirm=None, top=DEFAULT_TOP, max_steps=None, decode_system=None) -> ServeSearchResult:
     """``g5 best CONFIG --serve``'s flags to a search (the CLI prints its result)."""
     if objective is not None and objective not in SERVE_OBJECTIVES:
         raise ConfigError("--objective", f"{objective} ranks single-batch layouts; with --serve use "
@@ -393,7 +416,7 @@ def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, 
         max_rate=DEFAULT_MAX_RATE if max_rate is None else max_rate, beam=DEFAULT_BEAM if beam is None else beam,
         rate=rate, vary=tuple(v.strip() for v in vary.split(",") if v.strip()) if vary else None,
         settle=SETTLE if settle is None else settle, confirm=DEFAULT_CONFIRM if confirm is None else confirm,
-        top=top)
+        top=top, decode_system=decode_system)
     return serve_search(raw, spec, settings, db_path=db_path, disabled=disabled, workers=workers,
                         executor=executor, progress=default_progress(), inputs=[config_path], max_work=max_steps)
 

@@ -9,6 +9,7 @@ import attrs
 
 from g5core.api.errors import ConfigError
 from g5core.inputs.models import get_model
+from g5core.inputs.serving import check_pool_system
 from g5core.study.search import divisors, enumerate_layouts
 from g5core.serve.workload import synthetic
 
@@ -60,6 +61,7 @@ class SearchSettings:
     confirm: int = DEFAULT_CONFIRM             # further seeds the capacity must hold on
     top: int = DEFAULT_TOP                     # the ranking is exact down to this place (branch and bound)
     bound: bool = True                         # False: simulate every candidate (no branch and bound)
+    decode_system: Optional[str] = None        # the disaggregated candidates' decode pools' system
 
     def check(self) -> None:
         if self.objective not in SERVE_OBJECTIVES:
@@ -86,21 +88,28 @@ class SearchSettings:
             raise ConfigError("--beam", f"must be a positive whole number, got {self.beam!r}")
         if isinstance(self.top, bool) or not isinstance(self.top, int) or self.top < 1:
             raise ConfigError("--top", f"must be a positive whole number, got {self.top!r}")
+        if self.decode_system is not None:
+            if self.disagg == "off":
+                raise ConfigError("--decode-system", "places the disaggregated candidates' decode pools, and --disagg "
+                                                     "off has none: give --disagg on or auto")
+            check_pool_system(self.decode_system, "--decode-system")
 
 
 @attrs.frozen
 class PoolChoice:
-    """One pool of a candidate: ``instances`` copies of ``parallel`` on ``chips`` chips each."""
+    """One pool of a candidate: ``instances`` copies of ``parallel`` on ``chips`` chips each,
+    on ``system`` (None: the configuration's; ``--decode-system``: a decode pool's own)."""
     chips: int
     parallel: tuple          # sorted (dimension, size) pairs
     instances: int
+    system: Optional[str] = None
 
     @property
     def layout(self) -> dict:
         return dict(self.parallel)
 
     def label(self) -> str:
-        return f"{self.instances} x [{short_label(self.layout)}]"
+        return f"{self.instances} x [{short_label(self.layout)}]" + (f" on {self.system}" if self.system else "")
 
 
 @attrs.frozen
@@ -158,7 +167,8 @@ def candidate_config(base: Mapping, cand: Candidate, workload: Mapping, slo: str
     first = cand.pools[0]
     out = _layout_config(base, first.chips, first.layout)
     if cand.disaggregated:
-        block["disaggregation"] = {role: {"instances": p.instances, "chips": p.chips, "parallel": p.layout}
+        block["disaggregation"] = {role: {"instances": p.instances, "chips": p.chips, "parallel": p.layout,
+                                          **({"system": p.system} if p.system else {})}
                                    for role, p in zip(("prefill", "decode"), cand.pools)}
     else:
         block["instances"] = first.instances
