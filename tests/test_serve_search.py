@@ -292,11 +292,12 @@ def test_bounded_out_candidates_simulated_anyway_never_beat_the_top_th():
     settings = SearchSettings(slo=SLO, chunks=(1024,), seqs=(1, 2, 4, 16), vary=("tp",), disagg="off", top=2,
                               settle=4, confirm=0)
     result = serve_search(raw, WL, settings, runner_for=layout_runner)
-    assert result.bounded and result.candidates + len(result.bounded) == 16
+    copies = sum(1 for s in result.ranked if "same_runs_as" in s.cell)
+    assert result.bounded and result.candidates + copies + len(result.bounded) == 16
     kth = result.ranked[settings.top - 1].rates()[0]
     # bounded out before a run (its bound below the top-th) or by a failing run at or below
     # the top-th's rate (its capacity below that rate)
-    assert all(b.kth <= kth and (b.upper < b.kth or b.source == "simulated" and b.upper <= b.kth)
+    assert all(b.kth <= kth and (b.upper < b.kth or b.source in ("simulated", "same runs") and b.upper <= b.kth)
                for b in result.bounded)
     wl = check_workload(WL)
     settle_s = 1.0 + 16 * 0.04
@@ -623,31 +624,39 @@ def test_the_space_has_attention_dp_with_ep_layouts_for_moe_models_only():
     assert instance_layouts(16, dims, None, True, attention_dp=False) == [(c, p) for c, p in moe if p.get("dp", 1) == 1]
 
 
-def test_a_max_num_seqs_variant_whose_batches_never_reach_the_limit_takes_the_same_runs():
-    """A candidate whose max_num_seqs is above the most sequences any scheduler held in a
-    simulated variant's runs (same pools, same chunk size) is not simulated again: it takes
-    that variant's capacity search. Checked here: its runs at the capacity and at the first
-    failing rate are the variant's, figure for figure, through g5 serve; and a variant whose
-    limit the batches did reach is simulated on its own."""
+def test_a_max_num_seqs_variant_takes_the_search_whose_every_run_holds_or_fails_alike():
+    """A max_num_seqs variant (same pools, same chunk size) of a simulated candidate is not
+    searched again: the variant's runs in which a scheduler held as many sequences as the
+    lower limit are made again on it (only there can the limit have stopped an admission;
+    the others are its runs bit for bit), and where each holds or fails as before, the
+    simulated search is the variant's. Checked through g5 serve: every run of the source's
+    trace holds or fails alike on the variant, the runs below both limits give the same
+    figures, and a variant whose limit binds in a run that then differs is simulated."""
     raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8}
-    space = SearchSettings(slo=SLO, chunks=(1024,), seqs=(2, 64, 128), vary=("tp",), disagg="off", confirm=1)
+    space = SearchSettings(slo=SLO, chunks=(1024,), seqs=(8, 12, 16, 64), vary=("tp",), disagg="off", confirm=1)
     result = serve_search(raw, WL, space, runner_for=layout_runner)
     by_label = {s.candidate.label(): s for s in result.ranked}
     copies = [s for s in result.ranked if "same_runs_as" in s.cell]
     assert result.same_runs == len(copies) + sum(b.source == "same runs" for b in result.bounded) > 0
     assert result.to_json_dict(5)["counts"]["same_runs"] == result.same_runs
+    settle_s = 1.0 + 16 * 0.04
+    checked = 0
     for s in copies:
         src = by_label[s.cell["same_runs_as"]]
         assert src.candidate.pools == s.candidate.pools and src.candidate.chunk == s.candidate.chunk
-        assert src.cell["peak_running_seqs"] < min(s.candidate.max_num_seqs, src.candidate.max_num_seqs)
-        assert s.cell["runs"] == 0 and src.cell["runs"] > 0
-        settle_s = 1.0 + 16 * 0.04
-        for rate in (s.capacity, s.cell["failed_rate_per_s"]):
+        lim = min(s.candidate.max_num_seqs, src.candidate.max_num_seqs)
+        again = [t for t in src.cell["trace"] if t[3] >= lim]
+        assert s.cell["runs"] == len(again)
+        assert s.capacity == src.capacity
+        for rate, seed, held, peak in src.cell["trace"]:
             n = run_requests(WL, rate, settle_s, space.settle)
-            mine, theirs = _serve(s.config, rate, n), _serve(src.config, rate, n)
-            assert mine.summary["ttft_s"] == theirs.summary["ttft_s"]
-            assert mine.summary["tpot_s"] == theirs.summary["tpot_s"]
-            assert _holds(mine) == _holds(theirs)
-    # max_num_seqs 2 binds (its batches are full): never a copy, never a source below its peak
-    assert all(s.candidate.max_num_seqs != 2 for s in copies)
-    assert all(s.cell.get("peak_running_seqs") == 2 for s in result.ranked if s.candidate.max_num_seqs == 2)
+            mine, theirs = _serve(s.config, rate, n, seed), _serve(src.config, rate, n, seed)
+            assert _holds(mine) == _holds(theirs) == held
+            if peak < lim:
+                assert mine.summary["ttft_s"] == theirs.summary["ttft_s"]
+                assert mine.summary["tpot_s"] == theirs.summary["tpot_s"]
+            checked += 1
+    assert checked
+    # max_num_seqs 8 binds in some runs: a variant had those runs made again
+    assert any(s.cell["runs"] > 0 for s in copies) or any(
+        b.source == "same runs" and b.runs > 0 for b in result.bounded)

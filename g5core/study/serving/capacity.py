@@ -224,12 +224,21 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
                 return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": bound,
                         "upper": upper, "kth": kth, "source": "saturated run", "runs": 1}
 
+    trace: list = []      # every run: [rate, seed, held, the most sequences a scheduler held]
+    at: dict = {}         # id(a run's result) -> its place in ``trace``
+
+    made: dict = {}       # (rate, seed) -> the run's result: a rate tried again is not run again
+
     def run(rate, seed=None):
+        seed = workload["seed"] if seed is None else seed
+        if (rate, seed) in made:
+            return made[(rate, seed)]
         runs["n"] += 1
-        n = run_requests(workload, rate, settle_s, settings.settle)
-        res = session.run(_at_rate({**workload, "requests": n, "seed": workload["seed"] if seed is None else seed},
-                                   rate))
-        runs["peak"] = _peak_running(res, runs.get("peak", 0))
+        res = made[(rate, seed)] = _seeded_run(session, workload, rate, seed, settle_s, settings)
+        peak = _peak_running(res, 0)
+        runs["peak"] = None if peak is None or runs.get("peak", 0) is None else max(peak, runs.get("peak", 0))
+        at[id(res)] = len(trace)
+        trace.append([rate, seed, _holds(res), peak])
         return res
     if estimate and floor is None:
         start_rate = start_share * estimate
@@ -243,20 +252,47 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
     found = capacity_search(run, start_rate, settings.tolerance, settings.max_rate, floor,
                             bound if floor is None else None, bar, gallop=bool(estimate) and floor is None)
     if not found["below_bar"] and seeds and found["capacity"] > 0:
-        found = confirm(found, run, seeds, settings.tolerance, bar)
+        found = confirm(found, run, seeds, settings.tolerance, bar, lambda r: _snap(r, made))
     if found["below_bar"]:
         rate = found["failed_rate"]
         return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
                 "upper": _upper_value(settings.objective, rate, cand, _longest_output(workload)), "kth": kth,
                 "runs": runs["n"], "failed_rate_per_s": rate, "source": "simulated",
-                "peak_running_seqs": runs.get("peak")}
+                "peak_running_seqs": runs.get("peak"), "trace": trace}
     held, failed = found["held"], found["failed"]
     return {"status": "ok", "label": cand.label(), "disaggregated": cand.disaggregated, "chips": cand.chips,
             "capacity_requests_per_s": found["capacity"], "ceiling": found["ceiling"],
             "runs": runs["n"], "failed_rate_per_s": found["failed_rate"], "peak_running_seqs": runs.get("peak"),
+            "trace": trace, "held_run": None if held is None else at.get(id(held)),
+            "failed_run": None if failed is None else at.get(id(failed)),
             "build_s": session.build_s, "saturated_requests_per_s": mu, "capacity_bound": bound, "saturated": sat,
             "held": None if held is None else _run_summary(held, session),
             "failed": None if failed is None else _run_summary(failed, session)}
+
+
+def _seeded_run(session, workload: Mapping, rate: float, seed: int, settle_s: float, settings: SearchSettings):
+    """One capacity run: the workload at ``rate`` on ``seed``, with the search's request count."""
+    n = run_requests(workload, rate, settle_s, settings.settle)
+    return session.run(_at_rate({**workload, "requests": n, "seed": seed}, rate))
+
+
+def variant_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
+                 settle_s: float, disabled, runner_for, runs: Sequence) -> dict:
+    """A max_num_seqs variant's check (the driver's ``variant_runs``): ``runs`` (``[rate,
+    seed]`` each, the runs of a simulated variant whose batches reached either's limit)
+    made on ``cand``: ``{"runs": [[held, peak, summary], ...]}``. Where every run holds or
+    fails as the variant's did, the variant's capacity search is ``cand``'s, run for run."""
+    try:
+        raw = candidate_config(base, cand, workload, slo, None)
+        session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])},
+                                         1.0), slo, disabled, runner_for)
+        out = []
+        for rate, seed in runs:
+            res = _seeded_run(session, workload, rate, seed, settle_s, settings)
+            out.append([_holds(res), _peak_running(res, 0), _run_summary(res, session)])
+        return {"status": "ok", "label": cand.label(), "runs": out}
+    except (ConfigError, PluginError) as exc:
+        return refusal(exc)
 
 
 def _peak_running(result, peak: Optional[int]) -> Optional[int]:
@@ -272,7 +308,18 @@ def _peak_running(result, peak: Optional[int]) -> Optional[int]:
     return peak
 
 
-def confirm(found: dict, run, seeds: Sequence[int], tolerance: float, bar: Optional[float]) -> dict:
+def _snap(rate: float, made: Mapping) -> float:
+    """A rate tried before within a relative 1e-9 of ``rate`` (stepping down by ``1 +
+    tolerance`` from a bisection's midpoint lands on its lower end up to rounding), else
+    ``rate``."""
+    for r, _ in made:
+        if abs(r - rate) <= 1e-9 * rate:
+            return r
+    return rate
+
+
+def confirm(found: dict, run, seeds: Sequence[int], tolerance: float, bar: Optional[float],
+            snap=lambda rate: rate) -> dict:
     """The capacity found on the workload's seed, confirmed on the further ``seeds``: the
     capacity holds when every seed's run does there; while one fails the rate steps down by
     ``1 + tolerance`` (the failing run is the new failed one, and the seeds run again, the
@@ -286,7 +333,7 @@ def confirm(found: dict, run, seeds: Sequence[int], tolerance: float, bar: Optio
             return {**found, "capacity": lo, "held": held}
         found = {**found, "failed": miss, "failed_rate": lo, "ceiling": False}
         while True:
-            lo /= 1 + tolerance
+            lo = snap(lo / (1 + tolerance))
             if bar is not None and lo <= bar:
                 return {**found, "capacity": 0.0, "held": None, "below_bar": True}
             if lo < first * 1e-4:

@@ -17,7 +17,7 @@ from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
 from g5core.study.serving.bound import _estimate_bound, _kth_value, _upper_value, capacity_bound, role_rates
-from g5core.study.serving.capacity import START_ESTIMATE_SHARE, candidate_cell
+from g5core.study.serving.capacity import START_ESTIMATE_SHARE, candidate_cell, variant_cell
 from g5core.study.serving.estimate import Estimator, estimate_for
 from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group
 from g5core.study.serving.screen import _lone, screen_layout
@@ -225,30 +225,72 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         bounded: list[Bounded] = []
         reporter = _Waves(_Progress(progress, "capacity"), len(cands)) if progress is not None else None
 
-        simulated_variants: dict = {}    # (pools, chunk) -> the candidates simulated with them
-        same_runs: dict = {}             # candidate index -> the index whose runs it takes
+        simulated_variants: dict = {}    # (pools, chunk) -> the candidates simulated with them, in order
+        same_runs: dict = {}             # candidate index -> the index whose capacity search it took
+        differs: set = set()             # (i, j): a run of j's made on i held or failed otherwise
 
-        def take_same_runs(i) -> bool:
-            """Candidate ``i`` takes the capacity search of a simulated max_num_seqs variant whose
-            runs never held ``max_num_seqs`` of either (see above); True when it did."""
+        def variant_runs(i):
+            """``(j, the runs of j to make again on i)`` for the first simulated max_num_seqs
+            variant ``j`` of candidate ``i`` with a trace of its runs (the runs in which a
+            scheduler held as many sequences as the lower of the two limits: only there can
+            the limit have stopped an admission), or None."""
             m = cands[i][0].max_num_seqs
             for j in simulated_variants.get(_variant(cands[i][0]), ()):
                 res = results[j] if results[j] is not None else bounded_cell.get(j)
-                peak = None if res is None else res.get("peak_running_seqs")
-                if peak is None or peak >= min(m, cands[j][0].max_num_seqs):
+                if (i, j) in differs or res is None or res.get("trace") is None:
                     continue
-                same_runs[i] = j
-                if results[j] is not None:
-                    results[i] = {**results[j], "label": cands[i][0].label(), "runs": 0,
-                                  "same_runs_as": cands[j][0].label()}
+                lim = min(m, cands[j][0].max_num_seqs)
+                return j, [k for k, (_, _, _, peak) in enumerate(res["trace"]) if peak is None or peak >= lim]
+            return None
+
+        def adopt(i, j, again: dict) -> None:
+            """Candidate ``i`` takes ``j``'s capacity search: every run of it holds or fails on
+            ``i`` as on ``j`` (the runs in ``again``, ``{place: [held, peak, summary]}``, were
+            made on ``i``; the others are ``i``'s bit for bit)."""
+            src = results[j] if results[j] is not None else bounded_cell[j]
+            trace = [list(t) for t in src["trace"]]
+            for k, (_, peak, _) in again.items():
+                trace[k][3] = peak
+            peaks = [t[3] for t in trace]
+            peak = None if any(p is None for p in peaks) else max(peaks, default=0)
+            same_runs[i] = j
+            simulated_variants.setdefault(_variant(cands[i][0]), []).append(i)
+            if results[j] is not None:
+                res = {**src, "label": cands[i][0].label(), "runs": len(again), "same_runs_as": cands[j][0].label(),
+                       "trace": trace, "peak_running_seqs": peak}
+                for place, field in ((src.get("held_run"), "held"), (src.get("failed_run"), "failed")):
+                    if place in again:
+                        res[field] = again[place][2]
+                results[i] = res
+            else:
+                bounded_cell[i], bounded_at[i] = {**src, "trace": trace, "peak_running_seqs": peak}, len(bounded)
+                bounded.append(attrs.evolve(bounded[bounded_at[j]], candidate=cands[i][0], estimate=estimates[i],
+                                            runs=len(again), source="same runs"))
+            if reporter is not None:
+                reporter.skip(1, "same runs")
+
+        def check_variants(checks) -> list:
+            """Make each ``(i, j, places)`` check's runs on ``i``; adopt ``j``'s search where every
+            run holds or fails as on ``j``. Returns the candidates that must be simulated."""
+            cells = []
+            for i, j, places in checks:
+                src = results[j] if results[j] is not None else bounded_cell[j]
+                runs = [src["trace"][k][:2] for k in places]
+                key = config_hash({"kind": "variant", **ident, "candidate": attrs.asdict(cands[i][0], recurse=True),
+                                   "settings": keyed, "runs": runs}, names)
+                cells.append((key, "variant", cands[i][0].label(), variant_cell,
+                              (base, cands[i][0], workload, settings.slo, settings, settle_s, tuple(disabled),
+                               runner_for, runs)))
+            again = []
+            for (i, j, places), res in zip(checks, _drive(table, kept, cells, None, workers)):
+                src = results[j] if results[j] is not None else bounded_cell[j]
+                if res["status"] == "ok" and all(src["trace"][k][2] == held
+                                                 for k, (held, _, _) in zip(places, res["runs"])):
+                    adopt(i, j, dict(zip(places, res["runs"])))
                 else:
-                    b = bounded[bounded_at[j]]
-                    bounded.append(attrs.evolve(b, candidate=cands[i][0], estimate=estimates[i], runs=0,
-                                                source="same runs"))
-                if reporter is not None:
-                    reporter.skip(1)
-                return True
-            return False
+                    differs.add((i, j))
+                    again.append(i)
+            return again
 
         bounded_cell: dict = {}   # candidate index -> its cell, when a failing run at the bar bounded it out
         bounded_at: dict = {}     # candidate index -> its place in ``bounded``
@@ -279,6 +321,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         # any scheduler of a simulated variant's runs held makes those runs, bit for bit (the
         # limit never stopped an admission), so it takes that capacity search as its own
         remaining = list(order)
+        place = {i: k for k, i in enumerate(order)}
         while remaining:
             kth = _kth_value(settings, cands, results) if use_bounds else None
             cut = next((p for p, i in enumerate(remaining) if upper[i] < kth), None) if kth is not None else None
@@ -290,10 +333,17 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 if reporter is not None:
                     reporter.skip(len(remaining) - cut)
                 remaining = remaining[:cut]
-            wave, later, keys = [], [], set()
+            wave, checks, later, keys = [], [], [], set()
             for i in remaining:
                 key = _variant(cands[i][0])
-                if len(wave) < WAVE and key not in keys:
+                plan = variant_runs(i)
+                if plan is not None and not plan[1]:
+                    adopt(i, plan[0], {})        # no run of j's reached either limit: j's runs are i's
+                elif len(wave) + len(checks) >= WAVE:
+                    later.append(i)
+                elif plan is not None:
+                    checks.append((i, *plan))
+                elif key not in keys:
                     wave.append(i)
                     keys.add(key)
                 else:
@@ -302,7 +352,9 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 simulate(wave, kth)
                 for i in wave:
                     simulated_variants.setdefault(_variant(cands[i][0]), []).append(i)
-            remaining = [i for i in later if not take_same_runs(i)]
+            if checks:
+                later += check_variants(checks)
+            remaining = sorted(later, key=place.get)
         # both answers: a side (aggregated, disaggregated) whose every candidate was bounded
         # out gets its best by the bounds' order simulated once, without the bar
         for side in (False, True):
@@ -336,7 +388,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
     simulated = [r for r in results if r is not None and "same_runs_as" not in r]
     cells = len(layouts) * (1 + (dsys is not None))   # a layout x chunk cell per system screened
     return ServeSearchResult(settings.objective, settings, cells, tuple(pruned), tuple(scored), len(simulated),
-                             skipped, sum(r.get("runs", 0) for r in simulated if r["status"] == "ok")
+                             skipped, sum(r.get("runs", 0) for r in results if r is not None and r["status"] == "ok")
                              + sum(b.runs for b in bounded),
                              None if own_db else str(db_path), tuple(bounded),
                              {cand.label(): e for (cand, _), e in zip(cands, estimated)}, len(same_runs))

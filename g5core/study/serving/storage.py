@@ -116,14 +116,16 @@ class _Progress:
     def _tally(self) -> str:
         return ", ".join(f"{v} {k}" for k, v in sorted(self.counts.items()))
 
-    def skip(self, n):
-        """``n`` candidates bounded out before their wave (never run: one update, one line)."""
+    def skip(self, n, status: str = "bounded"):
+        """``n`` candidates bounded out before their wave (never run: one update, one line),
+        or (``status`` "same runs") that took a max_num_seqs variant's capacity search."""
         if hasattr(self.inner, "bar"):
             self.inner.bar.update(n)
         elif hasattr(self.inner, "emit"):
-            self.counts["bounded"] = self.counts.get("bounded", 0) + n
-            self.inner.emit(f"{self.phase}: {n} more candidates bounded out (their bound is below the value at the "
-                            f"last ranked place); " + self._tally())
+            self.counts[status] = self.counts.get(status, 0) + n
+            if status == "bounded":
+                self.inner.emit(f"{self.phase}: {n} more candidates bounded out (their bound is below the value at "
+                                f"the last ranked place); " + self._tally())
 
     def close(self):
         if hasattr(self.inner, "close"):
@@ -164,9 +166,9 @@ class _Waves:
         self.done += 1
         self.inner.cell(self.done, label, payload)
 
-    def skip(self, n):
+    def skip(self, n, status: str = "bounded"):
         self.done += n
-        self.inner.skip(n)
+        self.inner.skip(n, status)
 
     def close(self):
         pass
