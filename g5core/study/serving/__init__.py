@@ -43,9 +43,11 @@ SLO limits, which deployment serves the most?
    tables (:mod:`g5core.study.serving.estimate`: the scheduler's steady state per instance,
    the prompts' queue of the run's own length and arrivals; the lower of the prefill and
    decode pools' for a disaggregated one); its bound is at most the estimate times ``1 +
-   ESTIMATE_MARGIN``, it needs no saturated run, and its bisection starts at
-   ``START_ESTIMATE_SHARE x estimate``. The estimate is not a proof either: the tests check
-   it against simulated capacities.
+   ESTIMATE_MARGIN``, it needs no saturated run, and its bisection starts at the estimate
+   times the median simulated/estimated capacity of its side (aggregated or disaggregated)
+   among the candidates simulated so far (:func:`~.driver.start_share`;
+   ``START_ESTIMATE_SHARE`` before any): only the start, which no bound uses. The estimate
+   is not a proof either: the tests check it against simulated capacities.
 5. **Capacity** of each candidate: the highest Poisson arrival rate at which the SLO holds
    (every named percentile under its limit, every request completed) on the workload's
    seed and on ``confirm`` further seeds (the capacity holds when every seed's run does
@@ -71,6 +73,15 @@ SLO limits, which deployment serves the most?
    capacity is below it (bounded out by simulation); an aggregated candidate without an
    estimate whose saturated run lowers its bound below that value stops there (bounded out
    too). The waves are fixed, so the candidates simulated do not depend on the workers.
+   **max_num_seqs variants** (one deployment, the same pools and chunk size) run in
+   different waves: every run records the most sequences any scheduler held at once
+   (``peak_running``, after admissions, per attention-DP rank). Below a limit, that limit
+   never stopped an admission, so a run below both variants' limits is the same run on
+   either, bit for bit. A later variant makes again only the simulated one's runs that
+   reached the lower limit (:func:`~.capacity.variant_cell`); when each holds or fails as
+   before, the simulated capacity search (the same rates, the same decisions) is its own
+   (``same_runs``, counted apart from the simulated); otherwise it is simulated. Within a
+   capacity search, a rate tried again on a seed is not run again.
    The Pareto front is the simulated candidates' front.
 7. **Ranking** by the objective: ``goodput_per_chip`` (requests/s per chip meeting the SLO
    at capacity), ``throughput_per_chip`` (output tokens/s per chip at capacity), or
