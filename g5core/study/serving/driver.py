@@ -228,6 +228,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         simulated_variants: dict = {}    # (pools, chunk) -> the candidates simulated with them, in order
         same_runs: dict = {}             # candidate index -> the index whose capacity search it took
         differs: set = set()             # (i, j): a run of j's made on i held or failed otherwise
+        wasted = [0]                     # runs of checks whose variant was then simulated
 
         def variant_runs(i):
             """``(j, the runs of j to make again on i)`` for the first simulated max_num_seqs
@@ -240,7 +241,12 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 if (i, j) in differs or res is None or res.get("trace") is None:
                     continue
                 lim = min(m, cands[j][0].max_num_seqs)
-                return j, [k for k, (_, _, _, peak) in enumerate(res["trace"]) if peak is None or peak >= lim]
+                places = [k for k, (_, _, _, peak) in enumerate(res["trace"]) if peak is None or peak >= lim]
+                # making most of j's runs again costs a capacity search of its own, and more
+                # when one of them then holds or fails otherwise: such a variant is simulated
+                if 2 * len(places) > len(res["trace"]):
+                    continue
+                return j, places
             return None
 
         def adopt(i, j, again: dict) -> None:
@@ -290,6 +296,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 else:
                     differs.add((i, j))
                     again.append(i)
+                    wasted[0] += len(res.get("runs") or ())   # made, then not used: still counted
             return again
 
         bounded_cell: dict = {}   # candidate index -> its cell, when a failing run at the bar bounded it out
@@ -389,7 +396,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
     cells = len(layouts) * (1 + (dsys is not None))   # a layout x chunk cell per system screened
     return ServeSearchResult(settings.objective, settings, cells, tuple(pruned), tuple(scored), len(simulated),
                              skipped, sum(r.get("runs", 0) for r in results if r is not None and r["status"] == "ok")
-                             + sum(b.runs for b in bounded),
+                             + sum(b.runs for b in bounded) + wasted[0],
                              None if own_db else str(db_path), tuple(bounded),
                              {cand.label(): e for (cand, _), e in zip(cands, estimated)}, len(same_runs))
 
