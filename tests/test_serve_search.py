@@ -662,3 +662,21 @@ def test_a_max_num_seqs_variant_takes_the_search_whose_every_run_holds_or_fails_
     # max_num_seqs 8 binds in some runs: a variant had those runs made again
     assert any(s.cell["runs"] > 0 for s in copies) or any(
         b.source == "same runs" and b.runs > 0 for b in result.bounded)
+
+
+def test_the_memory_of_an_attention_dp_candidate_reads_its_ranks_plan_cost():
+    """An attention-DP pool's cost (DpCost) has no step runner of its own: the HBM per chip
+    of its layout is its ranks' plan cost's (a capacity cell's summary of an attention-DP
+    candidate failed on it before)."""
+    import types
+
+    from g5core.serve.cost import DpCost, PlanCost
+    from g5core.study.serving import screen
+
+    rank = PlanCost(step_s=lambda groups: 0.01, kv_pool_bytes_per_chip=5.0)
+    screen._CAPACITY[id(rank.step_s)] = 80.0
+    try:
+        assert screen._hbm(types.SimpleNamespace(cost=DpCost(rank=rank, dp=2))) == 80.0
+        assert screen._hbm(types.SimpleNamespace(cost=rank)) == 80.0
+    finally:
+        screen._CAPACITY.pop(id(rank.step_s))

@@ -156,5 +156,6 @@ def refusal(exc: Exception) -> dict:
 
 
 def _hbm(pool) -> float:
-    return _CAPACITY.get(id(pool.cost.step_s), pool.cost.kv_pool_bytes_per_chip)
+    cost = getattr(pool.cost, "rank", pool.cost)     # an attention-DP instance's: its ranks' plan cost
+    return _CAPACITY.get(id(getattr(cost, "step_s", None)), pool.cost.kv_pool_bytes_per_chip)
 
