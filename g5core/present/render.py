@@ -364,8 +364,8 @@ def render_serve_best(result, top: int) -> str:
     st = result.settings
     lines = [f"serving search, SLO {st.slo}: {result.layouts} layout x chunk cells screened, {len(result.pruned)} "
              f"pruned; {result.candidates} candidates simulated ({result.runs} serving runs"
-             + (f"; {result.same_runs} more took the runs of a max_num_seqs variant whose batches never reached "
-                "their limit" if result.same_runs else "")
+             + (f"; {result.same_runs} more took a max_num_seqs variant's capacity search, its runs holding or "
+                "failing alike" if result.same_runs else "")
              + (f"; {len(result.bounded)} bounded out, {_bounded_by(result.bounded)}, as they cannot reach the top "
                 f"{st.top}" if result.bounded else "")
              + (f"; {result.skipped_by_beam} disaggregated layout pairs beyond --beam {st.beam} not tried"

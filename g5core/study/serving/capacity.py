@@ -235,10 +235,8 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
             return made[(rate, seed)]
         runs["n"] += 1
         res = made[(rate, seed)] = _seeded_run(session, workload, rate, seed, settle_s, settings)
-        peak = _peak_running(res, 0)
-        runs["peak"] = None if peak is None or runs.get("peak", 0) is None else max(peak, runs.get("peak", 0))
         at[id(res)] = len(trace)
-        trace.append([rate, seed, _holds(res), peak])
+        trace.append([rate, seed, _holds(res), _peak_running(res)])
         return res
     if estimate and floor is None:
         start_rate = start_share * estimate
@@ -258,11 +256,11 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
         return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
                 "upper": _upper_value(settings.objective, rate, cand, _longest_output(workload)), "kth": kth,
                 "runs": runs["n"], "failed_rate_per_s": rate, "source": "simulated",
-                "peak_running_seqs": runs.get("peak"), "trace": trace}
+                "peak_running_seqs": trace_peak(trace), "trace": trace}
     held, failed = found["held"], found["failed"]
     return {"status": "ok", "label": cand.label(), "disaggregated": cand.disaggregated, "chips": cand.chips,
             "capacity_requests_per_s": found["capacity"], "ceiling": found["ceiling"],
-            "runs": runs["n"], "failed_rate_per_s": found["failed_rate"], "peak_running_seqs": runs.get("peak"),
+            "runs": runs["n"], "failed_rate_per_s": found["failed_rate"], "peak_running_seqs": trace_peak(trace),
             "trace": trace, "held_run": None if held is None else at.get(id(held)),
             "failed_run": None if failed is None else at.get(id(failed)),
             "build_s": session.build_s, "saturated_requests_per_s": mu, "capacity_bound": bound, "saturated": sat,
@@ -289,23 +287,24 @@ def variant_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, se
         out = []
         for rate, seed in runs:
             res = _seeded_run(session, workload, rate, seed, settle_s, settings)
-            out.append([_holds(res), _peak_running(res, 0), _run_summary(res, session)])
+            out.append([_holds(res), _peak_running(res), _run_summary(res, session)])
         return {"status": "ok", "label": cand.label(), "runs": out}
     except (ConfigError, PluginError) as exc:
         return refusal(exc)
 
 
-def _peak_running(result, peak: Optional[int]) -> Optional[int]:
-    """The most sequences any scheduler of the run held at once (per attention-DP rank),
-    over ``peak`` (the earlier runs'); ``None`` once a scheduler does not say."""
-    if peak is None:
-        return None
-    for inst in result.loop.instances:
-        mine = getattr(inst.scheduler, "peak_running", None)
-        if mine is None:
-            return None
-        peak = max(peak, mine)
-    return peak
+def _peak_running(result) -> Optional[int]:
+    """The most sequences any scheduler of the run held at once (per attention-DP rank);
+    ``None`` when a scheduler does not say."""
+    peaks = [getattr(inst.scheduler, "peak_running", None) for inst in result.loop.instances]
+    return None if None in peaks else max(peaks, default=0)
+
+
+def trace_peak(trace: Sequence) -> Optional[int]:
+    """The most sequences any scheduler held over a capacity search's runs (its ``trace``
+    rows ``[rate, seed, held, peak]``); ``None`` when a run's schedulers did not say."""
+    peaks = [row[3] for row in trace]
+    return None if None in peaks else max(peaks, default=0)
 
 
 def _snap(rate: float, made: Mapping) -> float:

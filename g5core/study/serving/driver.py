@@ -17,7 +17,7 @@ from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
 from g5core.study.serving.bound import _estimate_bound, _kth_value, _upper_value, capacity_bound, role_rates
-from g5core.study.serving.capacity import START_ESTIMATE_SHARE, candidate_cell, variant_cell
+from g5core.study.serving.capacity import START_ESTIMATE_SHARE, candidate_cell, trace_peak, variant_cell
 from g5core.study.serving.estimate import Estimator, estimate_for
 from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group
 from g5core.study.serving.screen import _lone, screen_layout
@@ -130,9 +130,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                                      f"one request alone takes {res['lone_ttft_s']:.4g} s to its first token "
                                      f"(limit {ttft_miss[0].key} {ttft_miss[0].limit_s:.4g} s)"))
             elif tpot_miss:
-                pruned.append(Pruned(par, c, chunk, "lone decode misses TPOT",
-                                     f"one request alone decodes at {res['lone_tpot_s'] * 1e3:.4g} ms per token "
-                                     f"(limit {tpot_miss[0].key} {tpot_miss[0].limit_s * 1e3:.4g} ms)"))
+                pruned.append(_tpot_pruned(par, c, chunk, res, tpot_miss[0]))
             else:
                 pruned.append(Pruned(par, c, chunk, "lone request misses E2E",
                                      f"one request alone takes {_lone_e2e_s(res, res, fewest):.4g} s to its last "
@@ -145,9 +143,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             elif res["status"] != "ok":
                 pruned.append(Pruned(par, c, chunk, f"{res['family']} (decode on {dsys})", res["reason"]))
             else:
-                pruned.append(Pruned(par, c, chunk, f"lone decode misses TPOT (decode on {dsys})",
-                                     f"one request alone decodes at {res['lone_tpot_s'] * 1e3:.4g} ms per token on "
-                                     f"{dsys} (limit {tpot_miss[0].key} {tpot_miss[0].limit_s * 1e3:.4g} ms)"))
+                pruned.append(_tpot_pruned(par, c, chunk, res, tpot_miss[0], dsys))
 
         # 2. candidates
         cands: list[tuple[Candidate, float]] = []
@@ -230,6 +226,10 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         differs: set = set()             # (i, j): a run of j's made on i held or failed otherwise
         wasted = [0]                     # runs of checks whose variant was then simulated
 
+        def cell_of(j):
+            """A simulated candidate's cell: its result, or the cell that bounded it out."""
+            return results[j] if results[j] is not None else bounded_cell.get(j)
+
         def variant_runs(i):
             """``(j, the runs of j to make again on i)`` for the first simulated max_num_seqs
             variant ``j`` of candidate ``i`` with a trace of its runs (the runs in which a
@@ -237,7 +237,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             the limit have stopped an admission), or None."""
             m = cands[i][0].max_num_seqs
             for j in simulated_variants.get(_variant(cands[i][0]), ()):
-                res = results[j] if results[j] is not None else bounded_cell.get(j)
+                res = cell_of(j)
                 if (i, j) in differs or res is None or res.get("trace") is None:
                     continue
                 lim = min(m, cands[j][0].max_num_seqs)
@@ -253,12 +253,11 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             """Candidate ``i`` takes ``j``'s capacity search: every run of it holds or fails on
             ``i`` as on ``j`` (the runs in ``again``, ``{place: [held, peak, summary]}``, were
             made on ``i``; the others are ``i``'s bit for bit)."""
-            src = results[j] if results[j] is not None else bounded_cell[j]
+            src = cell_of(j)
             trace = [list(t) for t in src["trace"]]
             for k, (_, peak, _) in again.items():
                 trace[k][3] = peak
-            peaks = [t[3] for t in trace]
-            peak = None if any(p is None for p in peaks) else max(peaks, default=0)
+            peak = trace_peak(trace)
             same_runs[i] = j
             simulated_variants.setdefault(_variant(cands[i][0]), []).append(i)
             if results[j] is not None:
@@ -280,7 +279,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             run holds or fails as on ``j``. Returns the candidates that must be simulated."""
             cells = []
             for i, j, places in checks:
-                src = results[j] if results[j] is not None else bounded_cell[j]
+                src = cell_of(j)
                 runs = [src["trace"][k][:2] for k in places]
                 key = config_hash({"kind": "variant", **ident, "candidate": attrs.asdict(cands[i][0], recurse=True),
                                    "settings": keyed, "runs": runs}, names)
@@ -289,7 +288,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                                runner_for, runs)))
             again = []
             for (i, j, places), res in zip(checks, _drive(table, kept, cells, None, workers)):
-                src = results[j] if results[j] is not None else bounded_cell[j]
+                src = cell_of(j)
                 if res["status"] == "ok" and all(src["trace"][k][2] == held
                                                  for k, (held, _, _) in zip(places, res["runs"])):
                     adopt(i, j, dict(zip(places, res["runs"])))
@@ -324,9 +323,9 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                     results[i] = res
 
         # max_num_seqs variants of one deployment (the same pools and chunk size) run in
-        # different waves, best bound first: a variant whose limit is above the most sequences
-        # any scheduler of a simulated variant's runs held makes those runs, bit for bit (the
-        # limit never stopped an admission), so it takes that capacity search as its own
+        # different waves, best bound first; a later one makes again only the simulated one's
+        # runs that reached the lower limit (the others are its runs, bit for bit) and takes
+        # that capacity search as its own where each holds or fails alike (variant_runs)
         remaining = list(order)
         place = {i: k for k, i in enumerate(order)}
         while remaining:
@@ -415,6 +414,14 @@ def start_share(cands, results, estimates, disaggregated: bool) -> float:
         ratios[cand.disaggregated].append(res["capacity_requests_per_s"] / est)
     pick = sorted(ratios[disaggregated] or ratios[not disaggregated])
     return pick[(len(pick) - 1) // 2] if pick else START_ESTIMATE_SHARE
+
+
+def _tpot_pruned(par, chips: int, chunk: int, res: Mapping, limit, system=None) -> Pruned:
+    """A layout whose lone decode misses a TPOT limit (on ``system``, --decode-system's, when given)."""
+    on = f" on {system}" if system else ""
+    return Pruned(par, chips, chunk, "lone decode misses TPOT" + (f" (decode on {system})" if system else ""),
+                  f"one request alone decodes at {res['lone_tpot_s'] * 1e3:.4g} ms per token{on} "
+                  f"(limit {limit.key} {limit.limit_s * 1e3:.4g} ms)")
 
 
 def _variant(cand: Candidate) -> tuple:

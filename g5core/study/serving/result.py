@@ -224,7 +224,7 @@ class Bounded:
 
     def reason(self) -> str:
         if self.source in ("simulated", "same runs"):
-            same = (" (the runs of a max_num_seqs variant, whose batches never reached either limit)"
+            same = (" (a max_num_seqs variant's capacity search, whose runs hold or fail alike on both)"
                     if self.source == "same runs" else "")
             return (f"a run at {self.capacity_bound:.4g} req/s misses the SLO{same}, so its capacity is below that: "
                     f"at most {self.upper:.4g} per chip, not above the {self._kth_name()} ({self.kth:.4g})")

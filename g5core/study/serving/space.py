@@ -244,7 +244,6 @@ def _longest_output(workload: Mapping) -> int:
 
 
 def _shortest_output(workload: Mapping) -> int:
-
     return min(r.output_tokens for r in synthetic(workload).requests)
 
 
