@@ -7,8 +7,9 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from g5core.api.errors import ConfigError, PluginError
+from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.inputs.serving import parse_slo
+from g5core.serve.session import MissedRun
 from g5core.study.serving.bound import _bar_rate, _estimate_bound, _upper_value, capacity_bound
 from g5core.study.serving.estimate import narrow
 from g5core.study.serving.screen import _hbm, _session, refusal
@@ -251,6 +252,9 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
                             bound if floor is None else None, bar, gallop=bool(estimate) and floor is None)
     if not found["below_bar"] and seeds and found["capacity"] > 0:
         found = confirm(found, run, seeds, settings.tolerance, bar, lambda r: _snap(r, made))
+    if not found["below_bar"] and isinstance(found["failed"], MissedRun):
+        found = {**found, "failed": _whole(found["failed"], trace, at, made, runs, lambda rate, seed: _seeded_run(
+            session, workload, rate, seed, settle_s, settings, stop_at_miss=False))}
     if found["below_bar"]:
         rate = found["failed_rate"]
         return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
@@ -268,10 +272,29 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
             "failed": None if failed is None else _run_summary(failed, session)}
 
 
-def _seeded_run(session, workload: Mapping, rate: float, seed: int, settle_s: float, settings: SearchSettings):
-    """One capacity run: the workload at ``rate`` on ``seed``, with the search's request count."""
+def _seeded_run(session, workload: Mapping, rate: float, seed: int, settle_s: float, settings: SearchSettings,
+                stop_at_miss: bool = True):
+    """One capacity run: the workload at ``rate`` on ``seed``, with the search's request count.
+    ``stop_at_miss``: a run whose SLO verdict is sure to be missed stops there (a
+    :class:`~g5core.serve.session.MissedRun`: the search needs only its verdict)."""
     n = run_requests(workload, rate, settle_s, settings.settle)
-    return session.run(_at_rate({**workload, "requests": n, "seed": seed}, rate))
+    return session.run(_at_rate({**workload, "requests": n, "seed": seed}, rate), stop_at_miss=stop_at_miss)
+
+
+def _whole(missed, trace: list, at: dict, made: dict, runs: dict, run_whole):
+    """The reported failed run of a capacity search, made again to its end where it was
+    stopped at its miss (its figures go in the result): counted in ``runs``, in the same
+    row of ``trace`` (the row's peak becomes the whole run's)."""
+    row = at[id(missed)]
+    rate, seed = trace[row][0], trace[row][1]
+    runs["n"] += 1
+    whole = made[(rate, seed)] = run_whole(rate, seed)
+    if _holds(whole):
+        raise G5Error(f"a serving run at {rate:g} requests/s stopped at a sure SLO miss holds the SLO when run "
+                      "to its end (a G5 bug)")
+    at[id(whole)] = row
+    trace[row][3] = _peak_running(whole)
+    return whole
 
 
 def variant_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
@@ -285,8 +308,8 @@ def variant_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, se
         session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])},
                                          1.0), slo, disabled, runner_for)
         out = []
-        for rate, seed in runs:
-            res = _seeded_run(session, workload, rate, seed, settle_s, settings)
+        for rate, seed in runs:   # whole runs: the driver takes their figures for the variant's
+            res = _seeded_run(session, workload, rate, seed, settle_s, settings, stop_at_miss=False)
             out.append([_holds(res), _peak_running(res), _run_summary(res, session)])
         return {"status": "ok", "label": cand.label(), "runs": out}
     except (ConfigError, PluginError) as exc:
@@ -296,6 +319,8 @@ def variant_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, se
 def _peak_running(result) -> Optional[int]:
     """The most sequences any scheduler of the run held at once (per attention-DP rank);
     ``None`` when a scheduler does not say."""
+    if isinstance(result, MissedRun):
+        return result.peak_running
     peaks = [getattr(inst.scheduler, "peak_running", None) for inst in result.loop.instances]
     return None if None in peaks else max(peaks, default=0)
 
