@@ -21,6 +21,7 @@ import attrs
 from g5core.api.errors import G5Error
 from g5core.inputs.serving import SloLimit
 from g5core.serve.cost import StepWork
+from g5core.serve.router import RoundRobin
 from g5core.serve.scheduler import SchedulerSettings, Seq, VllmScheduler
 from g5core.serve.workload import Workload
 
@@ -243,6 +244,14 @@ class ServingLoop:
         self.fast = fast and not workload.closed
         self.arrivals = sorted(r.arrival_s for r in reqs) if self.fast else []
         self.arrived = 0
+        # a round-robin first pool of an aggregated fleet: the j-th arrival goes to instance
+        # (offset + j) % instances whatever the instances' state, so only the arrivals bound
+        # for an instance can touch it (its runs of decode steps go past the others'). A
+        # disaggregated fleet keeps every arrival: it may start a prefill whose KV reaches
+        # any decode instance
+        first = fleet.pools[0]
+        self.rr = (None if not self.fast or self.split or type(first.router) is not RoundRobin
+                   or first.instances == 1 else (first.router.next, first.instances))
         self.watch: list = []
         self.done = self.steps = 0
         self.now = 0.0
@@ -269,12 +278,17 @@ class ServingLoop:
                                                     and a.pool.role == "prefill")):
             heapq.heappush(self.watch, t)
 
-    def _horizon(self, now: float) -> float:
+    def _horizon(self, now: float, inst: Instance) -> float:
+        """The time of the next event that can touch or read ``inst`` (see ``watch``)."""
         watch = self.watch
         while watch and watch[0] < now:
             heapq.heappop(watch)
         h = watch[0] if watch else math.inf
-        return min(h, self.arrivals[self.arrived]) if self.arrived < self.n else h
+        j = self.arrived
+        if self.rr is not None:   # its own next arrival
+            offset, count = self.rr
+            j += (inst.index - offset - j) % count
+        return min(h, self.arrivals[j]) if j < self.n else h
 
     def peek(self) -> float:
         """The time of the next event (``inf`` when none is left)."""
@@ -352,7 +366,7 @@ class ServingLoop:
         """The instance's next step: a run of decode steps first where nothing can see it."""
         sched = inst.scheduler
         if self.fast and type(sched) is VllmScheduler and sched.running and inst.pool.role != "prefill":
-            ran, now = _decode_run(inst, now, self._horizon(now))
+            ran, now = _decode_run(inst, now, self._horizon(now, inst))
             self.steps += ran
         io = getattr(sched, "io", False)   # a plugin's scheduler may not say
         if io:
