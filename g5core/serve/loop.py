@@ -509,11 +509,13 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
         return 0, now
     contexts.sort()
     cost = inst.pool.cost
-    decode_s = getattr(cost, "decode_latency_s", None)
-    if decode_s is None:
-        def decode_s(contexts, j, total, latency_s=cost.latency_s):
-            return latency_s(StepWork((), tuple(c + j for c in contexts)))
     contexts = tuple(contexts)
+    stepper = getattr(cost, "decode_stepper", None)
+    if stepper is not None:
+        decode_s = stepper(contexts)
+    else:
+        def decode_s(j, total, latency_s=cost.latency_s):
+            return latency_s(StepWork((), tuple(c + j for c in contexts)))
     total = sum(contexts)
     free = sched.free_blocks
     used = sched.used_blocks
@@ -528,7 +530,7 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
         need += residues[-j % bs]
         if need > free:
             break
-        end = t + decode_s(contexts, j, total + j * b)
+        end = t + decode_s(j, total + j * b)
         if end >= horizon:
             break
         rows.extend((t, end, 0, b, used + need, b, waiting))
