@@ -61,7 +61,7 @@ def capacity_search(run, start_rate: float, tolerance: float, max_rate: float,
     ``gallop`` (a start from an estimate of the capacity): from the start the rate moves by
     ``1 + tolerance`` up (while the SLO holds) or down (while it does not), the factor
     squared at each step, to a bracket, then bisects; an estimate within the tolerance
-    takes two runs."""
+    takes two runs. Downwards no step goes past ``bar``: the bar's rate is tried instead."""
     results: dict = {}
 
     def ok(rate: float) -> bool:
@@ -101,7 +101,7 @@ def _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, b
         else:
             hi = rate
             while True:
-                nxt = hi / step
+                nxt = _not_past(hi / step, bar, hi)
                 if nxt < rate * 1e-4:
                     return done(0.0, hi)
                 if ok(nxt):
@@ -113,7 +113,7 @@ def _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, b
             return done(0.0, rate)
         hi = rate
         while True:  # downwards until it holds (a lone request met it, so a low rate will)
-            rate /= 2
+            rate = _not_past(rate / 2, bar, hi)
             if rate < hi * 1e-4:
                 return done(0.0, hi)
             if ok(rate):
@@ -144,6 +144,13 @@ def _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, b
                 hi = rate
     lo, hi = narrow(ok, lo, hi, tolerance)
     return done(lo, hi)
+
+
+def _not_past(rate: float, bar: Optional[float], hi: float) -> float:
+    """The next rate down from a failing ``hi``: ``rate``, or ``bar`` where ``rate`` would step
+    past it (a failing run at the bar ends the search at once, and a holding one leaves the
+    tightest bracket the step allowed)."""
+    return bar if bar is not None and rate < bar < hi else rate
 
 
 def _run_summary(result, session) -> dict:
