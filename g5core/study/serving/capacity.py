@@ -12,7 +12,7 @@ from g5core.inputs.serving import parse_slo
 from g5core.serve.session import MissedRun
 from g5core.study.serving.bound import _bar_rate, _estimate_bound, _upper_value, capacity_bound
 from g5core.study.serving.estimate import narrow
-from g5core.study.serving.screen import _hbm, _session, refusal
+from g5core.study.serving.screen import _hbm, _session, refusal, seed_runners
 from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, SearchSettings, _at_rate, _longest_output,
                                         candidate_config, run_requests)
 
@@ -185,7 +185,8 @@ def _pool_peak_use(result) -> list[float]:
 def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
                    start_rate: float, settle_s: float, disabled=(), runner_for=None,
                    roles: Optional[Mapping] = None, kth: Optional[float] = None,
-                   estimate: Optional[float] = None, start_share: float = START_ESTIMATE_SHARE) -> dict:
+                   estimate: Optional[float] = None, start_share: float = START_ESTIMATE_SHARE,
+                   engine_points: Optional[Mapping] = None) -> dict:
     """A candidate's capacity (a bisection over the rate, see the module doc) and its runs at
     the capacity and at the first failing rate. ``roles``: its roles' bound
     (:func:`role_rates`); with it, an aggregated candidate first measures its saturated
@@ -197,7 +198,10 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
     ``roles``) the saturated run is left out, the bound is at most the estimate times ``1 +
     ESTIMATE_MARGIN``, and the bisection starts at ``start_share x estimate`` (the driver's
     calibrated share, :func:`~g5core.study.serving.driver.start_share`; by default
-    ``START_ESTIMATE_SHARE``)."""
+    ``START_ESTIMATE_SHARE``). ``engine_points``: its layouts' step latencies from their
+    screens (:func:`~g5core.study.serving.screen.seed_runners`; the same figures, not
+    simulated again)."""
+    seed_runners(engine_points)
     try:
         return _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disabled, runner_for, roles, kth,
                          estimate, start_share)
@@ -305,11 +309,13 @@ def _whole(missed, trace: list, at: dict, made: dict, runs: dict, run_whole):
 
 
 def variant_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
-                 settle_s: float, disabled, runner_for, runs: Sequence) -> dict:
+                 settle_s: float, disabled, runner_for, runs: Sequence, engine_points: Optional[Mapping] = None) -> dict:
     """A max_num_seqs variant's check (the driver's ``variant_runs``): ``runs`` (``[rate,
     seed]`` each, the runs of a simulated variant whose batches reached either's limit)
     made on ``cand``: ``{"runs": [[held, peak, summary], ...]}``. Where every run holds or
-    fails as the variant's did, the variant's capacity search is ``cand``'s, run for run."""
+    fails as the variant's did, the variant's capacity search is ``cand``'s, run for run.
+    ``engine_points``: as :func:`candidate_cell`'s."""
+    seed_runners(engine_points)
     try:
         raw = candidate_config(base, cand, workload, slo, None)
         session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])},
