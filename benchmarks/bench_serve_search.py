@@ -17,6 +17,7 @@ simulated, bounded out by the branch and bound, serving runs), the settings and 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -178,8 +179,7 @@ def one_candidate(args, raw, workload, settings, load0) -> None:
         roles = ss.role_rates(screen, screen, pool.instances, pool.instances, cand.max_num_seqs, cand.chunk,
                               _lone(wl).requests[0], [l for l in limits if l.metric in ("tpot", "itl")])
     if args.step_by_step:
-        plain = loop.serve_requests
-        session.serve_requests = lambda fleet, w: plain(fleet, w, fast=False)
+        session.ServingLoop = functools.partial(loop.ServingLoop, fast=False)
     t0, c0 = time.perf_counter(), time.process_time()
     cell = ss.candidate_cell(raw, cand, wl, args.slo, settings, pool.instances / screen["lone_e2e_s"], settle_s,
                              (), None, roles)

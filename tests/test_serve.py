@@ -343,12 +343,46 @@ def test_decode_runs_give_the_step_by_step_result(router):
     full batch with a queue, prompts ending on a block boundary, several instances."""
     w = synthetic({"requests": 300, "arrival": {"kind": "gamma", "rate_per_s": 12, "cv": 2},
                    "input_tokens": "uniform:16:900", "output_tokens": "uniform:2:400", "seed": 5})
-    for blocks, seqs in ((None, 256), (None, 8), (180, 64)):
+    for blocks, seqs, instances in ((None, 256, 2), (None, 8, 2), (None, 16, 4), (180, 64, 2)):
         cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=2e6)
-        res = _same_runs(Fleet((pool(cost, instances=2, blocks=blocks, router=router(), max_num_seqs=seqs,
+        res = _same_runs(Fleet((pool(cost, instances=instances, blocks=blocks, router=router(), max_num_seqs=seqs,
                                           max_num_batched_tokens=512),)), w)
         assert check_invariants(res)["kv_blocks_left_at_end"] == 0
     assert res.preemptions > 0  # the small pool preempted
+
+
+def test_decode_runs_past_other_instances_arrivals_under_round_robin():
+    """Under round robin an instance's runs of decode steps stop only at its own arrivals
+    (the router reads no state): the same steps as one event per step, also when the
+    router's turn does not start at instance 0; fewer loop events than stopping at all."""
+    w = synthetic({"requests": 200, "arrival": {"kind": "poisson", "rate_per_s": 20}, "input_tokens": 300,
+                   "output_tokens": "uniform:50:300", "seed": 7})
+    cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=2e6)
+
+    def fleet(turn):
+        router = RoundRobin()
+        router.next = turn
+        return Fleet((pool(cost, instances=3, router=router, max_num_seqs=64),))
+    for turn in (0, 2):
+        slow = serve_requests(fleet(turn), w, fast=False)
+        loop = ServingLoop(fleet(turn), w)
+        fast = loop.run()
+        assert [i.steps for i in fast.instances] == [i.steps for i in slow.instances]
+        assert fast.requests.itl_s == slow.requests.itl_s and summary(fast) == summary(slow)
+        assert loop.rr == (turn, 3)
+    events = 0
+    other = ServingLoop(fleet(2), w)
+    other.rr = None     # every arrival stops every instance's run: more events, the same steps
+    while other.heap:
+        other.step()
+        events += 1
+    assert [i.steps for i in other.result().instances] == [i.steps for i in fast.instances]
+    ours = ServingLoop(fleet(2), w)
+    mine = 0
+    while ours.heap:
+        ours.step()
+        mine += 1
+    assert mine < events
 
 
 def test_decode_runs_match_with_the_engine_and_disaggregation():

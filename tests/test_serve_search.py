@@ -92,6 +92,25 @@ def test_capacity_bisection_brackets_the_threshold_within_the_tolerance():
     assert capacity_search(run, 1.0, 0.05, 1000.0, floor_rate=20.0)["capacity"] == 0.0
 
 
+@pytest.mark.parametrize("gallop", [False, True])
+def test_a_falling_capacity_search_tries_the_bar_instead_of_stepping_past_it(gallop):
+    """From a failing start the rate steps down; where a step would pass the bar (the rate
+    the candidate must reach to matter) the bar is tried: failing there ends the search
+    (below the bar), holding there brackets the capacity within the step."""
+    def search(threshold, bar):
+        calls = []
+
+        def run(rate):
+            calls.append(rate)
+            return _Fake(rate <= threshold)
+        return capacity_search(run, 12.0, 0.05, 1000.0, bar=bar, gallop=gallop), calls
+    below, calls = search(9.0, 10.0)
+    assert below["below_bar"] and calls[-1] == 10.0 and all(r >= 10.0 for r in calls)
+    held, calls = search(10.2, 10.0)
+    assert not held["below_bar"] and 10.0 in calls and 10.2 / 1.05 <= held["capacity"] <= 10.2
+    assert all(r >= 10.0 for r in calls)
+
+
 SLO = "ttft_p90=1s,tpot_p90=40ms"
 WL = {"requests": 60, "arrival": {"kind": "poisson"}, "input_tokens": 2000, "output_tokens": 16, "seed": 0}
 SPACE = SearchSettings(slo=SLO, chunks=(1024,), seqs=(4, 16), vary=("tp",), disagg="off")

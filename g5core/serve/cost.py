@@ -231,27 +231,27 @@ class PlanCost:
         ``c``: it is close to proportional to ``b * c`` (within 0.01% for llama-3.1-70b tp8
         at b = 26..250, 0.6% at b = 9). The grid cells' end points are kept (``_cells``):
         the same arithmetic as :func:`_interp`, without its calls."""
-        cells = self._cells
         x = max(c, 1.0)
-
-        def at(bb: int) -> float:
-            lo = grid_below(x)
-            cell = cells.get((bb, lo))
-            if cell is None:
-                hi = grid_above(lo + 0.5)
-                gb = self.g(bb)
-                cell = cells[(bb, lo)] = (hi, self.d(bb, lo) - gb, self.d(bb, hi) - gb)
-            hi, f_lo, f_hi = cell
-            if lo >= x:     # on a grid point
-                return f_lo
-            w = max(x - lo, 0.0) / (hi - lo)
-            return (1 - w) * f_lo + w * f_hi
         lo = 1 << (2 * ((b.bit_length() - 1) // 2))
         if lo == b:
-            return at(b)
+            return self._attention_at(b, x)
         hi = 4 * lo
         w = (b - lo) / (hi - lo)
-        return (1 - w) * at(lo) + w * at(hi)
+        return (1 - w) * self._attention_at(lo, x) + w * self._attention_at(hi, x)
+
+    def _attention_at(self, bb: int, x: float) -> float:
+        """``D(bb, x) - G(bb)`` along the grid of the context ``x >= 1`` (see :meth:`_attention`)."""
+        lo = grid_below(x)
+        cell = self._cells.get((bb, lo))
+        if cell is None:
+            hi = grid_above(lo + 0.5)
+            gb = self.g(bb)
+            cell = self._cells[(bb, lo)] = (hi, self.d(bb, lo) - gb, self.d(bb, hi) - gb)
+        hi, f_lo, f_hi = cell
+        if lo >= x:     # on a grid point
+            return f_lo
+        w = max(x - lo, 0.0) / (hi - lo)
+        return (1 - w) * f_lo + w * f_hi
 
     def latency_s(self, work: StepWork, exact: Optional[bool] = None) -> float:
         exact = self.exact if exact is None else exact
@@ -270,12 +270,27 @@ class PlanCost:
         runs of decode steps)."""
         if self.exact:
             return self.latency_s(StepWork((), tuple(c + j for c in contexts)))
+        return self.decode_stepper(contexts)(j, total)
+
+    def decode_stepper(self, contexts: tuple) -> Callable[[int, int], float]:
+        """``(j, total) -> decode_latency_s(contexts, j, total)``, with what does not change
+        along a run of decode steps (the batch, its token-proportional part) worked out once."""
+        if self.exact:
+            return lambda j, total: self.latency_s(StepWork((), tuple(c + j for c in contexts)))
         b = len(contexts)
-        key = ((), b, total)
-        hit = self._steps.get(key)
-        if hit is None:
-            hit = self._steps[key] = (_interp(self.g, b) + self._attention(b, key[2] / b), (contexts, j))
-        return hit[0]
+        steps, attention = self._steps, self._attention
+        tokens_s = None     # G at b, on the first step not cached (the engine runs as it did before)
+
+        def step_s(j: int, total: int) -> float:
+            nonlocal tokens_s
+            key = ((), b, total)
+            hit = steps.get(key)
+            if hit is None:
+                if tokens_s is None:
+                    tokens_s = _interp(self.g, b)
+                hit = steps[key] = (tokens_s + attention(b, total / b), (contexts, j))
+            return hit[0]
+        return step_s
 
     def predicted_steps(self) -> list[StepWork]:
         """The distinct steps the predictor answered, in the order first asked."""

@@ -19,7 +19,9 @@ from typing import Callable, Optional, Sequence
 import attrs
 
 from g5core.api.errors import G5Error
+from g5core.inputs.serving import SloLimit
 from g5core.serve.cost import StepWork
+from g5core.serve.router import RoundRobin
 from g5core.serve.scheduler import SchedulerSettings, Seq, VllmScheduler
 from g5core.serve.workload import Workload
 
@@ -126,6 +128,86 @@ class LoopResult:
     requests_time_s: float = 0.0   # integral over time of the requests in the system
 
 
+#: a value counts as over its limit when above ``limit x (1 + MISS_MARGIN)``: the run's
+#: percentile (numpy's interpolation) can come out an ulp below the order statistic that
+#: bounds it, and a run stopped on a sure miss must be one the whole run misses
+MISS_MARGIN = 1e-9
+
+
+class MissWatch:
+    """Tells, while a run goes on, when its SLO verdict (:func:`g5core.serve.metrics.goodput`)
+    is sure to be ``missed``: a capacity search's failing runs need not run to their end.
+
+    For a limit on percentile ``p`` over ``m`` values (every request for TTFT, queueing and
+    end to end; those of more than one output token for TPOT), numpy's linear percentile is
+    at least the sorted values' element ``floor(p / 100 (m - 1))``, so it is over the limit
+    once ``m - floor(p / 100 (m - 1))`` values are; a limit on every request is missed at
+    its first value over. A value counts when it is known: a request's queueing at its
+    first step, its TTFT at its first token (disaggregated: when its KV will reach the
+    decode pool), TPOT and end to end when it finishes; and, for open workloads, a request
+    that arrived more than the limit ago without its first step, first token or last
+    token is over already (however few are recorded over, at least ``arrived before now -
+    limit`` less every value recorded within the limit are). ``itl`` limits are not
+    watched (a run with one runs to its end). Exact: a run is stopped only when the whole
+    run would miss."""
+
+    __slots__ = ("checks", "sure", "arrivals")
+
+    #: the metrics watched, and what the loop records them at
+    METRICS = ("queue", "ttft", "tpot", "e2e")
+
+    def __init__(self, limits: Sequence[SloLimit], requests: Sequence, closed: bool = False):
+        n = len(requests)
+        multi = sum(1 for r in requests if r.output_tokens > 1)
+        self.arrivals = None if closed else sorted(r.arrival_s for r in requests)
+        self.checks: dict = {}
+        for lim in limits:
+            if lim.metric not in self.METRICS:
+                continue
+            m = multi if lim.metric == "tpot" else n
+            if not m:
+                continue
+            need = 1 if lim.percentile is None else m - math.floor(lim.percentile / 100 * (m - 1))
+            # [threshold, values needed over it, recorded over, recorded within, arrivals passed]
+            self.checks.setdefault(lim.metric, []).append([lim.limit_s * (1 + MISS_MARGIN), need, 0, 0, 0])
+        self.sure = False
+
+    @classmethod
+    def of(cls, limits: Sequence[SloLimit], workload: Workload) -> Optional["MissWatch"]:
+        """A watch for ``limits`` on ``workload``; ``None`` when none of them is watched."""
+        watch = cls(limits, workload.requests, workload.closed)
+        return watch if watch.checks else None
+
+    def see(self, metric: str, value_s: float) -> None:
+        """A request's ``metric`` became known."""
+        for c in self.checks.get(metric, ()):
+            if value_s > c[0]:
+                c[2] += 1
+                if c[2] >= c[1]:
+                    self.sure = True
+            else:
+                c[3] += 1
+
+    def at(self, now: float) -> None:
+        """Time passed to ``now``: the requests that waited longer than a limit count."""
+        arrivals = self.arrivals
+        if arrivals is None:
+            return
+        n = len(arrivals)
+        for metric in ("queue", "ttft", "e2e"):
+            for c in self.checks.get(metric, ()):
+                k, before = c[4], now - c[0]
+                while k < n and arrivals[k] < before:
+                    k += 1
+                c[4] = k
+                if k - c[3] >= c[1]:
+                    self.sure = True
+
+
+class Missed(Exception):
+    """Raised inside a :class:`ServingLoop` whose :class:`MissWatch` is sure of a miss."""
+
+
 class ServingLoop:
     """The request-level discrete-event simulation of ``fleet`` serving ``workload``, in
     SimPy's shape: :meth:`step` processes the next event, :meth:`run` processes events up to
@@ -138,10 +220,13 @@ class ServingLoop:
     has work. Ties in time are broken by the order the events were made.
 
     ``fast``: run the stretches of decode-only steps that nothing else can see in one go
-    (:func:`_decode_run`: the same steps, latencies and tokens as one event per step)."""
+    (:func:`_decode_run`: the same steps, latencies and tokens as one event per step).
+
+    ``miss`` (a :class:`MissWatch`): :meth:`run` stops as soon as the run's SLO verdict is
+    sure to be missed (``missed`` is then true, and :meth:`run` returns ``None``)."""
 
     def __init__(self, fleet: Fleet, workload: Workload, progress: Optional[Callable[[int, int], None]] = None,
-                 fast: bool = True):
+                 fast: bool = True, miss: Optional[MissWatch] = None):
         self._t_wall = time.perf_counter()
         self.fleet, self.workload, self.progress = fleet, workload, progress
         reqs = self.requests = workload.requests
@@ -159,6 +244,14 @@ class ServingLoop:
         self.fast = fast and not workload.closed
         self.arrivals = sorted(r.arrival_s for r in reqs) if self.fast else []
         self.arrived = 0
+        # a round-robin first pool of an aggregated fleet: the j-th arrival goes to instance
+        # (offset + j) % instances whatever the instances' state, so only the arrivals bound
+        # for an instance can touch it (its runs of decode steps go past the others'). A
+        # disaggregated fleet keeps every arrival: it may start a prefill whose KV reaches
+        # any decode instance
+        first = fleet.pools[0]
+        self.rr = (None if not self.fast or self.split or type(first.router) is not RoundRobin
+                   or first.instances == 1 else (first.router.next, first.instances))
         self.watch: list = []
         self.done = self.steps = 0
         self.now = 0.0
@@ -174,6 +267,8 @@ class ServingLoop:
             for k, r in enumerate(reqs):
                 self._push(r.arrival_s, Event.ARRIVAL, k)
         self._result: Optional[LoopResult] = None
+        self.miss = miss
+        self.missed = False
 
     # -- the event queue -------------------------------------------------------------------
     def _push(self, t: float, kind: int, a, b=None) -> None:
@@ -183,12 +278,17 @@ class ServingLoop:
                                                     and a.pool.role == "prefill")):
             heapq.heappush(self.watch, t)
 
-    def _horizon(self, now: float) -> float:
+    def _horizon(self, now: float, inst: Instance) -> float:
+        """The time of the next event that can touch or read ``inst`` (see ``watch``)."""
         watch = self.watch
         while watch and watch[0] < now:
             heapq.heappop(watch)
         h = watch[0] if watch else math.inf
-        return min(h, self.arrivals[self.arrived]) if self.arrived < self.n else h
+        j = self.arrived
+        if self.rr is not None:   # its own next arrival
+            offset, count = self.rr
+            j += (inst.index - offset - j) % count
+        return min(h, self.arrivals[j]) if j < self.n else h
 
     def peek(self) -> float:
         """The time of the next event (``inf`` when none is left)."""
@@ -210,10 +310,16 @@ class ServingLoop:
 
     def run(self, until: float = math.inf) -> Optional[LoopResult]:
         """Process every event at or before ``until``; the result once the workload is done
-        (``None`` while events are left)."""
+        (``None`` while events are left, or once a :class:`MissWatch` was sure of a miss)."""
         heap, step = self.heap, self.step
-        while heap and heap[0][0] <= until:
-            step()
+        if self.missed:
+            return None
+        try:
+            while heap and heap[0][0] <= until:
+                step()
+        except Missed:
+            self.missed = True
+            return None
         return None if heap else self.result()
 
     def result(self) -> LoopResult:
@@ -260,7 +366,7 @@ class ServingLoop:
         """The instance's next step: a run of decode steps first where nothing can see it."""
         sched = inst.scheduler
         if self.fast and type(sched) is VllmScheduler and sched.running and inst.pool.role != "prefill":
-            ran, now = _decode_run(inst, now, self._horizon(now))
+            ran, now = _decode_run(inst, now, self._horizon(now, inst))
             self.steps += ran
         io = getattr(sched, "io", False)   # a plugin's scheduler may not say
         if io:
@@ -278,6 +384,8 @@ class ServingLoop:
                 k = q.req.id
                 if scheduled_s[k] != scheduled_s[k]:
                     scheduled_s[k] = now
+                    if self.miss is not None:
+                        self.miss.see("queue", now - self.log.arrival_s[k])
         work = sched.work(picked)
         latency = inst.pool.cost.latency_s(work)
         if io:      # a caching scheduler's step waits for the KV it loads from a lower tier
@@ -297,9 +405,11 @@ class ServingLoop:
         itl_append = inst.itl_s.append
         log = self.log
         first_token_s = log.first_token_s
+        miss = self.miss
         for q in sched.finish_step(inst.picked):
             k = q.req.id
-            if q.last_s is None:          # its first token
+            first = q.last_s is None
+            if first:                     # its first token
                 first_token_s[k] = now
                 q.last_s = now
             else:
@@ -335,6 +445,14 @@ class ServingLoop:
                 moved = Seq(q.req, computed=q.computed, emitted=q.emitted)
                 moved.last_s = now + move
                 self._push(now + move, Event.ENQUEUE, moved, last[j])
+            if miss is not None:
+                arrival = log.arrival_s[k]
+                if first:
+                    miss.see("ttft", first_token_s[k] - arrival)
+                if q.emitted >= q.req.output_tokens:
+                    miss.see("e2e", now - arrival)
+                    if q.emitted > 1:
+                        miss.see("tpot", (now - first_token_s[k]) / (q.emitted - 1))
         row = len(inst.steps) - 7
         inst.steps[row + 4] = sched.used_blocks
         inst.steps[row + 5] = len(sched.running)
@@ -342,13 +460,17 @@ class ServingLoop:
         inst.busy = False
         if sched.has_work:
             self._start(inst, now)
+        if miss is not None:
+            miss.at(now)
+            if miss.sure:
+                raise Missed
 
 
 def serve_requests(fleet: Fleet, workload: Workload, progress: Optional[Callable[[int, int], None]] = None,
-                   fast: bool = True) -> LoopResult:
+                   fast: bool = True, miss: Optional[MissWatch] = None) -> Optional[LoopResult]:
     """Run every request of ``workload`` through ``fleet`` to completion (a
-    :class:`ServingLoop` run to its end)."""
-    return ServingLoop(fleet, workload, progress, fast).run()
+    :class:`ServingLoop` run to its end); ``None`` when ``miss`` was sure of a miss first."""
+    return ServingLoop(fleet, workload, progress, fast, miss).run()
 
 
 #: a run of decode steps shorter than this goes step by step (the run's set-up costs more)
@@ -387,11 +509,13 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
         return 0, now
     contexts.sort()
     cost = inst.pool.cost
-    decode_s = getattr(cost, "decode_latency_s", None)
-    if decode_s is None:
-        def decode_s(contexts, j, total, latency_s=cost.latency_s):
-            return latency_s(StepWork((), tuple(c + j for c in contexts)))
     contexts = tuple(contexts)
+    stepper = getattr(cost, "decode_stepper", None)
+    if stepper is not None:
+        decode_s = stepper(contexts)
+    else:
+        def decode_s(j, total, latency_s=cost.latency_s):
+            return latency_s(StepWork((), tuple(c + j for c in contexts)))
     total = sum(contexts)
     free = sched.free_blocks
     used = sched.used_blocks
@@ -406,7 +530,7 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
         need += residues[-j % bs]
         if need > free:
             break
-        end = t + decode_s(contexts, j, total + j * b)
+        end = t + decode_s(j, total + j * b)
         if end >= horizon:
             break
         rows.extend((t, end, 0, b, used + need, b, waiting))

@@ -16,9 +16,11 @@ from __future__ import annotations
 import time
 from typing import Callable, Mapping, Optional
 
+import attrs
+
 from g5core.api.errors import ConfigError, G5Error
 from g5core.serve.api import ServeResult, build_pools, load_flagged_workload
-from g5core.serve.loop import check_invariants, serve_requests
+from g5core.serve.loop import MissWatch, ServingLoop, check_invariants
 from g5core.serve.metrics import summary
 from g5core.serve.workload import Workload
 from g5core.api.plugins import Hooks, make_plugin_manager
@@ -52,16 +54,44 @@ class ServingSession:
             raise ConfigError("--requests", "the workload has no requests")
         return workload
 
-    def run(self, workload: Workload | Mapping) -> ServeResult:
+    def run(self, workload: Workload | Mapping, stop_at_miss: bool = False) -> "ServeResult | MissedRun":
+        """The workload served on the session's pools. ``stop_at_miss``: the run stops as soon
+        as its SLO verdict is sure to be missed (:class:`~g5core.serve.loop.MissWatch`) and
+        gives a :class:`MissedRun` instead; otherwise (and when it holds) the whole run's
+        :class:`~g5core.serve.api.ServeResult`, the same either way."""
         t0 = time.perf_counter()
         workload = self._workload(workload)
         if max(r.input_tokens + r.output_tokens for r in workload.requests) > self.longest:
             raise ConfigError("--workload", "a request is longer than the ones the session's pools were sized for")
         for pool, ps in zip(self.fleet.pools, self.spec.pools):
             pool.router = self.registry.router(ps.router)()
-        loop = serve_requests(self.fleet, workload)
+        watch = MissWatch.of(self.spec.slo, workload) if stop_at_miss else None
+        run = ServingLoop(self.fleet, workload, miss=watch)
+        loop = run.run()
+        if loop is None:
+            peaks = [getattr(i.scheduler, "peak_running", None) for p in run.pools for i in p]
+            return MissedRun(len(workload.requests), run.done, None if None in peaks else max(peaks, default=0),
+                             time.perf_counter() - t0)
         checks = check_invariants(loop)
         if any(checks.values()):
             raise G5Error("serving invariants violated: " + ", ".join(f"{k}={v}" for k, v in checks.items() if v))
         return ServeResult(loop, summary(loop, self.spec.slo), [dict(i) for i in self.infos],
                            [p.cost for p in self.fleet.pools], checks, time.perf_counter() - t0)
+
+
+@attrs.frozen
+class MissedRun:
+    """A run stopped once its SLO verdict was sure to be missed
+    (:meth:`ServingSession.run` with ``stop_at_miss``): it has no figures, only its verdict.
+    ``summary`` carries that verdict in a serving summary's keys (``goodput.all_met``
+    false), so code reading a run's verdict reads both alike."""
+
+    requests: int
+    completed: int                     # the requests finished when it stopped
+    peak_running: Optional[int]        # the most sequences a scheduler held until then (None: one did not say)
+    sim_wall_s: float
+
+    @property
+    def summary(self) -> dict:
+        return {"requests": self.requests, "completed": self.completed, "goodput": {"all_met": False, "verdict": "missed"},
+                "stopped_at_miss": True}

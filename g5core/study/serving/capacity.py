@@ -7,11 +7,12 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
-from g5core.api.errors import ConfigError, PluginError
+from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.inputs.serving import parse_slo
+from g5core.serve.session import MissedRun
 from g5core.study.serving.bound import _bar_rate, _estimate_bound, _upper_value, capacity_bound
 from g5core.study.serving.estimate import narrow
-from g5core.study.serving.screen import _hbm, _session, refusal
+from g5core.study.serving.screen import _hbm, _session, refusal, seed_runners
 from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, SearchSettings, _at_rate, _longest_output,
                                         candidate_config, run_requests)
 
@@ -60,7 +61,7 @@ def capacity_search(run, start_rate: float, tolerance: float, max_rate: float,
     ``gallop`` (a start from an estimate of the capacity): from the start the rate moves by
     ``1 + tolerance`` up (while the SLO holds) or down (while it does not), the factor
     squared at each step, to a bracket, then bisects; an estimate within the tolerance
-    takes two runs."""
+    takes two runs. Downwards no step goes past ``bar``: the bar's rate is tried instead."""
     results: dict = {}
 
     def ok(rate: float) -> bool:
@@ -100,7 +101,7 @@ def _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, b
         else:
             hi = rate
             while True:
-                nxt = hi / step
+                nxt = _not_past(hi / step, bar, hi)
                 if nxt < rate * 1e-4:
                     return done(0.0, hi)
                 if ok(nxt):
@@ -112,7 +113,7 @@ def _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, b
             return done(0.0, rate)
         hi = rate
         while True:  # downwards until it holds (a lone request met it, so a low rate will)
-            rate /= 2
+            rate = _not_past(rate / 2, bar, hi)
             if rate < hi * 1e-4:
                 return done(0.0, hi)
             if ok(rate):
@@ -143,6 +144,13 @@ def _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, b
                 hi = rate
     lo, hi = narrow(ok, lo, hi, tolerance)
     return done(lo, hi)
+
+
+def _not_past(rate: float, bar: Optional[float], hi: float) -> float:
+    """The next rate down from a failing ``hi``: ``rate``, or ``bar`` where ``rate`` would step
+    past it (a failing run at the bar ends the search at once, and a holding one leaves the
+    tightest bracket the step allowed)."""
+    return bar if bar is not None and rate < bar < hi else rate
 
 
 def _run_summary(result, session) -> dict:
@@ -177,7 +185,8 @@ def _pool_peak_use(result) -> list[float]:
 def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
                    start_rate: float, settle_s: float, disabled=(), runner_for=None,
                    roles: Optional[Mapping] = None, kth: Optional[float] = None,
-                   estimate: Optional[float] = None, start_share: float = START_ESTIMATE_SHARE) -> dict:
+                   estimate: Optional[float] = None, start_share: float = START_ESTIMATE_SHARE,
+                   engine_points: Optional[Mapping] = None) -> dict:
     """A candidate's capacity (a bisection over the rate, see the module doc) and its runs at
     the capacity and at the first failing rate. ``roles``: its roles' bound
     (:func:`role_rates`); with it, an aggregated candidate first measures its saturated
@@ -189,7 +198,10 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
     ``roles``) the saturated run is left out, the bound is at most the estimate times ``1 +
     ESTIMATE_MARGIN``, and the bisection starts at ``start_share x estimate`` (the driver's
     calibrated share, :func:`~g5core.study.serving.driver.start_share`; by default
-    ``START_ESTIMATE_SHARE``)."""
+    ``START_ESTIMATE_SHARE``). ``engine_points``: its layouts' step latencies from their
+    screens (:func:`~g5core.study.serving.screen.seed_runners`; the same figures, not
+    simulated again)."""
+    seed_runners(engine_points)
     try:
         return _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disabled, runner_for, roles, kth,
                          estimate, start_share)
@@ -251,6 +263,9 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
                             bound if floor is None else None, bar, gallop=bool(estimate) and floor is None)
     if not found["below_bar"] and seeds and found["capacity"] > 0:
         found = confirm(found, run, seeds, settings.tolerance, bar, lambda r: _snap(r, made))
+    if not found["below_bar"] and isinstance(found["failed"], MissedRun):
+        found = {**found, "failed": _whole(found["failed"], trace, at, made, runs, lambda rate, seed: _seeded_run(
+            session, workload, rate, seed, settle_s, settings, stop_at_miss=False))}
     if found["below_bar"]:
         rate = found["failed_rate"]
         return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
@@ -268,25 +283,46 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
             "failed": None if failed is None else _run_summary(failed, session)}
 
 
-def _seeded_run(session, workload: Mapping, rate: float, seed: int, settle_s: float, settings: SearchSettings):
-    """One capacity run: the workload at ``rate`` on ``seed``, with the search's request count."""
+def _seeded_run(session, workload: Mapping, rate: float, seed: int, settle_s: float, settings: SearchSettings,
+                stop_at_miss: bool = True):
+    """One capacity run: the workload at ``rate`` on ``seed``, with the search's request count.
+    ``stop_at_miss``: a run whose SLO verdict is sure to be missed stops there (a
+    :class:`~g5core.serve.session.MissedRun`: the search needs only its verdict)."""
     n = run_requests(workload, rate, settle_s, settings.settle)
-    return session.run(_at_rate({**workload, "requests": n, "seed": seed}, rate))
+    return session.run(_at_rate({**workload, "requests": n, "seed": seed}, rate), stop_at_miss=stop_at_miss)
+
+
+def _whole(missed, trace: list, at: dict, made: dict, runs: dict, run_whole):
+    """The reported failed run of a capacity search, made again to its end where it was
+    stopped at its miss (its figures go in the result): counted in ``runs``, in the same
+    row of ``trace`` (the row's peak becomes the whole run's)."""
+    row = at[id(missed)]
+    rate, seed = trace[row][0], trace[row][1]
+    runs["n"] += 1
+    whole = made[(rate, seed)] = run_whole(rate, seed)
+    if _holds(whole):
+        raise G5Error(f"a serving run at {rate:g} requests/s stopped at a sure SLO miss holds the SLO when run "
+                      "to its end (a G5 bug)")
+    at[id(whole)] = row
+    trace[row][3] = _peak_running(whole)
+    return whole
 
 
 def variant_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
-                 settle_s: float, disabled, runner_for, runs: Sequence) -> dict:
+                 settle_s: float, disabled, runner_for, runs: Sequence, engine_points: Optional[Mapping] = None) -> dict:
     """A max_num_seqs variant's check (the driver's ``variant_runs``): ``runs`` (``[rate,
     seed]`` each, the runs of a simulated variant whose batches reached either's limit)
     made on ``cand``: ``{"runs": [[held, peak, summary], ...]}``. Where every run holds or
-    fails as the variant's did, the variant's capacity search is ``cand``'s, run for run."""
+    fails as the variant's did, the variant's capacity search is ``cand``'s, run for run.
+    ``engine_points``: as :func:`candidate_cell`'s."""
+    seed_runners(engine_points)
     try:
         raw = candidate_config(base, cand, workload, slo, None)
         session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])},
                                          1.0), slo, disabled, runner_for)
         out = []
-        for rate, seed in runs:
-            res = _seeded_run(session, workload, rate, seed, settle_s, settings)
+        for rate, seed in runs:   # whole runs: the driver takes their figures for the variant's
+            res = _seeded_run(session, workload, rate, seed, settle_s, settings, stop_at_miss=False)
             out.append([_holds(res), _peak_running(res), _run_summary(res, session)])
         return {"status": "ok", "label": cand.label(), "runs": out}
     except (ConfigError, PluginError) as exc:
@@ -296,6 +332,8 @@ def variant_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, se
 def _peak_running(result) -> Optional[int]:
     """The most sequences any scheduler of the run held at once (per attention-DP rank);
     ``None`` when a scheduler does not say."""
+    if isinstance(result, MissedRun):
+        return result.peak_running
     peaks = [getattr(inst.scheduler, "peak_running", None) for inst in result.loop.instances]
     return None if None in peaks else max(peaks, default=0)
 

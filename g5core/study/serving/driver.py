@@ -108,6 +108,11 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         found = {key: cell["chunks"] for key, cell in zip(by_layout, per_layout)}
         screened = [found[(c, layout_label(par))][settings.chunks.index(chunk)] for c, par, chunk in layouts]
         dfound = {key: cell["chunks"] for key, cell in zip(by_layout, per_layout[len(by_layout):])}
+        # the engine's latencies each layout's screen made, shipped to the workers that simulate
+        # its candidates (on either system): they are not simulated again there
+        points: dict = {}
+        for k, cell in enumerate(per_layout):
+            points.setdefault(by_layout[k % len(by_layout)], {}).update(cell.get("engine_points") or {})
         longest = _longest(workload)
         fewest = _shortest_output(workload)
         pruned: list[Pruned] = []
@@ -226,6 +231,15 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         differs: set = set()             # (i, j): a run of j's made on i held or failed otherwise
         wasted = [0]                     # runs of checks whose variant was then simulated
 
+        def points_of(i) -> dict:
+            """The screens' engine latencies of candidate ``i``'s layouts (none for a stand-in runner)."""
+            if runner_for is not None:
+                return {}
+            out: dict = {}
+            for c, lab, _ in screens[i][1]:
+                out.update(points.get((c, lab), {}))
+            return out
+
         def cell_of(j):
             """A simulated candidate's cell: its result, or the cell that bounded it out."""
             return results[j] if results[j] is not None else bounded_cell.get(j)
@@ -285,7 +299,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                                    "settings": keyed, "runs": runs}, names)
                 cells.append((key, "variant", cands[i][0].label(), variant_cell,
                               (base, cands[i][0], workload, settings.slo, settings, settle_s, tuple(disabled),
-                               runner_for, runs)))
+                               runner_for, runs, points_of(i))))
             again = []
             for (i, j, places), res in zip(checks, _drive(table, kept, cells, None, workers)):
                 src = cell_of(j)
@@ -312,7 +326,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                                    "start_share": share}, names)
                 cells.append((key, "candidate", cand.label(), candidate_cell,
                               (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
-                               runner_for, roles, kth, estimates[i], share)))
+                               runner_for, roles, kth, estimates[i], share, points_of(i))))
             for i, res in zip(wave, _drive(table, kept, cells, reporter, workers)):
                 if res["status"] == "bounded":
                     bounded_cell[i], bounded_at[i] = res, len(bounded)

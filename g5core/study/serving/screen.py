@@ -31,13 +31,50 @@ _RUNNERS: dict = {}
 _CAPACITY: dict = {}
 
 
+#: per worker process: (layout configuration JSON) -> the cached runner's latencies
+#: (``groups -> latency_s``), and id(runner) -> its layout's key
+_CACHES: dict = {}
+_KEYS: dict = {}
+
+
+#: latencies shipped to this worker (:func:`seed_runners`) for a runner not made yet
+_SEEDS: dict = {}
+
+
+def engine_points(costs) -> dict:
+    """The engine's step latencies the shared runners of ``costs`` (step costs of this
+    worker's sessions) hold, by layout: ``{layout key: [[groups, latency_s], ...]}``, what
+    :func:`seed_runners` gives another worker, so that it does not simulate them again."""
+    out = {}
+    for cost in costs:
+        runner = getattr(getattr(cost, "rank", cost), "step_s", None)   # an attention-DP instance: its ranks'
+        key = _KEYS.get(id(runner))
+        if key is not None:
+            out[key] = [[[list(g) for g in groups], latency_s] for groups, latency_s in _CACHES[key].items()]
+    return out
+
+
+def seed_runners(points) -> None:
+    """Take another worker's step latencies (:func:`engine_points`): the engine is
+    deterministic, so a latency it gave there is the one it would give here."""
+    for key, pts in (points or {}).items():
+        cache = _CACHES.get(key)
+        if cache is None:
+            if len(_SEEDS) > 256:
+                _SEEDS.clear()
+            _SEEDS[key] = pts
+            continue
+        for groups, latency_s in pts:
+            cache.setdefault(tuple(tuple(g) for g in groups), latency_s)
+
+
 def _shared_runner(praw: Mapping, prepared):
 
     key = canonical_json({k: v for k, v in praw.items() if k != "serving"})
     hit = _RUNNERS.get(key)
     if hit is None:
         engine = plan_step_runner(prepared)
-        cache: dict = {}
+        cache: dict = {tuple(tuple(g) for g in groups): latency_s for groups, latency_s in _SEEDS.pop(key, ())}
 
         def hit(groups):
             if groups not in cache:
@@ -47,7 +84,11 @@ def _shared_runner(praw: Mapping, prepared):
         if len(_RUNNERS) > 256:
             _RUNNERS.clear()
             _CAPACITY.clear()
+            _CACHES.clear()
+            _KEYS.clear()
         _RUNNERS[key] = hit
+        _CACHES[key] = cache
+        _KEYS[id(hit)] = key
         probe = prepared.step_rules.round_up(32)   # any step the layout runs (its plugins' token multiple)
         _CAPACITY[id(hit)] = min(c.capacity_bytes for c in prepared.memory(Step.prefill(1, probe)).per_chip)
     return hit
@@ -98,7 +139,8 @@ def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, worklo
         table = step_table(cost, isl_mean, osl_mean, chunk, batches)
     except (ConfigError, PluginError) as exc:
         return refusal(exc)
-    return {"status": "ok", "kv_capacity_tokens": info["kv_capacity_tokens"],
+    points = engine_points([p.cost for p in session.fleet.pools])
+    return {"status": "ok", "engine_points": points, "kv_capacity_tokens": info["kv_capacity_tokens"],
             "kv_pool_bytes_per_chip": info["kv_pool_bytes_per_chip"], "lone_ttft_s": lone.summary["ttft_s"]["p50"],
             "lone_tpot_s": lone.summary["tpot_s"]["p50"], "lone_e2e_s": lone.summary["e2e_s"]["p50"],
             "decode_step_s": decode, "estimate": table}
@@ -132,7 +174,8 @@ def screen_layout(base: Mapping, chips: int, parallel: Mapping, chunks, workload
                   runner_for=None) -> dict:
     """One layout at every chunk size of ``chunks``, in one cell, so that the chunk sizes
     share the layout's step latencies (one worker's cached runner): ``{"chunks": [the
-    screen_cell result per chunk size]}``. A refusal of the layout itself (before any step of
+    screen_cell result per chunk size], "engine_points": those latencies}``
+    (:func:`engine_points`, for the workers that simulate its candidates). A refusal of the layout itself (before any step of
     a chunk size) prunes every chunk size at once."""
     out = []
     for chunk in chunks:
@@ -140,7 +183,11 @@ def screen_layout(base: Mapping, chips: int, parallel: Mapping, chunks, workload
         if res.get("layout"):
             return {"status": "ok", "chunks": [res] * len(chunks)}
         out.append(res)
-    return {"status": "ok", "chunks": out}
+    # the layout's latencies once (the last chunk's screen holds every chunk's: one runner)
+    points = next((r.pop("engine_points") for r in reversed(out) if "engine_points" in r), {})
+    for r in out:
+        r.pop("engine_points", None)
+    return {"status": "ok", "chunks": out, "engine_points": points}
 
 
 def refusal(exc: Exception) -> dict:
