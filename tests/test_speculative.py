@@ -112,6 +112,30 @@ def test_ledger_shows_the_proposer():
     assert not any(t.startswith("speculative") for t in ngram.to_json_dict()["memory"]["terms"])
 
 
+def test_mtp_proposer_times_its_eh_proj():
+    """The MTP module's eh_proj (2d -> d on the proposer's tokens, after enorm and hnorm) is an
+    op of the proposer's pass, on every chip of the layout: the MTP pass of a dense target
+    (the same layer as an EAGLE head's) costs more by it, and its weights are in the ledger."""
+    from g5core.lower.builder import build_dag
+    from g5core.session.speculative import Proposer
+
+    raw = _with(method="mtp", tokens=1, acceptance=0.8)
+    plan = make_plan(raw)
+    proposer = Proposer(plan, plan.ctx.deployment.speculative)
+    assert [lop.kind for lop in proposer.plan.program()].count("eh_proj") == 1
+    d, b = 4096, 8                                # llama-3.1-8b, batch 8
+    work = proposer.plan.ctx.work("eh_proj", 0)
+    assert work.flops == 2.0 * b * (2 * d) * d
+    gemm, *norms = work.kernels
+    assert (gemm.m, gemm.k, gemm.n) == (b, 2 * d, d) and [k.kind for k in norms] == ["rmsnorm", "rmsnorm"]
+    dag = build_dag(proposer.plan)
+    assert sorted(dag.chip[i] for i in range(len(dag)) if ".eh_proj" in dag.key(i)) == [0, 1]   # tp=2: whole on each
+    mtp, eagle = run(raw), run(_with(method="eagle", tokens=1, acceptance=0.8))
+    assert mtp.speculative.proposer_pass_s > eagle.speculative.proposer_pass_s
+    terms = lambda out, name: out.to_json_dict()["memory"]["terms"][name]["max_bytes"]
+    assert terms(mtp, "speculative_mtp_layers") - terms(eagle, "speculative_eagle_head") == (2 * d * d + 2 * d) * 2
+
+
 def test_speculation_under_context_parallel_pass_q():
     raw = {**BASE, "chips": 4, "parallel": {"tp": 2, "cp": 2, "pp": 1, "dp": 1}}
     plain = run(raw)
