@@ -23,7 +23,8 @@ def _with(**spec):
     ({"method": "eagle", "tokens": 2, "acceptance": [0.8, 1.5]}, "speculative.acceptance.1"),
     ({"method": "eagle", "tokens": 2, "acceptance": [0.8, 0.5], "mean_accepted": 2.0}, "speculative.mean_accepted"),
     ({"method": "eagle", "tokens": 2, "mean_accepted": 3.5}, "speculative.mean_accepted"),
-    ({"method": "eagle", "tokens": 2}, "speculative.acceptance"),           # no published default for eagle
+    ({"method": "eagle", "tokens": 6}, "speculative.acceptance"),           # the EAGLE figure covers five tokens
+    ({"method": "draft_model", "tokens": 2, "draft_model": "qwen2.5-7b"}, "speculative.acceptance"),  # no default
     ({"method": "mtp", "tokens": 3}, "speculative.acceptance"),             # the MTP figure covers one token
     ({"method": "draft_model", "tokens": 2, "mean_accepted": 2.0}, "speculative.draft_model"),
     ({"method": "mtp", "tokens": 1, "speed": 2}, "speculative.speed"),
@@ -59,6 +60,18 @@ def test_acceptance_one_and_zero():
     assert none.tpot_s > none.plain_decode_s            # verification of 4 queries + 3 proposer passes, for 1 token
     assert full.tpot_s < full.plain_decode_s
     assert full.proposer_s > 0 and 0 < full.proposer_share < 1
+
+
+def test_eagle_default_is_the_papers_chain_rates():
+    """Without acceptance an EAGLE block takes the EAGLE paper's chain-draft rates (Table 2,
+    LLaMA2-Chat 7B, MT-bench, temperature 0), the first k of them, and names its source."""
+    three = Speculative.from_dict({"method": "eagle", "tokens": 3})
+    assert three.acceptance == (0.76, 0.69, 0.67)
+    assert three.source.startswith("EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty")
+    five = Speculative.from_dict({"method": "eagle", "tokens": 5})
+    assert five.tokens_per_step == pytest.approx(3.04, abs=0.005)   # the paper's chain tau is 3.00
+    given = Speculative.from_dict({"method": "eagle", "tokens": 3, "mean_accepted": 2.0})
+    assert given.source == "configuration" and given.tokens_per_step == pytest.approx(2.0)
 
 
 def test_expected_length_matches_a_seeded_draw():

@@ -19,7 +19,7 @@ Methods and their proposer (the work that makes the drafts, run ``k`` times in s
 target, its embedding and LM head shared), ``eagle`` one small decoder layer at the target's
 width plus the target's LM head, ``draft_model`` a separate model (``draft_model:`` a
 catalog name or file) on the same chips, ``ngram`` prompt lookup on the host (no chip cost).
-Published defaults: ``g5core/data/speculative/acceptance.json``.
+Published defaults (mtp, eagle): ``g5core/data/speculative/acceptance.json``.
 """
 from __future__ import annotations
 
