@@ -11,9 +11,10 @@ from g5core.study.resultsdb import ResultsDB, canonical_json, sqlite_errors
 from g5core.study.sweep import run_windowed
 
 
-#: the cells' payload format (screens carry the estimate's step table from 2): part of every
-#: cell's key, so a database of an older format is not read as this one
-CELL_VERSION = 3
+#: the cells' payload format (screens carry the estimate's step table from 2, a speculative
+#: layout's TPOT floor from 4): part of every cell's key, so a database of an older format
+#: is not read as this one
+CELL_VERSION = 4
 
 
 SCHEMA = """
