@@ -195,3 +195,24 @@ def test_search_variants():
     got = speculative_variants({"method": "eagle", "tokens": 3, "acceptance": [0.8, 0.6, 0.4]}, (0, 1, 3, 5))
     assert got == [None, {"method": "eagle", "tokens": 1, "acceptance": [0.8]},
                    {"method": "eagle", "tokens": 3, "acceptance": [0.8, 0.6, 0.4]}]
+
+
+def test_search_blocks_take_the_configurations_acceptance_or_the_published_default():
+    """``g5 best --serve --speculative``: off, METHOD:K, K (the configuration's method); the
+    acceptance is the configuration's block's (same method, its first k rates) or the
+    method's published default; neither is a one-line error naming the field."""
+    from g5core.inputs.speculative import search_blocks
+
+    block = {"method": "eagle", "tokens": 3, "acceptance": [0.8, 0.7, 0.6]}
+    assert search_blocks("off,eagle:1,3,eagle:0,off", block) == (
+        None, {"method": "eagle", "tokens": 1, "acceptance": [0.8]}, {**block})
+    assert search_blocks("eagle:2,mtp:1", None) == ({"method": "eagle", "tokens": 2}, {"method": "mtp", "tokens": 1})
+    assert Speculative.from_dict(search_blocks("eagle:2", None)[0]).acceptance == (0.76, 0.69)
+    for text, given, field in [("ngram:2", None, "speculative.acceptance"),        # no default, none given
+                               ("eagle:4", block, "speculative.acceptance"),       # the block has rates for 3
+                               ("2", None, "--speculative"),                       # no method to take
+                               ("eagle3:2", None, "--speculative"),
+                               ("eagle:x", None, "--speculative")]:
+        with pytest.raises(ConfigError) as err:
+            search_blocks(text, given)
+        assert err.value.field == field and "\n" not in str(err.value)
