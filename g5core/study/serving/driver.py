@@ -94,7 +94,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
     for spec in variants:
         sbase = base_of(spec)
         on = f" {speculative_label(spec)}" if spec else ""
-        for sys_base, where in ((sbase, ""),) + (((({**sbase, "system": dsys}), f" on {dsys}"),) if dsys else ()):
+        systems = [(sbase, "")] + ([({**sbase, "system": dsys}, f" on {dsys}")] if dsys is not None else [])
+        for sys_base, where in systems:
             for c, lab in by_layout:
                 par = pars[(c, lab)]
                 key = config_hash({"kind": "screen", **ident, "base": sys_base, "chips": c, "parallel": par,
