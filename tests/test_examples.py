@@ -45,7 +45,8 @@ def quoted_commands() -> list[tuple[str, str, tuple[str, ...]]]:
         for line in text.splitlines():
             for m in COMMAND.finditer(line):
                 args = shlex.split(m.group(2))
-                out.append((where, Path(m.group(1)).name, tuple(args[1::2])))
+                # the example's path under examples/ (a file in a subfolder keeps its folder)
+                out.append((where, Path(m.group(1)).relative_to("examples").as_posix(), tuple(args[1::2])))
     return out
 
 

@@ -23,7 +23,8 @@ def _with(**spec):
     ({"method": "eagle", "tokens": 2, "acceptance": [0.8, 1.5]}, "speculative.acceptance.1"),
     ({"method": "eagle", "tokens": 2, "acceptance": [0.8, 0.5], "mean_accepted": 2.0}, "speculative.mean_accepted"),
     ({"method": "eagle", "tokens": 2, "mean_accepted": 3.5}, "speculative.mean_accepted"),
-    ({"method": "eagle", "tokens": 2}, "speculative.acceptance"),           # no published default for eagle
+    ({"method": "eagle", "tokens": 6}, "speculative.acceptance"),           # the EAGLE figure covers five tokens
+    ({"method": "draft_model", "tokens": 2, "draft_model": "qwen2.5-7b"}, "speculative.acceptance"),  # no default
     ({"method": "mtp", "tokens": 3}, "speculative.acceptance"),             # the MTP figure covers one token
     ({"method": "draft_model", "tokens": 2, "mean_accepted": 2.0}, "speculative.draft_model"),
     ({"method": "mtp", "tokens": 1, "speed": 2}, "speculative.speed"),
@@ -59,6 +60,18 @@ def test_acceptance_one_and_zero():
     assert none.tpot_s > none.plain_decode_s            # verification of 4 queries + 3 proposer passes, for 1 token
     assert full.tpot_s < full.plain_decode_s
     assert full.proposer_s > 0 and 0 < full.proposer_share < 1
+
+
+def test_eagle_default_is_the_papers_chain_rates():
+    """Without acceptance an EAGLE block takes the EAGLE paper's chain-draft rates (Table 2,
+    LLaMA2-Chat 7B, MT-bench, temperature 0), the first k of them, and names its source."""
+    three = Speculative.from_dict({"method": "eagle", "tokens": 3})
+    assert three.acceptance == (0.76, 0.69, 0.67)
+    assert three.source.startswith("EAGLE: Speculative Sampling Requires Rethinking Feature Uncertainty")
+    five = Speculative.from_dict({"method": "eagle", "tokens": 5})
+    assert five.tokens_per_step == pytest.approx(3.04, abs=0.005)   # the paper's chain tau is 3.00
+    given = Speculative.from_dict({"method": "eagle", "tokens": 3, "mean_accepted": 2.0})
+    assert given.source == "configuration" and given.tokens_per_step == pytest.approx(2.0)
 
 
 def test_expected_length_matches_a_seeded_draw():
@@ -112,6 +125,30 @@ def test_ledger_shows_the_proposer():
     assert not any(t.startswith("speculative") for t in ngram.to_json_dict()["memory"]["terms"])
 
 
+def test_mtp_proposer_times_its_eh_proj():
+    """The MTP module's eh_proj (2d -> d on the proposer's tokens, after enorm and hnorm) is an
+    op of the proposer's pass, on every chip of the layout: the MTP pass of a dense target
+    (the same layer as an EAGLE head's) costs more by it, and its weights are in the ledger."""
+    from g5core.lower.builder import build_dag
+    from g5core.session.speculative import Proposer
+
+    raw = _with(method="mtp", tokens=1, acceptance=0.8)
+    plan = make_plan(raw)
+    proposer = Proposer(plan, plan.ctx.deployment.speculative)
+    assert [lop.kind for lop in proposer.plan.program()].count("eh_proj") == 1
+    d, b = 4096, 8                                # llama-3.1-8b, batch 8
+    work = proposer.plan.ctx.work("eh_proj", 0)
+    assert work.flops == 2.0 * b * (2 * d) * d
+    gemm, *norms = work.kernels
+    assert (gemm.m, gemm.k, gemm.n) == (b, 2 * d, d) and [k.kind for k in norms] == ["rmsnorm", "rmsnorm"]
+    dag = build_dag(proposer.plan)
+    assert sorted(dag.chip[i] for i in range(len(dag)) if ".eh_proj" in dag.key(i)) == [0, 1]   # tp=2: whole on each
+    mtp, eagle = run(raw), run(_with(method="eagle", tokens=1, acceptance=0.8))
+    assert mtp.speculative.proposer_pass_s > eagle.speculative.proposer_pass_s
+    terms = lambda out, name: out.to_json_dict()["memory"]["terms"][name]["max_bytes"]
+    assert terms(mtp, "speculative_mtp_layers") - terms(eagle, "speculative_eagle_head") == (2 * d * d + 2 * d) * 2
+
+
 def test_speculation_under_context_parallel_pass_q():
     raw = {**BASE, "chips": 4, "parallel": {"tp": 2, "cp": 2, "pp": 1, "dp": 1}}
     plain = run(raw)
@@ -158,3 +195,24 @@ def test_search_variants():
     got = speculative_variants({"method": "eagle", "tokens": 3, "acceptance": [0.8, 0.6, 0.4]}, (0, 1, 3, 5))
     assert got == [None, {"method": "eagle", "tokens": 1, "acceptance": [0.8]},
                    {"method": "eagle", "tokens": 3, "acceptance": [0.8, 0.6, 0.4]}]
+
+
+def test_search_blocks_take_the_configurations_acceptance_or_the_published_default():
+    """``g5 best --serve --speculative``: off, METHOD:K, K (the configuration's method); the
+    acceptance is the configuration's block's (same method, its first k rates) or the
+    method's published default; neither is a one-line error naming the field."""
+    from g5core.inputs.speculative import search_blocks
+
+    block = {"method": "eagle", "tokens": 3, "acceptance": [0.8, 0.7, 0.6]}
+    assert search_blocks("off,eagle:1,3,eagle:0,off", block) == (
+        None, {"method": "eagle", "tokens": 1, "acceptance": [0.8]}, {**block})
+    assert search_blocks("eagle:2,mtp:1", None) == ({"method": "eagle", "tokens": 2}, {"method": "mtp", "tokens": 1})
+    assert Speculative.from_dict(search_blocks("eagle:2", None)[0]).acceptance == (0.76, 0.69)
+    for text, given, field in [("ngram:2", None, "speculative.acceptance"),        # no default, none given
+                               ("eagle:4", block, "speculative.acceptance"),       # the block has rates for 3
+                               ("2", None, "--speculative"),                       # no method to take
+                               ("eagle3:2", None, "--speculative"),
+                               ("eagle:x", None, "--speculative")]:
+        with pytest.raises(ConfigError) as err:
+            search_blocks(text, given)
+        assert err.value.field == field and "\n" not in str(err.value)

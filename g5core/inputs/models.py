@@ -147,6 +147,11 @@ class ModelSpec:
     window_kind: str = attrs.field(default="sliding", validator=in_(WINDOW_KINDS))
     #: RMSNorms per decoder layer (Gemma 2/3: 4, before and after attention and FFN)
     norms_per_layer: int = attrs.field(default=2, validator=_POS)
+    #: every decoder layer is a multi-token-prediction module (DeepSeek-V3's MTP, a speculative
+    #: proposer: g5core.session.speculative): before it, the next token's embedding and the
+    #: previous hidden state are RMS-normed (``enorm``, ``hnorm``), concatenated and projected
+    #: ``2 d -> d`` by ``eh_proj`` (logical op ``eh_proj``)
+    mtp_module: bool = attrs.field(default=False, validator=instance_of(bool))
     #: the weights' dtypes the hub config's ``quantization_config`` publishes, as sorted
     #: ``(weight class, dtype)`` pairs with a ``default`` (() when it has none G5 reads); a
     #: configuration without ``dtypes.weights`` runs them (:func:`read_quantization`)

@@ -19,7 +19,7 @@ Methods and their proposer (the work that makes the drafts, run ``k`` times in s
 target, its embedding and LM head shared), ``eagle`` one small decoder layer at the target's
 width plus the target's LM head, ``draft_model`` a separate model (``draft_model:`` a
 catalog name or file) on the same chips, ``ngram`` prompt lookup on the host (no chip cost).
-Published defaults: ``g5core/data/speculative/acceptance.json``.
+Published defaults (mtp, eagle): ``g5core/data/speculative/acceptance.json``.
 """
 from __future__ import annotations
 
@@ -189,30 +189,77 @@ def parse_speculative(data: Mapping) -> Speculative | None:
     return Speculative.from_dict(data[FIELD])
 
 
+def draft_block(block: Mapping | None, method: str, k: int, field: str = FIELD) -> dict:
+    """The ``speculative:`` block of ``method`` with ``k`` draft tokens, validated: the
+    configuration's ``block`` where it names that method (its other keys, and the first
+    ``k`` of its per-position rates: its ``acceptance`` list, or the constant rate its
+    ``mean_accepted`` implies, given for its own ``tokens``), else the method's published
+    default (:func:`published_defaults`). Neither: a :class:`ConfigError` naming
+    ``speculative.acceptance``."""
+    if block is not None and not isinstance(block, Mapping):
+        raise ConfigError(field, f"must be a mapping like {{method: mtp, tokens: 1}}, got {block!r}")
+    if block is None or block.get("method") != method:
+        out = {"method": method, "tokens": k}
+    else:
+        out = {key: v for key, v in block.items() if key not in ("tokens", "acceptance", "mean_accepted")}
+        out["tokens"] = k
+        if "acceptance" in block or "mean_accepted" in block:
+            given = Speculative.from_dict(block, field)
+            if k > len(given.acceptance):
+                raise ConfigError(f"{field}.acceptance", f"gives rates for {len(given.acceptance)} draft token(s); "
+                                                         f"{k} drafts need {k}: list them (or mean_accepted at "
+                                                         f"tokens: {k})")
+            out["acceptance"] = list(given.acceptance[:k])
+    Speculative.from_dict(out, field)
+    return out
+
+
+def search_blocks(text: str, block: Mapping | None, flag: str = "--speculative") -> tuple[dict | None, ...]:
+    """The ``speculative:`` blocks ``g5 best --serve --speculative off,eagle:1,eagle:3`` tries,
+    in order, repeats dropped: ``off`` (or ``METHOD:0``) is plain decode (None), ``METHOD:K``
+    that method with ``K`` drafts, ``K`` alone the configuration's method (its ``block``);
+    each block's acceptance as :func:`draft_block` gives it."""
+    out: list = []
+    for item in (part.strip() for part in str(text).split(",")):
+        if not item:
+            continue
+        if item == "off":
+            choice = None
+        else:
+            method, _, k = item.rpartition(":")
+            if not k.isdigit():
+                raise ConfigError(flag, f"{item!r}: give off, METHOD:K (e.g. eagle:3) or K, the draft tokens of the "
+                                        f"configuration's method")
+            if not method:
+                if not isinstance(block, Mapping) or "method" not in block:
+                    raise ConfigError(flag, f"{item!r} alone names the configuration's method, and it has no "
+                                            f"speculative block: write METHOD:{k} (e.g. eagle:{k})")
+                method = block["method"]
+            if method not in METHODS:
+                raise ConfigError(flag, f"unknown method {method!r}{suggest(method, METHODS)}; use one of "
+                                        f"{', '.join(METHODS)}")
+            choice = None if int(k) == 0 else draft_block(block, method, int(k))
+        if choice not in out:
+            out.append(choice)
+    if not out:
+        raise ConfigError(flag, "is empty: give off, METHOD:K or K, comma-separated (e.g. off,eagle:1,eagle:3)")
+    return tuple(out)
+
+
 def speculative_variants(block: Mapping | None, tokens=(0, 1, 2, 3, 4)) -> list[dict | None]:
     """The ``speculative:`` blocks a search tries for one method: ``None`` (plain decode) and
-    ``block`` at each draft length of ``tokens`` (0: the same as None, left out), each with the
-    first ``k`` of ``block``'s per-position rates (its ``acceptance`` list, given for the
-    longest ``k``, or the constant rate its ``mean_accepted`` for the longest ``k`` implies);
-    a ``k`` the block has no rates for (longer than its list, or an MTP default beyond its
-    published token) is left out. Each block validates (:meth:`Speculative.from_dict`)."""
+    ``block`` at each draft length of ``tokens`` (0: the same as None, left out), each as
+    :func:`draft_block` gives it; a ``k`` it refuses (longer than the block's rates, or an
+    MTP default beyond its published token) is left out."""
     out: list[dict | None] = [None]
     if block is None:
         return out
-    base = {key: v for key, v in block.items() if key not in ("tokens", "acceptance", "mean_accepted")}
-    longest = Speculative.from_dict(block)
+    Speculative.from_dict(block)
     for k in tokens:
         if k == 0:
             continue
-        if "acceptance" in block or "mean_accepted" in block:
-            if k > len(longest.acceptance):
-                continue
-            candidate = {**base, "tokens": k, "acceptance": list(longest.acceptance[:k])}
-        else:
-            candidate = {**base, "tokens": k}
         try:
-            Speculative.from_dict(candidate)
+            out.append(draft_block(block, block["method"], k))
         except ConfigError:
             continue
-        out.append(candidate)
     return out

@@ -61,6 +61,8 @@ def build_program(model: ModelSpec, micro: int = -1, head: bool = True) -> tuple
     out = add("embedding", EMBED_LAYER)
     for layer in range(model.n_layers):
         x = add("boundary", layer, out)
+        if model.mtp_module:
+            x = add("eh_proj", layer, x)
         x = add("attn_norm", layer, x)
         x = add("attn_in_gather", layer, x)
         x = add("qkv_proj", layer, x)
@@ -132,6 +134,8 @@ def weight_elements(kind: str, model: ModelSpec, shape: LocalShape) -> float:
         return shape.vocab * d
     if kind in ("attn_norm", "ffn_norm", "final_norm"):
         return float(d)
+    if kind == "eh_proj":   # the 2d x d projection and its two input norms (enorm, hnorm), on every chip
+        return 2.0 * d * d + 2.0 * d
     projections = local_projections(model, shape)
     if kind == "qkv_proj":
         return sum(i * o for name, i, o in projections if name != "o_proj")
@@ -151,7 +155,7 @@ def weight_elements(kind: str, model: ModelSpec, shape: LocalShape) -> float:
 
 WEIGHT_CLASS = {
     "embedding": "embedding", "lm_head": "embedding", "qkv_proj": "attention", "o_proj": "attention",
-    "ffn": "ffn", "shared_expert": "ffn", "moe_experts": "experts", "router": "default",
+    "ffn": "ffn", "shared_expert": "ffn", "moe_experts": "experts", "router": "default", "eh_proj": "default",
 }
 
 
@@ -226,6 +230,8 @@ def base_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalS
         fl, hb = F.gemm(tokens, d, shape.vocab, wbytes, act)
         return Work(op_class="gemm", flops=fl, hbm_bytes=hb, weight_class=wclass, weight_elements=welems,
                     kernels=(Gemm(m=tokens, n=shape.vocab, k=d, weight_bytes=wbytes, act_bytes=act),))
+    if kind == "eh_proj":
+        return eh_proj_work(d, shape.tokens, wbytes, act, welems)
     if kind in ("qkv_proj", "o_proj"):
         mats = [m for m in local_projections(model, shape) if (m[0] == "o_proj") == (kind == "o_proj")]
         fl = hb = 0.0
@@ -268,6 +274,17 @@ def base_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalS
         return expert_work(model, deployment, shape, shape.moe_tokens * model.moe.n_active_experts,
                            shape.moe_tokens * model.moe.n_active_experts * shape.factor("experts"))
     raise ValueError(f"no default work for logical op kind {kind!r}")
+
+
+def eh_proj_work(d: int, tokens: float, wbytes: float, act: float, welems: float) -> Work:
+    """An MTP module's input projection on one chip: ``eh_proj``, a ``2 d -> d`` GEMM over
+    ``[enorm(embedding); hnorm(previous hidden state)]`` on every token of the replica (vLLM
+    ``deepseek_mtp.py`` and SGLang ``deepseek_nextn.py`` hold it whole on every rank, an
+    ``nn.Linear``); its two input RMSNorms are side kernels (:func:`with_side_kernels`). The
+    concatenation is not counted (the norms can write their halves in place)."""
+    fl, hb = F.gemm(tokens, 2.0 * d, d, wbytes, act)
+    return Work(op_class="gemm", flops=fl, hbm_bytes=hb, weight_class=WEIGHT_CLASS["eh_proj"], weight_elements=welems,
+                kernels=(Gemm(m=tokens, n=d, k=2.0 * d, weight_bytes=wbytes, act_bytes=act),))
 
 
 def expert_work(model: ModelSpec, deployment: Deployment, shape: LocalShape,
@@ -556,6 +573,9 @@ def with_side_kernels(kind: str, work: Work, model: ModelSpec, deployment: Deplo
             kv_append_kernel(model, deployment, shape),)
     elif kind in ("o_proj", "lm_head"):
         extra = fp8_input_kernels(work.kernels, deployment, WEIGHT_CLASS[kind])
+    elif kind == "eh_proj":   # enorm and hnorm before the projection, then its input quantisation
+        norm = Elementwise(tokens=shape.tokens, width=model.hidden_size, kind="rmsnorm", act_bytes=act)
+        extra = (norm, norm) + fp8_input_kernels(work.kernels, deployment, WEIGHT_CLASS[kind])
     elif kind == "attention":
         extra = attention_side_kernels(model, deployment, shape)
     elif kind == "router":

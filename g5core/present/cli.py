@@ -401,6 +401,11 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
                    "configuration's (heterogeneous disaggregation, as aiconfigurator's --decode-system). The chips "
                    "stay one budget: prefill plus decode chips = chips, each chip counted alike in the per-chip "
                    "objectives, as aiconfigurator's --total-gpus [default: the configuration's system].")
+@click.option("--speculative", "speculative", default=None, metavar="LIST",
+              help="--serve: speculative decoding as a dimension, e.g. off,eagle:1,eagle:3 (METHOD:K; K alone: the "
+                   "configuration's method); each a candidate of its own, its acceptance the configuration's "
+                   "speculative block's (same method) or the method's published default [default: the "
+                   "configuration's block, or plain decode].")
 @click.option("--chunks", callback=_int_list, default=None,
               help="--serve: chunk sizes (max_num_batched_tokens) to try [default: 2048,8192].")
 @click.option("--seqs", callback=_int_list, default=None,
@@ -424,8 +429,8 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
 @click.option("--max-steps", "max_steps", type=int, default=None, metavar="N",
               help="--serve: refuse a search estimated above N sequence-steps [default: 20,000,000 a candidate].")
 def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, workers, executor, serve, workload,
-             requests, isl, osl, slo, seed, rate, disagg, decode_system, chunks, seqs, tolerance, max_rate, beam, vary,
-             settle, confirm, framework, emit, max_steps):
+             requests, isl, osl, slo, seed, rate, disagg, decode_system, speculative, chunks, seqs, tolerance, max_rate,
+             beam, vary, settle, confirm, framework, emit, max_steps):
     """Layout search: every split of chips over the registered dimensions; those that are invalid or
     do not fit (memory ledger) are excluded with their reason, the rest simulated and ranked.
 
@@ -439,7 +444,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     serve_only = {"--workload": workload, "--requests": requests, "--isl": isl, "--osl": osl, "--slo": slo,
                   "--seed": seed, "--rate": rate, "--chunks": chunks, "--seqs": seqs, "--tolerance": tolerance,
                   "--max-rate": max_rate, "--beam": beam, "--vary": vary, "--settle": settle, "--confirm": confirm,
-                  "--max-steps": max_steps, "--decode-system": decode_system}
+                  "--max-steps": max_steps, "--decode-system": decode_system, "--speculative": speculative}
     if emit and not serve:
         raise ConfigError("--emit", "writes the launch files of the serving search's winner; add --serve")
     if serve:

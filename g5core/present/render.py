@@ -15,7 +15,7 @@ from g5core.sim.compute import MEASURED
 from g5core.sim.memory import GIB
 from g5core.sim.results import network_load, step_choices
 from g5core.study.search import SearchResult, layout_label
-from g5core.study.serving.space import short_label
+from g5core.study.serving.space import short_label, speculative_label
 from g5core.lower.symmetry import plan_symmetry
 from g5core.present.caveats import plural
 from g5core.study.validate import describe_suspect
@@ -351,15 +351,18 @@ def render_serve_best(result, top: int) -> str:
         out = []
         for i, s in enumerate(items):
             j = s.to_json_dict()
+            spec = j["speculative"]
             out.append(([i + 1] if rank else []) + [
-                "disagg" if j["disaggregated"] else "agg", s.candidate.label(), f"{s.capacity:.4g}",
+                "disagg" if j["disaggregated"] else "agg", s.candidate.label(speculative=False),
+                "off" if spec is None else f"{spec['method']}:{spec['tokens']} ({spec['tokens_per_step']:.3g} tok/step)",
+                f"{s.capacity:.4g}",
                 f"{j['goodput_per_chip']:.4g}", f"{j['output_tokens_per_s_per_chip']:.4g}",
                 f"{j['output_tokens_per_s_per_user']:.4g}"]
                 + [_slo_cell(s.cell.get("held") or {}, metric, key) for _, metric, key in cols]
                 + [fmt_bytes(j["max_total_bytes"])])
         return out
 
-    head = ["kind", "deployment", "capacity req/s", "goodput req/s/chip", "out tok/s/chip", "out tok/s/user",
+    head = ["kind", "deployment", "speculative", "capacity req/s", "goodput req/s/chip", "out tok/s/chip", "out tok/s/user",
             *(name for name, _, _ in cols), "memory per chip"]
     st = result.settings
     lines = [f"serving search, SLO {st.slo}: {result.layouts} layout x chunk cells screened, {len(result.pruned)} "
@@ -383,7 +386,9 @@ def render_serve_best(result, top: int) -> str:
     if result.pruned:
         lines += ["", "pruned:"]
         for family, members in result.families():
-            examples = ", ".join(f"[{short_label(p.parallel)} chunk={p.chunk}]" for p in members[:3])
+            examples = ", ".join(f"[{short_label(p.parallel)} chunk={p.chunk}"
+                                 + (f" {speculative_label(p.speculative)}" if p.speculative else "") + "]"
+                                 for p in members[:3])
             more = f" and {len(members) - 3} more" if len(members) > 3 else ""
             lines.append(f"  {family}: {len(members)} ({examples}{more}); e.g. {members[0].reason}")
     return "\n".join(lines)

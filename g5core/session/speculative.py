@@ -15,8 +15,9 @@ The step keeps ``tokens_per_step`` tokens per sequence on average, so the time p
 token is ``(verify + k * proposer pass) / tokens_per_step``. G5 does not overlap the proposer
 with the verification (vLLM, SGLang and TensorRT-LLM run them one after the other in one
 iteration) and does not model tree drafts (``eagle_topk > 1``): a chain of ``k`` drafts.
-The MTP module's ``eh_proj`` (a ``2 d x d`` GEMM on the proposer's tokens) is in its weights
-line, not in its time (under 1/100 of the layer's GEMMs for DeepSeek-V3).
+An MTP module starts with ``eh_proj`` (a ``2 d -> d`` GEMM on the proposer's tokens, after
+the ``enorm`` and ``hnorm`` RMSNorms): a logical op of its program
+(:attr:`g5core.inputs.models.ModelSpec.mtp_module`), in its time and its weights line.
 """
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def proposer_model(spec: Speculative, target: ModelSpec) -> Optional[ModelSpec]:
     """The model one proposer pass runs, or None (``ngram``: host-side prompt lookup).
 
     ``mtp``: ``layers`` decoder layers like the target's last (DeepSeek-V3's MTP module is one
-    MoE decoder layer; ``num_nextn_predict_layers``), the target's embedding and LM head.
+    MoE decoder layer; ``num_nextn_predict_layers``), each after its ``eh_proj``
+    (``mtp_module``), the target's embedding and LM head.
     ``eagle``: ``layers`` dense decoder layers at the target's width, attention and dense FFN
     width, the target's LM head (EAGLE / EAGLE-2 reuse it). ``draft_model``: the named model."""
     if spec.method == "ngram":
@@ -58,7 +60,7 @@ def proposer_model(spec: Speculative, target: ModelSpec) -> Optional[ModelSpec]:
     if spec.method == "mtp" and target.moe is not None and target.is_moe_layer(target.n_layers - 1):
         moe = attrs.evolve(target.moe, first_dense_layers=0, layer_step=1)
     return attrs.evolve(target, name=f"{target.name}-{spec.method}", n_layers=spec.layers, layer_windows=windows,
-                        moe=moe)
+                        moe=moe, mtp_module=spec.method == "mtp")
 
 
 def proposer_deployment(dep: Deployment, model: ModelSpec) -> Deployment:
@@ -143,16 +145,13 @@ class Proposer:
     def memory_terms(self) -> list[MemoryTerm]:
         """The proposer's own lines of the target's ledger, on the chips that hold the target's
         LM head: its weights (MTP / EAGLE: its layers, the embedding and LM head shared; a
-        draft model: all of it; MTP: plus ``eh_proj``) and its KV cache."""
+        draft model: all of it; MTP's include ``eh_proj``) and its KV cache."""
         if self.plan is None:
             return []
         ctx, tgt = self.plan.ctx, self.target_ctx
         per_layer = _layer_weight_bytes(ctx)
         shared = (EMBED_LAYER, ctx.model.n_layers) if self.spec.method != "draft_model" else ()
         weights = sum(b for layer, b in per_layer.items() if layer not in shared)
-        if self.spec.method == "mtp":
-            d = ctx.model.hidden_size
-            weights += self.spec.layers * 2.0 * d * d * ctx.deployment.dtypes.weight_element_bytes("default")
         kv = float(np.max(memory_report(ctx).columns["kv_cache_bytes"]))
         head = np.flatnonzero(weight_bytes_per_chip(tgt, kinds={"final_norm"}) > 0).tolist()
         name = LEDGER_NAMES[self.spec.method]

@@ -5,12 +5,17 @@ SLO limits, which deployment serves the most?
    (:func:`g5core.study.search.enumerate_layouts` over the registered dimensions, cp and sp
    included; ``dp`` stays 1 inside an instance: the instances are the data-parallel copies),
    each with every chunk size (``max_num_batched_tokens``) of ``chunks``.
+   With ``speculative`` (``--speculative off,eagle:1,eagle:3``) every layout, and every
+   candidate after it, is tried once per ``speculative:`` block (:class:`Candidate`'s
+   ``speculative``; plain decode is ``()``), its acceptance the configuration's block's or
+   the method's published default (:func:`g5core.inputs.speculative.draft_block`).
 2. **Screening** (one cell per layout and chunk size, before any rate is tried): the
    plugins' refusals, the KV pool (the ledger's pool must hold the longest request), and
    one request alone on an idle instance: its TTFT is the lone prefill (every chunk), its
    TPOT the lone decode at the growing context. A layout whose lone prefill misses a TTFT
    limit, whose lone decode misses a TPOT limit, or whose lone request misses an e2e limit
-   can meet it at no rate (a loaded instance only adds work to a step), so it is pruned,
+   can meet it at no rate (a loaded instance only adds work to a step; a speculative
+   layout's TPOT there is its floor, every draft kept), so it is pruned,
    with its reason, grouped by family; a disaggregated pair whose lone prefill plus lone
    decode misses an e2e limit is not a candidate.
 3. **Candidates.** Aggregated: ``chips / c`` instances of a kept layout, with
@@ -35,7 +40,8 @@ SLO limits, which deployment serves the most?
    roles as DistServe sizes them, per layout from the screen (:func:`role_rates`: the
    prefill pool's prompts per lone prefill, the decode pool's best tokens per second over
    the batches within the TPOT limit; an aggregated instance is both roles), and, for an
-   aggregated candidate that reaches a wave, the lower of that and a run of its own
+   aggregated candidate that reaches a wave (a speculative candidate has neither this nor
+   the estimate below: both count one token per decode step), the lower of that and a run of its own
    deployment with ``SATURATED_ROUNDS`` full batches of requests arriving at once
    (:func:`saturated_run`, in its cell). A run at a rate above ``mu`` builds a queue, so
    the TTFT percentile bounds the capacity (:func:`capacity_bound`).

@@ -13,6 +13,7 @@ from g5core.api.errors import ConfigError, G5Error
 from g5core.api.plugins import Hooks, make_plugin_manager
 from g5core.inputs.config import disabled_from_config
 from g5core.inputs.serving import parse_slo, split_config, workload_spec
+from g5core.inputs.speculative import parse_speculative, search_blocks
 from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
@@ -25,8 +26,8 @@ from g5core.study.serving.space import (DEFAULT_BEAM, DEFAULT_CHUNKS, DEFAULT_CO
                                         DEFAULT_REQUESTS, DEFAULT_TOLERANCE, DEFAULT_TOP, MAX_RUN_REQUESTS,
                                         SERVE_OBJECTIVES, SETTLE, Candidate, PoolChoice, Pruned, SearchSettings,
                                         _longest, _longest_output, _mean_lengths, _pow2_seqs, _shortest_output,
-                                        candidate_config, check_workload, instance_layouts, is_moe, run_requests,
-                                        short_label)
+                                        candidate_config, check_workload, freeze_block, instance_layouts, is_moe,
+                                        run_requests, short_label, speculative_label, thaw_block)
 from g5core.study.serving.storage import CELL_VERSION, _drive, _Kept, _Progress, _Table, _Waves
 from g5core.study.sweep import LineProgress, LocalExecutor, default_progress, make_executor
 
@@ -64,7 +65,12 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         unknown = [d for d in settings.vary if d not in dims.names]
         if unknown:
             raise ConfigError("--vary", f"unknown dimension {unknown[0]!r}; known: {', '.join(dims.names)}")
-    base = {k: v for k, v in raw.items() if k not in ("parallel",)}
+    # the speculative: blocks tried (each a candidate of its own), off the base configuration
+    if settings.speculative is None:
+        parse_speculative(raw)      # the configuration's block, checked before any cell
+    variants = (settings.speculative if settings.speculative is not None
+                else (freeze_block(raw.get("speculative")),))
+    base = {k: v for k, v in raw.items() if k not in ("parallel", "speculative")}
     ttft_limits = [l for l in limits if l.metric in ("ttft", "e2e")]
     tpot_limits = [l for l in limits if l.metric in ("tpot", "itl")]
     e2e_limits = [l for l in limits if l.metric == "e2e"]
@@ -72,28 +78,31 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
              "runner": None if runner_for is None else getattr(runner_for, "__name__", "custom"),
              "cells": CELL_VERSION}
 
-    # 1. layouts x chunks, screened
+    def base_of(spec: tuple) -> dict:
+        """The base configuration screened with the speculative: block ``spec``."""
+        return {**base, "speculative": thaw_block(spec)} if spec else base
+
+    # 1. layouts x chunks, screened (per speculative block: its proposer's memory and steps)
     layouts = [(c, par, chunk) for c, par in instance_layouts(chips, dims, settings.vary, is_moe(raw))
                for chunk in settings.chunks]
     by_layout = list(dict.fromkeys((c, layout_label(par)) for c, par, _ in layouts))
     pars = {(c, layout_label(par)): par for c, par, _ in layouts}
-    screen_cells = []
-    for c, lab in by_layout:
-        par = pars[(c, lab)]
-        key = config_hash({"kind": "screen", **ident, "chips": c, "parallel": par, "chunks": list(settings.chunks)},
-                          names)
-        screen_cells.append((key, "screen", f"[{short_label(par)}]", screen_layout,
-                             (base, c, par, settings.chunks, workload, settings.slo, tuple(disabled), runner_for)))
     # --decode-system: the decode role's layouts screened again on that system (heterogeneous
     # disaggregation); prefill and aggregated stay on the configuration's
     dsys = settings.decode_system if settings.disagg != "off" and settings.decode_system != raw.get("system") else None
-    dbase = {**base, "system": dsys}
-    for c, lab in (by_layout if dsys is not None else ()):
-        par = pars[(c, lab)]
-        key = config_hash({"kind": "screen", **ident, "base": dbase, "chips": c, "parallel": par,
-                           "chunks": list(settings.chunks)}, names)
-        screen_cells.append((key, "screen", f"[{short_label(par)}] on {dsys}", screen_layout,
-                             (dbase, c, par, settings.chunks, workload, settings.slo, tuple(disabled), runner_for)))
+    screen_cells = []
+    for spec in variants:
+        sbase = base_of(spec)
+        on = f" {speculative_label(spec)}" if spec else ""
+        systems = [(sbase, "")] + ([({**sbase, "system": dsys}, f" on {dsys}")] if dsys is not None else [])
+        for sys_base, where in systems:
+            for c, lab in by_layout:
+                par = pars[(c, lab)]
+                key = config_hash({"kind": "screen", **ident, "base": sys_base, "chips": c, "parallel": par,
+                                   "chunks": list(settings.chunks)}, names)
+                screen_cells.append((key, "screen", f"[{short_label(par)}]{where}{on}", screen_layout,
+                                     (sys_base, c, par, settings.chunks, workload, settings.slo, tuple(disabled),
+                                      runner_for)))
     own_db = db_path is None
     tmp = tempfile.TemporaryDirectory(prefix="g5-best-serve-") if own_db else None
     path = f"{tmp.name}/best-serve.db" if own_db else db_path
@@ -105,105 +114,115 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         kept = _Kept(outer)
         per_layout = _drive(table, kept, screen_cells,
                             _Progress(progress, "screen") if progress is not None else None, workers)
-        found = {key: cell["chunks"] for key, cell in zip(by_layout, per_layout)}
-        screened = [found[(c, layout_label(par))][settings.chunks.index(chunk)] for c, par, chunk in layouts]
-        dfound = {key: cell["chunks"] for key, cell in zip(by_layout, per_layout[len(by_layout):])}
-        # the engine's latencies each layout's screen made, shipped to the workers that simulate
-        # its candidates (on either system): they are not simulated again there
+        # the engine's latencies each layout's screen made (per speculative block and system),
+        # shipped to the workers that simulate its candidates: they are not simulated again there
         points: dict = {}
         for k, cell in enumerate(per_layout):
             points.setdefault(by_layout[k % len(by_layout)], {}).update(cell.get("engine_points") or {})
         longest = _longest(workload)
         fewest = _shortest_output(workload)
         pruned: list[Pruned] = []
-        roles: dict[str, list] = {"serve": [], "prefill": [], "decode": []}
-        for (c, par, chunk), res in zip(layouts, screened):
-            if res["status"] != "ok":
-                pruned.append(Pruned(par, c, chunk, res["family"], res["reason"]))
-                continue
-            ttft_miss = [l for l in ttft_limits if res["lone_ttft_s"] > l.limit_s]
-            tpot_miss = [l for l in tpot_limits if res["lone_tpot_s"] is not None and res["lone_tpot_s"] > l.limit_s]
-            e2e_miss = [l for l in e2e_limits if _lone_e2e_s(res, res, fewest) > l.limit_s]
-            if not ttft_miss:
-                roles["prefill"].append((c, par, chunk, res))
-            if not tpot_miss and dsys is None:
-                roles["decode"].append((c, par, chunk, res))
-            if not ttft_miss and not tpot_miss and not e2e_miss:
-                roles["serve"].append((c, par, chunk, res))
-            elif ttft_miss:
-                pruned.append(Pruned(par, c, chunk, "lone prefill misses TTFT",
-                                     f"one request alone takes {res['lone_ttft_s']:.4g} s to its first token "
-                                     f"(limit {ttft_miss[0].key} {ttft_miss[0].limit_s:.4g} s)"))
-            elif tpot_miss:
-                pruned.append(_tpot_pruned(par, c, chunk, res, tpot_miss[0]))
-            else:
-                pruned.append(Pruned(par, c, chunk, "lone request misses E2E",
-                                     f"one request alone takes {_lone_e2e_s(res, res, fewest):.4g} s to its last "
-                                     f"token (limit {e2e_miss[0].key} {e2e_miss[0].limit_s:.4g} s)"))
-        for c, par, chunk in (layouts if dsys is not None else ()):   # the decode role on --decode-system
-            res = dfound[(c, layout_label(par))][settings.chunks.index(chunk)]
-            tpot_miss = [l for l in tpot_limits if res.get("lone_tpot_s") is not None and res["lone_tpot_s"] > l.limit_s]
-            if res["status"] == "ok" and not tpot_miss:
-                roles["decode"].append((c, par, chunk, res))
-            elif res["status"] != "ok":
-                pruned.append(Pruned(par, c, chunk, f"{res['family']} (decode on {dsys})", res["reason"]))
-            else:
-                pruned.append(_tpot_pruned(par, c, chunk, res, tpot_miss[0], dsys))
-
-        # 2. candidates
         cands: list[tuple[Candidate, float]] = []
         fewer = settings.objective == "min_chips"
         roles_bound: dict = {}   # candidate index -> its roles' bound (role_rates)
         screens: dict = {}       # candidate index -> (its pools' screens, their layout keys)
         shortest = _lone(workload).requests[0]
-        if settings.disagg in ("off", "auto"):
-            for c, par, chunk, res in roles["serve"]:
-                for inst in (range(1, chips // c + 1) if fewer else (chips // c,)):
-                    pool = PoolChoice(c, tuple(sorted(par.items())), inst)
-                    for m in _pow2_seqs(res["kv_capacity_tokens"] // par.get("dp", 1), longest, settings):
-                        roles_bound[len(cands)] = role_rates(res, res, inst, inst, m * par.get("dp", 1), chunk,
-                                                             shortest, tpot_limits)
-                        screens[len(cands)] = ((res,), ((c, layout_label(par), chunk),))
-                        cands.append((Candidate((pool,), m, chunk), inst / res["lone_e2e_s"]))
         skipped = 0
-        if settings.disagg in ("on", "auto"):
-            prefill = sorted(roles["prefill"], key=lambda x: (x[3]["lone_ttft_s"] * x[0], layout_label(x[1])))
-            decode = sorted(roles["decode"], key=lambda x: (
-                -(x[3]["kv_capacity_tokens"] / longest) / (x[3]["lone_tpot_s"] * x[0]), layout_label(x[1])))
-            beam = settings.beam
-            for chunk in settings.chunks:
-                p_ok = [x for x in prefill if x[2] == chunk]
-                d_ok = [x for x in decode if x[2] == chunk]
-                if beam is not None:
-                    skipped += len(p_ok) * len(d_ok) - len(p_ok[:beam]) * len(d_ok[:beam])
-                    p_ok, d_ok = p_ok[:beam], d_ok[:beam]
-                for p in p_ok:
-                    for d in d_ok:
-                        if any(_lone_e2e_s(p[3], d[3], fewest) > l.limit_s for l in e2e_limits):
-                            continue    # no rate serves this pair within the e2e limit (its lone request misses it)
-                        for n_p in range(1, chips // p[0] + 1):
-                            rest = chips - n_p * p[0]
-                            for n_d in (range(1, rest // d[0] + 1) if fewer else
-                                        ((rest // d[0],) if rest > 0 and rest % d[0] == 0 else ())):
-                                if n_d < 1:
-                                    continue
-                                pools = (PoolChoice(p[0], tuple(sorted(p[1].items())), n_p),
-                                         PoolChoice(d[0], tuple(sorted(d[1].items())), n_d, dsys))
-                                for m in _pow2_seqs(d[3]["kv_capacity_tokens"] // d[1].get("dp", 1), longest,
-                                                    settings):
-                                    start = min(n_p / p[3]["lone_ttft_s"], n_d / d[3]["lone_e2e_s"])
-                                    seqs = m * d[1].get("dp", 1)    # max_num_seqs is per attention-DP rank
-                                    roles_bound[len(cands)] = role_rates(p[3], d[3], n_p, n_d, seqs, chunk, shortest,
-                                                                         tpot_limits)
-                                    screens[len(cands)] = ((p[3], d[3]), ((p[0], layout_label(p[1]), chunk),
-                                                                          (d[0], layout_label(d[1]), chunk)))
-                                    cands.append((Candidate(pools, m, chunk), start))
+        all_roles: dict[str, list] = {"serve": [], "prefill": [], "decode": []}
+        per_variant = len(by_layout) * (1 + (dsys is not None))
+        for v, spec in enumerate(variants):
+            cells_v = per_layout[v * per_variant:(v + 1) * per_variant]
+            found = {key: cell["chunks"] for key, cell in zip(by_layout, cells_v)}
+            screened = [found[(c, layout_label(par))][settings.chunks.index(chunk)] for c, par, chunk in layouts]
+            dfound = {key: cell["chunks"] for key, cell in zip(by_layout, cells_v[len(by_layout):])}
+            roles: dict[str, list] = {"serve": [], "prefill": [], "decode": []}
+            for (c, par, chunk), res in zip(layouts, screened):
+                if res["status"] != "ok":
+                    pruned.append(Pruned(par, c, chunk, res["family"], res["reason"], spec))
+                    continue
+                ttft_miss = [l for l in ttft_limits if res["lone_ttft_s"] > l.limit_s]
+                tpot_miss = [l for l in tpot_limits
+                             if res["lone_tpot_s"] is not None and res["lone_tpot_s"] > l.limit_s]
+                e2e_miss = [l for l in e2e_limits if _lone_e2e_s(res, res, fewest) > l.limit_s]
+                if not ttft_miss:
+                    roles["prefill"].append((c, par, chunk, res))
+                if not tpot_miss and dsys is None:
+                    roles["decode"].append((c, par, chunk, res))
+                if not ttft_miss and not tpot_miss and not e2e_miss:
+                    roles["serve"].append((c, par, chunk, res))
+                elif ttft_miss:
+                    pruned.append(Pruned(par, c, chunk, "lone prefill misses TTFT",
+                                         f"one request alone takes {res['lone_ttft_s']:.4g} s to its first token "
+                                         f"(limit {ttft_miss[0].key} {ttft_miss[0].limit_s:.4g} s)", spec))
+                elif tpot_miss:
+                    pruned.append(_tpot_pruned(par, c, chunk, res, tpot_miss[0], None, spec))
+                else:
+                    pruned.append(Pruned(par, c, chunk, "lone request misses E2E",
+                                         f"one request alone takes {_lone_e2e_s(res, res, fewest):.4g} s to its "
+                                         f"last token (limit {e2e_miss[0].key} {e2e_miss[0].limit_s:.4g} s)", spec))
+            for c, par, chunk in (layouts if dsys is not None else ()):   # the decode role on --decode-system
+                res = dfound[(c, layout_label(par))][settings.chunks.index(chunk)]
+                tpot_miss = [l for l in tpot_limits
+                             if res.get("lone_tpot_s") is not None and res["lone_tpot_s"] > l.limit_s]
+                if res["status"] == "ok" and not tpot_miss:
+                    roles["decode"].append((c, par, chunk, res))
+                elif res["status"] != "ok":
+                    pruned.append(Pruned(par, c, chunk, f"{res['family']} (decode on {dsys})", res["reason"], spec))
+                else:
+                    pruned.append(_tpot_pruned(par, c, chunk, res, tpot_miss[0], dsys, spec))
+            for role, kept_role in roles.items():
+                all_roles[role] += kept_role
+
+            # 2. candidates. A speculative one has no roles' bound (they count one token per
+            # decode step, a verification keeps 1 .. k + 1): it is simulated unless a failing
+            # run at the bar bounds it out
+            if settings.disagg in ("off", "auto"):
+                for c, par, chunk, res in roles["serve"]:
+                    for inst in (range(1, chips // c + 1) if fewer else (chips // c,)):
+                        pool = PoolChoice(c, tuple(sorted(par.items())), inst)
+                        for m in _pow2_seqs(res["kv_capacity_tokens"] // par.get("dp", 1), longest, settings):
+                            roles_bound[len(cands)] = None if spec else role_rates(
+                                res, res, inst, inst, m * par.get("dp", 1), chunk, shortest, tpot_limits)
+                            screens[len(cands)] = ((res,), ((c, layout_label(par), chunk),))
+                            cands.append((Candidate((pool,), m, chunk, spec), inst / res["lone_e2e_s"]))
+            if settings.disagg in ("on", "auto"):
+                prefill = sorted(roles["prefill"], key=lambda x: (x[3]["lone_ttft_s"] * x[0], layout_label(x[1])))
+                decode = sorted(roles["decode"], key=lambda x: (
+                    -(x[3]["kv_capacity_tokens"] / longest) / (x[3]["lone_tpot_s"] * x[0]), layout_label(x[1])))
+                beam = settings.beam
+                for chunk in settings.chunks:
+                    p_ok = [x for x in prefill if x[2] == chunk]
+                    d_ok = [x for x in decode if x[2] == chunk]
+                    if beam is not None:
+                        skipped += len(p_ok) * len(d_ok) - len(p_ok[:beam]) * len(d_ok[:beam])
+                        p_ok, d_ok = p_ok[:beam], d_ok[:beam]
+                    for p in p_ok:
+                        for d in d_ok:
+                            if any(_lone_e2e_s(p[3], d[3], fewest) > l.limit_s for l in e2e_limits):
+                                continue    # no rate serves this pair within the e2e limit (its lone request misses it)
+                            for n_p in range(1, chips // p[0] + 1):
+                                rest = chips - n_p * p[0]
+                                for n_d in (range(1, rest // d[0] + 1) if fewer else
+                                            ((rest // d[0],) if rest > 0 and rest % d[0] == 0 else ())):
+                                    if n_d < 1:
+                                        continue
+                                    pools = (PoolChoice(p[0], tuple(sorted(p[1].items())), n_p),
+                                             PoolChoice(d[0], tuple(sorted(d[1].items())), n_d, dsys))
+                                    for m in _pow2_seqs(d[3]["kv_capacity_tokens"] // d[1].get("dp", 1), longest,
+                                                        settings):
+                                        start = min(n_p / p[3]["lone_ttft_s"], n_d / d[3]["lone_e2e_s"])
+                                        seqs = m * d[1].get("dp", 1)    # max_num_seqs is per attention-DP rank
+                                        roles_bound[len(cands)] = None if spec else role_rates(
+                                            p[3], d[3], n_p, n_d, seqs, chunk, shortest, tpot_limits)
+                                        screens[len(cands)] = ((p[3], d[3]), ((p[0], layout_label(p[1]), chunk),
+                                                                              (d[0], layout_label(d[1]), chunk)))
+                                        cands.append((Candidate(pools, m, chunk, spec), start))
         if not cands:
             fams = sorted(((len(m), f, m[0].reason) for f, m in _group(pruned)), reverse=True)
             hint = f"; most ({fams[0][0]}) for {fams[0][1]}: {fams[0][2]}" if fams else ""
             raise G5Error(f"no deployment of {chips} chips is left to simulate ({len(layouts)} layouts and chunk "
                           f"sizes screened){hint}")
-        settle_s = _settle_s(workload, ttft_limits, tpot_limits, roles)
+        settle_s = _settle_s(workload, ttft_limits, tpot_limits, all_roles)
         # 3. capacities, best roles' bound first, in waves; a candidate whose bound cannot
         # reach the simulated one at place --top is bounded out (by the driver from its roles'
         # bound, or by its cell from its saturated run)
@@ -215,7 +234,9 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         estimator = Estimator(limits, workload,
                               lambda r: run_requests(workload, r, settle_s, settings.settle), settings.max_rate,
                               MAX_RUN_REQUESTS)
-        estimated = [estimate_for(estimator, cand, *screens[i]) if settings.objective != "min_chips" else None
+        # a speculative candidate has no estimate (the step tables count one token per decode step)
+        estimated = [estimate_for(estimator, cand, *screens[i])
+                     if settings.objective != "min_chips" and not cand.speculative else None
                      for i, (cand, _) in enumerate(cands)]
         estimates = estimated if use_bounds else [None] * len(cands)
         caps = [_estimate_bound(e, cap) for e, cap in zip(estimates, caps)]
@@ -226,7 +247,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         bounded: list[Bounded] = []
         reporter = _Waves(_Progress(progress, "capacity"), len(cands)) if progress is not None else None
 
-        simulated_variants: dict = {}    # (pools, chunk) -> the candidates simulated with them, in order
+        simulated_variants: dict = {}    # (pools, chunk, speculative) -> the candidates simulated with them, in order
         same_runs: dict = {}             # candidate index -> the index whose capacity search it took
         differs: set = set()             # (i, j): a run of j's made on i held or failed otherwise
         wasted = [0]                     # runs of checks whose variant was then simulated
@@ -397,7 +418,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             continue
         if res["status"] != "ok":
             pruned.append(Pruned(dict(cand.pools[0].parallel), cand.pools[0].chips, cand.chunk, res["family"],
-                                 res["reason"]))
+                                 res["reason"], cand.speculative))
             continue
         rate = res["capacity_requests_per_s"] or None
         # the workload its capacity was measured with: the run's requests and seed (g5 serve on
@@ -406,7 +427,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         scored.append(Scored(cand, candidate_config(base, cand, measured, settings.slo, rate), res))
     scored.sort(key=lambda s: (s.value(settings.objective), s.candidate.label()))
     simulated = [r for r in results if r is not None and "same_runs_as" not in r]
-    cells = len(layouts) * (1 + (dsys is not None))   # a layout x chunk cell per system screened
+    cells = len(layouts) * (1 + (dsys is not None)) * len(variants)   # a layout x chunk cell per system and block
     return ServeSearchResult(settings.objective, settings, cells, tuple(pruned), tuple(scored), len(simulated),
                              skipped, sum(r.get("runs", 0) for r in results if r is not None and r["status"] == "ok")
                              + sum(b.runs for b in bounded) + wasted[0],
@@ -430,17 +451,20 @@ def start_share(cands, results, estimates, disaggregated: bool) -> float:
     return pick[(len(pick) - 1) // 2] if pick else START_ESTIMATE_SHARE
 
 
-def _tpot_pruned(par, chips: int, chunk: int, res: Mapping, limit, system=None) -> Pruned:
-    """A layout whose lone decode misses a TPOT limit (on ``system``, --decode-system's, when given)."""
+def _tpot_pruned(par, chips: int, chunk: int, res: Mapping, limit, system=None, spec: tuple = ()) -> Pruned:
+    """A layout whose lone decode misses a TPOT limit (on ``system``, --decode-system's, when
+    given; with the speculative: block ``spec``, even with every draft kept: see screen_cell)."""
     on = f" on {system}" if system else ""
+    best = f" even with all {res['speculative_tokens']} drafts kept" if res.get("speculative_tokens") else ""
     return Pruned(par, chips, chunk, "lone decode misses TPOT" + (f" (decode on {system})" if system else ""),
-                  f"one request alone decodes at {res['lone_tpot_s'] * 1e3:.4g} ms per token{on} "
-                  f"(limit {limit.key} {limit.limit_s * 1e3:.4g} ms)")
+                  f"one request alone decodes at {res['lone_tpot_s'] * 1e3:.4g} ms per token{on}{best} "
+                  f"(limit {limit.key} {limit.limit_s * 1e3:.4g} ms)", spec)
 
 
 def _variant(cand: Candidate) -> tuple:
-    """What a candidate's max_num_seqs variants share: its pools and its chunk size."""
-    return cand.pools, cand.chunk
+    """What a candidate's max_num_seqs variants share: its pools, its chunk size and its
+    speculative: block."""
+    return cand.pools, cand.chunk, cand.speculative
 
 
 def _lone_e2e_s(prefill: Mapping, decode: Mapping, fewest: int) -> float:
@@ -469,7 +493,8 @@ def _settle_s(workload: Mapping, ttft_limits, tpot_limits, roles) -> float:
 def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, workers: int, executor: str, *,
                        disagg: str, workload=None, requests=None, isl=None, osl=None, slo=None, seed=None, rate=None,
                        chunks=None, seqs=None, tolerance=None, max_rate=None, beam=None, vary=None, settle=None,
-                       confirm=None, top=DEFAULT_TOP, max_steps=None, decode_system=None) -> ServeSearchResult:
+                       confirm=None, top=DEFAULT_TOP, max_steps=None, decode_system=None,
+                       speculative=None) -> ServeSearchResult:
     """``g5 best CONFIG --serve``'s flags to a search (the CLI prints its result)."""
     if objective is not None and objective not in SERVE_OBJECTIVES:
         raise ConfigError("--objective", f"{objective} ranks single-batch layouts; with --serve use "
@@ -496,7 +521,9 @@ def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, 
         max_rate=DEFAULT_MAX_RATE if max_rate is None else max_rate, beam=DEFAULT_BEAM if beam is None else beam,
         rate=rate, vary=tuple(v.strip() for v in vary.split(",") if v.strip()) if vary else None,
         settle=SETTLE if settle is None else settle, confirm=DEFAULT_CONFIRM if confirm is None else confirm,
-        top=top, decode_system=decode_system)
+        top=top, decode_system=decode_system,
+        speculative=None if speculative is None else tuple(
+            freeze_block(b) for b in search_blocks(speculative, raw.get("speculative"))))
     return serve_search(raw, spec, settings, db_path=db_path, disabled=disabled, workers=workers,
                         executor=executor, progress=default_progress(), inputs=[config_path], max_work=max_steps)
 

@@ -8,7 +8,8 @@ from typing import Mapping, Optional, Sequence
 import attrs
 
 from g5core.inputs.serving import parse_slo
-from g5core.study.serving.space import Candidate, Pruned, SearchSettings
+from g5core.inputs.speculative import Speculative
+from g5core.study.serving.space import Candidate, Pruned, SearchSettings, thaw_block
 
 
 @attrs.frozen
@@ -48,10 +49,22 @@ class Scored:
                 "output_tokens_per_s_per_user": _per_user(held), "chips": chips,
                 "ttft_s": _pcts(held.get("ttft_s")), "tpot_s": _pcts(held.get("tpot_s")),
                 "disaggregated": self.candidate.disaggregated,
+                "speculative": speculative_summary(self.candidate.speculative),
                 "max_total_bytes": held.get("max_total_bytes", 0.0),
                 "kv_pool_bytes_per_chip": min((p["kv_pool_bytes_per_chip"] for p in held.get("pools", [])),
                                               default=0.0),
                 "rate_ceiling": self.cell["ceiling"], "limited_by": limiter(self)}
+
+
+def speculative_summary(frozen: tuple) -> Optional[dict]:
+    """A candidate's speculation for ``--json``: method, draft tokens, per-position acceptance
+    and where it came from, expected tokens per verification step; None for plain decode."""
+    block = thaw_block(frozen)
+    if block is None:
+        return None
+    spec = Speculative.from_dict(block)
+    return {"method": spec.method, "tokens": spec.tokens, "acceptance": list(spec.acceptance),
+            "acceptance_source": spec.source, "tokens_per_step": spec.tokens_per_step}
 
 
 def _at_limits(s: Scored, slo: str) -> str:
@@ -186,7 +199,8 @@ class ServeSearchResult:
                 f"{wj['goodput_per_chip']:.3g} req/s per chip of goodput) with {_at_limits(w, self.settings.slo)}; "
                 f"past it, {limiter(w)}.")
         # the runner-up: the best other deployment (not the winner with other scheduler limits)
-        other = [s for s in self.ranked[1:] if s.candidate.pools != w.candidate.pools]
+        other = [s for s in self.ranked[1:] if (s.candidate.pools, s.candidate.speculative)
+                 != (w.candidate.pools, w.candidate.speculative)]
         if other:
             r = other[0]
             rj = r.to_json_dict()

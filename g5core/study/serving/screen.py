@@ -8,6 +8,7 @@ from typing import Mapping
 from g5core.api.errors import ConfigError, PluginError
 from g5core.inputs.step import Step
 from g5core.inputs.serving import split_config
+from g5core.inputs.speculative import parse_speculative
 from g5core.serve.cost import DpCost, RankedWork, StepWork, plan_step_runner
 from g5core.serve.session import ServingSession
 from g5core.serve.workload import Request, Workload, synthetic
@@ -110,7 +111,13 @@ def _lone(workload: Mapping) -> dict:
 
 def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, workload: Mapping, slo: str,
                 disabled=(), runner_for=None) -> dict:
-    """One layout at one chunk size: valid? KV pool? one request alone (TTFT, TPOT)?"""
+    """One layout at one chunk size: valid? KV pool? one request alone (TTFT, TPOT)?
+
+    With a ``speculative:`` block of ``k`` drafts the lone request's TPOT is one draw of its
+    accepted tokens, not a floor of every request's, so the screen's ``lone_tpot_s`` is
+    the floor: the verification step of that one sequence at the shortest prompt's context
+    over the ``k + 1`` tokens it keeps at most (its e2e from it); ``speculative_tokens``
+    says so."""
     raw = _layout_config(base, chips, parallel)
     raw["serving"] = {"instances": 1, "scheduler": {**dict((base.get("serving") or {}).get("scheduler") or {}),
                                                     "max_num_batched_tokens": chunk, "chunked_prefill": True}}
@@ -132,6 +139,12 @@ def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, worklo
         # decode role's bound)
         cost = instance_cost(session.fleet.pools[0].cost)
         isl = lone_wl.requests[0].input_tokens
+        spec = parse_speculative(raw)
+        k = spec.tokens if spec is not None else 0
+        lone_ttft, lone_tpot, lone_e2e = (lone.summary[f"{m}_s"]["p50"] for m in ("ttft", "tpot", "e2e"))
+        if k:
+            lone_tpot = cost.latency_s(StepWork((), (isl,), k)) / (k + 1)
+            lone_e2e = lone_ttft + (lone_wl.requests[0].output_tokens - 1) * lone_tpot
         holds = max(info["kv_capacity_tokens"] // max(_longest(workload), 1), 1)
         batches = [1 << k for k in range(min((holds - 1).bit_length(), MAX_DECODE_BATCH.bit_length() - 1) + 1)]
         isl_mean, osl_mean = (round(x) for x in _mean_lengths(workload))
@@ -141,8 +154,8 @@ def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, worklo
         return refusal(exc)
     points = engine_points([p.cost for p in session.fleet.pools])
     return {"status": "ok", "engine_points": points, "kv_capacity_tokens": info["kv_capacity_tokens"],
-            "kv_pool_bytes_per_chip": info["kv_pool_bytes_per_chip"], "lone_ttft_s": lone.summary["ttft_s"]["p50"],
-            "lone_tpot_s": lone.summary["tpot_s"]["p50"], "lone_e2e_s": lone.summary["e2e_s"]["p50"],
+            "kv_pool_bytes_per_chip": info["kv_pool_bytes_per_chip"], "lone_ttft_s": lone_ttft,
+            "lone_tpot_s": lone_tpot, "lone_e2e_s": lone_e2e, "speculative_tokens": k,
             "decode_step_s": decode, "estimate": table}
 
 

@@ -62,6 +62,9 @@ class SearchSettings:
     top: int = DEFAULT_TOP                     # the ranking is exact down to this place (branch and bound)
     bound: bool = True                         # False: simulate every candidate (no branch and bound)
     decode_system: Optional[str] = None        # the disaggregated candidates' decode pools' system
+    #: the speculative: blocks to try (:func:`freeze_block` each, ``()`` plain decode), every
+    #: one a candidate of its own; None: the configuration's (its block, or plain decode)
+    speculative: Optional[tuple] = None
 
     def check(self) -> None:
         if self.objective not in SERVE_OBJECTIVES:
@@ -93,6 +96,8 @@ class SearchSettings:
                 raise ConfigError("--decode-system", "places the disaggregated candidates' decode pools, and --disagg "
                                                      "off has none: give --disagg on or auto")
             check_pool_system(self.decode_system, "--decode-system")
+        if self.speculative is not None and not self.speculative:
+            raise ConfigError("--speculative", "is empty: give off, METHOD:K or K (e.g. off,eagle:1,eagle:3)")
 
 
 @attrs.frozen
@@ -112,11 +117,33 @@ class PoolChoice:
         return f"{self.instances} x [{short_label(self.layout)}]" + (f" on {self.system}" if self.system else "")
 
 
+def freeze_block(block: Optional[Mapping]) -> tuple:
+    """A ``speculative:`` block as a candidate holds it: its ``(key, value)`` pairs sorted,
+    lists as tuples (hashable, one spelling per block); ``()`` for none (plain decode)."""
+    if not block:
+        return ()
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in block.items()))
+
+
+def thaw_block(frozen: tuple) -> Optional[dict]:
+    """The configuration's ``speculative:`` block of :func:`freeze_block`'s pairs (None: plain decode)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in frozen} if frozen else None
+
+
+def speculative_label(frozen: tuple) -> str:
+    """``eagle:3`` (method and draft tokens), ``off`` for plain decode."""
+    if not frozen:
+        return "off"
+    block = dict(frozen)
+    return f"{block['method']}:{block['tokens']}"
+
+
 @attrs.frozen
 class Candidate:
     pools: tuple[PoolChoice, ...]   # one (aggregated) or prefill then decode
     max_num_seqs: int
     chunk: int
+    speculative: tuple = ()         # its speculative: block (freeze_block), () plain decode
 
     @property
     def disaggregated(self) -> bool:
@@ -126,10 +153,12 @@ class Candidate:
     def chips(self) -> int:
         return sum(p.chips * p.instances for p in self.pools)
 
-    def label(self) -> str:
+    def label(self, speculative: bool = True) -> str:
+        """The deployment in words; with ``speculative`` (and a block) its method and drafts too."""
         pools = " + ".join(("prefill " if i == 0 else "decode ") * self.disaggregated + p.label()
                            for i, p in enumerate(self.pools))
-        return f"{pools}, max_num_seqs={self.max_num_seqs}, chunk={self.chunk}"
+        spec = f", speculative {speculative_label(self.speculative)}" if speculative and self.speculative else ""
+        return f"{pools}, max_num_seqs={self.max_num_seqs}, chunk={self.chunk}{spec}"
 
 
 @attrs.frozen
@@ -139,6 +168,7 @@ class Pruned:
     chunk: int
     family: str
     reason: str
+    speculative: tuple = ()         # the speculative: block it was screened with (freeze_block)
 
 
 def short_label(parallel: Mapping) -> str:
@@ -166,6 +196,9 @@ def candidate_config(base: Mapping, cand: Candidate, workload: Mapping, slo: str
     block["workload"] = _at_rate(workload, rate) if rate is not None else dict(workload)
     first = cand.pools[0]
     out = _layout_config(base, first.chips, first.layout)
+    out.pop("speculative", None)
+    if cand.speculative:
+        out["speculative"] = thaw_block(cand.speculative)
     if cand.disaggregated:
         block["disaggregation"] = {role: {"instances": p.instances, "chips": p.chips, "parallel": p.layout,
                                           **({"system": p.system} if p.system else {})}

@@ -11,9 +11,10 @@ from g5core.study.resultsdb import ResultsDB, canonical_json, sqlite_errors
 from g5core.study.sweep import run_windowed
 
 
-#: the cells' payload format (screens carry the estimate's step table from 2; from 4 a capacity
-#: search's failing runs stop at their sure SLO miss, so its run count and the peaks of its
-#: trace's failing rows differ): part of every cell's key, so a database of an older format
+#: the cells' payload format (screens carry the estimate's step table from 2; from 4 a
+#: speculative layout's TPOT floor, and a capacity search's failing runs stop at their sure
+#: SLO miss, so its run count and the peaks of its trace's failing rows differ): part of
+#: every cell's key, so a database of an older format
 #: is not read as this one
 CELL_VERSION = 4
 
