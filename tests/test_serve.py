@@ -9,7 +9,7 @@ import pytest
 from g5core.api.errors import ConfigError, G5Error
 from g5core.serve.api import simulate_serving
 from g5core.serve.cost import StepWork, SyntheticCost
-from g5core.serve.loop import Fleet, Pool, ServingLoop, check_invariants, serve_requests
+from g5core.serve.loop import Event, Fleet, Pool, ServingLoop, check_invariants, serve_requests
 from g5core.inputs.serving import parse_slo
 from g5core.serve.metrics import per_request, summary
 from g5core.serve.router import LeastKvUse, LeastOutstandingTokens, RoundRobin
@@ -353,8 +353,9 @@ def test_decode_runs_give_the_step_by_step_result(router):
 
 def test_decode_runs_past_other_instances_arrivals_under_round_robin():
     """Under round robin an instance's runs of decode steps stop only at its own arrivals
-    (the router reads no state): the same steps as one event per step, also when the
-    router's turn does not start at instance 0; fewer loop events than stopping at all."""
+    (the router reads no state), after the step such an arrival falls in: the same steps as
+    one event per step, also when the router's turn does not start at instance 0; fewer
+    loop events than stopping at all."""
     w = synthetic({"requests": 200, "arrival": {"kind": "poisson", "rate_per_s": 20}, "input_tokens": 300,
                    "output_tokens": "uniform:50:300", "seed": 7})
     cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=2e6)
@@ -378,11 +379,13 @@ def test_decode_runs_past_other_instances_arrivals_under_round_robin():
         events += 1
     assert [i.steps for i in other.result().instances] == [i.steps for i in fast.instances]
     ours = ServingLoop(fleet(2), w)
-    mine = 0
+    mine = resumed = 0
     while ours.heap:
-        ours.step()
+        resumed += ours.step()[1] == Event.RESUME
         mine += 1
     assert mine < events
+    # a run takes the step its own next arrival falls in too (the arrival changes nothing of it)
+    assert resumed > 50 and [i.steps for i in ours.result().instances] == [i.steps for i in fast.instances]
 
 
 def test_decode_runs_match_with_the_engine_and_disaggregation():

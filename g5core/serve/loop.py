@@ -34,6 +34,7 @@ class Event(enum.IntEnum):
     ARRIVAL = 0
     STEP_END = 1
     ENQUEUE = 2
+    RESUME = 3      # the end of a run of decode steps whose last step an arrival fell in
 
 
 @attrs.define(eq=False)
@@ -278,17 +279,22 @@ class ServingLoop:
                                                     and a.pool.role == "prefill")):
             heapq.heappush(self.watch, t)
 
-    def _horizon(self, now: float, inst: Instance) -> float:
-        """The time of the next event that can touch or read ``inst`` (see ``watch``)."""
+    def _horizon(self, now: float, inst: Instance) -> tuple[float, float]:
+        """``(hard, soft)``: the time of the next event that can read ``inst``'s state or
+        change it (see ``watch``), and of the next that only joins its queue (its own next
+        arrival under round robin, ``rr``; else ``inf``): a run of decode steps ends before
+        ``hard`` and may run the step ``soft`` falls in (an arrival during a step changes
+        nothing of that step)."""
         watch = self.watch
         while watch and watch[0] < now:
             heapq.heappop(watch)
         h = watch[0] if watch else math.inf
         j = self.arrived
-        if self.rr is not None:   # its own next arrival
-            offset, count = self.rr
-            j += (inst.index - offset - j) % count
-        return min(h, self.arrivals[j]) if j < self.n else h
+        if self.rr is None:
+            return (min(h, self.arrivals[j]) if j < self.n else h), math.inf
+        offset, count = self.rr
+        j += (inst.index - offset - j) % count
+        return h, (self.arrivals[j] if j < self.n else math.inf)
 
     def peek(self) -> float:
         """The time of the next event (``inf`` when none is left)."""
@@ -304,8 +310,10 @@ class ServingLoop:
             self._arrive(now, a)
         elif kind == Event.ENQUEUE:
             self._enqueue(now, a, b)
-        else:
+        elif kind == Event.STEP_END:
             self._step_end(now, a)
+        else:
+            self._resume(now, a)
         return now, Event(kind)
 
     def run(self, until: float = math.inf) -> Optional[LoopResult]:
@@ -366,8 +374,12 @@ class ServingLoop:
         """The instance's next step: a run of decode steps first where nothing can see it."""
         sched = inst.scheduler
         if self.fast and type(sched) is VllmScheduler and sched.running and inst.pool.role != "prefill":
-            ran, now = _decode_run(inst, now, self._horizon(now, inst))
+            ran, now, crossed = _decode_run(inst, now, *self._horizon(now, inst))
             self.steps += ran
+            if crossed:     # an arrival fell in its last step: the instance goes on once it is in
+                inst.busy = True
+                self._push(now, Event.RESUME, inst)
+                return
         io = getattr(sched, "io", False)   # a plugin's scheduler may not say
         if io:
             sched.now = now
@@ -466,6 +478,21 @@ class ServingLoop:
                 raise Missed
 
 
+    def _resume(self, now: float, inst: Instance) -> None:
+        """A run of decode steps whose last step an arrival (or several) fell in ends: that
+        step's row counts the queue as it is now, as its end would have, and the instance
+        goes on (its next step admits what arrived)."""
+        sched = inst.scheduler
+        inst.steps[len(inst.steps) - 1] = len(sched.waiting)
+        inst.busy = False
+        if sched.has_work:
+            self._start(inst, now)
+        if self.miss is not None:
+            self.miss.at(now)
+            if self.miss.sure:
+                raise Missed
+
+
 def serve_requests(fleet: Fleet, workload: Workload, progress: Optional[Callable[[int, int], None]] = None,
                    fast: bool = True, miss: Optional[MissWatch] = None) -> Optional[LoopResult]:
     """Run every request of ``workload`` through ``fleet`` to completion (a
@@ -477,20 +504,22 @@ def serve_requests(fleet: Fleet, workload: Workload, progress: Optional[Callable
 MIN_RUN_STEPS = 2
 
 
-def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]:
+def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.inf) -> tuple[int, float, bool]:
     """Run the instance's next decode-only steps at once, while nothing else can tell: every
     running sequence decodes one token a step (none is prefilling, none finishes, none is
     preempted, nothing is admitted: the queue is empty or the batch is full) and each step
-    ends before ``horizon`` (the next event that can touch or read the instance). Each
-    step is the one :meth:`VllmScheduler.schedule` would build (its latency from the pool's
-    cost, its KV blocks, its row in ``inst.steps``, every inter-token gap), so the result is
-    the step-by-step one. Returns ``(steps run, when the next step starts)``."""
+    ends before ``horizon`` (the next event that can touch or read the instance); the step
+    ``cross`` falls in (the next event that only joins the instance's queue) is the run's
+    last. Each step is the one :meth:`VllmScheduler.schedule` would build (its latency from
+    the pool's cost, its KV blocks, its row in ``inst.steps``, every inter-token gap), so
+    the result is the step-by-step one. Returns ``(steps run, when the next step starts,
+    whether the last step ends at or past cross)``."""
     sched = inst.scheduler
     s = sched.s
     running = sched.running
     b = len(running)
     if b > s.max_num_batched_tokens or (sched.waiting and b < s.max_num_seqs):
-        return 0, now
+        return 0, now, False
     bs = s.block_size
     left = 1 << 62
     contexts = []
@@ -498,7 +527,7 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
     for q in running:
         c = q.computed
         if q.num_tokens - c != 1 or q.last_s is None or q.scheduled or q.blocks != sched._blocks_for(c):
-            return 0, now
+            return 0, now, False
         contexts.append(c)
         residues[c % bs] += 1
         r = q.req.output_tokens - q.emitted
@@ -506,7 +535,7 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
             left = r
     limit = left - 1              # the step in which a sequence finishes goes the usual way
     if limit < MIN_RUN_STEPS:
-        return 0, now
+        return 0, now, False
     contexts.sort()
     cost = inst.pool.cost
     contexts = tuple(contexts)
@@ -537,9 +566,11 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
         ends.append(end)
         taken = need
         t = end
+        if end >= cross:
+            break
     k = len(ends)
     if not k:
-        return 0, now
+        return 0, now, False
     # the gaps: each sequence's first (from its last token), then one per step for all
     gaps = [ends[0] - q.last_s for q in running]
     itl_extend(array("d", gaps))
@@ -561,7 +592,7 @@ def _decode_run(inst: Instance, now: float, horizon: float) -> tuple[int, float]
         if top > q.max_itl_s:
             q.max_itl_s = top
     sched.free_blocks = free - taken
-    return k, t
+    return k, t, t >= cross
 
 
 def check_invariants(result: LoopResult) -> dict:
