@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import attrs
 import numpy as np
 import pytest
 
@@ -349,6 +350,20 @@ def test_decode_runs_give_the_step_by_step_result(router):
                                           max_num_batched_tokens=512),)), w)
         assert check_invariants(res)["kv_blocks_left_at_end"] == 0
     assert res.preemptions > 0  # the small pool preempted
+
+
+def test_decode_runs_match_with_prompts_in_several_prefill_steps():
+    """Disaggregated, with prompts in several chunks: a non-final chunk's end sends no KV but
+    schedules the chunk that will, so decode runs stop before every prefill step's end, and
+    give the step-by-step result."""
+    w = synthetic({"requests": 150, "arrival": {"kind": "poisson", "rate_per_s": 6}, "input_tokens": "uniform:500:3000",
+                   "output_tokens": "uniform:20:200", "seed": 3})
+    cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=2e6)
+    prefill = attrs.evolve(pool(cost, max_num_batched_tokens=512), role="prefill")
+    decode = attrs.evolve(pool(cost, instances=2, max_num_seqs=32), role="decode")
+    res = _same_runs(Fleet((prefill, decode), transfer_s=lambda tokens, i, j: 1e-3 + 1e-7 * tokens), w)
+    assert check_invariants(res)["kv_blocks_left_at_end"] == 0
+    assert len(res.instances[0].steps) // 7 > 2 * 150 * 0.8     # most prompts took several steps
 
 
 def test_decode_runs_past_other_instances_arrivals_under_round_robin():

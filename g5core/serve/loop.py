@@ -34,7 +34,7 @@ class Event(enum.IntEnum):
     ARRIVAL = 0
     STEP_END = 1
     ENQUEUE = 2
-    RESUME = 3      # the end of a run of decode steps whose last step an arrival fell in
+    RESUME = 3      # the end of a run of decode steps whose last step an arrival fell in or finished sequences
 
 
 @attrs.define(eq=False)
@@ -376,7 +376,7 @@ class ServingLoop:
         if self.fast and type(sched) is VllmScheduler and sched.running and inst.pool.role != "prefill":
             ran, now, crossed = _decode_run(inst, now, *self._horizon(now, inst))
             self.steps += ran
-            if crossed:     # an arrival fell in its last step: the instance goes on once it is in
+            if crossed:     # an arrival fell in its last step, or sequences finished in it
                 inst.busy = True
                 self._push(now, Event.RESUME, inst)
                 return
@@ -431,20 +431,7 @@ class ServingLoop:
                     q.max_itl_s = gap
                 q.last_s = now
             if q.emitted >= q.req.output_tokens:
-                sched.release(q)
-                log.finish_s[k] = now
-                log.last_token_s[k] = now
-                log.max_itl_s[k] = q.max_itl_s if q.emitted > 1 else float("nan")
-                log.emitted[k] = q.emitted
-                self.area += self.in_system * (now - self.t_last)
-                self.t_last = now
-                self.in_system -= 1
-                self.done += 1
-                if self.progress is not None and (self.done % 256 == 0 or self.done == self.n):
-                    self.progress(self.done, self.n)
-                if self.workload.closed and self.next_closed < self.n:
-                    self._push(now, Event.ARRIVAL, self.next_closed)
-                    self.next_closed += 1
+                self._finish(now, q, sched)
             elif prefill_pool and q.emitted == 1:
                 sched.release(q)
                 last = self.pools[-1]
@@ -457,14 +444,38 @@ class ServingLoop:
                 moved = Seq(q.req, computed=q.computed, emitted=q.emitted)
                 moved.last_s = now + move
                 self._push(now + move, Event.ENQUEUE, moved, last[j])
-            if miss is not None:
-                arrival = log.arrival_s[k]
-                if first:
-                    miss.see("ttft", first_token_s[k] - arrival)
-                if q.emitted >= q.req.output_tokens:
-                    miss.see("e2e", now - arrival)
-                    if q.emitted > 1:
-                        miss.see("tpot", (now - first_token_s[k]) / (q.emitted - 1))
+            if miss is not None and first:
+                miss.see("ttft", first_token_s[k] - log.arrival_s[k])
+        self._next(now, inst)
+
+    def _finish(self, now: float, q: Seq, sched) -> None:
+        """``q`` emitted its last token at ``now``: it leaves its instance and the system."""
+        sched.release(q)
+        log = self.log
+        k = q.req.id
+        log.finish_s[k] = now
+        log.last_token_s[k] = now
+        log.max_itl_s[k] = q.max_itl_s if q.emitted > 1 else float("nan")
+        log.emitted[k] = q.emitted
+        self.area += self.in_system * (now - self.t_last)
+        self.t_last = now
+        self.in_system -= 1
+        self.done += 1
+        if self.progress is not None and (self.done % 256 == 0 or self.done == self.n):
+            self.progress(self.done, self.n)
+        if self.workload.closed and self.next_closed < self.n:
+            self._push(now, Event.ARRIVAL, self.next_closed)
+            self.next_closed += 1
+        if self.miss is not None:
+            arrival = log.arrival_s[k]
+            self.miss.see("e2e", now - arrival)
+            if q.emitted > 1:
+                self.miss.see("tpot", (now - log.first_token_s[k]) / (q.emitted - 1))
+
+    def _next(self, now: float, inst: Instance) -> None:
+        """The end of the instance's step at ``now``, after its sequences: the step's row counts
+        the KV blocks, running and waiting sequences as they are, and the next step starts."""
+        sched = inst.scheduler
         row = len(inst.steps) - 7
         inst.steps[row + 4] = sched.used_blocks
         inst.steps[row + 5] = len(sched.running)
@@ -472,25 +483,21 @@ class ServingLoop:
         inst.busy = False
         if sched.has_work:
             self._start(inst, now)
-        if miss is not None:
-            miss.at(now)
-            if miss.sure:
-                raise Missed
-
-
-    def _resume(self, now: float, inst: Instance) -> None:
-        """A run of decode steps whose last step an arrival (or several) fell in ends: that
-        step's row counts the queue as it is now, as its end would have, and the instance
-        goes on (its next step admits what arrived)."""
-        sched = inst.scheduler
-        inst.steps[len(inst.steps) - 1] = len(sched.waiting)
-        inst.busy = False
-        if sched.has_work:
-            self._start(inst, now)
         if self.miss is not None:
             self.miss.at(now)
             if self.miss.sure:
                 raise Missed
+
+
+    def _resume(self, now: float, inst: Instance) -> None:
+        """A run of decode steps ends with a step that an arrival fell in or in which sequences
+        emitted their last token: those leave now (in the order the step holds them), as at
+        that step's end, and the instance goes on (its next step admits what arrived)."""
+        sched = inst.scheduler
+        for q in [q for q in sched.running if q.emitted >= q.req.output_tokens]:
+            sched.last_token(q)
+            self._finish(now, q, sched)
+        self._next(now, inst)
 
 
 def serve_requests(fleet: Fleet, workload: Workload, progress: Optional[Callable[[int, int], None]] = None,
@@ -506,14 +513,16 @@ MIN_RUN_STEPS = 2
 
 def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.inf) -> tuple[int, float, bool]:
     """Run the instance's next decode-only steps at once, while nothing else can tell: every
-    running sequence decodes one token a step (none is prefilling, none finishes, none is
-    preempted, nothing is admitted: the queue is empty or the batch is full) and each step
-    ends before ``horizon`` (the next event that can touch or read the instance); the step
-    ``cross`` falls in (the next event that only joins the instance's queue) is the run's
-    last. Each step is the one :meth:`VllmScheduler.schedule` would build (its latency from
-    the pool's cost, its KV blocks, its row in ``inst.steps``, every inter-token gap), so
-    the result is the step-by-step one. Returns ``(steps run, when the next step starts,
-    whether the last step ends at or past cross)``."""
+    running sequence decodes one token a step (none is prefilling, none is preempted,
+    nothing is admitted: the queue is empty or the batch is full) and each step ends before
+    ``horizon`` (the next event that can touch or read the instance); the step ``cross``
+    falls in (the next event that only joins the instance's queue), and the first in which
+    a sequence emits its last token, is the run's last. Each step is the one
+    :meth:`VllmScheduler.schedule` would build (its latency from the pool's cost, its KV
+    blocks, its row in ``inst.steps``, every inter-token gap), so the result is the
+    step-by-step one. Returns ``(steps run, when the next step starts, whether the loop
+    resumes the instance then)``: the last step ends at or past ``cross``, or sequences
+    finished in it (:meth:`ServingLoop._resume` lets them leave at its end)."""
     sched = inst.scheduler
     s = sched.s
     running = sched.running
@@ -533,7 +542,7 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
         r = q.req.output_tokens - q.emitted
         if r < left:
             left = r
-    limit = left - 1              # the step in which a sequence finishes goes the usual way
+    limit = left                  # the step in which a sequence finishes is the run's last
     if limit < MIN_RUN_STEPS:
         return 0, now, False
     contexts.sort()
@@ -592,7 +601,7 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
         if top > q.max_itl_s:
             q.max_itl_s = top
     sched.free_blocks = free - taken
-    return k, t, t >= cross
+    return k, t, t >= cross or k == left
 
 
 def check_invariants(result: LoopResult) -> dict:

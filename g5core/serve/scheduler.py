@@ -198,9 +198,15 @@ class VllmScheduler:
                 q.emitted += 1
                 q.num_tokens += 1
                 emitted.append(q)
-                if q.emitted == q.req.output_tokens and q.req.cache_key is not None:
-                    self.prefixes.add(q.req.cache_key)
+                if q.emitted == q.req.output_tokens:
+                    self.last_token(q)
         return emitted
+
+    def last_token(self, q: Seq) -> None:
+        """``q`` emitted its last token (in a step, or at the end of the serving loop's run of
+        decode steps): a conversation's turn is cached under its key for the next turn."""
+        if q.req.cache_key is not None:
+            self.prefixes.add(q.req.cache_key)
 
     def release(self, seq: Seq) -> None:
         """A sequence leaves the instance (finished, or its KV moved away)."""
