@@ -353,17 +353,24 @@ def test_decode_runs_give_the_step_by_step_result(router):
 
 
 def test_decode_runs_match_with_prompts_in_several_prefill_steps():
-    """Disaggregated, with prompts in several chunks: a non-final chunk's end sends no KV but
-    schedules the chunk that will, so decode runs stop before every prefill step's end, and
-    give the step-by-step result."""
+    """Disaggregated, with prompts in several chunks: the step-by-step result, also where a
+    decode run takes the step a prefill step's end or a KV arrival falls in (round robin over
+    the decode pool: nothing reads a decode instance's state)."""
     w = synthetic({"requests": 150, "arrival": {"kind": "poisson", "rate_per_s": 6}, "input_tokens": "uniform:500:3000",
                    "output_tokens": "uniform:20:200", "seed": 3})
     cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=2e6)
     prefill = attrs.evolve(pool(cost, max_num_batched_tokens=512), role="prefill")
     decode = attrs.evolve(pool(cost, instances=2, max_num_seqs=32), role="decode")
-    res = _same_runs(Fleet((prefill, decode), transfer_s=lambda tokens, i, j: 1e-3 + 1e-7 * tokens), w)
+    fleet = Fleet((prefill, decode), transfer_s=lambda tokens, i, j: 1e-3 + 1e-7 * tokens)
+    res = _same_runs(fleet, w)
     assert check_invariants(res)["kv_blocks_left_at_end"] == 0
     assert len(res.instances[0].steps) // 7 > 2 * 150 * 0.8     # most prompts took several steps
+    # the decode pool is round robin: a run takes the step the next event falls in, then resumes
+    decode.router.next = 0
+    loop = ServingLoop(fleet, w)
+    kinds = [loop.step()[1] for _ in iter(lambda: bool(loop.heap), False)]
+    assert loop.soft_decode and kinds.count(Event.RESUME) > 100
+    assert [i.steps for i in loop.result().instances] == [i.steps for i in res.instances]
 
 
 def test_decode_runs_past_other_instances_arrivals_under_round_robin():

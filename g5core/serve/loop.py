@@ -253,6 +253,11 @@ class ServingLoop:
         first = fleet.pools[0]
         self.rr = (None if not self.fast or self.split or type(first.router) is not RoundRobin
                    or first.instances == 1 else (first.router.next, first.instances))
+        # a disaggregated fleet whose decode pool is round robin: nothing reads a decode
+        # instance's state (the prefill pool routes KV to them in turn), so every event only
+        # joins a decode instance's queue or makes later events (a prompt's KV arriving): a
+        # run of decode steps takes the step the next event falls in, and stops there
+        self.soft_decode = self.fast and self.split and type(fleet.pools[-1].router) is RoundRobin
         self.watch: list = []
         self.done = self.steps = 0
         self.now = 0.0
@@ -281,8 +286,9 @@ class ServingLoop:
 
     def _horizon(self, now: float, inst: Instance) -> tuple[float, float]:
         """``(hard, soft)``: the time of the next event that can read ``inst``'s state or
-        change it (see ``watch``), and of the next that only joins its queue (its own next
-        arrival under round robin, ``rr``; else ``inf``): a run of decode steps ends before
+        change it (see ``watch``), and of the next that only joins its queue or makes later
+        events (its own next arrival under round robin, ``rr``; any next event for a decode
+        instance under ``soft_decode``; else ``inf``): a run of decode steps ends before
         ``hard`` and may run the step ``soft`` falls in (an arrival during a step changes
         nothing of that step)."""
         watch = self.watch
@@ -290,6 +296,8 @@ class ServingLoop:
             heapq.heappop(watch)
         h = watch[0] if watch else math.inf
         j = self.arrived
+        if self.soft_decode and inst.pool is self.fleet.pools[-1]:
+            return math.inf, (min(h, self.arrivals[j]) if j < self.n else h)
         if self.rr is None:
             return (min(h, self.arrivals[j]) if j < self.n else h), math.inf
         offset, count = self.rr
