@@ -18,17 +18,23 @@ CASES = [
     ("examples/llama-3.1-8b-prefill.yaml", ["seq_len=4096", "chips=4", "parallel.tp=4"]),
     ("examples/llama-3.1-70b-decode.yaml", []),
     ("examples/deepseek-v3-1m-prefill-cp8.yaml", ["seq_len=8192", "model=DEEPSEEK-3-LAYERS"]),
+    # 4 of the 126 layers (the trace writes each layer alike; two nodes, cp and dp as shipped)
     ("examples/llama-3.1-405b-1m-prefill-cp16.yaml", ["seq_len=8192", "chips=32", "parallel.cp=2",
-                                                      "parallel.dp=2"]),
+                                                      "parallel.dp=2", "model=LLAMA-405B-4-LAYERS"]),
 ]
+
+#: a model of the shipped HF configuration with fewer layers: placeholder -> (file, changes)
+FEW_LAYERS = {"DEEPSEEK-3-LAYERS": ("deepseek-v3.json", {"num_hidden_layers": 3, "first_k_dense_replace": 1}),
+              "LLAMA-405B-4-LAYERS": ("llama-3.1-405b.json", {"num_hidden_layers": 4})}
 
 
 def _run(path, overrides, folder):
     root = Path(__file__).resolve().parent.parent
-    hf = json.loads((root / "tests" / "data" / "hf" / "deepseek-v3.json").read_text())
-    hf.update(num_hidden_layers=3, first_k_dense_replace=1)
-    (folder / "deepseek-3-layers.json").write_text(json.dumps(hf))
-    overrides = [o.replace("DEEPSEEK-3-LAYERS", str(folder / "deepseek-3-layers.json")) for o in overrides]
+    for name, (source, changes) in FEW_LAYERS.items():
+        hf = json.loads((root / "tests" / "data" / "hf" / source).read_text())
+        hf.update(changes)
+        (folder / f"{name.lower()}.json").write_text(json.dumps(hf))
+        overrides = [o.replace(name, str(folder / f"{name.lower()}.json")) for o in overrides]
     raw = load_raw(str(root / path), overrides)
     return run(raw, symmetry=False, record_port_rates=True, max_ops=3_000_000)
 
