@@ -263,18 +263,12 @@ class PlanCost:
             hit = self._steps[key] = (self.predict_s(work), work)
         return hit[0]
 
-    def decode_latency_s(self, contexts: tuple, j: int, total: int) -> float:
-        """:meth:`latency_s` of the decode-only step of ``len(contexts)`` sequences at
-        ``contexts`` plus ``j`` each (``contexts`` sorted; ``total``: the sum of those), the
-        same value from the same arithmetic, without building the step (the serving loop's
-        runs of decode steps)."""
-        if self.exact:
-            return self.latency_s(StepWork((), tuple(c + j for c in contexts)))
-        return self.decode_stepper(contexts)(j, total)
-
     def decode_stepper(self, contexts: tuple) -> Callable[[int, int], float]:
-        """``(j, total) -> decode_latency_s(contexts, j, total)``, with what does not change
-        along a run of decode steps (the batch, its token-proportional part) worked out once."""
+        """``(j, total) ->`` :meth:`latency_s` of the decode-only step of ``len(contexts)``
+        sequences at ``contexts`` plus ``j`` each (``contexts`` sorted; ``total``: the sum of
+        those), the same value from the same arithmetic without building the step (the
+        serving loop's runs of decode steps), with what does not change along a run (the
+        batch, its token-proportional part) worked out once."""
         if self.exact:
             return lambda j, total: self.latency_s(StepWork((), tuple(c + j for c in contexts)))
         b = len(contexts)
