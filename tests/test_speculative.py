@@ -146,7 +146,83 @@ def test_mtp_proposer_times_its_eh_proj():
     mtp, eagle = run(raw), run(_with(method="eagle", tokens=1, acceptance=0.8))
     assert mtp.speculative.proposer_pass_s > eagle.speculative.proposer_pass_s
     terms = lambda out, name: out.to_json_dict()["memory"]["terms"][name]["max_bytes"]
-    assert terms(mtp, "speculative_mtp_layers") - terms(eagle, "speculative_eagle_head") == (2 * d * d + 2 * d) * 2
+    # MTP: eh_proj (2d x d) and its enorm, hnorm (d each); EAGLE: fc (2d x d) and its bias (d)
+    assert terms(mtp, "speculative_mtp_layers") - terms(eagle, "speculative_eagle_head") == d * 2
+
+
+def _eagle_proposer(raw, monkeypatch=None):
+    """The EAGLE proposer of ``raw``; with ``monkeypatch``, as it was before its fc was
+    modelled (the same head without ``eagle_fc``)."""
+    import attrs
+
+    from g5core.session import speculative as S
+
+    if monkeypatch is not None:
+        former = S.proposer_model
+        monkeypatch.setattr(S, "proposer_model", lambda spec, target: attrs.evolve(former(spec, target), eagle_fc=False))
+    plan = make_plan(raw)
+    return S.Proposer(plan, plan.ctx.deployment.speculative)
+
+
+def _per_chip_totals(proposer):
+    """(FLOPs, HBM bytes) of the proposer's step on each chip, over every compute op of its DAG."""
+    from g5core.lower.builder import build_dag
+
+    dag = build_dag(proposer.plan)
+    flops, hbm = {}, {}
+    for i in range(len(dag)):
+        if not dag.is_comm(i):
+            op = dag.op(i)
+            flops[op.chip] = flops.get(op.chip, 0.0) + op.flops
+            hbm[op.chip] = hbm.get(op.chip, 0.0) + op.hbm_bytes
+    return flops, hbm
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+def test_eagle_proposer_times_its_fc(monkeypatch, layers):
+    """The EAGLE head's fc ([embedding; the target's feature], 2d -> d) is one op of the
+    proposer's pass, before its first layer (however many layers), whole on every chip: each
+    chip's FLOPs and bytes of the pass grow by exactly that GEMM's against the head without it."""
+    raw = _with(method="eagle", tokens=2, acceptance=[0.8, 0.6], layers=layers)
+    proposer = _eagle_proposer(raw)
+    kinds = [lop.kind for lop in proposer.plan.program()]
+    assert kinds.count("eagle_fc") == 1 and kinds.index("eagle_fc") < kinds.index("attn_norm")
+    assert "eh_proj" not in kinds
+    d, b = 4096, 8                                # llama-3.1-8b, batch 8, bf16
+    work = proposer.plan.ctx.work("eagle_fc", 0)
+    (gemm,) = work.kernels                        # no norm before it, no FP8 input quantisation in bf16
+    assert (gemm.m, gemm.k, gemm.n) == (b, 2 * d, d)
+    fc_flops, fc_bytes = 2.0 * b * (2 * d) * d, (2 * d) * d * 2 + b * (2 * d + d) * 2
+    assert (work.flops, work.hbm_bytes) == (fc_flops, fc_bytes)
+    flops, hbm = _per_chip_totals(proposer)
+    former_flops, former_hbm = _per_chip_totals(_eagle_proposer(raw, monkeypatch))
+    assert sorted(flops) == sorted(former_flops) == [0, 1]          # tp=2: the fc on each chip
+    for chip in flops:
+        assert flops[chip] - former_flops[chip] == fc_flops
+        assert hbm[chip] - former_hbm[chip] == fc_bytes
+
+
+def test_eagle_ledger_shows_the_fc(monkeypatch):
+    """The fc's weights (2d x d and its bias d, bf16, whole on every chip) are in the EAGLE head's
+    line, which grows by them against the head without the fc, and on their own line within it."""
+    raw = _with(method="eagle", tokens=2, acceptance=[0.8, 0.6])
+    d = 4096
+    fc_bytes = (2 * d * d + d) * 2
+    out = run(raw)
+    terms = out.to_json_dict()["memory"]["terms"]
+    assert terms["speculative_eagle_head_fc"] == {"category": "weights", "max_bytes": fc_bytes,
+                                                  "part_of": "speculative_eagle_head"}
+    fc = next(t for t in out.memory.terms if t.name == "speculative_eagle_head_fc")
+    assert dict(fc.bytes_per_chip) == {0: fc_bytes, 1: fc_bytes}
+    head = terms["speculative_eagle_head"]["max_bytes"]
+    former = {t.name: t for t in _eagle_proposer(raw, monkeypatch).memory_terms()}
+    assert head - max(b for _, b in former["speculative_eagle_head"].bytes_per_chip) == fc_bytes
+    # a part of the head's line, not counted again in the totals
+    weights = out.memory.columns["weights_bytes"]
+    whole = sum(t.vector(2) for t in out.memory.terms if t.category == "weights" and not t.part_of)
+    assert np.array_equal(weights, whole)
+    from g5core.present.render import render_summary
+    assert "of the speculative_eagle_head: speculative eagle head fc 64.01 MiB" in render_summary(out)
 
 
 def test_speculation_under_context_parallel_pass_q():

@@ -152,6 +152,11 @@ class ModelSpec:
     #: previous hidden state are RMS-normed (``enorm``, ``hnorm``), concatenated and projected
     #: ``2 d -> d`` by ``eh_proj`` (logical op ``eh_proj``)
     mtp_module: bool = attrs.field(default=False, validator=instance_of(bool))
+    #: the model is an EAGLE head (Li et al., EAGLE, arXiv 2401.15077; a speculative proposer:
+    #: g5core.session.speculative): before its first decoder layer, the token's embedding and
+    #: the target's top feature are concatenated and projected ``2 d -> d`` by ``fc`` (logical
+    #: op ``eagle_fc``), once per pass
+    eagle_fc: bool = attrs.field(default=False, validator=instance_of(bool))
     #: the weights' dtypes the hub config's ``quantization_config`` publishes, as sorted
     #: ``(weight class, dtype)`` pairs with a ``default`` (() when it has none G5 reads); a
     #: configuration without ``dtypes.weights`` runs them (:func:`read_quantization`)

@@ -63,6 +63,8 @@ def build_program(model: ModelSpec, micro: int = -1, head: bool = True) -> tuple
         x = add("boundary", layer, out)
         if model.mtp_module:
             x = add("eh_proj", layer, x)
+        if model.eagle_fc and layer == 0:
+            x = add("eagle_fc", layer, x)
         x = add("attn_norm", layer, x)
         x = add("attn_in_gather", layer, x)
         x = add("qkv_proj", layer, x)
@@ -136,6 +138,8 @@ def weight_elements(kind: str, model: ModelSpec, shape: LocalShape) -> float:
         return float(d)
     if kind == "eh_proj":   # the 2d x d projection and its two input norms (enorm, hnorm), on every chip
         return 2.0 * d * d + 2.0 * d
+    if kind == "eagle_fc":  # the 2d x d projection and its bias (EAGLE_FC_BIAS), on every chip
+        return 2.0 * d * d + (d if EAGLE_FC_BIAS else 0.0)
     projections = local_projections(model, shape)
     if kind == "qkv_proj":
         return sum(i * o for name, i, o in projections if name != "o_proj")
@@ -156,7 +160,17 @@ def weight_elements(kind: str, model: ModelSpec, shape: LocalShape) -> float:
 WEIGHT_CLASS = {
     "embedding": "embedding", "lm_head": "embedding", "qkv_proj": "attention", "o_proj": "attention",
     "ffn": "ffn", "shared_expert": "ffn", "moe_experts": "experts", "router": "default", "eh_proj": "default",
+    "eagle_fc": "default",
 }
+
+#: whether an EAGLE head's ``fc`` carries a bias (``d`` weights, its add fused in the GEMM's
+#: epilogue, no FLOPs counted): the EAGLE reference (SafeAILab/EAGLE ``eagle/model/cnets1.py``,
+#: ``Model.__init__(..., bias=True)``: ``self.fc = nn.Linear(2 * hidden, hidden, bias=bias)``)
+#: and SGLang (``python/sglang/srt/models/llama_eagle.py``: ``torch.nn.Linear(hidden * 2,
+#: hidden)``, PyTorch's default ``bias=True``) hold one; vLLM's V1 ``llama_eagle.py`` builds
+#: ``fc`` with ``bias=False`` (its V0 ``eagle.py``: ``bias=config.eagle_fc_bias``, default False).
+#: ``d`` elements beside ``2 d^2`` (1 / 8,192 of the matrix at d = 4,096).
+EAGLE_FC_BIAS = True
 
 
 def projection_kernels(model: ModelSpec, shape: LocalShape, kind: str, tokens: float,
@@ -230,8 +244,8 @@ def base_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalS
         fl, hb = F.gemm(tokens, d, shape.vocab, wbytes, act)
         return Work(op_class="gemm", flops=fl, hbm_bytes=hb, weight_class=wclass, weight_elements=welems,
                     kernels=(Gemm(m=tokens, n=shape.vocab, k=d, weight_bytes=wbytes, act_bytes=act),))
-    if kind == "eh_proj":
-        return eh_proj_work(d, shape.tokens, wbytes, act, welems)
+    if kind in ("eh_proj", "eagle_fc"):
+        return input_proj_work(kind, d, shape.tokens, wbytes, act, welems)
     if kind in ("qkv_proj", "o_proj"):
         mats = [m for m in local_projections(model, shape) if (m[0] == "o_proj") == (kind == "o_proj")]
         fl = hb = 0.0
@@ -276,14 +290,20 @@ def base_work(kind: str, model: ModelSpec, deployment: Deployment, shape: LocalS
     raise ValueError(f"no default work for logical op kind {kind!r}")
 
 
-def eh_proj_work(d: int, tokens: float, wbytes: float, act: float, welems: float) -> Work:
-    """An MTP module's input projection on one chip: ``eh_proj``, a ``2 d -> d`` GEMM over
-    ``[enorm(embedding); hnorm(previous hidden state)]`` on every token of the replica (vLLM
-    ``deepseek_mtp.py`` and SGLang ``deepseek_nextn.py`` hold it whole on every rank, an
-    ``nn.Linear``); its two input RMSNorms are side kernels (:func:`with_side_kernels`). The
-    concatenation is not counted (the norms can write their halves in place)."""
+def input_proj_work(kind: str, d: int, tokens: float, wbytes: float, act: float, welems: float) -> Work:
+    """A speculative proposer's input projection on one chip, a ``2 d -> d`` GEMM on every
+    token of the replica, whole on every rank (an ``nn.Linear`` in vLLM and SGLang):
+
+    - ``eh_proj``, an MTP module's, over ``[enorm(embedding); hnorm(previous hidden state)]``
+      (vLLM ``deepseek_mtp.py``, SGLang ``deepseek_nextn.py``); its two input RMSNorms are
+      side kernels (:func:`with_side_kernels`);
+    - ``eagle_fc``, an EAGLE head's ``fc``, over ``[embedding; the target's top feature]``
+      (EAGLE, arXiv 2401.15077; vLLM and SGLang ``llama_eagle.py``), no norm before it; its
+      bias (:data:`EAGLE_FC_BIAS`) is in its weights, its add in the GEMM's epilogue.
+
+    The concatenation is not counted (its producers can write their halves in place)."""
     fl, hb = F.gemm(tokens, 2.0 * d, d, wbytes, act)
-    return Work(op_class="gemm", flops=fl, hbm_bytes=hb, weight_class=WEIGHT_CLASS["eh_proj"], weight_elements=welems,
+    return Work(op_class="gemm", flops=fl, hbm_bytes=hb, weight_class=WEIGHT_CLASS[kind], weight_elements=welems,
                 kernels=(Gemm(m=tokens, n=d, k=2.0 * d, weight_bytes=wbytes, act_bytes=act),))
 
 
@@ -571,7 +591,7 @@ def with_side_kernels(kind: str, work: Work, model: ModelSpec, deployment: Deplo
     elif kind == "qkv_proj":
         extra = fp8_input_kernels(work.kernels, deployment, WEIGHT_CLASS[kind]) + (
             kv_append_kernel(model, deployment, shape),)
-    elif kind in ("o_proj", "lm_head"):
+    elif kind in ("o_proj", "lm_head", "eagle_fc"):
         extra = fp8_input_kernels(work.kernels, deployment, WEIGHT_CLASS[kind])
     elif kind == "eh_proj":   # enorm and hnorm before the projection, then its input quantisation
         norm = Elementwise(tokens=shape.tokens, width=model.hidden_size, kind="rmsnorm", act_bytes=act)

@@ -299,7 +299,8 @@ def proposer_sizing(sizing: KvSizing, proposer: Proposer) -> KvSizing:
     terms = {t.name: t for t in proposer.memory_terms()}
     if not terms:
         return sizing
-    weights = max(b for name, t in terms.items() if not name.endswith("_kv_cache") for _, b in t.bytes_per_chip)
+    weights = max(b for name, t in terms.items() if not name.endswith("_kv_cache") and not t.part_of
+                  for _, b in t.bytes_per_chip)
     per_token = sizing.kv_bytes_per_token_per_chip + PreparedPlan(proposer.plan).kv_bytes_per_token
     pool = max(sizing.pool_bytes_per_chip - weights, 0.0)
     return attrs.evolve(sizing, pool_bytes_per_chip=pool, kv_bytes_per_token_per_chip=per_token,

@@ -17,7 +17,11 @@ with the verification (vLLM, SGLang and TensorRT-LLM run them one after the othe
 iteration) and does not model tree drafts (``eagle_topk > 1``): a chain of ``k`` drafts.
 An MTP module starts with ``eh_proj`` (a ``2 d -> d`` GEMM on the proposer's tokens, after
 the ``enorm`` and ``hnorm`` RMSNorms): a logical op of its program
-(:attr:`g5core.inputs.models.ModelSpec.mtp_module`), in its time and its weights line.
+(:attr:`g5core.inputs.models.ModelSpec.mtp_module`), in its time and its weights line. An
+EAGLE head starts with ``fc`` (a ``2 d -> d`` GEMM over the token's embedding and the target's
+top feature, once per pass; logical op ``eagle_fc``, :attr:`~g5core.inputs.models.ModelSpec.eagle_fc`):
+in its time, in the head's weights line and on a line of its own within it
+(``speculative_eagle_head_fc``, ``part_of`` the head's line).
 """
 from __future__ import annotations
 
@@ -46,8 +50,9 @@ def proposer_model(spec: Speculative, target: ModelSpec) -> Optional[ModelSpec]:
     ``mtp``: ``layers`` decoder layers like the target's last (DeepSeek-V3's MTP module is one
     MoE decoder layer; ``num_nextn_predict_layers``), each after its ``eh_proj``
     (``mtp_module``), the target's embedding and LM head.
-    ``eagle``: ``layers`` dense decoder layers at the target's width, attention and dense FFN
-    width, the target's LM head (EAGLE / EAGLE-2 reuse it). ``draft_model``: the named model."""
+    ``eagle``: ``fc`` (``eagle_fc``: ``[embedding; feature]``, ``2 d -> d``), then ``layers``
+    dense decoder layers at the target's width, attention and dense FFN width, the target's
+    LM head (EAGLE / EAGLE-2 reuse it). ``draft_model``: the named model."""
     if spec.method == "ngram":
         return None
     if spec.method == "draft_model":
@@ -60,7 +65,8 @@ def proposer_model(spec: Speculative, target: ModelSpec) -> Optional[ModelSpec]:
     if spec.method == "mtp" and target.moe is not None and target.is_moe_layer(target.n_layers - 1):
         moe = attrs.evolve(target.moe, first_dense_layers=0, layer_step=1)
     return attrs.evolve(target, name=f"{target.name}-{spec.method}", n_layers=spec.layers, layer_windows=windows,
-                        moe=moe, mtp_module=spec.method == "mtp")
+                        moe=moe, mtp_module=spec.method == "mtp",
+                        eagle_fc=spec.method == "eagle")
 
 
 def proposer_deployment(dep: Deployment, model: ModelSpec) -> Deployment:
@@ -145,7 +151,8 @@ class Proposer:
     def memory_terms(self) -> list[MemoryTerm]:
         """The proposer's own lines of the target's ledger, on the chips that hold the target's
         LM head: its weights (MTP / EAGLE: its layers, the embedding and LM head shared; a
-        draft model: all of it; MTP's include ``eh_proj``) and its KV cache."""
+        draft model: all of it; MTP's include ``eh_proj``, EAGLE's ``fc``, which also has a
+        line of its own within the head's, ``part_of`` it) and its KV cache."""
         if self.plan is None:
             return []
         ctx, tgt = self.plan.ctx, self.target_ctx
@@ -155,8 +162,12 @@ class Proposer:
         kv = float(np.max(memory_report(ctx).columns["kv_cache_bytes"]))
         head = np.flatnonzero(weight_bytes_per_chip(tgt, kinds={"final_norm"}) > 0).tolist()
         name = LEDGER_NAMES[self.spec.method]
-        return [MemoryTerm(name=name, category="weights", bytes_per_chip={c: weights for c in head}),
-                MemoryTerm(name=f"{name}_kv_cache", category="kv_cache", bytes_per_chip={c: kv for c in head})]
+        terms = [MemoryTerm(name=name, category="weights", bytes_per_chip={c: weights for c in head})]
+        if self.spec.method == "eagle":
+            fc = sum(_layer_weight_bytes(ctx, kinds={"eagle_fc"}).values())
+            terms.append(MemoryTerm(name=f"{name}_fc", category="weights", bytes_per_chip={c: fc for c in head},
+                                    part_of=name))
+        return terms + [MemoryTerm(name=f"{name}_kv_cache", category="kv_cache", bytes_per_chip={c: kv for c in head})]
 
 
 def verify_deployment(dep: Deployment) -> Deployment:
