@@ -292,3 +292,18 @@ def test_search_blocks_take_the_configurations_acceptance_or_the_published_defau
         with pytest.raises(ConfigError) as err:
             search_blocks(text, given)
         assert err.value.field == field and "\n" not in str(err.value)
+
+
+def test_a_session_runs_a_speculative_workload_the_same_each_time():
+    """Each run of a serving session makes its schedulers anew: instance i draws from seed i
+    in every run, so the same workload gives the same figures the second and third time (a
+    capacity search reruns a stopped run to its end and must see the same run)."""
+    from g5core.serve.session import ServingSession
+
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1},
+           "serving": {"instances": 2}, "speculative": {"method": "eagle", "tokens": 3, "acceptance": 0.6}}
+    wl = {"requests": 24, "input_tokens": 256, "output_tokens": 32, "seed": 0, "arrival": {"kind": "poisson", "rate_per_s": 40}}
+    session = ServingSession(raw, wl)
+    first, second, third = (session.run(wl).summary for _ in range(3))
+    for s in (second, third):
+        assert s["tpot_s"] == first["tpot_s"] and s["speculative"] == first["speculative"]

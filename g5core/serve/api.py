@@ -316,7 +316,7 @@ def speculative_pool(prepared, proposer: Proposer, cost: PlanCost, ps, field: st
                                                      f"{ps.scheduler_name!r}; remove the name or the speculative block")
     runner = None if proposer.plan is None else PreparedPlan(proposer.plan)
     cost = SpeculativeCost(cost, speculative_extra(prepared, runner, cost.rules))
-    return cost, speculative_factory(prepared.deployment.speculative)
+    return cost, speculative_factory(prepared.deployment.speculative, ps.instances)
 
 
 def kv_transfer(pools, plans):

@@ -384,13 +384,17 @@ class SpeculativeScheduler(VllmScheduler):
         return emitted
 
 
-def speculative_factory(spec, seed: int = 0):
-    """A scheduler factory ``(settings, total_blocks) -> SpeculativeScheduler``; instance ``i``
-    of a pool draws from ``seed + i`` (the factory counts the instances it made)."""
+def speculative_factory(spec, instances: int, seed: int = 0):
+    """A scheduler factory ``(settings, total_blocks) -> SpeculativeScheduler`` for a pool of
+    ``instances``; instance ``i`` draws from ``seed + i``. Every run of the pool makes its
+    ``instances`` schedulers anew, in index order (:class:`g5core.serve.loop.Instance`), so the
+    factory counts the schedulers it made modulo ``instances``: each run of a session draws
+    the same (a count over the factory's life gave a session's second run other seeds)."""
     made = [0]
 
     def make(settings: SchedulerSettings, total_blocks: int) -> SpeculativeScheduler:
+        index = made[0] % instances
         made[0] += 1
-        return SpeculativeScheduler(settings, total_blocks, spec, seed + made[0] - 1)
+        return SpeculativeScheduler(settings, total_blocks, spec, seed + index)
 
     return make
