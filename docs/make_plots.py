@@ -5,7 +5,8 @@
 A CP scan of llama-3.1-70b on 8 H100s (tp=2, dp auto, cp 1/2/4 at 32K, 128K and 1M tokens:
 the longer ones do not all fit) gives the latency, memory, Pareto and timeline plots; a
 `g5 best` search of the same model on 16 H100s at 32K gives the latency plot of a best
-database (one line per layout family). About a minute on two cores; needs g5[plot].
+database (one line per layout family). About 17 s of CPU (2026-12-03, README "Runtimes of the
+user commands"); needs g5[plot].
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ Tables (each between ``<!-- g5-table: NAME -->`` and ``<!-- /g5-table: NAME -->`
 
 - ``validation``: `g5 validate validation/measured.csv`, once with each row's own system
   (the aiconfigurator tables) and once with ``--set system=h100-sxm`` (the size-aware
-  roofline), about 30 s each;
+  roofline), about 12 s of CPU each (2026-12-03);
 - ``validation-meta``: the same for `validation/measured-meta.csv` (Meta's rows, each on its GTT
   hosts' system file, validation/systems/h100-gtt.yaml), about 15 s each;
 - ``validation-frameworks``: `g5 validate validation/measured-frameworks.csv` (each row under its
