@@ -472,6 +472,26 @@ def test_runs_of_chunks_match_with_the_engine():
     assert ((rows[:, 2] > 0) & (rows[:, 3] > 0)).sum() > 40
 
 
+def test_the_decode_stepper_gives_the_predictors_latency_bit_for_bit():
+    """A run's stepper (its cells of the context grid kept along the run) gives every step
+    the latency the predictor gives that step built whole, on a fresh cost each (nothing
+    shared through a cache): batches on and between the batch grid's points, contexts
+    crossing several grid cells."""
+    from g5core.serve.cost import PlanCost
+
+    def step_s(groups):     # a smooth, non-linear stand-in for the engine
+        return sum(1e-5 * n * k + 3e-9 * (c + n) ** 1.1 * k + 1e-6 * math.sqrt(k) for n, c, k in groups)
+
+    rng = np.random.default_rng(3)
+    for b in (1, 4, 5, 16, 37, 100):
+        contexts = tuple(sorted(int(c) for c in rng.integers(1, 3000, b)))
+        run, whole = PlanCost(step_s), PlanCost(step_s)
+        stepper = run.decode_stepper(contexts)
+        total = sum(contexts)
+        for j in range(0, 5000, 7):
+            assert stepper(j, total + j * b) == whole.latency_s(StepWork((), tuple(c + j for c in contexts)))
+
+
 def test_goodput_under_percentile_limits_counts_requests_and_states_the_verdict():
     """Issue 35: under ``ttft_p50=0.25s`` the share is per request (half the TTFTs are at
     most 0.25 s), never 100% beside a missed percentile, and the verdict is stated apart."""

@@ -576,7 +576,7 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
     residues = [0] * bs
     for q in decoding:
         c = q.computed
-        if q.num_tokens - c != 1 or q.last_s is None or q.scheduled or q.blocks != sched._blocks_for(c):
+        if q.num_tokens - c != 1 or q.last_s is None or q.scheduled or q.blocks != -(-c // bs):
             return 0, now, False
         contexts.append(c)
         residues[c % bs] += 1
@@ -645,10 +645,11 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
             itl_extend(array("d", (gap,)) * b)
             prev = end
         for q, gap in zip(decoding, gaps):
-            q.computed += k
+            c = q.computed + k
+            q.computed = c
             q.num_tokens += k
             q.emitted += k
-            q.blocks = sched._blocks_for(q.computed)
+            q.blocks = -(-c // bs)       # VllmScheduler._blocks_for
             q.last_s = t
             top = gap if gap > worst else worst
             if top > q.max_itl_s:
