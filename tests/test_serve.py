@@ -424,6 +424,74 @@ def test_decode_runs_match_with_the_engine_and_disaggregation():
     assert loop.fleet.disaggregated and loop.steps > 120
 
 
+def _events(fleet, w) -> int:
+    loop = ServingLoop(fleet, w)
+    n = 0
+    while loop.heap:
+        loop.step()
+        n += 1
+    return n
+
+
+def test_runs_take_the_chunks_that_fill_the_budget_of_a_prompt_in_several_steps():
+    """A prompt in several chunks: the steps whose chunk takes the rest of the token budget
+    (after the running decodes' tokens) admit nothing and complete no prompt, so a run takes
+    them at once, decodes and all, aggregated and in a disaggregated prefill pool (round
+    robin or a router that reads the instances): every step, token time and KV block as one
+    event per step, in fewer loop events than runs of decode-only steps alone."""
+    w = synthetic({"requests": 200, "arrival": {"kind": "poisson", "rate_per_s": 4},
+                   "input_tokens": "uniform:1500:4000", "output_tokens": "uniform:50:300", "seed": 7})
+    cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=2e6)
+    agg = Fleet((pool(cost, instances=2, max_num_seqs=64, max_num_batched_tokens=512),))
+    res = _same_runs(agg, w)
+    # a mixed step: a chunk beside running decodes (columns: prefill tokens, decodes)
+    rows = np.frombuffer(res.instances[0].steps, dtype=float).reshape(-1, 7)
+    assert ((rows[:, 2] > 0) & (rows[:, 3] > 0)).sum() > 400
+    # runs of decode-only steps alone: about 1,760 events (a chunk's step was one each)
+    assert res.steps > 10000 and _events(agg, w) < 1200
+    for router in (RoundRobin, LeastOutstandingTokens):
+        prefill = attrs.evolve(pool(cost, instances=2, max_num_batched_tokens=512, router=router()), role="prefill")
+        decode = attrs.evolve(pool(cost, instances=2, max_num_seqs=32), role="decode")
+        fleet = Fleet((prefill, decode), transfer_s=lambda tokens, i, j: 1e-3 + 1e-7 * tokens)
+        res = _same_runs(fleet, w)
+        assert res.steps > 11000 and _events(fleet, w) < 2500    # about 4,400 one run per chunk before
+        assert check_invariants(res)["kv_blocks_left_at_end"] == 0
+
+
+def test_runs_of_chunks_match_with_the_engine():
+    """The same with the engine's step costs: a prompt's budget-filling chunks beside running
+    decodes, predicted as the step-by-step loop asks for them."""
+    from g5core.serve.session import ServingSession
+
+    raw = {**LLAMA8, "serving": {"instances": 2, "scheduler": {"max_num_seqs": 32, "max_num_batched_tokens": 1024}}}
+    wl = {"requests": 80, "arrival": {"kind": "poisson", "rate_per_s": 3.0}, "input_tokens": 3000,
+          "output_tokens": 150, "seed": 4}
+    session = ServingSession(raw, wl)
+    res = _same_runs(session.fleet, session._workload(wl))
+    rows = np.frombuffer(res.instances[0].steps, dtype=float).reshape(-1, 7)
+    assert ((rows[:, 2] > 0) & (rows[:, 3] > 0)).sum() > 40
+
+
+def test_the_decode_stepper_gives_the_predictors_latency_bit_for_bit():
+    """A run's stepper (its cells of the context grid kept along the run) gives every step
+    the latency the predictor gives that step built whole, on a fresh cost each (nothing
+    shared through a cache): batches on and between the batch grid's points, contexts
+    crossing several grid cells."""
+    from g5core.serve.cost import PlanCost
+
+    def step_s(groups):     # a smooth, non-linear stand-in for the engine
+        return sum(1e-5 * n * k + 3e-9 * (c + n) ** 1.1 * k + 1e-6 * math.sqrt(k) for n, c, k in groups)
+
+    rng = np.random.default_rng(3)
+    for b in (1, 4, 5, 16, 37, 100):
+        contexts = tuple(sorted(int(c) for c in rng.integers(1, 3000, b)))
+        run, whole = PlanCost(step_s), PlanCost(step_s)
+        stepper = run.decode_stepper(contexts)
+        total = sum(contexts)
+        for j in range(0, 5000, 7):
+            assert stepper(j, total + j * b) == whole.latency_s(StepWork((), tuple(c + j for c in contexts)))
+
+
 def test_goodput_under_percentile_limits_counts_requests_and_states_the_verdict():
     """Issue 35: under ``ttft_p50=0.25s`` the share is per request (half the TTFTs are at
     most 0.25 s), never 100% beside a missed percentile, and the verdict is stated apart."""

@@ -272,8 +272,29 @@ class PlanCost:
         if self.exact:
             return lambda j, total: self.latency_s(StepWork((), tuple(c + j for c in contexts)))
         b = len(contexts)
-        steps, attention = self._steps, self._attention
+        steps = self._steps
         tokens_s = None     # G at b, on the first step not cached (the engine runs as it did before)
+        # _attention's batch points (a power of 4, or the two around b) and b's weight
+        lo_b = 1 << (2 * ((b.bit_length() - 1) // 2))
+        ends = (lo_b,) if lo_b == b else (lo_b, 4 * lo_b)
+        w_b = 0.0 if lo_b == b else (b - lo_b) / (3 * lo_b)
+        # per batch point, the grid cell (lo, hi, f_lo, f_hi) of the context the run is in (a
+        # run's mean context grows by one a step; the cells are wide): _attention_at's
+        # arithmetic, without finding the cell again each step
+        cells: list = [None] * len(ends)
+
+        def at(slot: int, x: float) -> float:
+            cell = cells[slot]
+            if cell is None or not cell[0] <= x < cell[1]:
+                lo = grid_below(x)
+                self._attention_at(ends[slot], x)      # makes the cell as it always does
+                hi, f_lo, f_hi = self._cells[(ends[slot], lo)]
+                cell = cells[slot] = (lo, hi, f_lo, f_hi)
+            lo, hi, f_lo, f_hi = cell
+            if lo >= x:
+                return f_lo
+            w = max(x - lo, 0.0) / (hi - lo)
+            return (1 - w) * f_lo + w * f_hi
 
         def step_s(j: int, total: int) -> float:
             nonlocal tokens_s
@@ -282,7 +303,9 @@ class PlanCost:
             if hit is None:
                 if tokens_s is None:
                     tokens_s = _interp(self.g, b)
-                hit = steps[key] = (tokens_s + attention(b, total / b), (contexts, j))
+                x = max(total / b, 1.0)
+                attention = at(0, x) if lo_b == b else (1 - w_b) * at(0, x) + w_b * at(1, x)
+                hit = steps[key] = (tokens_s + attention, (contexts, j))
             return hit[0]
         return step_s
 

@@ -258,6 +258,14 @@ class ServingLoop:
         # joins a decode instance's queue or makes later events (a prompt's KV arriving): a
         # run of decode steps takes the step the next event falls in, and stops there
         self.soft_decode = self.fast and self.split and type(fleet.pools[-1].router) is RoundRobin
+        # a disaggregated fleet's prefill instance (requests reach it as they arrive): only
+        # arrivals touch it (a KV moving to the decode pool, another instance's step, do not);
+        # under round robin only its own, and those only join its queue. With a routing
+        # delay a request reaches it later, as a watched event: the default horizon
+        self.prefill_arrivals = None
+        if self.fast and self.split and not fleet.routing_s:
+            self.prefill_arrivals = ((first.router.next, first.instances) if type(first.router) is RoundRobin
+                                     else "any")
         self.watch: list = []
         self.done = self.steps = 0
         self.now = 0.0
@@ -280,7 +288,7 @@ class ServingLoop:
     def _push(self, t: float, kind: int, a, b=None) -> None:
         heapq.heappush(self.heap, (t, self.order, kind, a, b))
         self.order += 1
-        if self.fast and (kind == Event.ENQUEUE or (kind == Event.STEP_END and self.split
+        if self.fast and (kind == Event.ENQUEUE or ((kind == Event.STEP_END or kind == Event.RESUME) and self.split
                                                     and a.pool.role == "prefill")):
             heapq.heappush(self.watch, t)
 
@@ -296,6 +304,12 @@ class ServingLoop:
             heapq.heappop(watch)
         h = watch[0] if watch else math.inf
         j = self.arrived
+        if self.prefill_arrivals is not None and inst.pool is self.fleet.pools[0]:
+            if self.prefill_arrivals == "any":
+                return (self.arrivals[j] if j < self.n else math.inf), math.inf
+            offset, count = self.prefill_arrivals
+            j += (inst.index - offset - j) % count
+            return math.inf, (self.arrivals[j] if j < self.n else math.inf)
         if self.soft_decode and inst.pool is self.fleet.pools[-1]:
             return math.inf, (min(h, self.arrivals[j]) if j < self.n else h)
         if self.rr is None:
@@ -381,7 +395,7 @@ class ServingLoop:
     def _start(self, inst: Instance, now: float) -> None:
         """The instance's next step: a run of decode steps first where nothing can see it."""
         sched = inst.scheduler
-        if self.fast and type(sched) is VllmScheduler and sched.running and inst.pool.role != "prefill":
+        if self.fast and type(sched) is VllmScheduler and sched.running:
             ran, now, crossed = _decode_run(inst, now, *self._horizon(now, inst))
             self.steps += ran
             if crossed:     # an arrival fell in its last step, or sequences finished in it
@@ -520,9 +534,11 @@ MIN_RUN_STEPS = 2
 
 
 def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.inf) -> tuple[int, float, bool]:
-    """Run the instance's next decode-only steps at once, while nothing else can tell: every
-    running sequence decodes one token a step (none is prefilling, none is preempted,
-    nothing is admitted: the queue is empty or the batch is full) and each step ends before
+    """Run the instance's next steps at once, while nothing else can tell: every running
+    sequence decodes one token a step (none is preempted, nothing is admitted: the queue is
+    empty or the batch is full), or, with the last admitted sequence still prefilling, the
+    steps in which its chunk takes the rest of the token budget (nothing can be admitted
+    then either, and its chunk does not complete its prompt), and each step ends before
     ``horizon`` (the next event that can touch or read the instance); the step ``cross``
     falls in (the next event that only joins the instance's queue), and the first in which
     a sequence emits its last token, is the run's last. Each step is the one
@@ -535,51 +551,79 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
     s = sched.s
     running = sched.running
     b = len(running)
-    if b > s.max_num_batched_tokens or (sched.waiting and b < s.max_num_seqs):
-        return 0, now, False
+    budget = s.max_num_batched_tokens
     bs = s.block_size
+    last = running[-1]
+    rest = last.num_tokens - last.computed
+    if rest != 1 or last.last_s is None:
+        # the last admitted sequence is prefilling: a run of the chunks that fill the budget
+        # (schedule gives the decodes their token first, then it ``budget - b``)
+        if last.emitted or last.scheduled or last.blocks != sched._blocks_for(last.computed):
+            return 0, now, False
+        prompt, b = last, b - 1
+        per = budget - b
+        cap = s.long_prefill_token_threshold
+        if per < 2 or 0 < cap < per:    # one token would count as a decode; a cap leaves budget to admit
+            return 0, now, False
+        chunks = (rest - 1) // per      # the steps whose chunk leaves some of the prompt for later
+        decoding = running[:b]
+    else:
+        if b > budget or (sched.waiting and b < s.max_num_seqs):
+            return 0, now, False
+        prompt, per, chunks, decoding = None, 0, 1 << 62, running
     left = 1 << 62
     contexts = []
     residues = [0] * bs
-    for q in running:
+    for q in decoding:
         c = q.computed
-        if q.num_tokens - c != 1 or q.last_s is None or q.scheduled or q.blocks != sched._blocks_for(c):
+        if q.num_tokens - c != 1 or q.last_s is None or q.scheduled or q.blocks != -(-c // bs):
             return 0, now, False
         contexts.append(c)
         residues[c % bs] += 1
         r = q.req.output_tokens - q.emitted
         if r < left:
             left = r
-    limit = left                  # the step in which a sequence finishes is the run's last
+    limit = min(left, chunks)     # the step in which a sequence finishes is the run's last
     if limit < MIN_RUN_STEPS:
         return 0, now, False
     contexts.sort()
     cost = inst.pool.cost
     contexts = tuple(contexts)
-    stepper = getattr(cost, "decode_stepper", None)
-    if stepper is not None:
-        decode_s = stepper(contexts)
+    if prompt is not None:
+        done = prompt.computed
+        latency_s = cost.latency_s
+
+        def mixed_s(j):
+            return latency_s(StepWork(((per, done + j * per),), tuple(c + j for c in contexts)))
     else:
-        def decode_s(j, total, latency_s=cost.latency_s):
-            return latency_s(StepWork((), tuple(c + j for c in contexts)))
+        stepper = getattr(cost, "decode_stepper", None)
+        if stepper is not None:
+            decode_s = stepper(contexts)
+        else:
+            def decode_s(j, total, latency_s=cost.latency_s):
+                return latency_s(StepWork((), tuple(c + j for c in contexts)))
     total = sum(contexts)
     free = sched.free_blocks
     used = sched.used_blocks
     waiting = len(sched.waiting)
+    seqs = len(running)
     rows = inst.steps
     itl_extend = inst.itl_s.extend
     t = now
     need = taken = 0
     ends = []
     for j in range(limit):
-        # a sequence whose tokens fill whole blocks takes a new one (its context c + j)
+        # a sequence whose tokens fill whole blocks takes a new one (its context c + j); the
+        # prompt's chunk takes those its tokens reach
         need += residues[-j % bs]
+        if prompt is not None:
+            need += -(-(done + (j + 1) * per) // bs) - -(-(done + j * per) // bs)
         if need > free:
             break
-        end = t + decode_s(j, total + j * b)
+        end = t + (mixed_s(j) if prompt is not None else decode_s(j, total + j * b))
         if end >= horizon:
             break
-        rows.extend((t, end, 0, b, used + need, b, waiting))
+        rows.extend((t, end, per, b, used + need, seqs, waiting))
         ends.append(end)
         taken = need
         t = end
@@ -588,26 +632,31 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
     k = len(ends)
     if not k:
         return 0, now, False
-    # the gaps: each sequence's first (from its last token), then one per step for all
-    gaps = [ends[0] - q.last_s for q in running]
-    itl_extend(array("d", gaps))
-    prev = ends[0]
-    worst = 0.0
-    for end in ends[1:]:
-        gap = end - prev
-        if gap > worst:
-            worst = gap
-        itl_extend(array("d", (gap,)) * b)
-        prev = end
-    for q, gap in zip(running, gaps):
-        q.computed += k
-        q.num_tokens += k
-        q.emitted += k
-        q.blocks = sched._blocks_for(q.computed)
-        q.last_s = t
-        top = gap if gap > worst else worst
-        if top > q.max_itl_s:
-            q.max_itl_s = top
+    if b:
+        # the gaps: each sequence's first (from its last token), then one per step for all
+        gaps = [ends[0] - q.last_s for q in decoding]
+        itl_extend(array("d", gaps))
+        prev = ends[0]
+        worst = 0.0
+        for end in ends[1:]:
+            gap = end - prev
+            if gap > worst:
+                worst = gap
+            itl_extend(array("d", (gap,)) * b)
+            prev = end
+        for q, gap in zip(decoding, gaps):
+            c = q.computed + k
+            q.computed = c
+            q.num_tokens += k
+            q.emitted += k
+            q.blocks = -(-c // bs)       # VllmScheduler._blocks_for
+            q.last_s = t
+            top = gap if gap > worst else worst
+            if top > q.max_itl_s:
+                q.max_itl_s = top
+    if prompt is not None:
+        prompt.computed += k * per
+        prompt.blocks = sched._blocks_for(prompt.computed)
     sched.free_blocks = free - taken
     return k, t, t >= cross or k == left
 
