@@ -202,3 +202,49 @@ def test_the_engines_unequal_step_lies_between_the_even_step_and_the_max_rank_bo
     got = cost.latency_s(one, True)
     assert cost.latency_s(even, True) < got < bound.latency_s(one, True)
     assert cost.latency_s(even, True) == bound.latency_s(even, True)
+
+
+@pytest.mark.parametrize("balance", ["round_robin", "shortest_queue"])
+@pytest.mark.parametrize("experts", [False, True])
+def test_runs_of_decode_steps_give_the_step_by_step_result_per_rank(balance, experts):
+    """The loop's runs of decode steps on attention-DP instances (every rank decoding, idle
+    ranks joining, no rank able to admit): every step, token time, KV block and idle step of
+    one event per step, on costs of their own (no latency shared through a cache), with
+    and without the experts' part of an unequal step; aggregated (two instances, round
+    robin) and as a disaggregated decode pool."""
+    import attrs
+    import numpy as np
+
+    from g5core.serve.loop import Fleet, ServingLoop, serve_requests
+    from g5core.serve.metrics import summary
+    from g5core.serve.workload import synthetic
+
+    def smooth(groups):     # context-dependent, so that a run's steps differ
+        return 5e-3 + sum(k * (5e-5 + 1e-8 * c if n == 1 else 2e-5 * n + 1e-9 * c) for n, c, k in groups)
+
+    w = synthetic({"requests": 160, "arrival": {"kind": "poisson", "rate_per_s": 30}, "input_tokens": "uniform:50:400",
+                   "output_tokens": "uniform:20:120", "seed": 5})
+    disagg = {"disaggregation": {"prefill": {"instances": 1}, "decode": {"instances": 2}}}
+
+    def fleet(serving):
+        res = simulate_serving(moe(4, dp_balance=balance, **serving), Workload(w.requests[:2]), runner=smooth,
+                               check_predictor=0)
+        f = res.loop.fleet
+        if experts:
+            pools = tuple(attrs.evolve(p, cost=attrs.evolve(p.cost, experts_s=lambda g: 1e-5 * sum(
+                n * k for n, _, k in g), experts={})) if hasattr(p.cost, "dp") else p for p in f.pools)
+            f = attrs.evolve(f, pools=pools)
+        return f
+    for serving in ({"instances": 2}, disagg):
+        fast, slow = serve_requests(fleet(serving), w), serve_requests(fleet(serving), w, fast=False)
+        assert fast.steps == slow.steps
+        assert [i.steps for i in fast.instances] == [i.steps for i in slow.instances]
+        for name in ("first_token_s", "finish_s", "max_itl_s", "itl_s"):
+            assert getattr(fast.requests, name) == getattr(slow.requests, name), name
+        assert [i.scheduler.idle_steps for i in fast.instances] == [i.scheduler.idle_steps for i in slow.instances]
+        assert summary(fast) == summary(slow)
+        events, loop = 0, ServingLoop(fleet(serving), w)
+        while loop.heap:
+            loop.step()
+            events += 1
+        assert events < 0.6 * slow.steps    # the runs took most decode steps at once

@@ -391,6 +391,39 @@ class DpCost:
         own = max(self.rank.latency_s(w, exact) - self.expert_s(w.new_tokens, exact) for w in seen)
         return own + self.expert_s(sum(w.new_tokens for w in ranks) / len(ranks), exact)
 
+    def decode_stepper(self, rank_contexts: tuple) -> Callable[[int], float]:
+        """``j ->`` :meth:`latency_s` of the decode-only step whose rank ``r`` decodes its
+        sequences at ``rank_contexts[r]`` plus ``j`` each (sorted; empty: an idle rank), the
+        same value from the same arithmetic without building the step (the serving loop's
+        runs of decode steps of an attention-DP instance): the ranks' own steppers
+        (:meth:`PlanCost.decode_stepper`), and what does not change along a run (which ranks
+        are alike, the idle rank's step, the experts' parts) worked out once."""
+        exact = self.rank.exact
+        live = [ctx for ctx in rank_contexts if ctx]
+        steppers = [(self.rank.decode_stepper(ctx), sum(ctx), len(ctx)) for ctx in dict.fromkeys(live)]
+        if len(steppers) == 1 and len(live) == len(rank_contexts):     # every rank alike: that step
+            one, total, b = steppers[0]
+            return lambda j: one(j, total + j * b)
+        idle_s = self.rank.latency_s(self.idle) if len(live) < len(rank_contexts) else None
+        if self.experts_s is None:
+            def slowest(j: int) -> float:
+                own = [f(j, total + j * b) for f, total, b in steppers]
+                if idle_s is not None:
+                    own.append(idle_s)
+                return max(own)
+            return slowest
+        parts = [(f, total, b, self.expert_s(b, exact)) for f, total, b in steppers]
+        idle_own = None if idle_s is None else idle_s - self.expert_s(self.idle.new_tokens, exact)
+        tokens = [len(ctx) if ctx else self.idle.new_tokens for ctx in rank_contexts]
+        mean_s = self.expert_s(sum(tokens) / len(tokens), exact)
+
+        def step_s(j: int) -> float:
+            own = [f(j, total + j * b) - e for f, total, b, e in parts]
+            if idle_own is not None:
+                own.append(idle_own)
+            return max(own) + mean_s
+        return step_s
+
     def expert_s(self, tokens: float, exact: bool = False) -> float:
         """``E(n)``: the routed experts' compute on the busiest chip in the layout's step of
         ``tokens`` new tokens a rank (one-token sequences at context 1: the experts see only

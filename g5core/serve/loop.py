@@ -22,7 +22,7 @@ from g5core.api.errors import G5Error
 from g5core.inputs.serving import SloLimit
 from g5core.serve.cost import StepWork
 from g5core.serve.router import RoundRobin
-from g5core.serve.scheduler import SchedulerSettings, Seq, VllmScheduler
+from g5core.serve.scheduler import DpScheduler, SchedulerSettings, Seq, VllmScheduler
 from g5core.serve.workload import Workload
 
 
@@ -395,8 +395,10 @@ class ServingLoop:
     def _start(self, inst: Instance, now: float) -> None:
         """The instance's next step: a run of decode steps first where nothing can see it."""
         sched = inst.scheduler
-        if self.fast and type(sched) is VllmScheduler and sched.running:
-            ran, now, crossed = _decode_run(inst, now, *self._horizon(now, inst))
+        kind = type(sched) if self.fast else None
+        if (kind is VllmScheduler and sched.running) or (kind is DpScheduler and sched.has_work):
+            run = _decode_run if kind is VllmScheduler else _dp_decode_run
+            ran, now, crossed = run(inst, now, *self._horizon(now, inst))
             self.steps += ran
             if crossed:     # an arrival fell in its last step, or sequences finished in it
                 inst.busy = True
@@ -658,6 +660,103 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
         prompt.computed += k * per
         prompt.blocks = sched._blocks_for(prompt.computed)
     sched.free_blocks = free - taken
+    return k, t, t >= cross or k == left
+
+
+def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = math.inf) -> tuple[int, float, bool]:
+    """:func:`_decode_run` for an instance of attention-DP ranks (a :class:`DpScheduler` of
+    :class:`VllmScheduler` ranks, a step cost with a ``decode_stepper``): while every rank's
+    sequences all decode (a rank with none is idle in each step: it joins the all-to-all,
+    counted in ``idle_steps``) and no rank can admit, the instance's steps at once, each the
+    one the ranks' schedulers would build (its latency from the pool's cost, every rank's
+    KV blocks, the instance's row, every inter-token gap). Returns as :func:`_decode_run`."""
+    sched = inst.scheduler
+    cost = inst.pool.cost
+    stepper = getattr(cost, "decode_stepper", None)
+    ranks = sched.ranks
+    if stepper is None or any(type(r) is not VllmScheduler for r in ranks):
+        return 0, now, False
+    s = sched.s
+    budget, bs = s.max_num_batched_tokens, s.block_size
+    left = 1 << 62
+    per_rank = []
+    decoding = []
+    for r in ranks:
+        running = r.running
+        b = len(running)
+        if b > budget or (r.waiting and b < s.max_num_seqs):
+            return 0, now, False
+        contexts = []
+        residues = [0] * bs
+        for q in running:
+            c = q.computed
+            if q.num_tokens - c != 1 or q.last_s is None or q.scheduled or q.blocks != -(-c // bs):
+                return 0, now, False
+            contexts.append(c)
+            residues[c % bs] += 1
+            left_q = q.req.output_tokens - q.emitted
+            if left_q < left:
+                left = left_q
+        contexts.sort()
+        per_rank.append((tuple(contexts), residues, r.free_blocks))
+        decoding.extend(running)
+    b = len(decoding)
+    limit = left          # the step in which a sequence finishes is the run's last
+    if not b or limit < MIN_RUN_STEPS:
+        return 0, now, False
+    step_s = stepper(tuple(ctx for ctx, _, _ in per_rank))
+    used = sched.used_blocks
+    waiting = sum(len(r.waiting) for r in ranks)
+    rows = inst.steps
+    itl_extend = inst.itl_s.extend
+    needs = [0] * len(ranks)
+    taken = needs[:]
+    t = now
+    ends = []
+    for j in range(limit):
+        over = False
+        for i, (_, residues, free) in enumerate(per_rank):
+            needs[i] += residues[-j % bs]
+            if needs[i] > free:
+                over = True
+        if over:
+            break
+        end = t + step_s(j)
+        if end >= horizon:
+            break
+        rows.extend((t, end, 0, b, used + sum(needs), b, waiting))
+        ends.append(end)
+        taken = needs[:]
+        t = end
+        if end >= cross:
+            break
+    k = len(ends)
+    if not k:
+        return 0, now, False
+    gaps = [ends[0] - q.last_s for q in decoding]
+    itl_extend(array("d", gaps))
+    prev = ends[0]
+    worst = 0.0
+    for end in ends[1:]:
+        gap = end - prev
+        if gap > worst:
+            worst = gap
+        itl_extend(array("d", (gap,)) * b)
+        prev = end
+    for q, gap in zip(decoding, gaps):
+        c = q.computed + k
+        q.computed = c
+        q.num_tokens += k
+        q.emitted += k
+        q.blocks = -(-c // bs)
+        q.last_s = t
+        top = gap if gap > worst else worst
+        if top > q.max_itl_s:
+            q.max_itl_s = top
+    for i, r in enumerate(ranks):
+        r.free_blocks -= taken[i]
+        if not r.running:
+            sched.idle_steps[i] += k       # DpScheduler.schedule counts an idle rank's steps
     return k, t, t >= cross or k == left
 
 

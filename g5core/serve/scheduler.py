@@ -305,6 +305,11 @@ class DpScheduler:
     def release(self, seq: Seq) -> None:
         self.ranks[self.rank_of.pop(seq.req.id)].release(seq)
 
+    def last_token(self, q: Seq) -> None:
+        """``q`` emitted its last token at the end of a run of decode steps (its rank's
+        :meth:`VllmScheduler.last_token`)."""
+        self.ranks[self.rank_of[q.req.id]].last_token(q)
+
     # -- one step of every rank --------------------------------------------------------------
     def schedule(self) -> list[Seq]:
         picks = self._picks = [r.schedule() for r in self.ranks]
