@@ -222,7 +222,9 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
                                   "(parallel.dp > 1): drop the speculative block, or use dp: 1 with more instances")
             # the experts' part of an unequal step from the engine's op breakdown; a stand-in
             # runner (``runner``) has none, and its steps are the slowest rank's (DpCost's doc)
-            cost = DpCost(cost, dp, experts_s=None if runner else plan_experts_runner(prepared))
+            # (a runner_for's runner may carry it, shared as its steps are: ``experts_s``)
+            experts = None if runner else (getattr(step_runner, "experts_s", None) or plan_experts_runner(prepared))
+            cost = DpCost(cost, dp, experts_s=experts)
             factory = functools.partial(DpScheduler, dp=dp, balance=ps.dp_balance, factory=factory)
         elif spec.cache is not None:
             if proposer is not None:

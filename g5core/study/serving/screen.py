@@ -9,7 +9,8 @@ from g5core.api.errors import ConfigError, PluginError
 from g5core.inputs.step import Step
 from g5core.inputs.serving import split_config
 from g5core.inputs.speculative import parse_speculative
-from g5core.serve.cost import DpCost, RankedWork, StepWork, plan_step_runner
+from g5core.serve.api import attention_dp
+from g5core.serve.cost import DpCost, RankedWork, StepWork, plan_experts_runner, plan_step_runner
 from g5core.serve.session import ServingSession
 from g5core.serve.workload import Request, Workload, synthetic
 from g5core.session.run import make_plan
@@ -81,6 +82,17 @@ def _shared_runner(praw: Mapping, prepared):
             if groups not in cache:
                 cache[groups] = engine(groups)
             return cache[groups]
+
+        # an attention-DP layout's experts' part of its steps (DpCost), shared alike
+        experts = plan_experts_runner(prepared) if attention_dp(prepared.plan, "parallel.dp") > 1 else None
+        if experts is not None:
+            parts: dict = {}
+
+            def experts_s(groups):
+                if groups not in parts:
+                    parts[groups] = experts(groups)
+                return parts[groups]
+            hit.experts_s = experts_s
 
         if len(_RUNNERS) > 256:
             _RUNNERS.clear()
