@@ -67,18 +67,31 @@ def test_the_refined_estimate_refuses_with_the_exact_count_and_max_ops_lifts_it(
     assert result.exit_code == 0, result.output
 
 
-def test_a_build_bound_model_of_many_layers_is_refused_by_its_build_time(tmp_path):
-    """Ops that do not tile cost the build about 30 times the engine's time per op: a model of
-    100,000 layers on one chip (600,003 ops, 1,100,004 logical ops) is refused for its build."""
+def _many_layer_llama(tmp_path, layers):
+    """A llama-like config of hidden 1024 and ``layers`` layers on one chip, as a raw run config."""
     hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 1024,
           "intermediate_size": 4096, "num_attention_heads": 8, "num_key_value_heads": 8,
-          "num_hidden_layers": 100_000, "vocab_size": 32000, "max_position_embeddings": 8192,
+          "num_hidden_layers": layers, "vocab_size": 32000, "max_position_embeddings": 8192,
           "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "bfloat16"}
     (tmp_path / "config.json").write_text(json.dumps(hf))
-    raw = {"model": str(tmp_path / "config.json"), "system": "h100-sxm", "chips": 1, "phase": "prefill",
-           "batch": 1, "seq_len": 1024, "parallel": {"tp": 1, "cp": 1, "dp": 1, "pp": 1}}
-    with pytest.raises(ResourceError, match="logical ops' build, counted as"):
-        run(raw)
+    return {"model": str(tmp_path / "config.json"), "system": "h100-sxm", "chips": 1, "phase": "prefill",
+            "batch": 1, "seq_len": 1024, "parallel": {"tp": 1, "cp": 1, "dp": 1, "pp": 1}}
+
+
+def test_a_build_bound_model_of_many_layers_is_refused_by_its_build_time(tmp_path):
+    """Ops that do not tile cost the build about 30 times the engine's time per op: a model of
+    1,000 layers on one chip (6,003 ops, 11,004 logical ops) is refused for its build under a
+    limit of a hundredth of the default, 20 times its ops (the default limit's own case,
+    100,000 layers, is the bench check below)."""
+    with pytest.raises(ResourceError, match=r"about 6,003 ops .*with its 11,004 logical ops' build, counted as"):
+        run(_many_layer_llama(tmp_path, 1_000), max_ops=DEFAULT_MAX_OPS // 100)
+
+
+@pytest.mark.bench   # 10-15 s on 2 cores: a benchmark-sized check (python3 -m pytest -q -m bench)
+def test_a_build_bound_model_of_100000_layers_is_refused_by_its_build_time_at_the_default_limit(tmp_path):
+    """600,003 ops, 1,100,004 logical ops: refused for its build at the default limit."""
+    with pytest.raises(ResourceError, match=r"about 600,003 ops .*with its 1,100,004 logical ops' build, counted as"):
+        run(_many_layer_llama(tmp_path, 100_000))
 
 
 def test_the_math_path_is_guarded_too():
