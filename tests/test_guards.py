@@ -21,13 +21,20 @@ EX = REPO / "examples"
 
 @pytest.mark.parametrize("example,overrides", [
     ("llama-3.1-70b-prefill", ["seq_len=4096"]),                                     # tp
-    ("deepseek-v3-1m-prefill-cp8", ["seq_len=16384"]),                               # tp, cp pass-KV, ep
+    # tp, cp pass-KV, ep: on 4 of the 61 layers (one dense, three alike MoE ones), and on all as a bench check
+    ("deepseek-v3-1m-prefill-cp8", ["seq_len=16384", "model=DEEPSEEK-4-LAYERS"]),
+    pytest.param("deepseek-v3-1m-prefill-cp8", ["seq_len=16384"], marks=pytest.mark.bench),
     ("deepseek-v3-1m-decode-cp8", ["seq_len=16384"]),                                # cp pass-Q
     ("llama-3.1-8b-prefill", ["chips=4", "parallel.dp=4", "batch=2", "seq_len=1024"]),  # dp
     ("llama-3.1-70b-decode", []),                                                    # pp=2
     ("llama-3.1-70b-decode", ["parallel.pp=4", "parallel.tp=4"]),                    # pp=4
 ])
-def test_estimate_equals_what_the_build_makes(example, overrides):
+def test_estimate_equals_what_the_build_makes(example, overrides, tmp_path):
+    if "model=DEEPSEEK-4-LAYERS" in overrides:
+        hf = json.loads((REPO / "tests" / "data" / "hf" / "deepseek-v3.json").read_text())
+        (tmp_path / "deepseek-v3.json").write_text(json.dumps(dict(hf, num_hidden_layers=4, first_k_dense_replace=1)))
+        overrides = [f"model={tmp_path / 'deepseek-v3.json'}" if o == "model=DEEPSEEK-4-LAYERS" else o
+                     for o in overrides]
     plan = make_plan(load_raw(EX / f"{example}.yaml", overrides))
     est = estimate_size(plan)
     sim = simulate_plan(plan, symmetry=False)
