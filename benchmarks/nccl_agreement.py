@@ -51,15 +51,23 @@ def measured_rows():
                     yield name, system, row
 
 
-def agreement():
-    out = []
+def agreement(ops=None):
+    """One row per measured row (of the ops named in ``ops``, G5's names, or of every op); G5's
+    times of one (system, op, GPUs) come from one collective_rows call over all its sizes."""
+    wanted = [(name, system, row) for name, system, row in measured_rows()
+              if ops is None or OPS[row["collective"]] in ops]
+    sizes: dict = {}
+    for _name, system, row in wanted:
+        key = (system.name, bool(system.nccl), OPS[row["collective"]], int(row["gpus"]))
+        sizes.setdefault(key, (system, {}))[1].setdefault(int(row["size_bytes"]), None)
     cache: dict = {}
-    for name, system, row in measured_rows():
+    for (sys_name, forced, op, gpus), (system, by_size) in sizes.items():
+        for g5 in collective_rows(op, system, gpus, list(by_size)):
+            cache[(sys_name, forced, op, gpus, g5["size_bytes"])] = g5
+    out = []
+    for name, system, row in wanted:
         op, gpus, size = OPS[row["collective"]], int(row["gpus"]), int(row["size_bytes"])
-        key = (system.name, bool(system.nccl), op, gpus, size)
-        if key not in cache:
-            cache[key] = collective_rows(op, system, gpus, [size])[0]
-        g5 = cache[key]
+        g5 = cache[(system.name, bool(system.nccl), op, gpus, size)]
         measured_us = float(row["time_us"])
         out.append({"source": name, "op": op, "gpus": gpus, "nodes": int(row["nodes"]), "size_bytes": size,
                     "measured_us": measured_us, "g5_us": g5["time_s"] * 1e6,

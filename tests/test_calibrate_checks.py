@@ -35,10 +35,16 @@ def test_the_shipped_file_names_one_system_through_two_relative_paths():
 
 
 def _synthetic(monkeypatch, model):
-    """predict_ms(row) = model(row number, system parameters, measured ms)."""
+    """predict_ms(row) = model(row number, system parameters, measured ms). The system file of
+    an evaluation is read once for all its rows (calibrate writes each evaluation's to a file
+    of its own, never rewritten)."""
+    specs: dict = {}
+
     def predict(row, csv_path, system=None):
-        spec = get_system(system) if system else get_system(validate.row_config(row)["system"])
-        return model(row.number, spec, row.measured_ms)
+        path = system if system else validate.row_config(row)["system"]
+        if path not in specs:
+            specs[path] = get_system(path)
+        return model(row.number, specs[path], row.measured_ms)
     monkeypatch.setattr(validate, "predict_ms", predict)
 
 

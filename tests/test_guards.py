@@ -21,13 +21,20 @@ EX = REPO / "examples"
 
 @pytest.mark.parametrize("example,overrides", [
     ("llama-3.1-70b-prefill", ["seq_len=4096"]),                                     # tp
-    ("deepseek-v3-1m-prefill-cp8", ["seq_len=16384"]),                               # tp, cp pass-KV, ep
+    # tp, cp pass-KV, ep: on 4 of the 61 layers (one dense, three alike MoE ones), and on all as a bench check
+    ("deepseek-v3-1m-prefill-cp8", ["seq_len=16384", "model=DEEPSEEK-4-LAYERS"]),
+    pytest.param("deepseek-v3-1m-prefill-cp8", ["seq_len=16384"], marks=pytest.mark.bench),
     ("deepseek-v3-1m-decode-cp8", ["seq_len=16384"]),                                # cp pass-Q
     ("llama-3.1-8b-prefill", ["chips=4", "parallel.dp=4", "batch=2", "seq_len=1024"]),  # dp
     ("llama-3.1-70b-decode", []),                                                    # pp=2
     ("llama-3.1-70b-decode", ["parallel.pp=4", "parallel.tp=4"]),                    # pp=4
 ])
-def test_estimate_equals_what_the_build_makes(example, overrides):
+def test_estimate_equals_what_the_build_makes(example, overrides, tmp_path):
+    if "model=DEEPSEEK-4-LAYERS" in overrides:
+        hf = json.loads((REPO / "tests" / "data" / "hf" / "deepseek-v3.json").read_text())
+        (tmp_path / "deepseek-v3.json").write_text(json.dumps(dict(hf, num_hidden_layers=4, first_k_dense_replace=1)))
+        overrides = [f"model={tmp_path / 'deepseek-v3.json'}" if o == "model=DEEPSEEK-4-LAYERS" else o
+                     for o in overrides]
     plan = make_plan(load_raw(EX / f"{example}.yaml", overrides))
     est = estimate_size(plan)
     sim = simulate_plan(plan, symmetry=False)
@@ -67,18 +74,31 @@ def test_the_refined_estimate_refuses_with_the_exact_count_and_max_ops_lifts_it(
     assert result.exit_code == 0, result.output
 
 
-def test_a_build_bound_model_of_many_layers_is_refused_by_its_build_time(tmp_path):
-    """Ops that do not tile cost the build about 30 times the engine's time per op: a model of
-    100,000 layers on one chip (600,003 ops, 1,100,004 logical ops) is refused for its build."""
+def _many_layer_llama(tmp_path, layers):
+    """A llama-like config of hidden 1024 and ``layers`` layers on one chip, as a raw run config."""
     hf = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 1024,
           "intermediate_size": 4096, "num_attention_heads": 8, "num_key_value_heads": 8,
-          "num_hidden_layers": 100_000, "vocab_size": 32000, "max_position_embeddings": 8192,
+          "num_hidden_layers": layers, "vocab_size": 32000, "max_position_embeddings": 8192,
           "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "torch_dtype": "bfloat16"}
     (tmp_path / "config.json").write_text(json.dumps(hf))
-    raw = {"model": str(tmp_path / "config.json"), "system": "h100-sxm", "chips": 1, "phase": "prefill",
-           "batch": 1, "seq_len": 1024, "parallel": {"tp": 1, "cp": 1, "dp": 1, "pp": 1}}
-    with pytest.raises(ResourceError, match="logical ops' build, counted as"):
-        run(raw)
+    return {"model": str(tmp_path / "config.json"), "system": "h100-sxm", "chips": 1, "phase": "prefill",
+            "batch": 1, "seq_len": 1024, "parallel": {"tp": 1, "cp": 1, "dp": 1, "pp": 1}}
+
+
+def test_a_build_bound_model_of_many_layers_is_refused_by_its_build_time(tmp_path):
+    """Ops that do not tile cost the build about 30 times the engine's time per op: a model of
+    1,000 layers on one chip (6,003 ops, 11,004 logical ops) is refused for its build under a
+    limit of a hundredth of the default, 20 times its ops (the default limit's own case,
+    100,000 layers, is the bench check below)."""
+    with pytest.raises(ResourceError, match=r"about 6,003 ops .*with its 11,004 logical ops' build, counted as"):
+        run(_many_layer_llama(tmp_path, 1_000), max_ops=DEFAULT_MAX_OPS // 100)
+
+
+@pytest.mark.bench   # 10-15 s on 2 cores: a benchmark-sized check (python3 -m pytest -q -m bench)
+def test_a_build_bound_model_of_100000_layers_is_refused_by_its_build_time_at_the_default_limit(tmp_path):
+    """600,003 ops, 1,100,004 logical ops: refused for its build at the default limit."""
+    with pytest.raises(ResourceError, match=r"about 600,003 ops .*with its 1,100,004 logical ops' build, counted as"):
+        run(_many_layer_llama(tmp_path, 100_000))
 
 
 def test_the_math_path_is_guarded_too():

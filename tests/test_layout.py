@@ -8,6 +8,7 @@ functions (late imports) and under ``if TYPE_CHECKING:`` (type-only imports coun
 from __future__ import annotations
 
 import ast
+import functools
 import pathlib
 
 import networkx as nx
@@ -15,6 +16,13 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "g5core"
+
+
+@functools.lru_cache(maxsize=None)
+def _parsed(text: str) -> ast.Module:
+    """The syntax tree of a source text, parsed once for all the checks that read it (they
+    only walk it)."""
+    return ast.parse(text)
 
 
 def _modules(package: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -35,7 +43,7 @@ def import_graph(package: pathlib.Path = PACKAGE) -> nx.DiGraph:
     graph.add_nodes_from(modules)
     for name, path in modules.items():
         here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(_parsed(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):
@@ -116,7 +124,7 @@ def function_local_imports(package: pathlib.Path = PACKAGE) -> list[tuple[str, i
     for path in sorted(package.rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         lines = text.splitlines()
-        for fn in ast.walk(ast.parse(text)):
+        for fn in ast.walk(_parsed(text)):
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 for node in ast.walk(fn):
                     if isinstance(node, (ast.Import, ast.ImportFrom)):

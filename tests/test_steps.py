@@ -90,15 +90,40 @@ def _json(out) -> dict:
     return data
 
 
-@pytest.mark.parametrize("case", sorted(p.stem for p in REFERENCE.glob("*.json")))
+#: the examples of a benchmark's size (2-5 s a run on 2 cores idle): their full runs are bench
+#: checks; the default suite runs each on few of its layers, as a step list and as its shorthand
+#: (test_the_largest_examples_on_few_layers_as_a_step_list_give_their_shorthand_json); the model
+#: of few layers: the shipped HF configuration with these changes
+LARGEST = {"llama-3.1-405b-1m-prefill-cp16@seq_len=131072": ("llama-3.1-405b.json", {"num_hidden_layers": 4}),
+           "deepseek-v3-1m-prefill-cp16": ("deepseek-v3.json", {"num_hidden_layers": 3, "first_k_dense_replace": 1})}
+
+
+def _example_raw(case: str, extra: list[str] = ()) -> dict:
+    name, _, override = case.partition("@")
+    return load_raw(REPO / "examples" / f"{name}.yaml", ([override] if override else []) + list(extra))
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.bench) if c in LARGEST else c
+                                  for c in sorted(p.stem for p in REFERENCE.glob("*.json"))])
 def test_every_example_as_a_step_list_gives_the_shorthand_json(case):
     """The reference JSON of every shipped example (its shorthand) and the same run written
     as a step: list agree key for key, bit for bit (the deployment echo aside)."""
-    name, _, override = case.partition("@")
-    raw = as_step_config(load_raw(REPO / "examples" / f"{name}.yaml", [override] if override else []))
+    raw = as_step_config(_example_raw(case))
     reference = json.loads((REFERENCE / f"{case}.json").read_text())
     reference.pop("deployment")
     assert _json(run(raw)) == reference
+
+
+@pytest.mark.parametrize("case", sorted(LARGEST))
+def test_the_largest_examples_on_few_layers_as_a_step_list_give_their_shorthand_json(case, tmp_path):
+    """The examples whose full runs are bench checks, on few of their layers (the same layout,
+    sequence and dtypes; a DeepSeek dense layer and MoE layers): the step list and the shorthand
+    agree key for key, bit for bit (the deployment echo aside)."""
+    source, changes = LARGEST[case]
+    hf = dict(json.loads((REPO / "tests" / "data" / "hf" / source).read_text()), **changes)
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    raw = _example_raw(case, [f"model={tmp_path / 'config.json'}"])
+    assert _json(run(as_step_config(raw))) == _json(run(raw))
 
 
 @pytest.mark.parametrize("name,phase,overrides", [

@@ -121,21 +121,25 @@ def test_a_plugin_placing_ops_outside_the_replica_falls_back_to_every_chip():
         in out.sim.symmetry.reason
 
 
-def test_the_size_guard_counts_the_replica_that_is_simulated():
-    from g5core.lower.builder import check_size
+@pytest.mark.parametrize("dp,max_ops", [
+    (2, 1_000_000),                                       # 1.8 M in all, under a limit of 1 M
+    pytest.param(16, None, marks=pytest.mark.bench),      # 14 M in all, at the default limit: 5-10 s on 2 cores
+])
+def test_the_size_guard_counts_the_replica_that_is_simulated(dp, max_ops):
+    from g5core.lower.builder import DEFAULT_MAX_OPS, check_size
     from g5core.api.errors import ResourceError
 
-    # llama-3.1-405b, 1M tokens, sixteen replicas of TP8 x CP16: 14 M ops and flows in all
+    # llama-3.1-405b, 1M tokens, dp replicas of TP8 x CP16: 891,216 ops and flows each
     raw = yaml.safe_load(open("examples/llama-3.1-405b-1m-prefill-cp16.yaml"))
-    raw.update(chips=2048, parallel=dict(raw["parallel"], dp=16))
+    raw.update(chips=128 * dp, parallel=dict(raw["parallel"], dp=dp))
     plan = make_plan(raw)
     sym = plan_symmetry(plan.ctx)
-    assert sym.replicas == 16
-    one = check_size(plan, None, sym.replicas)
-    assert one.total < 1_000_000 and "in one of 16 identical replicas" in one.describe()
-    from g5core.lower.builder import DEFAULT_MAX_OPS
-    with pytest.raises(ResourceError, match=f"above the limit of {DEFAULT_MAX_OPS:,}"):
-        check_size(plan)
+    assert sym.replicas == dp
+    one = check_size(plan, max_ops, sym.replicas)
+    assert one.total < 1_000_000 and f"in one of {dp} identical replicas" in one.describe()
+    limit = DEFAULT_MAX_OPS if max_ops is None else max_ops
+    with pytest.raises(ResourceError, match=f"above the limit of {limit:,}"):
+        check_size(plan, max_ops)
 
 
 def test_a_timeline_across_replicas_simulates_every_replica():

@@ -153,6 +153,17 @@ def model_us(system, primitive: str, gpus: int, size: int) -> tuple[float, str]:
     return row["time_s"] * 1e6, f"{row['algorithm']}/{row['protocol']}"
 
 
+def rows_us(system, primitive: str, rows) -> list[float]:
+    """model_us's times of ``(gpus, size, measured_us)`` rows, in their order: one collective_rows
+    call per GPU count over all its sizes (the fit's loss asks for every seen row each time)."""
+    by_gpus: dict[int, list[int]] = {}
+    for n, size, _ in rows:
+        by_gpus.setdefault(n, []).append(size)
+    times = {(n, row["size_bytes"]): row["time_s"] * 1e6 for n, sizes in by_gpus.items()
+             for row in collective_rows(primitive, system, n, sorted(set(sizes)))}
+    return [times[(n, int(size))] for n, size, _ in rows]
+
+
 def fit_one(name: str):
     from scipy.optimize import minimize_scalar     # the measured extra
 
@@ -162,7 +173,7 @@ def fit_one(name: str):
 
     def loss(v: float) -> float:
         s = fit.setter(fit.base(), v)
-        return sum((math.log(model_us(s, fit.primitive, n, size)[0]) - math.log(t)) ** 2 for n, size, t in seen)
+        return sum((math.log(g5) - math.log(t)) ** 2 for g5, (_, _, t) in zip(rows_us(s, fit.primitive, seen), seen))
 
     best = minimize_scalar(loss, bounds=(0.0, 200e-6), method="bounded", options={"xatol": 1e-9})
     return best.x, math.sqrt(best.fun / len(seen)), seen, fit.held_back()
