@@ -296,3 +296,21 @@ def test_call_each_returns_plugin_names_and_skips_none():
     pm = make_plugin_manager(load_entry_points=False, extra_plugins=[("a", A()), ("b", B())])
     answers = Hooks(pm).call_each("g5_shard_factors", deployment=None, model=None)
     assert answers == [("a", {"tokens": 1})]
+
+
+def test_the_entry_points_are_scanned_once_per_process_and_afresh_when_replaced(monkeypatch):
+    calls = []
+    real = importlib.metadata.entry_points
+
+    def counting(group=None):
+        calls.append(group)
+        return real(group=group)
+    monkeypatch.setattr(importlib.metadata, "entry_points", counting)
+    first = plugins_mod.available_plugin_names()
+    make_plugin_manager()
+    make_plugin_manager(disabled=[first[0]])
+    assert len(calls) == 1 and plugins_mod.available_plugin_names() == first
+    group = plugins_mod.ENTRY_POINT_GROUP
+    monkeypatch.setattr(importlib.metadata, "entry_points",
+                        lambda group=None: [importlib.metadata.EntryPoint("solo", "g5_solo_xyz", group)])
+    assert plugins_mod.available_plugin_names() == ("solo",)

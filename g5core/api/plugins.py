@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import sys
 from typing import Any, Callable, Iterable, Sequence
 
 import attrs
@@ -29,8 +30,25 @@ class PluginInfo:
     hooks: tuple[str, ...]
 
 
+#: the installed entry points of the group, per process: scanning every installed
+#: distribution costs about 11 ms, and every plugin manager asks. Keyed by what decides the
+#: answer within a process (the import path, and the function that reads them, which tests
+#: replace), so a changed path or a stand-in is scanned afresh
+_SCANNED: dict = {}
+
+
+def _scan() -> tuple:
+    key = (importlib.metadata.entry_points, tuple(sys.path))   # the function itself: an id could be reused
+    hit = _SCANNED.get(key)
+    if hit is None:
+        if len(_SCANNED) > 8:
+            _SCANNED.clear()
+        hit = _SCANNED[key] = tuple(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP))
+    return hit
+
+
 def _entry_points() -> list[importlib.metadata.EntryPoint]:
-    eps = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
+    eps = _scan()
     by_name: dict[str, importlib.metadata.EntryPoint] = {}
     for ep in sorted(eps, key=lambda e: (e.name, e.value)):
         if ep.name in by_name and by_name[ep.name].value != ep.value:
