@@ -610,7 +610,6 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
     waiting = len(sched.waiting)
     seqs = len(running)
     rows = inst.steps
-    itl_extend = inst.itl_s.extend
     t = now
     need = taken = 0
     ends = []
@@ -635,32 +634,40 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
     if not k:
         return 0, now, False
     if b:
-        # the gaps: each sequence's first (from its last token), then one per step for all
-        gaps = [ends[0] - q.last_s for q in decoding]
-        itl_extend(array("d", gaps))
-        prev = ends[0]
-        worst = 0.0
-        for end in ends[1:]:
-            gap = end - prev
-            if gap > worst:
-                worst = gap
-            itl_extend(array("d", (gap,)) * b)
-            prev = end
-        for q, gap in zip(decoding, gaps):
-            c = q.computed + k
-            q.computed = c
-            q.num_tokens += k
-            q.emitted += k
-            q.blocks = -(-c // bs)       # VllmScheduler._blocks_for
-            q.last_s = t
-            top = gap if gap > worst else worst
-            if top > q.max_itl_s:
-                q.max_itl_s = top
+        _advance(decoding, ends, inst.itl_s, bs)
     if prompt is not None:
         prompt.computed += k * per
         prompt.blocks = sched._blocks_for(prompt.computed)
     sched.free_blocks = free - taken
     return k, t, t >= cross or k == left
+
+
+def _advance(decoding: list, ends: list, itl_s: array, bs: int) -> None:
+    """The decoding sequences after a run's steps ending at ``ends``: each emitted one token
+    a step (its context, tokens and KV blocks, ``VllmScheduler._blocks_for``), the
+    instance's inter-token gaps (each sequence's first, from its last token, then one per
+    step for all) and each sequence's largest gap."""
+    k, t, b = len(ends), ends[-1], len(decoding)
+    gaps = [ends[0] - q.last_s for q in decoding]
+    itl_s.extend(array("d", gaps))
+    prev = ends[0]
+    worst = 0.0
+    for end in ends[1:]:
+        gap = end - prev
+        if gap > worst:
+            worst = gap
+        itl_s.extend(array("d", (gap,)) * b)
+        prev = end
+    for q, gap in zip(decoding, gaps):
+        c = q.computed + k
+        q.computed = c
+        q.num_tokens += k
+        q.emitted += k
+        q.blocks = -(-c // bs)
+        q.last_s = t
+        top = gap if gap > worst else worst
+        if top > q.max_itl_s:
+            q.max_itl_s = top
 
 
 def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = math.inf) -> tuple[int, float, bool]:
@@ -708,7 +715,6 @@ def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = ma
     used = sched.used_blocks
     waiting = sum(len(r.waiting) for r in ranks)
     rows = inst.steps
-    itl_extend = inst.itl_s.extend
     needs = [0] * len(ranks)
     taken = needs[:]
     t = now
@@ -733,26 +739,7 @@ def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = ma
     k = len(ends)
     if not k:
         return 0, now, False
-    gaps = [ends[0] - q.last_s for q in decoding]
-    itl_extend(array("d", gaps))
-    prev = ends[0]
-    worst = 0.0
-    for end in ends[1:]:
-        gap = end - prev
-        if gap > worst:
-            worst = gap
-        itl_extend(array("d", (gap,)) * b)
-        prev = end
-    for q, gap in zip(decoding, gaps):
-        c = q.computed + k
-        q.computed = c
-        q.num_tokens += k
-        q.emitted += k
-        q.blocks = -(-c // bs)
-        q.last_s = t
-        top = gap if gap > worst else worst
-        if top > q.max_itl_s:
-            q.max_itl_s = top
+    _advance(decoding, ends, inst.itl_s, bs)
     for i, r in enumerate(ranks):
         r.free_blocks -= taken[i]
         if not r.running:
