@@ -573,24 +573,14 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
         if b > budget or (sched.waiting and b < s.max_num_seqs):
             return 0, now, False
         prompt, per, chunks, decoding = None, 0, 1 << 62, running
-    left = 1 << 62
-    contexts = []
-    residues = [0] * bs
-    for q in decoding:
-        c = q.computed
-        if q.num_tokens - c != 1 or q.last_s is None or q.scheduled or q.blocks != -(-c // bs):
-            return 0, now, False
-        contexts.append(c)
-        residues[c % bs] += 1
-        r = q.req.output_tokens - q.emitted
-        if r < left:
-            left = r
+    state = _decoding(decoding, bs)
+    if state is None:
+        return 0, now, False
+    contexts, residues, left = state
     limit = min(left, chunks)     # the step in which a sequence finishes is the run's last
     if limit < MIN_RUN_STEPS:
         return 0, now, False
-    contexts.sort()
     cost = inst.pool.cost
-    contexts = tuple(contexts)
     if prompt is not None:
         done = prompt.computed
         latency_s = cost.latency_s
@@ -640,6 +630,27 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
         prompt.blocks = sched._blocks_for(prompt.computed)
     sched.free_blocks = free - taken
     return k, t, t >= cross or k == left
+
+
+def _decoding(seqs, bs: int) -> Optional[tuple]:
+    """``(contexts, residues, fewest left)`` of sequences that all decode one token in the
+    next step with their KV blocks as the scheduler keeps them (their contexts sorted, how
+    many sit at each context modulo ``bs``, the fewest tokens any has left to emit);
+    ``None`` when one does not."""
+    left = 1 << 62
+    contexts = []
+    residues = [0] * bs
+    for q in seqs:
+        c = q.computed
+        if q.num_tokens - c != 1 or q.last_s is None or q.scheduled or q.blocks != -(-c // bs):
+            return None
+        contexts.append(c)
+        residues[c % bs] += 1
+        r = q.req.output_tokens - q.emitted
+        if r < left:
+            left = r
+    contexts.sort()
+    return tuple(contexts), residues, left
 
 
 def _advance(decoding: list, ends: list, itl_s: array, bs: int) -> None:
@@ -693,19 +704,12 @@ def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = ma
         b = len(running)
         if b > budget or (r.waiting and b < s.max_num_seqs):
             return 0, now, False
-        contexts = []
-        residues = [0] * bs
-        for q in running:
-            c = q.computed
-            if q.num_tokens - c != 1 or q.last_s is None or q.scheduled or q.blocks != -(-c // bs):
-                return 0, now, False
-            contexts.append(c)
-            residues[c % bs] += 1
-            left_q = q.req.output_tokens - q.emitted
-            if left_q < left:
-                left = left_q
-        contexts.sort()
-        per_rank.append((tuple(contexts), residues, r.free_blocks))
+        state = _decoding(running, bs)
+        if state is None:
+            return 0, now, False
+        contexts, residues, fewest = state
+        left = min(left, fewest)
+        per_rank.append((contexts, residues, r.free_blocks))
         decoding.extend(running)
     b = len(decoding)
     limit = left          # the step in which a sequence finishes is the run's last
