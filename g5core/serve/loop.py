@@ -220,8 +220,10 @@ class ServingLoop:
     KV moves to the decode pool). An instance starts its next step as soon as one ends and it
     has work. Ties in time are broken by the order the events were made.
 
-    ``fast``: run the stretches of decode-only steps that nothing else can see in one go
-    (:func:`_decode_run`: the same steps, latencies and tokens as one event per step).
+    ``fast``: run the stretches of steps that nothing else can see in one go (decode-only
+    steps, and a prompt's budget-filling chunks beside them, :func:`_decode_run`; an
+    attention-DP instance's decode steps, :func:`_dp_decode_run`): the same steps, latencies
+    and tokens as one event per step.
 
     ``miss`` (a :class:`MissWatch`): :meth:`run` stops as soon as the run's SLO verdict is
     sure to be missed (``missed`` is then true, and :meth:`run` returns ``None``)."""
@@ -296,7 +298,8 @@ class ServingLoop:
         """``(hard, soft)``: the time of the next event that can read ``inst``'s state or
         change it (see ``watch``), and of the next that only joins its queue or makes later
         events (its own next arrival under round robin, ``rr``; any next event for a decode
-        instance under ``soft_decode``; else ``inf``): a run of decode steps ends before
+        instance under ``soft_decode``; else ``inf``; a disaggregated prefill instance's are
+        the arrivals alone, ``prefill_arrivals``): a run of decode steps ends before
         ``hard`` and may run the step ``soft`` falls in (an arrival during a step changes
         nothing of that step)."""
         watch = self.watch
