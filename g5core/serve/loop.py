@@ -220,8 +220,10 @@ class ServingLoop:
     KV moves to the decode pool). An instance starts its next step as soon as one ends and it
     has work. Ties in time are broken by the order the events were made.
 
-    ``fast``: run the stretches of decode-only steps that nothing else can see in one go
-    (:func:`_decode_run`: the same steps, latencies and tokens as one event per step).
+    ``fast``: run the stretches of steps that nothing else can see in one go (decode-only
+    steps, and a prompt's budget-filling chunks beside them, :func:`_decode_run`; an
+    attention-DP instance's decode steps, :func:`_dp_decode_run`): the same steps, latencies
+    and tokens as one event per step.
 
     ``miss`` (a :class:`MissWatch`): :meth:`run` stops as soon as the run's SLO verdict is
     sure to be missed (``missed`` is then true, and :meth:`run` returns ``None``)."""
@@ -296,7 +298,8 @@ class ServingLoop:
         """``(hard, soft)``: the time of the next event that can read ``inst``'s state or
         change it (see ``watch``), and of the next that only joins its queue or makes later
         events (its own next arrival under round robin, ``rr``; any next event for a decode
-        instance under ``soft_decode``; else ``inf``): a run of decode steps ends before
+        instance under ``soft_decode``; else ``inf``; a disaggregated prefill instance's are
+        the arrivals alone, ``prefill_arrivals``): a run of decode steps ends before
         ``hard`` and may run the step ``soft`` falls in (an arrival during a step changes
         nothing of that step)."""
         watch = self.watch
@@ -573,24 +576,14 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
         if b > budget or (sched.waiting and b < s.max_num_seqs):
             return 0, now, False
         prompt, per, chunks, decoding = None, 0, 1 << 62, running
-    left = 1 << 62
-    contexts = []
-    residues = [0] * bs
-    for q in decoding:
-        c = q.computed
-        if q.num_tokens - c != 1 or q.last_s is None or q.scheduled or q.blocks != -(-c // bs):
-            return 0, now, False
-        contexts.append(c)
-        residues[c % bs] += 1
-        r = q.req.output_tokens - q.emitted
-        if r < left:
-            left = r
+    state = _decoding(decoding, bs)
+    if state is None:
+        return 0, now, False
+    contexts, residues, left = state
     limit = min(left, chunks)     # the step in which a sequence finishes is the run's last
     if limit < MIN_RUN_STEPS:
         return 0, now, False
-    contexts.sort()
     cost = inst.pool.cost
-    contexts = tuple(contexts)
     if prompt is not None:
         done = prompt.computed
         latency_s = cost.latency_s
@@ -610,7 +603,6 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
     waiting = len(sched.waiting)
     seqs = len(running)
     rows = inst.steps
-    itl_extend = inst.itl_s.extend
     t = now
     need = taken = 0
     ends = []
@@ -635,32 +627,61 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
     if not k:
         return 0, now, False
     if b:
-        # the gaps: each sequence's first (from its last token), then one per step for all
-        gaps = [ends[0] - q.last_s for q in decoding]
-        itl_extend(array("d", gaps))
-        prev = ends[0]
-        worst = 0.0
-        for end in ends[1:]:
-            gap = end - prev
-            if gap > worst:
-                worst = gap
-            itl_extend(array("d", (gap,)) * b)
-            prev = end
-        for q, gap in zip(decoding, gaps):
-            c = q.computed + k
-            q.computed = c
-            q.num_tokens += k
-            q.emitted += k
-            q.blocks = -(-c // bs)       # VllmScheduler._blocks_for
-            q.last_s = t
-            top = gap if gap > worst else worst
-            if top > q.max_itl_s:
-                q.max_itl_s = top
+        _advance(decoding, ends, inst.itl_s, bs)
     if prompt is not None:
         prompt.computed += k * per
         prompt.blocks = sched._blocks_for(prompt.computed)
     sched.free_blocks = free - taken
     return k, t, t >= cross or k == left
+
+
+def _decoding(seqs, bs: int) -> Optional[tuple]:
+    """``(contexts, residues, fewest left)`` of sequences that all decode one token in the
+    next step with their KV blocks as the scheduler keeps them (their contexts sorted, how
+    many sit at each context modulo ``bs``, the fewest tokens any has left to emit);
+    ``None`` when one does not."""
+    left = 1 << 62
+    contexts = []
+    residues = [0] * bs
+    for q in seqs:
+        c = q.computed
+        if q.num_tokens - c != 1 or q.last_s is None or q.scheduled or q.blocks != -(-c // bs):
+            return None
+        contexts.append(c)
+        residues[c % bs] += 1
+        r = q.req.output_tokens - q.emitted
+        if r < left:
+            left = r
+    contexts.sort()
+    return tuple(contexts), residues, left
+
+
+def _advance(decoding: list, ends: list, itl_s: array, bs: int) -> None:
+    """The decoding sequences after a run's steps ending at ``ends``: each emitted one token
+    a step (its context, tokens and KV blocks, ``VllmScheduler._blocks_for``), the
+    instance's inter-token gaps (each sequence's first, from its last token, then one per
+    step for all) and each sequence's largest gap."""
+    k, t, b = len(ends), ends[-1], len(decoding)
+    gaps = [ends[0] - q.last_s for q in decoding]
+    itl_s.extend(array("d", gaps))
+    prev = ends[0]
+    worst = 0.0
+    for end in ends[1:]:
+        gap = end - prev
+        if gap > worst:
+            worst = gap
+        itl_s.extend(array("d", (gap,)) * b)
+        prev = end
+    for q, gap in zip(decoding, gaps):
+        c = q.computed + k
+        q.computed = c
+        q.num_tokens += k
+        q.emitted += k
+        q.blocks = -(-c // bs)
+        q.last_s = t
+        top = gap if gap > worst else worst
+        if top > q.max_itl_s:
+            q.max_itl_s = top
 
 
 def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = math.inf) -> tuple[int, float, bool]:
@@ -686,19 +707,12 @@ def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = ma
         b = len(running)
         if b > budget or (r.waiting and b < s.max_num_seqs):
             return 0, now, False
-        contexts = []
-        residues = [0] * bs
-        for q in running:
-            c = q.computed
-            if q.num_tokens - c != 1 or q.last_s is None or q.scheduled or q.blocks != -(-c // bs):
-                return 0, now, False
-            contexts.append(c)
-            residues[c % bs] += 1
-            left_q = q.req.output_tokens - q.emitted
-            if left_q < left:
-                left = left_q
-        contexts.sort()
-        per_rank.append((tuple(contexts), residues, r.free_blocks))
+        state = _decoding(running, bs)
+        if state is None:
+            return 0, now, False
+        contexts, residues, fewest = state
+        left = min(left, fewest)
+        per_rank.append((contexts, residues, r.free_blocks))
         decoding.extend(running)
     b = len(decoding)
     limit = left          # the step in which a sequence finishes is the run's last
@@ -708,7 +722,6 @@ def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = ma
     used = sched.used_blocks
     waiting = sum(len(r.waiting) for r in ranks)
     rows = inst.steps
-    itl_extend = inst.itl_s.extend
     needs = [0] * len(ranks)
     taken = needs[:]
     t = now
@@ -733,26 +746,7 @@ def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = ma
     k = len(ends)
     if not k:
         return 0, now, False
-    gaps = [ends[0] - q.last_s for q in decoding]
-    itl_extend(array("d", gaps))
-    prev = ends[0]
-    worst = 0.0
-    for end in ends[1:]:
-        gap = end - prev
-        if gap > worst:
-            worst = gap
-        itl_extend(array("d", (gap,)) * b)
-        prev = end
-    for q, gap in zip(decoding, gaps):
-        c = q.computed + k
-        q.computed = c
-        q.num_tokens += k
-        q.emitted += k
-        q.blocks = -(-c // bs)
-        q.last_s = t
-        top = gap if gap > worst else worst
-        if top > q.max_itl_s:
-            q.max_itl_s = top
+    _advance(decoding, ends, inst.itl_s, bs)
     for i, r in enumerate(ranks):
         r.free_blocks -= taken[i]
         if not r.running:
