@@ -123,7 +123,6 @@ def small_search():
 
 
 @pytest.mark.bench   # 10-20 s on 2 cores: a benchmark-sized check (python3 -m pytest -q -m bench)
-@pytest.mark.xdist_group("small_search")   # one worker builds the module fixture (--dist loadgroup)
 def test_exhaustive_grid_agrees_with_the_search_on_8_chips(small_search):
     raw, result = small_search
     win = result.ranked[0]
@@ -180,7 +179,6 @@ def test_pruned_candidates_miss_the_slo_or_do_not_fit():
             assert not _holds(_serve(cfg, rate, 20)), (p, rate)
 
 
-@pytest.mark.xdist_group("small_search")   # one worker builds the module fixture (--dist loadgroup)
 def test_slo_holds_at_the_capacity_on_a_fresh_seed_and_not_at_1_2x(small_search):
     raw, result = small_search
     settle_s = 1.0 + 16 * 0.04
@@ -229,7 +227,6 @@ def test_exhaustive_small_case_gives_the_top_3_of_the_branch_and_bound():
             a.candidate.label(), a.capacity, b.capacity)
 
 
-@pytest.mark.xdist_group("small_search")   # one worker builds the module fixture (--dist loadgroup)
 def test_top_candidate_holds_on_2000_requests_of_a_fresh_seed_and_misses_at_1_3x(small_search):
     """Issue 31: the search's top candidate, run through ``g5 serve`` (its configuration) at
     its capacity with 2,000 requests (about three times the search's longest run at that
@@ -335,7 +332,6 @@ def test_bounded_out_candidates_simulated_anyway_never_beat_the_top_th():
         assert cell["capacity_requests_per_s"] <= b.capacity_bound
 
 
-@pytest.mark.xdist_group("small_search")   # one worker builds the module fixture (--dist loadgroup)
 def test_json_keys_and_configuration_are_complete(small_search):
     import yaml
 
@@ -623,7 +619,6 @@ def test_both_answers_side_by_side_in_json_and_text(tmp_path):
     assert "top-th" not in text.stdout + text.stderr
 
 
-@pytest.mark.xdist_group("small_search")   # one worker builds the module fixture (--dist loadgroup)
 def test_the_winner_configuration_reproduces_its_capacity_run(small_search):
     raw, result = small_search
     win = result.ranked[0]
