@@ -177,7 +177,9 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
     checked against the workload's longest request before anything is simulated.
     ``runner``: ``groups -> latency_s`` instead of the plan's engine (tests);
     ``runner_for``: ``(pool configuration, prepared plan) -> runner``, one per pool (a
-    caller sharing step latencies between deployments of the same layout)."""
+    caller sharing step latencies between deployments of the same layout); for an
+    attention-DP layout the runner may carry ``experts_s`` (the experts' part of a step,
+    :class:`DpCost`), shared alike."""
     longest_prompt = max(r.input_tokens for r in workload.requests)
     longest = max(r.input_tokens + r.output_tokens - 1 for r in workload.requests)
     pools, infos, plans = [], [], []
@@ -220,9 +222,9 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
             if proposer is not None:
                 raise ConfigError("speculative", "speculative decoding is not yet modelled with attention DP "
                                   "(parallel.dp > 1): drop the speculative block, or use dp: 1 with more instances")
-            # the experts' part of an unequal step from the engine's op breakdown; a stand-in
-            # runner (``runner``) has none, and its steps are the slowest rank's (DpCost's doc)
-            # (a runner_for's runner may carry it, shared as its steps are: ``experts_s``)
+            # the experts' part of an unequal step from the engine's op breakdown (or the
+            # runner_for runner's ``experts_s``); a stand-in runner (``runner``) has none, and
+            # its steps are the slowest rank's (DpCost's doc)
             experts = None if runner else (getattr(step_runner, "experts_s", None) or plan_experts_runner(prepared))
             cost = DpCost(cost, dp, experts_s=experts)
             factory = functools.partial(DpScheduler, dp=dp, balance=ps.dp_balance, factory=factory)

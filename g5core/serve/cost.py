@@ -133,6 +133,24 @@ def _interp(f: Callable[[int], float], x: float, tokens: bool = True) -> float:
     return (1 - w) * f(left) + w * f(hi)
 
 
+def _batch_points(b: int) -> tuple[tuple[int, ...], float]:
+    """The batch grid of :meth:`PlanCost._attention` (powers of 4) around ``b``: ``((b,),
+    0.0)`` on a point, else the two around it and ``b``'s weight on the upper one."""
+    lo = 1 << (2 * ((b.bit_length() - 1) // 2))
+    if lo == b:
+        return (b,), 0.0
+    return (lo, 4 * lo), (b - lo) / (3 * lo)
+
+
+def _on_cell(cell: tuple, x: float) -> float:
+    """Linear between a grid cell's ends (:meth:`PlanCost._cell`) at ``x`` in ``[lo, hi)``."""
+    lo, hi, f_lo, f_hi = cell
+    if lo >= x:     # on a grid point
+        return f_lo
+    w = max(x - lo, 0.0) / (hi - lo)
+    return (1 - w) * f_lo + w * f_hi
+
+
 Groups = tuple  # ((new_tokens, cached_tokens, count), ...)
 
 
@@ -232,26 +250,24 @@ class PlanCost:
         at b = 26..250, 0.6% at b = 9). The grid cells' end points are kept (``_cells``):
         the same arithmetic as :func:`_interp`, without its calls."""
         x = max(c, 1.0)
-        lo = 1 << (2 * ((b.bit_length() - 1) // 2))
-        if lo == b:
+        points, w = _batch_points(b)
+        if len(points) == 1:
             return self._attention_at(b, x)
-        hi = 4 * lo
-        w = (b - lo) / (hi - lo)
-        return (1 - w) * self._attention_at(lo, x) + w * self._attention_at(hi, x)
+        return (1 - w) * self._attention_at(points[0], x) + w * self._attention_at(points[1], x)
 
-    def _attention_at(self, bb: int, x: float) -> float:
-        """``D(bb, x) - G(bb)`` along the grid of the context ``x >= 1`` (see :meth:`_attention`)."""
-        lo = grid_below(x)
+    def _cell(self, bb: int, lo: int) -> tuple:
+        """``(lo, hi, f_lo, f_hi)``: the grid cell of the context from grid point ``lo`` and
+        ``D - G`` of ``bb`` sequences at its ends (kept in ``_cells``)."""
         cell = self._cells.get((bb, lo))
         if cell is None:
             hi = grid_above(lo + 0.5)
             gb = self.g(bb)
-            cell = self._cells[(bb, lo)] = (hi, self.d(bb, lo) - gb, self.d(bb, hi) - gb)
-        hi, f_lo, f_hi = cell
-        if lo >= x:     # on a grid point
-            return f_lo
-        w = max(x - lo, 0.0) / (hi - lo)
-        return (1 - w) * f_lo + w * f_hi
+            cell = self._cells[(bb, lo)] = (lo, hi, self.d(bb, lo) - gb, self.d(bb, hi) - gb)
+        return cell
+
+    def _attention_at(self, bb: int, x: float) -> float:
+        """``D(bb, x) - G(bb)`` along the grid of the context ``x >= 1`` (see :meth:`_attention`)."""
+        return _on_cell(self._cell(bb, grid_below(x)), x)
 
     def latency_s(self, work: StepWork, exact: Optional[bool] = None) -> float:
         exact = self.exact if exact is None else exact
@@ -274,27 +290,16 @@ class PlanCost:
         b = len(contexts)
         steps = self._steps
         tokens_s = None     # G at b, on the first step not cached (the engine runs as it did before)
-        # _attention's batch points (a power of 4, or the two around b) and b's weight
-        lo_b = 1 << (2 * ((b.bit_length() - 1) // 2))
-        ends = (lo_b,) if lo_b == b else (lo_b, 4 * lo_b)
-        w_b = 0.0 if lo_b == b else (b - lo_b) / (3 * lo_b)
-        # per batch point, the grid cell (lo, hi, f_lo, f_hi) of the context the run is in (a
-        # run's mean context grows by one a step; the cells are wide): _attention_at's
-        # arithmetic, without finding the cell again each step
-        cells: list = [None] * len(ends)
+        points, w_b = _batch_points(b)     # as _attention
+        # per batch point, the grid cell of the context the run is in (a run's mean context
+        # grows by one a step; the cells are wide): not found again each step
+        cells: list = [None] * len(points)
 
         def at(slot: int, x: float) -> float:
             cell = cells[slot]
             if cell is None or not cell[0] <= x < cell[1]:
-                lo = grid_below(x)
-                self._attention_at(ends[slot], x)      # makes the cell as it always does
-                hi, f_lo, f_hi = self._cells[(ends[slot], lo)]
-                cell = cells[slot] = (lo, hi, f_lo, f_hi)
-            lo, hi, f_lo, f_hi = cell
-            if lo >= x:
-                return f_lo
-            w = max(x - lo, 0.0) / (hi - lo)
-            return (1 - w) * f_lo + w * f_hi
+                cell = cells[slot] = self._cell(points[slot], grid_below(x))
+            return _on_cell(cell, x)
 
         def step_s(j: int, total: int) -> float:
             nonlocal tokens_s
@@ -304,7 +309,7 @@ class PlanCost:
                 if tokens_s is None:
                     tokens_s = _interp(self.g, b)
                 x = max(total / b, 1.0)
-                attention = at(0, x) if lo_b == b else (1 - w_b) * at(0, x) + w_b * at(1, x)
+                attention = at(0, x) if len(points) == 1 else (1 - w_b) * at(0, x) + w_b * at(1, x)
                 hit = steps[key] = (tokens_s + attention, (contexts, j))
             return hit[0]
         return step_s

@@ -310,16 +310,20 @@ class ServingLoop:
         if self.prefill_arrivals is not None and inst.pool is self.fleet.pools[0]:
             if self.prefill_arrivals == "any":
                 return (self.arrivals[j] if j < self.n else math.inf), math.inf
-            offset, count = self.prefill_arrivals
-            j += (inst.index - offset - j) % count
-            return math.inf, (self.arrivals[j] if j < self.n else math.inf)
+            return math.inf, self._own_arrival(inst, self.prefill_arrivals)
         if self.soft_decode and inst.pool is self.fleet.pools[-1]:
             return math.inf, (min(h, self.arrivals[j]) if j < self.n else h)
         if self.rr is None:
             return (min(h, self.arrivals[j]) if j < self.n else h), math.inf
-        offset, count = self.rr
+        return h, self._own_arrival(inst, self.rr)
+
+    def _own_arrival(self, inst: Instance, turn: tuple) -> float:
+        """The time of the next arrival a round robin ``turn`` (``(its first instance, the
+        instances)``) sends to ``inst`` (``inf``: none is left)."""
+        offset, count = turn
+        j = self.arrived
         j += (inst.index - offset - j) % count
-        return h, (self.arrivals[j] if j < self.n else math.inf)
+        return self.arrivals[j] if j < self.n else math.inf
 
     def peek(self) -> float:
         """The time of the next event (``inf`` when none is left)."""

@@ -70,29 +70,26 @@ def seed_runners(points) -> None:
             cache.setdefault(tuple(tuple(g) for g in groups), latency_s)
 
 
+def _remembered(engine, cache: dict):
+    """``groups -> engine(groups)``, each asked once (``cache`` holds the answers)."""
+    def hit(groups):
+        if groups not in cache:
+            cache[groups] = engine(groups)
+        return cache[groups]
+    return hit
+
+
 def _shared_runner(praw: Mapping, prepared):
 
     key = canonical_json({k: v for k, v in praw.items() if k != "serving"})
     hit = _RUNNERS.get(key)
     if hit is None:
-        engine = plan_step_runner(prepared)
         cache: dict = {tuple(tuple(g) for g in groups): latency_s for groups, latency_s in _SEEDS.pop(key, ())}
-
-        def hit(groups):
-            if groups not in cache:
-                cache[groups] = engine(groups)
-            return cache[groups]
-
+        hit = _remembered(plan_step_runner(prepared), cache)
         # an attention-DP layout's experts' part of its steps (DpCost), shared alike
         experts = plan_experts_runner(prepared) if attention_dp(prepared.plan, "parallel.dp") > 1 else None
         if experts is not None:
-            parts: dict = {}
-
-            def experts_s(groups):
-                if groups not in parts:
-                    parts[groups] = experts(groups)
-                return parts[groups]
-            hit.experts_s = experts_s
+            hit.experts_s = _remembered(experts, {})
 
         if len(_RUNNERS) > 256:
             _RUNNERS.clear()
