@@ -54,8 +54,23 @@ def test_the_pass_kv_ring_runs_eagerly_unless_the_block_says_otherwise(tmp_path)
     assert eager.sim.compute["launch"]["added_s"] > 0
 
 
+def test_piecewise_graphs_launch_only_the_attention_ops_of_a_decode_step_eagerly(tmp_path):
+    full = _decode(_system(tmp_path, cuda_graphs="decode"))
+    piecewise = _decode(_system(tmp_path, cuda_graphs="piecewise"))
+    system = piecewise.plan.ctx.system
+    attention = [op for op in piecewise.sim.dag.ops if getattr(op, "op_class", "") == "attention" and op.chip == 0]
+    kernels = sum(launched_kernels(op, system, "decode") for op in attention)
+    assert len(attention) == 80 and kernels >= 80
+    # every attention op pays its launches, nothing else does
+    assert piecewise.sim.compute["launch"]["added_s"] == pytest.approx(kernels * 5e-6, rel=1e-9)
+    assert piecewise.latency_s - full.latency_s == pytest.approx(kernels * 5e-6, rel=1e-6)
+    # prefill runs eagerly in both
+    assert _decode(_system(tmp_path, cuda_graphs="piecewise"), phase="prefill", seq_len=1024).latency_s == \
+        _decode(_system(tmp_path, cuda_graphs="decode"), phase="prefill", seq_len=1024).latency_s
+
+
 @pytest.mark.parametrize("bad, message", [
-    ({"cuda_graphs": "prefill"}, "choose one of decode, all, none"),
+    ({"cuda_graphs": "prefill"}, "choose one of decode, piecewise, all, none"),
     ({"kernel_launch_s": 2.0}, "expected seconds in 0 .. 1"),
     ({"eager_passkv_ring": "yes"}, "expected true or false"),
     ({"cuda_graph": "all"}, "did you mean .*'cuda_graphs'"),

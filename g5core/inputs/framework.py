@@ -18,7 +18,12 @@
 - ``cuda_graphs``: which steps run as captured CUDA graphs (``decode``: the decode step only,
   as SGLang -- its CUDA graphs cover decode batches up to ``--cuda-graph-max-bs``, prefill
   runs eagerly -- and TensorRT-LLM's PyTorch backend, whose ``cuda_graph_config`` captures
-  generation steps, do by default; ``all``; ``none``: eager everywhere).
+  generation steps, do by default; ``piecewise``: the decode step captured except its attention
+  ops, which run eagerly between the captured pieces, as vLLM V1's ``CUDAGraphMode.PIECEWISE`` --
+  its default until vllm PR #25444 (2025-09-23) made it ``FULL_AND_PIECEWISE`` -- splits the
+  graph at ``CompilationConfig.splitting_ops`` (``vllm.unified_attention``,
+  ``vllm.unified_attention_with_output``), prefill eagerly as ``decode`` does; ``all``;
+  ``none``: eager everywhere).
 - ``kernel_launch_s``: what launching one kernel costs when the step is not captured (the
   host's cudaLaunchKernel path). Default 5 us: a measured 4-6 us per launch in a kernel-launch
   microbenchmark (pegainfer, "From Launch Overhead to CUDA Graph", github.com/xiaguan/
@@ -60,7 +65,7 @@ from g5core.api.errors import ConfigError, suggest
 from g5core.inputs.reading import check_keys, load_yaml
 from g5core.inputs.step import Step, StepGroup
 
-CUDA_GRAPH_MODES = ("decode", "all", "none")
+CUDA_GRAPH_MODES = ("decode", "piecewise", "all", "none")
 FRAMEWORK_KEYS = ("name", "version", "cuda_graphs", "kernel_launch_s", "eager_passkv_ring", "stack", "fusions",
                   "fused_fp8_quant", "attention", "cuda_graph_batch_sizes", "cuda_graph_padding", "graph_kernel_s",
                   "host", "all_reduce")
@@ -379,15 +384,17 @@ class Framework:
             return None
         return sizes[i]
 
-    def captured(self, phase: str, owner: str, sequences: int | None = None) -> bool:
-        """Whether an op of ``owner`` in a ``phase`` step (of ``sequences`` sequences, for a
-        decode step) runs inside a captured CUDA graph."""
+    def captured(self, phase: str, owner: str, sequences: int | None = None, op_class: str | None = None) -> bool:
+        """Whether an op of ``owner`` (of ``op_class``) in a ``phase`` step (of ``sequences``
+        sequences, for a decode step) runs inside a captured CUDA graph."""
         if owner == "cp_passkv" and self.eager_passkv_ring:
             return False
         if self.cuda_graphs == "all":
             return True
-        if self.cuda_graphs != "decode" or phase != "decode":
+        if self.cuda_graphs not in ("decode", "piecewise") or phase != "decode":
             return False
+        if self.cuda_graphs == "piecewise" and op_class == "attention":
+            return False   # the graph is split at the attention op, which runs eagerly
         return sequences is None or self.graph_batch(sequences) is not None
 
 
@@ -473,7 +480,7 @@ def launch_s(op, system, phase: str, sequences: int | None = None) -> float:
     fw = getattr(system, "framework", None)
     if fw is None:
         return 0.0
-    if fw.captured(phase, op.owner, sequences):
+    if fw.captured(phase, op.owner, sequences, getattr(op, "op_class", None)):
         if fw.graph_kernel_s is None:
             return 0.0
         return max(1, launched_kernels(op, system, phase)) * fw.graph_kernel_s
