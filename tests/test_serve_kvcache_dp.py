@@ -141,3 +141,22 @@ def test_the_step_waits_for_the_slowest_ranks_loads():
     load = 30 * 16 / 1e9 + 1e-3
     assert latency == loaded_step_s(0.02, load, True, 4)
     assert sched.ranks[0].per_request[0][3] == sched.ranks[1].per_request[1][3] == latency - 0.02
+
+
+def test_text_csv_and_trace_show_each_ranks_cache():
+    import io
+    import json
+
+    from g5core.serve.present import dump_trace, render_summary, write_requests_csv
+    res = simulate_serving(moe(2, prefix_cache={}), prefixed("ABCDABCD"), runner=runner, check_predictor=0,
+                           exact=True)
+    assert "per rank   0: 50.0% of 16, 1: 50.0% of 16" in render_summary(res.to_json_dict())
+    fh = io.StringIO()
+    write_requests_csv(res.loop, fh)
+    rows = fh.getvalue().splitlines()
+    head = rows[0].split(",")
+    assert [int(r.split(",")[head.index("hbm_hit_blocks")]) for r in rows[1:]] == [0, 0, 0, 0, 4, 4, 4, 4]
+    fh = io.StringIO()
+    dump_trace(res.loop, fh)
+    names = {e["name"] for e in json.loads(fh.getvalue())["traceEvents"] if e["ph"] == "C"}
+    assert {"KV cache blocks, rank 0", "KV cache blocks, rank 1"} <= names
