@@ -215,10 +215,6 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
                         sizing.chips)
         factory = registry.scheduler(ps.scheduler_name)
         if dp > 1:
-            if spec.cache is not None:
-                raise ConfigError("serving.prefix_cache", "the block cache and KV tiers are per scheduler and not yet "
-                                  "modelled per attention-DP rank (parallel.dp > 1): drop serving.prefix_cache and "
-                                  "serving.kv_tiers, or use dp: 1 with more instances")
             if proposer is not None:
                 raise ConfigError("speculative", "speculative decoding is not yet modelled with attention DP "
                                   "(parallel.dp > 1): drop the speculative block, or use dp: 1 with more instances")
@@ -227,14 +223,16 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
             # its steps are the slowest rank's (DpCost's doc)
             experts = None if runner else (getattr(step_runner, "experts_s", None) or plan_experts_runner(prepared))
             cost = DpCost(cost, dp, experts_s=experts)
-            factory = functools.partial(DpScheduler, dp=dp, balance=ps.dp_balance, factory=factory)
-        elif spec.cache is not None:
+        if spec.cache is not None:
             if proposer is not None:
                 raise ConfigError("speculative", "speculative decoding is not yet modelled with the block cache "
                                   "(serving.prefix_cache, serving.kv_tiers): drop one of them")
-            factory = functools.partial(CachingScheduler, cache=cache_config(spec.cache, registry, plan, sizing, cost))
+            # one cache per scheduler: the instance's, or each attention-DP rank's (DpScheduler)
+            factory = functools.partial(CachingScheduler, cache=cache_config(spec.cache, registry, plan, sizing, cost, dp))
         elif proposer is not None:
             cost, factory = speculative_pool(prepared, proposer, cost, ps, field)
+        if dp > 1:
+            factory = functools.partial(DpScheduler, dp=dp, balance=ps.dp_balance, factory=factory)
         pool = Pool(ps.role, ps.instances, cost, s, blocks * dp, registry.router(ps.router)(), factory, first_chip)
         first_chip += pool.chips
         pools.append(pool)
@@ -287,14 +285,22 @@ def rank_chips(plan) -> tuple[int, ...]:
     return tuple(c for c in range(rm.chips) if rm.rank_in("dp", c) == 0)
 
 
-def cache_config(spec: CacheSpec, registry: ServingRegistry, plan, sizing, cost) -> CacheConfig:
+def cache_config(spec: CacheSpec, registry: ServingRegistry, plan, sizing, cost, dp: int) -> CacheConfig:
     """A pool's block cache: its tiers with the system's defaults, its policy, the ledger's
-    KV bytes, the model's layers (a fetch overlaps them) and the step cost of recomputing."""
+    KV bytes, the model's layers (a fetch overlaps them) and the step cost of recomputing.
+    With attention DP (``dp`` ranks) the cache is one rank's: a block's bytes are those of the rank's chips
+    (:func:`rank_chips`; every rank's are alike), each chip's tier its own, and recomputing
+    is the instance's step with that rank prefilling (``cost``: a :class:`DpCost`)."""
     def recompute_s(tokens: int, cached: int) -> float:
         return cost.latency_s(StepWork(((tokens, cached),), ()))
+    if dp == 1:
+        block_bytes_per_token = sizing.kv_bytes_per_token
+    else:
+        per_token = dict(zip(range(sizing.chips), sizing.per_chip_kv_bytes_per_token))
+        block_bytes_per_token = sum(per_token[c] for c in rank_chips(plan))
     return CacheConfig(registry.cache_policies[spec.policy][1], resolve_tiers(spec, plan.ctx.system), spec.miss,
                        spec.overlap, plan.ctx.model.n_layers, sizing.kv_bytes_per_token_per_chip,
-                       sizing.kv_bytes_per_token, recompute_s, spec.policy)
+                       block_bytes_per_token, recompute_s, spec.policy)
 
 
 def proposer_sizing(sizing: KvSizing, proposer: Proposer) -> KvSizing:

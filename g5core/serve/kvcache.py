@@ -150,6 +150,23 @@ class CacheConfig:
     policy_name: str = "lru"
 
 
+def loaded_step_s(compute_s: float, load_s: float, overlap: bool, layers: int) -> float:
+    """A step of ``compute_s`` that waits ``load_s`` for KV loads: ``compute + load``, or with
+    ``overlap`` (vLLM's KV connector loads layer by layer, ``wait_for_layer_load`` before each
+    layer's attention) ``max(compute, load) + min(compute, load) / layers``."""
+    if overlap:
+        return max(compute_s, load_s) + min(compute_s, load_s) / layers
+    return compute_s + load_s
+
+
+def caches_of(scheduler) -> list:
+    """The block caches of an instance's scheduler: none, its own, or one per attention-DP
+    rank (a :class:`~g5core.serve.scheduler.DpScheduler` of caching ranks)."""
+    if not getattr(scheduler, "io", False):
+        return []
+    return list(getattr(scheduler, "ranks", (scheduler,)))
+
+
 #: the names of the cache's per-tier counters (index 0: HBM, then the tiers top down)
 COUNTERS = ("hit_blocks", "fetched_blocks", "recomputed_blocks", "evicted_blocks", "stored_blocks",
             "bytes_written", "bytes_read")
@@ -398,8 +415,9 @@ class CachingScheduler(VllmScheduler):
         self.running.remove(seq)
         self._free(seq)
 
-    def step_latency_s(self, now: float, compute_s: float, picked: list[Seq]) -> float:
-        """The step's latency with the loads its sequences wait for (module doc)."""
+    def start_loads(self, now: float, picked: list[Seq]) -> tuple[float, list[Seq]]:
+        """The reads of the step's fetches, reserved on their links at ``now``: how long the
+        step waits for the last of them (0 without any) and the sequences that fetch."""
         load_end = now
         fetching = []
         for q in picked:
@@ -413,16 +431,20 @@ class CachingScheduler(VllmScheduler):
                                                  spec.latency_s)
                 self.counts["bytes_read"][t + 1] += blocks * self.block_bytes
                 load_end = max(load_end, end)
-        if not fetching:
-            return compute_s
-        load = load_end - now
-        if self.cache.overlap:
-            latency = max(compute_s, load) + min(compute_s, load) / self.cache.layers
-        else:
-            latency = compute_s + load
+        return load_end - now, fetching
+
+    def with_loads_s(self, compute_s: float, load_s: float, fetching: list[Seq]) -> float:
+        """The step's latency when it waits ``load_s`` for its loads (:func:`loaded_step_s`);
+        the wait is each fetching sequence's ``fetch_s``."""
+        latency = loaded_step_s(compute_s, load_s, self.cache.overlap, self.cache.layers)
         for q in fetching:
             self.per_request[q.req.id][3] = latency - compute_s
         return latency
+
+    def step_latency_s(self, now: float, compute_s: float, picked: list[Seq]) -> float:
+        """The step's latency with the loads its sequences wait for (module doc)."""
+        load_s, fetching = self.start_loads(now, picked)
+        return self.with_loads_s(compute_s, load_s, fetching) if fetching else compute_s
 
     # -- checks ------------------------------------------------------------------------------
     def check(self) -> dict:

@@ -18,6 +18,7 @@ from typing import Optional
 import numpy as np
 
 from g5core.inputs.serving import SloLimit
+from g5core.serve.kvcache import caches_of
 
 PERCENTILES = (50, 90, 99)
 
@@ -173,7 +174,8 @@ def speculative_summary(result) -> Optional[dict]:
 
 
 def _caches(result) -> list:
-    return [i.scheduler for i in result.instances if getattr(i.scheduler, "io", False)]
+    """Every block cache of the run: one per instance, or one per attention-DP rank."""
+    return [c for i in result.instances for c in caches_of(i.scheduler)]
 
 
 def kv_cache(result, arrays: Optional[dict] = None) -> Optional[dict]:
@@ -212,9 +214,27 @@ def kv_cache(result, arrays: Optional[dict] = None) -> Optional[dict]:
             fetch[k] += row[3]
     queue, ttft = arrays["queue_s"], arrays["ttft_s"]
     hit = sum(t["fetched_blocks"] for t in tiers) + tiers[0]["hit_blocks"]
-    return {"policy": first.cache.policy_name, "lookup_blocks": looked,
-            "hit_rate": hit / looked if looked else 0.0, "tiers": tiers,
-            "ttft_split_s": {"queue": stats(queue), "fetch": stats(fetch), "compute": stats(ttft - queue - fetch)}}
+    out = {"policy": first.cache.policy_name, "lookup_blocks": looked,
+           "hit_rate": hit / looked if looked else 0.0, "tiers": tiers,
+           "ttft_split_s": {"queue": stats(queue), "fetch": stats(fetch), "compute": stats(ttft - queue - fetch)}}
+    ranked = [caches_of(i.scheduler) for i in result.instances if hasattr(i.scheduler, "ranks")]
+    if ranked:
+        out["ranks"] = _per_rank(ranked)
+    return out
+
+
+def _per_rank(ranked: list[list]) -> list[dict]:
+    """Attention DP: each rank's cache figures (rank ``r`` summed over the instances), HBM's
+    hits and evictions and the blocks found in any tier; the totals above are their sums."""
+    rows = []
+    for r in range(max(len(caches) for caches in ranked)):
+        caches = [cs[r] for cs in ranked if r < len(cs)]
+        looked = sum(c.lookup_blocks for c in caches)
+        found = sum(c.counts["hit_blocks"][0] + sum(c.counts["fetched_blocks"][1:]) for c in caches)
+        rows.append({"rank": r, "lookup_blocks": looked, "hit_rate": found / looked if looked else 0.0,
+                     "hbm_hit_blocks": sum(c.counts["hit_blocks"][0] for c in caches),
+                     "hbm_evicted_blocks": sum(c.counts["evicted_blocks"][0] for c in caches)})
+    return rows
 
 
 def _occupancy(result) -> tuple[dict, dict, dict]:

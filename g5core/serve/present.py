@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 
+from g5core.serve.kvcache import caches_of
 from g5core.serve.metrics import per_request
 
 GIB = float(2 ** 30)
@@ -98,6 +99,9 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
             lines.append(f"  {t['tier']:<11}{t['hit_rate']:.1%} hit ({t['hit_blocks']:,} blocks{recomputed}), "
                          f"{t['evicted_blocks']:,} evicted; {t['cached_blocks']['mean']:,.0f} mean / "
                          f"{t['cached_blocks']['max']:,.0f} max of {t['capacity_blocks']:,} blocks{moved}")
+        if "ranks" in cache:    # attention DP: each rank's own cache
+            lines.append("  per rank   " + ", ".join(f"{r['rank']}: {r['hit_rate']:.1%} of {r['lookup_blocks']:,}"
+                                                      for r in cache["ranks"]))
         split = cache["ttft_split_s"]
         lines.append("  TTFT mean   " + ", ".join(f"{k} {_s(split[k]['mean'])}" for k in ("queue", "fetch", "compute")))
     spec = out.get("speculative")
@@ -130,9 +134,10 @@ def write_requests_csv(result, fh) -> None:
     a = per_request(result)
     log = result.requests
     cache = {}
-    for inst in result.instances:
-        cache.update(getattr(inst.scheduler, "per_request", {}))
-    caching = any(getattr(i.scheduler, "io", False) for i in result.instances)
+    caches = [c for inst in result.instances for c in caches_of(inst.scheduler)]
+    for c in caches:
+        cache.update(c.per_request)
+    caching = bool(caches)
     fh.write(",".join(REQUEST_COLUMNS + (CACHE_COLUMNS if caching else ())) + "\n")
 
     def cell(x):
@@ -167,21 +172,23 @@ def dump_trace(result, fh) -> None:
                            "args": {"running": int(running), "waiting": int(waiting)}})
             events.append({"ph": "C", "pid": pid, "ts": end * us, "name": "KV blocks used",
                            "args": {"blocks": int(blocks)}})
-        sched = inst.scheduler
-        if getattr(sched, "io", False):     # the block cache: its cached blocks per tier
-            names = ["HBM"] + [t.spec.kind for t in sched.tiers]
-            occ = np.frombuffer(sched.occupancy, dtype=float).reshape(-1, 1 + len(names))
+        caches = caches_of(inst.scheduler)
+        for rank, cache in enumerate(caches):   # the block cache (one per attention-DP rank): blocks per tier
+            names = ["HBM"] + [t.spec.kind for t in cache.tiers]
+            occ = np.frombuffer(cache.occupancy, dtype=float).reshape(-1, 1 + len(names))
+            counter = "KV cache blocks" if len(caches) == 1 else f"KV cache blocks, rank {rank}"
             last = None
             for row in occ.tolist():
                 if row[1:] != last:
-                    events.append({"ph": "C", "pid": pid, "ts": row[0] * us, "name": "KV cache blocks",
+                    events.append({"ph": "C", "pid": pid, "ts": row[0] * us, "name": counter,
                                    "args": {n: int(v) for n, v in zip(names, row[1:])}})
                     last = row[1:]
     fetch_s = {}
     for inst in result.instances:
-        for k, row in getattr(inst.scheduler, "per_request", {}).items():
-            if row[3] > 0:
-                fetch_s[k] = row[3]
+        for cache in caches_of(inst.scheduler):
+            for k, row in cache.per_request.items():
+                if row[3] > 0:
+                    fetch_s[k] = row[3]
     rpid = len(result.instances)
     events.append({"ph": "M", "pid": rpid, "name": "process_name", "args": {"name": "requests"}})
     a = per_request(result)

@@ -29,10 +29,11 @@ the first rejection and adds one token of the target), and its blocks shrink bac
 its computed tokens fill.
 
 Where G5 differs from vLLM: no encoder inputs, priorities or asynchronous scheduling; the
-prefix cache is per instance and never evicts (a prefix an instance has computed stays reusable; its blocks are counted per sequence, not shared); a
-preempted sequence recomputes its cached prefix too. The block-level cache that fills and
-evicts, with tiers below HBM, is :class:`g5core.serve.kvcache.CachingScheduler`
-(``serving.prefix_cache``, ``serving.kv_tiers``).
+prefix cache is per scheduler (an instance, or an attention-DP rank of one) and never evicts
+(a prefix a scheduler has computed stays reusable; its blocks are counted per sequence, not
+shared); a preempted sequence recomputes its cached prefix too. The block-level cache that
+fills and evicts, with tiers below HBM, is :class:`g5core.serve.kvcache.CachingScheduler`
+(``serving.prefix_cache``, ``serving.kv_tiers``), one per instance or per attention-DP rank.
 """
 from __future__ import annotations
 
@@ -232,7 +233,18 @@ class DpScheduler:
     pool's ``max_num_seqs`` and ``max_num_batched_tokens`` per rank, as each SGLang DP rank
     runs its own scheduler); a step of the instance is every rank's step at once
     (:class:`~g5core.serve.cost.RankedWork`): a rank with nothing to run is idle in it but
-    still steps (it joins the MoE all-to-all; ``idle_steps`` counts them)."""
+    still steps (it joins the MoE all-to-all; ``idle_steps`` counts them).
+
+    With a block cache (``factory`` making :class:`~g5core.serve.kvcache.CachingScheduler`
+    ranks) each rank owns its cache over its own share of the pool and its own tiers, as each
+    SGLang DP-attention rank is a scheduler process with its own radix cache
+    (``python/sglang/srt/managers/scheduler.py``, ``Scheduler.init_cache_with_memory_pool``
+    builds ``self.tree_cache`` per process; ``DataParallelController.launch_tensor_parallel_group``
+    starts one per ``dp_rank``): a request hits only what its own rank cached, so a repeat
+    the balance sends to another rank misses. The instance's step waits for the slowest
+    rank's loads (:meth:`step_latency_s`)."""
+
+    io = False   # True when the ranks are caching schedulers (set per instance)
 
     def __init__(self, settings: SchedulerSettings, total_blocks: int, dp: int, balance: str = "round_robin",
                  factory=VllmScheduler):
@@ -248,6 +260,8 @@ class DpScheduler:
         self.steps_over_pool = [0] * dp
         self._next = 0
         self._picks: list[list[Seq]] = [[] for _ in range(dp)]
+        self.io = getattr(self.ranks[0], "io", False)
+        self._now = 0.0
 
     # -- the ranks seen as one -------------------------------------------------------------
     @property
@@ -327,10 +341,41 @@ class DpScheduler:
     def finish_step(self, picked: list[Seq]) -> list[Seq]:
         return [q for r, p in zip(self.ranks, self._picks) for q in r.finish_step(p)]
 
+    # -- the ranks' block caches -------------------------------------------------------------
+    @property
+    def now(self) -> float:
+        return self._now
+
+    @now.setter
+    def now(self, now: float) -> None:
+        """The serving loop's clock before a step (a caching rank's offloads start then)."""
+        self._now = now
+        for r in self.ranks:
+            r.now = now
+
+    def step_latency_s(self, now: float, compute_s: float, picked: list[Seq]) -> float:
+        """The instance's step with the KV loads of every caching rank: the ranks step
+        together, so the step waits for the slowest rank's loads (each rank's on its own
+        links); every fetching sequence waits that long."""
+        loads = [r.start_loads(now, p) for r, p in zip(self.ranks, self._picks)]
+        if not any(fetching for _, fetching in loads):
+            return compute_s
+        load_s = max(load for load, _ in loads)
+        latency = compute_s
+        for r, (_, fetching) in zip(self.ranks, loads):
+            latency = r.with_loads_s(compute_s, load_s, fetching)
+        return latency
+
     def check(self) -> dict:
-        """Per rank: blocks still held, steps over the rank's pool, requests given twice."""
-        return {"kv_blocks_left_at_end": sum(abs(r.used_blocks) for r in self.ranks),
-                "steps_over_kv_pool": sum(self.steps_over_pool), "requests_given_twice": self.twice}
+        """Per rank: blocks still held, steps over the rank's pool, requests given twice;
+        with caching ranks, their caches' invariants (``kv_cache_...``, summed over ranks)."""
+        out = {"kv_blocks_left_at_end": sum(abs(r.used_blocks) for r in self.ranks),
+               "steps_over_kv_pool": sum(self.steps_over_pool), "requests_given_twice": self.twice}
+        if self.io:
+            for r in self.ranks:
+                for key, value in r.check().items():
+                    out[f"kv_cache_{key}"] = out.get(f"kv_cache_{key}", 0) + value
+        return out
 
 
 class SpeculativeScheduler(VllmScheduler):

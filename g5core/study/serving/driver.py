@@ -26,8 +26,9 @@ from g5core.study.serving.space import (DEFAULT_BEAM, DEFAULT_CHUNKS, DEFAULT_CO
                                         DEFAULT_REQUESTS, DEFAULT_TOLERANCE, DEFAULT_TOP, MAX_RUN_REQUESTS,
                                         SERVE_OBJECTIVES, SETTLE, Candidate, PoolChoice, Pruned, SearchSettings,
                                         _longest, _longest_output, _mean_lengths, _pow2_seqs, _shortest_output,
-                                        candidate_config, check_workload, freeze_block, instance_layouts, is_moe,
-                                        run_requests, short_label, speculative_label, thaw_block)
+                                        candidate_config, check_workload, cp_prefill_choice, freeze_block,
+                                        host_tier_variants, instance_layouts, is_moe, reuses_prefixes,
+                                        run_requests, short_label, speculative_label, thaw_block, vary_cache)
 from g5core.study.serving.storage import CELL_VERSION, _drive, _Kept, _Progress, _Table, _Waves
 from g5core.study.sweep import LineProgress, LocalExecutor, default_progress, make_executor
 
@@ -74,6 +75,10 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
     ttft_limits = [l for l in limits if l.metric in ("ttft", "e2e")]
     tpot_limits = [l for l in limits if l.metric in ("tpot", "itl")]
     e2e_limits = [l for l in limits if l.metric == "e2e"]
+    # reused prefixes (a conversation's history, a shared prefix): a cache hit can beat a cold
+    # prompt, so neither the lone request's TTFT and e2e nor the bounds (every prompt priced
+    # cold) bound what a candidate can do; only its TPOT still prunes
+    reuse = reuses_prefixes(workload)
     ident = {"base": base, "workload": workload, "slo": settings.slo,
              "runner": None if runner_for is None else getattr(runner_for, "__name__", "custom"),
              "cells": CELL_VERSION}
@@ -140,10 +145,10 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 if res["status"] != "ok":
                     pruned.append(Pruned(par, c, chunk, res["family"], res["reason"], spec))
                     continue
-                ttft_miss = [l for l in ttft_limits if res["lone_ttft_s"] > l.limit_s]
+                ttft_miss = [] if reuse else [l for l in ttft_limits if res["lone_ttft_s"] > l.limit_s]
                 tpot_miss = [l for l in tpot_limits
                              if res["lone_tpot_s"] is not None and res["lone_tpot_s"] > l.limit_s]
-                e2e_miss = [l for l in e2e_limits if _lone_e2e_s(res, res, fewest) > l.limit_s]
+                e2e_miss = [] if reuse else [l for l in e2e_limits if _lone_e2e_s(res, res, fewest) > l.limit_s]
                 if not ttft_miss:
                     roles["prefill"].append((c, par, chunk, res))
                 if not tpot_miss and dsys is None:
@@ -198,7 +203,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                         p_ok, d_ok = p_ok[:beam], d_ok[:beam]
                     for p in p_ok:
                         for d in d_ok:
-                            if any(_lone_e2e_s(p[3], d[3], fewest) > l.limit_s for l in e2e_limits):
+                            if not reuse and any(_lone_e2e_s(p[3], d[3], fewest) > l.limit_s for l in e2e_limits):
                                 continue    # no rate serves this pair within the e2e limit (its lone request misses it)
                             for n_p in range(1, chips // p[0] + 1):
                                 rest = chips - n_p * p[0]
@@ -217,6 +222,9 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                                         screens[len(cands)] = ((p[3], d[3]), ((p[0], layout_label(p[1]), chunk),
                                                                               (d[0], layout_label(d[1]), chunk)))
                                         cands.append((Candidate(pools, m, chunk, spec), start))
+        # the host KV tier sizes and, for long prompts, cp's prefill choice (space.vary_cache)
+        cands = vary_cache(cands, roles_bound, screens, host_tier_variants(raw, workload),
+                           cp_prefill_choice(raw, workload))
         if not cands:
             fams = sorted(((len(m), f, m[0].reason) for f, m in _group(pruned)), reverse=True)
             hint = f"; most ({fams[0][0]}) for {fams[0][1]}: {fams[0][2]}" if fams else ""
@@ -226,7 +234,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         # 3. capacities, best roles' bound first, in waves; a candidate whose bound cannot
         # reach the simulated one at place --top is bounded out (by the driver from its roles'
         # bound, or by its cell from its saturated run)
-        use_bounds = settings.bound and settings.objective != "min_chips"
+        use_bounds = settings.bound and settings.objective != "min_chips" and not reuse   # see ``reuse``
         keyed = {k: v for k, v in attrs.asdict(settings).items() if k not in ("top", "bound")}
         top_out = _longest_output(workload)
         caps = [capacity_bound(roles_bound[i], limits, workload, settle_s, settings) if use_bounds else None
@@ -462,9 +470,9 @@ def _tpot_pruned(par, chips: int, chunk: int, res: Mapping, limit, system=None, 
 
 
 def _variant(cand: Candidate) -> tuple:
-    """What a candidate's max_num_seqs variants share: its pools, its chunk size and its
-    speculative: block."""
-    return cand.pools, cand.chunk, cand.speculative
+    """What a candidate's max_num_seqs variants share: its pools, its chunk size, its
+    speculative: block, its host KV tier and cp prefill choice."""
+    return cand.pools, cand.chunk, cand.speculative, cand.host_tier_bytes_per_chip, cand.cp_prefill
 
 
 def _lone_e2e_s(prefill: Mapping, decode: Mapping, fewest: int) -> float:

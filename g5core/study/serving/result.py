@@ -50,6 +50,8 @@ class Scored:
                 "ttft_s": _pcts(held.get("ttft_s")), "tpot_s": _pcts(held.get("tpot_s")),
                 "disaggregated": self.candidate.disaggregated,
                 "speculative": speculative_summary(self.candidate.speculative),
+                "host_tier_bytes_per_chip": self.candidate.host_tier_bytes_per_chip,
+                "cp_prefill": self.candidate.cp_prefill,
                 "max_total_bytes": held.get("max_total_bytes", 0.0),
                 "kv_pool_bytes_per_chip": min((p["kv_pool_bytes_per_chip"] for p in held.get("pools", [])),
                                               default=0.0),
@@ -199,8 +201,9 @@ class ServeSearchResult:
                 f"{wj['goodput_per_chip']:.3g} req/s per chip of goodput) with {_at_limits(w, self.settings.slo)}; "
                 f"past it, {limiter(w)}.")
         # the runner-up: the best other deployment (not the winner with other scheduler limits)
-        other = [s for s in self.ranked[1:] if (s.candidate.pools, s.candidate.speculative)
-                 != (w.candidate.pools, w.candidate.speculative)]
+        other = [s for s in self.ranked[1:]
+                 if (s.candidate.pools, s.candidate.speculative, s.candidate.host_tier_bytes_per_chip)
+                 != (w.candidate.pools, w.candidate.speculative, w.candidate.host_tier_bytes_per_chip)]
         if other:
             r = other[0]
             rj = r.to_json_dict()

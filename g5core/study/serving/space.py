@@ -6,10 +6,13 @@ import math
 from typing import Mapping, Optional
 
 import attrs
+import numpy as np
 
 from g5core.api.errors import ConfigError
+from g5core.inputs.kv_tiers import tier_defaults
 from g5core.inputs.models import get_model
 from g5core.inputs.serving import check_pool_system
+from g5core.inputs.systems import get_system
 from g5core.study.search import divisors, enumerate_layouts
 from g5core.serve.workload import synthetic
 
@@ -144,6 +147,12 @@ class Candidate:
     max_num_seqs: int
     chunk: int
     speculative: tuple = ()         # its speculative: block (freeze_block), () plain decode
+    #: the host KV tier it runs with (:func:`host_tier_variants`): None, not varied (the
+    #: configuration's serving block as it is); 0.0, the block cache in HBM alone; else
+    #: ``serving.kv_tiers: [{kind: host, bytes_per_chip: this}]``
+    host_tier_bytes_per_chip: Optional[float] = None
+    #: ``plugins.cp.prefill`` it runs with (:func:`cp_prefill_choice`); None: the configuration's
+    cp_prefill: Optional[str] = None
 
     @property
     def disaggregated(self) -> bool:
@@ -158,7 +167,9 @@ class Candidate:
         pools = " + ".join(("prefill " if i == 0 else "decode ") * self.disaggregated + p.label()
                            for i, p in enumerate(self.pools))
         spec = f", speculative {speculative_label(self.speculative)}" if speculative and self.speculative else ""
-        return f"{pools}, max_num_seqs={self.max_num_seqs}, chunk={self.chunk}{spec}"
+        tier = "" if self.host_tier_bytes_per_chip is None else f", host tier {host_tier_label(self.host_tier_bytes_per_chip)}"
+        cp = f", cp prefill {self.cp_prefill}" if self.cp_prefill else ""
+        return f"{pools}, max_num_seqs={self.max_num_seqs}, chunk={self.chunk}{spec}{tier}{cp}"
 
 
 @attrs.frozen
@@ -205,6 +216,15 @@ def candidate_config(base: Mapping, cand: Candidate, workload: Mapping, slo: str
                                    for role, p in zip(("prefill", "decode"), cand.pools)}
     else:
         block["instances"] = first.instances
+    if cand.host_tier_bytes_per_chip is not None:
+        block["prefix_cache"] = dict(block.get("prefix_cache") or {})
+        block.pop("kv_tiers", None)
+        if cand.host_tier_bytes_per_chip > 0:
+            block["kv_tiers"] = [{"kind": "host", "bytes_per_chip": cand.host_tier_bytes_per_chip}]
+    if cand.cp_prefill is not None:
+        plugins = dict(out.get("plugins") or {})
+        plugins["cp"] = {**dict(plugins.get("cp") or {}), "prefill": cand.cp_prefill}
+        out["plugins"] = plugins
     out["serving"] = block
     return out
 
@@ -312,3 +332,74 @@ def is_moe(raw: Mapping) -> bool:
     """Whether the configuration's model has experts (a name or a path; inline models: no)."""
     model = raw.get("model")
     return isinstance(model, str) and get_model(model).moe is not None
+
+
+# ------------------------------------------------------------------ the KV tier and cp for long prompts
+#: the host tier sizes a search tries when the workload reuses prefixes, as shares of the
+#: system's default host tier (``g5core/data/kv_tiers.yaml``); 0: no host tier (the block
+#: cache in HBM alone). The shares are the design of issue 34's search (a halving ladder
+#: from the whole default down to an eighth), not a measured optimum
+HOST_TIER_SHARES = (0.0, 0.125, 0.25, 0.5, 1.0)
+#: a workload whose p90 prompt is over this many tokens has long prompts: its cp > 1
+#: candidates run CP prefill with ``auto`` (the Meta CP paper's rule, arXiv:2411.01783
+#: Algorithm 5, picking pass-KV or pass-Q per step from the new and cached tokens); 32K is
+#: issue 34's design threshold for "long context", an assumption
+LONG_PROMPT_TOKENS = 32768
+
+
+def host_tier_label(bytes_per_chip: float) -> str:
+    """``none`` or the size per chip in GiB (``32 GiB``)."""
+    return "none" if not bytes_per_chip else f"{bytes_per_chip / 2 ** 30:.4g} GiB"
+
+
+def reuses_prefixes(workload: Mapping) -> bool:
+    """Whether the workload's requests share prompt blocks (a shared prefix or a
+    conversation's history), the ones a prefix cache and its tiers serve."""
+    return any(r.prefix or r.history is not None for r in synthetic(workload).requests)
+
+
+def host_tier_variants(raw: Mapping, workload: Mapping) -> tuple[Optional[float], ...]:
+    """The host tier sizes the candidates run with: ``HOST_TIER_SHARES`` of the system's
+    default host tier when the workload reuses prefixes, the configuration gives no
+    ``serving.kv_tiers`` of its own and its system has a default host tier; else
+    ``(None,)``, the configuration's serving block as it is."""
+    block = raw.get("serving") or {}
+    if "kv_tiers" in block or not reuses_prefixes(workload):
+        return (None,)
+    host = tier_defaults()["systems"].get(get_system(raw["system"]).name, {}).get("host")
+    if not host:
+        return (None,)
+    return tuple(share * float(host["bytes_per_chip"]) for share in HOST_TIER_SHARES)
+
+
+def p90_prompt_tokens(workload: Mapping) -> float:
+    """The 90th percentile of the workload's prompt tokens (numpy's linear interpolation)."""
+    return float(np.percentile([r.input_tokens for r in synthetic(workload).requests], 90))
+
+
+def cp_prefill_choice(raw: Mapping, workload: Mapping) -> Optional[str]:
+    """``auto`` for the cp > 1 candidates when the p90 prompt is over ``LONG_PROMPT_TOKENS``
+    and the configuration does not set ``plugins.cp.prefill`` itself; else None."""
+    own = ((raw.get("plugins") or {}).get("cp") or {}).get("prefill")
+    if own is not None or p90_prompt_tokens(workload) <= LONG_PROMPT_TOKENS:
+        return None
+    return "auto"
+
+
+def vary_cache(cands: list, roles_bound: dict, screens: dict, tiers: tuple, cp_prefill: Optional[str]) -> list:
+    """Each candidate once per host tier size in ``tiers`` (``roles_bound`` and ``screens``,
+    by candidate index, follow it), its cp > 1 ones with ``cp_prefill``. Returns the new
+    ``(candidate, start)`` list; the two dicts are rewritten in place."""
+    if tiers == (None,) and cp_prefill is None:
+        return cands
+    out, bound, scr = [], {}, {}
+    for i, (cand, start) in enumerate(cands):
+        cp = cp_prefill if any(p.layout.get("cp", 1) > 1 for p in cand.pools) else None
+        for tier in tiers:
+            bound[len(out)], scr[len(out)] = roles_bound[i], screens[i]
+            out.append((attrs.evolve(cand, host_tier_bytes_per_chip=tier, cp_prefill=cp), start))
+    roles_bound.clear()
+    roles_bound.update(bound)
+    screens.clear()
+    screens.update(scr)
+    return out
