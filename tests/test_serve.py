@@ -352,6 +352,39 @@ def test_decode_runs_give_the_step_by_step_result(router):
     assert res.preemptions > 0  # the small pool preempted
 
 
+def test_runs_keep_the_decoding_sequences_state_between_runs(monkeypatch):
+    """Runs of decode steps ended by finishes follow one another with the sequences' state
+    kept (loop._DecodeState: no sequence updated run by run, the finished ones brought up to
+    date as they leave): every step, token time and KV block of one event per step,
+    aggregated (a pool small enough to stop runs on its blocks too) and disaggregated; a
+    router that reads the instances keeps no state."""
+    from g5core.serve import loop as serve_loop
+
+    kept = {"runs": 0}
+    lazy = serve_loop._lazy_run
+
+    def counting(*args, **kwargs):
+        out = lazy(*args, **kwargs)
+        kept["runs"] += out[0] > 0
+        return out
+    monkeypatch.setattr(serve_loop, "_lazy_run", counting)
+    w = synthetic({"requests": 200, "arrival": {"kind": "poisson", "rate_per_s": 3},
+                   "input_tokens": "uniform:100:400", "output_tokens": "uniform:100:600", "seed": 11})
+    cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=2e6)
+    for blocks in (None, 150):
+        _same_runs(Fleet((pool(cost, instances=2, blocks=blocks, max_num_seqs=64, max_num_batched_tokens=512),)), w)
+        assert kept["runs"] > (150 if blocks is None else 20)
+        kept["runs"] = 0
+    prefill = attrs.evolve(pool(cost, max_num_batched_tokens=512), role="prefill")
+    decode = attrs.evolve(pool(cost, instances=2, max_num_seqs=32), role="decode")
+    _same_runs(Fleet((prefill, decode), transfer_s=lambda tokens, i, j: 1e-3 + 1e-7 * tokens), w)
+    assert kept["runs"] > 500
+    kept["runs"] = 0
+    _same_runs(Fleet((pool(cost, instances=2, router=LeastOutstandingTokens(), max_num_seqs=64,
+                           max_num_batched_tokens=512),)), w)
+    assert kept["runs"] == 0
+
+
 def test_decode_runs_match_with_prompts_in_several_prefill_steps():
     """Disaggregated, with prompts in several chunks: the step-by-step result, also where a
     decode run takes the step a prefill step's end or a KV arrival falls in (round robin over

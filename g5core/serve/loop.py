@@ -9,6 +9,7 @@ gives the same output, bit for bit.
 """
 from __future__ import annotations
 
+import bisect
 import enum
 import heapq
 import math
@@ -76,10 +77,16 @@ class Fleet:
 
 
 class Instance:
-    __slots__ = ("pool", "index", "scheduler", "busy", "picked", "work", "step_start_s", "steps", "itl_s")
+    __slots__ = ("pool", "index", "scheduler", "busy", "picked", "work", "step_start_s", "steps", "itl_s", "dec",
+                 "lazy")
 
-    def __init__(self, pool: Pool, index: int):
+    def __init__(self, pool: Pool, index: int, lazy: bool = False):
         self.pool, self.index = pool, index
+        # the decoding sequences' state kept across runs of decode steps (a _DecodeState)
+        # while nothing but those runs and the finishes at their ends touches them; ``lazy``:
+        # the instance may keep one (its pool's router reads no scheduler state)
+        self.dec: Optional[_DecodeState] = None
+        self.lazy = lazy
         self.scheduler = pool.scheduler_factory(pool.scheduler, pool.total_blocks)
         self.busy = False
         self.picked: list = []
@@ -235,7 +242,10 @@ class ServingLoop:
         reqs = self.requests = workload.requests
         n = self.n = len(reqs)
         self.log = RequestLog(n)
-        self.pools = [[Instance(p, i) for i in range(p.instances)] for p in fleet.pools]
+        # an instance keeps its decoding sequences' state across runs (_DecodeState) only where
+        # no router reads a scheduler's state between them (round robin)
+        self.pools = [[Instance(p, i, fast and type(p.router) is RoundRobin) for i in range(p.instances)]
+                      for p in fleet.pools]
         self.split = fleet.disaggregated
         self.heap: list = []
         self.order = 0
@@ -333,6 +343,20 @@ class ServingLoop:
     def step(self) -> tuple[float, Event]:
         """Process the next event; returns its time and kind. Raises IndexError when no
         event is left."""
+        try:
+            return self._step()
+        finally:
+            self._settle()
+
+    def _settle(self) -> None:
+        """Every instance's sequences brought up to date (:func:`_materialize`): what a
+        caller between events reads of the schedulers is what one event per step gives."""
+        for insts in self.pools:
+            for inst in insts:
+                if inst.dec is not None:
+                    _materialize(inst)
+
+    def _step(self) -> tuple[float, Event]:
         now, _, kind, a, b = heapq.heappop(self.heap)
         self.now = now
         if kind == Event.ARRIVAL:
@@ -348,7 +372,7 @@ class ServingLoop:
     def run(self, until: float = math.inf) -> Optional[LoopResult]:
         """Process every event at or before ``until``; the result once the workload is done
         (``None`` while events are left, or once a :class:`MissWatch` was sure of a miss)."""
-        heap, step = self.heap, self.step
+        heap, step = self.heap, self._step
         if self.missed:
             return None
         try:
@@ -357,6 +381,8 @@ class ServingLoop:
         except Missed:
             self.missed = True
             return None
+        finally:
+            self._settle()
         return None if heap else self.result()
 
     def result(self) -> LoopResult:
@@ -411,6 +437,8 @@ class ServingLoop:
                 inst.busy = True
                 self._push(now, Event.RESUME, inst)
                 return
+        if inst.dec is not None:    # the scheduler reads every sequence
+            _materialize(inst)
         io = getattr(sched, "io", False)   # a plugin's scheduler may not say
         if io:
             sched.now = now
@@ -525,9 +553,20 @@ class ServingLoop:
         emitted their last token: those leave now (in the order the step holds them), as at
         that step's end, and the instance goes on (its next step admits what arrived)."""
         sched = inst.scheduler
-        for q in [q for q in sched.running if q.emitted >= q.req.output_tokens]:
-            sched.last_token(q)
-            self._finish(now, q, sched)
+        st = inst.dec
+        if st is None:
+            for q in [q for q in sched.running if q.emitted >= q.req.output_tokens]:
+                sched.last_token(q)
+                self._finish(now, q, sched)
+        elif st.fin and st.fin[0] == st.shift:     # sequences emitted their last token in the run's last step
+            k, bs = st.shift, sched.s.block_size
+            done = [q for q in sched.running if q.req.output_tokens - q.emitted <= k]
+            for q in done:
+                _bring_up(q, k, st.t, st.worst, bs)
+                sched.last_token(q)
+                self._finish(now, q, sched)
+                st.remove(q.computed - k, bs)
+            del st.fin[:len(done)]
         self._next(now, inst)
 
 
@@ -579,8 +618,11 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
     else:
         if b > budget or (sched.waiting and b < s.max_num_seqs):
             return 0, now, False
+        if inst.dec is not None:
+            return _lazy_run(inst, inst.dec, now, horizon, cross)
         prompt, per, chunks, decoding = None, 0, 1 << 62, running
-    state = _decoding(decoding, bs)
+    rs: Optional[list] = [] if prompt is None and inst.lazy else None
+    state = _decoding(decoding, bs, rs)
     if state is None:
         return 0, now, False
     contexts, residues, left = state
@@ -635,15 +677,19 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
     if prompt is not None:
         prompt.computed += k * per
         prompt.blocks = sched._blocks_for(prompt.computed)
+    elif rs is not None:
+        # the sequences' state, kept for the runs that follow until the scheduler reads them
+        inst.dec = _DecodeState([c + k for c in contexts], residues[-k % bs:] + residues[:-k % bs],
+                                total + k * b, sorted(r - k for r in rs), t)
     sched.free_blocks = free - taken
     return k, t, t >= cross or k == left
 
 
-def _decoding(seqs, bs: int) -> Optional[tuple]:
+def _decoding(seqs, bs: int, rs: Optional[list] = None) -> Optional[tuple]:
     """``(contexts, residues, fewest left)`` of sequences that all decode one token in the
     next step with their KV blocks as the scheduler keeps them (their contexts sorted, how
     many sit at each context modulo ``bs``, the fewest tokens any has left to emit);
-    ``None`` when one does not."""
+    ``None`` when one does not. ``rs``: a list that gets the tokens each has left."""
     left = 1 << 62
     contexts = []
     residues = [0] * bs
@@ -656,8 +702,116 @@ def _decoding(seqs, bs: int) -> Optional[tuple]:
         r = q.req.output_tokens - q.emitted
         if r < left:
             left = r
+        if rs is not None:
+            rs.append(r)
     contexts.sort()
     return tuple(contexts), residues, left
+
+
+class _DecodeState:
+    """An instance's decoding sequences between runs of decode steps (:func:`_lazy_run`):
+    after a run every running sequence decodes, and until the scheduler reads them
+    (:func:`_materialize`, before :meth:`VllmScheduler.schedule` and whenever the loop
+    returns to its caller) only further runs and the finishes at their ends touch them. So
+    the sequences are not updated run by run: ``shift`` steps are pending for each, since
+    their contexts were ``base`` (sorted; ``rbase[r]``: how many of them are ``r`` modulo the
+    block size; ``sum_base``: their sum) and their tokens left ``fin`` (sorted); ``t``: when
+    every one emitted its last token; ``worst``: the largest inter-token gap since
+    (each sequence's own largest is at least it). The same steps, rows and gaps as the runs
+    that update the sequences each time (:func:`_advance`), bit for bit."""
+
+    __slots__ = ("base", "rbase", "sum_base", "fin", "t", "shift", "worst", "stepper")
+
+    def __init__(self, base: list, rbase: list, sum_base: int, fin: list, t: float):
+        self.base, self.rbase, self.sum_base, self.fin, self.t = base, rbase, sum_base, fin, t
+        self.shift, self.worst, self.stepper = 0, 0.0, None
+
+    def remove(self, base: int, bs: int) -> None:
+        """A sequence of context ``base + shift`` left (its ``fin`` entry is the caller's)."""
+        del self.base[bisect.bisect_left(self.base, base)]
+        self.rbase[base % bs] -= 1
+        self.sum_base -= base
+        self.stepper = None
+
+
+def _bring_up(q: Seq, k: int, t: float, worst: float, bs: int) -> None:
+    """``q`` after ``k`` pending decode steps, its last token at ``t``, ``worst`` its
+    largest gap in them (:class:`_DecodeState`)."""
+    c = q.computed + k
+    q.computed = c
+    q.num_tokens += k
+    q.emitted += k
+    q.blocks = -(-c // bs)
+    q.last_s = t
+    if worst > q.max_itl_s:
+        q.max_itl_s = worst
+
+
+def _materialize(inst: Instance) -> None:
+    """The instance's running sequences brought up to date; its :class:`_DecodeState` dropped."""
+    st, inst.dec = inst.dec, None
+    if st.shift:
+        k, t, worst, bs = st.shift, st.t, st.worst, inst.scheduler.s.block_size
+        for q in inst.scheduler.running:
+            _bring_up(q, k, t, worst, bs)
+
+
+def _lazy_run(inst: Instance, st: _DecodeState, now: float, horizon: float,
+              cross: float = math.inf) -> tuple[int, float, bool]:
+    """:func:`_decode_run` of a pure decode run on the instance's :class:`_DecodeState`: the
+    same steps (latencies, KV blocks, rows, inter-token gaps), the sequences left as they
+    are (their steps pending in the state)."""
+    sched = inst.scheduler
+    b = len(st.base)
+    if not b or b != len(sched.running) or now != st.t:
+        return 0, now, False
+    shift = st.shift
+    left = st.fin[0] - shift
+    if left < MIN_RUN_STEPS:
+        return 0, now, False
+    bs = sched.s.block_size
+    step_s = st.stepper
+    if step_s is None:
+        base = tuple(st.base)
+        stepper = getattr(inst.pool.cost, "decode_stepper", None)
+        if stepper is not None:
+            step_s = st.stepper = stepper(base)
+        else:
+            def step_s(j, total, latency_s=inst.pool.cost.latency_s):
+                return latency_s(StepWork((), tuple(c + j for c in base)))
+            st.stepper = step_s
+    free = sched.free_blocks
+    used = sched.used_blocks
+    waiting = len(sched.waiting)
+    rows = inst.steps
+    itl = inst.itl_s
+    rbase = st.rbase
+    total = st.sum_base
+    worst = st.worst
+    t = now
+    need = taken = k = 0
+    for j in range(shift, shift + left):
+        need += rbase[-j % bs]
+        if need > free:
+            break
+        end = t + step_s(j, total + j * b)
+        if end >= horizon:
+            break
+        rows.extend((t, end, 0, b, used + need, b, waiting))
+        gap = end - t
+        itl.extend(array("d", (gap,)) * b)
+        if gap > worst:
+            worst = gap
+        taken = need
+        t = end
+        k += 1
+        if end >= cross:
+            break
+    if not k:
+        return 0, now, False
+    st.shift, st.t, st.worst = shift + k, t, worst
+    sched.free_blocks = free - taken
+    return k, t, t >= cross or k == left
 
 
 def _advance(decoding: list, ends: list, itl_s: array, bs: int) -> None:
