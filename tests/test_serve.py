@@ -525,6 +525,27 @@ def test_the_decode_stepper_gives_the_predictors_latency_bit_for_bit():
             assert stepper(j, total + j * b) == whole.latency_s(StepWork((), tuple(c + j for c in contexts)))
 
 
+def test_the_chunk_stepper_gives_the_predictors_latency_bit_for_bit():
+    """A run of a prompt's chunks (its token grid points and cached-token cells kept along
+    the run) gives every step the latency the predictor gives that step built whole, on a
+    fresh cost each: chunks on and off the token grid (below and past the grid's jumps),
+    with no decodes and beside decodes, cached tokens crossing several grid cells."""
+    from g5core.serve.cost import PlanCost
+
+    def step_s(groups):     # a smooth, non-linear stand-in for the engine
+        return sum(1e-5 * n * k + 3e-9 * (c + n) ** 1.1 * k + 1e-6 * math.sqrt(k) for n, c, k in groups)
+
+    rng = np.random.default_rng(4)
+    for per, b in ((64, 0), (96, 0), (1000, 0), (24, 8), (500, 12), (1536, 37), (2047, 1)):
+        contexts = tuple(sorted(int(c) for c in rng.integers(1, 3000, b)))
+        run, whole = PlanCost(step_s), PlanCost(step_s)
+        stepper = run.chunk_stepper(per, contexts)
+        for j in range(0, 300, 3):
+            work = StepWork(((per, 17 * (j % 5) + j * per),), tuple(c + j for c in contexts))
+            assert stepper(work.chunks[0][1], j) == whole.latency_s(work)
+        assert run.predicted_steps()[-1] == work
+
+
 def test_goodput_under_percentile_limits_counts_requests_and_states_the_verdict():
     """Issue 35: under ``ttft_p50=0.25s`` the share is per request (half the TTFTs are at
     most 0.25 s), never 100% beside a missed percentile, and the verdict is stated apart."""

@@ -314,9 +314,64 @@ class PlanCost:
             return hit[0]
         return step_s
 
+    def chunk_stepper(self, per: int, contexts: tuple) -> Callable[[int, int], float]:
+        """``(cached, j) ->`` :meth:`latency_s` of the step of one prompt chunk of ``per``
+        tokens after ``cached`` beside the decodes of ``len(contexts)`` sequences at
+        ``contexts`` plus ``j`` each (``contexts`` sorted): the serving loop's runs of a
+        prompt's budget-filling chunks. The same value from the same arithmetic as
+        :meth:`predict_s` without building the step, with what does not change along a run
+        (the token counts' grid points, the chunk's grid cells of the cached tokens) worked
+        out once."""
+        if self.exact:
+            return lambda cached, j: self.latency_s(StepWork(((per, cached),), tuple(c + j for c in contexts)))
+        b = len(contexts)
+        total0 = sum(contexts)
+        steps = self._steps
+        # _interp over the chunk's tokens (tokens=True) at ``per``: its points and weight
+        lo, hi = grid_below(per), grid_above(per)
+        if lo == hi:
+            points, w_t = (lo,), 0.0
+        else:
+            left = lo + 1 if lo >= JUMP_FROM else lo
+            points, w_t = ((hi,), 0.0) if left >= hi else ((left, hi), max(per - left, 0.0) / (hi - left))
+        cells: list = [None] * len(points)    # per point: the grid cell of the cached tokens it is in
+        fixed: list = []                      # G(per + b) and G(per), on the first step not cached
+
+        def f_cached(slot: int, cached: int) -> float:
+            """:meth:`_f_cached` at ``points[slot]``, the cell of ``cached`` kept."""
+            t = points[slot]
+            if cached == 0:
+                return self.f(t, 0)
+            cell = cells[slot]
+            if cell is None or not cell[0] <= cached < cell[1]:
+                c_lo = grid_below(cached)
+                c_hi = grid_above(c_lo + 0.5)
+                cell = cells[slot] = (c_lo, c_hi, self.f(t, c_lo), self.f(t, c_hi))
+            return _on_cell(cell, cached)
+
+        def step_s(cached: int, j: int) -> float:
+            ctx_total = total0 + j * b
+            key = (((per, cached),), b, ctx_total)
+            hit = steps.get(key)
+            if hit is None:
+                chunk = f_cached(0, cached) if len(points) == 1 else (
+                    (1 - w_t) * f_cached(0, cached) + w_t * f_cached(1, cached))
+                if not b:
+                    value = chunk
+                else:
+                    if not fixed:
+                        fixed.extend((_interp(self.g, per + b), _interp(self.g, per)))
+                    value = fixed[0]
+                    value += chunk - fixed[1]
+                    value += self._attention(b, ctx_total / b)
+                hit = steps[key] = (value, (contexts, j, (per, cached)))
+            return hit[0]
+        return step_s
+
     def predicted_steps(self) -> list[StepWork]:
         """The distinct steps the predictor answered, in the order first asked."""
-        return [work if isinstance(work, StepWork) else StepWork((), tuple(c + work[1] for c in work[0]))
+        return [work if isinstance(work, StepWork) else
+                StepWork(work[2:], tuple(c + work[1] for c in work[0]))
                 for _, work in self._steps.values()]
 
     def predictor_error(self, sample: list[StepWork]) -> dict:

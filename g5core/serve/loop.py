@@ -632,10 +632,15 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
     cost = inst.pool.cost
     if prompt is not None:
         done = prompt.computed
-        latency_s = cost.latency_s
+        chunker = getattr(cost, "chunk_stepper", None)
+        if chunker is not None:
+            chunk_s = chunker(per, contexts)
 
-        def mixed_s(j):
-            return latency_s(StepWork(((per, done + j * per),), tuple(c + j for c in contexts)))
+            def mixed_s(j):
+                return chunk_s(done + j * per, j)
+        else:
+            def mixed_s(j, latency_s=cost.latency_s):
+                return latency_s(StepWork(((per, done + j * per),), tuple(c + j for c in contexts)))
     else:
         stepper = getattr(cost, "decode_stepper", None)
         if stepper is not None:
