@@ -48,11 +48,19 @@ def test_cp_layout_matches_the_full_run():
     assert_periodic_matches(prepare(config("llama-3.1-8b", 2, cp=2)), [PREFILL, DECODE])
 
 
-def test_framework_host_time_and_graph_padding_stay_around_the_extrapolated_gpu_latency():
-    plan = prepare({**config("llama-3.1-8b", 2, tp=2), "framework": "vllm"})
+@pytest.mark.parametrize("overlap", [False, True])
+def test_framework_host_time_and_graph_padding_stay_around_the_extrapolated_gpu_latency(tmp_path, overlap):
+    # 2 ms of host work: more than a cut model's decode step takes on the GPU (under 1 ms),
+    # less than the whole model's (about 4 ms): overlapped, it must not show
+    system = tmp_path / "h100-host.yaml"
+    system.write_text("base: h100-sxm\nname: h100-host\n"
+                      f"framework: {{name: vllm, host: {{fixed_s: 0.002, overlap: {str(overlap).lower()}}}}}\n")
+    plan = prepare(config("llama-3.1-8b", 2, system=str(system), tp=2))
     odd = Step.decode(7, 1000)     # padded up to a captured CUDA-graph batch
     assert prepared_mod.graph_step(odd, plan.plan.ctx.system) != odd
-    assert plan.periodic_latency_s(odd) > plan.periodic_gpu_figure(odd)    # the host's time, added after
+    gpu_s = plan.periodic_gpu_figure(odd)
+    assert gpu_s > 0.002
+    assert plan.periodic_latency_s(odd) == (gpu_s if overlap else gpu_s + 0.002)
     assert_periodic_matches(plan, [odd, DECODE, PREFILL])
 
 
