@@ -41,7 +41,10 @@ def assert_periodic_matches(plan, steps, experts: bool = False) -> None:
 
 
 def test_dense_tp_prefill_decode_and_mixed_steps_match_the_full_run():
-    assert_periodic_matches(prepare(config("llama-3.1-8b", 2, tp=2)), [PREFILL, DECODE, MIXED])
+    plan = prepare(config("llama-3.1-8b", 2, tp=2))
+    assert plan.cache_info()["periodic_steps"] == 0
+    assert_periodic_matches(plan, [PREFILL, DECODE, MIXED])
+    assert plan.cache_info()["periodic_steps"] == 3       # each step's three cut runs made once
 
 
 def test_cp_layout_matches_the_full_run():

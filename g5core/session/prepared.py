@@ -419,7 +419,8 @@ class PreparedPlan:
     def cache_info(self) -> dict:
         """Step results cached, and how often :meth:`simulate` found one."""
         return {"steps": len(self._results), "hits": self.hits, "misses": self.misses,
-                "dags_reused": self.reused, "latency_answers": len(self.lookup.answers)}
+                "dags_reused": self.reused, "latency_answers": len(self.lookup.answers),
+                "periodic_steps": len(self._cut_results)}
 
 
 #: op DAGs kept for reuse, one per structure
