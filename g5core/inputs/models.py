@@ -187,6 +187,18 @@ class ModelSpec:
         """The model cut to its first ``n_layers`` layers (their windows with them)."""
         return attrs.evolve(self, n_layers=n_layers, layer_windows=self.layer_windows[:n_layers])
 
+    def alike_from(self) -> int | None:
+        """The first layer from which every layer is alike (the same FFN kind, the same
+        attention window): an MoE model's dense prefix (``first_dense_layers``), 0 for a
+        dense model; None where layers past it differ (MoE every ``layer_step``-th layer,
+        sliding or chunked windows on some layers only)."""
+        first = 0
+        if self.moe is not None:
+            if self.moe.layer_step != 1:
+                return None
+            first = self.moe.first_dense_layers
+        return first if len(set(self.layer_windows[first:])) <= 1 else None
+
     def kv_window(self, layer: int) -> int:
         """Tokens layer ``layer`` attends to at most (and caches): 0 means the whole context."""
         self._check_layer(layer)

@@ -18,7 +18,6 @@ from __future__ import annotations
 from typing import Callable, Optional, Protocol
 
 import attrs
-import numpy as np
 
 from g5core.api.errors import ConfigError
 from g5core.api.records import StepRules
@@ -596,41 +595,27 @@ def speculative_extra(prepared, proposer, rules: StepRules) -> Callable[[int, in
     return extra
 
 
-def plan_step_runner(plan) -> Callable[[Groups], float]:
-    """``groups -> latency_s`` on a :class:`g5core.PreparedPlan` (the event engine)."""
-    def go(groups: Groups) -> float:
-        return plan.simulate(to_step(groups)).latency_s
-    return go
+def plan_step_runner(plan, periodic: bool = True) -> Callable[[Groups], float]:
+    """``groups -> latency_s`` on a :class:`g5core.PreparedPlan` (the event engine);
+    ``periodic``: the engine's part from three short models where the layers repeat
+    (:meth:`g5core.PreparedPlan.periodic_latency_s`: the full run's to a relative 1e-9)."""
+    if periodic:
+        return lambda groups: plan.periodic_latency_s(to_step(groups))
+    return lambda groups: plan.simulate(to_step(groups)).latency_s
 
 
 #: the owner of the routed experts' compute ops (``plugins/ep``'s ``g5_expand_op``, part "experts")
 EXPERTS_OWNER = "ep"
 
 
-def busiest_compute_s(sim, owner: str) -> float:
-    """The compute time of ``owner``'s ops on the chip that runs most of it, from a
-    simulation's op breakdown (each op's start and end in the engine)."""
-    dag = sim.dag
-    specs = [i for i, spec in enumerate(dag.specs) if not dag.spec_is_comm[i] and spec.owner == owner]
-    if not specs:
-        return 0.0
-    spec = np.frombuffer(dag.spec, dtype=np.dtype(dag.spec.typecode))
-    chip = np.frombuffer(dag.chip, dtype=np.dtype(dag.chip.typecode))
-    mine = np.isin(spec, specs)
-    per_chip = np.bincount(chip[mine], weights=(np.asarray(sim.end_s) - np.asarray(sim.start_s))[mine])
-    return float(per_chip.max())
-
-
-def plan_experts_runner(plan) -> Optional[Callable[[Groups], float]]:
+def plan_experts_runner(plan, periodic: bool = True) -> Optional[Callable[[Groups], float]]:
     """``groups -> seconds`` of the routed experts on the busiest chip in the engine's step
-    (:func:`busiest_compute_s`), for :class:`DpCost`; None where the plan's path has no op
+    (:meth:`g5core.PreparedPlan.busiest_compute_s`, ``periodic`` as for
+    :func:`plan_step_runner`), for :class:`DpCost`; None where the plan's path has no op
     breakdown (``path: math``)."""
     if plan.plan.ctx.deployment.path == "math":
         return None
-
-    def go(groups: Groups) -> float:
-        return busiest_compute_s(plan.simulate(to_step(groups), detail=True).sim, EXPERTS_OWNER)
-    return go
+    return lambda groups: plan.busiest_compute_s(to_step(groups), EXPERTS_OWNER, periodic)
 
 
 @attrs.frozen

@@ -34,8 +34,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import attrs
 
-from g5core.api.errors import ConfigError, ResourceError
-from g5core.lower.builder import DEFAULT_MAX_OPS, check_size, plan_for_step
+from g5core.api.errors import ConfigError, PluginError, ResourceError
+from g5core.lower.builder import DEFAULT_MAX_OPS, check_size, plan_deployment, plan_for_step
 from g5core.lower.shape import collect_shard_axes
 from g5core.lower.steprules import step_rules
 from g5core.lower.symmetry import off_reason, plan_symmetry
@@ -52,7 +52,7 @@ from g5core.session.mathpath import math_estimate
 from g5core.session.run import _check_finite, _gc_paused, make_plan, simulate_plan, tokens_per_s_per_chip
 from g5core.sim.compile import compile_dag
 from g5core.sim.engine import Engine
-from g5core.sim.results import check_conservation, summarize
+from g5core.sim.results import busiest_compute_by_owner, check_conservation, summarize
 
 
 #: prepared runs of distinct steps kept for plan_for / memory (each holds its shape only)
@@ -128,6 +128,12 @@ class PreparedPlan:
         self.misses = 0
         self.reused = 0
         self._templates: dict = {}
+        # layer-periodic runs (periodic_gpu_figure): the repeating layers' start (False:
+        # not decided yet), the cut models' prepared plans and their figures per step
+        self._periodic_d: Optional[int] | bool = False
+        self._cuts: list[PreparedPlan] = []
+        self._cut_results: dict[Step, Optional[list]] = {}
+        self._cut_templates: dict = {}
         # the layers a step's DAG is recognised by: the same for every step (placement and
         # the model's program do not depend on it)
         self._sample_program = sample_program(plan.ctx)
@@ -166,20 +172,7 @@ class PreparedPlan:
 
         # the step the GPU runs: a decode batch padded up to its captured CUDA graph
         gpu_step = graph_step(step, self.plan.ctx.system)
-        plan = self.plan_for(gpu_step)
-        self.lookup.deployment = plan.ctx.deployment
-        if plan.ctx.deployment.path == "math":  # the closed form, as `g5 run` gives it for path: math
-
-            sim = math_estimate(plan)
-        else:
-            sim = self._from_template(step, plan)
-            if sim is None:
-                sim = simulate_plan(plan, check=self.check, symmetry=self._symmetry_arg, max_ops=self.max_ops)
-                self._keep_template(step, plan, sim)
-        total = getattr(sim, "ops", 0) + getattr(sim, "flows", 0)
-        if total > self.max_ops:
-            raise ResourceError(f"step {step.describe()} simulated {total:,} ops and flows, above the limit of "
-                                f"{self.max_ops:,}; raise the limit (max_ops) or use a smaller deployment")
+        plan, sim = self._engine_run(step, gpu_step)
         ledger = memory_report(plan.ctx)
         dep = plan.ctx.deployment if gpu_step is step else self.deployment.with_step(step)
 
@@ -193,6 +186,159 @@ class PreparedPlan:
             memory=self._step_memory(ledger), choices=step_choices(plan.ctx))
         self._results[step] = result
         return attrs.evolve(result, sim=sim, ledger=ledger) if detail else result
+
+    def _engine_run(self, step: Step, gpu_step: Step):
+        """The prepared run of ``gpu_step`` (``step`` padded to its CUDA graph) and its
+        simulation: the closed form for ``path: math``, else the event engine."""
+        plan = self.plan_for(gpu_step)
+        self.lookup.deployment = plan.ctx.deployment
+        if plan.ctx.deployment.path == "math":  # the closed form, as `g5 run` gives it for path: math
+            sim = math_estimate(plan)
+        else:
+            sim = self._from_template(step, plan)
+            if sim is None:
+                sim = simulate_plan(plan, check=self.check, symmetry=self._symmetry_arg, max_ops=self.max_ops)
+                self._keep_template(step, plan, sim)
+        total = getattr(sim, "ops", 0) + getattr(sim, "flows", 0)
+        if total > self.max_ops:
+            raise ResourceError(f"step {step.describe()} simulated {total:,} ops and flows, above the limit of "
+                                f"{self.max_ops:,}; raise the limit (max_ops) or use a smaller deployment")
+        return plan, sim
+
+    # -- layer-periodic steps: the serving step runners' ---------------------------------
+
+    def periodic_latency_s(self, step) -> float:
+        """``simulate(step).latency_s`` with the GPU's part (the engine's step, before the
+        framework's host time is applied around it) from :meth:`periodic_gpu_figure`: the
+        same figure to a relative 1e-9 where the layers repeat, at the cost of three
+        short models' runs (the serving step runners', ``g5 run`` stays on the full run)."""
+        step = as_step(step)
+        gpu_s = self.periodic_gpu_figure(step)
+        if gpu_s is None:
+            return self.simulate(step).latency_s
+        return host_step_s(gpu_s, step, self.plan.ctx.system)
+
+    def busiest_compute_s(self, step, owner: str, periodic: bool = False) -> float:
+        """The compute time of ``owner``'s ops on the chip that runs most of it in the
+        engine's step (:func:`g5core.sim.results.busiest_compute_by_owner`); ``periodic``:
+        from :meth:`periodic_gpu_figure` where the layers repeat."""
+        step = as_step(step)
+        got = self.periodic_gpu_figure(step, owner) if periodic else None
+        if got is None:
+            got = busiest_compute_by_owner(self.simulate(step, detail=True).sim).get(owner, 0.0)
+        return got
+
+    def periodic_gpu_figure(self, step, owner: Optional[str] = None) -> Optional[float]:
+        """A figure of the engine's run of ``step`` (padded to its CUDA graph), extrapolated
+        along the layers: the GPU latency (``owner`` None) or the busiest chip's compute of
+        ``owner``'s ops. Where the layers are alike past a prefix of ``d``
+        (:meth:`_periodic_prefix`), the step runs on the model cut to ``d + 2``, ``d + 3``
+        and ``d + 4`` layers and, when the two increments agree (:func:`layer_extrapolation`),
+        the figure is the last cut's plus one increment per layer left. None where the layers
+        do not repeat, the path has no engine, or the increments disagree: the caller takes
+        the full run."""
+        d = self._periodic_prefix()
+        if d is None:
+            return None
+        gpu_step = graph_step(as_step(step), self.plan.ctx.system)
+        figures = self._cut_figures(d, gpu_step)
+        if figures is None:
+            return None
+        return layer_extrapolation([f.get(owner, 0.0) for f in figures],
+                                   self.plan.ctx.model.n_layers - d - PERIODIC_CUT_LAYERS[-1])
+
+    def _periodic_prefix(self) -> Optional[int]:
+        """The layers before the repeating ones (``d``), decided once; None where the step
+        cannot be extrapolated along the layers: ``path: math`` (no engine), a model whose
+        layers past the dense prefix differ (:meth:`g5core.inputs.models.ModelSpec.alike_from`),
+        too few layers to gain from it, layers past the prefix that do not expand alike or
+        sit on different chips (pipeline stages: pp > 1), or a cut model that cannot be
+        prepared."""
+        if self._periodic_d is not False:
+            return self._periodic_d
+        self._periodic_d = None
+        ctx = self.plan.ctx
+        model = ctx.model
+        d = model.alike_from()
+        if ctx.deployment.path == "math" or d is None or model.n_layers <= d + PERIODIC_CUT_LAYERS[-1]:
+            return None
+        kinds: dict[int, list] = {}
+        for lop in build_program(model):
+            if d <= lop.layer < model.n_layers:
+                kinds.setdefault(lop.layer, []).append(lop.kind)
+        if len({(tuple(k), ctx.layer_chips(layer)) for layer, k in kinds.items()}) != 1:
+            return None
+        try:
+            self._cuts = [PreparedPlan(plan_deployment(self.deployment, self.plan.pm, max_ops=self.max_ops,
+                                                       model=model.first_layers(d + k)),
+                                       symmetry=self._symmetry_arg, max_ops=self.max_ops, check=self.check)
+                          for k in PERIODIC_CUT_LAYERS]
+        except (ConfigError, PluginError, ResourceError):
+            return None
+        for cut in self._cuts:
+            cut.lookup = self.lookup    # one compute-latency cache: the cut layers' kernels are the model's
+        self._periodic_d = d
+        return d
+
+    def _cut_figures(self, d: int, gpu_step: Step) -> Optional[list[dict]]:
+        """Per cut model (:data:`PERIODIC_CUT_LAYERS`), ``{None: GPU latency, owner: busiest
+        chip's compute}`` of ``gpu_step``; None where a cut model refuses the step (the full
+        run then answers, or refuses). The three runs share one sample of the step (the
+        cut models' sample layers are alike): the op DAGs of an earlier step of the same
+        structure, one per cut, with this step's specs (:meth:`_from_template`'s reuse)."""
+        if gpu_step in self._cut_results:
+            return self._cut_results[gpu_step]
+        try:
+            plans = [cut.plan_for(gpu_step) for cut in self._cuts]
+            self.lookup.deployment = plans[0].ctx.deployment
+            sims = self._cuts_from_template(plans)
+            if sims is None:
+                sims = [simulate_plan(plan, check=self.check, symmetry=self._symmetry_arg, max_ops=self.max_ops)
+                        for plan in plans]
+                self._keep_cut_templates(plans, sims)
+            got = [{None: sim.latency_s, **busiest_compute_by_owner(sim)} for sim in sims]
+        except (ConfigError, PluginError, ResourceError):
+            got = None
+        if len(self._cut_results) < PLANS_KEPT:
+            self._cut_results[gpu_step] = got
+        return got
+
+    def _keep_cut_templates(self, plans: list, sims: list) -> None:
+        """Keep the cut models' op DAGs of a fully built step, keyed on the structure of the
+        first cut's sample, where every cut simulated the same replica and the sample's
+        specs are every cut's whole DAG's."""
+        sym = sims[0].symmetry
+        if any(s.symmetry.applied != sym.applied or (sym.applied and s.symmetry.chips() != sym.chips())
+               for s in sims) or len(self._cut_templates) >= TEMPLATES_KEPT:
+            return
+        sample = _sample_dag(plans[0], sym, self._cuts[0]._sample_program)
+        if any(_specs_key(sample.specs) != _specs_key(s.dag.specs) for s in sims):
+            return
+        self._cut_templates.setdefault(_structure_key(sample), [
+            (s.dag, s.symmetry, (s.compiled.succ, s.compiled.pred_count)) for s in sims])
+
+    def _cuts_from_template(self, plans: list) -> Optional[list]:
+        """The step simulated on each cut model's op DAG of an earlier step whose first cut's
+        sample has the same structure, with this step's specs from that one sample; None
+        where no kept DAGs match, or a run's messages leave the replica."""
+        got = sample = None
+        for sym in {t[0][1].applied: t[0][1] for t in self._cut_templates.values()}.values():
+            sample = _sample_dag(plans[0], sym, self._cuts[0]._sample_program)
+            got = self._cut_templates.get(_structure_key(sample))
+            if got is not None:
+                break
+        if got is None:
+            return None
+        sims = []
+        for plan, (dag, sym, edges) in zip(plans, got):
+            step_dag = attrs.evolve(dag, specs=list(sample.specs), spec_is_comm=list(sample.spec_is_comm), spec_ids={},
+                                    index={}, indexed=0, graph=None, graph_size=(-1, -1))
+            result = _run_built(plan, step_dag, sym, self.check, edges)
+            if result is None:
+                return None
+            sims.append(result)
+        self.reused += len(sims)
+        return sims
 
     # -- the op DAG of a step structure, reused ------------------------------------------
 
@@ -273,11 +419,34 @@ class PreparedPlan:
     def cache_info(self) -> dict:
         """Step results cached, and how often :meth:`simulate` found one."""
         return {"steps": len(self._results), "hits": self.hits, "misses": self.misses,
-                "dags_reused": self.reused, "latency_answers": len(self.lookup.answers)}
+                "dags_reused": self.reused, "latency_answers": len(self.lookup.answers),
+                "periodic_steps": len(self._cut_results)}
 
 
 #: op DAGs kept for reuse, one per structure
 TEMPLATES_KEPT = 64
+
+
+#: the cut models of a layer-periodic run: the repeating layers' start plus these many
+#: layers (two layers before the first increment, so that a layer's overlap with the one
+#: before it is the steady one)
+PERIODIC_CUT_LAYERS = (2, 3, 4)
+
+#: how closely the two increments along the layers must agree (relative to the larger) for
+#: a layer-periodic run to be taken; the engine gives equal increments to about 1e-15
+PERIODIC_REL_TOLERANCE = 1e-9
+
+
+def layer_extrapolation(figures: Sequence[float], more_layers: int) -> Optional[float]:
+    """A figure at ``more_layers`` layers past the last of three runs one layer apart
+    (``figures``): ``f[2] + more_layers * (f[2] - f[1])``, where the increments ``f[1] -
+    f[0]`` and ``f[2] - f[1]`` agree to :data:`PERIODIC_REL_TOLERANCE`; None where they do
+    not (the figure is not affine in the layers there)."""
+    f0, f1, f2 = figures
+    first, second = f1 - f0, f2 - f1
+    if abs(second - first) > PERIODIC_REL_TOLERANCE * max(abs(first), abs(second)):
+        return None
+    return f2 + more_layers * second
 
 
 def sample_program(ctx):

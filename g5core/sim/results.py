@@ -146,6 +146,27 @@ class SimResult:
         return out
 
 
+def busiest_compute_by_owner(sim) -> dict[str, float]:
+    """Per owner of compute ops (the plugin that expanded them: ``ep`` for the routed
+    experts), their compute time on the chip that runs most of it, from a simulation's op
+    breakdown: each op's end minus start in the engine, summed per chip, the largest sum."""
+    dag = sim.dag
+    owners: dict[str, list[int]] = {}
+    for i, spec in enumerate(dag.specs):
+        if not dag.spec_is_comm[i]:
+            owners.setdefault(spec.owner, []).append(i)
+    if not owners:
+        return {}
+    spec = np.frombuffer(dag.spec, dtype=np.dtype(dag.spec.typecode))
+    chip = np.frombuffer(dag.chip, dtype=np.dtype(dag.chip.typecode))
+    duration_s = np.asarray(sim.end_s) - np.asarray(sim.start_s)
+    out = {}
+    for owner, specs in owners.items():
+        mine = np.isin(spec, specs)
+        out[owner] = float(np.bincount(chip[mine], weights=duration_s[mine]).max()) if mine.any() else 0.0
+    return out
+
+
 def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float, symmetry: Symmetry = WHOLE_RUN) -> SimResult:
     """The results of a run; with symmetry applied, ``dag`` and ``engine`` hold one replica and
     the totals are those of ``symmetry.replicas`` alike replicas (g5core.lower.symmetry)."""
