@@ -103,11 +103,15 @@ def goodput(arrays: dict, limits: tuple[SloLimit, ...], span_s: float, itl: np.n
     }
 
 
-def summary(result, limits: tuple[SloLimit, ...] = ()) -> dict:
-    """The run's summary (the keys of ``g5 serve --json``, less the deployment echo)."""
+def summary(result, limits: tuple[SloLimit, ...] = (), itl_stats: bool = True) -> dict:
+    """The run's summary (the keys of ``g5 serve --json``, less the deployment echo).
+    ``itl_stats=False``: ``itl_s`` is ``None`` (every inter-token gap of a long run is
+    millions of values; the serving search reads none of their statistics), unless a limit
+    is on the inter-token latency."""
     reqs = result.workload.requests
     arrays = per_request(result)
     itl = np.frombuffer(result.requests.itl_s, dtype=float)
+    itl_stats = itl_stats or any(lim.metric == "itl" for lim in limits)
     n = len(reqs)
     first_arrival_s = float(np.min(arrays["arrival_s"])) if n else 0.0
     span = result.makespan_s - first_arrival_s
@@ -128,7 +132,7 @@ def summary(result, limits: tuple[SloLimit, ...] = ()) -> dict:
         "queue_s": stats(arrays["queue_s"]),
         "ttft_s": stats(arrays["ttft_s"]),
         "tpot_s": stats(arrays["tpot_s"]),
-        "itl_s": stats(itl),
+        "itl_s": stats(itl) if itl_stats else None,
         "e2e_s": stats(e2e),
         "throughput": {
             "input_tokens_per_s": per_s(in_tokens),

@@ -54,11 +54,13 @@ class ServingSession:
             raise ConfigError("--requests", "the workload has no requests")
         return workload
 
-    def run(self, workload: Workload | Mapping, stop_at_miss: bool = False) -> "ServeResult | MissedRun":
+    def run(self, workload: Workload | Mapping, stop_at_miss: bool = False,
+            itl_stats: bool = True) -> "ServeResult | MissedRun":
         """The workload served on the session's pools. ``stop_at_miss``: the run stops as soon
         as its SLO verdict is sure to be missed (:class:`~g5core.serve.loop.MissWatch`) and
         gives a :class:`MissedRun` instead; otherwise (and when it holds) the whole run's
-        :class:`~g5core.serve.api.ServeResult`, the same either way."""
+        :class:`~g5core.serve.api.ServeResult`, the same either way. ``itl_stats``: as
+        :func:`~g5core.serve.metrics.summary`'s."""
         t0 = time.perf_counter()
         workload = self._workload(workload)
         if max(r.input_tokens + r.output_tokens for r in workload.requests) > self.longest:
@@ -75,7 +77,7 @@ class ServingSession:
         checks = check_invariants(loop)
         if any(checks.values()):
             raise G5Error("serving invariants violated: " + ", ".join(f"{k}={v}" for k, v in checks.items() if v))
-        return ServeResult(loop, summary(loop, self.spec.slo), [dict(i) for i in self.infos],
+        return ServeResult(loop, summary(loop, self.spec.slo, itl_stats), [dict(i) for i in self.infos],
                            [p.cost for p in self.fleet.pools], checks, time.perf_counter() - t0)
 
 

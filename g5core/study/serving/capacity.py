@@ -289,7 +289,8 @@ def _seeded_run(session, workload: Mapping, rate: float, seed: int, settle_s: fl
     ``stop_at_miss``: a run whose SLO verdict is sure to be missed stops there (a
     :class:`~g5core.serve.session.MissedRun`: the search needs only its verdict)."""
     n = run_requests(workload, rate, settle_s, settings.settle)
-    return session.run(_at_rate({**workload, "requests": n, "seed": seed}, rate), stop_at_miss=stop_at_miss)
+    return session.run(_at_rate({**workload, "requests": n, "seed": seed}, rate), stop_at_miss=stop_at_miss,
+                       itl_stats=False)
 
 
 def _whole(missed, trace: list, at: dict, made: dict, runs: dict, run_whole):
