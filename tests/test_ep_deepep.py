@@ -18,7 +18,10 @@ import pytest
 
 import g5plugins.ep as ep_plugin
 from g5core.api.errors import ConfigError
+from g5core.inputs.models import get_model
 from g5core.lower.builder import build_dag
+from g5core.lower.layers import build_program
+from g5core.lower.microbatch import MicroBatches
 from g5core.session.collbench import bench_rows
 from g5core.sim.memory import memory_report
 from g5core.session.run import load_raw, make_plan, run, simulate_plan
@@ -293,10 +296,6 @@ def test_auto_runs_flat_where_an_ep_group_is_uneven_over_nodes_and_normal_refuse
 
 
 def test_micro_program_is_the_program_once_per_micro_batch_with_its_own_inputs():
-    from g5core.inputs.models import get_model
-    from g5core.lower.layers import build_program
-    from g5core.lower.microbatch import MicroBatches
-
     program = build_program(get_model("mixtral-8x7b"))
     split = MicroBatches(sides=((None, None),)).pass_program(get_model("mixtral-8x7b"))
     assert len(split) == 2 * len(program)

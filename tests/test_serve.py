@@ -7,9 +7,10 @@ import attrs
 import numpy as np
 import pytest
 
+from g5core import GroupShape, Step, StepGroup
 from g5core.api.errors import ConfigError, G5Error
 from g5core.serve.api import simulate_serving
-from g5core.serve.cost import StepWork, SyntheticCost
+from g5core.serve.cost import PlanCost, StepWork, SyntheticCost, to_step
 from g5core.serve.loop import Event, Fleet, Pool, ServingLoop, check_invariants, serve_requests
 from g5core.inputs.serving import parse_slo
 from g5core.serve.metrics import per_request, summary
@@ -315,9 +316,6 @@ def test_cp_shrinks_each_sequences_footprint_as_the_ledger_says():
 def test_a_step_runner_sees_each_group_by_name():
     """The step cost hands a runner its step as g5core.GroupShape records (one form: equal
     shapes merged and sorted), which read by name and make the g5core.Step they stand for."""
-    from g5core import GroupShape, Step, StepGroup
-    from g5core.serve.cost import PlanCost, to_step
-
     seen = []
 
     def runner(groups):
