@@ -20,7 +20,9 @@ from .api.ops import CommOp, ComputeOp, Fragment
 from .api.options import PluginOption
 from .api.plugins import Hooks, PluginInfo, describe_plugins, hookimpl, make_plugin_manager
 from .api.records import Lowering, MemoryTerm, StepRules, SweepPreset
-from .api.serving import Request, RoutedInstance, Router, Scheduler, Seq, StepWork, TraceFieldError, TraceFormat
+from .api.serving import (
+    GroupShape, Request, RoutedInstance, Router, Scheduler, Seq, StepWork, TraceFieldError, TraceFormat,
+)
 from .api.work import LogicalOp, Work
 from .lower.flops import activation_tensor_bytes, attention_block_bytes, causal_attention_flops, prefix_attention_flops
 from .lower.layers import (
@@ -50,7 +52,7 @@ from .version import __version__
 
 __all__ = [
     "Attention", "BuildContext", "CommOp", "ComputeOp", "ComputeTime", "ConfigError", "DagError", "Deployment",
-    "Dimension", "Elementwise", "Fragment", "G5Error", "Gemm", "Hooks", "LocalShape", "LogicalOp", "Lowering",
+    "Dimension", "Elementwise", "Fragment", "G5Error", "Gemm", "GroupShape", "Hooks", "LocalShape", "LogicalOp", "Lowering",
     "MemoryTerm", "ModelSpec", "NVLINK_COPY_EFFICIENCY", "PipelineMicrobatches", "PluginError", "PluginInfo",
     "PluginOption", "PreparedPlan", "RankMap", "Request", "RoutedInstance", "Router", "Scheduler",
     "SchedulerSettings", "Seq", "Step", "StepGroup", "StepMemory", "StepResult", "StepRules", "StepWork",

@@ -18,7 +18,10 @@ import pytest
 
 import g5plugins.ep as ep_plugin
 from g5core.api.errors import ConfigError
+from g5core.inputs.models import get_model
 from g5core.lower.builder import build_dag
+from g5core.lower.layers import build_program
+from g5core.lower.microbatch import MicroBatches
 from g5core.session.collbench import bench_rows
 from g5core.sim.memory import memory_report
 from g5core.session.run import load_raw, make_plan, run, simulate_plan
@@ -243,7 +246,8 @@ def test_two_batch_overlap_splits_the_program_and_says_so():
     from g5core.present.cli import render_summary
 
     plan = make_plan(_deepseek(16, batch=3, seq_len=256, two_batch_overlap=True))
-    assert [c.deployment.batch for c in plan.micro] == [2, 1]
+    (sides,) = plan.micro_batches.sides
+    assert [c.deployment.batch for c in sides] == [2, 1]
     dag = build_dag(plan)
     assert any(k.startswith("L003.m1.moe_experts") for k in dag.keys)
     assert not any(k.startswith("L003.moe_experts") for k in dag.keys)
@@ -292,11 +296,8 @@ def test_auto_runs_flat_where_an_ep_group_is_uneven_over_nodes_and_normal_refuse
 
 
 def test_micro_program_is_the_program_once_per_micro_batch_with_its_own_inputs():
-    from g5core.lower.layers import build_program, micro_program
-    from g5core.inputs.models import get_model
-
     program = build_program(get_model("mixtral-8x7b"))
-    split = micro_program(program, 2)
+    split = MicroBatches(sides=((None, None),)).pass_program(get_model("mixtral-8x7b"))
     assert len(split) == 2 * len(program)
     assert [lop.kind for lop in split[::2]] == [lop.kind for lop in program] == [lop.kind for lop in split[1::2]]
     ids = {lop.id: lop.micro for lop in split}
@@ -326,12 +327,12 @@ def test_a_prepared_plan_splits_its_steps_like_a_run():
     assert got.latency_s == simulate_plan(make_plan(raw)).latency_s
 
 
-def test_pipeline_micro_batches_with_two_batch_overlap_are_refused_naming_the_field():
-    """Both split the program into copies (LogicalOp.micro); G5 runs one split at a time."""
+def test_pipeline_micro_batches_with_two_batch_overlap_compose():
+    """Both split the program into copies (LogicalOp.micro) of one numbering: each pipeline
+    micro-batch runs as two overlapped sides (tests/test_micro_batches.py measures it)."""
     raw = _deepseek(16, phase="decode", batch=8, seq_len=4096, two_batch_overlap=True)
     raw["parallel"] = {"dp": 8, "tp": 1, "pp": 2, "cp": 1, "ep": 8}
     raw["plugins"]["pp"] = {"microbatches": 2}
-    with pytest.raises(ConfigError) as err:
-        make_plan(raw)
-    assert err.value.field == "plugins.pp.microbatches"
-    assert "two_batch_overlap" in str(err.value)
+    copies = make_plan(raw).micro_batches
+    assert (copies.part_count, copies.side_count) == (2, 2)
+    assert [[side.deployment.batch for side in sides] for sides in copies.sides] == [[4, 4], [4, 4]]

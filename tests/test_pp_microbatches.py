@@ -13,7 +13,6 @@ import pytest
 
 from g5core import ConfigError
 from g5core.lower.builder import build_dag
-from g5core.lower.microbatch import microbatch_program
 from g5core.sim.memory import memory_report
 from g5core.session.run import make_plan, run
 from g5core.study.search import best_layouts
@@ -153,7 +152,7 @@ def test_chunked_prefill_needs_a_chunks_activations_and_the_whole_prompts_kv():
 
 def test_later_chunks_attend_over_the_earlier_ones():
     plan = make_plan(_raw(phase="prefill", m=3, pp=2, batch=2, seq_len=3000))
-    parts = plan.part_contexts
+    parts = plan.micro_batches.parts
     assert [p.shape.kv_len - p.shape.q_tokens for p in parts] == [0, 1000, 2000]
     assert [p.shape.kv_len for p in parts] == [1000, 2000, 3000]
     heads, d = plan.ctx.model.attention.n_heads, plan.ctx.model.attention.head_dim
@@ -164,7 +163,7 @@ def test_later_chunks_attend_over_the_earlier_ones():
         assert kernel.block == "causal" and (kernel.q_len, kernel.kv_len) == (1000, 1000 + prefix)
         assert kernel.flops == work.flops
     # chunk j's attention waits for chunk j-1's K/V at the same layer
-    program = {lop.id: lop for lop in microbatch_program(plan.ctx, plan.microbatches, 1)}
+    program = {lop.id: lop for lop in plan.micro_batches.program(plan.ctx, 1)}
     assert "L005.m1.qkv_proj" in program["L005.m2.attention"].inputs
     assert "lm_head" not in {lop.kind for lop in program.values() if lop.micro != 2}
     dag = build_dag(plan, tuple(program.values()), contexts=dict(enumerate(parts)))

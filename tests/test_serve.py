@@ -7,9 +7,10 @@ import attrs
 import numpy as np
 import pytest
 
+from g5core import GroupShape, Step, StepGroup
 from g5core.api.errors import ConfigError, G5Error
 from g5core.serve.api import simulate_serving
-from g5core.serve.cost import StepWork, SyntheticCost
+from g5core.serve.cost import PlanCost, StepWork, SyntheticCost, to_step
 from g5core.serve.loop import Event, Fleet, Pool, ServingLoop, check_invariants, serve_requests
 from g5core.inputs.serving import parse_slo
 from g5core.serve.metrics import per_request, summary
@@ -305,12 +306,33 @@ def test_cp_shrinks_each_sequences_footprint_as_the_ledger_says():
     # (not exactly twice: cp=2 also halves each chip's activations)
     assert p2["kv_capacity_tokens"] == pytest.approx(2 * p1["kv_capacity_tokens"], rel=1e-2)
     for groups in two.costs[0]._groups:
-        assert all((n if n > 1 else c + 1) % 4 == 0 and (n == 1 or c % 4 == 0) for n, c, k in groups)
-        assert len({n == 1 for n, c, k in groups}) == 1      # never prefill and decode together
+        assert all((g.new_tokens if g.new_tokens > 1 else g.cached_tokens + 1) % 4 == 0
+                   and (g.new_tokens == 1 or g.cached_tokens % 4 == 0) for g in groups)
+        assert len({g.new_tokens == 1 for g in groups}) == 1      # never prefill and decode together
     # a token budget off the balanced split is sized at the next multiple of 2 cp
     odd = {**LLAMA8, "chips": 2, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 2},
            "serving": {"scheduler": {"max_num_batched_tokens": 1001}}}
     assert simulate_serving(odd, w, runner=runner, check_predictor=0).summary["completed"] == 4
+
+
+def test_a_step_runner_sees_each_group_by_name():
+    """The step cost hands a runner its step as g5core.GroupShape records (one form: equal
+    shapes merged and sorted), which read by name and make the g5core.Step they stand for."""
+    seen = []
+
+    def runner(groups):
+        seen.append(groups)
+        return 1e-3 * sum(g.new_tokens * g.count for g in groups)
+
+    cost = PlanCost(runner, exact=True)
+    work = StepWork(((64, 0),), (10, 10, 30))
+    assert work.groups() == (GroupShape(64, 0, 1), GroupShape(1, 10, 1), GroupShape(1, 10, 1), GroupShape(1, 30, 1))
+    assert cost.latency_s(work) == pytest.approx(1e-3 * 67, rel=1e-12)
+    (groups,) = seen
+    assert groups == (GroupShape(1, 10, 2), GroupShape(1, 30, 1), GroupShape(64, 0, 1))
+    assert all(type(g) is GroupShape for g in groups)
+    assert to_step(groups) == Step([StepGroup(new_tokens=64), StepGroup(new_tokens=1, cached_tokens=10, count=2),
+                                    StepGroup(new_tokens=1, cached_tokens=30, count=1)])
 
 
 def test_conversations_reuse_their_earlier_turns():

@@ -97,7 +97,9 @@ def g5_pipeline_microbatches(deployment: "Deployment", model: "ModelSpec") -> Op
     Return :class:`g5core.lower.microbatch.PipelineMicrobatches`: ``batches`` (decode micro-batches
     of sequences, which cycle) or ``chunks`` (consecutive prompt chunks), adding up to the
     deployment's ``batch`` or ``seq_len``; ``None`` (or one part) leaves the step whole. Each
-    part is validated as a deployment of its own (``g5_validate_deployment``).
+    part is validated as a deployment of its own (``g5_validate_deployment``), and may be split
+    again into overlapped sides (``g5_micro_batches``, asked of each part): the one
+    micro-batch mechanism, :mod:`g5core.lower.microbatch`.
     """
 
 
@@ -126,7 +128,10 @@ def g5_micro_batches(deployment: "Deployment", model: "ModelSpec") -> Optional[I
     (collect-all; at most one plugin may answer): the ``batch`` of each, summing to the
     deployment's. Every logical op is then expanded once per micro-batch, with that
     micro-batch's deployment and local shape, its ids tagged ``.m0``, ``.m1``...; the engine
-    overlaps one micro-batch's communication with another's compute (two-batch overlap).
+    overlaps one micro-batch's communication with another's compute (two-batch overlap). In
+    a pipeline (``g5_pipeline_microbatches``) the hook is asked of each pipeline part's
+    deployment, so the part runs as overlapped sides; refuse (``ConfigError``) what you
+    cannot split (:mod:`g5core.lower.microbatch`).
     """
 
 

@@ -6,7 +6,8 @@ works with (``g5_register_schedulers``, ``g5_register_routers``,
 - :class:`Seq`: one request's state on one instance, made by the serving loop and handed
   to the instance's scheduler;
 - :class:`StepWork`: what one step of an instance computes (prefill chunks and decodes),
-  which the scheduler makes and the step cost prices;
+  which the scheduler makes and the step cost prices; :class:`GroupShape`: one group of
+  sequences of a step by value (the form the step cost's caches and step runners key on);
 - :class:`Scheduler` (made by a factory ``(settings, total_blocks)``, ``settings`` a
   :class:`g5core.SchedulerSettings`) and :class:`Router`: the protocols the serving loop
   calls; :class:`RoutedInstance`: what a router sees of an instance;
@@ -19,7 +20,7 @@ The serving loop (:mod:`g5core.serve.loop`) is the only caller; the built-in sch
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Optional, Protocol, Sequence, Sized
+from typing import Callable, Iterable, Mapping, NamedTuple, Optional, Protocol, Sequence, Sized
 
 import attrs
 
@@ -46,6 +47,16 @@ class Request:
     history: Optional[str] = None
 
 
+class GroupShape(NamedTuple):
+    """``count`` sequences of a step, each running ``new_tokens`` after ``cached_tokens``: a
+    :class:`g5core.StepGroup` by value, hashable and cheap to make (the step cost's caches
+    and step runners key on tuples of them; ``g5core.serve.cost.to_step`` makes the Step)."""
+
+    new_tokens: int
+    cached_tokens: int
+    count: int
+
+
 @attrs.frozen(slots=True)
 class StepWork:
     """What one step of one instance computes: its prefill chunks as ``(new_tokens,
@@ -70,10 +81,10 @@ class StepWork:
     def new_tokens(self) -> int:
         return sum(n for n, _ in self.chunks) + len(self.decode_contexts)
 
-    def groups(self) -> tuple[tuple[int, int, int], ...]:
-        """The step as ``(new_tokens, cached_tokens, count)`` groups, every sequence as it is."""
-        out = [(n, c, 1) for n, c in self.chunks]
-        out.extend((1, c, 1) for c in self.decode_contexts)
+    def groups(self) -> tuple[GroupShape, ...]:
+        """The step as groups, every sequence as it is (a group of one)."""
+        out = [GroupShape(n, c, 1) for n, c in self.chunks]
+        out.extend(GroupShape(1, c, 1) for c in self.decode_contexts)
         return tuple(out)
 
 

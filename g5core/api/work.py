@@ -15,10 +15,9 @@ class LogicalOp:
     kind: str
     layer: int
     inputs: tuple[str, ...] = attrs.field(converter=tuple, default=())
-    #: which copy of the program it belongs to when the step runs as micro-batches: a
-    #: pipeline's (g5core.lower.microbatch: micro-batch ``j`` of cycle ``c`` is copy
-    #: ``c * m + j``) or a split step's (two-batch overlap, g5core.lower.layers.micro_program);
-    #: -1: the whole step
+    #: which copy of the program it belongs to when the step runs as micro-batches
+    #: (g5core.lower.microbatch: side ``t`` of pipeline part ``j`` in cycle ``c`` is copy
+    #: ``(c * m + j) * s + t``); -1: the whole step
     micro: int = attrs.field(default=-1, kw_only=True)
     id: str = attrs.field(init=False, eq=False,
                           default=attrs.Factory(lambda self: f"{layer_tag(self.layer)}{micro_tag(self.micro)}"

@@ -21,8 +21,8 @@ from g5core.api.ops import KEY_VERBATIM, CommOp, ComputeOp, Fragment, Replicated
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError, ResourceError
 from g5core.lower.flops import activation_tensor_bytes
-from g5core.lower.microbatch import CYCLES, PipelineMicrobatches, collect_pipeline_microbatches, part_contexts
-from g5core.lower.layers import EMBED_LAYER, SYNC_KINDS, build_program, default_work, local_kv_bytes_per_token, micro_program
+from g5core.lower.microbatch import CYCLES, MicroBatches, collect_pipeline_microbatches, overlap_contexts, part_contexts
+from g5core.lower.layers import EMBED_LAYER, SYNC_KINDS, build_program, default_work, local_kv_bytes_per_token
 from g5core.api.work import LogicalOp, Work
 from g5core.api.context import BuildContext
 from g5core.inputs.models import ModelSpec, get_model
@@ -86,29 +86,30 @@ class Plan:
     hooks: Hooks
     ctx: BuildContext
     primitives: Mapping
-    #: the step's split into micro-batches (g5core.lower.microbatch), None for a whole step
-    microbatches: Optional[PipelineMicrobatches] = None
-    #: one build context per micro-batch, in order
-    part_contexts: tuple = ()
+    #: the step's micro-batches: its program copies and their schedule (pipeline parts,
+    #: overlap sides: g5core.lower.microbatch); none for a step run whole
+    micro_batches: MicroBatches = MicroBatches()
     #: the compute-latency lookup to compile with, when one outlives the run (a prepared
     #: plan's, shared by its steps: g5core.session.prepared); None: a fresh one per compile
     lookup: Optional[object] = None
-    #: one context per micro-batch when a plugin splits the step (``g5_micro_batches``):
-    #: the same deployment with that micro-batch's ``batch``, and its local shape
-    micro: tuple = ()
+
+    @property
+    def pipeline(self):
+        """The step's split into pipeline parts (a :class:`PipelineMicrobatches`), or None."""
+        return self.micro_batches.pipeline
 
     def program(self) -> tuple[LogicalOp, ...]:
-        """The logical ops of the step: the model's, once per micro-batch when split."""
-        program = build_program(self.ctx.model)
-        return micro_program(program, len(self.micro)) if self.micro else program
+        """The logical ops of one pass of the step (without a pipeline's schedule): the
+        model's, once per overlap side when split (:meth:`MicroBatches.pass_program`)."""
+        return self.micro_batches.pass_program(self.ctx.model)
 
     def context(self, micro: int, ctx: BuildContext | None = None) -> BuildContext:
-        """The context the ops of micro-batch ``micro`` (-1: the whole step) expand in,
-        restricted to ``ctx``'s chips."""
+        """The context the ops of copy ``micro`` of :meth:`program` (-1: the whole step)
+        expand in, restricted to ``ctx``'s chips."""
         ctx = self.ctx if ctx is None else ctx
-        if micro < 0:
+        if micro < 0 or not self.micro_batches.sides:
             return ctx
-        part = self.micro[micro]
+        part = self.micro_batches.sides[0][micro]
         return part if ctx.replica_chips is None else part.restricted(ctx.replica_chips)
 
 
@@ -145,51 +146,25 @@ def plan_deployment(raw_or_deployment, pm: pluggy.PluginManager, source: str = "
     ctx = CoreBuildContext(deployment=deployment, model=model, system=system, dims=dims, rankmap=rankmap, shape=shape,
                            topology=topology, hooks=hooks)
     mb = collect_pipeline_microbatches(hooks, deployment, model)
-    parts = tuple(part_contexts(ctx, mb, lambda dep: validated_shape(hooks, dep, model, system, axes))) \
-        if mb is not None else ()
+    shape_of = lambda dep: validated_shape(hooks, dep, model, system, axes)  # noqa: E731
+    parts = tuple(part_contexts(ctx, mb, shape_of)) if mb is not None else ()
     if mb is not None and mb.cycles_apply:
         ctx.resident_batches = mb.count
     elif mb is not None:
         ctx.activation_shape = max((p.shape for p in parts), key=lambda s: s.tokens)
-    micro = _micro_contexts(ctx, axes)
-    if mb is not None and micro:
-        raise ConfigError("plugins.pp.microbatches", "pipeline micro-batches cannot be combined with a plugin "
-                                                     "that splits the step (plugins.ep.two_batch_overlap); use one")
-    return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks), microbatches=mb,
-                part_contexts=parts, micro=micro)
+    return Plan(pm=pm, hooks=hooks, ctx=ctx, primitives=collect_primitives(hooks),
+                micro_batches=_micro_batches(ctx, mb, parts, shape_of))
 
 
-def _micro_contexts(ctx: BuildContext, axes: tuple[str, ...]) -> tuple:
-    """One context per micro-batch when a plugin splits the step (``g5_micro_batches``)."""
-    return tuple(attrs.evolve(ctx, deployment=part, shape=validated_shape(ctx.hooks, part, ctx.model, ctx.system, axes),
-                              layer_chips={}, works={})
-                 for part in _micro_batches(ctx.hooks, ctx.deployment, ctx.model))
-
-
-def _micro_batches(hooks: Hooks, deployment: Deployment, model: ModelSpec) -> tuple[Deployment, ...]:
-    """The deployment of each micro-batch when a plugin splits the step (``g5_micro_batches``
-    answers the batch of each), else none."""
-    answers = hooks.call_each("g5_micro_batches", deployment=deployment, model=model)
-    if not answers:
-        return ()
-    if len(answers) > 1:
-        raise ConfigError("plugins", f"plugins {' and '.join(p for p, _ in answers)} both split the step into "
-                                     "micro-batches; enable one of their options")
-    plugin, batches = answers[0]
-    batches = tuple(batches)
-    if (len(batches) < 2 or any(type(b) is not int or b < 1 for b in batches)
-            or sum(batches) != deployment.batch):
-        raise PluginError(plugin, f"g5_micro_batches must give two or more positive batches summing to "
-                                  f"{deployment.batch}, got {batches!r}")
-    return tuple(_micro_deployment(deployment, b) for b in batches)
-
-
-def _micro_deployment(deployment: Deployment, batch: int) -> Deployment:
-    """``deployment`` running ``batch`` of its step's sequences (a step of one group of
-    sequences; a split of a mixed step is refused by the plugin that asks for it)."""
-    (group,) = deployment.step
-    part = attrs.evolve(deployment, batch=batch)
-    return attrs.evolve(part, step=type(deployment.step)([attrs.evolve(group, count=batch)]))
+def _micro_batches(ctx: BuildContext, mb, parts: tuple, shape_of) -> MicroBatches:
+    """The step's program copies: its pipeline parts (``mb``, ``parts``), each (or the step,
+    without a pipeline) split into the sides a plugin overlaps (``g5_micro_batches``), which
+    that plugin's own rules accept or refuse for each part."""
+    sides = tuple(overlap_contexts(part, shape_of) for part in (parts or (ctx,)))
+    if len({len(s) for s in sides}) > 1:
+        raise ConfigError(mb.field, f"the plugins split its micro-batches into different numbers of overlapped "
+                                    f"sides ({', '.join(str(len(s)) for s in sides)}); use {mb.field}: 1")
+    return MicroBatches(pipeline=mb, parts=parts, sides=sides if sides[0] else ())
 
 
 def validated_shape(hooks: Hooks, deployment: Deployment, model: ModelSpec, system: SystemSpec,
@@ -208,8 +183,9 @@ def plan_for_step(plan: Plan, deployment: Deployment, axes: tuple[str, ...], loo
     ctx = plan.ctx
     shape = validated_shape(plan.hooks, deployment, ctx.model, ctx.system, axes)
     step_ctx = ctx.reshaped(deployment, shape)
+    shape_of = lambda dep: validated_shape(plan.hooks, dep, ctx.model, ctx.system, axes)  # noqa: E731
     return Plan(pm=plan.pm, hooks=plan.hooks, ctx=step_ctx, primitives=plan.primitives, lookup=lookup,
-                micro=_micro_contexts(step_ctx, axes))
+                micro_batches=_micro_batches(step_ctx, None, (), shape_of))
 
 
 def make_topology(hooks: Hooks, system: SystemSpec, chips: int) -> Topology:
@@ -285,11 +261,9 @@ def build_dag(plan: Plan, program: tuple[LogicalOp, ...] | None = None,
     for repeats within each fragment, and across the whole DAG only otherwise."""
     ctx = plan.ctx if chips is None else plan.ctx.restricted(chips)
     program = program if program is not None else plan.program()
-    # the context of each copy of the program (LogicalOp.micro): a pipeline's micro-batches
-    # (``contexts``) or a plugin's split of the step (Plan.micro)
-    by_copy = {k: (c if chips is None else c.restricted(chips)) for k, c in (contexts or {}).items()}
-    if not by_copy and plan.micro:
-        by_copy = {m: plan.context(m, ctx) for m in range(len(plan.micro))}
+    # the context of each copy of the program (LogicalOp.micro, g5core.lower.microbatch)
+    copies = contexts if contexts is not None else plan.micro_batches.contexts()
+    by_copy = {k: (c if chips is None else c.restricted(chips)) for k, c in copies.items()}
     dag = OpDag()
     n_chips = ctx.rankmap.chips
     if chips is not None and tuple(chips) == tuple(range(len(chips))):
@@ -880,10 +854,11 @@ def check_size(plan: Plan, max_ops: int | None = None, replicas: int = 1, cycles
         # one replica, the one the symmetric run builds: chips 0 .. chips/replicas - 1
         plan = attrs.evolve(plan, ctx=plan.ctx.restricted(tuple(range(plan.ctx.rankmap.chips // replicas))))
     _check_placed_floor(plan, limit)
-    mb = plan.microbatches
-    program = plan.program()   # once per micro-batch of a split step (two-batch overlap)
-    if mb is not None and mb.cycles_apply:   # each step of a cycling micro-batch gets its tokens back
-        program = (LogicalOp("token_return", EMBED_LAYER),) + program
+    mb = plan.pipeline
+    program = plan.program()   # once per overlap side of a split step (two-batch overlap)
+    if mb is not None and mb.cycles_apply:   # each step of a cycling micro-batch (each side) gets its tokens back
+        sides = range(plan.micro_batches.side_count) if plan.micro_batches.sides else (-1,)
+        program = tuple(LogicalOp("token_return", EMBED_LAYER, micro=t) for t in sides) + program
     est = estimate_size(plan, program)
     if mb is not None:
         copies = mb.count * (cycles if mb.cycles_apply else 1)

@@ -30,20 +30,6 @@ SYNC_KINDS = frozenset({"boundary", "attn_in_gather", "attn_out_reduce", "ffn_in
                         "token_return"})
 
 
-def micro_program(program: tuple[LogicalOp, ...], n: int) -> tuple[LogicalOp, ...]:
-    """``program`` once per micro-batch, interleaved op by op (micro-batch 0's op, then 1's),
-    each copy consuming its own micro-batch's outputs: ``n`` independent streams of the same
-    work that the engine overlaps (one's communication under the other's compute)."""
-    ids: dict[tuple[str, int], str] = {}
-    out = []
-    for lop in program:
-        for m in range(n):
-            op = LogicalOp(lop.kind, lop.layer, tuple(ids[(i, m)] for i in lop.inputs), micro=m)
-            ids[(lop.id, m)] = op.id
-            out.append(op)
-    return tuple(out)
-
-
 @functools.lru_cache(maxsize=64)
 def build_program(model: ModelSpec, micro: int = -1, head: bool = True) -> tuple[LogicalOp, ...]:
     """The logical ops of one forward step, in order, with their data dependencies (made

@@ -1,29 +1,47 @@
-"""Micro-batches: one step split into parts that follow one another through the layers' chips.
+"""Micro-batches: one step run as copies of the model program, plus a schedule.
 
-A plugin splits the step by answering ``g5_pipeline_microbatches`` with a :class:`PipelineMicrobatches`
-(the PP plugin does, from ``plugins.pp.microbatches``):
+Two plugin hooks split a step, each with its own schedule; this module is the one mechanism
+that turns their answers into program copies (``LogicalOp.micro``), a build context per
+copy and the dependencies between copies (:class:`MicroBatches`):
 
-- ``batches`` (decode): independent batches of sequences, each of which *cycles*: after its
-  LM head its sampled tokens return to the embedding's chips (``token_return``, claimed by
-  the plugin that moves them) and its next step starts there. Every micro-batch keeps its
-  sequences' KV on the chips (``BuildContext.resident_batches``). :data:`CYCLES` cycles are
-  simulated (more when the last two differ), so the engine reaches its steady state; the
-  interval between two cycles of the same micro-batch is the time per output token.
-- ``chunks`` (prefill): a prompt's tokens in consecutive chunks; chunk ``j`` attends over
-  the KV of the chunks before it (a prefix, :func:`g5core.lower.flops.prefix_attention`)
-  and only the last one runs the LM head. The step ends when the last chunk does.
+- *pipeline* (``g5_pipeline_microbatches``, a :class:`PipelineMicrobatches`; the PP plugin
+  answers it from ``plugins.pp.microbatches``): parts that follow one another through the
+  layers' chips.
 
-The program is one copy of the model program per part (and cycle), issued in that order:
-copy ``k = cycle * m + j`` is micro-batch ``j`` of cycle ``cycle``, its logical ops tagged
-``LogicalOp.micro = k`` (``L003.m5.attention``: with ``m = 4``, cycle 1 of micro-batch 1). Nothing here is a formula for the bubbles: three dependencies, and the engine's
-per-chip streams and links, make them:
+  - ``batches`` (decode): independent batches of sequences, each of which *cycles*: after
+    its LM head its sampled tokens return to the embedding's chips (``token_return``,
+    claimed by the plugin that moves them) and its next step starts there. Every
+    micro-batch keeps its sequences' KV on the chips (``BuildContext.resident_batches``).
+    :data:`CYCLES` cycles are simulated (more when the last two differ), so the engine
+    reaches its steady state; the interval between two cycles of the same micro-batch is
+    the time per output token.
+  - ``chunks`` (prefill): a prompt's tokens in consecutive chunks; chunk ``j`` attends over
+    the KV of the chunks before it (a prefix, :func:`g5core.lower.flops.prefix_attention`)
+    and only the last one runs the LM head. The step ends when the last chunk does.
+
+- *overlap* (``g5_micro_batches``: the sequences of each; the EP plugin answers it for
+  two-batch overlap): sides that run at once, their programs interleaved op by op, each
+  consuming only its own outputs, so the engine runs one's communication under the
+  other's compute.
+
+The two compose: each pipeline part (each one a deployment of its own, validated by every
+plugin) is asked for its overlap split, so a pipeline micro-batch can run as two sides;
+whatever a plugin refuses of a part is refused by that plugin's own rules, naming its field.
+
+Copy ``k = (cycle * m + j) * s + t`` is side ``t`` of pipeline part ``j`` in ``cycle``
+(``m`` parts, ``s`` sides; one of either when that split is absent), its logical ops tagged
+``LogicalOp.micro = k`` (``L003.m5.attention``: with ``m = 4`` and no sides, cycle 1 of
+micro-batch 1); a step split by neither is the program once, untagged (``micro = -1``).
+Nothing here is a formula for the bubbles or the overlap: three dependencies, and the
+engine's per-chip streams and links, make them:
 
 1. one forward at a time on a group of chips: on the chips that hold a layer (a pipeline
-   stage), a part's first op waits for the previous part's last op there (a stage worker
-   runs the micro-batches it is handed in order; sends and receives are not held back);
-2. a decode micro-batch's next cycle waits for its tokens (``token_return``);
+   stage), a part's first op (each side's) waits for the previous part's last op there
+   (every side's: a stage worker runs the micro-batches it is handed in order; sends and
+   receives are not held back);
+2. a decode micro-batch's next cycle waits for its tokens (``token_return``), side by side;
 3. a prompt chunk's attention at a layer waits for the previous chunk's K/V projection at
-   that layer.
+   that layer (the same side's: the same sequences).
 """
 from __future__ import annotations
 
@@ -99,15 +117,144 @@ def collect_pipeline_microbatches(hooks, deployment, model) -> Optional[Pipeline
     return mb if mb.count > 1 else None
 
 
-def copy_index(cycle: int, part: int, parts: int) -> int:
-    """The program copy (``LogicalOp.micro``) of micro-batch ``part`` in ``cycle``."""
-    return cycle * parts + part
+def overlap_batches(hooks, deployment, model) -> tuple[int, ...]:
+    """The sequences of each side when a plugin splits ``deployment``'s step to overlap them
+    (``g5_micro_batches``), else none."""
+    answers = hooks.call_each("g5_micro_batches", deployment=deployment, model=model)
+    if not answers:
+        return ()
+    if len(answers) > 1:
+        raise ConfigError("plugins", f"plugins {' and '.join(p for p, _ in answers)} both split the step into "
+                                     "micro-batches; enable one of their options")
+    plugin, batches = answers[0]
+    batches = tuple(batches)
+    if (len(batches) < 2 or any(type(b) is not int or b < 1 for b in batches)
+            or sum(batches) != deployment.batch):
+        raise PluginError(plugin, f"g5_micro_batches must give two or more positive batches summing to "
+                                  f"{deployment.batch}, got {batches!r}")
+    return batches
 
 
-def copy_contexts(plan, cycles: int) -> dict:
-    """The build context of every program copy of ``cycles`` cycles."""
-    n = len(plan.part_contexts)
-    return {copy_index(c, j, n): part for c in range(cycles) for j, part in enumerate(plan.part_contexts)}
+def side_deployment(deployment, batch: int):
+    """``deployment`` running ``batch`` of its step's sequences (a step of one group of
+    sequences; a split of a mixed step is refused by the plugin that asks for it)."""
+    (group,) = deployment.step
+    part = attrs.evolve(deployment, batch=batch)
+    return attrs.evolve(part, step=type(deployment.step)([attrs.evolve(group, count=batch)]))
+
+
+def overlap_contexts(ctx, shape_of) -> tuple:
+    """One build context per side when a plugin splits ``ctx``'s step to overlap them
+    (``g5_micro_batches``): the same deployment with that side's sequences, and its local
+    shape (``shape_of``: as for :func:`part_contexts`); none otherwise."""
+    return tuple(attrs.evolve(ctx, deployment=dep, shape=shape_of(dep), layer_chips={}, works={})
+                 for dep in (side_deployment(ctx.deployment, b)
+                             for b in overlap_batches(ctx.hooks, ctx.deployment, ctx.model)))
+
+
+@attrs.frozen(eq=False)
+class MicroBatches:
+    """A step's program copies and their schedule (the module docstring): ``pipeline``, the
+    pipeline split (None: one part, the step itself); ``parts``, one build context per
+    pipeline part (``()`` without a pipeline); ``sides``, per part (one entry, the step's,
+    without a pipeline) the build contexts of its overlap sides, ``()`` where none split."""
+
+    pipeline: Optional[PipelineMicrobatches] = None
+    parts: tuple = ()
+    sides: tuple = ()
+
+    @property
+    def side_count(self) -> int:
+        """Sides per part (1: no overlap split)."""
+        return len(self.sides[0]) if self.sides and self.sides[0] else 1
+
+    @property
+    def part_count(self) -> int:
+        return self.pipeline.count if self.pipeline is not None else 1
+
+    def copy(self, cycle: int, part: int, side: int = 0) -> int:
+        """The program copy (``LogicalOp.micro``) of ``side`` of ``part`` in ``cycle``."""
+        return (cycle * self.part_count + part) * self.side_count + side
+
+    def contexts(self, cycles: int = 1) -> dict:
+        """The build context of every program copy of ``cycles`` cycles (empty for a step
+        split by neither)."""
+        out = {}
+        for c in range(cycles if self.pipeline is not None else 1):
+            for j in range(self.part_count):
+                sides = self.sides[j] if self.sides else ()
+                if sides:
+                    out.update((self.copy(c, j, t), side) for t, side in enumerate(sides))
+                elif self.pipeline is not None:
+                    out[self.copy(c, j)] = self.parts[j]
+        return out
+
+    def pass_program(self, model) -> tuple[LogicalOp, ...]:
+        """One pass of the step, without the pipeline's schedule: the model program, once per
+        side of the first part when split to overlap (copies ``0 .. s-1``)."""
+        if self.side_count == 1:
+            return build_program(model)
+        return tuple(interleave([build_program(model, micro=t) for t in range(self.side_count)]))
+
+    def program(self, ctx, cycles: int) -> tuple[LogicalOp, ...]:
+        """The logical ops of every part, side and cycle of a pipeline, in the order they are
+        issued, with the three dependencies of the module docstring added to their inputs."""
+        mb, model = self.pipeline, ctx.model
+        program: list[LogicalOp] = []
+        last_on: dict[tuple, tuple] = {}      # chips -> ids of the last logical ops issued on them
+        n, sides = model.n_layers, range(self.side_count)
+        for cycle in range(cycles):
+            for j in range(mb.count):
+                head = bool(mb.batches) or j == mb.count - 1
+                copies = []
+                for t in sides:
+                    k = self.copy(cycle, j, t)
+                    copy = list(build_program(model, micro=k, head=head))
+                    if cycle > 0:   # rule 2: the tokens of this side's previous cycle
+                        before = LogicalOp("lm_head", n, micro=self.copy(cycle - 1, j, t))
+                        back = LogicalOp("token_return", EMBED_LAYER, (before.id,), micro=k)
+                        copy[0] = attrs.evolve(copy[0], inputs=copy[0].inputs + (back.id,))
+                        copy.insert(0, back)
+                    copies.append(copy)
+                started: set[tuple] = set()
+                mine: dict[tuple, dict] = {}
+                for i in range(len(copies[0])):
+                    for t in sides:
+                        lop = copies[t][i]
+                        chips = ctx.layer_chips(lop.layer)
+                        extra = ()
+                        if lop.kind not in SYNC_KINDS and (t, chips) not in started:
+                            started.add((t, chips))
+                            extra += last_on.get(chips, ())   # rule 1
+                        if lop.kind == "attention" and mb.chunks and j > 0:   # rule 3
+                            extra += (LogicalOp("qkv_proj", lop.layer, micro=self.copy(cycle, j - 1, t)).id,)
+                        if extra:
+                            copies[t][i] = lop = attrs.evolve(lop, inputs=lop.inputs + extra)
+                        mine.setdefault(chips, {})[t] = lop.id
+                last_on.update((chips, tuple(ids[t] for t in sorted(ids))) for chips, ids in mine.items())
+                program += interleave(copies)
+        return tuple(program)
+
+    def head_end_times(self, dag, end_s: np.ndarray, cycles: int, n_layers: int) -> np.ndarray:
+        """``[cycle, part]``: when each decode micro-batch's LM head ended (its token made: its
+        last side's), from the engine's op end times."""
+        stems = dag.stems
+        stem_of = np.asarray(dag.key_stem)
+        out = np.full((cycles, self.part_count), np.nan)
+        for cycle in range(cycles):
+            for j in range(self.part_count):
+                heads = tuple(LogicalOp("lm_head", n_layers, micro=self.copy(cycle, j, t)).prefix
+                              for t in range(self.side_count))
+                ids = [s for s, stem in enumerate(stems)
+                       if stem in heads or stem.startswith(tuple(h + sep for h in heads for sep in ".@"))]
+                out[cycle, j] = float(np.max(end_s[np.isin(stem_of, ids)]))
+        return out
+
+
+def interleave(copies) -> list[LogicalOp]:
+    """Program copies of the same shape issued op by op (copy 0's op, then 1's...): streams
+    of the same work that the engine overlaps (one's communication under another's compute)."""
+    return [lop for ops in zip(*copies) for lop in ops]
 
 
 def part_contexts(ctx, mb: PipelineMicrobatches, shape_of) -> list:
@@ -137,56 +284,6 @@ def part_contexts(ctx, mb: PipelineMicrobatches, shape_of) -> list:
                                         f"whose parts the plugins accept") from None
         out.append(ctx.reshaped(dep, shape))
         prefix += 0 if mb.batches else size
-    return out
-
-
-def microbatch_program(ctx, mb: PipelineMicrobatches, cycles: int) -> tuple[LogicalOp, ...]:
-    """The logical ops of every part (and cycle), in the order they are issued, with the
-    three dependencies of the module docstring added to their inputs."""
-    model = ctx.model
-    program: list[LogicalOp] = []
-    last_on: dict[tuple, str] = {}      # chips -> id of the last logical op issued on them
-    n = model.n_layers
-    for cycle in range(cycles):
-        for j in range(mb.count):
-            k = copy_index(cycle, j, mb.count)
-            head = bool(mb.batches) or j == mb.count - 1
-            copy = list(build_program(model, micro=k, head=head))
-            if cycle > 0:   # rule 2: the tokens of this micro-batch's previous cycle
-                before = LogicalOp("lm_head", n, micro=copy_index(cycle - 1, j, mb.count))
-                back = LogicalOp("token_return", EMBED_LAYER, (before.id,), micro=k)
-                copy[0] = attrs.evolve(copy[0], inputs=copy[0].inputs + (back.id,))
-                copy.insert(0, back)
-            started: set[tuple] = set()
-            mine: dict[tuple, str] = {}
-            for i, lop in enumerate(copy):
-                chips = ctx.layer_chips(lop.layer)
-                extra = ()
-                if lop.kind not in SYNC_KINDS and chips not in started:
-                    started.add(chips)
-                    if chips in last_on:   # rule 1
-                        extra += (last_on[chips],)
-                if lop.kind == "attention" and mb.chunks and j > 0:   # rule 3
-                    extra += (LogicalOp("qkv_proj", lop.layer, micro=k - 1).id,)
-                if extra:
-                    copy[i] = lop = attrs.evolve(lop, inputs=lop.inputs + extra)
-                mine[chips] = lop.id
-            last_on.update(mine)
-            program += copy
-    return tuple(program)
-
-
-def head_end_times(dag, end_s: np.ndarray, mb: PipelineMicrobatches, cycles: int, n_layers: int) -> np.ndarray:
-    """``[cycle, part]``: when each decode micro-batch's LM head ended (its token made), from
-    the engine's op end times."""
-    stems = dag.stems
-    stem_of = np.asarray(dag.key_stem)
-    out = np.full((cycles, mb.count), np.nan)
-    for cycle in range(cycles):
-        for j in range(mb.count):
-            head = LogicalOp("lm_head", n_layers, micro=copy_index(cycle, j, mb.count)).prefix
-            ids = [s for s, stem in enumerate(stems) if stem == head or stem.startswith((head + ".", head + "@"))]
-            out[cycle, j] = float(np.max(end_s[np.isin(stem_of, ids)]))
     return out
 
 

@@ -21,7 +21,7 @@ import attrs
 
 from g5core.api.errors import ConfigError
 from g5core.api.records import StepRules
-from g5core.api.serving import StepWork
+from g5core.api.serving import GroupShape, StepWork
 from g5core.inputs.step import Step, StepGroup
 from g5core.lower.steprules import split_step
 
@@ -150,7 +150,7 @@ def _on_cell(cell: tuple, x: float) -> float:
     return (1 - w) * f_lo + w * f_hi
 
 
-Groups = tuple  # ((new_tokens, cached_tokens, count), ...)
+Groups = tuple  # (GroupShape, ...): one step's groups, the key of the step caches
 
 
 @attrs.define
@@ -215,13 +215,13 @@ class PlanCost:
         return hit
 
     def g(self, n: int) -> float:
-        return self.engine_s(((1, 1, n),))
+        return self.engine_s((GroupShape(1, 1, n),))
 
     def f(self, new: int, cached: int) -> float:
-        return self.engine_s(((new, cached, 1),)) if new > 1 else self.engine_s(((1, cached, 1),))
+        return self.engine_s((GroupShape(new, cached, 1),)) if new > 1 else self.engine_s((GroupShape(1, cached, 1),))
 
     def d(self, b: int, c: int) -> float:
-        return self.engine_s(((1, c, b),))
+        return self.engine_s((GroupShape(1, c, b),))
 
     def predict_s(self, work: StepWork) -> float:
         ctx = work.decode_context_tokens / work.decodes if work.decodes else 0.0
@@ -229,7 +229,8 @@ class PlanCost:
         if not parts and not work.decodes:
             return 0.0
         if len(parts) == 1 and not work.decodes:
-            return _interp(lambda t: self._f_cached(t, parts[0][1]), parts[0][0])
+            (new, cached), = parts
+            return _interp(lambda t: self._f_cached(t, cached), new)
         total = _interp(self.g, work.new_tokens)
         for n, c in parts:
             total += _interp(lambda t: self._f_cached(t, c), n) - _interp(self.g, n)
@@ -499,7 +500,7 @@ class DpCost:
     def _expert_at(self, n: int) -> float:
         hit = self._experts.get(n)
         if hit is None:
-            groups = ((1, 1, n),)
+            groups = (GroupShape(1, 1, n),)
             multiple = self.rank.rules.token_multiple
             if multiple > 1:
                 groups = _canonical(tuple(_pad(g, multiple) for g in groups))
@@ -552,30 +553,30 @@ class SpeculativeCost:
         return self.base.predictor_error([StepWork(w.chunks, w.decode_contexts) for w in sample])
 
 
-def _pad(group: tuple, m: int) -> tuple:
-    n, c, k = group
+def _pad(group: GroupShape, m: int) -> GroupShape:
     up = lambda x: -(-x // m) * m  # noqa: E731
-    if n == 1:  # a decode: its context (cached + the new token) is split
-        return (1, up(c + 1) - 1, k)
-    return (up(n), up(c), k)
+    if group.new_tokens == 1:  # a decode: its context (cached + the new token) is split
+        return GroupShape(1, up(group.cached_tokens + 1) - 1, group.count)
+    return GroupShape(up(group.new_tokens), up(group.cached_tokens), group.count)
 
 
 def _canonical(groups: Groups) -> Groups:
-    """Equal ``(new, cached)`` shapes merged, sorted: one key per step shape."""
+    """Equal ``(new_tokens, cached_tokens)`` shapes merged, sorted: one key per step shape."""
     merged: dict = {}
-    for n, c, k in groups:
-        merged[(n, c)] = merged.get((n, c), 0) + k
-    return tuple((n, c, k) for (n, c), k in sorted(merged.items()))
+    for g in groups:
+        shape = (g.new_tokens, g.cached_tokens)
+        merged[shape] = merged.get(shape, 0) + g.count
+    return tuple(GroupShape(n, c, k) for (n, c), k in sorted(merged.items()))
 
 
 def to_step(groups: Groups) -> Step:
-    """``((new_tokens, cached_tokens, count), ...)`` as the :class:`g5core.Step` it stands for."""
-    return Step([StepGroup(new_tokens=n, cached_tokens=c, count=k) for n, c, k in groups])
+    """Groups (:class:`g5core.GroupShape`) as the :class:`g5core.Step` they stand for."""
+    return Step([StepGroup(new_tokens=g.new_tokens, cached_tokens=g.cached_tokens, count=g.count) for g in groups])
 
 
 def shapes(step: Step) -> Groups:
-    """A step's groups as the ``(new_tokens, cached_tokens, count)`` keys of the caches."""
-    return tuple((g.new_tokens, g.cached_tokens, g.count) for g in step)
+    """A step's groups as :class:`g5core.GroupShape` (the keys of the caches)."""
+    return tuple(GroupShape(g.new_tokens, g.cached_tokens, g.count) for g in step)
 
 
 def speculative_extra(prepared, proposer, rules: StepRules) -> Callable[[int, int], float]:
@@ -586,7 +587,7 @@ def speculative_extra(prepared, proposer, rules: StepRules) -> Callable[[int, in
     k = prepared.deployment.speculative.tokens
 
     def extra(b: int, c: int) -> float:
-        _, cached, _ = _pad((1, c, b), rules.token_multiple)
+        cached = _pad(GroupShape(1, c, b), rules.token_multiple).cached_tokens
         verify = prepared.simulate(Step.verify(b, cached + 1, k)).latency_s
         plain = prepared.simulate(Step.decode(b, cached + 1)).latency_s
         passes = k * proposer.simulate(Step.decode(b, cached + 1)).latency_s if proposer is not None else 0.0

@@ -109,10 +109,10 @@ class PreparedPlan:
     layout's dimensions require of every step: :func:`g5core.lower.steprules.step_rules`)."""
 
     def __init__(self, plan, symmetry: bool | str = True, max_ops: Optional[int] = None, check: bool = True):
-        if plan.microbatches is not None:
+        if plan.pipeline is not None:
             # each step here is one engine iteration; pipelining iterations is the caller's
-            raise ConfigError(plan.microbatches.field, "a prepared plan simulates one step at a time, not "
-                                                       f"micro-batches through a pipeline; set {plan.microbatches.field}: 1")
+            raise ConfigError(plan.pipeline.field, "a prepared plan simulates one step at a time, not "
+                                                   f"micro-batches through a pipeline; set {plan.pipeline.field}: 1")
         self.plan = plan
         self.deployment: Deployment = plan.ctx.deployment
         self.max_ops = DEFAULT_MAX_OPS if max_ops is None else max_ops

@@ -16,9 +16,7 @@ import attrs
 
 from g5core.lower.builder import Plan, ReplicaSpill, build_dag, check_size, plan_deployment, plan_for_step
 from g5core.lower.shape import collect_shard_axes
-from g5core.lower.microbatch import (
-    CYCLES, MAX_CYCLES, copy_contexts, head_end_times, microbatch_program, steady_cycle_s,
-)
+from g5core.lower.microbatch import CYCLES, MAX_CYCLES, steady_cycle_s
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load_config_file
 from g5core.inputs.framework import graph_step
@@ -93,23 +91,23 @@ def _gc_paused():
 
 
 def _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops) -> SimResult:
-    mb = plan.microbatches
+    copies, mb = plan.micro_batches, plan.pipeline
     if mb is None:
         return _simulate_program(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops)
     cycles = CYCLES if mb.cycles_apply else 1
     n_layers = plan.ctx.model.n_layers
     while True:
-        contexts = copy_contexts(plan, cycles)
-        program = microbatch_program(plan.ctx, mb, cycles)
+        contexts = copies.contexts(cycles)
+        program = copies.program(plan.ctx, cycles)
         result = _simulate_program(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops,
                                    program=program, contexts=contexts, cycles=cycles)
         if not mb.cycles_apply:
             pipeline = {"microbatches": mb.count, "chunk_tokens": list(mb.chunks), "simulated_steps": mb.count}
-            chosen = [step_choices(part) for part in plan.part_contexts]
+            chosen = [step_choices(part) for part in copies.parts]
             if any(chosen):   # per chunk: what plugins chose for it (CP prefill under auto)
                 pipeline["chunk_choices"] = chosen
             return attrs.evolve(result, pipeline=pipeline)
-        times = head_end_times(result.dag, result.end_s, mb, cycles, n_layers)
+        times = copies.head_end_times(result.dag, result.end_s, cycles, n_layers)
         cycle_s, steady = steady_cycle_s(times)
         if steady or cycles >= MAX_CYCLES:
             break
@@ -268,9 +266,9 @@ def speculative_run(plan: Plan, progress: Progress = None, symmetry: bool | str 
     proposer pass and the plain decode step, each simulated (or estimated on the Math path);
     the ledger of the verification step with the proposer's lines."""
     dep = plan.ctx.deployment
-    if plan.microbatches is not None:
-        raise ConfigError(plan.microbatches.field, "speculative decoding runs one batch per step here, not "
-                                                   f"micro-batches through a pipeline; set {plan.microbatches.field}: 1")
+    if plan.pipeline is not None:
+        raise ConfigError(plan.pipeline.field, "speculative decoding runs one batch per step here, not "
+                                               f"micro-batches through a pipeline; set {plan.pipeline.field}: 1")
     vplan = plan_for_step(plan, verify_deployment(dep), collect_shard_axes(plan.hooks))
 
     def simulate(p: Plan):

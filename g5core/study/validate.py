@@ -148,7 +148,7 @@ def predict_ms(row: Row, csv_path, system_override: str | None = None) -> float:
     try:
         plan = make_plan(raw)
         phase = plan.ctx.deployment.phase
-        if plan.microbatches is not None:
+        if plan.pipeline is not None:
             out = run(raw)
             # a measured TTFT/TPOT includes the framework's host work per step (its profile's host
             # block), as a serving step pays it; PreparedPlan.simulate adds it on the other path

@@ -48,7 +48,8 @@ split into two micro-batches of half the sequences each (``g5_micro_batches``); 
 expands the whole program once per micro-batch, and the engine runs one micro-batch's
 dispatch/combine while the other's attention and experts hold the compute stream (nothing
 is assumed to overlap: dependencies and the one compute stream per chip decide). The
-summary's ``hidden`` column says how much of the all-to-all ran under compute.
+summary's ``hidden`` column says how much of the all-to-all ran under compute. With pipeline
+micro-batches (``plugins.pp.microbatches``) each micro-batch is split so, by the same rules.
 
 Expert load (``imbalance``): ``from_routing`` (default) draws the step's (token, expert) slots
 of one EP group with a fixed seed and takes the busiest rank's share over the mean; a
