@@ -196,13 +196,17 @@ class MissWatch:
             else:
                 c[3] += 1
 
-    def at(self, now: float) -> None:
-        """Time passed to ``now``: the requests that waited longer than a limit count."""
+    #: the metrics :meth:`at` watches (a disaggregated run's prefill pass: those its pool records)
+    TIMED = ("queue", "ttft", "e2e")
+
+    def at(self, now: float, metrics: Sequence[str] = TIMED) -> None:
+        """Time passed to ``now``: the requests that waited longer than a limit count (for
+        ``metrics``: a value not recorded yet can be recorded later)."""
         arrivals = self.arrivals
         if arrivals is None:
             return
         n = len(arrivals)
-        for metric in ("queue", "ttft", "e2e"):
+        for metric in metrics:
             for c in self.checks.get(metric, ()):
                 k, before = c[4], now - c[0]
                 while k < n and arrivals[k] < before:
@@ -210,6 +214,11 @@ class MissWatch:
                 c[4] = k
                 if k - c[3] >= c[1]:
                     self.sure = True
+
+
+#: what a two-pass run's prefill pass records of the watched metrics (:meth:`MissWatch.at`):
+#: a request's end to end is recorded in the decode pass
+PREFILL_TIMED = ("queue", "ttft")
 
 
 class Missed(Exception):
@@ -233,7 +242,13 @@ class ServingLoop:
     and tokens as one event per step.
 
     ``miss`` (a :class:`MissWatch`): :meth:`run` stops as soon as the run's SLO verdict is
-    sure to be missed (``missed`` is then true, and :meth:`run` returns ``None``)."""
+    sure to be missed (``missed`` is then true, and :meth:`run` returns ``None``).
+
+    :meth:`run` to the end of a disaggregated fleet whose decode pool is round robin
+    (``two_pass``) serves every prompt first, then every decode: the prefill pool never reads
+    the decode pool, so the same steps, bit for bit (the requests-in-system integral is
+    replayed in time order afterwards), and a run whose TTFT verdict is sure to miss stops
+    before any decode step. :meth:`step` and :meth:`run` to a time keep one pass in time order."""
 
     def __init__(self, fleet: Fleet, workload: Workload, progress: Optional[Callable[[int, int], None]] = None,
                  fast: bool = True, miss: Optional[MissWatch] = None):
@@ -278,6 +293,15 @@ class ServingLoop:
         if self.fast and self.split and not fleet.routing_s:
             self.prefill_arrivals = ((first.router.next, first.instances) if type(first.router) is RoundRobin
                                      else "any")
+        # a disaggregated fleet whose decode pool is round robin: its prefill pool never reads
+        # the decode pool (no back-pressure; the router's turns follow the prompts' ends), so
+        # :meth:`run` serves every prompt first (the prefill pass; each KV's arrival at its
+        # decode instance kept in ``deferred``), then the decodes with every arrival known
+        # (their runs stop only at KV arrivals and finishes): the same steps. ``phase``: 0
+        # one pass (time order), 1 the prefill pass, 2 the decode pass
+        self.two_pass = self.soft_decode and not fleet.routing_s
+        self.phase = 0
+        self.deferred: list = []
         self.watch: list = []
         self.done = self.steps = 0
         self.now = 0.0
@@ -375,15 +399,45 @@ class ServingLoop:
         heap, step = self.heap, self._step
         if self.missed:
             return None
+        two = self.two_pass and until == math.inf and self.phase == 0 and self.order == self.n
         try:
+            if two:
+                self.phase = 1
             while heap and heap[0][0] <= until:
                 step()
+            if two:
+                self._decode_pass()
+                while heap:
+                    step()
         except Missed:
             self.missed = True
             return None
         finally:
             self._settle()
+        if two:
+            self._replay_area()
         return None if heap else self.result()
+
+    def _decode_pass(self) -> None:
+        """After the prefill pass: every prompt's KV reaches its decode instance, as the
+        prefill pass made them (in that order)."""
+        self.phase, self.t_prefill_end = 2, self.now
+        for t, seq, inst in self.deferred:
+            self._push(t, Event.ENQUEUE, seq, inst)
+        self.deferred = []
+
+    def _replay_area(self) -> None:
+        """The requests-in-system integral of a two-pass run, in time order as one pass makes
+        it (``area += in_system * dt`` at each arrival and finish: ties add nothing)."""
+        log = self.log
+        marks = sorted([(t, 1) for t in log.arrival_s] + [(t, -1) for t in log.finish_s], key=lambda m: m[0])
+        area, last, inside = 0.0, 0.0, 0
+        for t, d in marks:
+            area += inside * (t - last)
+            last = t
+            inside += d
+        self.area, self.t_last, self.in_system = area, last, inside
+        self.now = max(self.now, self.t_prefill_end)
 
     def result(self) -> LoopResult:
         if self._result is None:
@@ -404,9 +458,10 @@ class ServingLoop:
     # -- the events ------------------------------------------------------------------------
     def _arrive(self, now: float, k: int) -> None:
         """A request arrives: the router of the first pool picks its instance."""
-        self.area += self.in_system * (now - self.t_last)
-        self.t_last = now
-        self.in_system += 1
+        if not self.phase:
+            self.area += self.in_system * (now - self.t_last)
+            self.t_last = now
+            self.in_system += 1
         self.arrived += 1
         req = self.requests[k]
         log = self.log
@@ -502,7 +557,10 @@ class ServingLoop:
                 first_token_s[k] = now + move
                 moved = Seq(q.req, computed=q.computed, emitted=q.emitted)
                 moved.last_s = now + move
-                self._push(now + move, Event.ENQUEUE, moved, last[j])
+                if self.phase == 1:
+                    self.deferred.append((now + move, moved, last[j]))
+                else:
+                    self._push(now + move, Event.ENQUEUE, moved, last[j])
             if miss is not None and first:
                 miss.see("ttft", first_token_s[k] - log.arrival_s[k])
         self._next(now, inst)
@@ -516,9 +574,10 @@ class ServingLoop:
         log.last_token_s[k] = now
         log.max_itl_s[k] = q.max_itl_s if q.emitted > 1 else float("nan")
         log.emitted[k] = q.emitted
-        self.area += self.in_system * (now - self.t_last)
-        self.t_last = now
-        self.in_system -= 1
+        if not self.phase:
+            self.area += self.in_system * (now - self.t_last)
+            self.t_last = now
+            self.in_system -= 1
         self.done += 1
         if self.progress is not None and (self.done % 256 == 0 or self.done == self.n):
             self.progress(self.done, self.n)
@@ -543,7 +602,7 @@ class ServingLoop:
         if sched.has_work:
             self._start(inst, now)
         if self.miss is not None:
-            self.miss.at(now)
+            self.miss.at(now, PREFILL_TIMED if self.phase == 1 else MissWatch.TIMED)
             if self.miss.sure:
                 raise Missed
 
