@@ -206,16 +206,27 @@ def test_the_engines_unequal_step_lies_between_the_even_step_and_the_max_rank_bo
 
 @pytest.mark.parametrize("balance", ["round_robin", "shortest_queue"])
 @pytest.mark.parametrize("experts", [False, True])
-def test_runs_of_decode_steps_give_the_step_by_step_result_per_rank(balance, experts):
+def test_runs_of_decode_steps_give_the_step_by_step_result_per_rank(balance, experts, monkeypatch):
     """The loop's runs of decode steps on attention-DP instances (every rank decoding, idle
     ranks joining, no rank able to admit): every step, token time, KV block and idle step of
     one event per step, on costs of their own (no latency shared through a cache), with
     and without the experts' part of an unequal step; aggregated (two instances, round
-    robin) and as a disaggregated decode pool."""
+    robin) and as a disaggregated decode pool; runs that follow one another keep the ranks'
+    sequences' state (loop._DecodeState, a part per rank)."""
     import attrs
     import numpy as np
 
+    from g5core.serve import loop as serve_loop
     from g5core.serve.loop import Fleet, ServingLoop, serve_requests
+
+    kept = {"runs": 0}
+    lazy = serve_loop._lazy_run
+
+    def counting(*args, **kwargs):
+        out = lazy(*args, **kwargs)
+        kept["runs"] += out[0] > 0
+        return out
+    monkeypatch.setattr(serve_loop, "_lazy_run", counting)
     from g5core.serve.metrics import summary
     from g5core.serve.workload import synthetic
 
@@ -248,3 +259,5 @@ def test_runs_of_decode_steps_give_the_step_by_step_result_per_rank(balance, exp
             loop.step()
             events += 1
         assert events < 0.6 * slow.steps    # the runs took most decode steps at once
+        assert kept["runs"] > 20
+        kept["runs"] = 0

@@ -617,15 +617,19 @@ class ServingLoop:
             for q in [q for q in sched.running if q.emitted >= q.req.output_tokens]:
                 sched.last_token(q)
                 self._finish(now, q, sched)
-        elif st.fin and st.fin[0] == st.shift:     # sequences emitted their last token in the run's last step
+        else:       # sequences that emitted their last token in the run's last step, rank by rank
             k, bs = st.shift, sched.s.block_size
-            done = [q for q in sched.running if q.req.output_tokens - q.emitted <= k]
-            for q in done:
-                _bring_up(q, k, st.t, st.worst, bs)
-                sched.last_token(q)
-                self._finish(now, q, sched)
-                st.remove(q.computed - k, bs)
-            del st.fin[:len(done)]
+            for r, part in zip(_schedulers(sched), st.parts):
+                if not part.fin or part.fin[0] != k:
+                    continue
+                done = [q for q in r.running if q.req.output_tokens - q.emitted <= k]
+                for q in done:
+                    _bring_up(q, k, st.t, st.worst, bs)
+                    sched.last_token(q)
+                    self._finish(now, q, sched)
+                    part.remove(q.computed - k, bs)
+                del part.fin[:len(done)]
+                st.stepper = None
         self._next(now, inst)
 
 
@@ -743,8 +747,7 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
         prompt.blocks = sched._blocks_for(prompt.computed)
     elif rs is not None:
         # the sequences' state, kept for the runs that follow until the scheduler reads them
-        inst.dec = _DecodeState([c + k for c in contexts], residues[-k % bs:] + residues[:-k % bs],
-                                total + k * b, sorted(r - k for r in rs), t)
+        inst.dec = _DecodeState([_Part.after(contexts, residues, rs, k, bs)], t)
     sched.free_blocks = free - taken
     return k, t, t >= cross or k == left
 
@@ -772,30 +775,52 @@ def _decoding(seqs, bs: int, rs: Optional[list] = None) -> Optional[tuple]:
     return tuple(contexts), residues, left
 
 
+class _Part:
+    """One scheduler's decoding sequences in a :class:`_DecodeState`: their contexts when the
+    state was made, ``base`` (sorted; ``rbase[r]``: how many of them are ``r`` modulo the
+    block size; ``sum_base``: their sum), and the tokens each had left, ``fin`` (sorted)."""
+
+    __slots__ = ("base", "rbase", "sum_base", "fin")
+
+    def __init__(self, base: list, rbase: list, sum_base: int, fin: list):
+        self.base, self.rbase, self.sum_base, self.fin = base, rbase, sum_base, fin
+
+    @classmethod
+    def after(cls, contexts: tuple, residues: list, rs: list, k: int, bs: int) -> "_Part":
+        """The sequences of :func:`_decoding`'s ``(contexts, residues)`` and tokens left ``rs``
+        after ``k`` more decode steps."""
+        return cls([c + k for c in contexts], residues[-k % bs:] + residues[:-k % bs], sum(contexts) + k * len(contexts),
+                   sorted(r - k for r in rs))
+
+    def remove(self, base: int, bs: int) -> None:
+        """A sequence of context ``base`` plus the state's shift left (its ``fin`` entry is
+        the caller's)."""
+        del self.base[bisect.bisect_left(self.base, base)]
+        self.rbase[base % bs] -= 1
+        self.sum_base -= base
+
+
 class _DecodeState:
     """An instance's decoding sequences between runs of decode steps (:func:`_lazy_run`):
     after a run every running sequence decodes, and until the scheduler reads them
     (:func:`_materialize`, before :meth:`VllmScheduler.schedule` and whenever the loop
     returns to its caller) only further runs and the finishes at their ends touch them. So
     the sequences are not updated run by run: ``shift`` steps are pending for each, since
-    their contexts were ``base`` (sorted; ``rbase[r]``: how many of them are ``r`` modulo the
-    block size; ``sum_base``: their sum) and their tokens left ``fin`` (sorted); ``t``: when
-    every one emitted its last token; ``worst``: the largest inter-token gap since
-    (each sequence's own largest is at least it). The same steps, rows and gaps as the runs
-    that update the sequences each time (:func:`_advance`), bit for bit."""
+    the state was made (``parts``: a :class:`_Part` per scheduler, one, or one per
+    attention-DP rank); ``t``: when every one emitted its last token; ``worst``: the largest
+    inter-token gap since (each sequence's own largest is at least it). The same steps, rows
+    and gaps as the runs that update the sequences each time (:func:`_advance`), bit for bit."""
 
-    __slots__ = ("base", "rbase", "sum_base", "fin", "t", "shift", "worst", "stepper")
+    __slots__ = ("parts", "t", "shift", "worst", "stepper")
 
-    def __init__(self, base: list, rbase: list, sum_base: int, fin: list, t: float):
-        self.base, self.rbase, self.sum_base, self.fin, self.t = base, rbase, sum_base, fin, t
+    def __init__(self, parts: list, t: float):
+        self.parts, self.t = parts, t
         self.shift, self.worst, self.stepper = 0, 0.0, None
 
-    def remove(self, base: int, bs: int) -> None:
-        """A sequence of context ``base + shift`` left (its ``fin`` entry is the caller's)."""
-        del self.base[bisect.bisect_left(self.base, base)]
-        self.rbase[base % bs] -= 1
-        self.sum_base -= base
-        self.stepper = None
+
+def _schedulers(sched) -> list:
+    """The schedulers whose sequences a state keeps: an attention-DP instance's ranks, or it."""
+    return sched.ranks if type(sched) is DpScheduler else [sched]
 
 
 def _bring_up(q: Seq, k: int, t: float, worst: float, bs: int) -> None:
@@ -820,45 +845,74 @@ def _materialize(inst: Instance) -> None:
             _bring_up(q, k, t, worst, bs)
 
 
+def _state_stepper(inst: Instance, st: _DecodeState) -> Callable[[int], float]:
+    """``j ->`` the latency of the decode step ``j`` steps past the state's ``base``
+    contexts (the pool's cost's ``decode_stepper``, as :func:`_decode_run` and
+    :func:`_dp_decode_run` ask it)."""
+    cost = inst.pool.cost
+    if len(st.parts) > 1 or type(inst.scheduler) is DpScheduler:
+        return cost.decode_stepper(tuple(tuple(p.base) for p in st.parts))
+    part = st.parts[0]
+    base, b, total = tuple(part.base), len(part.base), part.sum_base
+    stepper = getattr(cost, "decode_stepper", None)
+    if stepper is not None:
+        one = stepper(base)
+        return lambda j: one(j, total + j * b)
+    latency_s = cost.latency_s
+    return lambda j: latency_s(StepWork((), tuple(c + j for c in base)))
+
+
 def _lazy_run(inst: Instance, st: _DecodeState, now: float, horizon: float,
               cross: float = math.inf) -> tuple[int, float, bool]:
-    """:func:`_decode_run` of a pure decode run on the instance's :class:`_DecodeState`: the
-    same steps (latencies, KV blocks, rows, inter-token gaps), the sequences left as they
-    are (their steps pending in the state)."""
+    """:func:`_decode_run` (or :func:`_dp_decode_run`) of a pure decode run on the
+    instance's :class:`_DecodeState`: the same steps (latencies, KV blocks, rows, inter-token
+    gaps), the sequences left as they are (their steps pending in the state)."""
     sched = inst.scheduler
-    b = len(st.base)
-    if not b or b != len(sched.running) or now != st.t:
+    scheds = _schedulers(sched)
+    parts = st.parts
+    b = 0
+    for r, part in zip(scheds, parts):
+        if len(part.base) != len(r.running):
+            return 0, now, False
+        b += len(part.base)
+    if not b or now != st.t:
         return 0, now, False
     shift = st.shift
-    left = st.fin[0] - shift
+    left = min(p.fin[0] for p in parts if p.fin) - shift
     if left < MIN_RUN_STEPS:
         return 0, now, False
     bs = sched.s.block_size
     step_s = st.stepper
     if step_s is None:
-        base = tuple(st.base)
-        stepper = getattr(inst.pool.cost, "decode_stepper", None)
-        if stepper is not None:
-            step_s = st.stepper = stepper(base)
-        else:
-            def step_s(j, total, latency_s=inst.pool.cost.latency_s):
-                return latency_s(StepWork((), tuple(c + j for c in base)))
-            st.stepper = step_s
-    free = sched.free_blocks
+        step_s = st.stepper = _state_stepper(inst, st)
+    frees = [r.free_blocks for r in scheds]
     used = sched.used_blocks
-    waiting = len(sched.waiting)
+    waiting = sum(len(r.waiting) for r in scheds)
     rows = inst.steps
     itl = inst.itl_s
-    rbase = st.rbase
-    total = st.sum_base
     worst = st.worst
     t = now
-    need = taken = k = 0
+    k = 0
+    one = len(parts) == 1
+    needs = [0] * len(parts)
+    taken = needs[:]
+    rbase = parts[0].rbase
     for j in range(shift, shift + left):
-        need += rbase[-j % bs]
-        if need > free:
-            break
-        end = t + step_s(j, total + j * b)
+        if one:
+            needs[0] += rbase[-j % bs]
+            if needs[0] > frees[0]:
+                break
+            need = needs[0]
+        else:
+            over = False
+            for i, part in enumerate(parts):
+                needs[i] += part.rbase[-j % bs]
+                if needs[i] > frees[i]:
+                    over = True
+            if over:
+                break
+            need = sum(needs)
+        end = t + step_s(j)
         if end >= horizon:
             break
         rows.extend((t, end, 0, b, used + need, b, waiting))
@@ -866,7 +920,7 @@ def _lazy_run(inst: Instance, st: _DecodeState, now: float, horizon: float,
         itl.extend(array("d", (gap,)) * b)
         if gap > worst:
             worst = gap
-        taken = need
+        taken = needs[:]
         t = end
         k += 1
         if end >= cross:
@@ -874,7 +928,10 @@ def _lazy_run(inst: Instance, st: _DecodeState, now: float, horizon: float,
     if not k:
         return 0, now, False
     st.shift, st.t, st.worst = shift + k, t, worst
-    sched.free_blocks = free - taken
+    for i, r in enumerate(scheds):
+        r.free_blocks = frees[i] - taken[i]
+        if not r.running:
+            sched.idle_steps[i] += k       # DpScheduler.schedule counts an idle rank's steps
     return k, t, t >= cross or k == left
 
 
@@ -921,20 +978,26 @@ def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = ma
         return 0, now, False
     s = sched.s
     budget, bs = s.max_num_batched_tokens, s.block_size
+    for r in ranks:
+        b = len(r.running)
+        if b > budget or (r.waiting and b < s.max_num_seqs):
+            return 0, now, False
+    if inst.dec is not None:
+        return _lazy_run(inst, inst.dec, now, horizon, cross)
     left = 1 << 62
     per_rank = []
     decoding = []
+    rss: list = []
     for r in ranks:
         running = r.running
-        b = len(running)
-        if b > budget or (r.waiting and b < s.max_num_seqs):
-            return 0, now, False
-        state = _decoding(running, bs)
+        rs: Optional[list] = [] if inst.lazy else None
+        state = _decoding(running, bs, rs)
         if state is None:
             return 0, now, False
         contexts, residues, fewest = state
         left = min(left, fewest)
         per_rank.append((contexts, residues, r.free_blocks))
+        rss.append(rs)
         decoding.extend(running)
     b = len(decoding)
     limit = left          # the step in which a sequence finishes is the run's last
@@ -973,6 +1036,8 @@ def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = ma
         r.free_blocks -= taken[i]
         if not r.running:
             sched.idle_steps[i] += k       # DpScheduler.schedule counts an idle rank's steps
+    if inst.lazy:   # the ranks' sequences' state, kept for the runs that follow (_DecodeState)
+        inst.dec = _DecodeState([_Part.after(ctx, res, rs, k, bs) for (ctx, res, _), rs in zip(per_rank, rss)], t)
     return k, t, t >= cross or k == left
 
 
