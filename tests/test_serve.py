@@ -379,19 +379,26 @@ def test_decode_runs_give_the_step_by_step_result(router):
 def test_runs_keep_the_decoding_sequences_state_between_runs(monkeypatch):
     """Runs of decode steps ended by finishes follow one another with the sequences' state
     kept (loop._DecodeState: no sequence updated run by run, the finished ones brought up to
-    date as they leave): every step, token time and KV block of one event per step,
-    aggregated (a pool small enough to stop runs on its blocks too) and disaggregated; a
-    router that reads the instances keeps no state."""
+    date as they leave), and so do the steps that admit beside them (ServingLoop._lazy_step;
+    a sequence whose first token comes joins the state): every step, token time and KV
+    block of one event per step, aggregated (a pool small enough to stop runs on its blocks
+    too) and disaggregated; a router that reads the instances keeps no state."""
     from g5core.serve import loop as serve_loop
 
-    kept = {"runs": 0}
-    lazy = serve_loop._lazy_run
+    kept = {"runs": 0, "steps": 0}
+    lazy, lazy_step = serve_loop._lazy_run, serve_loop.ServingLoop._lazy_step
 
     def counting(*args, **kwargs):
         out = lazy(*args, **kwargs)
         kept["runs"] += out[0] > 0
         return out
+
+    def counting_steps(*args, **kwargs):
+        out = lazy_step(*args, **kwargs)
+        kept["steps"] += out
+        return out
     monkeypatch.setattr(serve_loop, "_lazy_run", counting)
+    monkeypatch.setattr(serve_loop.ServingLoop, "_lazy_step", counting_steps)
     w = synthetic({"requests": 200, "arrival": {"kind": "poisson", "rate_per_s": 3},
                    "input_tokens": "uniform:100:400", "output_tokens": "uniform:100:600", "seed": 11})
     cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=2e6)
@@ -402,7 +409,7 @@ def test_runs_keep_the_decoding_sequences_state_between_runs(monkeypatch):
     prefill = attrs.evolve(pool(cost, max_num_batched_tokens=512), role="prefill")
     decode = attrs.evolve(pool(cost, instances=2, max_num_seqs=32), role="decode")
     _same_runs(Fleet((prefill, decode), transfer_s=lambda tokens, i, j: 1e-3 + 1e-7 * tokens), w)
-    assert kept["runs"] > 300
+    assert kept["runs"] > 300 and kept["steps"] > 100      # a KV's arrival is admitted beside the state's decodes
     kept["runs"] = 0
     _same_runs(Fleet((pool(cost, instances=2, router=LeastOutstandingTokens(), max_num_seqs=64,
                            max_num_batched_tokens=512),)), w)

@@ -211,22 +211,28 @@ def test_runs_of_decode_steps_give_the_step_by_step_result_per_rank(balance, exp
     ranks joining, no rank able to admit): every step, token time, KV block and idle step of
     one event per step, on costs of their own (no latency shared through a cache), with
     and without the experts' part of an unequal step; aggregated (two instances, round
-    robin) and as a disaggregated decode pool; runs that follow one another keep the ranks'
-    sequences' state (loop._DecodeState, a part per rank)."""
+    robin) and as a disaggregated decode pool; runs and the steps that admit beside them keep
+    the ranks' sequences' state (loop._DecodeState, a part per rank)."""
     import attrs
     import numpy as np
 
     from g5core.serve import loop as serve_loop
     from g5core.serve.loop import Fleet, ServingLoop, serve_requests
 
-    kept = {"runs": 0}
-    lazy = serve_loop._lazy_run
+    kept = {"runs": 0, "steps": 0}
+    lazy, lazy_step = serve_loop._lazy_run, serve_loop.ServingLoop._lazy_step
 
     def counting(*args, **kwargs):
         out = lazy(*args, **kwargs)
         kept["runs"] += out[0] > 0
         return out
+
+    def counting_steps(*args, **kwargs):
+        out = lazy_step(*args, **kwargs)
+        kept["steps"] += out
+        return out
     monkeypatch.setattr(serve_loop, "_lazy_run", counting)
+    monkeypatch.setattr(serve_loop.ServingLoop, "_lazy_step", counting_steps)
     from g5core.serve.metrics import summary
     from g5core.serve.workload import synthetic
 
@@ -259,5 +265,5 @@ def test_runs_of_decode_steps_give_the_step_by_step_result_per_rank(balance, exp
             loop.step()
             events += 1
         assert events < 0.6 * slow.steps    # the runs took most decode steps at once
-        assert kept["runs"] > 20
-        kept["runs"] = 0
+        assert kept["runs"] > 20 and kept["steps"] > 20
+        kept["runs"] = kept["steps"] = 0

@@ -21,7 +21,7 @@ import attrs
 
 from g5core.api.errors import G5Error
 from g5core.inputs.serving import SloLimit
-from g5core.serve.cost import StepWork
+from g5core.serve.cost import RankedWork, StepWork
 from g5core.serve.router import RoundRobin
 from g5core.serve.scheduler import DpScheduler, SchedulerSettings, Seq, VllmScheduler
 from g5core.serve.workload import Workload
@@ -78,7 +78,7 @@ class Fleet:
 
 class Instance:
     __slots__ = ("pool", "index", "scheduler", "busy", "picked", "work", "step_start_s", "steps", "itl_s", "dec",
-                 "lazy")
+                 "lazy", "lazy_step", "lazy_admitted")
 
     def __init__(self, pool: Pool, index: int, lazy: bool = False):
         self.pool, self.index = pool, index
@@ -87,6 +87,10 @@ class Instance:
         # the instance may keep one (its pool's router reads no scheduler state)
         self.dec: Optional[_DecodeState] = None
         self.lazy = lazy
+        # the step in flight was built on ``dec`` (ServingLoop._lazy_step): its decodes are
+        # not in ``picked``, they advance in the state
+        self.lazy_step = False
+        self.lazy_admitted: Optional[list] = None      # what each scheduler admitted into it
         self.scheduler = pool.scheduler_factory(pool.scheduler, pool.total_blocks)
         self.busy = False
         self.picked: list = []
@@ -492,8 +496,10 @@ class ServingLoop:
                 inst.busy = True
                 self._push(now, Event.RESUME, inst)
                 return
-        if inst.dec is not None:    # the scheduler reads every sequence
-            _materialize(inst)
+        if inst.dec is not None:
+            if self._lazy_step(inst, now):
+                return
+            _materialize(inst)      # the scheduler reads every sequence
         io = getattr(sched, "io", False)   # a plugin's scheduler may not say
         if io:
             sched.now = now
@@ -503,6 +509,16 @@ class ServingLoop:
                 raise G5Error(f"{inst.pool.role} instance {inst.index}: no sequence can be scheduled (a request needs "
                               "more KV blocks than the pool has); raise the KV pool or lower the lengths")
             return
+        self._admitted(now, picked)
+        work = sched.work(picked)
+        latency = inst.pool.cost.latency_s(work)
+        if io:      # a caching scheduler's step waits for the KV it loads from a lower tier
+            latency = sched.step_latency_s(now, latency, picked)
+        inst.busy, inst.picked, inst.work, inst.step_start_s = True, picked, work, now
+        self._push(now + latency, Event.STEP_END, inst)
+
+    def _admitted(self, now: float, picked: list) -> None:
+        """The sequences of a step starting at ``now`` that it admitted: their first step."""
         scheduled_s = self.log.scheduled_s
         for q in picked:
             if q.admitted_s is None:
@@ -512,58 +528,180 @@ class ServingLoop:
                     scheduled_s[k] = now
                     if self.miss is not None:
                         self.miss.see("queue", now - self.log.arrival_s[k])
-        work = sched.work(picked)
+
+    def _lazy_step(self, inst: Instance, now: float) -> bool:
+        """The instance's next step built on its :class:`_DecodeState` where every running
+        sequence decodes in it (its KV blocks fit: no preemption) beside what each scheduler
+        (each attention-DP rank) admits (:meth:`VllmScheduler.admit`): the step
+        :meth:`VllmScheduler.schedule` (:meth:`DpScheduler.schedule`) builds, its decodes
+        left in the state. False (nothing done) where it cannot."""
+        st, sched = inst.dec, inst.scheduler
+        scheds = _schedulers(sched)
+        if st.t != now or any(type(r) is not VllmScheduler for r in scheds):
+            return False
+        budget, bs, k = sched.s.max_num_batched_tokens, sched.s.block_size, st.shift
+        needs = []
+        for r, part in zip(scheds, st.parts):
+            b = len(part.base)
+            if b != len(r.running) or b >= budget:
+                return False
+            needs.append(part.rbase[-k % bs] if b else 0)
+            if needs[-1] > r.free_blocks:
+                return False
+        admitted: list = []     # per scheduler
+        works = []
+        for r, part, need in zip(scheds, st.parts, needs):
+            r.free_blocks -= need
+            mine: list = []
+            r.admit(budget - len(part.base), mine)
+            self._admitted(now, mine)
+            admitted.append(mine)
+            contexts = [c + k for c in part.base]
+            chunks = []
+            for q in mine:          # as VllmScheduler.work
+                if q.scheduled == 1 and q.computed > 0:
+                    contexts.append(q.computed)
+                else:
+                    chunks.append((q.scheduled, q.computed))
+            if len(contexts) > len(part.base):
+                contexts.sort()
+            works.append(StepWork(tuple(chunks), tuple(contexts)))
+        if len(scheds) == 1:
+            work = works[0]
+        else:       # DpScheduler.schedule's idle ranks; no rank is over its pool (the blocks fit)
+            if any(works[i].new_tokens for i in range(len(works))):
+                for i, w in enumerate(works):
+                    if not w.new_tokens:
+                        sched.idle_steps[i] += 1
+            work = RankedWork(tuple(works))
+            sched._picks = admitted
+        if not work.new_tokens:
+            _materialize(inst)      # nothing to run: as schedule() finds nothing
+            return False
         latency = inst.pool.cost.latency_s(work)
-        if io:      # a caching scheduler's step waits for the KV it loads from a lower tier
-            latency = sched.step_latency_s(now, latency, picked)
-        inst.busy, inst.picked, inst.work, inst.step_start_s = True, picked, work, now
+        inst.busy, inst.work, inst.step_start_s, inst.lazy_step = True, work, now, True
+        inst.picked = [q for mine in admitted for q in mine]
+        inst.lazy_admitted = admitted
         self._push(now + latency, Event.STEP_END, inst)
+        return True
+
+    def _lazy_step_end(self, now: float, inst: Instance) -> None:
+        """The end of a step :meth:`_lazy_step` built, scheduler by scheduler (rank by rank):
+        the state's decodes emit (one step more pending, those at their last token brought
+        up and gone), then the admitted sequences as :meth:`_step_end` takes them; one that
+        now decodes joins the state (every state sequence's largest gap brought up first),
+        one still prefilling ends it."""
+        inst.lazy_step = False
+        sched, st = inst.scheduler, inst.dec
+        self.steps += 1
+        work = inst.work
+        decodes = len(work.decode_contexts)
+        inst.steps.extend((inst.step_start_s, now, work.new_tokens - decodes, decodes, 0, 0, 0))
+        bs = sched.s.block_size
+        gap = now - st.t
+        k = st.shift = st.shift + 1
+        st.t = now
+        if gap > st.worst:
+            st.worst = gap
+        prefill_pool = self.split and inst.pool.role == "prefill"
+        scheds = _schedulers(sched)
+        joining = []
+        prefilling = False
+        for r, part, mine in zip(scheds, st.parts, inst.lazy_admitted):
+            b = len(part.base)
+            inst.itl_s.extend(array("d", (gap,)) * b)
+            if part.fin and part.fin[0] == k:
+                done = [q for q in r.running[:b] if q.req.output_tokens - q.emitted <= k]
+                for q in done:
+                    _bring_up(q, k, now, st.worst, bs)
+                    sched.last_token(q)
+                    self._finish(now, q, sched)
+                    part.remove(q.computed - k, bs)
+                del part.fin[:len(done)]
+            for q in r.finish_step(mine):
+                self._emitted(now, inst, q, sched, prefill_pool)
+            for q in mine:
+                if q.num_tokens - q.computed == 1 and q.last_s is not None and q.emitted < q.req.output_tokens:
+                    joining.append((part, q))
+                elif q.emitted < q.req.output_tokens and q.blocks:     # still prefilling
+                    prefilling = True
+        st.stepper = None
+        inst.lazy_admitted = None
+        if prefilling:
+            _materialize(inst)
+        elif joining:
+            worst = st.worst
+            if worst:       # the gaps so far are the earlier sequences' only
+                for r, part in zip(scheds, st.parts):
+                    for q in r.running[:len(part.base)]:
+                        if worst > q.max_itl_s:
+                            q.max_itl_s = worst
+                st.worst = 0.0
+            for part, q in joining:
+                # kept as if in the state from its start (every sequence's pending steps are
+                # the state's shift; a joiner's counts are set back by it until brought up)
+                q.computed -= k
+                q.num_tokens -= k
+                q.emitted -= k
+                base = q.computed
+                bisect.insort(part.base, base)
+                part.rbase[base % bs] += 1
+                part.sum_base += base
+                bisect.insort(part.fin, q.req.output_tokens - q.emitted)
+        self._next(now, inst)
 
     def _step_end(self, now: float, inst: Instance) -> None:
         """The instance's step ends: its sequences advance, finished ones leave; in a
         disaggregated fleet a prompt's first token sends its KV to a decode instance."""
+        if inst.lazy_step:
+            self._lazy_step_end(now, inst)
+            return
         sched = inst.scheduler
         self.steps += 1
         work = inst.work
         decodes = len(work.decode_contexts)
         inst.steps.extend((inst.step_start_s, now, work.new_tokens - decodes, decodes, 0, 0, 0))
         prefill_pool = self.split and inst.pool.role == "prefill"
-        itl_append = inst.itl_s.append
+        for q in sched.finish_step(inst.picked):
+            self._emitted(now, inst, q, sched, prefill_pool)
+        self._next(now, inst)
+
+    def _emitted(self, now: float, inst: Instance, q: Seq, sched, prefill_pool: bool) -> None:
+        """``q`` emitted a token at the end of ``inst``'s step at ``now``: its first (TTFT) or
+        the gap since its last; its last leaves; in a disaggregated fleet's prefill pool its
+        first token sends its KV to a decode instance."""
         log = self.log
         first_token_s = log.first_token_s
-        miss = self.miss
-        for q in sched.finish_step(inst.picked):
-            k = q.req.id
-            first = q.last_s is None
-            if first:                     # its first token
-                first_token_s[k] = now
-                q.last_s = now
+        k = q.req.id
+        first = q.last_s is None
+        if first:                     # its first token
+            first_token_s[k] = now
+            q.last_s = now
+        else:
+            gap = now - q.last_s
+            inst.itl_s.append(gap)
+            if gap > q.max_itl_s:
+                q.max_itl_s = gap
+            q.last_s = now
+        if q.emitted >= q.req.output_tokens:
+            self._finish(now, q, sched)
+        elif prefill_pool and q.emitted == 1:
+            sched.release(q)
+            last = self.pools[-1]
+            j = last[0].pool.router.choose(q.req, last)
+            log.decode_instance[k] = j
+            move = self.fleet.transfer_s(q.req.input_tokens, inst.index, j)
+            log.transfer_s[k] = move
+            # the first token reaches the user with the KV: TTFT includes the transfer
+            first_token_s[k] = now + move
+            moved = Seq(q.req, computed=q.computed, emitted=q.emitted)
+            moved.last_s = now + move
+            if self.phase == 1:
+                self.deferred.append((now + move, moved, last[j]))
             else:
-                gap = now - q.last_s
-                itl_append(gap)
-                if gap > q.max_itl_s:
-                    q.max_itl_s = gap
-                q.last_s = now
-            if q.emitted >= q.req.output_tokens:
-                self._finish(now, q, sched)
-            elif prefill_pool and q.emitted == 1:
-                sched.release(q)
-                last = self.pools[-1]
-                j = last[0].pool.router.choose(q.req, last)
-                log.decode_instance[k] = j
-                move = self.fleet.transfer_s(q.req.input_tokens, inst.index, j)
-                log.transfer_s[k] = move
-                # the first token reaches the user with the KV: TTFT includes the transfer
-                first_token_s[k] = now + move
-                moved = Seq(q.req, computed=q.computed, emitted=q.emitted)
-                moved.last_s = now + move
-                if self.phase == 1:
-                    self.deferred.append((now + move, moved, last[j]))
-                else:
-                    self._push(now + move, Event.ENQUEUE, moved, last[j])
-            if miss is not None and first:
-                miss.see("ttft", first_token_s[k] - log.arrival_s[k])
-        self._next(now, inst)
+                self._push(now + move, Event.ENQUEUE, moved, last[j])
+        if self.miss is not None and first:
+            self.miss.see("ttft", first_token_s[k] - log.arrival_s[k])
 
     def _finish(self, now: float, q: Seq, sched) -> None:
         """``q`` emitted its last token at ``now``: it leaves its instance and the system."""
@@ -837,12 +975,27 @@ def _bring_up(q: Seq, k: int, t: float, worst: float, bs: int) -> None:
 
 
 def _materialize(inst: Instance) -> None:
-    """The instance's running sequences brought up to date; its :class:`_DecodeState` dropped."""
+    """The state's sequences brought up to date, its :class:`_DecodeState` dropped; a step in
+    flight that :meth:`ServingLoop._lazy_step` built becomes the one
+    :meth:`VllmScheduler.schedule` builds (its decodes scheduled, their blocks taken)."""
     st, inst.dec = inst.dec, None
-    if st.shift:
-        k, t, worst, bs = st.shift, st.t, st.worst, inst.scheduler.s.block_size
-        for q in inst.scheduler.running:
+    k, t, worst, bs = st.shift, st.t, st.worst, inst.scheduler.s.block_size
+    decodes = [q for r, part in zip(_schedulers(inst.scheduler), st.parts) for q in r.running[:len(part.base)]]
+    if k:
+        for q in decodes:
             _bring_up(q, k, t, worst, bs)
+    if inst.lazy_step:      # per scheduler: its decodes, then what it admitted
+        picks = []
+        for r, part, mine in zip(_schedulers(inst.scheduler), st.parts, inst.lazy_admitted):
+            mine = r.running[:len(part.base)] + mine
+            for q in mine[:len(part.base)]:
+                q.scheduled = 1
+                q.blocks = -(-(q.computed + 1) // bs)
+            picks.append(mine)
+        if type(inst.scheduler) is DpScheduler:
+            inst.scheduler._picks = picks
+        inst.picked = [q for mine in picks for q in mine]
+        inst.lazy_step, inst.lazy_admitted = False, None
 
 
 def _state_stepper(inst: Instance, st: _DecodeState) -> Callable[[int], float]:

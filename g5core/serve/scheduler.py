@@ -151,29 +151,35 @@ class VllmScheduler:
             picked.append(seq)
             i += 1
         if not preempted:
-            while self.waiting and budget > 0 and len(self.running) < s.max_num_seqs:
-                seq = self.waiting[0]
-                if seq.admitted_s is None and seq.computed == 0:
-                    seq.computed = self.lookup(seq)
-                n = seq.num_tokens - seq.computed
-                if not s.chunked_prefill and n > budget:
-                    break
-                if s.chunked_prefill and 0 < s.long_prefill_token_threshold < n:
-                    n = s.long_prefill_token_threshold
-                n = min(n, budget)
-                need = self._blocks_for(seq.computed + n) - seq.blocks
-                if need > self.free_blocks:
-                    break
-                self.waiting.popleft()
-                self.free_blocks -= need
-                seq.blocks += need
-                seq.scheduled = n
-                budget -= n
-                self.running.append(seq)
-                picked.append(seq)
-            if len(self.running) > self.peak_running:
-                self.peak_running = len(self.running)
+            self.admit(budget, picked)
         return picked
+
+    def admit(self, budget: int, picked: list[Seq]) -> None:
+        """The waiting sequences admitted into the step (after the running ones, which left
+        ``budget`` tokens of it), appended to ``picked`` (:meth:`schedule`'s second part)."""
+        s = self.s
+        while self.waiting and budget > 0 and len(self.running) < s.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.admitted_s is None and seq.computed == 0:
+                seq.computed = self.lookup(seq)
+            n = seq.num_tokens - seq.computed
+            if not s.chunked_prefill and n > budget:
+                break
+            if s.chunked_prefill and 0 < s.long_prefill_token_threshold < n:
+                n = s.long_prefill_token_threshold
+            n = min(n, budget)
+            need = self._blocks_for(seq.computed + n) - seq.blocks
+            if need > self.free_blocks:
+                break
+            self.waiting.popleft()
+            self.free_blocks -= need
+            seq.blocks += need
+            seq.scheduled = n
+            budget -= n
+            self.running.append(seq)
+            picked.append(seq)
+        if len(self.running) > self.peak_running:
+            self.peak_running = len(self.running)
 
     @staticmethod
     def work(picked: list[Seq]) -> StepWork:
