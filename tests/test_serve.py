@@ -380,17 +380,19 @@ def test_runs_keep_the_decoding_sequences_state_between_runs(monkeypatch):
     """Runs of decode steps ended by finishes follow one another with the sequences' state
     kept (loop._DecodeState: no sequence updated run by run, the finished ones brought up to
     date as they leave), and so do the steps that admit beside them (ServingLoop._lazy_step;
-    a sequence whose first token comes joins the state): every step, token time and KV
-    block of one event per step, aggregated (a pool small enough to stop runs on its blocks
-    too) and disaggregated; a router that reads the instances keeps no state."""
+    a sequence whose first token comes joins the state), and the runs of a prompt's chunks
+    beside them: every step, token time and KV block of one event per step, aggregated (a
+    pool small enough to stop runs on its blocks too, prompts in several chunks) and
+    disaggregated; a router that reads the instances keeps no state."""
     from g5core.serve import loop as serve_loop
 
-    kept = {"runs": 0, "steps": 0}
+    kept = {"runs": 0, "steps": 0, "chunks": 0}
     lazy, lazy_step = serve_loop._lazy_run, serve_loop.ServingLoop._lazy_step
 
     def counting(*args, **kwargs):
         out = lazy(*args, **kwargs)
         kept["runs"] += out[0] > 0
+        kept["chunks"] += out[0] > 0 and len(args) > 5 and args[5] is not None
         return out
 
     def counting_steps(*args, **kwargs):
@@ -414,6 +416,11 @@ def test_runs_keep_the_decoding_sequences_state_between_runs(monkeypatch):
     _same_runs(Fleet((pool(cost, instances=2, router=LeastOutstandingTokens(), max_num_seqs=64,
                            max_num_batched_tokens=512),)), w)
     assert kept["runs"] == 0
+    # prompts in several chunks: the runs of a prompt's chunks beside the state's decodes too
+    long = synthetic({"requests": 150, "arrival": {"kind": "poisson", "rate_per_s": 3},
+                      "input_tokens": "uniform:1500:4000", "output_tokens": "uniform:50:300", "seed": 7})
+    _same_runs(Fleet((pool(cost, instances=2, max_num_seqs=64, max_num_batched_tokens=512),)), long)
+    assert kept["chunks"] > 100 and kept["steps"] > 100
 
 
 def test_decode_runs_match_with_prompts_in_several_prefill_steps():

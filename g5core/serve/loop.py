@@ -539,21 +539,41 @@ class ServingLoop:
         scheds = _schedulers(sched)
         if st.t != now or any(type(r) is not VllmScheduler for r in scheds):
             return False
-        budget, bs, k = sched.s.max_num_batched_tokens, sched.s.block_size, st.shift
+        s = sched.s
+        budget, bs, k = s.max_num_batched_tokens, s.block_size, st.shift
         needs = []
+        tails = []      # a prompt still prefilling after the state's decodes (one scheduler): its tokens and blocks
         for r, part in zip(scheds, st.parts):
             b = len(part.base)
-            if b != len(r.running) or b >= budget:
+            extra = len(r.running) - b
+            if extra < 0 or extra > (len(scheds) == 1) or b >= budget:
                 return False
-            needs.append(part.rbase[-k % bs] if b else 0)
-            if needs[-1] > r.free_blocks:
+            need = part.rbase[-k % bs] if b else 0
+            tail = None
+            if extra:       # as VllmScheduler.schedule gives it its tokens after the decodes'
+                q = r.running[b]
+                n = min(q.num_tokens - q.computed, budget - b)
+                if 0 < s.long_prefill_token_threshold < n:
+                    n = s.long_prefill_token_threshold
+                tail = (q, n, -(-(q.computed + n) // bs) - q.blocks)
+                need += tail[2]
+            if need > r.free_blocks:
                 return False
+            needs.append(need)
+            tails.append(tail)
         admitted: list = []     # per scheduler
         works = []
-        for r, part, need in zip(scheds, st.parts, needs):
+        for r, part, need, tail in zip(scheds, st.parts, needs, tails):
             r.free_blocks -= need
             mine: list = []
-            r.admit(budget - len(part.base), mine)
+            left = budget - len(part.base)
+            if tail is not None:
+                q, n, blocks = tail
+                q.blocks += blocks
+                q.scheduled = n
+                left -= n
+                mine.append(q)
+            r.admit(left, mine)
             self._admitted(now, mine)
             admitted.append(mine)
             contexts = [c + k for c in part.base]
@@ -606,7 +626,7 @@ class ServingLoop:
         prefill_pool = self.split and inst.pool.role == "prefill"
         scheds = _schedulers(sched)
         joining = []
-        prefilling = False
+        kept = True
         for r, part, mine in zip(scheds, st.parts, inst.lazy_admitted):
             b = len(part.base)
             inst.itl_s.extend(array("d", (gap,)) * b)
@@ -620,14 +640,18 @@ class ServingLoop:
                 del part.fin[:len(done)]
             for q in r.finish_step(mine):
                 self._emitted(now, inst, q, sched, prefill_pool)
-            for q in mine:
-                if q.num_tokens - q.computed == 1 and q.last_s is not None and q.emitted < q.req.output_tokens:
-                    joining.append((part, q))
-                elif q.emitted < q.req.output_tokens and q.blocks:     # still prefilling
-                    prefilling = True
+            # after the state's decodes: those that now decode join it; at most one prompt
+            # still prefilling may follow them (one scheduler), else the state ends
+            after = r.running[len(part.base):]
+            n = 0
+            while n < len(after) and after[n].num_tokens - after[n].computed == 1 and after[n].last_s is not None:
+                joining.append((part, after[n]))
+                n += 1
+            if len(after) - n > (len(scheds) == 1):
+                kept = False
         st.stepper = None
         inst.lazy_admitted = None
-        if prefilling:
+        if not kept:
             _materialize(inst)
         elif joining:
             worst = st.worst
@@ -760,7 +784,7 @@ class ServingLoop:
             for r, part in zip(_schedulers(sched), st.parts):
                 if not part.fin or part.fin[0] != k:
                     continue
-                done = [q for q in r.running if q.req.output_tokens - q.emitted <= k]
+                done = [q for q in r.running[:len(part.base)] if q.req.output_tokens - q.emitted <= k]
                 for q in done:
                     _bring_up(q, k, st.t, st.worst, bs)
                     sched.last_token(q)
@@ -815,6 +839,8 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
         if per < 2 or 0 < cap < per:    # one token would count as a decode; a cap leaves budget to admit
             return 0, now, False
         chunks = (rest - 1) // per      # the steps whose chunk leaves some of the prompt for later
+        if inst.dec is not None:
+            return _lazy_run(inst, inst.dec, now, horizon, cross, prompt, per, chunks)
         decoding = running[:b]
     else:
         if b > budget or (sched.waiting and b < s.max_num_seqs):
@@ -1015,32 +1041,39 @@ def _state_stepper(inst: Instance, st: _DecodeState) -> Callable[[int], float]:
     return lambda j: latency_s(StepWork((), tuple(c + j for c in base)))
 
 
-def _lazy_run(inst: Instance, st: _DecodeState, now: float, horizon: float,
-              cross: float = math.inf) -> tuple[int, float, bool]:
-    """:func:`_decode_run` (or :func:`_dp_decode_run`) of a pure decode run on the
-    instance's :class:`_DecodeState`: the same steps (latencies, KV blocks, rows, inter-token
-    gaps), the sequences left as they are (their steps pending in the state)."""
+def _lazy_run(inst: Instance, st: _DecodeState, now: float, horizon: float, cross: float = math.inf,
+              prompt: Optional[Seq] = None, per: int = 0, chunks: int = 1 << 62) -> tuple[int, float, bool]:
+    """:func:`_decode_run` (or :func:`_dp_decode_run`) on the instance's
+    :class:`_DecodeState`: a pure decode run, or (``prompt``, the last running sequence,
+    still prefilling) the run of its ``chunks`` budget-filling chunks of ``per`` tokens
+    beside the state's decodes: the same steps (latencies, KV blocks, rows, inter-token
+    gaps), the decoding sequences left as they are (their steps pending in the state)."""
     sched = inst.scheduler
     scheds = _schedulers(sched)
     parts = st.parts
     b = 0
     for r, part in zip(scheds, parts):
-        if len(part.base) != len(r.running):
+        if len(part.base) != len(r.running) - (prompt is not None):
             return 0, now, False
         b += len(part.base)
-    if not b or now != st.t:
+    if not (b or prompt) or now != st.t:
         return 0, now, False
     shift = st.shift
-    left = min(p.fin[0] for p in parts if p.fin) - shift
-    if left < MIN_RUN_STEPS:
+    left = min((p.fin[0] for p in parts if p.fin), default=1 << 62) - shift
+    limit = min(left, chunks)
+    if limit < MIN_RUN_STEPS:
         return 0, now, False
     bs = sched.s.block_size
-    step_s = st.stepper
-    if step_s is None:
-        step_s = st.stepper = _state_stepper(inst, st)
+    if prompt is None:
+        step_s = st.stepper
+        if step_s is None:
+            step_s = st.stepper = _state_stepper(inst, st)
+    else:
+        step_s = _chunk_stepper(inst, st.parts[0], shift, prompt.computed, per)
     frees = [r.free_blocks for r in scheds]
     used = sched.used_blocks
     waiting = sum(len(r.waiting) for r in scheds)
+    seqs = b + (prompt is not None)
     rows = inst.steps
     itl = inst.itl_s
     worst = st.worst
@@ -1050,17 +1083,21 @@ def _lazy_run(inst: Instance, st: _DecodeState, now: float, horizon: float,
     needs = [0] * len(parts)
     taken = needs[:]
     rbase = parts[0].rbase
-    for j in range(shift, shift + left):
+    done = prompt.computed if prompt is not None else 0
+    for i in range(limit):
+        j = shift + i
         if one:
             needs[0] += rbase[-j % bs]
+            if prompt is not None:     # the blocks its chunk's tokens reach
+                needs[0] += -(-(done + (i + 1) * per) // bs) - -(-(done + i * per) // bs)
             if needs[0] > frees[0]:
                 break
             need = needs[0]
         else:
             over = False
-            for i, part in enumerate(parts):
-                needs[i] += part.rbase[-j % bs]
-                if needs[i] > frees[i]:
+            for r_i, part in enumerate(parts):
+                needs[r_i] += part.rbase[-j % bs]
+                if needs[r_i] > frees[r_i]:
                     over = True
             if over:
                 break
@@ -1068,11 +1105,12 @@ def _lazy_run(inst: Instance, st: _DecodeState, now: float, horizon: float,
         end = t + step_s(j)
         if end >= horizon:
             break
-        rows.extend((t, end, 0, b, used + need, b, waiting))
+        rows.extend((t, end, per, b, used + need, seqs, waiting))
         gap = end - t
-        itl.extend(array("d", (gap,)) * b)
-        if gap > worst:
-            worst = gap
+        if b:
+            itl.extend(array("d", (gap,)) * b)
+            if gap > worst:
+                worst = gap
         taken = needs[:]
         t = end
         k += 1
@@ -1081,11 +1119,28 @@ def _lazy_run(inst: Instance, st: _DecodeState, now: float, horizon: float,
     if not k:
         return 0, now, False
     st.shift, st.t, st.worst = shift + k, t, worst
-    for i, r in enumerate(scheds):
-        r.free_blocks = frees[i] - taken[i]
+    for r_i, r in enumerate(scheds):
+        r.free_blocks = frees[r_i] - taken[r_i]
         if not r.running:
-            sched.idle_steps[i] += k       # DpScheduler.schedule counts an idle rank's steps
+            sched.idle_steps[r_i] += k       # DpScheduler.schedule counts an idle rank's steps
+    if prompt is not None:
+        prompt.computed += k * per
+        prompt.blocks = sched._blocks_for(prompt.computed)
     return k, t, t >= cross or k == left
+
+
+def _chunk_stepper(inst: Instance, part: _Part, shift: int, done: int, per: int) -> Callable[[int], float]:
+    """``j ->`` the latency of the step of the prompt's chunk of ``per`` tokens after ``done +
+    (j - shift) per`` beside the decodes ``j`` steps past the state's ``base`` contexts (the
+    pool's cost's ``chunk_stepper``, as :func:`_decode_run` asks it)."""
+    cost = inst.pool.cost
+    base = tuple(part.base)
+    chunker = getattr(cost, "chunk_stepper", None)
+    if chunker is not None:
+        chunk_s = chunker(per, base)
+        return lambda j: chunk_s(done + (j - shift) * per, j)
+    latency_s = cost.latency_s
+    return lambda j: latency_s(StepWork(((per, done + (j - shift) * per),), tuple(c + j for c in base)))
 
 
 def _advance(decoding: list, ends: list, itl_s: array, bs: int) -> None:
