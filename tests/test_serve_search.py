@@ -269,6 +269,28 @@ def test_an_e2e_limit_ranks_and_the_winner_meets_it_at_its_capacity(slo):
     assert values == sorted(values, reverse=True)
 
 
+def test_only_the_shown_candidates_failing_runs_are_made_whole(tmp_path):
+    """A capacity search's failing run stops at its sure SLO miss; the search makes it again
+    to its end only for the candidates it shows (the top ``top`` and each side's best):
+    theirs have the failed run's figures, stored with the candidate's cell (a search
+    resumed from the file has them without running it again), the others only the limit
+    they were sure to miss, which their limiter names."""
+    from g5core.study.serving import limiter
+
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8}
+    settings = SearchSettings(slo="e2e_p90=1s", disagg="off", top=1, **E2E)
+    db = tmp_path / "s.db"
+    result = serve_search(raw, WL, settings, runner_for=layout_runner, db_path=db)
+    win, rest = result.ranked[0], [s for s in result.ranked[1:] if s.cell.get("failed_stopped")]
+    assert win.cell["failed"] is not None and win.cell["failed_made_whole"]
+    assert win.cell["failed"]["e2e_s"]["p90"] > 1.0 and "e2e_p90 (" in limiter(win)
+    assert rest and all(s.cell["failed"] is None and not s.cell.get("failed_made_whole") for s in rest)
+    assert all(s.cell["failed_stopped"]["limit"] == "e2e_p90" for s in rest)
+    assert "e2e_p90 sure to be missed at" in limiter(rest[0])
+    again = serve_search(raw, WL, settings, runner_for=layout_runner, db_path=db)
+    assert again.ranked[0].cell == win.cell and again.runs == result.runs
+
+
 def test_a_tight_e2e_limit_prunes_by_the_lone_request_and_the_pruned_miss_it():
     """An e2e limit some layouts' lone request misses (its prompt alone meets it, not its
     decodes after): those layouts are pruned by the screen as such, aggregated and as the
@@ -673,7 +695,7 @@ def test_a_max_num_seqs_variant_takes_the_search_whose_every_run_holds_or_fails_
         assert src.candidate.pools == s.candidate.pools and src.candidate.chunk == s.candidate.chunk
         lim = min(s.candidate.max_num_seqs, src.candidate.max_num_seqs)
         again = [t for t in src.cell["trace"] if t[3] >= lim]
-        assert s.cell["runs"] == len(again)
+        assert s.cell["runs"] == len(again) + bool(s.cell.get("failed_made_whole"))   # a shown one's failed run
         assert s.capacity == src.capacity
         for rate, seed, held, peak in src.cell["trace"]:
             n = run_requests(WL, rate, settle_s, space.settle)

@@ -174,6 +174,8 @@ def load_search(db_path) -> list[dict]:
     chips; 1 / TPOT p50 of the run held there)."""
     out = []
     for cell in load_search_cells(db_path):
+        if cell["kind"] == "whole":     # a shown candidate's failing run made whole: in its candidate's row
+            continue
         p = cell["payload"]
         held = p.get("held") or {}
         row = {"key": cell["key"], "kind": cell["kind"], "label": cell["label"], "status": p.get("status"),

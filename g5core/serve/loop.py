@@ -163,7 +163,7 @@ class MissWatch:
     watched (a run with one runs to its end). Exact: a run is stopped only when the whole
     run would miss."""
 
-    __slots__ = ("checks", "sure", "arrivals")
+    __slots__ = ("checks", "sure", "arrivals", "limit")
 
     #: the metrics watched, and what the loop records them at
     METRICS = ("queue", "ttft", "tpot", "e2e")
@@ -180,9 +180,10 @@ class MissWatch:
             if not m:
                 continue
             need = 1 if lim.percentile is None else m - math.floor(lim.percentile / 100 * (m - 1))
-            # [threshold, values needed over it, recorded over, recorded within, arrivals passed]
-            self.checks.setdefault(lim.metric, []).append([lim.limit_s * (1 + MISS_MARGIN), need, 0, 0, 0])
+            # [threshold, values needed over it, recorded over, recorded within, arrivals passed, key]
+            self.checks.setdefault(lim.metric, []).append([lim.limit_s * (1 + MISS_MARGIN), need, 0, 0, 0, lim.key])
         self.sure = False
+        self.limit: Optional[str] = None     # the limit whose miss became sure first
 
     @classmethod
     def of(cls, limits: Sequence[SloLimit], workload: Workload) -> Optional["MissWatch"]:
@@ -195,8 +196,8 @@ class MissWatch:
         for c in self.checks.get(metric, ()):
             if value_s > c[0]:
                 c[2] += 1
-                if c[2] >= c[1]:
-                    self.sure = True
+                if c[2] >= c[1] and not self.sure:
+                    self.sure, self.limit = True, c[5]
             else:
                 c[3] += 1
 
@@ -216,8 +217,8 @@ class MissWatch:
                 while k < n and arrivals[k] < before:
                     k += 1
                 c[4] = k
-                if k - c[3] >= c[1]:
-                    self.sure = True
+                if k - c[3] >= c[1] and not self.sure:
+                    self.sure, self.limit = True, c[5]
 
 
 #: what a two-pass run's prefill pass records of the watched metrics (:meth:`MissWatch.at`):

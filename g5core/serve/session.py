@@ -73,7 +73,7 @@ class ServingSession:
         if loop is None:
             peaks = [getattr(i.scheduler, "peak_running", None) for p in run.pools for i in p]
             return MissedRun(len(workload.requests), run.done, None if None in peaks else max(peaks, default=0),
-                             time.perf_counter() - t0)
+                             time.perf_counter() - t0, watch.limit)
         checks = check_invariants(loop)
         if any(checks.values()):
             raise G5Error("serving invariants violated: " + ", ".join(f"{k}={v}" for k, v in checks.items() if v))
@@ -92,6 +92,7 @@ class MissedRun:
     completed: int                     # the requests finished when it stopped
     peak_running: Optional[int]        # the most sequences a scheduler held until then (None: one did not say)
     sim_wall_s: float
+    limit: Optional[str] = None        # the SLO limit whose miss was sure (e.g. ``ttft_p90``)
 
     @property
     def summary(self) -> dict:

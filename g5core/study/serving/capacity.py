@@ -263,9 +263,6 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
                             bound if floor is None else None, bar, gallop=bool(estimate) and floor is None)
     if not found["below_bar"] and seeds and found["capacity"] > 0:
         found = confirm(found, run, seeds, settings.tolerance, bar, lambda r: _snap(r, made))
-    if not found["below_bar"] and isinstance(found["failed"], MissedRun):
-        found = {**found, "failed": _whole(found["failed"], trace, at, made, runs, lambda rate, seed: _seeded_run(
-            session, workload, rate, seed, settle_s, settings, stop_at_miss=False))}
     if found["below_bar"]:
         rate = found["failed_rate"]
         return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
@@ -273,11 +270,18 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
                 "runs": runs["n"], "failed_rate_per_s": rate, "source": "simulated",
                 "peak_running_seqs": trace_peak(trace), "trace": trace}
     held, failed = found["held"], found["failed"]
+    # a failing run stopped at its sure miss has no figures: the driver makes the shown
+    # candidates' again to their end (whole_cell); the others keep the limit it missed
+    stopped = {"limit": failed.limit, "completed": failed.completed, "requests": failed.requests} if isinstance(
+        failed, MissedRun) else None
+    failed_at = None if failed is None else at.get(id(failed))
+    failed = None if stopped else failed
     return {"status": "ok", "label": cand.label(), "disaggregated": cand.disaggregated, "chips": cand.chips,
+            "failed_stopped": stopped,
             "capacity_requests_per_s": found["capacity"], "ceiling": found["ceiling"],
             "runs": runs["n"], "failed_rate_per_s": found["failed_rate"], "peak_running_seqs": trace_peak(trace),
             "trace": trace, "held_run": None if held is None else at.get(id(held)),
-            "failed_run": None if failed is None else at.get(id(failed)),
+            "failed_run": failed_at,
             "build_s": session.build_s, "saturated_requests_per_s": mu, "capacity_bound": bound, "saturated": sat,
             "held": None if held is None else _run_summary(held, session),
             "failed": None if failed is None else _run_summary(failed, session)}
@@ -293,20 +297,25 @@ def _seeded_run(session, workload: Mapping, rate: float, seed: int, settle_s: fl
                        itl_stats=False)
 
 
-def _whole(missed, trace: list, at: dict, made: dict, runs: dict, run_whole):
-    """The reported failed run of a capacity search, made again to its end where it was
-    stopped at its miss (its figures go in the result): counted in ``runs``, in the same
-    row of ``trace`` (the row's peak becomes the whole run's)."""
-    row = at[id(missed)]
-    rate, seed = trace[row][0], trace[row][1]
-    runs["n"] += 1
-    whole = made[(rate, seed)] = run_whole(rate, seed)
+def whole_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
+               settle_s: float, disabled, runner_for, rate: float, seed: int,
+               engine_points: Optional[Mapping] = None) -> dict:
+    """A candidate's failing run at ``rate`` on ``seed``, which its capacity search stopped at
+    its sure SLO miss, made again to its end (a shown candidate's figures past its
+    capacity): ``{"status": "ok", "failed": its summary, "peak_running_seqs": ...}``.
+    ``engine_points``: as :func:`candidate_cell`'s."""
+    seed_runners(engine_points)
+    try:
+        raw = candidate_config(base, cand, workload, slo, None)
+        session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])},
+                                         1.0), slo, disabled, runner_for)
+        whole = _seeded_run(session, workload, rate, seed, settle_s, settings, stop_at_miss=False)
+    except (ConfigError, PluginError) as exc:
+        return refusal(exc)
     if _holds(whole):
         raise G5Error(f"a serving run at {rate:g} requests/s stopped at a sure SLO miss holds the SLO when run "
                       "to its end (a G5 bug)")
-    at[id(whole)] = row
-    trace[row][3] = _peak_running(whole)
-    return whole
+    return {"status": "ok", "failed": _run_summary(whole, session), "peak_running_seqs": _peak_running(whole)}
 
 
 def variant_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,

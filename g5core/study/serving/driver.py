@@ -18,7 +18,8 @@ from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
 from g5core.study.serving.bound import _estimate_bound, _kth_value, _upper_value, capacity_bound, role_rates
-from g5core.study.serving.capacity import START_ESTIMATE_SHARE, candidate_cell, trace_peak, variant_cell
+from g5core.study.serving.capacity import (START_ESTIMATE_SHARE, candidate_cell, trace_peak, variant_cell,
+                                           whole_cell)
 from g5core.study.serving.estimate import Estimator, estimate_for
 from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group
 from g5core.study.serving.screen import _lone, screen_layout
@@ -342,6 +343,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             return again
 
         bounded_cell: dict = {}   # candidate index -> its cell, when a failing run at the bar bounded it out
+        cell_key: dict = {}       # candidate index -> its candidate cell's key in the table
         bounded_at: dict = {}     # candidate index -> its place in ``bounded``
 
         def simulate(wave, kth):
@@ -353,6 +355,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 key = config_hash({"kind": "candidate", **ident, "candidate": attrs.asdict(cand, recurse=True),
                                    "settings": keyed, "roles": roles, "kth": kth, "estimate": estimates[i],
                                    "start_share": share}, names)
+                cell_key[i] = key
                 cells.append((key, "candidate", cand.label(), candidate_cell,
                               (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
                                runner_for, roles, kth, estimates[i], share, points_of(i))))
@@ -413,6 +416,22 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 simulate(mine[:1], None)
                 if results[mine[0]] is not None:
                     bounded = [b for b in bounded if b.candidate != cands[mine[0]][0]]
+        # the failing runs stopped at their sure miss of the candidates shown (the ranking's
+        # top and each side's best), made again to their end for their figures
+        shown = _shown(cands, results, settings.objective, settings.top)
+        wholes = [(i, results[i]["trace"][results[i]["failed_run"]][:2]) for i in shown
+                  if results[i].get("failed") is None and results[i].get("failed_stopped")
+                  and results[i].get("failed_run") is not None]
+        cells = [(config_hash({"kind": "whole", **ident, "candidate": attrs.asdict(cands[i][0], recurse=True),
+                               "settings": keyed, "run": run}, names), "whole", cands[i][0].label(), whole_cell,
+                  (base, cands[i][0], workload, settings.slo, settings, settle_s, tuple(disabled), runner_for,
+                   run[0], run[1], points_of(i))) for i, run in wholes]
+        for (i, _), res in zip(wholes, _drive(table, kept, cells, None, workers) if cells else ()):
+            if res["status"] == "ok":
+                results[i] = {**results[i], "failed": res["failed"], "runs": results[i]["runs"] + 1,
+                              "failed_made_whole": True}
+                if i in cell_key:       # stored with its figures: a search resumed from the file has them
+                    table.update(cell_key[i], results[i])
         if reporter is not None:
             reporter.finish()
     finally:
@@ -441,6 +460,20 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                              + sum(b.runs for b in bounded) + wasted[0],
                              None if own_db else str(db_path), tuple(bounded),
                              {cand.label(): e for (cand, _), e in zip(cands, estimated)}, len(same_runs))
+
+
+def _shown(cands, results, objective: str, top: int) -> list[int]:
+    """The simulated candidates a search shows with their figures: the ``top`` best by the
+    objective (:meth:`Scored.value`'s order) and each side's (aggregated, disaggregated)
+    best."""
+    ok = [i for i, res in enumerate(results) if res is not None and res.get("status") == "ok"]
+    order = sorted(ok, key=lambda i: (Scored(cands[i][0], {}, results[i]).value(objective), cands[i][0].label()))
+    out = list(order[:top])
+    for side in (False, True):
+        best = next((i for i in order if cands[i][0].disaggregated == side), None)
+        if best is not None and best not in out:
+            out.append(best)
+    return out
 
 
 def start_share(cands, results, estimates, disaggregated: bool) -> float:

@@ -97,6 +97,10 @@ def limiter(s: Scored) -> str:
         return "the rate ceiling (--max-rate): the SLO still held there"
     failed = s.cell["failed"]
     if failed is None:
+        stopped, rate = s.cell.get("failed_stopped"), s.cell.get("failed_rate_per_s")
+        if stopped and rate:    # a candidate not shown: its failing run stopped at its sure miss
+            return (f"{stopped['limit'] or 'the SLO'} sure to be missed at {rate:.3g} req/s (its run stopped there "
+                    f"after {stopped['completed']:,} of {stopped['requests']:,} requests)")
         return "nothing measured"
     broke = [k for k, v in (failed.get("percentile_limits") or {}).items() if not v["met"]] or ["completion"]
     what = ", ".join(f"{k} ({failed['percentile_limits'][k]['value_s']:.3g} s > "

@@ -15,14 +15,16 @@ from g5core.study.sweep import run_windowed
 #: speculative layout's TPOT floor, and a capacity search's failing runs stop at their sure
 #: SLO miss, so its run count and the peaks of its trace's failing rows differ): part of
 #: every cell's key, so a database of an older format
-#: is not read as this one
-CELL_VERSION = 4
+#: is not read as this one. 5: a candidate's failing run stopped at its sure miss keeps no
+#: figures (``failed_stopped``); the shown candidates' are made whole in cells of their own
+CELL_VERSION = 5
 
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS serve_search (
     key TEXT PRIMARY KEY,     -- config_hash of the cell (kind, configuration, workload, SLO, search settings)
-    kind TEXT NOT NULL,       -- screen (a layout and chunk size) or candidate (a deployment's capacity)
+    kind TEXT NOT NULL,       -- screen (a layout and chunk size), candidate (a deployment's capacity),
+                              -- variant (a max_num_seqs variant's check) or whole (a shown failing run)
     label TEXT NOT NULL,
     payload TEXT NOT NULL,    -- JSON, the cell's result
     finished_at TEXT NOT NULL
@@ -46,6 +48,12 @@ class _Table:
         with sqlite_errors(self.db.path, self.db.busy_timeout_s):
             self.db.con.execute("INSERT OR IGNORE INTO serve_search VALUES (?, ?, ?, ?, ?)",
                                 (key, kind, label, canonical_json(payload), now))
+
+
+    def update(self, key: str, payload: Mapping) -> None:
+        """A stored cell's result, completed (a candidate's failing run made whole)."""
+        with sqlite_errors(self.db.path, self.db.busy_timeout_s):
+            self.db.con.execute("UPDATE serve_search SET payload = ? WHERE key = ?", (canonical_json(payload), key))
 
 
 def _drive(table: _Table, exe, cells: Sequence[tuple], reporter, workers: int) -> list:
