@@ -17,6 +17,7 @@ from g5core.serve.metrics import per_request, summary
 from g5core.serve.router import LeastKvUse, LeastOutstandingTokens, RoundRobin
 from g5core.serve.scheduler import SchedulerSettings
 from g5core.serve.workload import Request, Workload, synthetic
+from serve_helpers import count_kept
 
 LLAMA8 = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1}}
 
@@ -384,23 +385,7 @@ def test_runs_keep_the_decoding_sequences_state_between_runs(monkeypatch):
     beside them: every step, token time and KV block of one event per step, aggregated (a
     pool small enough to stop runs on its blocks too, prompts in several chunks) and
     disaggregated; a router that reads the instances keeps no state."""
-    from g5core.serve import loop as serve_loop
-
-    kept = {"runs": 0, "steps": 0, "chunks": 0}
-    lazy, lazy_step = serve_loop._lazy_run, serve_loop.ServingLoop._lazy_step
-
-    def counting(*args, **kwargs):
-        out = lazy(*args, **kwargs)
-        kept["runs"] += out[0] > 0
-        kept["chunks"] += out[0] > 0 and len(args) > 5 and args[5] is not None
-        return out
-
-    def counting_steps(*args, **kwargs):
-        out = lazy_step(*args, **kwargs)
-        kept["steps"] += out
-        return out
-    monkeypatch.setattr(serve_loop, "_lazy_run", counting)
-    monkeypatch.setattr(serve_loop.ServingLoop, "_lazy_step", counting_steps)
+    kept = count_kept(monkeypatch)
     w = synthetic({"requests": 200, "arrival": {"kind": "poisson", "rate_per_s": 3},
                    "input_tokens": "uniform:100:400", "output_tokens": "uniform:100:600", "seed": 11})
     cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=2e6)

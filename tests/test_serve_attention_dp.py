@@ -10,6 +10,7 @@ from g5core.api.errors import ConfigError
 from g5core.serve.api import simulate_serving
 from g5core.serve.cost import IDLE_WORK, DpCost, PlanCost, RankedWork, StepWork
 from g5core.serve.workload import Request, Workload
+from serve_helpers import count_kept
 
 MOE = {"model": "qwen3-30b-a3b", "system": "h200"}
 
@@ -216,23 +217,9 @@ def test_runs_of_decode_steps_give_the_step_by_step_result_per_rank(balance, exp
     import attrs
     import numpy as np
 
-    from g5core.serve import loop as serve_loop
     from g5core.serve.loop import Fleet, ServingLoop, serve_requests
 
-    kept = {"runs": 0, "steps": 0}
-    lazy, lazy_step = serve_loop._lazy_run, serve_loop.ServingLoop._lazy_step
-
-    def counting(*args, **kwargs):
-        out = lazy(*args, **kwargs)
-        kept["runs"] += out[0] > 0
-        return out
-
-    def counting_steps(*args, **kwargs):
-        out = lazy_step(*args, **kwargs)
-        kept["steps"] += out
-        return out
-    monkeypatch.setattr(serve_loop, "_lazy_run", counting)
-    monkeypatch.setattr(serve_loop.ServingLoop, "_lazy_step", counting_steps)
+    kept = count_kept(monkeypatch)
     from g5core.serve.metrics import summary
     from g5core.serve.workload import synthetic
 
@@ -266,4 +253,4 @@ def test_runs_of_decode_steps_give_the_step_by_step_result_per_rank(balance, exp
             events += 1
         assert events < 0.6 * slow.steps    # the runs took most decode steps at once
         assert kept["runs"] > 20 and kept["steps"] > 20
-        kept["runs"] = kept["steps"] = 0
+        kept.update(runs=0, steps=0)

@@ -1161,15 +1161,7 @@ def _advance(decoding: list, ends: list, itl_s: array, bs: int) -> None:
         itl_s.extend(array("d", (gap,)) * b)
         prev = end
     for q, gap in zip(decoding, gaps):
-        c = q.computed + k
-        q.computed = c
-        q.num_tokens += k
-        q.emitted += k
-        q.blocks = -(-c // bs)
-        q.last_s = t
-        top = gap if gap > worst else worst
-        if top > q.max_itl_s:
-            q.max_itl_s = top
+        _bring_up(q, k, t, gap if gap > worst else worst, bs)
 
 
 def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = math.inf) -> tuple[int, float, bool]:

@@ -209,11 +209,16 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
         return refusal(exc)
 
 
+def _candidate_session(base: Mapping, cand: Candidate, workload: Mapping, slo: str, disabled, runner_for):
+    """The candidate's serving session (its pools built once, sized for the longest run)."""
+    raw = candidate_config(base, cand, workload, slo, None)
+    return _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])}, 1.0),
+                    slo, disabled, runner_for)
+
+
 def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disabled, runner_for, roles, kth,
               estimate, start_share) -> dict:
-    raw = candidate_config(base, cand, workload, slo, None)
-    session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])}, 1.0),
-                       slo, disabled, runner_for)
+    session = _candidate_session(base, cand, workload, slo, disabled, runner_for)
     floor = settings.rate if settings.objective == "min_chips" else None
     runs = {"n": 0}
     mu = bound = None
@@ -306,9 +311,7 @@ def whole_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, sett
     ``engine_points``: as :func:`candidate_cell`'s."""
     seed_runners(engine_points)
     try:
-        raw = candidate_config(base, cand, workload, slo, None)
-        session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])},
-                                         1.0), slo, disabled, runner_for)
+        session = _candidate_session(base, cand, workload, slo, disabled, runner_for)
         whole = _seeded_run(session, workload, rate, seed, settle_s, settings, stop_at_miss=False)
     except (ConfigError, PluginError) as exc:
         return refusal(exc)
@@ -327,9 +330,7 @@ def variant_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, se
     ``engine_points``: as :func:`candidate_cell`'s."""
     seed_runners(engine_points)
     try:
-        raw = candidate_config(base, cand, workload, slo, None)
-        session = _session(raw, _at_rate({**workload, "requests": max(MAX_RUN_REQUESTS, workload["requests"])},
-                                         1.0), slo, disabled, runner_for)
+        session = _candidate_session(base, cand, workload, slo, disabled, runner_for)
         out = []
         for rate, seed in runs:   # whole runs: the driver takes their figures for the variant's
             res = _seeded_run(session, workload, rate, seed, settle_s, settings, stop_at_miss=False)
