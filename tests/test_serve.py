@@ -584,6 +584,24 @@ def test_the_decode_stepper_gives_the_predictors_latency_bit_for_bit():
             assert stepper(j, total + j * b) == whole.latency_s(StepWork((), tuple(c + j for c in contexts)))
 
 
+def test_an_arrival_rate_past_any_deployment_is_refused_and_an_unbounded_offered_rate_is_none():
+    """A fuzzer case (``--rate 1e+300``, gamma cv 100) printed a traceback: the offered rate
+    ``requests / arrival span`` overflowed to inf, which JSON cannot hold. A rate above
+    MAX_RATE_PER_S is refused, naming the field; a span too short for the rate to be a
+    finite number gives ``None``."""
+    from g5core.serve.workload import MAX_RATE_PER_S
+
+    for kind in ("poisson", "gamma"):
+        arrival = {"kind": kind, "rate_per_s": 1e300, **({"cv": 100} if kind == "gamma" else {})}
+        with pytest.raises(ConfigError, match="rate_per_s"):
+            synthetic({"requests": 20, "arrival": arrival, "input_tokens": 100, "output_tokens": 10})
+    assert synthetic({"requests": 20, "arrival": {"kind": "poisson", "rate_per_s": MAX_RATE_PER_S},
+                      "input_tokens": 100, "output_tokens": 10}).requests
+    w = Workload((Request(0, 0.0, 100, 4), Request(1, 5e-324, 100, 4)))
+    res = run(w, pool(SyntheticCost(0.01)))
+    assert summary(res)["throughput"]["offered_requests_per_s"] is None
+
+
 def test_the_chunk_stepper_gives_the_predictors_latency_bit_for_bit():
     """A run of a prompt's chunks (its token grid points and cached-token cells kept along
     the run) gives every step the latency the predictor gives that step built whole, on a

@@ -13,6 +13,7 @@ Percentiles are numpy's ``linear`` method (p50 is the median).
 """
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -141,7 +142,9 @@ def summary(result, limits: tuple[SloLimit, ...] = (), itl_stats: bool = True) -
             "output_tokens_per_s_per_chip": per_s(out_tokens) / chips,
             "total_tokens_per_s_per_chip": per_s(in_tokens + out_tokens) / chips,
             "requests_per_s": per_s(n),
-            "offered_requests_per_s": n / arrival_span_s if arrival_span_s > 0 else 0.0,
+            # None where the arrivals' span is too short for the rate to be a finite number
+            "offered_requests_per_s": (n / arrival_span_s if n / arrival_span_s < math.inf else None)
+            if arrival_span_s > 0 else 0.0,
         },
         "tokens": {"input": in_tokens, "output": out_tokens},
         "goodput": goodput(arrays, limits, span, itl),

@@ -67,8 +67,9 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
     lines.append(f"deployment   {out['chips']} chips{split}; {layout}")
     lines.append(f"workload     {out['workload']}: {out['requests']:,} requests, {out['tokens']['input']:,} input and "
                  f"{out['tokens']['output']:,} output tokens")
-    lines.append(f"arrivals     over {_s(out['arrival_span_s'])}, first to last ({t['offered_requests_per_s']:.3g} "
-                 "requests/s offered)")
+    offered = t["offered_requests_per_s"]
+    offered = "too many to count" if offered is None else f"{offered:.3g}"
+    lines.append(f"arrivals     over {_s(out['arrival_span_s'])}, first to last ({offered} requests/s offered)")
     lines.append(f"makespan     {_s(out['makespan_s'])} simulated, first arrival to last token "
                  f"({t['requests_per_s']:.3g} requests/s served)")
     lines.append(f"completed    {out['completed']:,} of {out['requests']:,}; {out['steps']:,} steps; "

@@ -39,6 +39,9 @@ from g5core.inputs.reading import MAX_ARRIVAL_S, MAX_SEQ_LEN, check_keys
 
 #: most requests one workload may hold (a 10^7-request run already takes minutes)
 MAX_REQUESTS = 10 ** 7
+#: an arrival rate, requests per second: far above any deployment's (the serving search's
+#: saturated run offers 10^6), so that arrival times and rates stay finite
+MAX_RATE_PER_S = 1e9
 ARRIVALS = ("poisson", "gamma", "closed")
 LENGTH_KINDS = ("fixed", "uniform", "normal", "lognormal", "hist")
 #: a gamma arrival's coefficient of variation (its shape is 1 / cv^2: 10^6 .. 10^-6)
@@ -187,10 +190,11 @@ def arrival_times(spec: Mapping, n: int, rng: np.random.Generator, field: str = 
     kind = spec.get("kind", "poisson")
     if kind == "poisson":
         _keys(spec, field, ("kind", "rate_per_s"), ("rate_per_s",))
-        gaps = rng.exponential(1.0 / _num(spec["rate_per_s"], f"{field}.rate_per_s"), n)
+        gaps = rng.exponential(1.0 / _num(spec["rate_per_s"], f"{field}.rate_per_s", most=MAX_RATE_PER_S), n)
     elif kind == "gamma":
         _keys(spec, field, ("kind", "rate_per_s", "cv"), ("rate_per_s", "cv"))
-        rate, cv = _num(spec["rate_per_s"], f"{field}.rate_per_s"), _num(spec["cv"], f"{field}.cv", most=MAX_CV)
+        rate = _num(spec["rate_per_s"], f"{field}.rate_per_s", most=MAX_RATE_PER_S)
+        cv = _num(spec["cv"], f"{field}.cv", most=MAX_CV)
         if cv < MIN_CV:
             raise ConfigError(f"{field}.cv", f"is {cv!r}, below {MIN_CV} (give a poisson or a gamma with a cv "
                                              f"from {MIN_CV} to {MAX_CV:g})")
