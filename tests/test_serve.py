@@ -602,6 +602,28 @@ def test_an_arrival_rate_past_any_deployment_is_refused_and_an_unbounded_offered
     assert summary(res)["throughput"]["offered_requests_per_s"] is None
 
 
+def test_a_synthetic_workload_is_made_once_per_process_and_a_trace_read_each_time(tmp_path):
+    """The serving search sizes every candidate's session with the same synthetic workload:
+    it is made once per process (a Workload is immutable); a trace file is read again each
+    time (it may change)."""
+    from g5core.serve.session import _synthetic_once
+
+    spec = {"requests": 50, "arrival": {"kind": "poisson", "rate_per_s": 2.0}, "input_tokens": 100,
+            "output_tokens": 10, "seed": 4}
+    made = []
+
+    def make():
+        made.append(1)
+        return synthetic(spec)
+    first = _synthetic_once(spec, make)
+    assert _synthetic_once(dict(spec), make) is first and len(made) == 1
+    assert _synthetic_once({**spec, "seed": 5}, make) is not first and len(made) == 2
+    trace = {"trace": str(tmp_path / "t.csv")}
+    _synthetic_once(trace, make)
+    _synthetic_once(trace, make)
+    assert len(made) == 4
+
+
 def test_the_chunk_stepper_gives_the_predictors_latency_bit_for_bit():
     """A run of a prompt's chunks (its token grid points and cached-token cells kept along
     the run) gives every step the latency the predictor gives that step built whole, on a

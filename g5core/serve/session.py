@@ -13,6 +13,7 @@ configuration and workload, bit for bit.
 """
 from __future__ import annotations
 
+import json
 import time
 from typing import Callable, Mapping, Optional
 
@@ -49,7 +50,7 @@ class ServingSession:
 
     def _workload(self, workload) -> Workload:
         if isinstance(workload, Mapping):
-            workload = load_flagged_workload(workload, self.registry)
+            workload = _synthetic_once(workload, lambda: load_flagged_workload(workload, self.registry))
         if not workload.requests:
             raise ConfigError("--requests", "the workload has no requests")
         return workload
@@ -79,6 +80,29 @@ class ServingSession:
             raise G5Error("serving invariants violated: " + ", ".join(f"{k}={v}" for k, v in checks.items() if v))
         return ServeResult(loop, summary(loop, self.spec.slo, itl_stats), [dict(i) for i in self.infos],
                            [p.cost for p in self.fleet.pools], checks, time.perf_counter() - t0)
+
+
+#: per process: a synthetic workload's mapping (its JSON) -> the :class:`Workload` it makes
+#: (seeded, immutable): the serving search sizes every candidate's session with the same
+#: 20,000 requests, and runs the same rates and seeds on several candidates
+_SYNTHETIC: dict = {}
+
+
+def _synthetic_once(spec: Mapping, make: Callable[[], Workload]) -> Workload:
+    """``make()``, the workload of the synthetic mapping ``spec``, made once per process (a
+    trace's is read each time: its file may change)."""
+    if "trace" in spec:
+        return make()
+    try:
+        key = json.dumps(dict(spec), sort_keys=True)
+    except (TypeError, ValueError):
+        return make()
+    hit = _SYNTHETIC.get(key)
+    if hit is None:
+        if len(_SYNTHETIC) >= 16:
+            _SYNTHETIC.clear()
+        hit = _SYNTHETIC[key] = make()
+    return hit
 
 
 @attrs.frozen
