@@ -189,6 +189,7 @@ class PlanCost:
     _groups: dict = attrs.field(factory=dict)
     _steps: dict = attrs.field(factory=dict)
     _cells: dict = attrs.field(factory=dict)
+    _points: dict = attrs.field(factory=dict)     # (kind, a, b) -> g / f / d at a grid point (engine_s's, kept)
 
     @property
     def runs(self) -> int:
@@ -215,13 +216,22 @@ class PlanCost:
         return hit
 
     def g(self, n: int) -> float:
-        return self.engine_s((GroupShape(1, 1, n),))
+        hit = self._points.get(("g", n))
+        if hit is None:
+            hit = self._points[("g", n)] = self.engine_s((GroupShape(1, 1, n),))
+        return hit
 
     def f(self, new: int, cached: int) -> float:
-        return self.engine_s((GroupShape(new, cached, 1),)) if new > 1 else self.engine_s((GroupShape(1, cached, 1),))
+        hit = self._points.get(("f", new, cached))
+        if hit is None:
+            hit = self._points[("f", new, cached)] = self.engine_s((GroupShape(max(new, 1), cached, 1),))
+        return hit
 
     def d(self, b: int, c: int) -> float:
-        return self.engine_s((GroupShape(1, c, b),))
+        hit = self._points.get(("d", b, c))
+        if hit is None:
+            hit = self._points[("d", b, c)] = self.engine_s((GroupShape(1, c, b),))
+        return hit
 
     def predict_s(self, work: StepWork) -> float:
         ctx = work.decode_context_tokens / work.decodes if work.decodes else 0.0
