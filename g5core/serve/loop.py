@@ -590,7 +590,7 @@ class ServingLoop:
         if len(scheds) == 1:
             work = works[0]
         else:       # DpScheduler.schedule's idle ranks; no rank is over its pool (the blocks fit)
-            if any(works[i].new_tokens for i in range(len(works))):
+            if any(w.new_tokens for w in works):
                 for i, w in enumerate(works):
                     if not w.new_tokens:
                         sched.idle_steps[i] += 1
@@ -629,16 +629,8 @@ class ServingLoop:
         joining = []
         kept = True
         for r, part, mine in zip(scheds, st.parts, inst.lazy_admitted):
-            b = len(part.base)
-            inst.itl_s.extend(array("d", (gap,)) * b)
-            if part.fin and part.fin[0] == k:
-                done = [q for q in r.running[:b] if q.req.output_tokens - q.emitted <= k]
-                for q in done:
-                    _bring_up(q, k, now, st.worst, bs)
-                    sched.last_token(q)
-                    self._finish(now, q, sched)
-                    part.remove(q.computed - k, bs)
-                del part.fin[:len(done)]
+            inst.itl_s.extend(array("d", (gap,)) * len(part.base))
+            self._leave(now, inst, st, r, part)
             for q in r.finish_step(mine):
                 self._emitted(now, inst, q, sched, prefill_pool)
             # after the state's decodes: those that now decode join it; at most one prompt
@@ -650,7 +642,6 @@ class ServingLoop:
                 n += 1
             if len(after) - n > (len(scheds) == 1):
                 kept = False
-        st.stepper = None
         inst.lazy_admitted = None
         if not kept:
             _materialize(inst)
@@ -668,11 +659,8 @@ class ServingLoop:
                 q.computed -= k
                 q.num_tokens -= k
                 q.emitted -= k
-                base = q.computed
-                bisect.insort(part.base, base)
-                part.rbase[base % bs] += 1
-                part.sum_base += base
-                bisect.insort(part.fin, q.req.output_tokens - q.emitted)
+                part.add(q.computed, q.req.output_tokens - q.emitted, bs)
+            st.stepper = None
         self._next(now, inst)
 
     def _step_end(self, now: float, inst: Instance) -> None:
@@ -781,19 +769,25 @@ class ServingLoop:
                 sched.last_token(q)
                 self._finish(now, q, sched)
         else:       # sequences that emitted their last token in the run's last step, rank by rank
-            k, bs = st.shift, sched.s.block_size
             for r, part in zip(_schedulers(sched), st.parts):
-                if not part.fin or part.fin[0] != k:
-                    continue
-                done = [q for q in r.running[:len(part.base)] if q.req.output_tokens - q.emitted <= k]
-                for q in done:
-                    _bring_up(q, k, st.t, st.worst, bs)
-                    sched.last_token(q)
-                    self._finish(now, q, sched)
-                    part.remove(q.computed - k, bs)
-                del part.fin[:len(done)]
-                st.stepper = None
+                self._leave(now, inst, st, r, part)
         self._next(now, inst)
+
+    def _leave(self, now: float, inst: Instance, st: "_DecodeState", r, part: "_Part") -> None:
+        """The sequences of ``part`` (scheduler ``r``'s in the state) that emitted their last
+        token at the state's time ``now``: brought up to date, gone (in the order ``r``
+        holds them), out of the state."""
+        k, bs, sched = st.shift, r.s.block_size, inst.scheduler
+        if not part.fin or part.fin[0] != k:
+            return
+        done = [q for q in r.running[:len(part.base)] if q.req.output_tokens - q.emitted <= k]
+        for q in done:
+            _bring_up(q, k, now, st.worst, bs)
+            sched.last_token(q)
+            self._finish(now, q, sched)
+            part.remove(q.computed - k, bs)
+        del part.fin[:len(done)]
+        st.stepper = None
 
 
 def serve_requests(fleet: Fleet, workload: Workload, progress: Optional[Callable[[int, int], None]] = None,
@@ -956,6 +950,14 @@ class _Part:
         after ``k`` more decode steps."""
         return cls([c + k for c in contexts], residues[-k % bs:] + residues[:-k % bs], sum(contexts) + k * len(contexts),
                    sorted(r - k for r in rs))
+
+    def add(self, base: int, left: int, bs: int) -> None:
+        """A sequence of context ``base`` plus the state's shift joined, ``left`` tokens
+        left to emit past the state's start."""
+        bisect.insort(self.base, base)
+        self.rbase[base % bs] += 1
+        self.sum_base += base
+        bisect.insort(self.fin, left)
 
     def remove(self, base: int, bs: int) -> None:
         """A sequence of context ``base`` plus the state's shift left (its ``fin`` entry is
