@@ -452,7 +452,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         # this configuration reproduces the capacity run on the workload's seed)
         measured = {**workload, "requests": (res.get("held") or {}).get("requests", workload["requests"])}
         scored.append(Scored(cand, candidate_config(base, cand, measured, settings.slo, rate), res))
-    scored.sort(key=lambda s: (s.value(settings.objective), s.candidate.label()))
+    scored.sort(key=lambda s: s.rank_key(settings.objective))
     simulated = [r for r in results if r is not None and "same_runs_as" not in r]
     cells = len(layouts) * (1 + (dsys is not None)) * len(variants)   # a layout x chunk cell per system and block
     return ServeSearchResult(settings.objective, settings, cells, tuple(pruned), tuple(scored), len(simulated),
@@ -467,7 +467,7 @@ def _shown(cands, results, objective: str, top: int) -> list[int]:
     objective (:meth:`Scored.value`'s order) and each side's (aggregated, disaggregated)
     best."""
     ok = [i for i, res in enumerate(results) if res is not None and res.get("status") == "ok"]
-    order = sorted(ok, key=lambda i: (Scored(cands[i][0], {}, results[i]).value(objective), cands[i][0].label()))
+    order = sorted(ok, key=lambda i: Scored(cands[i][0], {}, results[i]).rank_key(objective))
     out = list(order[:top])
     for side in (False, True):
         best = next((i for i in order if cands[i][0].disaggregated == side), None)

@@ -40,6 +40,10 @@ class Scored:
             return (-tokens, -goodput, chips)
         return (-goodput, -tokens, chips)
 
+    def rank_key(self, objective: str) -> tuple:
+        """The search's ranking order: :meth:`value`, then the label (best first)."""
+        return self.value(objective), self.candidate.label()
+
     def to_json_dict(self) -> dict:
         held = self.cell["held"] or {}
         chips = self.candidate.chips
