@@ -328,9 +328,9 @@ def test_a_bad_e2e_limit_is_a_one_line_config_error_naming_the_field(bad, says):
 def test_bounded_out_candidates_simulated_anyway_never_beat_the_top_th():
     """Branch and bound: a candidate whose bound (its estimate with the margin, or its
     saturated throughput's) cannot reach the top-th simulated goodput is not simulated, nor
-    is one that misses the SLO at the top-th's rate simulated further; simulated anyway (with
-    the plain bracket), its goodput stays below the top-th, and no candidate's capacity
-    exceeds its bound."""
+    is one that misses the SLO at the rate passing the top-th's by the tolerance simulated
+    further; simulated anyway (with the plain bracket), its goodput stays below the top-th
+    times ``1 + tolerance``, and no candidate's capacity exceeds its bound."""
     raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8}
     settings = SearchSettings(slo=SLO, chunks=(1024,), seqs=(1, 2, 4, 16), vary=("tp",), disagg="off", top=2,
                               settle=4, confirm=0)
@@ -339,9 +339,12 @@ def test_bounded_out_candidates_simulated_anyway_never_beat_the_top_th():
     assert result.bounded and result.candidates + copies + len(result.bounded) == 16
     kth = result.ranked[settings.top - 1].rates()[0]
     # bounded out before a run (its bound below the top-th) or by a failing run at or below
-    # the top-th's rate (its capacity below that rate)
-    assert all(b.kth <= kth and (b.upper < b.kth or b.source in ("simulated", "same runs") and b.upper <= b.kth)
-               for b in result.bounded)
+    # the rate that passes the top-th by the tolerance (its capacity below that rate: a tie
+    # with the top-th within the capacities' resolution)
+    tie = 1 + settings.tolerance
+    first = result.ranked[0].rates()[0]
+    assert all(b.kth <= kth and (b.upper < b.kth or b.source in ("simulated", "same runs")
+                                 and b.upper <= min(b.kth * tie, first) * (1 + 1e-12)) for b in result.bounded)
     wl = check_workload(WL)
     settle_s = 1.0 + 16 * 0.04
     for s in result.ranked:
@@ -350,8 +353,45 @@ def test_bounded_out_candidates_simulated_anyway_never_beat_the_top_th():
     for b in result.bounded:
         cell = candidate_cell(raw, b.candidate, wl, SLO, settings, 1.0, settle_s, (), layout_runner)
         goodput = Scored(b.candidate, {}, cell).rates()[0]
-        assert goodput < kth and goodput <= b.upper, (b.candidate.label(), goodput, kth)
+        assert goodput < min(kth * tie, first) and goodput <= b.upper, (b.candidate.label(), goodput, kth)
         assert cell["capacity_requests_per_s"] <= b.capacity_bound
+
+
+def test_a_tie_with_the_top_th_is_bounded_out_before_its_confirming_seeds():
+    """Branch and bound within the capacities' resolution: a candidate whose value can at
+    most equal the top-th's (here the top-th is the candidate itself, simulated before) is
+    bounded out by its runs on the workload's seed (a failing run at the bar, which passes
+    the top-th by the tolerance, or a capacity whose value with any confirming seed stays
+    within the tolerance of the top-th): none of its confirming seeds runs, and its bound
+    says how close it is."""
+    from g5core.study.serving import PoolChoice
+    from g5core.study.serving.bound import objective_value
+
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 2}
+    wl = check_workload({**WL, "requests": 120})
+    settings = SearchSettings(slo=SLO, chunks=(1024,), seqs=(16,), vary=("tp",), settle=4, confirm=2)
+    par = (("cp", 1), ("dp", 1), ("pp", 1), ("tp", 1))
+    cand = Candidate((PoolChoice(1, par, 2),), 16, 1024)
+    args = (raw, cand, wl, SLO, settings, 1.0, 1.64, (), layout_runner)
+    # the top-th: the candidate's own value on the workload's seed alone
+    alone = candidate_cell(raw, cand, wl, SLO, attrs.evolve(settings, confirm=0), 1.0, 1.64, (), layout_runner)
+    confirmed = candidate_cell(*args)
+    assert alone["status"] == confirmed["status"] == "ok" and {row[1] for row in confirmed["trace"]} == {0, 1, 2}
+    kth = objective_value(settings.objective, Scored(cand, {}, alone))
+    tied = candidate_cell(*args, kth=kth, first=2 * kth)
+    assert tied["status"] == "bounded" and tied["source"] == "simulated", tied
+    assert {row[1] for row in tied["trace"]} == {0}, "no confirming seed ran"
+    assert tied["upper"] <= kth * (1 + settings.tolerance) * (1 + 1e-12)
+    assert tied["runs"] < confirmed["runs"]
+    # a top-th the candidate passes by more than the tolerance leaves it simulated, its
+    # confirming seeds run
+    lower = kth / (1 + 2 * settings.tolerance) ** 2
+    passes = candidate_cell(*args, kth=lower, first=2 * kth)
+    assert passes["status"] == "ok" and {row[1] for row in passes["trace"]} == {0, 1, 2}
+    # the same top-th, but a first the candidate could pass: simulated (the winner is exact)
+    below = objective_value(settings.objective, Scored(cand, {}, confirmed)) / (1 + 2 * settings.tolerance)
+    winner = candidate_cell(*args, kth=below, first=below)
+    assert winner["status"] == "ok" and {row[1] for row in winner["trace"]} == {0, 1, 2}
 
 
 def test_json_keys_and_configuration_are_complete(small_search):

@@ -443,7 +443,8 @@ def _slo_cell(held: Mapping, metric: str, key: str) -> str:
 
 def _bounded_by(bounded) -> str:
     """``2171 by their estimates, 48 by a failing run at the last ranked place's rate``."""
-    what = {"estimate": "by their estimates", "simulated": "by a failing run at the last ranked place's rate",
+    what = {"estimate": "by their estimates", "simulated": "by their runs (a failing run at the last ranked place's rate, or a tie with it within "
+                                          "the tolerance)",
             "saturated run": "by their saturated runs", "roles": "by their roles' bounds",
             "same runs": "by a max_num_seqs variant's failing run (the same runs)"}
     counts: dict = {}

@@ -74,9 +74,18 @@ SLO limits, which deployment serves the most?
    the objective (its capacity bound over its chips, the goodput share at most 1) is below
    the ``top``-th best simulated value cannot enter the top ``top`` and is bounded out
    (reported with its bound, not simulated), and so is every one after it. In the wave, a
-   candidate's first run is at the rate where its value would equal that one (when its
+   candidate's first run is at the rate where its value would pass that one's times ``1 +
+   tolerance``, or the first's where that is lower (:func:`~.bound.bar_value`; when its
    start is below it), and a failing run at or below that rate ends its search: its
-   capacity is below it (bounded out by simulation); an aggregated candidate without an
+   capacity is below it (bounded out by simulation). A capacity is the lower end of a bracket
+   ``hi / lo <= 1 + tolerance``, so such a candidate is tied with the ``top``-th within the
+   search's own resolution: the winner is exact, places 2 to ``top`` up to the tolerance.
+   Likewise, before its confirming seeds run, a candidate whose value with them cannot pass
+   that value (the value at the capacity its workload's seed found, or the most a capacity
+   ``1 + tolerance`` lower allows: :func:`~.bound.confirmed_upper`) is bounded out there:
+   candidates tied at the top (decode-bound disaggregated pairs beside one decode pool with
+   other prefill partners, most often) do not each run their confirming seeds. An
+   aggregated candidate without an
    estimate whose saturated run lowers its bound below that value stops there (bounded out
    too). The waves are fixed, so the candidates simulated do not depend on the workers.
    **max_num_seqs variants** (one deployment, the same pools and chunk size) run in

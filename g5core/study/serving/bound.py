@@ -87,22 +87,52 @@ def _upper_value(objective: str, bound: Optional[float], cand: Candidate, top_ou
     return (bound * top_out if objective == "throughput_per_chip" else bound) / cand.chips
 
 
-def _bar_rate(objective: str, kth: float, cand: Candidate, top_out: int) -> float:
-    """The rate at which the candidate's value could at best equal ``kth`` (the inverse of
-    :func:`_upper_value`): a capacity below it cannot enter the top."""
-    return kth * cand.chips / (top_out if objective == "throughput_per_chip" else 1)
+def _bar_rate(objective: str, value: float, cand: Candidate, top_out: int) -> float:
+    """The rate at which the candidate's value could at best equal ``value`` (the inverse of
+    :func:`_upper_value`; ``value`` the wave's :func:`bar_value`): a capacity below it cannot
+    enter the top."""
+    return value * cand.chips / (top_out if objective == "throughput_per_chip" else 1)
 
 
-def _kth_value(settings: SearchSettings, cands, results) -> Optional[float]:
-    """The ``top``-th best objective value of the candidates simulated so far (``None``
-    while fewer are)."""
+def bar_value(kth: Optional[float], first: Optional[float], tolerance: float) -> Optional[float]:
+    """The value a simulated candidate must pass to enter the ranking's exact top: the
+    top-th simulated value times ``1 + tolerance``, but never above the first's. A capacity
+    is the lower end of a bracket ``hi / lo <= 1 + tolerance``, so a candidate that cannot
+    pass the top-th by more than that is tied with it within the search's own resolution
+    (places 2 to ``top`` are exact up to the tolerance), while one that could pass the
+    first is always simulated (the winner is exact). ``first`` None: ``kth`` (exact)."""
+    if kth is None:
+        return None
+    return kth if first is None else min(kth * (1 + tolerance), first)
+
+
+def objective_value(objective: str, scored: Scored) -> float:
+    """The per-chip figure the ranking compares (min_chips: goodput, its tie-break)."""
+    goodput, tokens = scored.rates()
+    return tokens if objective == "throughput_per_chip" else goodput
+
+
+def confirmed_upper(objective: str, cand: Candidate, capacity: float, held: Mapping, tolerance: float,
+                    top_out: int) -> float:
+    """The most the candidate's value can be once its confirming seeds have run, from its
+    capacity ``capacity`` on the workload's seed (``held``: that run's summary): confirmed
+    there, the value at it; else the capacity steps down by ``1 + tolerance`` at least
+    (:func:`~g5core.study.serving.capacity.confirm`), where the value is at most
+    :func:`_upper_value`'s."""
+    there = objective_value(objective, Scored(cand, {}, {"capacity_requests_per_s": capacity, "held": held}))
+    return max(there, _upper_value(objective, capacity / (1 + tolerance), cand, top_out))
+
+
+def _top_values(settings: SearchSettings, cands, results) -> tuple[Optional[float], Optional[float]]:
+    """``(kth, first)``: the ``top``-th best and the best objective value of the candidates
+    simulated so far (``(None, None)`` while fewer than ``top`` are)."""
     values = []
     for (cand, _), res in zip(cands, results):
         if res is None or res["status"] != "ok" or not res["capacity_requests_per_s"]:
             continue
-        goodput, tokens = Scored(cand, {}, res).rates()
-        values.append(tokens if settings.objective == "throughput_per_chip" else goodput)
+        values.append(objective_value(settings.objective, Scored(cand, {}, res)))
     if len(values) < settings.top:
-        return None
-    return sorted(values, reverse=True)[settings.top - 1]
+        return None, None
+    values.sort(reverse=True)
+    return values[settings.top - 1], values[0]
 

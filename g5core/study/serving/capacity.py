@@ -10,7 +10,8 @@ import numpy as np
 from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.inputs.serving import parse_slo
 from g5core.serve.session import MissedRun
-from g5core.study.serving.bound import _bar_rate, _estimate_bound, _upper_value, capacity_bound
+from g5core.study.serving.bound import (_bar_rate, _estimate_bound, _upper_value, bar_value, capacity_bound,
+                                        confirmed_upper)
 from g5core.study.serving.estimate import narrow
 from g5core.study.serving.screen import _hbm, _session, refusal, seed_runners
 from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, SearchSettings, _at_rate, _longest_output,
@@ -55,7 +56,8 @@ def capacity_search(run, start_rate: float, tolerance: float, max_rate: float,
     bound): from a start that holds, the bisection runs toward it first instead of doubling,
     and a failing run there is required before it counts (if the SLO holds at ``upper``
     too, the doubling goes on from there): a guess of the bracket, never of the result.
-    ``bar``: a rate the capacity must reach to matter (the branch and bound's value at place ``top``):
+    ``bar``: a rate the capacity must pass to matter (the branch and bound's value at place
+    ``top`` times ``1 + tolerance``, :func:`~g5core.study.serving.bound._bar_rate`):
     from a start below it the first run is at ``bar``, and the search stops at the first
     run at or below ``bar`` that fails (``below_bar``: the capacity is below that rate).
     ``gallop`` (a start from an estimate of the capacity): from the start the rate moves by
@@ -186,7 +188,7 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
                    start_rate: float, settle_s: float, disabled=(), runner_for=None,
                    roles: Optional[Mapping] = None, kth: Optional[float] = None,
                    estimate: Optional[float] = None, start_share: float = START_ESTIMATE_SHARE,
-                   engine_points: Optional[Mapping] = None) -> dict:
+                   engine_points: Optional[Mapping] = None, first: Optional[float] = None) -> dict:
     """A candidate's capacity (a bisection over the rate, see the module doc) and its runs at
     the capacity and at the first failing rate. ``roles``: its roles' bound
     (:func:`role_rates`); with it, an aggregated candidate first measures its saturated
@@ -204,7 +206,7 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
     seed_runners(engine_points)
     try:
         return _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disabled, runner_for, roles, kth,
-                         estimate, start_share)
+                         estimate, start_share, first)
     except (ConfigError, PluginError) as exc:   # a plugin refusing one of its steps prunes the candidate
         return refusal(exc)
 
@@ -217,7 +219,7 @@ def _candidate_session(base: Mapping, cand: Candidate, workload: Mapping, slo: s
 
 
 def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disabled, runner_for, roles, kth,
-              estimate, start_share) -> dict:
+              estimate, start_share, first) -> dict:
     session = _candidate_session(base, cand, workload, slo, disabled, runner_for)
     floor = settings.rate if settings.objective == "min_chips" else None
     runs = {"n": 0}
@@ -259,19 +261,33 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
         start_rate = start_share * estimate
     elif mu and floor is None:
         start_rate = START_SHARE * mu
-    # the rate at which the candidate's value would equal the one at place ``top`` (below it, it cannot enter)
-    bar = None if kth is None or floor is not None else _bar_rate(settings.objective, kth, cand,
-                                                                   _longest_output(workload))
+    # the value to pass (bar_value: the top-th's, up to the tolerance, never the first's)
+    # and the rate at which the candidate's value would equal it
+    passing = None if floor is not None else bar_value(kth, first, settings.tolerance)
+    bar = None if passing is None else _bar_rate(settings.objective, passing, cand, _longest_output(workload))
     seeds = [workload["seed"] + k for k in range(1, settings.confirm + 1)]
 
     found = capacity_search(run, start_rate, settings.tolerance, settings.max_rate, floor,
                             bound if floor is None else None, bar, gallop=bool(estimate) and floor is None)
+    top_out = _longest_output(workload)
+    tie = None
+    if (not found["below_bar"] and seeds and found["capacity"] > 0 and bar is not None
+            and found["failed_rate"] is not None):
+        # a tie: whatever its confirming seeds say, its value cannot pass the bar's value
+        # (bar_value), so they are not run
+        tie = confirmed_upper(settings.objective, cand, found["capacity"], _run_summary(found["held"], session),
+                              settings.tolerance, top_out)
+        if tie <= passing:
+            found = {**found, "below_bar": True}
+        else:
+            tie = None
     if not found["below_bar"] and seeds and found["capacity"] > 0:
         found = confirm(found, run, seeds, settings.tolerance, bar, lambda r: _snap(r, made))
     if found["below_bar"]:
         rate = found["failed_rate"]
+        upper = _upper_value(settings.objective, rate, cand, top_out)
         return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
-                "upper": _upper_value(settings.objective, rate, cand, _longest_output(workload)), "kth": kth,
+                "upper": upper if tie is None else min(upper, tie), "kth": kth,
                 "runs": runs["n"], "failed_rate_per_s": rate, "source": "simulated",
                 "peak_running_seqs": trace_peak(trace), "trace": trace}
     held, failed = found["held"], found["failed"]

@@ -17,7 +17,7 @@ from g5core.inputs.speculative import parse_speculative, search_blocks
 from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
-from g5core.study.serving.bound import _estimate_bound, _kth_value, _upper_value, capacity_bound, role_rates
+from g5core.study.serving.bound import _estimate_bound, _top_values, _upper_value, capacity_bound, role_rates
 from g5core.study.serving.capacity import (START_ESTIMATE_SHARE, candidate_cell, trace_peak, variant_cell,
                                            whole_cell)
 from g5core.study.serving.estimate import Estimator, estimate_for
@@ -346,19 +346,19 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         cell_key: dict = {}       # candidate index -> its candidate cell's key in the table
         bounded_at: dict = {}     # candidate index -> its place in ``bounded``
 
-        def simulate(wave, kth):
+        def simulate(wave, kth, first=None):
             cells = []
             for i in wave:
                 cand, start = cands[i]
                 roles = roles_bound[i] if use_bounds else None
                 share = start_share(cands, results, estimates, cand.disaggregated)
                 key = config_hash({"kind": "candidate", **ident, "candidate": attrs.asdict(cand, recurse=True),
-                                   "settings": keyed, "roles": roles, "kth": kth, "estimate": estimates[i],
+                                   "settings": keyed, "roles": roles, "kth": kth, "first": first, "estimate": estimates[i],
                                    "start_share": share}, names)
                 cell_key[i] = key
                 cells.append((key, "candidate", cand.label(), candidate_cell,
                               (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
-                               runner_for, roles, kth, estimates[i], share, points_of(i))))
+                               runner_for, roles, kth, estimates[i], share, points_of(i), first)))
             for i, res in zip(wave, _drive(table, kept, cells, reporter, workers)):
                 if res["status"] == "bounded":
                     bounded_cell[i], bounded_at[i] = res, len(bounded)
@@ -375,7 +375,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         remaining = list(order)
         place = {i: k for k, i in enumerate(order)}
         while remaining:
-            kth = _kth_value(settings, cands, results) if use_bounds else None
+            kth, first = _top_values(settings, cands, results) if use_bounds else (None, None)
             cut = next((p for p, i in enumerate(remaining) if upper[i] < kth), None) if kth is not None else None
             if cut is not None:
                 for j in remaining[cut:]:
@@ -401,7 +401,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 else:
                     later.append(i)
             if wave:
-                simulate(wave, kth)
+                simulate(wave, kth, first)
                 for i in wave:
                     simulated_variants.setdefault(_variant(cands[i][0]), []).append(i)
             if checks:

@@ -251,8 +251,11 @@ class Bounded:
         if self.source in ("simulated", "same runs"):
             same = (" (a max_num_seqs variant's capacity search, whose runs hold or fail alike on both)"
                     if self.source == "same runs" else "")
+            # the bar is the top-th value times 1 + the tolerance: a failing run there leaves a
+            # capacity that could at most tie the top-th within the search's resolution
+            than = "not above" if self.upper <= self.kth else "within the tolerance of"
             return (f"a run at {self.capacity_bound:.4g} req/s misses the SLO{same}, so its capacity is below that: "
-                    f"at most {self.upper:.4g} per chip, not above the {self._kth_name()} ({self.kth:.4g})")
+                    f"at most {self.upper:.4g} per chip, {than} the {self._kth_name()} ({self.kth:.4g})")
         if self.estimate:
             return (f"estimated capacity {self.estimate:.4g} req/s, so at most {self.capacity_bound:.4g} req/s "
                     f"with the estimate's margin: at most {self.upper:.4g} per chip, below the {self._kth_name()} "
