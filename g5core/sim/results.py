@@ -100,7 +100,9 @@ class SimResult:
     latency_s: float
     kpis: dict
     comm_bytes: dict
-    overlap: dict
+    #: the overlap report (:func:`overlap_report`), given or worked out on first use
+    #: (:attr:`overlap`): the serving step runners read only a run's latency
+    _overlap: Optional[dict] = attrs.field(default=None, repr=False)
     collectives: list     # how the comm ops ran: one entry per (reason, primitive, algorithm, protocol, channels)
     ops: int
     flows: int
@@ -120,6 +122,14 @@ class SimResult:
     #: a micro-batched step (g5core.lower.microbatch): how it was split and what the engine
     #: measured; None for a whole step
     pipeline: Optional[dict] = None
+
+    @property
+    def overlap(self) -> dict:
+        """How much communication the compute streams hid (:func:`overlap_report`), worked out
+        from the run's op times the first time it is read."""
+        if self._overlap is None:
+            object.__setattr__(self, "_overlap", overlap_report(self.dag, self.compiled, self.start_s, self.end_s))
+        return self._overlap
 
     def op_times(self, key: str) -> tuple[float, float]:
         i = self.dag.index[key]
@@ -180,7 +190,6 @@ def summarize(dag: OpDag, engine: Engine, phase: str, sim_wall_s: float, symmetr
         latency_s=float(engine.makespan_s),
         kpis=kpis,
         comm_bytes=comm_bytes_by_reason(dag, d, k),
-        overlap=overlap_report(dag, d, start, end),
         collectives=collectives_report(dag, d, k),
         ops=d.n_ops,
         flows=len(d.flow_bytes),
