@@ -119,11 +119,13 @@ The modules, one per concern: :mod:`.space` (settings, candidates, configuration
 lengths), :mod:`.screen` (a layout's screen cell), :mod:`.estimate` (capacities from step
 tables), :mod:`.bound` (the branch and bound's bounds), :mod:`.capacity` (a candidate's
 capacity cell), :mod:`.result` (ranking and reporting), :mod:`.storage` (cells in the results
-database, progress), :mod:`.driver` (the search and the command).
+database, progress), :mod:`.candidates` (the candidates from the screens),
+:mod:`.driver` (the search), :mod:`.command` (``g5 best --serve``'s flags to a search).
 """
 from g5core.study.serving.bound import capacity_bound, role_rates
 from g5core.study.serving.capacity import candidate_cell, capacity_search, saturated_run
-from g5core.study.serving.driver import best_serve_command, serve_search
+from g5core.study.serving.command import best_serve_command
+from g5core.study.serving.driver import serve_search
 from g5core.study.serving.estimate import ESTIMATE_MARGIN, Estimator
 from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, limiter
 from g5core.study.serving.screen import screen_cell

@@ -1,5 +1,5 @@
-"""The serving search's driver: screen, enumerate, estimate and bound, simulate in waves
-(branch and bound), rank; and ``g5 best --serve``'s flags to a search."""
+"""The serving search's driver: screen, enumerate (:mod:`.candidates`), estimate and bound,
+simulate in waves (branch and bound), rank."""
 from __future__ import annotations
 
 import contextlib
@@ -12,26 +12,25 @@ from g5core.api.dimensions import collect_dimensions
 from g5core.api.errors import ConfigError, G5Error
 from g5core.api.plugins import Hooks, make_plugin_manager
 from g5core.inputs.config import disabled_from_config
-from g5core.inputs.serving import parse_slo, split_config, workload_spec
-from g5core.inputs.speculative import parse_speculative, search_blocks
+from g5core.inputs.serving import parse_slo
+from g5core.inputs.speculative import parse_speculative
 from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
-from g5core.study.serving.bound import _estimate_bound, _top_values, _upper_value, capacity_bound, role_rates
+from g5core.study.serving.bound import _estimate_bound, _top_values, _upper_value, capacity_bound
+from g5core.study.serving.candidates import candidates_from_screens
 from g5core.study.serving.capacity import (START_ESTIMATE_SHARE, candidate_cell, trace_peak, variant_cell,
                                            whole_cell)
 from g5core.study.serving.estimate import Estimator, estimate_for
 from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group
-from g5core.study.serving.screen import _lone, screen_layout
-from g5core.study.serving.space import (DEFAULT_BEAM, DEFAULT_CHUNKS, DEFAULT_CONFIRM, DEFAULT_MAX_RATE,
-                                        DEFAULT_REQUESTS, DEFAULT_TOLERANCE, DEFAULT_TOP, MAX_RUN_REQUESTS,
-                                        SERVE_OBJECTIVES, SETTLE, Candidate, PoolChoice, Pruned, SearchSettings,
-                                        _longest, _longest_output, _mean_lengths, _pow2_seqs, _shortest_output,
-                                        candidate_config, check_workload, cp_prefill_choice, freeze_block,
-                                        host_tier_variants, instance_layouts, is_moe, reuses_prefixes,
-                                        run_requests, short_label, speculative_label, thaw_block, vary_cache)
+from g5core.study.serving.screen import screen_layout
+from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, Pruned, SearchSettings, _longest_output,
+                                        _mean_lengths, candidate_config, check_workload, cp_prefill_choice,
+                                        freeze_block, host_tier_variants, instance_layouts, is_moe,
+                                        reuses_prefixes, run_requests, short_label, speculative_label, thaw_block,
+                                        vary_cache)
 from g5core.study.serving.storage import CELL_VERSION, _drive, _Kept, _Progress, _Table, _Waves
-from g5core.study.sweep import LineProgress, LocalExecutor, default_progress, make_executor
+from g5core.study.sweep import LineProgress, LocalExecutor, make_executor
 
 
 #: candidates simulated together between two branch-and-bound decisions (fixed, so the
@@ -75,7 +74,6 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
     base = {k: v for k, v in raw.items() if k not in ("parallel", "speculative")}
     ttft_limits = [l for l in limits if l.metric in ("ttft", "e2e")]
     tpot_limits = [l for l in limits if l.metric in ("tpot", "itl")]
-    e2e_limits = [l for l in limits if l.metric == "e2e"]
     # reused prefixes (a conversation's history, a shared prefix): a cache hit can beat a cold
     # prompt, so neither the lone request's TTFT and e2e nor the bounds (every prompt priced
     # cold) bound what a candidate can do; only its TPOT still prunes
@@ -125,104 +123,10 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         points: dict = {}
         for k, cell in enumerate(per_layout):
             points.setdefault(by_layout[k % len(by_layout)], {}).update(cell.get("engine_points") or {})
-        longest = _longest(workload)
-        fewest = _shortest_output(workload)
-        pruned: list[Pruned] = []
-        cands: list[tuple[Candidate, float]] = []
-        fewer = settings.objective == "min_chips"
-        roles_bound: dict = {}   # candidate index -> its roles' bound (role_rates)
-        screens: dict = {}       # candidate index -> (its pools' screens, their layout keys)
-        shortest = _lone(workload).requests[0]
-        skipped = 0
-        all_roles: dict[str, list] = {"serve": [], "prefill": [], "decode": []}
-        per_variant = len(by_layout) * (1 + (dsys is not None))
-        for v, spec in enumerate(variants):
-            cells_v = per_layout[v * per_variant:(v + 1) * per_variant]
-            found = {key: cell["chunks"] for key, cell in zip(by_layout, cells_v)}
-            screened = [found[(c, layout_label(par))][settings.chunks.index(chunk)] for c, par, chunk in layouts]
-            dfound = {key: cell["chunks"] for key, cell in zip(by_layout, cells_v[len(by_layout):])}
-            roles: dict[str, list] = {"serve": [], "prefill": [], "decode": []}
-            for (c, par, chunk), res in zip(layouts, screened):
-                if res["status"] != "ok":
-                    pruned.append(Pruned(par, c, chunk, res["family"], res["reason"], spec))
-                    continue
-                ttft_miss = [] if reuse else [l for l in ttft_limits if res["lone_ttft_s"] > l.limit_s]
-                tpot_miss = [l for l in tpot_limits
-                             if res["lone_tpot_s"] is not None and res["lone_tpot_s"] > l.limit_s]
-                e2e_miss = [] if reuse else [l for l in e2e_limits if _lone_e2e_s(res, res, fewest) > l.limit_s]
-                if not ttft_miss:
-                    roles["prefill"].append((c, par, chunk, res))
-                if not tpot_miss and dsys is None:
-                    roles["decode"].append((c, par, chunk, res))
-                if not ttft_miss and not tpot_miss and not e2e_miss:
-                    roles["serve"].append((c, par, chunk, res))
-                elif ttft_miss:
-                    pruned.append(Pruned(par, c, chunk, "lone prefill misses TTFT",
-                                         f"one request alone takes {res['lone_ttft_s']:.4g} s to its first token "
-                                         f"(limit {ttft_miss[0].key} {ttft_miss[0].limit_s:.4g} s)", spec))
-                elif tpot_miss:
-                    pruned.append(_tpot_pruned(par, c, chunk, res, tpot_miss[0], None, spec))
-                else:
-                    pruned.append(Pruned(par, c, chunk, "lone request misses E2E",
-                                         f"one request alone takes {_lone_e2e_s(res, res, fewest):.4g} s to its "
-                                         f"last token (limit {e2e_miss[0].key} {e2e_miss[0].limit_s:.4g} s)", spec))
-            for c, par, chunk in (layouts if dsys is not None else ()):   # the decode role on --decode-system
-                res = dfound[(c, layout_label(par))][settings.chunks.index(chunk)]
-                tpot_miss = [l for l in tpot_limits
-                             if res.get("lone_tpot_s") is not None and res["lone_tpot_s"] > l.limit_s]
-                if res["status"] == "ok" and not tpot_miss:
-                    roles["decode"].append((c, par, chunk, res))
-                elif res["status"] != "ok":
-                    pruned.append(Pruned(par, c, chunk, f"{res['family']} (decode on {dsys})", res["reason"], spec))
-                else:
-                    pruned.append(_tpot_pruned(par, c, chunk, res, tpot_miss[0], dsys, spec))
-            for role, kept_role in roles.items():
-                all_roles[role] += kept_role
-
-            # 2. candidates. A speculative one has no roles' bound (they count one token per
-            # decode step, a verification keeps 1 .. k + 1): it is simulated unless a failing
-            # run at the bar bounds it out
-            if settings.disagg in ("off", "auto"):
-                for c, par, chunk, res in roles["serve"]:
-                    for inst in (range(1, chips // c + 1) if fewer else (chips // c,)):
-                        pool = PoolChoice(c, tuple(sorted(par.items())), inst)
-                        for m in _pow2_seqs(res["kv_capacity_tokens"] // par.get("dp", 1), longest, settings):
-                            roles_bound[len(cands)] = None if spec else role_rates(
-                                res, res, inst, inst, m * par.get("dp", 1), chunk, shortest, tpot_limits)
-                            screens[len(cands)] = ((res,), ((c, layout_label(par), chunk),))
-                            cands.append((Candidate((pool,), m, chunk, spec), inst / res["lone_e2e_s"]))
-            if settings.disagg in ("on", "auto"):
-                prefill = sorted(roles["prefill"], key=lambda x: (x[3]["lone_ttft_s"] * x[0], layout_label(x[1])))
-                decode = sorted(roles["decode"], key=lambda x: (
-                    -(x[3]["kv_capacity_tokens"] / longest) / (x[3]["lone_tpot_s"] * x[0]), layout_label(x[1])))
-                beam = settings.beam
-                for chunk in settings.chunks:
-                    p_ok = [x for x in prefill if x[2] == chunk]
-                    d_ok = [x for x in decode if x[2] == chunk]
-                    if beam is not None:
-                        skipped += len(p_ok) * len(d_ok) - len(p_ok[:beam]) * len(d_ok[:beam])
-                        p_ok, d_ok = p_ok[:beam], d_ok[:beam]
-                    for p in p_ok:
-                        for d in d_ok:
-                            if not reuse and any(_lone_e2e_s(p[3], d[3], fewest) > l.limit_s for l in e2e_limits):
-                                continue    # no rate serves this pair within the e2e limit (its lone request misses it)
-                            for n_p in range(1, chips // p[0] + 1):
-                                rest = chips - n_p * p[0]
-                                for n_d in (range(1, rest // d[0] + 1) if fewer else
-                                            ((rest // d[0],) if rest > 0 and rest % d[0] == 0 else ())):
-                                    if n_d < 1:
-                                        continue
-                                    pools = (PoolChoice(p[0], tuple(sorted(p[1].items())), n_p),
-                                             PoolChoice(d[0], tuple(sorted(d[1].items())), n_d, dsys))
-                                    for m in _pow2_seqs(d[3]["kv_capacity_tokens"] // d[1].get("dp", 1), longest,
-                                                        settings):
-                                        start = min(n_p / p[3]["lone_ttft_s"], n_d / d[3]["lone_e2e_s"])
-                                        seqs = m * d[1].get("dp", 1)    # max_num_seqs is per attention-DP rank
-                                        roles_bound[len(cands)] = None if spec else role_rates(
-                                            p[3], d[3], n_p, n_d, seqs, chunk, shortest, tpot_limits)
-                                        screens[len(cands)] = ((p[3], d[3]), ((p[0], layout_label(p[1]), chunk),
-                                                                              (d[0], layout_label(d[1]), chunk)))
-                                        cands.append((Candidate(pools, m, chunk, spec), start))
+        en = candidates_from_screens(per_layout, by_layout, layouts, variants, settings, workload, limits, chips,
+                                     dsys, reuse)
+        pruned, cands, roles_bound, screens, skipped, all_roles = (en.pruned, en.cands, en.roles_bound, en.screens,
+                                                                   en.skipped, en.all_roles)
         # the host KV tier sizes and, for long prompts, cp's prefill choice (space.vary_cache)
         cands = vary_cache(cands, roles_bound, screens, host_tier_variants(raw, workload),
                            cp_prefill_choice(raw, workload))
@@ -492,32 +396,12 @@ def start_share(cands, results, estimates, disaggregated: bool) -> float:
     return pick[(len(pick) - 1) // 2] if pick else START_ESTIMATE_SHARE
 
 
-def _tpot_pruned(par, chips: int, chunk: int, res: Mapping, limit, system=None, spec: tuple = ()) -> Pruned:
-    """A layout whose lone decode misses a TPOT limit (on ``system``, --decode-system's, when
-    given; with the speculative: block ``spec``, even with every draft kept: see screen_cell)."""
-    on = f" on {system}" if system else ""
-    best = f" even with all {res['speculative_tokens']} drafts kept" if res.get("speculative_tokens") else ""
-    return Pruned(par, chips, chunk, "lone decode misses TPOT" + (f" (decode on {system})" if system else ""),
-                  f"one request alone decodes at {res['lone_tpot_s'] * 1e3:.4g} ms per token{on}{best} "
-                  f"(limit {limit.key} {limit.limit_s * 1e3:.4g} ms)", spec)
-
 
 def _variant(cand: Candidate) -> tuple:
     """What a candidate's max_num_seqs variants share: its pools, its chunk size, its
     speculative: block, its host KV tier and cp prefill choice."""
     return cand.pools, cand.chunk, cand.speculative, cand.host_tier_bytes_per_chip, cand.cp_prefill
 
-
-def _lone_e2e_s(prefill: Mapping, decode: Mapping, fewest: int) -> float:
-    """A lower bound of every request's e2e with its prompt on the layout ``prefill``
-    screened and its decodes on ``decode`` (the same screen when aggregated): the lone
-    request's first token on ``prefill`` plus its decode steps on ``decode`` (the
-    shortest prompt and output on an idle instance: a loaded instance only adds work to a
-    step, a disaggregated deployment the KV transfer too). With a request of one output
-    token (the lone request decodes two, see ``_lone``) the first token alone."""
-    if fewest < 2:
-        return prefill["lone_ttft_s"]
-    return prefill["lone_ttft_s"] + decode["lone_e2e_s"] - decode["lone_ttft_s"]
 
 
 def _settle_s(workload: Mapping, ttft_limits, tpot_limits, roles) -> float:
@@ -529,42 +413,3 @@ def _settle_s(workload: Mapping, ttft_limits, tpot_limits, roles) -> float:
     tpot = max((l.limit_s for l in tpot_limits), default=10 * max((k["lone_tpot_s"] or 0.0 for k in kept),
                                                                   default=0.0))
     return ttft + osl * tpot
-
-
-def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, workers: int, executor: str, *,
-                       disagg: str, workload=None, requests=None, isl=None, osl=None, slo=None, seed=None, rate=None,
-                       chunks=None, seqs=None, tolerance=None, max_rate=None, beam=None, vary=None, settle=None,
-                       confirm=None, top=DEFAULT_TOP, max_steps=None, decode_system=None,
-                       speculative=None) -> ServeSearchResult:
-    """``g5 best CONFIG --serve``'s flags to a search (the CLI prints its result)."""
-    if objective is not None and objective not in SERVE_OBJECTIVES:
-        raise ConfigError("--objective", f"{objective} ranks single-batch layouts; with --serve use "
-                                         f"{', '.join(SERVE_OBJECTIVES)}")
-    _, block = split_config(raw)
-    base_wl = dict(block.get("workload") or {})
-    if rate is not None and objective != "min_chips":
-        raise ConfigError("--rate", "the search finds the rate (the capacity); --rate is the min_chips objective's")
-    # the flags over the configuration's workload; the search sets each run's rate itself
-    if requests is None and "requests" not in base_wl and not (workload or "").lower().endswith(
-            (".csv", ".jsonl", ".json", ".ndjson")):
-        requests = DEFAULT_REQUESTS     # the documented default (--help, the README)
-    spec = workload_spec(base_wl, workload, requests, 1.0 if "arrival" not in base_wl and not workload else None,
-                         None, isl, osl, seed)
-    slo = slo if slo is not None else block.get("slo")
-    if isinstance(slo, Mapping):
-        slo = ",".join(f"{k}={v}" for k, v in slo.items())
-    if not slo:
-        raise ConfigError("--slo", "the serving search needs SLO limits, e.g. --slo ttft_p90=2s,tpot_p90=50ms")
-    settings = SearchSettings(
-        slo=slo, objective=objective or "goodput_per_chip", disagg=disagg,
-        chunks=tuple(chunks) if chunks else DEFAULT_CHUNKS, seqs=tuple(seqs) if seqs else None,
-        tolerance=DEFAULT_TOLERANCE if tolerance is None else tolerance,
-        max_rate=DEFAULT_MAX_RATE if max_rate is None else max_rate, beam=DEFAULT_BEAM if beam is None else beam,
-        rate=rate, vary=tuple(v.strip() for v in vary.split(",") if v.strip()) if vary else None,
-        settle=SETTLE if settle is None else settle, confirm=DEFAULT_CONFIRM if confirm is None else confirm,
-        top=top, decode_system=decode_system,
-        speculative=None if speculative is None else tuple(
-            freeze_block(b) for b in search_blocks(speculative, raw.get("speculative"))))
-    return serve_search(raw, spec, settings, db_path=db_path, disabled=disabled, workers=workers,
-                        executor=executor, progress=default_progress(), inputs=[config_path], max_work=max_steps)
-
