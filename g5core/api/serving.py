@@ -68,6 +68,12 @@ class StepWork:
     chunks: tuple[tuple[int, int], ...]
     decode_contexts: tuple[int, ...]
     draft_tokens: int = 0
+    #: the step's new tokens: its chunks' and one per decode (worked out once: the serving
+    #: loop and the step costs read it many times per step)
+    new_tokens: int = attrs.field(init=False, eq=False, repr=False)
+
+    def __attrs_post_init__(self) -> None:
+        object.__setattr__(self, "new_tokens", sum(n for n, _ in self.chunks) + len(self.decode_contexts))
 
     @property
     def decodes(self) -> int:
@@ -76,10 +82,6 @@ class StepWork:
     @property
     def decode_context_tokens(self) -> int:
         return sum(self.decode_contexts)
-
-    @property
-    def new_tokens(self) -> int:
-        return sum(n for n, _ in self.chunks) + len(self.decode_contexts)
 
     def groups(self) -> tuple[GroupShape, ...]:
         """The step as groups, every sequence as it is (a group of one)."""

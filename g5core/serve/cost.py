@@ -427,6 +427,7 @@ class DpCost:
     idle: StepWork = IDLE_WORK
     experts_s: Optional[Callable[[Groups], float]] = None
     _experts: dict = attrs.field(factory=dict)
+    _expert_memo: dict = attrs.field(factory=dict)    # (tokens, exact) -> expert_s's answer
 
     @property
     def chips(self) -> int:
@@ -498,14 +499,23 @@ class DpCost:
         """``E(n)``: the routed experts' compute on the busiest chip in the layout's step of
         ``tokens`` new tokens a rank (one-token sequences at context 1: the experts see only
         the token count). ``exact``: the engine at ``tokens`` (linear between the whole
-        counts around a mean); otherwise on the predictor's grid (:func:`_interp`)."""
+        counts around a mean); otherwise on the predictor's grid (:func:`_interp`). Each
+        answer is kept (the same arithmetic on the same engine figures)."""
+        key = (tokens, exact)
+        hit = self._expert_memo.get(key)
+        if hit is not None:
+            return hit
         if not exact:
-            return _interp(self._expert_at, tokens)
-        lo = int(tokens)
-        if lo == tokens:
-            return self._expert_at(lo)
-        w = tokens - lo
-        return (1 - w) * self._expert_at(lo) + w * self._expert_at(lo + 1)
+            hit = _interp(self._expert_at, tokens)
+        else:
+            lo = int(tokens)
+            if lo == tokens:
+                hit = self._expert_at(lo)
+            else:
+                w = tokens - lo
+                hit = (1 - w) * self._expert_at(lo) + w * self._expert_at(lo + 1)
+        self._expert_memo[key] = hit
+        return hit
 
     def _expert_at(self, n: int) -> float:
         hit = self._experts.get(n)

@@ -616,7 +616,7 @@ class ServingLoop:
         sched, st = inst.scheduler, inst.dec
         self.steps += 1
         work = inst.work
-        decodes = len(work.decode_contexts)
+        decodes = work.decodes
         inst.steps.extend((inst.step_start_s, now, work.new_tokens - decodes, decodes, 0, 0, 0))
         bs = sched.s.block_size
         gap = now - st.t
@@ -672,7 +672,7 @@ class ServingLoop:
         sched = inst.scheduler
         self.steps += 1
         work = inst.work
-        decodes = len(work.decode_contexts)
+        decodes = work.decodes
         inst.steps.extend((inst.step_start_s, now, work.new_tokens - decodes, decodes, 0, 0, 0))
         prefill_pool = self.split and inst.pool.role == "prefill"
         for q in sched.finish_step(inst.picked):
