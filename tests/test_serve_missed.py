@@ -114,3 +114,22 @@ def test_a_capacity_search_with_stopped_runs_finds_what_whole_runs_find(monkeypa
     again = capacity.whole_cell(raw, cand, wl, slo, settings, 1.64, (), layout_runner, rate, seed)
     assert again["failed"] == slow["failed"]
     assert again["peak_running_seqs"] == slow["trace"][slow["failed_run"]][3]
+
+
+@pytest.mark.parametrize("raw", [AGG, DISAGG], ids=["aggregated", "disaggregated"])
+def test_a_run_without_its_inter_token_gaps_gives_the_same_figures(raw):
+    """A run whose figures read no inter-token gap (``itl_stats=False``, no ITL limit: the
+    serving search's runs) keeps none of them (the loop's ``gaps``), and its summary, its
+    steps and every request's largest gap are the run's that keeps them; an ITL limit keeps
+    them."""
+    session = ServingSession(raw, WL, runner=layout_runner(raw), slo="ttft_p90=1s,tpot_p90=40ms")
+    wl = {**WL, "arrival": {"kind": "poisson", "rate_per_s": 6.0}}
+    kept, lean = session.run(wl), session.run(wl, itl_stats=False)
+    assert len(kept.loop.requests.itl_s) > 0 and len(lean.loop.requests.itl_s) == 0
+    assert kept.summary["itl_s"] is not None and lean.summary["itl_s"] is None
+    assert {k: v for k, v in kept.summary.items() if k != "itl_s"} == {
+        k: v for k, v in lean.summary.items() if k != "itl_s"}
+    assert kept.loop.requests.max_itl_s.tobytes() == lean.loop.requests.max_itl_s.tobytes()
+    assert [i.steps.tobytes() for i in kept.loop.instances] == [i.steps.tobytes() for i in lean.loop.instances]
+    limited = ServingSession(raw, WL, runner=layout_runner(raw), slo="itl_p99=80ms").run(wl, itl_stats=False)
+    assert limited.loop.requests.itl_s.tobytes() == kept.loop.requests.itl_s.tobytes()

@@ -80,7 +80,7 @@ class Instance:
     __slots__ = ("pool", "index", "scheduler", "busy", "picked", "work", "step_start_s", "steps", "itl_s", "dec",
                  "lazy", "lazy_step", "lazy_admitted")
 
-    def __init__(self, pool: Pool, index: int, lazy: bool = False):
+    def __init__(self, pool: Pool, index: int, lazy: bool = False, gaps: bool = True):
         self.pool, self.index = pool, index
         # the decoding sequences' state kept across runs of decode steps (a _DecodeState)
         # while nothing but those runs and the finishes at their ends touches them; ``lazy``:
@@ -98,7 +98,9 @@ class Instance:
         self.step_start_s = 0.0
         # one row per step: start_s, end_s, prefill tokens, decodes, used blocks, running, waiting
         self.steps = array("d")
-        self.itl_s = array("d")   # the gaps between the tokens it emitted, in order (the log joins them)
+        # the gaps between the tokens it emitted, in order (the log joins them); None where the
+        # run keeps none (``gaps``: ServingLoop's)
+        self.itl_s: Optional[array] = array("d") if gaps else None
 
 
 @attrs.define(eq=False)
@@ -256,7 +258,7 @@ class ServingLoop:
     before any decode step. :meth:`step` and :meth:`run` to a time keep one pass in time order."""
 
     def __init__(self, fleet: Fleet, workload: Workload, progress: Optional[Callable[[int, int], None]] = None,
-                 fast: bool = True, miss: Optional[MissWatch] = None):
+                 fast: bool = True, miss: Optional[MissWatch] = None, gaps: bool = True):
         self._t_wall = time.perf_counter()
         self.fleet, self.workload, self.progress = fleet, workload, progress
         reqs = self.requests = workload.requests
@@ -264,7 +266,9 @@ class ServingLoop:
         self.log = RequestLog(n)
         # an instance keeps its decoding sequences' state across runs (_DecodeState) only where
         # no router reads a scheduler's state between them (round robin)
-        self.pools = [[Instance(p, i, fast and type(p.router) is RoundRobin) for i in range(p.instances)]
+        # ``gaps``: every inter-token gap kept (the log's itl_s); without, only each request's
+        # largest (max_itl_s) and the figures that do not read them (the serving search's runs)
+        self.pools = [[Instance(p, i, fast and type(p.router) is RoundRobin, gaps) for i in range(p.instances)]
                       for p in fleet.pools]
         self.split = fleet.disaggregated
         self.heap: list = []
@@ -451,7 +455,8 @@ class ServingLoop:
             instances = [i for p in self.pools for i in p]
             log = self.log
             for inst in instances:
-                log.itl_s.extend(inst.itl_s)
+                if inst.itl_s is not None:
+                    log.itl_s.extend(inst.itl_s)
             if self.done != self.n:
                 raise G5Error(f"serving loop ended with {self.n - self.done:,} of {self.n:,} requests unfinished "
                               "(a G5 bug)")
@@ -629,7 +634,8 @@ class ServingLoop:
         joining = []
         kept = True
         for r, part, mine in zip(scheds, st.parts, inst.lazy_admitted):
-            inst.itl_s.extend(array("d", (gap,)) * len(part.base))
+            if inst.itl_s is not None:
+                inst.itl_s.extend(array("d", (gap,)) * len(part.base))
             self._leave(now, inst, st, r, part)
             for q in r.finish_step(mine):
                 self._emitted(now, inst, q, sched, prefill_pool)
@@ -692,7 +698,8 @@ class ServingLoop:
             q.last_s = now
         else:
             gap = now - q.last_s
-            inst.itl_s.append(gap)
+            if inst.itl_s is not None:
+                inst.itl_s.append(gap)
             if gap > q.max_itl_s:
                 q.max_itl_s = gap
             q.last_s = now
@@ -1111,7 +1118,8 @@ def _lazy_run(inst: Instance, st: _DecodeState, now: float, horizon: float, cros
         rows.extend((t, end, per, b, used + need, seqs, waiting))
         gap = end - t
         if b:
-            itl.extend(array("d", (gap,)) * b)
+            if itl is not None:
+                itl.extend(array("d", (gap,)) * b)
             if gap > worst:
                 worst = gap
         taken = needs[:]
@@ -1146,21 +1154,23 @@ def _chunk_stepper(inst: Instance, part: _Part, shift: int, done: int, per: int)
     return lambda j: latency_s(StepWork(((per, done + (j - shift) * per),), tuple(c + j for c in base)))
 
 
-def _advance(decoding: list, ends: list, itl_s: array, bs: int) -> None:
+def _advance(decoding: list, ends: list, itl_s: Optional[array], bs: int) -> None:
     """The decoding sequences after a run's steps ending at ``ends``: each emitted one token
     a step (its context, tokens and KV blocks, ``VllmScheduler._blocks_for``), the
     instance's inter-token gaps (each sequence's first, from its last token, then one per
-    step for all) and each sequence's largest gap."""
+    step for all; ``itl_s`` None: not kept) and each sequence's largest gap."""
     k, t, b = len(ends), ends[-1], len(decoding)
     gaps = [ends[0] - q.last_s for q in decoding]
-    itl_s.extend(array("d", gaps))
+    if itl_s is not None:
+        itl_s.extend(array("d", gaps))
     prev = ends[0]
     worst = 0.0
     for end in ends[1:]:
         gap = end - prev
         if gap > worst:
             worst = gap
-        itl_s.extend(array("d", (gap,)) * b)
+        if itl_s is not None:
+            itl_s.extend(array("d", (gap,)) * b)
         prev = end
     for q, gap in zip(decoding, gaps):
         _bring_up(q, k, t, gap if gap > worst else worst, bs)

@@ -69,7 +69,9 @@ class ServingSession:
         for pool, ps in zip(self.fleet.pools, self.spec.pools):
             pool.router = self.registry.router(ps.router)()
         watch = MissWatch.of(self.spec.slo, workload) if stop_at_miss else None
-        run = ServingLoop(self.fleet, workload, miss=watch)
+        # every inter-token gap only where a figure reads them (their statistics, an ITL limit)
+        gaps = itl_stats or any(lim.metric == "itl" for lim in self.spec.slo)
+        run = ServingLoop(self.fleet, workload, miss=watch, gaps=gaps)
         loop = run.run()
         if loop is None:
             peaks = [getattr(i.scheduler, "peak_running", None) for p in run.pools for i in p]
