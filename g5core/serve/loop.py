@@ -754,8 +754,12 @@ class ServingLoop:
         sched = inst.scheduler
         row = len(inst.steps) - 7
         inst.steps[row + 4] = sched.used_blocks
-        inst.steps[row + 5] = len(sched.running)
-        inst.steps[row + 6] = len(sched.waiting)
+        if type(sched) is DpScheduler:      # its ranks' counts (its running and waiting are lists built on each read)
+            inst.steps[row + 5] = sum(len(r.running) for r in sched.ranks)
+            inst.steps[row + 6] = sum(len(r.waiting) for r in sched.ranks)
+        else:
+            inst.steps[row + 5] = len(sched.running)
+            inst.steps[row + 6] = len(sched.waiting)
         inst.busy = False
         if sched.has_work:
             self._start(inst, now)
@@ -787,7 +791,13 @@ class ServingLoop:
         k, bs, sched = st.shift, r.s.block_size, inst.scheduler
         if not part.fin or part.fin[0] != k:
             return
-        done = [q for q in r.running[:len(part.base)] if q.req.output_tokens - q.emitted <= k]
+        m = bisect.bisect_right(part.fin, k)     # how many leave now (none has fewer tokens left)
+        done = []
+        for q in r.running[:len(part.base)]:
+            if q.req.output_tokens - q.emitted <= k:
+                done.append(q)
+                if len(done) == m:
+                    break
         for q in done:
             _bring_up(q, k, now, st.worst, bs)
             sched.last_token(q)
