@@ -372,8 +372,9 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
               help="What to rank by [default: ttft for prefill, tpot for decode, latency for a mixed step; with "
                    "--serve: goodput_per_chip (or throughput_per_chip, min_chips with --rate)].")
 @click.option("--top", "top", default=None, type=click.IntRange(min=1),
-              help="How many to show [default: 10] (--serve: the ranking is exact down to this place; the rest may "
-                   "be bounded out) [--serve default: 5].")
+              help="How many to show [default: 10] (--serve: the ranking is exact down to this place, the first "
+                   "exactly and the others up to --tolerance, where ties are not told apart; the rest may be "
+                   "bounded out) [--serve default: 5].")
 @click.option("--json", "as_json", is_flag=True,
               help="Print a JSON list of the candidates, best first: parallel, latency_s, fits, max_total_bytes, "
                    "tokens_per_s_per_chip, objective_value and the full configuration (with --serve: config, "

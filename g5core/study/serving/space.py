@@ -62,7 +62,7 @@ class SearchSettings:
     vary: Optional[tuple[str, ...]] = None     # only these dimensions vary (the others stay 1)
     settle: float = SETTLE                     # runs hold this many times the requests in the system
     confirm: int = DEFAULT_CONFIRM             # further seeds the capacity must hold on
-    top: int = DEFAULT_TOP                     # the ranking is exact down to this place (branch and bound)
+    top: int = DEFAULT_TOP                     # the ranking is exact down to this place, up to the tolerance (bound.bar_value)
     bound: bool = True                         # False: simulate every candidate (no branch and bound)
     decode_system: Optional[str] = None        # the disaggregated candidates' decode pools' system
     #: the speculative: blocks to try (:func:`freeze_block` each, ``()`` plain decode), every
