@@ -15,7 +15,7 @@ bytes one token of one sequence takes per chip, and the KV pool per chip. Two mo
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, Sequence
 
 import attrs
 
@@ -241,6 +241,8 @@ class PlanCost:
         if len(parts) == 1 and not work.decodes:
             (new, cached), = parts
             return _interp(lambda t: self._f_cached(t, cached), new)
+        if not parts:
+            return self._decode_predict_s(work.decodes, work.decode_context_tokens)
         total = _interp(self.g, work.new_tokens)
         for n, c in parts:
             total += _interp(lambda t: self._f_cached(t, c), n) - _interp(self.g, n)
@@ -288,6 +290,25 @@ class PlanCost:
         if hit is None:
             hit = self._steps[key] = (self.predict_s(work), work)
         return hit[0]
+
+    def decode_step_s(self, base: Sequence[int], j: int, total: int) -> float:
+        """:meth:`latency_s` of the decode-only step of ``len(base)`` sequences at ``base``
+        (sorted) plus ``j`` each, ``total`` the sum of those: the same key and value (the
+        predictor's decode-only case, :meth:`_decode_predict_s`) without building the step
+        unless the engine answers (``exact``)."""
+        if self.exact:
+            return self.latency_s(StepWork((), tuple(c + j for c in base)))
+        b = len(base)
+        key = ((), b, total)
+        hit = self._steps.get(key)
+        if hit is None:
+            hit = self._steps[key] = (self._decode_predict_s(b, total), (tuple(base), j))
+        return hit[0]
+
+    def _decode_predict_s(self, b: int, total: int) -> float:
+        """:meth:`predict_s` of a decode-only step of ``b`` sequences whose contexts sum to
+        ``total``: its tokens' part and its attention at the mean context."""
+        return _interp(self.g, b) + self._attention(b, total / b)
 
     def decode_stepper(self, contexts: tuple) -> Callable[[int, int], float]:
         """``(j, total) ->`` :meth:`latency_s` of the decode-only step of ``len(contexts)``
@@ -461,6 +482,18 @@ class DpCost:
         exact = self.rank.exact if exact is None else exact
         own = max(self.rank.latency_s(w, exact) - self.expert_s(w.new_tokens, exact) for w in seen)
         return own + self.expert_s(sum(w.new_tokens for w in ranks) / len(ranks), exact)
+
+    def latency_of(self, ranks: Sequence[tuple[float, int]]) -> float:
+        """:meth:`latency_s` of a step from its ranks' own figures, ``(latency_s, new_tokens)``
+        each (the rank's :meth:`PlanCost.latency_s` of its work; an idle rank's of
+        ``self.idle``), where at least two ranks' works differ: the same arithmetic, without
+        the ranks' works (the serving loop's admission steps on a kept state price the ranks
+        that only decode by their steppers)."""
+        if self.experts_s is None:
+            return max(latency for latency, _ in ranks)
+        exact = self.rank.exact
+        own = max(latency - self.expert_s(n, exact) for latency, n in ranks)
+        return own + self.expert_s(sum(n for _, n in ranks) / len(ranks), exact)
 
     def decode_stepper(self, rank_contexts: tuple) -> Callable[[int], float]:
         """``j ->`` :meth:`latency_s` of the decode-only step whose rank ``r`` decodes its

@@ -21,7 +21,7 @@ import attrs
 
 from g5core.api.errors import G5Error
 from g5core.inputs.serving import SloLimit
-from g5core.serve.cost import RankedWork, StepWork
+from g5core.serve.cost import DpCost, RankedWork, StepWork
 from g5core.serve.router import RoundRobin
 from g5core.serve.scheduler import DpScheduler, SchedulerSettings, Seq, VllmScheduler
 from g5core.serve.workload import Workload
@@ -568,7 +568,11 @@ class ServingLoop:
             needs.append(need)
             tails.append(tail)
         admitted: list = []     # per scheduler
-        works = []
+        works: list = []        # per scheduler: its StepWork, or None where it only decodes its part
+        # an attention-DP instance's ranks that admit nothing are priced from their part
+        # (PlanCost.decode_step_s), their works not built (DpCost.latency_of), unless every
+        # rank's work might be alike (_alike: DpCost.latency_s prices that case otherwise)
+        dp_cost = inst.pool.cost if len(scheds) > 1 and type(inst.pool.cost) is DpCost else None
         for r, part, need, tail in zip(scheds, st.parts, needs, tails):
             r.free_blocks -= need
             mine: list = []
@@ -582,6 +586,9 @@ class ServingLoop:
             r.admit(left, mine)
             self._admitted(now, mine)
             admitted.append(mine)
+            if dp_cost is not None and not mine:
+                works.append(None)
+                continue
             contexts = [c + k for c in part.base]
             chunks = []
             for q in mine:          # as VllmScheduler.work
@@ -592,19 +599,28 @@ class ServingLoop:
             if len(contexts) > len(part.base):
                 contexts.sort()
             works.append(StepWork(tuple(chunks), tuple(contexts)))
+        latency = None
         if len(scheds) == 1:
             work = works[0]
         else:       # DpScheduler.schedule's idle ranks; no rank is over its pool (the blocks fit)
-            if any(w.new_tokens for w in works):
-                for i, w in enumerate(works):
-                    if not w.new_tokens:
+            tokens = [len(part.base) if w is None else w.new_tokens for w, part in zip(works, st.parts)]
+            if any(tokens):
+                for i, n in enumerate(tokens):
+                    if not n:
                         sched.idle_steps[i] += 1
-            work = RankedWork(tuple(works))
             sched._picks = admitted
+            if None in works and not _alike(dp_cost, works, st.parts, k):
+                latency = dp_cost.latency_of([_rank_figures(dp_cost, w, part, k) for w, part in zip(works, st.parts)])
+                work = _Counts(sum(tokens), sum(len(part.base) if w is None else w.decodes
+                                                for w, part in zip(works, st.parts)))
+            else:
+                work = RankedWork(tuple(StepWork((), tuple(c + k for c in part.base)) if w is None else w
+                                        for w, part in zip(works, st.parts)))
         if not work.new_tokens:
             _materialize(inst)      # nothing to run: as schedule() finds nothing
             return False
-        latency = inst.pool.cost.latency_s(work)
+        if latency is None:
+            latency = inst.pool.cost.latency_s(work)
         inst.busy, inst.work, inst.step_start_s, inst.lazy_step = True, work, now, True
         inst.picked = [q for mine in admitted for q in mine]
         inst.lazy_admitted = admitted
@@ -1000,6 +1016,45 @@ class _DecodeState:
     def __init__(self, parts: list, t: float):
         self.parts, self.t = parts, t
         self.shift, self.worst, self.stepper = 0, 0.0, None
+
+
+class _Counts:
+    """What the end of a step reads of its work (``new_tokens``, ``decodes``), for an
+    attention-DP step priced from its ranks' figures (:meth:`ServingLoop._lazy_step`)."""
+
+    __slots__ = ("new_tokens", "decodes")
+
+    def __init__(self, new_tokens: int, decodes: int):
+        self.new_tokens, self.decodes = new_tokens, decodes
+
+
+def _alike(cost: DpCost, works: list, parts: list, k: int) -> bool:
+    """Whether every rank's work of an attention-DP step might be the same (their chunks, new
+    tokens and decode context sums all equal; ``None``: the part's decodes ``k`` steps past
+    its base, an empty part the idle rank's work), the case :meth:`DpCost.latency_s` prices
+    as one rank's step."""
+    def key(w, part):
+        if w is None and part.base:
+            return (), len(part.base), part.sum_base + k * len(part.base)
+        w = cost.idle if w is None or not w.new_tokens else w
+        return w.chunks, w.new_tokens, w.decode_context_tokens
+    first = key(works[0], parts[0])
+    return all(key(w, part) == first for w, part in zip(works[1:], parts[1:]))
+
+
+def _rank_figures(cost: DpCost, work: Optional[StepWork], part: _Part, k: int) -> tuple[float, int]:
+    """An attention-DP rank's ``(latency_s, new_tokens)`` in a step (DpCost.latency_of):
+    its ``work``'s, or, with ``work`` None, its part's decodes ``k`` steps past ``base``
+    (:meth:`PlanCost.decode_step_s`: the rank's latency of that work, without building it),
+    an idle rank's figures where the part is empty."""
+    if work is None:
+        b = len(part.base)
+        if not b:
+            return cost.rank.latency_s(cost.idle), cost.idle.new_tokens
+        return cost.rank.decode_step_s(part.base, k, part.sum_base + k * b), b
+    if not work.new_tokens:
+        work = cost.idle
+    return cost.rank.latency_s(work), work.new_tokens
 
 
 def _schedulers(sched) -> list:
