@@ -325,15 +325,18 @@ def test_a_bad_e2e_limit_is_a_one_line_config_error_naming_the_field(bad, says):
     assert text.startswith("--slo: ") and "e2e" in text, text
 
 
-def test_bounded_out_candidates_simulated_anyway_never_beat_the_top_th():
+@pytest.mark.parametrize("confirm", [0, 1])
+def test_bounded_out_candidates_simulated_anyway_never_beat_the_top_th(confirm):
     """Branch and bound: a candidate whose bound (its estimate with the margin, or its
     saturated throughput's) cannot reach the top-th simulated goodput is not simulated, nor
     is one that misses the SLO at the rate passing the top-th's by the tolerance simulated
-    further; simulated anyway (with the plain bracket), its goodput stays below the top-th
-    times ``1 + tolerance``, and no candidate's capacity exceeds its bound."""
+    further, nor (with a confirming seed) one tied with the top-th before its confirming
+    seeds, nor a max_num_seqs variant taking such a one's runs; simulated anyway (with the
+    plain bracket), its goodput stays below the top-th times ``1 + tolerance`` and within its
+    bound, and no candidate's capacity exceeds its bound."""
     raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8}
     settings = SearchSettings(slo=SLO, chunks=(1024,), seqs=(1, 2, 4, 16), vary=("tp",), disagg="off", top=2,
-                              settle=4, confirm=0)
+                              settle=4, confirm=confirm)
     result = serve_search(raw, WL, settings, runner_for=layout_runner)
     copies = sum(1 for s in result.ranked if "same_runs_as" in s.cell)
     assert result.bounded and result.candidates + copies + len(result.bounded) == 16
@@ -383,6 +386,11 @@ def test_a_tie_with_the_top_th_is_bounded_out_before_its_confirming_seeds():
     assert {row[1] for row in tied["trace"]} == {0}, "no confirming seed ran"
     assert tied["upper"] <= kth * (1 + settings.tolerance) * (1 + 1e-12)
     assert tied["runs"] < confirmed["runs"]
+    # what a max_num_seqs variant taking these runs checks again: the bar and the run at the
+    # capacity (the highest rate held on the workload's seed)
+    assert tied["tie_bar"] == kth * (1 + settings.tolerance)
+    rate, seed, held, _ = tied["trace"][tied["tie_run"]]
+    assert seed == 0 and held and rate == max(row[0] for row in tied["trace"] if row[2])
     # a top-th the candidate passes by more than the tolerance leaves it simulated, its
     # confirming seeds run
     lower = kth / (1 + 2 * settings.tolerance) ** 2

@@ -286,10 +286,13 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
     if found["below_bar"]:
         rate = found["failed_rate"]
         upper = _upper_value(settings.objective, rate, cand, top_out)
-        return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
-                "upper": upper if tie is None else min(upper, tie), "kth": kth,
-                "runs": runs["n"], "failed_rate_per_s": rate, "source": "simulated",
-                "peak_running_seqs": trace_peak(trace), "trace": trace}
+        out = {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
+               "upper": upper if tie is None else min(upper, tie), "kth": kth,
+               "runs": runs["n"], "failed_rate_per_s": rate, "source": "simulated",
+               "peak_running_seqs": trace_peak(trace), "trace": trace}
+        if tie is not None:     # what a max_num_seqs variant taking these runs checks again (the driver)
+            out.update(tie_bar=passing, tie_run=at.get(id(found["held"])))
+        return out
     held, failed = found["held"], found["failed"]
     # a failing run stopped at its sure miss has no figures: the driver makes the shown
     # candidates' again to their end (whole_cell); the others keep the limit it missed

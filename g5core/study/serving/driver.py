@@ -17,7 +17,7 @@ from g5core.inputs.speculative import parse_speculative
 from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
-from g5core.study.serving.bound import _estimate_bound, _top_values, _upper_value, capacity_bound
+from g5core.study.serving.bound import _estimate_bound, _top_values, _upper_value, capacity_bound, confirmed_upper
 from g5core.study.serving.candidates import candidates_from_screens
 from g5core.study.serving.capacity import (START_ESTIMATE_SHARE, candidate_cell, trace_peak, variant_cell,
                                            whole_cell)
@@ -197,10 +197,23 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 return j, places
             return None
 
+        def tie_upper(i, j, again: dict):
+            """Where ``j`` was bounded out as a tie with the top (before its confirming seeds)
+            and its run at the capacity was made again on ``i`` (``again``): ``i``'s bound from
+            that run (its figures may differ though it holds alike), else None."""
+            src = cell_of(j)
+            place = src.get("tie_run")
+            if src.get("tie_bar") is None or place not in again:
+                return None
+            tie = confirmed_upper(settings.objective, cands[i][0], src["trace"][place][0], again[place][2],
+                                  settings.tolerance, top_out)
+            return min(tie, _upper_value(settings.objective, src["failed_rate_per_s"], cands[i][0], top_out))
+
         def adopt(i, j, again: dict) -> None:
             """Candidate ``i`` takes ``j``'s capacity search: every run of it holds or fails on
             ``i`` as on ``j`` (the runs in ``again``, ``{place: [held, peak, summary]}``, were
-            made on ``i``; the others are ``i``'s bit for bit)."""
+            made on ``i``; the others are ``i``'s bit for bit); a tie's bound is ``i``'s own
+            (:func:`tie_upper`)."""
             src = cell_of(j)
             trace = [list(t) for t in src["trace"]]
             for k, (_, peak, _) in again.items():
@@ -216,9 +229,11 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                         res[field] = again[place][2]
                 results[i] = res
             else:
-                bounded_cell[i], bounded_at[i] = {**src, "trace": trace, "peak_running_seqs": peak}, len(bounded)
+                upper = tie_upper(i, j, again)
+                own = {} if upper is None else {"upper": upper}
+                bounded_cell[i], bounded_at[i] = {**src, "trace": trace, "peak_running_seqs": peak, **own}, len(bounded)
                 bounded.append(attrs.evolve(bounded[bounded_at[j]], candidate=cands[i][0], estimate=estimates[i],
-                                            runs=len(again), source="same runs"))
+                                            runs=len(again), source="same runs", **own))
             if reporter is not None:
                 reporter.skip(1, "same runs")
 
@@ -237,9 +252,12 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             again = []
             for (i, j, places), res in zip(checks, _drive(table, kept, cells, None, workers)):
                 src = cell_of(j)
+                made = dict(zip(places, res.get("runs") or ()))
+                upper = tie_upper(i, j, made) if res["status"] == "ok" else None
                 if res["status"] == "ok" and all(src["trace"][k][2] == held
-                                                 for k, (held, _, _) in zip(places, res["runs"])):
-                    adopt(i, j, dict(zip(places, res["runs"])))
+                                                 for k, (held, _, _) in zip(places, res["runs"])) and (
+                        upper is None or upper <= src["tie_bar"]):   # a tie's bar still holds on i
+                    adopt(i, j, made)
                 else:
                     differs.add((i, j))
                     again.append(i)
