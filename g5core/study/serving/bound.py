@@ -123,6 +123,18 @@ def confirmed_upper(objective: str, cand: Candidate, capacity: float, held: Mapp
     return max(there, _upper_value(objective, capacity / (1 + tolerance), cand, top_out))
 
 
+def tie_bound(objective: str, cand: Candidate, capacity: float, held: Mapping, failed_rate: float,
+              tolerance: float, top_out: int) -> float:
+    """The bound of a candidate's value before its confirming seeds run, from its capacity
+    search on the workload's seed (``capacity``, ``held`` the summary of its run there,
+    ``failed_rate`` the lowest failing rate): :func:`confirmed_upper`, and at most what the
+    failing rate allows. At or below the wave's :func:`bar_value` the candidate is a tie
+    with the top (bounded out by the cell, and checked again by the driver for a
+    max_num_seqs variant taking its runs)."""
+    return min(confirmed_upper(objective, cand, capacity, held, tolerance, top_out),
+               _upper_value(objective, failed_rate, cand, top_out))
+
+
 def _top_values(settings: SearchSettings, cands, results) -> tuple[Optional[float], Optional[float]]:
     """``(kth, first)``: the ``top``-th best and the best objective value of the candidates
     simulated so far (``(None, None)`` while fewer than ``top`` are)."""

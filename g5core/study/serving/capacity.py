@@ -11,7 +11,7 @@ from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.inputs.serving import parse_slo
 from g5core.serve.session import MissedRun
 from g5core.study.serving.bound import (_bar_rate, _estimate_bound, _upper_value, bar_value, capacity_bound,
-                                        confirmed_upper)
+                                        tie_bound)
 from g5core.study.serving.estimate import narrow
 from g5core.study.serving.screen import _hbm, _session, refusal, seed_runners
 from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, SearchSettings, _at_rate, _longest_output,
@@ -56,8 +56,8 @@ def capacity_search(run, start_rate: float, tolerance: float, max_rate: float,
     bound): from a start that holds, the bisection runs toward it first instead of doubling,
     and a failing run there is required before it counts (if the SLO holds at ``upper``
     too, the doubling goes on from there): a guess of the bracket, never of the result.
-    ``bar``: a rate the capacity must pass to matter (the branch and bound's value at place
-    ``top`` times ``1 + tolerance``, :func:`~g5core.study.serving.bound._bar_rate`):
+    ``bar``: a rate the capacity must pass to matter (the rate of the branch and bound's
+    :func:`~g5core.study.serving.bound.bar_value`, :func:`~g5core.study.serving.bound._bar_rate`):
     from a start below it the first run is at ``bar``, and the search stops at the first
     run at or below ``bar`` that fails (``below_bar``: the capacity is below that rate).
     ``gallop`` (a start from an estimate of the capacity): from the start the rate moves by
@@ -263,20 +263,20 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
         start_rate = START_SHARE * mu
     # the value to pass (bar_value: the top-th's, up to the tolerance, never the first's)
     # and the rate at which the candidate's value would equal it
+    top_out = _longest_output(workload)
     passing = None if floor is not None else bar_value(kth, first, settings.tolerance)
-    bar = None if passing is None else _bar_rate(settings.objective, passing, cand, _longest_output(workload))
+    bar = None if passing is None else _bar_rate(settings.objective, passing, cand, top_out)
     seeds = [workload["seed"] + k for k in range(1, settings.confirm + 1)]
 
     found = capacity_search(run, start_rate, settings.tolerance, settings.max_rate, floor,
                             bound if floor is None else None, bar, gallop=bool(estimate) and floor is None)
-    top_out = _longest_output(workload)
     tie = None
     if (not found["below_bar"] and seeds and found["capacity"] > 0 and bar is not None
             and found["failed_rate"] is not None):
         # a tie: whatever its confirming seeds say, its value cannot pass the bar's value
         # (bar_value), so they are not run
-        tie = confirmed_upper(settings.objective, cand, found["capacity"], _run_summary(found["held"], session),
-                              settings.tolerance, top_out)
+        tie = tie_bound(settings.objective, cand, found["capacity"], _run_summary(found["held"], session),
+                        found["failed_rate"], settings.tolerance, top_out)
         if tie <= passing:
             found = {**found, "below_bar": True}
         else:
@@ -285,9 +285,8 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
         found = confirm(found, run, seeds, settings.tolerance, bar, lambda r: _snap(r, made))
     if found["below_bar"]:
         rate = found["failed_rate"]
-        upper = _upper_value(settings.objective, rate, cand, top_out)
         out = {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
-               "upper": upper if tie is None else min(upper, tie), "kth": kth,
+               "upper": _upper_value(settings.objective, rate, cand, top_out) if tie is None else tie, "kth": kth,
                "runs": runs["n"], "failed_rate_per_s": rate, "source": "simulated",
                "peak_running_seqs": trace_peak(trace), "trace": trace}
         if tie is not None:     # what a max_num_seqs variant taking these runs checks again (the driver)

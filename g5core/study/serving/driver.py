@@ -17,7 +17,7 @@ from g5core.inputs.speculative import parse_speculative
 from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
-from g5core.study.serving.bound import _estimate_bound, _top_values, _upper_value, capacity_bound, confirmed_upper
+from g5core.study.serving.bound import _estimate_bound, _top_values, _upper_value, capacity_bound, tie_bound
 from g5core.study.serving.candidates import candidates_from_screens
 from g5core.study.serving.capacity import (START_ESTIMATE_SHARE, candidate_cell, trace_peak, variant_cell,
                                            whole_cell)
@@ -205,9 +205,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             place = src.get("tie_run")
             if src.get("tie_bar") is None or place not in again:
                 return None
-            tie = confirmed_upper(settings.objective, cands[i][0], src["trace"][place][0], again[place][2],
-                                  settings.tolerance, top_out)
-            return min(tie, _upper_value(settings.objective, src["failed_rate_per_s"], cands[i][0], top_out))
+            return tie_bound(settings.objective, cands[i][0], src["trace"][place][0], again[place][2],
+                             src["failed_rate_per_s"], settings.tolerance, top_out)
 
         def adopt(i, j, again: dict) -> None:
             """Candidate ``i`` takes ``j``'s capacity search: every run of it holds or fails on
