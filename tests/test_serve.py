@@ -18,6 +18,7 @@ from g5core.serve.router import LeastKvUse, LeastOutstandingTokens, RoundRobin
 from g5core.serve.scheduler import SchedulerSettings
 from g5core.serve.workload import Request, Workload, synthetic
 from serve_helpers import count_kept
+from g5core.serve import loop as serve_loop
 
 LLAMA8 = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1}}
 
@@ -406,6 +407,59 @@ def test_runs_keep_the_decoding_sequences_state_between_runs(monkeypatch):
                       "input_tokens": "uniform:1500:4000", "output_tokens": "uniform:50:300", "seed": 7})
     _same_runs(Fleet((pool(cost, instances=2, max_num_seqs=64, max_num_batched_tokens=512),)), long)
     assert kept["chunks"] > 100 and kept["steps"] > 100
+
+
+def test_a_decode_pool_whose_kv_is_full_runs_its_steps_at_once_while_its_queue_waits(monkeypatch):
+    """A decode pool whose KV pool is full holds its queue below ``max_num_seqs`` (the
+    first waiting sequence's blocks do not fit until a sequence finishes): nothing can be
+    admitted in a run of decode steps, which only takes blocks, so the runs go on beside the
+    queue (loop._may_admit), with every step, token time and KV block of one event per step;
+    a queue whose first sequence fits still stops them."""
+    kept = count_kept(monkeypatch)
+    w = synthetic({"requests": 200, "arrival": {"kind": "poisson", "rate_per_s": 10}, "input_tokens": "uniform:200:400",
+                   "output_tokens": "uniform:100:300", "seed": 4})
+    cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=2e6)
+    prefill = attrs.evolve(pool(cost, max_num_batched_tokens=2048), role="prefill")
+    decode = attrs.evolve(pool(cost, instances=2, blocks=200, max_num_seqs=64), role="decode")
+    fleet = Fleet((prefill, decode), transfer_s=lambda tokens, i, j: 1e-3 + 1e-7 * tokens)
+    waited = []
+    admit = serve_loop.VllmScheduler.admit
+
+    def admitting(sched, budget, picked):     # the queue while the batch is below its limit
+        if sched.waiting and len(sched.running) < sched.s.max_num_seqs:
+            waited.append(len(sched.waiting))
+        return admit(sched, budget, picked)
+    monkeypatch.setattr(serve_loop.VllmScheduler, "admit", admitting)
+    fast = _same_runs(fleet, w)
+    assert max(waited) > 20     # the KV pool, not max_num_seqs, held the queue
+    assert kept["runs"] > 300
+    events, loop = 0, ServingLoop(fleet, w, fast=True)
+    loop.run(until=0.0)
+    while loop.heap:
+        loop.step()
+        events += 1
+    assert events < 0.5 * fast.steps
+
+
+def test_may_admit_is_what_admit_does():
+    """loop._may_admit says whether VllmScheduler.admit takes the first waiting sequence (its
+    blocks, its chunk of the budget left, chunked prefill on or off), without changing it."""
+    from g5core.api.serving import Seq
+    from g5core.serve.loop import _may_admit
+    from g5core.serve.scheduler import VllmScheduler
+    for chunked in (True, False):
+        for free in (0, 5, 6, 7, 40):
+            for left in (0, 30, 100, 600):
+                s = VllmScheduler(SchedulerSettings(max_num_batched_tokens=600, chunked_prefill=chunked,
+                                                    block_size=16), 64)
+                s.free_blocks = free
+                seq = Seq(Request(0, 0.0, 90, 4))
+                s.add(seq)
+                said = _may_admit(s, left)
+                assert (seq.computed, seq.blocks, list(s.waiting)) == (0, 0, [seq])
+                picked: list = []
+                s.admit(left, picked)
+                assert said == bool(picked), (chunked, free, left)
 
 
 def test_decode_runs_match_with_prompts_in_several_prefill_steps():

@@ -213,7 +213,8 @@ def test_runs_of_decode_steps_give_the_step_by_step_result_per_rank(balance, exp
     one event per step, on costs of their own (no latency shared through a cache), with
     and without the experts' part of an unequal step; aggregated (two instances, round
     robin) and as a disaggregated decode pool; runs and the steps that admit beside them keep
-    the ranks' sequences' state (loop._DecodeState, a part per rank)."""
+    the ranks' sequences' state (loop._DecodeState, a part per rank); a decode pool whose
+    ranks' KV is full runs its steps at once while their queues wait (loop._may_admit)."""
     import attrs
     import numpy as np
 
@@ -239,15 +240,20 @@ def test_runs_of_decode_steps_give_the_step_by_step_result_per_rank(balance, exp
                 n * k for n, _, k in g), experts={})) if hasattr(p.cost, "dp") else p for p in f.pools)
             f = attrs.evolve(f, pools=pools)
         return f
-    for serving in ({"instances": 2}, disagg):
-        fast, slow = serve_requests(fleet(serving), w), serve_requests(fleet(serving), w, fast=False)
+    def small_kv(serving):   # a decode pool whose ranks hold a sequence or two: their queues wait on the KV pool
+        f = fleet(serving)
+        return attrs.evolve(f, pools=(*f.pools[:-1], attrs.evolve(f.pools[-1], total_blocks=4 * 40)))
+    longer = synthetic({"requests": 160, "arrival": {"kind": "poisson", "rate_per_s": 30},
+                        "input_tokens": "uniform:50:200", "output_tokens": "uniform:100:300", "seed": 5})
+    for serving, make, w in (({"instances": 2}, fleet, w), (disagg, fleet, w), (disagg, small_kv, longer)):
+        fast, slow = serve_requests(make(serving), w), serve_requests(make(serving), w, fast=False)
         assert fast.steps == slow.steps
         assert [i.steps for i in fast.instances] == [i.steps for i in slow.instances]
         for name in ("first_token_s", "finish_s", "max_itl_s", "itl_s"):
             assert getattr(fast.requests, name) == getattr(slow.requests, name), name
         assert [i.scheduler.idle_steps for i in fast.instances] == [i.scheduler.idle_steps for i in slow.instances]
         assert summary(fast) == summary(slow)
-        events, loop = 0, ServingLoop(fleet(serving), w)
+        events, loop = 0, ServingLoop(make(serving), w)
         while loop.heap:
             loop.step()
             events += 1

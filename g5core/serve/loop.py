@@ -655,11 +655,13 @@ class ServingLoop:
             self._leave(now, inst, st, r, part)
             for q in r.finish_step(mine):
                 self._emitted(now, inst, q, sched, prefill_pool)
-            # after the state's decodes: those that now decode join it; at most one prompt
-            # still prefilling may follow them (one scheduler), else the state ends
+            # after the state's decodes: those that now decode join it (their token just
+            # emitted: a sequence recomputed after a preemption with one token left to compute
+            # has an older last token, and its gap is its own); at most one prompt still
+            # prefilling may follow them (one scheduler), else the state ends
             after = r.running[len(part.base):]
             n = 0
-            while n < len(after) and after[n].num_tokens - after[n].computed == 1 and after[n].last_s is not None:
+            while n < len(after) and after[n].num_tokens - after[n].computed == 1 and after[n].last_s == now:
                 joining.append((part, after[n]))
                 n += 1
             if len(after) - n > (len(scheds) == 1):
@@ -871,7 +873,7 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
             return _lazy_run(inst, inst.dec, now, horizon, cross, prompt, per, chunks)
         decoding = running[:b]
     else:
-        if b > budget or (sched.waiting and b < s.max_num_seqs):
+        if b > budget or (sched.waiting and b < s.max_num_seqs and _may_admit(sched, budget - b)):
             return 0, now, False
         if inst.dec is not None:
             return _lazy_run(inst, inst.dec, now, horizon, cross)
@@ -942,6 +944,28 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
         inst.dec = _DecodeState([_Part.after(contexts, residues, rs, k, bs)], t)
     sched.free_blocks = free - taken
     return k, t, t >= cross or k == left
+
+
+def _may_admit(sched: VllmScheduler, left: int) -> bool:
+    """Whether :meth:`VllmScheduler.admit` could take ``sched``'s first waiting sequence into
+    a step whose running sequences leave it ``left`` tokens of the budget, at the free KV
+    blocks now. A run of decode steps (:func:`_decode_run`) only takes blocks (a sequence
+    that finishes ends it), so a head that does not fit now fits in none of its steps, and
+    FCFS admission stops at the head: the queue does not stop such a run (a decode pool
+    whose KV is full, its queue waiting for a finish)."""
+    if left <= 0:
+        return False
+    q = sched.waiting[0]
+    c = q.computed
+    if q.admitted_s is None and c == 0:
+        c = sched.cached_prefix(q.req)     # admit's lookup (a VllmScheduler's has no side effect)
+    n = q.num_tokens - c
+    s = sched.s
+    if not s.chunked_prefill and n > left:
+        return False
+    if s.chunked_prefill and 0 < s.long_prefill_token_threshold < n:
+        n = s.long_prefill_token_threshold
+    return sched._blocks_for(c + min(n, left)) - q.blocks <= sched.free_blocks
 
 
 def _decoding(seqs, bs: int, rs: Optional[list] = None) -> Optional[tuple]:
@@ -1258,7 +1282,7 @@ def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = ma
     budget, bs = s.max_num_batched_tokens, s.block_size
     for r in ranks:
         b = len(r.running)
-        if b > budget or (r.waiting and b < s.max_num_seqs):
+        if b > budget or (r.waiting and b < s.max_num_seqs and _may_admit(r, budget - b)):
             return 0, now, False
     if inst.dec is not None:
         return _lazy_run(inst, inst.dec, now, horizon, cross)
