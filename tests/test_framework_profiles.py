@@ -3,6 +3,7 @@ graphs with captured batch sizes, host time per step, the framework's own all-re
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from click.testing import CliRunner
@@ -238,3 +239,61 @@ def test_validate_adds_the_profile_s_host_time_as_a_serving_step_pays_it(tmp_pat
     csv.write_text("config,set,metric,measured_ms,framework,source\n" + "".join(rows))
     got = [r["predicted_ms"] for r in validate(csv)["rows"]]
     assert got == pytest.approx([(gpu + 1e-3) * 1e3, gpu * 1e3, 2 * gpu * 1e3], rel=1e-9)
+
+
+def test_a_collectives_file_is_priced_by_g5_collective_per_framework(tmp_path):
+    """g5 validate on a file with an op column prices each row as g5 collective does (under the
+    row's framework; generic: NCCL alone) and reports the error per framework."""
+    from g5core.study.validate import validate
+
+    csv = tmp_path / "c.csv"
+    csv.write_text("# a comment line\nname,op,system,chips,size_bytes,framework,kernel,measured_us,source\n"
+                   "a,all_reduce,h100-sxm,8,16384,vllm,custom,6.0,x\n"
+                   "b,all_reduce,h100-sxm,4,1048576,,nccl,25.0,y\n"
+                   "c,all_reduce,h100-sxm,8,16384,generic,nccl,15.0,z\n")
+    report = validate(csv)
+    rows = {r["row"]: r for r in report["rows"]}
+    vllm = collective_rows("all_reduce", "h100-sxm", 8, [16384], framework="vllm")[0]
+    nccl4 = collective_rows("all_reduce", "h100-sxm", 4, [1 << 20])[0]
+    nccl8 = collective_rows("all_reduce", "h100-sxm", 8, [16384])[0]
+    assert rows[1]["predicted_us"] == vllm["time_s"] * 1e6 and rows[1]["algorithm"].startswith("vllm_custom")
+    assert rows[2]["predicted_us"] == nccl4["time_s"] * 1e6 and rows[3]["predicted_us"] == nccl8["time_s"] * 1e6
+    assert rows[1]["predicted_us"] < rows[3]["predicted_us"]      # the custom kernel under its threshold
+    assert rows[2]["error_pct"] == pytest.approx(100 * (nccl4["time_s"] * 1e6 - 25.0) / 25.0)
+    groups = {g["framework"]: g["rows"] for g in report["by_framework"]}
+    assert groups == {"generic": 2, "vllm": 1}
+    with pytest.raises(ConfigError, match="--set"):     # its rows name their system and group
+        validate(csv, ["system=h200"])
+
+
+@pytest.mark.parametrize("text, field", [
+    ("name,op,system,chips,size_bytes,framework,kernel,source\na,all_reduce,h100-sxm,8,16,,k,x\n", "measured_us"),
+    ("name,op,system,chips,size_bytes,framework,kernel,measured_us,source\na,all_reduce,h100-sxm,1,16,,k,5,x\n",
+     "chips must be >= 2"),
+    ("name,op,system,chips,size_bytes,framework,kernel,measured_us,source\na,all_reduce,h100-sxm,8,16,vlm,k,5,x\n",
+     "unknown framework"),
+    ("name,op,system,chips,size_bytes,framework,kernel,measured_us,source\na,all_reduce,h100-sxm,8,16,,k,5,\n",
+     "source is empty"),
+    ("name,op,system,chips,size_bytes,framework,kernel,measured_us,source\na,allreduc,h100-sxm,8,16,,k,5,x\n",
+     "unknown collective"),
+])
+def test_a_bad_collectives_row_is_refused_naming_it(tmp_path, text, field):
+    from g5core.study.validate import validate
+
+    csv = tmp_path / "c.csv"
+    csv.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        validate(csv)
+    assert field in str(err.value)
+
+
+def test_the_shipped_collectives_file_prices_every_row():
+    """validation/measured-collectives.csv: every row of aiconfigurator-core's three H100 tables."""
+    import pathlib
+
+    from g5core.study.validate import validate
+
+    report = validate(pathlib.Path(__file__).parent.parent / "validation" / "measured-collectives.csv")
+    assert len(report["rows"]) == 207
+    assert {g["framework"] for g in report["by_framework"]} == {"vllm", "sglang", "trtllm"}
+    assert all(r["predicted_us"] > 0 and math.isfinite(r["error_pct"]) for r in report["rows"])

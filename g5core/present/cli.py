@@ -707,7 +707,10 @@ def plugins_cmd(disabled):
               help="Override a configuration value in every row, e.g. --set system=h100-sxm (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the table.")
 def validate_cmd(measured, overrides, as_json):
-    """Compare G5 with measured TTFT/TPOT rows of MEASURED.csv (config, set, metric, measured_ms, source)."""
+    """Compare G5 with measured TTFT/TPOT rows of MEASURED.csv (config, set, metric, measured_ms, source).
+
+    A collectives file (op, system, chips, size_bytes, framework, kernel, measured_us, source)
+    is priced row by row as g5 collective prices it, e.g. validation/measured-collectives.csv."""
     report = validate(measured, overrides)
     click.echo(json.dumps(report, indent=2, sort_keys=True) if as_json else render_validate(report))
 

@@ -47,6 +47,7 @@ from g5core.inputs.systems import CATALOG_NAMES, SystemSpec, get_system
 from g5core.inputs.outputs import check_outputs
 from g5core.session.prepared import PreparedPlan
 from g5core.session.run import make_plan, run
+from g5core.study.validate_collectives import is_collectives_file, validate_collectives
 
 COLUMNS = ("config", "set", "metric", "measured_ms", "source")
 METRICS = {"ttft": "prefill", "tpot": "decode"}
@@ -67,14 +68,19 @@ class Row:
         return f"{csv_path} row {self.number}"
 
 
-def read_rows(csv_path) -> list[Row]:
-    """Parse and check the measurement file; a bad row is a one-line ConfigError naming it."""
+def _reader(csv_path) -> tuple[pathlib.Path, csv.DictReader]:
+    """The measurement file's rows (``#`` lines are comments)."""
     path = pathlib.Path(csv_path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError("MEASURED.csv", f"cannot read '{path}': {exc.strerror or exc}") from None
-    reader = csv.DictReader(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    return path, csv.DictReader(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
+def read_rows(csv_path) -> list[Row]:
+    """Parse and check the measurement file; a bad row is a one-line ConfigError naming it."""
+    path, reader = _reader(csv_path)
     header = reader.fieldnames or []
     missing = [c for c in COLUMNS if c not in header]
     if missing:
@@ -179,14 +185,23 @@ def error_pct(predicted_ms: float, measured_ms: float) -> float:
 
 
 def validate(csv_path, overrides: Sequence[str] = ()) -> dict:
-    """Predict every row (``overrides`` are applied to every row after its own)."""
-    rows = [attrs.evolve(r, overrides=r.overrides + tuple(overrides)) for r in read_rows(csv_path)]
-    out = []
-    for row in rows:
-        pred = predict_ms(row, csv_path)
-        out.append({"row": row.number, "config": row.label, "metric": row.metric, "measured_ms": row.measured_ms,
-                    "predicted_ms": pred, "error_pct": error_pct(pred, row.measured_ms), "source": row.source,
-                    **({"framework": row.framework} if row.framework else {})})
+    """Predict every row (``overrides`` are applied to every row after its own). A
+    collectives file (an ``op`` column: :mod:`g5core.study.validate_collectives`) prices its
+    rows with ``g5 collective``."""
+    path, reader = _reader(csv_path)
+    if is_collectives_file(reader.fieldnames):
+        if overrides:
+            raise ConfigError("--set", "a collectives file's rows name their system and group; --set applies to "
+                                       "configuration rows only")
+        out = validate_collectives(path, reader)
+    else:
+        out = []
+        for row in [attrs.evolve(r, overrides=r.overrides + tuple(overrides)) for r in read_rows(csv_path)]:
+            pred = predict_ms(row, csv_path)
+            out.append({"row": row.number, "config": row.label, "metric": row.metric,
+                        "measured_ms": row.measured_ms, "predicted_ms": pred,
+                        "error_pct": error_pct(pred, row.measured_ms), "source": row.source,
+                        **({"framework": row.framework} if row.framework else {})})
     report = {"rows": out, **_agreement(out)}
     if any(r.get("framework") for r in out):   # the error of each framework's rows (metric by metric)
         groups: dict = {}
