@@ -117,12 +117,17 @@ def test_overlapped_host_time_shows_only_where_it_exceeds_the_gpu_time(tmp_path)
 def test_vllm_custom_all_reduce_below_its_threshold_and_nccl_above_as_its_code_chooses():
     def algos(chips, sizes):
         return [r["algorithm"] for r in collective_rows("all_reduce", "h100-sxm", chips, sizes, framework="vllm")]
-    # TP8: custom (one-shot) below CUSTOM_ALL_REDUCE_MAX_SIZES["9.0"][8] = 256 KiB, NCCL from there
-    got = algos(8, [16384, 262144 - 16, 262144])
-    assert got[:2] == ["vllm_custom_one_shot"] * 2 and not got[2].startswith("vllm_custom")
-    # TP4: one-shot below 512 KiB, two-shot to max_size 8 MiB, NCCL at 8 MiB
-    got = algos(4, [262144, 524288, 8388608])
-    assert got[:2] == ["vllm_custom_one_shot", "vllm_custom_two_shot"] and not got[2].startswith("vllm_custom")
+    # TP8: custom (one-shot) below CUSTOM_ALL_REDUCE_MAX_SIZES["9.0"][8] = 256 KiB, symmetric
+    # memory (multimem) from there below SYMM_MEM_ALL_REDUCE_MAX_SIZES["9.0"][8] = 64 MiB, NCCL from there
+    got = algos(8, [16384, 262144 - 16, 262144, (64 << 20) - 16, 64 << 20])
+    assert got[:4] == ["vllm_custom_one_shot"] * 2 + ["symm_mem_multimem"] * 2
+    assert got[4] in ("ring", "tree", "nvls", "nvls_tree")
+    # TP4: one-shot below 512 KiB, two-shot to max_size 8 MiB, multimem to 32 MiB, NCCL at 32 MiB
+    got = algos(4, [262144, 524288, 8388608, 32 << 20])
+    assert got[:3] == ["vllm_custom_one_shot", "vllm_custom_two_shot", "symm_mem_multimem"]
+    assert got[3] in ("ring", "tree", "nvls", "nvls_tree")
+    # TP2: vLLM's symmetric memory runs two-shot there, which G5 does not model: NCCL above 8 MiB
+    assert algos(2, [16 << 20])[0] in ("ring", "tree", "nvls", "nvls_tree")
     # across nodes the custom kernel is off (in_the_same_node_as)
     assert not algos(16, [16384])[0].startswith("vllm_custom")
     # the custom kernel is faster than NCCL for a decode-sized message
@@ -161,10 +166,61 @@ def test_trtllm_one_shot_all_reduce_is_tensorrt_llm_s_own_measured_kernel():
 
 def test_g5_collective_prints_both_regimes_under_a_framework():
     result = CliRunner().invoke(main, ["collective", "all_reduce", "--system", "h100-sxm", "--chips", "8",
-                                       "--sizes", "64K:1M", "--framework", "vllm", "--json"])
+                                       "--sizes", "64K:128M", "--factor", "4", "--framework", "vllm", "--json"])
     assert result.exit_code == 0, result.output
     algorithms = [r["algorithm"] for r in json.loads(result.output)]
-    assert "vllm_custom_one_shot" in algorithms and any(not a.startswith("vllm_custom") for a in algorithms)
+    assert "vllm_custom_one_shot" in algorithms and "symm_mem_multimem" in algorithms
+    assert algorithms[-1] in ("ring", "tree", "nvls", "nvls_tree")      # NCCL above both
+
+
+def test_the_symmetric_memory_regime_costs_its_measured_line_alone_and_more_under_load():
+    """vllm's symm_mem_multimem: alone, the fixed cost plus the measured seconds per byte
+    (vllm.yaml all_reduce.symm_mem); its flows hold the NVLink links, so two at once on the
+    same chips take longer than one."""
+    from g5core.api.ops import CommOp
+    from g5core.api.plugins import Hooks, make_plugin_manager
+    from g5core.inputs.framework import with_framework
+    from g5core.lower.builder import make_topology
+    from g5core.lower.collective import collect_primitives
+    from g5core.lower.dag import OpDag
+    from g5core.session.collbench import collective_compiler
+    from g5core.sim.compile import compile_ops
+    from g5core.sim.engine import Engine
+
+    spec = load_profile("vllm")["framework"]["all_reduce"]
+    size = 4 << 20
+    (row,) = collective_rows("all_reduce", "h100-sxm", 8, [size], framework="vllm")
+    assert row["algorithm"] == "symm_mem_multimem"
+    assert row["time_s"] == pytest.approx(spec["symm_mem_latency_s"][8] + size * spec["symm_mem_s_per_byte"][8],
+                                          rel=1e-9)
+    one = collective_compiler("all_reduce", "h100-sxm", 8, framework="vllm")(size)
+    assert Engine(dag=one).run().makespan_s == pytest.approx(row["time_s"], rel=1e-12)
+    hooks = Hooks(make_plugin_manager())
+    system = with_framework(get_system("h100-sxm"), "vllm")
+    dag = OpDag()
+    for k in range(2):      # two independent all-reduces on the same 8 chips, at once
+        dag.add_op(CommOp(key=f"ar{k}", primitive="all_reduce", group=tuple(range(8)), bytes_per_rank=float(size),
+                          reason="collective", layer=0, name=f"ar{k}", owner="g5"))
+    both = compile_ops(dag, topology=make_topology(hooks, system, 8), primitives=collect_primitives(hooks),
+                       hooks=hooks, system=system, deployment=None)
+    assert Engine(dag=both).run().makespan_s > 1.5 * row["time_s"]
+
+
+@pytest.mark.parametrize("extra, field", [
+    ({"symm_mem_max_bytes": {8: 1 << 26}}, "symm_mem_latency_s"),
+    ({"symm_mem_max_bytes": {8: 1 << 26}, "symm_mem_latency_s": {8: 1e-5}, "symm_mem_s_per_byte": {6: 1e-12}},
+     "symm_mem_latency_s"),
+])
+def test_a_partial_symmetric_memory_regime_is_refused(extra, field):
+    from g5core.inputs.framework import CustomAllReduce
+
+    block = dict(load_profile("vllm")["framework"]["all_reduce"])
+    for k in ("symm_mem_max_bytes", "symm_mem_latency_s", "symm_mem_s_per_byte"):
+        block.pop(k)
+    with pytest.raises(ConfigError) as err:
+        CustomAllReduce.from_mapping({**block, **extra}, "framework.all_reduce")
+    assert field in str(err.value)
+    assert CustomAllReduce.from_mapping(block, "framework.all_reduce").choose(8, 1 << 20) is None   # NCCL without it
 
 
 def test_validate_reports_each_framework_and_refuses_an_unknown_one(tmp_path):
@@ -297,3 +353,18 @@ def test_the_shipped_collectives_file_prices_every_row():
     assert len(report["rows"]) == 207
     assert {g["framework"] for g in report["by_framework"]} == {"vllm", "sglang", "trtllm"}
     assert all(r["predicted_us"] > 0 and math.isfinite(r["error_pct"]) for r in report["rows"])
+
+
+def test_the_july_2025_vllm_system_repeats_the_profile_s_custom_kernel_without_symmetric_memory():
+    """validation/systems/b200-vllm-2025-07.yaml replaces the profile's all_reduce block (a
+    framework key replaces it whole) to drop the symmetric-memory regime: the custom kernel's
+    values must stay the profile's."""
+    import pathlib
+
+    import yaml
+
+    path = pathlib.Path(__file__).parent.parent / "validation" / "systems" / "b200-vllm-2025-07.yaml"
+    own = yaml.safe_load(path.read_text())["framework"]["all_reduce"]
+    profile = dict(load_profile("vllm")["framework"]["all_reduce"])
+    assert "symm_mem_max_bytes" in profile and not any(k.startswith("symm_mem") for k in own)
+    assert own == {k: v for k, v in profile.items() if not k.startswith("symm_mem")}

@@ -74,6 +74,9 @@ FRAMEWORK_NAMES = ("generic", "vllm", "sglang", "trtllm")
 HOST_KEYS = ("fixed_s", "per_sequence_s", "per_token_s", "overlap")
 ALL_REDUCE_KEYS = ("kernel", "world_sizes", "max_bytes", "one_shot_max_bytes", "one_shot_latency_s",
                    "two_shot_latency_s")
+#: an ``all_reduce`` block's optional symmetric-memory regime (vLLM's torch symmetric-memory
+#: multimem all-reduce above its custom kernel's limit): per world size, all three or none
+SYMM_MEM_KEYS = ("symm_mem_max_bytes", "symm_mem_latency_s", "symm_mem_s_per_byte")
 DEFAULT_KERNEL_LAUNCH_S = 5.0e-6
 
 #: The fusions G5 models. Each names side kernels that run inside another kernel:
@@ -209,12 +212,17 @@ class CustomAllReduce:
     one_shot_max_bytes: tuple
     one_shot_latency_s: tuple
     two_shot_latency_s: tuple
+    # the symmetric-memory multimem regime (SYMM_MEM_KEYS): above ``max_bytes`` and under
+    # ``symm_mem_max_bytes`` for its world sizes, a fixed cost plus seconds per byte per rank
+    symm_mem_max_bytes: tuple = ()
+    symm_mem_latency_s: tuple = ()
+    symm_mem_s_per_byte: tuple = ()
 
     @classmethod
     def from_mapping(cls, data: Any, field: str) -> "CustomAllReduce":
         if not isinstance(data, Mapping):
             raise ConfigError(field, f"expected a mapping (kernel, world_sizes, max_bytes, ...), got {data!r}")
-        check_keys(data, field, ALL_REDUCE_KEYS)
+        check_keys(data, field, ALL_REDUCE_KEYS + SYMM_MEM_KEYS)
         kernel = data.get("kernel")
         if not isinstance(kernel, str) or not kernel:
             raise ConfigError(f"{field}.kernel", f"expected the kernel's name, e.g. vllm_custom, got {kernel!r}")
@@ -232,20 +240,48 @@ class CustomAllReduce:
             if missing:
                 raise ConfigError(f"{field}.{key}", f"no value for world size {missing[0]}; give one for each of "
                                                     f"world_sizes {list(world)}")
+        given = [k for k in SYMM_MEM_KEYS if k in data]
+        if given:
+            if len(given) != len(SYMM_MEM_KEYS):
+                missing = next(k for k in SYMM_MEM_KEYS if k not in data)
+                raise ConfigError(f"{field}.{missing}", f"the symmetric-memory regime needs all of "
+                                                        f"{', '.join(SYMM_MEM_KEYS)} (or none of them)")
+            out = attrs.evolve(out, symm_mem_max_bytes=_per_world(data, "symm_mem_max_bytes", field, _bytes),
+                               symm_mem_latency_s=_per_world(data, "symm_mem_latency_s", field, _checked_seconds),
+                               symm_mem_s_per_byte=_per_world(data, "symm_mem_s_per_byte", field, _checked_seconds))
+            sizes = {k: {w for w, _ in getattr(out, k)} for k in SYMM_MEM_KEYS}
+            if len({frozenset(v) for v in sizes.values()}) != 1:
+                raise ConfigError(f"{field}.symm_mem_latency_s", "give the symmetric-memory regime's three values "
+                                                                 "for the same world sizes")
         return out
 
     def choose(self, world: int, nbytes: float) -> str | None:
-        """``one_shot``, ``two_shot`` or None (NCCL) for ``nbytes`` per rank over ``world`` chips of one node."""
-        if world not in self.world_sizes or nbytes >= dict(self.max_bytes)[world]:
-            return None
-        return "one_shot" if nbytes < dict(self.one_shot_max_bytes)[world] else "two_shot"
+        """``one_shot``, ``two_shot``, ``symm_multimem`` or None (NCCL) for ``nbytes`` per rank
+        over ``world`` chips of one node (the custom kernel under its limit, then the
+        symmetric-memory regime under its own, as vLLM's ``CudaCommunicator.all_reduce``
+        tries them in turn)."""
+        if world in self.world_sizes and nbytes < dict(self.max_bytes)[world]:
+            return "one_shot" if nbytes < dict(self.one_shot_max_bytes)[world] else "two_shot"
+        symm = dict(self.symm_mem_max_bytes)
+        if world in symm and nbytes < symm[world]:
+            return "symm_multimem"
+        return None
 
     def latency_s(self, world: int, regime: str) -> float:
+        if regime == "symm_multimem":
+            return dict(self.symm_mem_latency_s)[world]
         return dict(self.one_shot_latency_s if regime == "one_shot" else self.two_shot_latency_s)[world]
 
+    def s_per_byte(self, world: int) -> float:
+        """The symmetric-memory regime's seconds per byte per rank at ``world`` chips."""
+        return dict(self.symm_mem_s_per_byte)[world]
+
     def to_dict(self) -> dict:
-        return {"kernel": self.kernel, "world_sizes": list(self.world_sizes),
-                **{k: dict(getattr(self, k)) for k in ALL_REDUCE_KEYS[2:]}}
+        out = {"kernel": self.kernel, "world_sizes": list(self.world_sizes),
+               **{k: dict(getattr(self, k)) for k in ALL_REDUCE_KEYS[2:]}}
+        if self.symm_mem_max_bytes:
+            out.update({k: dict(getattr(self, k)) for k in SYMM_MEM_KEYS})
+        return out
 
 
 def _profile_dir():
