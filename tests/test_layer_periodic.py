@@ -2,8 +2,9 @@
 ``busiest_compute_s(periodic=True)``): the step on the model cut to ``d + 2``, ``d + 3``
 and ``d + 4`` layers, extrapolated to the whole model, equals the full engine run to a
 relative 1e-9 (dense tp, cp, an MoE with a dense prefix, attention DP with EP, a framework
-with CUDA-graph padding and host time); where the layers do not repeat (pp > 1, alternating
-windows, every other layer MoE) or the self-check fails, the full run answers, bit for bit."""
+with CUDA-graph padding and host time, pipeline stages: a cut adds one layer to each); where
+the layers do not repeat (alternating windows, every other layer MoE, stages beside a dense
+prefix) or the self-check fails, the full run answers, bit for bit."""
 from __future__ import annotations
 
 import pytest
@@ -83,8 +84,23 @@ def test_attention_dp_with_ep_matches_the_full_run_and_its_experts_runner():
     assert plan_experts_runner(plan)(groups) == plan.busiest_compute_s(DECODE, EXPERTS_OWNER, periodic=True)
 
 
-def test_pipeline_stages_fall_back_to_the_full_run_bit_for_bit():
+def test_pipeline_stages_match_the_full_run_even_and_uneven_splits():
+    """A cut adds one layer to every stage: 32 layers on 2 stages (16 + 16, cuts of 4 to 8
+    layers), 94 on 4 (24, 24, 23, 23: cuts keep the first two stages' extra layer), an MoE
+    with tp and ep on the stages too."""
     plan = prepare(config("llama-3.1-8b", 2, pp=2))
+    assert_periodic_matches(plan, [PREFILL, DECODE, MIXED])
+    assert plan._periodic_more == 16 - 4
+    uneven = prepare(config("qwen3-235b-a22b", 8, system="h200", tp=2, pp=4, ep=2))
+    assert_periodic_matches(uneven, [DECODE, MIXED], experts=True)
+    assert [c.plan.ctx.model.n_layers for c in uneven._cuts] == [2 + 4 * k for k in (2, 3, 4)]
+    assert uneven._periodic_more == 23 - 4
+
+
+def test_pipeline_stages_beside_a_dense_prefix_fall_back_to_the_full_run_bit_for_bit(tmp_path):
+    path = write_tiny_model(tmp_path, "deepseek-v3", layers=12, first_k_dense_replace=3, n_routed_experts=8,
+                            num_experts_per_tok=2)
+    plan = prepare(config(path, 2, pp=2))
     assert plan.periodic_gpu_figure(DECODE) is None
     for step in (PREFILL, DECODE):
         assert plan.periodic_latency_s(step) == plan.simulate(step).latency_s

@@ -131,6 +131,7 @@ class PreparedPlan:
         # layer-periodic runs (periodic_gpu_figure): the repeating layers' start (False:
         # not decided yet), the cut models' prepared plans and their figures per step
         self._periodic_d: Optional[int] | bool = False
+        self._periodic_more = 0      # layers (per stage) past the last cut model's
         self._cuts: list[PreparedPlan] = []
         self._cut_results: dict[Step, Optional[list]] = {}
         self._cut_templates: dict = {}
@@ -234,9 +235,11 @@ class PreparedPlan:
         ``owner``'s ops. Where the layers are alike past a prefix of ``d``
         (:meth:`_periodic_prefix`), the step runs on the model cut to ``d + 2``, ``d + 3``
         and ``d + 4`` layers and, when the two increments agree (:func:`layer_extrapolation`),
-        the figure is the last cut's plus one increment per layer left. None where the layers
-        do not repeat, the path has no engine, or the increments disagree: the caller takes
-        the full run."""
+        the figure is the last cut's plus one increment per layer left. Where the layers sit
+        on stages (contiguous runs of layers on the same chips: pipeline stages), a cut adds
+        one layer to every stage, and the increments are per layer of each stage. None where
+        the layers do not repeat, the path has no engine, or the increments disagree: the
+        caller takes the full run."""
         d = self._periodic_prefix()
         if d is None:
             return None
@@ -244,16 +247,16 @@ class PreparedPlan:
         figures = self._cut_figures(d, gpu_step)
         if figures is None:
             return None
-        return layer_extrapolation([f.get(owner, 0.0) for f in figures],
-                                   self.plan.ctx.model.n_layers - d - PERIODIC_CUT_LAYERS[-1])
+        return layer_extrapolation([f.get(owner, 0.0) for f in figures], self._periodic_more)
 
     def _periodic_prefix(self) -> Optional[int]:
         """The layers before the repeating ones (``d``), decided once; None where the step
         cannot be extrapolated along the layers: ``path: math`` (no engine), a model whose
         layers past the dense prefix differ (:meth:`g5core.inputs.models.ModelSpec.alike_from`),
-        too few layers to gain from it, layers past the prefix that do not expand alike or
-        sit on different chips (pipeline stages: pp > 1), or a cut model that cannot be
-        prepared."""
+        too few layers to gain from it, layers past the prefix that do not expand alike,
+        pipeline stages (runs of layers on different chips) beside a dense prefix or of too
+        few layers, cut models whose layers the plugins split over the stages otherwise, or
+        a cut model that cannot be prepared."""
         if self._periodic_d is not False:
             return self._periodic_d
         self._periodic_d = None
@@ -266,18 +269,35 @@ class PreparedPlan:
         for lop in build_program(model):
             if d <= lop.layer < model.n_layers:
                 kinds.setdefault(lop.layer, []).append(lop.kind)
-        if len({(tuple(k), ctx.layer_chips(layer)) for layer, k in kinds.items()}) != 1:
+        if len({tuple(k) for k in kinds.values()}) != 1:
             return None
+        stages = _stage_sizes(ctx, model.n_layers)
+        if len(stages) == 1:
+            # one run of alike layers on the same chips: cuts of d + k layers
+            cut_layers = [d + k for k in PERIODIC_CUT_LAYERS]
+            more = model.n_layers - d - PERIODIC_CUT_LAYERS[-1]
+        else:
+            # stages (pipeline parallelism): a cut has k layers more than the fewest on every
+            # stage (each stage keeps its extra layers), for a model of alike layers only
+            fewest = min(stages)
+            if d or fewest <= PERIODIC_CUT_LAYERS[-1]:
+                return None
+            extra = [n - fewest for n in stages]
+            cut_layers = [sum(extra) + k * len(stages) for k in PERIODIC_CUT_LAYERS]
+            more = fewest - PERIODIC_CUT_LAYERS[-1]
         try:
             self._cuts = [PreparedPlan(plan_deployment(self.deployment, self.plan.pm, max_ops=self.max_ops,
-                                                       model=model.first_layers(d + k)),
+                                                       model=model.first_layers(n)),
                                        symmetry=self._symmetry_arg, max_ops=self.max_ops, check=self.check)
-                          for k in PERIODIC_CUT_LAYERS]
+                          for n in cut_layers]
         except (ConfigError, PluginError, ResourceError):
             return None
+        if len(stages) > 1 and any(_stage_sizes(cut.plan.ctx, n) != [e + k for e in extra]
+                                   for cut, n, k in zip(self._cuts, cut_layers, PERIODIC_CUT_LAYERS)):
+            return None     # the plugins split a cut's layers over the stages otherwise
         for cut in self._cuts:
             cut.lookup = self.lookup    # one compute-latency cache: the cut layers' kernels are the model's
-        self._periodic_d = d
+        self._periodic_d, self._periodic_more = d, more
         return d
 
     def _cut_figures(self, d: int, gpu_step: Step) -> Optional[list[dict]]:
@@ -435,6 +455,21 @@ PERIODIC_CUT_LAYERS = (2, 3, 4)
 #: how closely the two increments along the layers must agree (relative to the larger) for
 #: a layer-periodic run to be taken; the engine gives equal increments to about 1e-15
 PERIODIC_REL_TOLERANCE = 1e-9
+
+
+def _stage_sizes(ctx, n_layers: int) -> list[int]:
+    """The layers of each run of consecutive layers on the same chips (one run without
+    pipeline stages)."""
+    sizes: list[int] = []
+    last = None
+    for layer in range(n_layers):
+        chips = ctx.layer_chips(layer)
+        if chips == last:
+            sizes[-1] += 1
+        else:
+            sizes.append(1)
+            last = chips
+    return sizes
 
 
 def layer_extrapolation(figures: Sequence[float], more_layers: int) -> Optional[float]:
