@@ -255,7 +255,7 @@ class PreparedPlan:
         layers past the dense prefix differ (:meth:`g5core.inputs.models.ModelSpec.alike_from`),
         too few layers to gain from it, layers past the prefix that do not expand alike,
         pipeline stages (runs of layers on different chips) beside a dense prefix or of too
-        few layers, cut models whose layers the plugins split over the stages otherwise, or
+        few layers (the three cut models' layers as many as the model's), cut models whose layers the plugins split over the stages otherwise, or
         a cut model that cannot be prepared."""
         if self._periodic_d is not False:
             return self._periodic_d
@@ -285,6 +285,8 @@ class PreparedPlan:
             extra = [n - fewest for n in stages]
             cut_layers = [sum(extra) + k * len(stages) for k in PERIODIC_CUT_LAYERS]
             more = fewest - PERIODIC_CUT_LAYERS[-1]
+            if sum(cut_layers) >= model.n_layers:
+                return None     # the three cuts' layers are as many as the model's: no gain
         try:
             self._cuts = [PreparedPlan(plan_deployment(self.deployment, self.plan.pm, max_ops=self.max_ops,
                                                        model=model.first_layers(n)),
