@@ -64,7 +64,7 @@ COMMANDS: list[tuple[str, str, dict[str, str]]] = [
     ("g5 run examples/llama-3.1-70b-prefill.yaml --trace trace.json --trace-layers 0-3 --timeline ops.csv",
      "llama-3.1-70b tp8 32K prefill, every chip, with a Perfetto trace of 4 layers and the op CSV", {}),
     ("g5 collective all_reduce --system h100-sxm --chips 8 --framework vllm",
-     "vLLM's custom all-reduce and NCCL over 8 H100, nccl-tests columns", {}),
+     "vLLM's custom all-reduce, symmetric memory and NCCL over 8 H100, nccl-tests columns", {}),
     ("g5 sweep examples/llama-3.1-70b-prefill.yaml --set parallel.dp=auto --grid parallel.tp=1,2,4,8 "
      "--grid seq_len=32768,131072 --db sweep.db --workers 2", "8-cell sweep, 2 workers", {}),
     ("g5 plot sweep.db -o latency.png", "TTFT against the swept axis (PNG)", {}),
@@ -131,6 +131,8 @@ COMMANDS: list[tuple[str, str, dict[str, str]]] = [
     ("g5 validate validation/measured-meta.csv", "Meta's 16 rows on its GTT hosts", {}),
     ("g5 validate validation/measured-meta.csv --set system=h100-sxm", "the same rows on the shipped H100", {}),
     ("g5 validate validation/measured-frameworks.csv", "6 rows under their frameworks' profiles", {}),
+    ("g5 validate validation/measured-collectives.csv", "207 all-reduce rows of three frameworks' kernels on H100",
+     {}),
     ("g5 calibrate validation/measured.csv --fit compute_model.hbm_fraction,network_bw_bytes_per_s -o fit.yaml "
      "--workers 2", "fit two system parameters to the 6 rows, leave-one-out included", {}),
     ("g5 models", "the model catalog", {}),
