@@ -343,6 +343,18 @@ def test_a_bad_collectives_row_is_refused_naming_it(tmp_path, text, field):
     assert field in str(err.value)
 
 
+def test_calibrate_refuses_a_collectives_file_and_writes_nothing(tmp_path):
+    import pathlib
+
+    from g5core.study.validate import calibrate
+
+    shipped = pathlib.Path(__file__).parent.parent / "validation" / "measured-collectives.csv"
+    out = tmp_path / "fit.yaml"
+    with pytest.raises(ConfigError, match="collectives file"):
+        calibrate(shipped, ["launch_overhead_s"], out)
+    assert not out.exists()
+
+
 def test_the_shipped_collectives_file_prices_every_row():
     """validation/measured-collectives.csv: every row of aiconfigurator-core's three H100 tables."""
     import pathlib

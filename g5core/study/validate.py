@@ -82,6 +82,9 @@ def read_rows(csv_path) -> list[Row]:
     """Parse and check the measurement file; a bad row is a one-line ConfigError naming it."""
     path, reader = _reader(csv_path)
     header = reader.fieldnames or []
+    if is_collectives_file(header):
+        raise ConfigError(str(path), "a collectives file (its op column) has no configuration rows: g5 validate "
+                                     "prices it; g5 calibrate fits system parameters to configuration rows only")
     missing = [c for c in COLUMNS if c not in header]
     if missing:
         raise ConfigError(str(path), f"missing column(s) {', '.join(missing)}; the header needs {', '.join(COLUMNS)}")
