@@ -772,12 +772,8 @@ class ServingLoop:
         sched = inst.scheduler
         row = len(inst.steps) - 7
         inst.steps[row + 4] = sched.used_blocks
-        if type(sched) is DpScheduler:      # its ranks' counts (its running and waiting are lists built on each read)
-            inst.steps[row + 5] = sum(len(r.running) for r in sched.ranks)
-            inst.steps[row + 6] = sum(len(r.waiting) for r in sched.ranks)
-        else:
-            inst.steps[row + 5] = len(sched.running)
-            inst.steps[row + 6] = len(sched.waiting)
+        inst.steps[row + 5] = len(sched.running)
+        inst.steps[row + 6] = len(sched.waiting)
         inst.busy = False
         if sched.has_work:
             self._start(inst, now)

@@ -283,8 +283,8 @@ class DpScheduler:
         return sum(r.used_blocks for r in self.ranks)
 
     @property
-    def waiting(self) -> list[Seq]:
-        return [q for r in self.ranks for q in r.waiting]
+    def waiting(self) -> "_Ranks":
+        return _Ranks(self.ranks, "waiting")
 
     @property
     def peak_running(self) -> int:
@@ -292,8 +292,8 @@ class DpScheduler:
         return max(r.peak_running for r in self.ranks)
 
     @property
-    def running(self) -> list[Seq]:
-        return [q for r in self.ranks for q in r.running]
+    def running(self) -> "_Ranks":
+        return _Ranks(self.ranks, "running")
 
     @property
     def has_work(self) -> bool:
@@ -382,6 +382,30 @@ class DpScheduler:
                 for key, value in r.check().items():
                     out[f"kv_cache_{key}"] = out.get(f"kv_cache_{key}", 0) + value
         return out
+
+
+class _Ranks:
+    """The ranks' ``running`` (or ``waiting``) sequences seen as one sequence, rank by rank:
+    its length and truth from the ranks' own (the serving loop's step log reads them each
+    step), its items built only where they are read."""
+
+    __slots__ = ("ranks", "name")
+
+    def __init__(self, ranks: list, name: str):
+        self.ranks, self.name = ranks, name
+
+    def __len__(self) -> int:
+        return sum(len(getattr(r, self.name)) for r in self.ranks)
+
+    def __bool__(self) -> bool:
+        return any(getattr(r, self.name) for r in self.ranks)
+
+    def __iter__(self):
+        for r in self.ranks:
+            yield from getattr(r, self.name)
+
+    def __getitem__(self, i):
+        return list(self)[i]
 
 
 class SpeculativeScheduler(VllmScheduler):
