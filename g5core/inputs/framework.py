@@ -256,7 +256,7 @@ class CustomAllReduce:
         return out
 
     def choose(self, world: int, nbytes: float) -> str | None:
-        """``one_shot``, ``two_shot``, ``symm_multimem`` or None (NCCL) for ``nbytes`` per rank
+        """``one_shot``, ``two_shot``, ``symm_mem_multimem`` or None (NCCL) for ``nbytes`` per rank
         over ``world`` chips of one node (the custom kernel under its limit, then the
         symmetric-memory regime under its own, as vLLM's ``CudaCommunicator.all_reduce``
         tries them in turn)."""
@@ -264,11 +264,11 @@ class CustomAllReduce:
             return "one_shot" if nbytes < dict(self.one_shot_max_bytes)[world] else "two_shot"
         symm = dict(self.symm_mem_max_bytes)
         if world in symm and nbytes < symm[world]:
-            return "symm_multimem"
+            return "symm_mem_multimem"
         return None
 
     def latency_s(self, world: int, regime: str) -> float:
-        if regime == "symm_multimem":
+        if regime == "symm_mem_multimem":
             return dict(self.symm_mem_latency_s)[world]
         return dict(self.one_shot_latency_s if regime == "one_shot" else self.two_shot_latency_s)[world]
 

@@ -255,8 +255,9 @@ class PreparedPlan:
         layers past the dense prefix differ (:meth:`g5core.inputs.models.ModelSpec.alike_from`),
         too few layers to gain from it, layers past the prefix that do not expand alike,
         pipeline stages (runs of layers on different chips) beside a dense prefix or of too
-        few layers (the three cut models' layers as many as the model's), cut models whose layers the plugins split over the stages otherwise, or
-        a cut model that cannot be prepared."""
+        few layers (the three cut models' layers as many as the model's), cut models whose
+        layers the plugins split over the stages otherwise, or a cut model that cannot be
+        prepared."""
         if self._periodic_d is not False:
             return self._periodic_d
         self._periodic_d = None

@@ -321,7 +321,7 @@ def custom_all_reduce(group, nbytes, topo: Topology):
     each peer's whole buffer over NVLink and reduces it (``N`` from each peer); two-shot: a
     reduce-scatter then an all-gather through peer memory (``2 N / n`` from each peer). The
     flows move at NVLINK_COPY_EFFICIENCY (SM-driven loads, as NCCL's p2p copies) after the
-    kernel's measured fixed cost. Symmetric memory (``symm_multimem``, vLLM's torch
+    kernel's measured fixed cost. Symmetric memory (``symm_mem_multimem``, vLLM's torch
     multimem all-reduce above its custom kernel's limit): a fixed cost plus the measured
     seconds per byte, its flows on the links that time."""
     fw = getattr(topo.system, "framework", None) if topo.system is not None else None
@@ -332,7 +332,7 @@ def custom_all_reduce(group, nbytes, topo: Topology):
     regime = spec.choose(n, nbytes)
     if regime is None:
         return None
-    if regime == "symm_multimem":
+    if regime == "symm_mem_multimem":
         # each rank reduces its 1 / n of the buffer through the switch (multimem.ld_reduce
         # from every peer) and stores it to all (multimem.st): N / n each way between each
         # pair, at the measured rate (symm_mem_s_per_byte) when the links are otherwise idle
@@ -343,7 +343,7 @@ def custom_all_reduce(group, nbytes, topo: Topology):
         flows = tuple((a, b, per_peer) for a in group for b in group if a != b)
         wire = 1.0 / NVLINK_COPY_EFFICIENCY
     flows = tuple((a, b, size * wire) for a, b, size in flows)
-    name = "symm_mem_multimem" if regime == "symm_multimem" else f"{spec.kernel}_{regime}"
+    name = regime if regime == "symm_mem_multimem" else f"{spec.kernel}_{regime}"   # not the custom kernel's
     return Lowering(flows=flows, latency_s=spec.latency_s(n, regime), algorithm=name,
                     protocol="", channels=1, wire_bytes_per_payload_byte=wire)
 
