@@ -63,8 +63,10 @@ def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int]) -> 
     context ``isl + osl // 2``, and ``prefill`` ``[[b, P(b), k(b), first_s(b)]]`` for
     ``b`` running decodes (0, and the middle and largest of ``batches`` below ``chunk``): a
     prompt's time in steps
-    (``P``), its steps (``k``, a share of one when prompts share a step) and the time from
-    its first step's start to its first token (``first_s``)."""
+    (``P``), its steps (``k``, a share of one when prompts share a step; a prompt longer than
+    the budget left by the decodes, ``isl / budget`` steps at the mean full step's time, as
+    queued prompts' chunks fill the budget) and the time from its first step's start to its
+    first token (``first_s``, the lone prompt's whole steps)."""
     isl, osl = max(int(isl), 1), max(int(osl), 1)
     mid = isl + osl // 2
     decode = [[b, cost.latency_s(StepWork((), (mid,) * b))] for b in batches]
@@ -80,13 +82,18 @@ def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int]) -> 
             full = cost.latency_s(StepWork(((isl, 0),) * q, decodes))
             prefill.append([b, full / q, 1.0 / q, full])
             continue
-        total, done, steps = 0.0, 0, 0
+        total, done, steps, last = 0.0, 0, 0, 0.0
         while done < isl:
             n = min(budget, isl - done)
-            total += cost.latency_s(StepWork(((n, done),), decodes))
+            last = cost.latency_s(StepWork(((n, done),), decodes))
+            total += last
             done += n
             steps += 1
-        prefill.append([b, total, float(steps), total])
+        # under a queue the prompts' chunks fill every step's budget (the next prompt's first
+        # chunk takes what the last chunk leaves): isl / budget full steps per prompt, not
+        # ``steps``; the lone prompt's first token still comes after its ``steps``
+        k = isl / budget
+        prefill.append([b, k * (total - last) / (steps - 1), k, total])
     return {"isl": isl, "osl": osl, "decode_mid_s": decode, "prefill": prefill}
 
 
