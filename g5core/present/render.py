@@ -403,8 +403,12 @@ def _sides(sides: Mapping) -> list[str]:
         if side is None:
             out.append(f"  {name}: not searched (--disagg)")
         elif side["simulated"]:
+            note = "" if side["exact"] else (
+                f" (the best simulated; {side['bounded_above']} candidate{'s' if side['bounded_above'] != 1 else ''} "
+                f"of this side bounded out by the ranking's bar could reach at most {side['at_most_value']:.4g} by "
+                "their bounds)")
             out.append(f"  {name}: {side['deployment']}: {side['capacity_requests_per_s']:.4g} req/s, "
-                       f"{side['value']:.4g} {unit}")
+                       f"{side['value']:.4g} {unit}{note}")
         else:
             out.append(f"  {name}: not simulated, bounded out: {side['deployment']}: at most "
                        f"{side['at_most_capacity_requests_per_s']:.4g} req/s, {side['at_most_value']:.4g} {unit} "

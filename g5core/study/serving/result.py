@@ -159,7 +159,9 @@ class ServeSearchResult:
     def sides(self) -> dict:
         """The best aggregated and the best disaggregated answer, whichever wins, and their
         ratio: ``{"aggregated": ..., "disaggregated": ..., "disaggregated_over_aggregated":
-        r}``. A side is its best simulated candidate's figures (``simulated: true``), or,
+        r}``. A side is its best simulated candidate's figures (``simulated: true``; ``exact``
+        false when ``bounded_above`` candidates of the side, bounded out by the overall
+        ranking's bar, have bounds above it, up to ``at_most_value``), or,
         when none of its candidates was simulated, its best bound, labelled so
         (``simulated: false``, ``at_most_*``); ``None`` when the search had no candidate of
         that kind (``--disagg off|on``). The ratio is of the objective's per-chip value (the
@@ -170,10 +172,15 @@ class ServeSearchResult:
             mine = [s for s in self.ranked if s.candidate.disaggregated == flag and s.capacity > 0]
             if mine:
                 j = mine[0].to_json_dict()
+                # candidates of this side bounded out by the overall ranking's bar may still pass
+                # the side's best simulated one: then that best is exact only up to their bound
+                above = [b.upper for b in self.bounded if b.candidate.disaggregated == flag and b.upper > j[key]]
                 out[name] = {"simulated": True, "deployment": mine[0].candidate.label(),
                              "capacity_requests_per_s": j["capacity_requests_per_s"],
                              "goodput_per_chip": j["goodput_per_chip"],
-                             "output_tokens_per_s_per_chip": j["output_tokens_per_s_per_chip"], "value": j[key]}
+                             "output_tokens_per_s_per_chip": j["output_tokens_per_s_per_chip"], "value": j[key],
+                             "exact": not above, "bounded_above": len(above),
+                             "at_most_value": max(above) if above else j[key]}
                 continue
             out_of = [b for b in self.bounded if b.candidate.disaggregated == flag]
             if out_of:
