@@ -450,7 +450,8 @@ def _bounded_by(bounded) -> str:
     what = {"estimate": "by their estimates", "simulated": "by their runs (a failing run at the last ranked place's rate, or a tie with it within "
                                           "the tolerance)",
             "saturated run": "by their saturated runs", "roles": "by their roles' bounds",
-            "same runs": "by a max_num_seqs variant's failing run (the same runs)"}
+            "same runs": "by a max_num_seqs variant's failing run (the same runs)",
+            "decode pool": "by their decode pool's TPOT miss with another prefill pool"}
     counts: dict = {}
     for b in bounded:
         counts[b.source] = counts.get(b.source, 0) + 1

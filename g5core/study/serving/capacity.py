@@ -288,6 +288,7 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
         out = {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
                "upper": _upper_value(settings.objective, rate, cand, top_out) if tie is None else tie, "kth": kth,
                "runs": runs["n"], "failed_rate_per_s": rate, "source": "simulated",
+               "missed": missed_limits(found["failed"]),
                "peak_running_seqs": trace_peak(trace), "trace": trace}
         if tie is not None:     # what a max_num_seqs variant taking these runs checks again (the driver)
             out.update(tie_bar=passing, tie_run=at.get(id(found["held"])))
@@ -304,10 +305,22 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
             "capacity_requests_per_s": found["capacity"], "ceiling": found["ceiling"],
             "runs": runs["n"], "failed_rate_per_s": found["failed_rate"], "peak_running_seqs": trace_peak(trace),
             "trace": trace, "held_run": None if held is None else at.get(id(held)),
-            "failed_run": failed_at,
+            "failed_run": failed_at, "missed": missed_limits(found["failed"]),
             "build_s": session.build_s, "saturated_requests_per_s": mu, "capacity_bound": bound, "saturated": sat,
             "held": None if held is None else _run_summary(held, session),
             "failed": None if failed is None else _run_summary(failed, session)}
+
+
+def missed_limits(result) -> list[str]:
+    """The SLO limits (their keys, ``tpot_p90``) a failing run missed: a run stopped at its
+    sure miss names the one it was sure of, a whole run every percentile limit over its
+    value (``[]``: none named, e.g. a run that did not complete)."""
+    if result is None:
+        return []
+    if isinstance(result, MissedRun):
+        return [result.limit] if result.limit else []
+    checks = (result.summary["goodput"] or {}).get("percentile_limits") or {}
+    return sorted(k for k, v in checks.items() if not v["met"])
 
 
 def _seeded_run(session, workload: Mapping, rate: float, seed: int, settle_s: float, settings: SearchSettings,

@@ -17,7 +17,8 @@ from g5core.inputs.speculative import parse_speculative
 from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
-from g5core.study.serving.bound import _estimate_bound, _top_values, _upper_value, capacity_bound, tie_bound
+from g5core.study.serving.bound import (_estimate_bound, _top_values, _upper_value, bar_value, capacity_bound,
+                                        tie_bound)
 from g5core.study.serving.candidates import candidates_from_screens
 from g5core.study.serving.capacity import (START_ESTIMATE_SHARE, candidate_cell, trace_peak, variant_cell,
                                            whole_cell)
@@ -267,6 +268,44 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         cell_key: dict = {}       # candidate index -> its candidate cell's key in the table
         bounded_at: dict = {}     # candidate index -> its place in ``bounded``
 
+        # a disaggregated candidate's decode pool (with its scheduler limits) -> (the lowest rate
+        # at which a run of a candidate with it missed a TPOT or ITL limit, that candidate)
+        decode_fails: dict = {}
+        decode_keys = {lim.key for lim in tpot_limits}
+
+        def learn_decode(i, res) -> None:
+            """Keep candidate ``i``'s failing rate for its decode side when its failing run
+            missed a decode limit (TPOT, ITL): see :func:`_decode_side`."""
+            rate = res.get("failed_rate_per_s")
+            if cands[i][0].disaggregated and rate and decode_keys.intersection(res.get("missed") or ()):
+                side = _decode_side(cands[i][0])
+                if side not in decode_fails or rate < decode_fails[side][0]:
+                    decode_fails[side] = (rate, i)
+
+        def decode_bounded(remaining, kth, first) -> list:
+            """``remaining`` less the disaggregated candidates whose decode side missed its
+            TPOT at a rate ``r`` where their value could at most tie the bar's (bounded out,
+            source ``decode pool``). Such a candidate's capacity search may start from the
+            bracket ``[r / (1 + tolerance), r]`` (the search's resolution): its capacity is at
+            most its lower end whether that holds or not."""
+            passing = bar_value(kth, first, settings.tolerance)
+            keep = []
+            for i in remaining:
+                cand = cands[i][0]
+                hit = decode_fails.get(_decode_side(cand)) if cand.disaggregated else None
+                value = (None if hit is None else
+                         _upper_value(settings.objective, hit[0] / (1 + settings.tolerance), cand, top_out))
+                if value is None or value > passing:
+                    keep.append(i)
+                    continue
+                bounded.append(Bounded(cand, roles_bound[i]["saturated_requests_per_s"],
+                                       hit[0] / (1 + settings.tolerance), value, kth,
+                                       "decode pool", estimates[i], place=settings.top,
+                                       via=cands[hit[1]][0].label()))
+            if reporter is not None and len(keep) < len(remaining):
+                reporter.skip(len(remaining) - len(keep))
+            return keep
+
         def simulate(wave, kth, first=None):
             cells = []
             for i in wave:
@@ -281,6 +320,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                               (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
                                runner_for, roles, kth, estimates[i], share, points_of(i), first)))
             for i, res in zip(wave, _drive(table, kept, cells, reporter, workers)):
+                learn_decode(i, res)
                 if res["status"] == "bounded":
                     bounded_cell[i], bounded_at[i] = res, len(bounded)
                     bounded.append(Bounded(cands[i][0], res["saturated"]["saturated_requests_per_s"],
@@ -306,9 +346,14 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 if reporter is not None:
                     reporter.skip(len(remaining) - cut)
                 remaining = remaining[:cut]
+            if decode_fails and kth is not None:
+                remaining = decode_bounded(remaining, kth, first)
+            # one candidate per deployment (max_num_seqs variants) and per decode side in a wave:
+            # the others wait for what it tells (variant_runs, decode_bounded)
             wave, checks, later, keys = [], [], [], set()
             for i in remaining:
                 key = _variant(cands[i][0])
+                side = _decode_side(cands[i][0]) if cands[i][0].disaggregated else None
                 plan = variant_runs(i)
                 if plan is not None and not plan[1]:
                     adopt(i, plan[0], {})        # no run of j's reached either limit: j's runs are i's
@@ -316,9 +361,9 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                     later.append(i)
                 elif plan is not None:
                     checks.append((i, *plan))
-                elif key not in keys:
+                elif key not in keys and side not in keys:
                     wave.append(i)
-                    keys.add(key)
+                    keys.update((key, side) if side is not None else (key,))
                 else:
                     later.append(i)
             if wave:
@@ -419,6 +464,18 @@ def _variant(cand: Candidate) -> tuple:
     speculative: block, its host KV tier and cp prefill choice."""
     return cand.pools, cand.chunk, cand.speculative, cand.host_tier_bytes_per_chip, cand.cp_prefill
 
+
+
+def _decode_side(cand: Candidate) -> tuple:
+    """What a disaggregated candidate's TPOT depends on: its decode pool, scheduler limits,
+    chunk size (a preempted sequence's recompute), speculative: block and host KV tier. Its
+    prefill pool reaches the decode pool only through when each prompt's KV arrives (each
+    request's first token plus its transfer), the same arrivals shifted by at most the
+    TTFT limit on a run of the same rate and seed: a decode pool missing a TPOT limit at a
+    rate with one prefill pool is taken to miss it with any. A heuristic, not a proof (the
+    arrivals' spacing differs a little); the ranking's top is still simulated, and the
+    search's exhaustive small case checks that it finds the same top."""
+    return cand.pools[1:], cand.max_num_seqs, cand.chunk, cand.speculative, cand.host_tier_bytes_per_chip
 
 
 def _settle_s(workload: Mapping, ttft_limits, tpot_limits, roles) -> float:

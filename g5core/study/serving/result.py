@@ -250,6 +250,7 @@ class Bounded:
     estimate: Optional[float] = None   # the estimated capacity (requests/s), when there is one
     runs: int = 0                      # serving runs it took (a saturated run, or the runs to the bar)
     place: int = 0                     # the place the ranking is exact to (--top)
+    via: Optional[str] = None          # source "decode pool": the candidate whose run with that decode pool missed
 
     def _kth_name(self) -> str:
         return f"{ordinal(self.place)} best simulated" if self.place else "last ranked place"
@@ -263,6 +264,12 @@ class Bounded:
             than = "not above" if self.upper <= self.kth else "within the tolerance of"
             return (f"a run at {self.capacity_bound:.4g} req/s misses the SLO{same}, so its capacity is below that: "
                     f"at most {self.upper:.4g} per chip, {than} the {self._kth_name()} ({self.kth:.4g})")
+        if self.source == "decode pool":
+            return (f"its decode pool missed a TPOT limit one tolerance step above {self.capacity_bound:.4g} req/s "
+                    f"with another prefill pool ({self.via}); a decode pool's TPOT depends on its prefill pool only "
+                    f"through its KV arrivals, so its capacity is taken to be at most {self.capacity_bound:.4g} req/s "
+                    f"(the search's resolution): at most {self.upper:.4g} per chip, not above the "
+                    f"{self._kth_name()} ({self.kth:.4g}) by more than the tolerance")
         if self.estimate:
             return (f"estimated capacity {self.estimate:.4g} req/s, so at most {self.capacity_bound:.4g} req/s "
                     f"with the estimate's margin: at most {self.upper:.4g} per chip, below the {self._kth_name()} "
