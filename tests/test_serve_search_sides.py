@@ -73,9 +73,16 @@ def test_a_side_whose_candidates_were_bounded_above_its_best_is_labelled_not_exa
     # an aggregated candidate bounded out by the overall bar (2.0) with a bound above 1.0
     above = Bounded(agg2, 20.0, 12.0, 1.5, 2.0, "estimate", 10.0, place=1)
     below = Bounded(agg2, 20.0, 6.0, 0.75, 2.0, "estimate", 5.0, place=1)
-    sides = _result(ranked, [above, below]).sides()
+    # a tie bounded at the winner's own value (up to rounding) does not pass it, nor (on the
+    # winner's side) a failing run's looser bound: nothing bounded out passes the winner
+    at_first = Bounded(dis, 20.0, 16.0, 2.0 * (1 + 1e-12), 2.0, "simulated", None, place=1)
+    loose = Bounded(dis, 20.0, 17.0, 2.1, 2.0, "simulated", None, place=1)
+    over = Bounded(agg2, 20.0, 17.0, 2.1, 2.0, "simulated", None, place=1)
+    sides = _result(ranked, [above, below, at_first, loose]).sides()
     side = sides["aggregated"]
     assert not side["exact"] and side["bounded_above"] == 1 and side["at_most_value"] == 1.5
+    capped = _result(ranked, [above, over]).sides()["aggregated"]
+    assert capped["bounded_above"] == 2 and capped["at_most_value"] == pytest.approx(2.0)
     assert side["simulated"] and side["value"] == pytest.approx(1.0)
     assert sides["disaggregated"]["exact"]
     text = "\n".join(_sides(sides))

@@ -126,6 +126,10 @@ def limiter(s: Scored) -> str:
     return f"{what}{at}; bottleneck: {cause}"
 
 
+#: two objective values within this relative difference are the same value (rounding)
+SAME_VALUE = 1e-9
+
+
 @attrs.frozen
 class ServeSearchResult:
     objective: str
@@ -161,20 +165,26 @@ class ServeSearchResult:
         ratio: ``{"aggregated": ..., "disaggregated": ..., "disaggregated_over_aggregated":
         r}``. A side is its best simulated candidate's figures (``simulated: true``; ``exact``
         false when ``bounded_above`` candidates of the side, bounded out by the overall
-        ranking's bar, have bounds above it, up to ``at_most_value``), or,
+        ranking's bar, have bounds above it, up to ``at_most_value``, at most the winner's
+        value), or,
         when none of its candidates was simulated, its best bound, labelled so
         (``simulated: false``, ``at_most_*``); ``None`` when the search had no candidate of
         that kind (``--disagg off|on``). The ratio is of the objective's per-chip value (the
         goodput or the output tokens), ``None`` unless both sides were simulated."""
         key = "output_tokens_per_s_per_chip" if self.objective == "throughput_per_chip" else "goodput_per_chip"
         out: dict = {}
+        best = self.ranked[0].to_json_dict()[key] if self.ranked and self.ranked[0].capacity > 0 else math.inf
         for name, flag in (("aggregated", False), ("disaggregated", True)):
             mine = [s for s in self.ranked if s.candidate.disaggregated == flag and s.capacity > 0]
             if mine:
                 j = mine[0].to_json_dict()
                 # candidates of this side bounded out by the overall ranking's bar may still pass
-                # the side's best simulated one: then that best is exact only up to their bound
-                above = [b.upper for b in self.bounded if b.candidate.disaggregated == flag and b.upper > j[key]]
+                # the side's best simulated one: then that best is exact only up to their bound,
+                # which is at most the winner's value (what is bounded out cannot pass the
+                # winner beyond the search's resolution: a failing run at the bar, a tie, an
+                # estimate below the top-th), so the winner's side is exact
+                above = [min(b.upper, best) for b in self.bounded if b.candidate.disaggregated == flag]
+                above = [u for u in above if u > j[key] * (1 + SAME_VALUE)]
                 out[name] = {"simulated": True, "deployment": mine[0].candidate.label(),
                              "capacity_requests_per_s": j["capacity_requests_per_s"],
                              "goodput_per_chip": j["goodput_per_chip"],
