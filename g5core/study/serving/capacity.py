@@ -9,6 +9,7 @@ import numpy as np
 
 from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.inputs.serving import parse_slo
+from g5core.serve.metrics import goodput, per_request
 from g5core.serve.session import MissedRun
 from g5core.study.serving.bound import (_bar_rate, _estimate_bound, _upper_value, bar_value, capacity_bound,
                                         tie_bound)
@@ -291,7 +292,7 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
                "missed": missed_limits(found["failed"]),
                "peak_running_seqs": trace_peak(trace), "trace": trace}
         if tie is not None:     # what a max_num_seqs variant taking these runs checks again (the driver)
-            out.update(tie_bar=passing, tie_run=at.get(id(found["held"])))
+            out.update(tie_bar=passing, tie_run=at.get(id(found["held"])), decode_held=decode_held(found, slo, cand))
         return out
     held, failed = found["held"], found["failed"]
     # a failing run stopped at its sure miss has no figures: the driver makes the shown
@@ -306,9 +307,25 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
             "runs": runs["n"], "failed_rate_per_s": found["failed_rate"], "peak_running_seqs": trace_peak(trace),
             "trace": trace, "held_run": None if held is None else at.get(id(held)),
             "failed_run": failed_at, "missed": missed_limits(found["failed"]),
+            "decode_held": decode_held(found, slo, cand),
             "build_s": session.build_s, "saturated_requests_per_s": mu, "capacity_bound": bound, "saturated": sat,
             "held": None if held is None else _run_summary(held, session),
             "failed": None if failed is None else _run_summary(failed, session)}
+
+
+def decode_held(found: Mapping, slo: str, cand: Candidate) -> Optional[list]:
+    """``[capacity, share, mean output tokens]`` of a disaggregated candidate's run at its
+    capacity on the workload's seed: the share of its requests within every TPOT and ITL
+    limit (what its decode pool decides; the driver's ``decode_bounded``). None for an
+    aggregated candidate, without such a limit or without that run."""
+    held = found.get("held")
+    limits = tuple(lim for lim in parse_slo(slo) if lim.metric in ("tpot", "itl"))
+    if not cand.disaggregated or not limits or held is None or isinstance(held, MissedRun) or not found["capacity"]:
+        return None
+    arrays = per_request(held.loop)
+    share = goodput(arrays, limits, 1.0, np.frombuffer(held.loop.requests.itl_s, dtype=float))["share"]
+    s = held.summary
+    return [found["capacity"], share, s["tokens"]["output"] / max(s["requests"], 1)]
 
 
 def missed_limits(result) -> list[str]:

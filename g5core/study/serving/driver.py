@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from typing import Mapping, Sequence
+from typing import Mapping, Optional, Sequence
 
 import attrs
 
@@ -18,12 +18,12 @@ from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
 from g5core.study.serving.bound import (_estimate_bound, _top_values, _upper_value, bar_value, capacity_bound,
-                                        tie_bound)
+                                        confirmed_upper, tie_bound)
 from g5core.study.serving.candidates import candidates_from_screens
 from g5core.study.serving.capacity import (START_ESTIMATE_SHARE, candidate_cell, trace_peak, variant_cell,
                                            whole_cell)
 from g5core.study.serving.estimate import Estimator, estimate_for
-from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group
+from g5core.study.serving.result import SAME_VALUE, Bounded, Scored, ServeSearchResult, _group
 from g5core.study.serving.screen import screen_layout
 from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, Pruned, SearchSettings, _longest_output,
                                         _mean_lengths, candidate_config, check_workload, cp_prefill_choice,
@@ -273,14 +273,42 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         decode_fails: dict = {}
         decode_keys = {lim.key for lim in tpot_limits}
 
+        decode_holds: dict = {}   # decode side -> [(capacity, share within TPOT, mean output, index)]
+
         def learn_decode(i, res) -> None:
             """Keep candidate ``i``'s failing rate for its decode side when its failing run
-            missed a decode limit (TPOT, ITL): see :func:`_decode_side`."""
+            missed a decode limit (TPOT, ITL), and, where that rate is one tolerance step above
+            its capacity, its run there (:func:`~g5core.study.serving.capacity.decode_held`):
+            see :func:`_decode_side`."""
             rate = res.get("failed_rate_per_s")
             if cands[i][0].disaggregated and rate and decode_keys.intersection(res.get("missed") or ()):
                 side = _decode_side(cands[i][0])
                 if side not in decode_fails or rate < decode_fails[side][0]:
                     decode_fails[side] = (rate, i)
+                held = res.get("decode_held")
+                if held and rate <= held[0] * (1 + settings.tolerance) * (1 + SAME_VALUE):
+                    decode_holds.setdefault(side, []).append((*held, i))
+
+        def decode_upper(cand) -> Optional[tuple]:
+            """``(value, capacity at most, index)``: the least bound of a disaggregated
+            candidate's value its decode side's runs with other prefill pools give (None:
+            none). Its capacity search may take their bracket: from a failing rate ``r``,
+            ``r / (1 + tolerance)`` (its capacity at most that, whatever it holds); from a
+            bracket ``[c, r]`` run with another prefill pool, ``c`` with at most the share of
+            requests that held the TPOT there (its confirming seeds, or a miss at ``c``, step
+            down by the tolerance: :func:`~g5core.study.serving.bound.confirmed_upper`)."""
+            side = _decode_side(cand)
+            hit = decode_fails.get(side)
+            if hit is None:
+                return None
+            low = hit[0] / (1 + settings.tolerance)
+            best = (_upper_value(settings.objective, low, cand, top_out), low, hit[1])
+            for c, share, mean_out, j in decode_holds.get(side, ()):
+                held = {"goodput_share": share, "mean_output_tokens": mean_out}
+                value = confirmed_upper(settings.objective, cand, c, held, settings.tolerance, top_out)
+                if value < best[0]:
+                    best = (value, c, j)
+            return best
 
         def decode_bounded(remaining, kth, first) -> list:
             """``remaining`` less the disaggregated candidates whose decode side missed its
@@ -292,16 +320,13 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             keep = []
             for i in remaining:
                 cand = cands[i][0]
-                hit = decode_fails.get(_decode_side(cand)) if cand.disaggregated else None
-                value = (None if hit is None else
-                         _upper_value(settings.objective, hit[0] / (1 + settings.tolerance), cand, top_out))
-                if value is None or value > passing:
+                hit = decode_upper(cand) if cand.disaggregated else None
+                if hit is None or hit[0] > passing:
                     keep.append(i)
                     continue
-                bounded.append(Bounded(cand, roles_bound[i]["saturated_requests_per_s"],
-                                       hit[0] / (1 + settings.tolerance), value, kth,
+                bounded.append(Bounded(cand, roles_bound[i]["saturated_requests_per_s"], hit[1], hit[0], kth,
                                        "decode pool", estimates[i], place=settings.top,
-                                       via=cands[hit[1]][0].label()))
+                                       via=cands[hit[2]][0].label()))
             if reporter is not None and len(keep) < len(remaining):
                 reporter.skip(len(remaining) - len(keep))
             return keep

@@ -276,10 +276,11 @@ class Bounded:
                     f"at most {self.upper:.4g} per chip, {than} the {self._kth_name()} ({self.kth:.4g})")
         if self.source == "decode pool":
             return (f"its decode pool missed a TPOT limit one tolerance step above {self.capacity_bound:.4g} req/s "
-                    f"with another prefill pool ({self.via}); a decode pool's TPOT depends on its prefill pool only "
-                    f"through its KV arrivals, so its capacity is taken to be at most {self.capacity_bound:.4g} req/s "
-                    f"(the search's resolution): at most {self.upper:.4g} per chip, not above the "
-                    f"{self._kth_name()} ({self.kth:.4g}) by more than the tolerance")
+                    f"with another prefill pool ({self.via}); a decode pool's TPOT (and the share of requests "
+                    f"within it) depends on its prefill pool only through its KV arrivals, so its capacity is taken "
+                    f"to be at most {self.capacity_bound:.4g} req/s (the search's resolution): at most "
+                    f"{self.upper:.4g} per chip, not above the {self._kth_name()} ({self.kth:.4g}) by more than the "
+                    "tolerance")
         if self.estimate:
             return (f"estimated capacity {self.estimate:.4g} req/s, so at most {self.capacity_bound:.4g} req/s "
                     f"with the estimate's margin: at most {self.upper:.4g} per chip, below the {self._kth_name()} "
