@@ -88,3 +88,22 @@ def test_a_side_whose_candidates_were_bounded_above_its_best_is_labelled_not_exa
     text = "\n".join(_sides(sides))
     assert "1 candidate of this side bounded out by the ranking's bar could reach at most 1.5" in text
     assert text.count("could reach") == 1
+
+
+def test_a_decode_pool_runs_alike_under_other_limits_only_where_none_was_met():
+    """Another max_num_seqs or chunk size leaves a decode pool's runs alike only where they
+    never preempted (no recompute prefilled in it) and its schedulers' peak stayed below
+    both limits of both candidates."""
+    from g5core.study.serving.driver import _runs_alike
+
+    par = (("tp", 1),)
+    pools = (PoolChoice(1, par, 2), PoolChoice(1, par, 2))
+    ran = Candidate(pools, 64, 2048)
+    assert _runs_alike(ran, Candidate(pools, 64, 2048), None, None)       # the same limits
+    assert _runs_alike(ran, Candidate(pools, 128, 8192), 0, 63)
+    assert not _runs_alike(ran, Candidate(pools, 128, 8192), 0, 64)      # max_num_seqs met
+    assert not _runs_alike(ran, Candidate(pools, 32, 2048), 0, 40)       # above the other's limit
+    assert _runs_alike(ran, Candidate(pools, 32, 2048), 0, 31)
+    assert not _runs_alike(ran, Candidate(pools, 64, 8192), 1, 10)       # a recompute prefilled
+    assert not _runs_alike(ran, Candidate(pools, 64, 8192), None, 10)    # not said
+    assert not _runs_alike(Candidate(pools, 64, 32), Candidate(pools, 64, 16), 0, 20)   # a chunk met

@@ -75,8 +75,11 @@ class ServingSession:
         loop = run.run()
         if loop is None:
             peaks = [getattr(i.scheduler, "peak_running", None) for p in run.pools for i in p]
+            last = [getattr(i.scheduler, "peak_running", None) for i in run.pools[-1]]
             return MissedRun(len(workload.requests), run.done, None if None in peaks else max(peaks, default=0),
-                             time.perf_counter() - t0, watch.limit)
+                             time.perf_counter() - t0, watch.limit,
+                             sum(i.scheduler.preemptions for p in run.pools for i in p),
+                             None if None in last else max(last, default=0))
         checks = check_invariants(loop)
         if any(checks.values()):
             raise G5Error("serving invariants violated: " + ", ".join(f"{k}={v}" for k, v in checks.items() if v))
@@ -119,6 +122,8 @@ class MissedRun:
     peak_running: Optional[int]        # the most sequences a scheduler held until then (None: one did not say)
     sim_wall_s: float
     limit: Optional[str] = None        # the SLO limit whose miss was sure (e.g. ``ttft_p90``)
+    preemptions: Optional[int] = None  # the preemptions until then, every pool's
+    last_pool_peak: Optional[int] = None   # the most sequences a scheduler of the last pool (decode) held
 
     @property
     def summary(self) -> dict:

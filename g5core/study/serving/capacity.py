@@ -289,7 +289,7 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
         out = {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
                "upper": _upper_value(settings.objective, rate, cand, top_out) if tie is None else tie, "kth": kth,
                "runs": runs["n"], "failed_rate_per_s": rate, "source": "simulated",
-               "missed": missed_limits(found["failed"]),
+               "missed": missed_limits(found["failed"]), "decode_failed": decode_figures(found["failed"]),
                "peak_running_seqs": trace_peak(trace), "trace": trace}
         if tie is not None:     # what a max_num_seqs variant taking these runs checks again (the driver)
             out.update(tie_bar=passing, tie_run=at.get(id(found["held"])), decode_held=decode_held(found, slo, cand))
@@ -307,17 +307,18 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
             "runs": runs["n"], "failed_rate_per_s": found["failed_rate"], "peak_running_seqs": trace_peak(trace),
             "trace": trace, "held_run": None if held is None else at.get(id(held)),
             "failed_run": failed_at, "missed": missed_limits(found["failed"]),
-            "decode_held": decode_held(found, slo, cand),
+            "decode_held": decode_held(found, slo, cand), "decode_failed": decode_figures(found["failed"]),
             "build_s": session.build_s, "saturated_requests_per_s": mu, "capacity_bound": bound, "saturated": sat,
             "held": None if held is None else _run_summary(held, session),
             "failed": None if failed is None else _run_summary(failed, session)}
 
 
 def decode_held(found: Mapping, slo: str, cand: Candidate) -> Optional[list]:
-    """``[capacity, share, mean output tokens]`` of a disaggregated candidate's run at its
-    capacity on the workload's seed: the share of its requests within every TPOT and ITL
-    limit (what its decode pool decides; the driver's ``decode_bounded``). None for an
-    aggregated candidate, without such a limit or without that run."""
+    """``[capacity, share, mean output tokens, preemptions, decode peak]`` of a
+    disaggregated candidate's run at its capacity on the workload's seed: the share of its
+    requests within every TPOT and ITL limit (what its decode pool decides; the driver's
+    ``decode_upper``) and :func:`decode_figures`. None for an aggregated candidate, without
+    such a limit or without that run."""
     held = found.get("held")
     limits = tuple(lim for lim in parse_slo(slo) if lim.metric in ("tpot", "itl"))
     if not cand.disaggregated or not limits or held is None or isinstance(held, MissedRun) or not found["capacity"]:
@@ -325,7 +326,22 @@ def decode_held(found: Mapping, slo: str, cand: Candidate) -> Optional[list]:
     arrays = per_request(held.loop)
     share = goodput(arrays, limits, 1.0, np.frombuffer(held.loop.requests.itl_s, dtype=float))["share"]
     s = held.summary
-    return [found["capacity"], share, s["tokens"]["output"] / max(s["requests"], 1)]
+    return [found["capacity"], share, s["tokens"]["output"] / max(s["requests"], 1), *decode_figures(held)]
+
+
+def decode_figures(result) -> list:
+    """``[preemptions, decode peak]`` of a run (stopped at its sure miss or whole): its
+    preemptions in every pool and the most sequences a scheduler of its last pool held
+    (``None`` each where it does not say). A disaggregated run without preemption never
+    prefilled in its decode pool, and one whose decode peak stayed below a limit never met
+    it: such a decode pool ran alike under any chunk size and max_num_seqs above its peak."""
+    if result is None:
+        return [None, None]
+    if isinstance(result, MissedRun):
+        return [result.preemptions, result.last_pool_peak]
+    last = result.loop.fleet.pools[-1]
+    peaks = [getattr(inst.scheduler, "peak_running", None) for inst in result.loop.instances if inst.pool is last]
+    return [result.summary["preemptions"], None if None in peaks else max(peaks, default=0)]
 
 
 def missed_limits(result) -> list[str]:

@@ -283,11 +283,14 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             rate = res.get("failed_rate_per_s")
             if cands[i][0].disaggregated and rate and decode_keys.intersection(res.get("missed") or ()):
                 side = _decode_side(cands[i][0])
-                if side not in decode_fails or rate < decode_fails[side][0]:
-                    decode_fails[side] = (rate, i)
+                failed = res.get("decode_failed") or [None, None]
+                decode_fails.setdefault(side, []).append((rate, i, *failed))
                 held = res.get("decode_held")
                 if held and rate <= held[0] * (1 + settings.tolerance) * (1 + SAME_VALUE):
-                    decode_holds.setdefault(side, []).append((*held, i))
+                    c, share, mean_out, preempted, peak = held
+                    both = (None if None in (preempted, failed[0]) else preempted + failed[0],
+                            None if None in (peak, failed[1]) else max(peak, failed[1]))
+                    decode_holds.setdefault(side, []).append((c, share, mean_out, i, *both))
 
         def decode_upper(cand) -> Optional[tuple]:
             """``(value, capacity at most, index)``: the least bound of a disaggregated
@@ -298,16 +301,19 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             requests that held the TPOT there (its confirming seeds, or a miss at ``c``, step
             down by the tolerance: :func:`~g5core.study.serving.bound.confirmed_upper`)."""
             side = _decode_side(cand)
-            hit = decode_fails.get(side)
-            if hit is None:
-                return None
-            low = hit[0] / (1 + settings.tolerance)
-            best = (_upper_value(settings.objective, low, cand, top_out), low, hit[1])
-            for c, share, mean_out, j in decode_holds.get(side, ()):
-                held = {"goodput_share": share, "mean_output_tokens": mean_out}
-                value = confirmed_upper(settings.objective, cand, c, held, settings.tolerance, top_out)
-                if value < best[0]:
-                    best = (value, c, j)
+            best = None
+            for rate, j, preempted, peak in decode_fails.get(side, ()):
+                if _runs_alike(cands[j][0], cand, preempted, peak):
+                    low = rate / (1 + settings.tolerance)
+                    value = _upper_value(settings.objective, low, cand, top_out)
+                    if best is None or value < best[0]:
+                        best = (value, low, j)
+            for c, share, mean_out, j, preempted, peak in decode_holds.get(side, ()):
+                if _runs_alike(cands[j][0], cand, preempted, peak):
+                    held = {"goodput_share": share, "mean_output_tokens": mean_out}
+                    value = confirmed_upper(settings.objective, cand, c, held, settings.tolerance, top_out)
+                    if best is None or value < best[0]:
+                        best = (value, c, j)
             return best
 
         def decode_bounded(remaining, kth, first) -> list:
@@ -492,15 +498,27 @@ def _variant(cand: Candidate) -> tuple:
 
 
 def _decode_side(cand: Candidate) -> tuple:
-    """What a disaggregated candidate's TPOT depends on: its decode pool, scheduler limits,
-    chunk size (a preempted sequence's recompute), speculative: block and host KV tier. Its
-    prefill pool reaches the decode pool only through when each prompt's KV arrives (each
-    request's first token plus its transfer), the same arrivals shifted by at most the
-    TTFT limit on a run of the same rate and seed: a decode pool missing a TPOT limit at a
-    rate with one prefill pool is taken to miss it with any. A heuristic, not a proof (the
-    arrivals' spacing differs a little); the ranking's top is still simulated, and the
-    search's exhaustive small case checks that it finds the same top."""
-    return cand.pools[1:], cand.max_num_seqs, cand.chunk, cand.speculative, cand.host_tier_bytes_per_chip
+    """What a disaggregated candidate's TPOT depends on: its decode pool, speculative: block
+    and host KV tier, and (:func:`_runs_alike`) its scheduler limits. Its prefill pool
+    reaches the decode pool only through when each prompt's KV arrives (each request's
+    first token plus its transfer), the same arrivals shifted by at most the TTFT limit on a
+    run of the same rate and seed: a decode pool missing a TPOT limit at a rate with one
+    prefill pool is taken to miss it with any. A heuristic, not a proof (the arrivals'
+    spacing differs a little); the ranking's top is still simulated, and the search's
+    exhaustive small case checks that it finds the same top."""
+    return cand.pools[1:], cand.speculative, cand.host_tier_bytes_per_chip
+
+
+def _runs_alike(ran: Candidate, cand: Candidate, preemptions: Optional[int], peak: Optional[int]) -> bool:
+    """Whether the decode pool of ``ran``'s runs (their preemptions and the most sequences
+    a decode scheduler held) ran as ``cand``'s would (the same :func:`_decode_side`): the
+    same max_num_seqs and chunk size, or runs that never preempted (a decode pool then never
+    prefills: the chunk size is never met) and whose decode peak stayed below both
+    max_num_seqs and chunk sizes (no limit stopped an admission)."""
+    if (ran.max_num_seqs, ran.chunk) == (cand.max_num_seqs, cand.chunk):
+        return True
+    return (preemptions == 0 and peak is not None
+            and peak < min(ran.max_num_seqs, cand.max_num_seqs, ran.chunk, cand.chunk))
 
 
 def _settle_s(workload: Mapping, ttft_limits, tpot_limits, roles) -> float:
