@@ -158,7 +158,7 @@ def one_candidate(args, raw, workload, settings, load0) -> None:
     from g5core.serve import loop, session
     from g5core.inputs.serving import parse_slo
     from g5core.study import serving as ss
-    from g5core.study.serving.driver import _settle_s
+    from g5core.study.serving.capacity import run_settle_s as _settle_s
     from g5core.study.serving.screen import _lone
 
     spec = dict(kv.split("=") for kv in args.candidate.split(","))

@@ -8,7 +8,7 @@ import pytest
 from g5core.present.render import _sides
 from g5core.study.serving import SearchSettings, Scored, candidate_cell, check_workload, serve_search
 from g5core.study.serving.bound import objective_value
-from g5core.study.serving.driver import _decode_side
+from g5core.study.serving.decode import decode_side
 from g5core.study.serving.result import Bounded, ServeSearchResult
 from g5core.study.serving.space import Candidate, PoolChoice
 
@@ -39,7 +39,7 @@ def test_a_decode_pool_missing_its_tpot_bounds_its_other_prefill_partners():
         # the candidate whose run missed: same decode side, another prefill pool
         via = next(c for c in [s.candidate for s in result.ranked] + [x.candidate for x in result.bounded]
                    if c.label() == b.via)
-        assert _decode_side(via) == _decode_side(b.candidate) and via.pools[0] != b.candidate.pools[0]
+        assert decode_side(via) == decode_side(b.candidate) and via.pools[0] != b.candidate.pools[0]
         assert "decode pool missed a TPOT limit" in b.reason() and b.via in b.reason()
         assert b.upper <= min(b.kth * tie, first) * (1 + 1e-12)
         cell = candidate_cell(RAW, b.candidate, wl, SLO, SETTINGS, 1.0, settle_s, (), layout_runner)
@@ -94,16 +94,16 @@ def test_a_decode_pool_runs_alike_under_other_limits_only_where_none_was_met():
     """Another max_num_seqs or chunk size leaves a decode pool's runs alike only where they
     never preempted (no recompute prefilled in it) and its schedulers' peak stayed below
     both limits of both candidates."""
-    from g5core.study.serving.driver import _runs_alike
+    from g5core.study.serving.decode import runs_alike
 
     par = (("tp", 1),)
     pools = (PoolChoice(1, par, 2), PoolChoice(1, par, 2))
     ran = Candidate(pools, 64, 2048)
-    assert _runs_alike(ran, Candidate(pools, 64, 2048), None, None)       # the same limits
-    assert _runs_alike(ran, Candidate(pools, 128, 8192), 0, 63)
-    assert not _runs_alike(ran, Candidate(pools, 128, 8192), 0, 64)      # max_num_seqs met
-    assert not _runs_alike(ran, Candidate(pools, 32, 2048), 0, 40)       # above the other's limit
-    assert _runs_alike(ran, Candidate(pools, 32, 2048), 0, 31)
-    assert not _runs_alike(ran, Candidate(pools, 64, 8192), 1, 10)       # a recompute prefilled
-    assert not _runs_alike(ran, Candidate(pools, 64, 8192), None, 10)    # not said
-    assert not _runs_alike(Candidate(pools, 64, 32), Candidate(pools, 64, 16), 0, 20)   # a chunk met
+    assert runs_alike(ran, Candidate(pools, 64, 2048), None, None)       # the same limits
+    assert runs_alike(ran, Candidate(pools, 128, 8192), 0, 63)
+    assert not runs_alike(ran, Candidate(pools, 128, 8192), 0, 64)      # max_num_seqs met
+    assert not runs_alike(ran, Candidate(pools, 32, 2048), 0, 40)       # above the other's limit
+    assert runs_alike(ran, Candidate(pools, 32, 2048), 0, 31)
+    assert not runs_alike(ran, Candidate(pools, 64, 8192), 1, 10)       # a recompute prefilled
+    assert not runs_alike(ran, Candidate(pools, 64, 8192), None, 10)    # not said
+    assert not runs_alike(Candidate(pools, 64, 32), Candidate(pools, 64, 16), 0, 20)   # a chunk met

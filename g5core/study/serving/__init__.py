@@ -51,7 +51,7 @@ SLO limits, which deployment serves the most?
    decode pools' for a disaggregated one); its bound is at most the estimate times ``1 +
    ESTIMATE_MARGIN``, it needs no saturated run, and its bisection starts at the estimate
    times the median simulated/estimated capacity of its side (aggregated or disaggregated)
-   among the candidates simulated so far (:func:`~.driver.start_share`;
+   among the candidates simulated so far (:func:`~.capacity.start_share`;
    ``START_ESTIMATE_SHARE`` before any): only the start, which no bound uses. The estimate
    is not a proof either: the tests check it against simulated capacities.
 5. **Capacity** of each candidate: the highest Poisson arrival rate at which the SLO holds
@@ -59,7 +59,7 @@ SLO limits, which deployment serves the most?
    seed and on ``confirm`` further seeds (the capacity holds when every seed's run does
    there), by seeded runs of ``requests`` requests. The search over the rate runs on the
    workload's seed; the further seeds run at the capacity it finds, and while one fails there
-   the rate steps down by ``1 + tolerance`` (:func:`~.capacity.confirm`). From ``START_ESTIMATE_SHARE x estimate`` the rate gallops by ``1 +
+   the rate steps down by ``1 + tolerance`` (:func:`~.bisect.confirm`). From ``START_ESTIMATE_SHARE x estimate`` the rate gallops by ``1 +
    tolerance`` (the factor squared each step) up while the SLO holds or down while it does
    not, to a bracket; without an estimate (``min_chips``, ``bound=False``) from ``START_SHARE
    x mu`` (without a bound: ``instances / lone end-to-end``) it bisects toward the bound,
@@ -97,6 +97,13 @@ SLO limits, which deployment serves the most?
    before, the simulated capacity search (the same rates, the same decisions) is its own
    (``same_runs``, counted apart from the simulated); otherwise it is simulated. Within a
    capacity search, a rate tried again on a seed is not run again.
+   **A decode pool's TPOT miss** (:class:`~.decode.DecodeSides`): a disaggregated
+   candidate's run that misses a TPOT or ITL limit at rate ``r`` bounds every candidate
+   with the same decode pool (its prefill pool reaches the decode pool only through when
+   each prompt's KV arrives): its capacity at most ``r / (1 + tolerance)``, and where the
+   first one's bracket ``[c, r]`` held at ``c``, its value at most ``c`` times the share of
+   requests within the TPOT limits there. A heuristic: the tests simulate what it bounded
+   out anyway. A wave holds one candidate per decode pool and scheduler limits.
    The Pareto front is the simulated candidates' front.
 7. **Ranking** by the objective: ``goodput_per_chip`` (requests/s per chip meeting the SLO
    at capacity), ``throughput_per_chip`` (output tokens/s per chip at capacity), or
@@ -118,12 +125,14 @@ stopped. The serving runs are :class:`g5core.serve.session.ServingSession` runs 
 The modules, one per concern: :mod:`.space` (settings, candidates, configurations, run
 lengths), :mod:`.screen` (a layout's screen cell), :mod:`.estimate` (capacities from step
 tables), :mod:`.bound` (the branch and bound's bounds), :mod:`.capacity` (a candidate's
-capacity cell), :mod:`.result` (ranking and reporting), :mod:`.storage` (cells in the results
+capacity cell), :mod:`.bisect` (its search over the rate), :mod:`.decode` (a decode pool's
+runs bounding its other prefill partners), :mod:`.result` (ranking and reporting), :mod:`.storage` (cells in the results
 database, progress), :mod:`.candidates` (the candidates from the screens),
 :mod:`.driver` (the search), :mod:`.command` (``g5 best --serve``'s flags to a search).
 """
 from g5core.study.serving.bound import capacity_bound, role_rates
-from g5core.study.serving.capacity import candidate_cell, capacity_search, saturated_run
+from g5core.study.serving.bisect import capacity_search
+from g5core.study.serving.capacity import candidate_cell, saturated_run
 from g5core.study.serving.command import best_serve_command
 from g5core.study.serving.driver import serve_search
 from g5core.study.serving.estimate import ESTIMATE_MARGIN, Estimator

@@ -117,7 +117,7 @@ def confirmed_upper(objective: str, cand: Candidate, capacity: float, held: Mapp
     """The most the candidate's value can be once its confirming seeds have run, from its
     capacity ``capacity`` on the workload's seed (``held``: that run's summary): confirmed
     there, the value at it; else the capacity steps down by ``1 + tolerance`` at least
-    (:func:`~g5core.study.serving.capacity.confirm`), where the value is at most
+    (:func:`~g5core.study.serving.bisect.confirm`), where the value is at most
     :func:`_upper_value`'s."""
     there = objective_value(objective, Scored(cand, {}, {"capacity_requests_per_s": capacity, "held": held}))
     return max(there, _upper_value(objective, capacity / (1 + tolerance), cand, top_out))

@@ -1,22 +1,21 @@
 """A candidate's capacity (in the workers): the highest arrival rate at which its serving runs
-hold the SLO on every seed, by galloping and bisection over the rate, and its saturated run."""
+hold the SLO on every seed (the search over the rate: :mod:`.bisect`), and its saturated run."""
 from __future__ import annotations
 
-import math
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
 from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.inputs.serving import parse_slo
-from g5core.serve.metrics import goodput, per_request
 from g5core.serve.session import MissedRun
+from g5core.study.serving.bisect import _holds, _snap, capacity_search, confirm
 from g5core.study.serving.bound import (_bar_rate, _estimate_bound, _upper_value, bar_value, capacity_bound,
                                         tie_bound)
-from g5core.study.serving.estimate import narrow
+from g5core.study.serving.decode import decode_figures, decode_held, missed_limits
 from g5core.study.serving.screen import _hbm, _session, refusal, seed_runners
 from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, SearchSettings, _at_rate, _longest_output,
-                                        candidate_config, run_requests)
+                                        _mean_lengths, candidate_config, run_requests)
 
 
 #: the saturated run (:func:`saturated_run`): this many batches of requests arrive at once, at
@@ -32,128 +31,6 @@ START_SHARE = 0.8
 #: or, with an estimate of the capacity (:mod:`g5core.study.serving.estimate`), at this share
 #: of it (the estimates run a few percent above the simulated capacity of the issue's case)
 START_ESTIMATE_SHARE = 0.95
-
-
-def _holds(result) -> bool:
-    s = result.summary
-    g = s["goodput"]
-    return bool(g and g["all_met"]) and s["completed"] == s["requests"]
-
-
-class _BelowBar(Exception):
-    def __init__(self, rate: float):
-        self.rate = rate
-
-
-def capacity_search(run, start_rate: float, tolerance: float, max_rate: float,
-                    floor_rate: Optional[float] = None, upper: Optional[float] = None,
-                    bar: Optional[float] = None, gallop: bool = False) -> dict:
-    """The highest rate at which ``run(rate)`` (a serving result) holds the SLO, within
-    ``hi / lo <= 1 + tolerance``: ``{capacity, held, failed, failed_rate, ceiling}`` with the
-    results at the capacity and at the lowest failing rate tried (``None`` when none);
-    ``ceiling``: the SLO still held at ``max_rate``. ``floor_rate``: first try this rate;
-    if it fails, the capacity is 0 (min_chips: the deployment does not serve it).
-    ``upper``: an estimate of a rate the SLO does not hold at (the saturated throughput's
-    bound): from a start that holds, the bisection runs toward it first instead of doubling,
-    and a failing run there is required before it counts (if the SLO holds at ``upper``
-    too, the doubling goes on from there): a guess of the bracket, never of the result.
-    ``bar``: a rate the capacity must pass to matter (the rate of the branch and bound's
-    :func:`~g5core.study.serving.bound.bar_value`, :func:`~g5core.study.serving.bound._bar_rate`):
-    from a start below it the first run is at ``bar``, and the search stops at the first
-    run at or below ``bar`` that fails (``below_bar``: the capacity is below that rate).
-    ``gallop`` (a start from an estimate of the capacity): from the start the rate moves by
-    ``1 + tolerance`` up (while the SLO holds) or down (while it does not), the factor
-    squared at each step, to a bracket, then bisects; an estimate within the tolerance
-    takes two runs. Downwards no step goes past ``bar``: the bar's rate is tried instead."""
-    results: dict = {}
-
-    def ok(rate: float) -> bool:
-        results[rate] = run(rate)
-        held = _holds(results[rate])
-        if not held and bar is not None and rate <= bar:
-            raise _BelowBar(rate)
-        return held
-
-    def done(lo, hi, ceiling=False, below_bar=False):
-        return {"capacity": lo, "held": results.get(lo), "failed": results.get(hi), "failed_rate": hi,
-                "ceiling": ceiling, "below_bar": below_bar}
-
-    try:
-        return _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, bar, gallop)
-    except _BelowBar as stop:
-        return done(0.0, stop.rate, below_bar=True)
-
-
-def _bisect_rate(ok, done, start_rate, tolerance, max_rate, floor_rate, upper, bar, gallop) -> dict:
-    lo, hi = 0.0, None
-    rate = min(floor_rate if floor_rate is not None else start_rate, max_rate)
-    if bar is not None and floor_rate is None and rate < bar:
-        rate = min(bar, max_rate)
-    if gallop and floor_rate is None:
-        step = 1 + tolerance
-        if ok(rate):
-            lo = rate
-            while hi is None:
-                if lo >= max_rate:
-                    return done(lo, None, True)
-                nxt = min(lo * step, max_rate)
-                if ok(nxt):
-                    lo, step = nxt, step * step
-                else:
-                    hi = nxt
-        else:
-            hi = rate
-            while True:
-                nxt = _not_past(hi / step, bar, hi)
-                if nxt < rate * 1e-4:
-                    return done(0.0, hi)
-                if ok(nxt):
-                    lo = nxt
-                    break
-                hi, step = nxt, step * step
-    elif not ok(rate):
-        if floor_rate is not None:
-            return done(0.0, rate)
-        hi = rate
-        while True:  # downwards until it holds (a lone request met it, so a low rate will)
-            rate = _not_past(rate / 2, bar, hi)
-            if rate < hi * 1e-4:
-                return done(0.0, hi)
-            if ok(rate):
-                lo = rate
-                break
-            hi = rate
-    else:
-        lo = rate
-        guess = None if upper is None else min(upper, max_rate)
-        while hi is None and guess is not None and guess > lo * (1 + tolerance):
-            mid = math.sqrt(lo * guess)
-            if ok(mid):
-                lo = mid
-            else:
-                hi = mid
-        if hi is None and guess is not None and guess > lo:
-            if ok(guess):
-                lo = guess
-            else:
-                hi = guess
-        while hi is None:
-            if lo >= max_rate:
-                return done(lo, None, True)
-            rate = min(2 * lo, max_rate)
-            if ok(rate):
-                lo = rate
-            else:
-                hi = rate
-    lo, hi = narrow(ok, lo, hi, tolerance)
-    return done(lo, hi)
-
-
-def _not_past(rate: float, bar: Optional[float], hi: float) -> float:
-    """The next rate down from a failing ``hi``: ``rate``, or ``bar`` where ``rate`` would step
-    past it (a failing run at the bar ends the search at once, and a holding one leaves the
-    tightest bracket the step allowed)."""
-    return bar if bar is not None and rate < bar < hi else rate
 
 
 def _run_summary(result, session) -> dict:
@@ -200,7 +77,7 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
     the candidate's estimated capacity (:mod:`g5core.study.serving.estimate`); with it (and
     ``roles``) the saturated run is left out, the bound is at most the estimate times ``1 +
     ESTIMATE_MARGIN``, and the bisection starts at ``start_share x estimate`` (the driver's
-    calibrated share, :func:`~g5core.study.serving.driver.start_share`; by default
+    calibrated share, :func:`start_share`; by default
     ``START_ESTIMATE_SHARE``). ``engine_points``: its layouts' step latencies from their
     screens (:func:`~g5core.study.serving.screen.seed_runners`; the same figures, not
     simulated again)."""
@@ -313,49 +190,6 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
             "failed": None if failed is None else _run_summary(failed, session)}
 
 
-def decode_held(found: Mapping, slo: str, cand: Candidate) -> Optional[list]:
-    """``[capacity, share, mean output tokens, preemptions, decode peak]`` of a
-    disaggregated candidate's run at its capacity on the workload's seed: the share of its
-    requests within every TPOT and ITL limit (what its decode pool decides; the driver's
-    ``decode_upper``) and :func:`decode_figures`. None for an aggregated candidate, without
-    such a limit or without that run."""
-    held = found.get("held")
-    limits = tuple(lim for lim in parse_slo(slo) if lim.metric in ("tpot", "itl"))
-    if not cand.disaggregated or not limits or held is None or isinstance(held, MissedRun) or not found["capacity"]:
-        return None
-    arrays = per_request(held.loop)
-    share = goodput(arrays, limits, 1.0, np.frombuffer(held.loop.requests.itl_s, dtype=float))["share"]
-    s = held.summary
-    return [found["capacity"], share, s["tokens"]["output"] / max(s["requests"], 1), *decode_figures(held)]
-
-
-def decode_figures(result) -> list:
-    """``[preemptions, decode peak]`` of a run (stopped at its sure miss or whole): its
-    preemptions in every pool and the most sequences a scheduler of its last pool held
-    (``None`` each where it does not say). A disaggregated run without preemption never
-    prefilled in its decode pool, and one whose decode peak stayed below a limit never met
-    it: such a decode pool ran alike under any chunk size and max_num_seqs above its peak."""
-    if result is None:
-        return [None, None]
-    if isinstance(result, MissedRun):
-        return [result.preemptions, result.last_pool_peak]
-    last = result.loop.fleet.pools[-1]
-    peaks = [getattr(inst.scheduler, "peak_running", None) for inst in result.loop.instances if inst.pool is last]
-    return [result.summary["preemptions"], None if None in peaks else max(peaks, default=0)]
-
-
-def missed_limits(result) -> list[str]:
-    """The SLO limits (their keys, ``tpot_p90``) a failing run missed: a run stopped at its
-    sure miss names the one it was sure of, a whole run every percentile limit over its
-    value (``[]``: none named, e.g. a run that did not complete)."""
-    if result is None:
-        return []
-    if isinstance(result, MissedRun):
-        return [result.limit] if result.limit else []
-    checks = (result.summary["goodput"] or {}).get("percentile_limits") or {}
-    return sorted(k for k, v in checks.items() if not v["met"])
-
-
 def _seeded_run(session, workload: Mapping, rate: float, seed: int, settle_s: float, settings: SearchSettings,
                 stop_at_miss: bool = True):
     """One capacity run: the workload at ``rate`` on ``seed``, with the search's request count.
@@ -420,42 +254,6 @@ def trace_peak(trace: Sequence) -> Optional[int]:
     return None if None in peaks else max(peaks, default=0)
 
 
-def _snap(rate: float, made: Mapping) -> float:
-    """A rate tried before within a relative 1e-9 of ``rate`` (stepping down by ``1 +
-    tolerance`` from a bisection's midpoint lands on its lower end up to rounding), else
-    ``rate``."""
-    for r, _ in made:
-        if abs(r - rate) <= 1e-9 * rate:
-            return r
-    return rate
-
-
-def confirm(found: dict, run, seeds: Sequence[int], tolerance: float, bar: Optional[float],
-            snap=lambda rate: rate) -> dict:
-    """The capacity found on the workload's seed, confirmed on the further ``seeds``: the
-    capacity holds when every seed's run does there; while one fails the rate steps down by
-    ``1 + tolerance`` (the failing run is the new failed one, and the seeds run again, the
-    workload's first). The confirming seeds run only at the capacity, not at every rate the
-    bisection tried (a rate holds on the workload's seed before the others can tell)."""
-    lo, held = found["capacity"], found["held"]
-    first = lo
-    while True:
-        miss = next((r for r in (run(lo, sd) for sd in seeds) if not _holds(r)), None)
-        if miss is None:
-            return {**found, "capacity": lo, "held": held}
-        found = {**found, "failed": miss, "failed_rate": lo, "ceiling": False}
-        while True:
-            lo = snap(lo / (1 + tolerance))
-            if bar is not None and lo <= bar:
-                return {**found, "capacity": 0.0, "held": None, "below_bar": True}
-            if lo < first * 1e-4:
-                return {**found, "capacity": 0.0, "held": None}
-            held = run(lo)
-            if _holds(held):
-                break
-            found = {**found, "failed": held, "failed_rate": lo}
-
-
 def saturated_run(session, cand: Candidate, workload: Mapping) -> dict:
     """The candidate's saturated throughput on its session: ``SATURATED_ROUNDS`` batches'
     worth of requests (``max_num_seqs`` times the instances of the last pool, at most what a
@@ -474,3 +272,29 @@ def saturated_run(session, cand: Candidate, workload: Mapping) -> dict:
     return {"saturated_requests_per_s": rate, "requests": n, "slots": slots,
             "preemptions": res.summary["preemptions"]}
 
+
+def start_share(cands, results, estimates, disaggregated: bool) -> float:
+    """Where a candidate's capacity search starts, as a share of its estimate: the median
+    (the lower middle) of simulated over estimated capacity among the candidates of its side
+    (aggregated or disaggregated; the other side's while its own has none) simulated so far,
+    ``START_ESTIMATE_SHARE`` before any. Only the start: the bisection's result does not
+    depend on it beyond the tolerance, and no bound uses it."""
+    ratios: dict = {False: [], True: []}
+    for (cand, _), res, est in zip(cands, results, estimates):
+        if (res is None or res.get("status") != "ok" or "same_runs_as" in res or not est or res["ceiling"]
+                or not res["capacity_requests_per_s"]):
+            continue
+        ratios[cand.disaggregated].append(res["capacity_requests_per_s"] / est)
+    pick = sorted(ratios[disaggregated] or ratios[not disaggregated])
+    return pick[(len(pick) - 1) // 2] if pick else START_ESTIMATE_SHARE
+
+
+def run_settle_s(workload: Mapping, ttft_limits, tpot_limits, roles) -> float:
+    """A request's time in the system when the SLO holds: the TTFT limit plus the mean
+    output times the TPOT limit (without a limit: ten times the slowest lone figure)."""
+    osl = _mean_lengths(workload)[1]
+    kept = [x[3] for r in roles.values() for x in r]
+    ttft = max((l.limit_s for l in ttft_limits), default=10 * max((k["lone_ttft_s"] for k in kept), default=0.0))
+    tpot = max((l.limit_s for l in tpot_limits), default=10 * max((k["lone_tpot_s"] or 0.0 for k in kept),
+                                                                  default=0.0))
+    return ttft + osl * tpot

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Sequence
 
 import attrs
 
@@ -18,15 +18,16 @@ from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
 from g5core.study.serving.bound import (_estimate_bound, _top_values, _upper_value, bar_value, capacity_bound,
-                                        confirmed_upper, tie_bound)
+                                        tie_bound)
 from g5core.study.serving.candidates import candidates_from_screens
-from g5core.study.serving.capacity import (START_ESTIMATE_SHARE, candidate_cell, trace_peak, variant_cell,
+from g5core.study.serving.capacity import (candidate_cell, run_settle_s, start_share, trace_peak, variant_cell,
                                            whole_cell)
+from g5core.study.serving.decode import DecodeSides, decode_side
 from g5core.study.serving.estimate import Estimator, estimate_for
-from g5core.study.serving.result import SAME_VALUE, Bounded, Scored, ServeSearchResult, _group
+from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group, shown
 from g5core.study.serving.screen import screen_layout
 from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, Pruned, SearchSettings, _longest_output,
-                                        _mean_lengths, candidate_config, check_workload, cp_prefill_choice,
+                                        candidate_config, check_workload, cp_prefill_choice,
                                         freeze_block, host_tier_variants, instance_layouts, is_moe,
                                         reuses_prefixes, run_requests, short_label, speculative_label, thaw_block,
                                         vary_cache)
@@ -136,7 +137,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             hint = f"; most ({fams[0][0]}) for {fams[0][1]}: {fams[0][2]}" if fams else ""
             raise G5Error(f"no deployment of {chips} chips is left to simulate ({len(layouts)} layouts and chunk "
                           f"sizes screened){hint}")
-        settle_s = _settle_s(workload, ttft_limits, tpot_limits, all_roles)
+        settle_s = run_settle_s(workload, ttft_limits, tpot_limits, all_roles)
         # 3. capacities, best roles' bound first, in waves; a candidate whose bound cannot
         # reach the simulated one at place --top is bounded out (by the driver from its roles'
         # bound, or by its cell from its saturated run)
@@ -268,53 +269,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         cell_key: dict = {}       # candidate index -> its candidate cell's key in the table
         bounded_at: dict = {}     # candidate index -> its place in ``bounded``
 
-        # a disaggregated candidate's decode pool (with its scheduler limits) -> (the lowest rate
-        # at which a run of a candidate with it missed a TPOT or ITL limit, that candidate)
-        decode_fails: dict = {}
-        decode_keys = {lim.key for lim in tpot_limits}
-
-        decode_holds: dict = {}   # decode side -> [(capacity, share within TPOT, mean output, index)]
-
-        def learn_decode(i, res) -> None:
-            """Keep candidate ``i``'s failing rate for its decode side when its failing run
-            missed a decode limit (TPOT, ITL), and, where that rate is one tolerance step above
-            its capacity, its run there (:func:`~g5core.study.serving.capacity.decode_held`):
-            see :func:`_decode_side`."""
-            rate = res.get("failed_rate_per_s")
-            if cands[i][0].disaggregated and rate and decode_keys.intersection(res.get("missed") or ()):
-                side = _decode_side(cands[i][0])
-                failed = res.get("decode_failed") or [None, None]
-                decode_fails.setdefault(side, []).append((rate, i, *failed))
-                held = res.get("decode_held")
-                if held and rate <= held[0] * (1 + settings.tolerance) * (1 + SAME_VALUE):
-                    c, share, mean_out, preempted, peak = held
-                    both = (None if None in (preempted, failed[0]) else preempted + failed[0],
-                            None if None in (peak, failed[1]) else max(peak, failed[1]))
-                    decode_holds.setdefault(side, []).append((c, share, mean_out, i, *both))
-
-        def decode_upper(cand) -> Optional[tuple]:
-            """``(value, capacity at most, index)``: the least bound of a disaggregated
-            candidate's value its decode side's runs with other prefill pools give (None:
-            none). Its capacity search may take their bracket: from a failing rate ``r``,
-            ``r / (1 + tolerance)`` (its capacity at most that, whatever it holds); from a
-            bracket ``[c, r]`` run with another prefill pool, ``c`` with at most the share of
-            requests that held the TPOT there (its confirming seeds, or a miss at ``c``, step
-            down by the tolerance: :func:`~g5core.study.serving.bound.confirmed_upper`)."""
-            side = _decode_side(cand)
-            best = None
-            for rate, j, preempted, peak in decode_fails.get(side, ()):
-                if _runs_alike(cands[j][0], cand, preempted, peak):
-                    low = rate / (1 + settings.tolerance)
-                    value = _upper_value(settings.objective, low, cand, top_out)
-                    if best is None or value < best[0]:
-                        best = (value, low, j)
-            for c, share, mean_out, j, preempted, peak in decode_holds.get(side, ()):
-                if _runs_alike(cands[j][0], cand, preempted, peak):
-                    held = {"goodput_share": share, "mean_output_tokens": mean_out}
-                    value = confirmed_upper(settings.objective, cand, c, held, settings.tolerance, top_out)
-                    if best is None or value < best[0]:
-                        best = (value, c, j)
-            return best
+        # what each decode pool's runs tell of its other prefill partners (DecodeSides)
+        sides = DecodeSides(cands, limits, settings, top_out)
 
         def decode_bounded(remaining, kth, first) -> list:
             """``remaining`` less the disaggregated candidates whose decode side missed its
@@ -326,7 +282,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             keep = []
             for i in remaining:
                 cand = cands[i][0]
-                hit = decode_upper(cand) if cand.disaggregated else None
+                hit = sides.upper(cand) if cand.disaggregated else None
                 if hit is None or hit[0] > passing:
                     keep.append(i)
                     continue
@@ -351,7 +307,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                               (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
                                runner_for, roles, kth, estimates[i], share, points_of(i), first)))
             for i, res in zip(wave, _drive(table, kept, cells, reporter, workers)):
-                learn_decode(i, res)
+                sides.learn(i, res)
                 if res["status"] == "bounded":
                     bounded_cell[i], bounded_at[i] = res, len(bounded)
                     bounded.append(Bounded(cands[i][0], res["saturated"]["saturated_requests_per_s"],
@@ -377,17 +333,17 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 if reporter is not None:
                     reporter.skip(len(remaining) - cut)
                 remaining = remaining[:cut]
-            if decode_fails and kth is not None:
+            if sides and kth is not None:
                 remaining = decode_bounded(remaining, kth, first)
             # one candidate per deployment (max_num_seqs variants) and per decode pool with its
             # scheduler limits in a wave: the others wait for what it tells (variant_runs,
             # decode_bounded). Holding back a decode pool's other limits too (the coarser
-            # _decode_side) measured 86.3 / 53.4 / 59.9 s on the three benchmark cases
+            # decode_side) measured 86.3 / 53.4 / 59.9 s on the three benchmark cases
             # (Qwen3, 70B 8K, 70B 4K) against 93.3 / 49.9 / 46.9 s: it reorders the waves
             wave, checks, later, keys = [], [], [], set()
             for i in remaining:
                 key = _variant(cands[i][0])
-                side = ((_decode_side(cands[i][0]), cands[i][0].max_num_seqs, cands[i][0].chunk)
+                side = ((decode_side(cands[i][0]), cands[i][0].max_num_seqs, cands[i][0].chunk)
                         if cands[i][0].disaggregated else None)
                 plan = variant_runs(i)
                 if plan is not None and not plan[1]:
@@ -419,8 +375,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                     bounded = [b for b in bounded if b.candidate != cands[mine[0]][0]]
         # the failing runs stopped at their sure miss of the candidates shown (the ranking's
         # top and each side's best), made again to their end for their figures
-        shown = _shown(cands, results, settings.objective, settings.top)
-        wholes = [(i, results[i]["trace"][results[i]["failed_run"]][:2]) for i in shown
+        on_show = shown(cands, results, settings.objective, settings.top)
+        wholes = [(i, results[i]["trace"][results[i]["failed_run"]][:2]) for i in on_show
                   if results[i].get("failed") is None and results[i].get("failed_stopped")
                   and results[i].get("failed_run") is not None]
         cells = [(config_hash({"kind": "whole", **ident, "candidate": attrs.asdict(cands[i][0], recurse=True),
@@ -463,74 +419,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                              {cand.label(): e for (cand, _), e in zip(cands, estimated)}, len(same_runs))
 
 
-def _shown(cands, results, objective: str, top: int) -> list[int]:
-    """The simulated candidates a search shows with their figures: the ``top`` best by the
-    objective (:meth:`Scored.value`'s order) and each side's (aggregated, disaggregated)
-    best."""
-    ok = [i for i, res in enumerate(results) if res is not None and res.get("status") == "ok"]
-    order = sorted(ok, key=lambda i: Scored(cands[i][0], {}, results[i]).rank_key(objective))
-    out = list(order[:top])
-    for side in (False, True):
-        best = next((i for i in order if cands[i][0].disaggregated == side), None)
-        if best is not None and best not in out:
-            out.append(best)
-    return out
-
-
-def start_share(cands, results, estimates, disaggregated: bool) -> float:
-    """Where a candidate's capacity search starts, as a share of its estimate: the median
-    (the lower middle) of simulated over estimated capacity among the candidates of its side
-    (aggregated or disaggregated; the other side's while its own has none) simulated so far,
-    ``START_ESTIMATE_SHARE`` before any. Only the start: the bisection's result does not
-    depend on it beyond the tolerance, and no bound uses it."""
-    ratios: dict = {False: [], True: []}
-    for (cand, _), res, est in zip(cands, results, estimates):
-        if (res is None or res.get("status") != "ok" or "same_runs_as" in res or not est or res["ceiling"]
-                or not res["capacity_requests_per_s"]):
-            continue
-        ratios[cand.disaggregated].append(res["capacity_requests_per_s"] / est)
-    pick = sorted(ratios[disaggregated] or ratios[not disaggregated])
-    return pick[(len(pick) - 1) // 2] if pick else START_ESTIMATE_SHARE
-
-
-
 def _variant(cand: Candidate) -> tuple:
     """What a candidate's max_num_seqs variants share: its pools, its chunk size, its
     speculative: block, its host KV tier and cp prefill choice."""
     return cand.pools, cand.chunk, cand.speculative, cand.host_tier_bytes_per_chip, cand.cp_prefill
-
-
-
-def _decode_side(cand: Candidate) -> tuple:
-    """What a disaggregated candidate's TPOT depends on: its decode pool, speculative: block
-    and host KV tier, and (:func:`_runs_alike`) its scheduler limits. Its prefill pool
-    reaches the decode pool only through when each prompt's KV arrives (each request's
-    first token plus its transfer), the same arrivals shifted by at most the TTFT limit on a
-    run of the same rate and seed: a decode pool missing a TPOT limit at a rate with one
-    prefill pool is taken to miss it with any. A heuristic, not a proof (the arrivals'
-    spacing differs a little); the ranking's top is still simulated, and the search's
-    exhaustive small case checks that it finds the same top."""
-    return cand.pools[1:], cand.speculative, cand.host_tier_bytes_per_chip
-
-
-def _runs_alike(ran: Candidate, cand: Candidate, preemptions: Optional[int], peak: Optional[int]) -> bool:
-    """Whether the decode pool of ``ran``'s runs (their preemptions and the most sequences
-    a decode scheduler held) ran as ``cand``'s would (the same :func:`_decode_side`): the
-    same max_num_seqs and chunk size, or runs that never preempted (a decode pool then never
-    prefills: the chunk size is never met) and whose decode peak stayed below both
-    max_num_seqs and chunk sizes (no limit stopped an admission)."""
-    if (ran.max_num_seqs, ran.chunk) == (cand.max_num_seqs, cand.chunk):
-        return True
-    return (preemptions == 0 and peak is not None
-            and peak < min(ran.max_num_seqs, cand.max_num_seqs, ran.chunk, cand.chunk))
-
-
-def _settle_s(workload: Mapping, ttft_limits, tpot_limits, roles) -> float:
-    """A request's time in the system when the SLO holds: the TTFT limit plus the mean
-    output times the TPOT limit (without a limit: ten times the slowest lone figure)."""
-    osl = _mean_lengths(workload)[1]
-    kept = [x[3] for r in roles.values() for x in r]
-    ttft = max((l.limit_s for l in ttft_limits), default=10 * max((k["lone_ttft_s"] for k in kept), default=0.0))
-    tpot = max((l.limit_s for l in tpot_limits), default=10 * max((k["lone_tpot_s"] or 0.0 for k in kept),
-                                                                  default=0.0))
-    return ttft + osl * tpot

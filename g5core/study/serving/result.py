@@ -296,3 +296,17 @@ def ordinal(n: int) -> str:
     """``1st``, ``2nd``, ``3rd``, ``10th``, ``11th``, ``22nd``."""
     tail = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{tail}"
+
+
+def shown(cands, results, objective: str, top: int) -> list[int]:
+    """The simulated candidates a search shows with their figures: the ``top`` best by the
+    objective (:meth:`Scored.value`'s order) and each side's (aggregated, disaggregated)
+    best."""
+    ok = [i for i, res in enumerate(results) if res is not None and res.get("status") == "ok"]
+    order = sorted(ok, key=lambda i: Scored(cands[i][0], {}, results[i]).rank_key(objective))
+    out = list(order[:top])
+    for side in (False, True):
+        best = next((i for i in order if cands[i][0].disaggregated == side), None)
+        if best is not None and best not in out:
+            out.append(best)
+    return out
