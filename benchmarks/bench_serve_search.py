@@ -89,7 +89,7 @@ def main() -> None:
         workers_cpu = (kids.children_user - kids0.children_user) + (kids.children_system - kids0.children_system)
     win = res.ranked[0].to_json_dict() if res.ranked else None
     sim = max(res.candidates, 1)
-    print(json.dumps({
+    out = {
         "case": {**raw, "isl": args.isl, "osl": args.osl, "slo": args.slo, "workers": args.workers},
         "settings": {k: v for k, v in vars(args).items()},
         "wall_s": round(wall, 1), "cpu_s_driver": round(cpu, 1), "cpu_s_workers": round(workers_cpu, 1),
@@ -110,19 +110,20 @@ def main() -> None:
             "output_tokens_per_s_per_chip": win["output_tokens_per_s_per_chip"], "ttft_s": win["ttft_s"],
             "tpot_s": win["tpot_s"]},
         "why": res.why(),
-    }, indent=2))
-    if args.peer:
-        peer(args, wall, workers_cpu + cpu, res)
+    }
+    if args.peer:       # one JSON document: the peer's run under "peer"
+        out["peer"] = peer(args, wall, workers_cpu + cpu, res)
+    print(json.dumps(out, indent=2))
 
 
-def peer(args, wall: float, cpu: float, res) -> None:
+def peer(args, wall: float, cpu: float, res) -> dict:
     """aiconfigurator's ``cli default`` on the same case (model, system, chips, ISL/OSL,
     TTFT and TPOT limits), in this process tree: its wall and CPU time, the ratio to G5's,
-    and both tools' winners side by side (aiconfigurator's as its own summary lines)."""
+    and both tools' winners side by side (aiconfigurator's as its own summary lines);
+    ``{"skipped": why}`` without aiconfigurator."""
     exe = shutil.which("aiconfigurator")
     if exe is None:
-        print("peer: aiconfigurator is not installed (pip install '.[peers]'); skipped")
-        return
+        return {"peer": "aiconfigurator", "skipped": "not installed (pip install '.[peers]')"}
     limits = dict(kv.split("=") for kv in args.slo.split(","))
     ms = lambda text: float(text[:-2]) if text.endswith("ms") else float(text[:-1]) * 1e3  # noqa: E731
     cmd = [exe, "cli", "default", "--model-path", PEER_MODELS.get(args.model, args.model),
@@ -140,7 +141,7 @@ def peer(args, wall: float, cpu: float, res) -> None:
     best = [re.sub(r"\s+", " ", line.strip()) for line in text.splitlines()
             if re.search(r"Best Experiment Chosen|Per-GPU Throughput|Top Configurations|^\|\s+1\s+\|", line)]
     g5_sides = res.sides()
-    print(json.dumps({
+    return {
         "peer": "aiconfigurator", "command": " ".join(cmd), "exit": done.returncode,
         "wall_s": {"g5": round(wall, 1), "aiconfigurator": round(peer_wall, 1),
                    "g5_over_aiconfigurator": round(wall / peer_wall, 2) if peer_wall else None},
@@ -150,7 +151,7 @@ def peer(args, wall: float, cpu: float, res) -> None:
                         k: g5_sides[k] and g5_sides[k].get("output_tokens_per_s_per_chip")
                         for k in ("aggregated", "disaggregated")},
                     "aiconfigurator": best},
-    }, indent=2))
+    }
 
 
 def one_candidate(args, raw, workload, settings, load0) -> None:
