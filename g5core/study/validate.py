@@ -80,7 +80,11 @@ def _reader(csv_path) -> tuple[pathlib.Path, csv.DictReader]:
 
 def read_rows(csv_path) -> list[Row]:
     """Parse and check the measurement file; a bad row is a one-line ConfigError naming it."""
-    path, reader = _reader(csv_path)
+    return _rows(*_reader(csv_path))
+
+
+def _rows(path: pathlib.Path, reader: csv.DictReader) -> list[Row]:
+    """:func:`read_rows` on a file already read (:func:`_reader`)."""
     header = reader.fieldnames or []
     if is_collectives_file(header):
         raise ConfigError(str(path), "a collectives file (its op column) has no configuration rows: g5 validate "
@@ -199,7 +203,7 @@ def validate(csv_path, overrides: Sequence[str] = ()) -> dict:
         out = validate_collectives(path, reader)
     else:
         out = []
-        for row in [attrs.evolve(r, overrides=r.overrides + tuple(overrides)) for r in read_rows(csv_path)]:
+        for row in [attrs.evolve(r, overrides=r.overrides + tuple(overrides)) for r in _rows(path, reader)]:
             pred = predict_ms(row, csv_path)
             out.append({"row": row.number, "config": row.label, "metric": row.metric,
                         "measured_ms": row.measured_ms, "predicted_ms": pred,
