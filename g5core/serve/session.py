@@ -74,12 +74,10 @@ class ServingSession:
         run = ServingLoop(self.fleet, workload, miss=watch, gaps=gaps)
         loop = run.run()
         if loop is None:
-            peaks = [getattr(i.scheduler, "peak_running", None) for p in run.pools for i in p]
-            last = [getattr(i.scheduler, "peak_running", None) for i in run.pools[-1]]
-            return MissedRun(len(workload.requests), run.done, None if None in peaks else max(peaks, default=0),
+            return MissedRun(len(workload.requests), run.done, schedulers_peak(i for p in run.pools for i in p),
                              time.perf_counter() - t0, watch.limit,
                              sum(i.scheduler.preemptions for p in run.pools for i in p),
-                             None if None in last else max(last, default=0))
+                             schedulers_peak(run.pools[-1]))
         checks = check_invariants(loop)
         if any(checks.values()):
             raise G5Error("serving invariants violated: " + ", ".join(f"{k}={v}" for k, v in checks.items() if v))
@@ -108,6 +106,13 @@ def _synthetic_once(spec: Mapping, make: Callable[[], Workload]) -> Workload:
             _SYNTHETIC.clear()
         hit = _SYNTHETIC[key] = make()
     return hit
+
+
+def schedulers_peak(instances) -> Optional[int]:
+    """The most sequences any of the instances' schedulers held at once (per attention-DP
+    rank); ``None`` when a scheduler does not say."""
+    peaks = [getattr(inst.scheduler, "peak_running", None) for inst in instances]
+    return None if None in peaks else max(peaks, default=0)
 
 
 @attrs.frozen

@@ -8,7 +8,7 @@ import numpy as np
 
 from g5core.api.errors import ConfigError, G5Error, PluginError
 from g5core.inputs.serving import parse_slo
-from g5core.serve.session import MissedRun
+from g5core.serve.session import MissedRun, schedulers_peak
 from g5core.study.serving.bisect import _holds, _snap, capacity_search, confirm
 from g5core.study.serving.bound import (_bar_rate, _estimate_bound, _upper_value, bar_value, capacity_bound,
                                         tie_bound)
@@ -243,8 +243,7 @@ def _peak_running(result) -> Optional[int]:
     ``None`` when a scheduler does not say."""
     if isinstance(result, MissedRun):
         return result.peak_running
-    peaks = [getattr(inst.scheduler, "peak_running", None) for inst in result.loop.instances]
-    return None if None in peaks else max(peaks, default=0)
+    return schedulers_peak(result.loop.instances)
 
 
 def trace_peak(trace: Sequence) -> Optional[int]:

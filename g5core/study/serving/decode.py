@@ -10,7 +10,7 @@ import numpy as np
 
 from g5core.inputs.serving import parse_slo
 from g5core.serve.metrics import goodput, per_request
-from g5core.serve.session import MissedRun
+from g5core.serve.session import MissedRun, schedulers_peak
 from g5core.study.serving.bound import _upper_value, confirmed_upper
 from g5core.study.serving.result import SAME_VALUE
 from g5core.study.serving.space import Candidate, SearchSettings
@@ -124,8 +124,7 @@ def decode_figures(result) -> list:
     if isinstance(result, MissedRun):
         return [result.preemptions, result.last_pool_peak]
     last = result.loop.fleet.pools[-1]
-    peaks = [getattr(inst.scheduler, "peak_running", None) for inst in result.loop.instances if inst.pool is last]
-    return [result.summary["preemptions"], None if None in peaks else max(peaks, default=0)]
+    return [result.summary["preemptions"], schedulers_peak(i for i in result.loop.instances if i.pool is last)]
 
 
 def missed_limits(result) -> list[str]:

@@ -173,7 +173,9 @@ class ServeSearchResult:
         goodput or the output tokens), ``None`` unless both sides were simulated."""
         key = "output_tokens_per_s_per_chip" if self.objective == "throughput_per_chip" else "goodput_per_chip"
         out: dict = {}
-        best = self.ranked[0].to_json_dict()[key] if self.ranked and self.ranked[0].capacity > 0 else math.inf
+        # the winner's value (rates(): goodput, output tokens, per chip)
+        best = (self.ranked[0].rates()[key == "output_tokens_per_s_per_chip"]
+                if self.ranked and self.ranked[0].capacity > 0 else math.inf)
         for name, flag in (("aggregated", False), ("disaggregated", True)):
             mine = [s for s in self.ranked if s.candidate.disaggregated == flag and s.capacity > 0]
             if mine:
