@@ -499,7 +499,9 @@ def sample_program(ctx):
     seen, keep, previous = set(), set(), ()
     for layer, lops in layers.items():
         chips = ctx.layer_chips(layer) if 0 <= layer < model.n_layers else (layer,)
-        kind = (tuple(lop.kind for lop in lops), chips, previous)
+        # a layer after one on its own chips: one of each kind, on whichever chips (on each
+        # pipeline stage it expands as on the first, its groups its stage's first layer's)
+        kind = (tuple(lop.kind for lop in lops),) + ((chips, previous) if chips != previous else ())
         if kind not in seen:
             seen.add(kind)
             keep.add(layer)
