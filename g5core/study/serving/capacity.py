@@ -66,7 +66,8 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
                    start_rate: float, settle_s: float, disabled=(), runner_for=None,
                    roles: Optional[Mapping] = None, kth: Optional[float] = None,
                    estimate: Optional[float] = None, start_share: float = START_ESTIMATE_SHARE,
-                   engine_points: Optional[Mapping] = None, first: Optional[float] = None) -> dict:
+                   engine_points: Optional[Mapping] = None, first: Optional[float] = None,
+                   whole_failed: bool = False) -> dict:
     """A candidate's capacity (a bisection over the rate, see the module doc) and its runs at
     the capacity and at the first failing rate. ``roles``: its roles' bound
     (:func:`role_rates`); with it, an aggregated candidate first measures its saturated
@@ -80,11 +81,12 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
     calibrated share, :func:`start_share`; by default
     ``START_ESTIMATE_SHARE``). ``engine_points``: its layouts' step latencies from their
     screens (:func:`~g5core.study.serving.screen.seed_runners`; the same figures, not
-    simulated again)."""
+    simulated again). ``whole_failed``: a failing run stopped at its sure miss is made
+    again to its end here (the figures a shown candidate gives, :func:`whole_cell`'s)."""
     seed_runners(engine_points)
     try:
         return _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disabled, runner_for, roles, kth,
-                         estimate, start_share, first)
+                         estimate, start_share, first, whole_failed)
     except (ConfigError, PluginError) as exc:   # a plugin refusing one of its steps prunes the candidate
         return refusal(exc)
 
@@ -97,7 +99,7 @@ def _candidate_session(base: Mapping, cand: Candidate, workload: Mapping, slo: s
 
 
 def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disabled, runner_for, roles, kth,
-              estimate, start_share, first) -> dict:
+              estimate, start_share, first, whole_failed=False) -> dict:
     session = _candidate_session(base, cand, workload, slo, disabled, runner_for)
     floor = settings.rate if settings.objective == "min_chips" else None
     runs = {"n": 0}
@@ -172,11 +174,15 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
             out.update(tie_bar=passing, tie_run=at.get(id(found["held"])), decode_held=decode_held(found, slo, cand))
         return out
     held, failed = found["held"], found["failed"]
+    failed_at = None if failed is None else at.get(id(failed))
+    made_whole = whole_failed and isinstance(failed, MissedRun) and failed_at is not None
+    if made_whole:
+        runs["n"] += 1
+        failed = _whole(session, workload, *trace[failed_at][:2], settle_s, settings)
     # a failing run stopped at its sure miss has no figures: the driver makes the shown
     # candidates' again to their end (whole_cell); the others keep the limit it missed
     stopped = {"limit": failed.limit, "completed": failed.completed, "requests": failed.requests} if isinstance(
         failed, MissedRun) else None
-    failed_at = None if failed is None else at.get(id(failed))
     failed = None if stopped else failed
     return {"status": "ok", "label": cand.label(), "disaggregated": cand.disaggregated, "chips": cand.chips,
             "failed_stopped": stopped,
@@ -187,7 +193,8 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
             "decode_held": decode_held(found, slo, cand), "decode_failed": decode_figures(found["failed"]),
             "build_s": session.build_s, "saturated_requests_per_s": mu, "capacity_bound": bound, "saturated": sat,
             "held": None if held is None else _run_summary(held, session),
-            "failed": None if failed is None else _run_summary(failed, session)}
+            "failed": None if failed is None else _run_summary(failed, session),
+            **({"failed_made_whole": True} if made_whole else {})}
 
 
 def _seeded_run(session, workload: Mapping, rate: float, seed: int, settle_s: float, settings: SearchSettings,
@@ -210,13 +217,19 @@ def whole_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, sett
     seed_runners(engine_points)
     try:
         session = _candidate_session(base, cand, workload, slo, disabled, runner_for)
-        whole = _seeded_run(session, workload, rate, seed, settle_s, settings, stop_at_miss=False)
+        whole = _whole(session, workload, rate, seed, settle_s, settings)
     except (ConfigError, PluginError) as exc:
         return refusal(exc)
+    return {"status": "ok", "failed": _run_summary(whole, session), "peak_running_seqs": _peak_running(whole)}
+
+
+def _whole(session, workload: Mapping, rate: float, seed: int, settle_s: float, settings: SearchSettings):
+    """A failing run stopped at its sure SLO miss, made again to its end."""
+    whole = _seeded_run(session, workload, rate, seed, settle_s, settings, stop_at_miss=False)
     if _holds(whole):
         raise G5Error(f"a serving run at {rate:g} requests/s stopped at a sure SLO miss holds the SLO when run "
                       "to its end (a G5 bug)")
-    return {"status": "ok", "failed": _run_summary(whole, session), "peak_running_seqs": _peak_running(whole)}
+    return whole
 
 
 def variant_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,

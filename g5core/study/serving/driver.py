@@ -225,6 +225,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             if results[j] is not None:
                 res = {**src, "label": cands[i][0].label(), "runs": len(again), "same_runs_as": cands[j][0].label(),
                        "trace": trace, "peak_running_seqs": peak}
+                if res.pop("failed_made_whole", False):   # j's whole run ran past what its trace says of i
+                    res["failed"] = None
                 for place, field in ((src.get("held_run"), "held"), (src.get("failed_run"), "failed")):
                     if place in again:
                         res[field] = again[place][2]
@@ -293,7 +295,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 reporter.skip(len(remaining) - len(keep))
             return keep
 
-        def simulate(wave, kth, first=None):
+        def wave_cells(wave, kth, first=None, whole_failed=()) -> list:
             cells = []
             for i in wave:
                 cand, start = cands[i]
@@ -301,12 +303,20 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 share = start_share(cands, results, estimates, cand.disaggregated)
                 key = config_hash({"kind": "candidate", **ident, "candidate": attrs.asdict(cand, recurse=True),
                                    "settings": keyed, "roles": roles, "kth": kth, "first": first, "estimate": estimates[i],
-                                   "start_share": share}, names)
+                                   "start_share": share, **({"whole_failed": True} if i in whole_failed else {})},
+                                  names)
                 cell_key[i] = key
                 cells.append((key, "candidate", cand.label(), candidate_cell,
                               (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
-                               runner_for, roles, kth, estimates[i], share, points_of(i), first)))
-            for i, res in zip(wave, _drive(table, kept, cells, reporter, workers)):
+                               runner_for, roles, kth, estimates[i], share, points_of(i), first,
+                               i in whole_failed)))
+            return cells
+
+        def simulate(wave, kth, first=None, whole_failed=()):
+            take(wave, _drive(table, kept, wave_cells(wave, kth, first, whole_failed), reporter, workers))
+
+        def take(wave, got) -> None:
+            for i, res in zip(wave, got):
                 sides.learn(i, res)
                 if res["status"] == "bounded":
                     bounded_cell[i], bounded_at[i] = res, len(bounded)
@@ -322,6 +332,12 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         # that capacity search as its own where each holds or fails alike (variant_runs)
         remaining = list(order)
         place = {i: k for k, i in enumerate(order)}
+        # both answers: each side's (aggregated, disaggregated) best by the bounds joins the
+        # first wave, which has no bar yet, beside its WAVE others, so that a side bounded out
+        # whole still has its best simulated once, without the bar; it makes its own failing
+        # run whole there (it is shown whenever its side has none better)
+        early = {mine[0] for mine in ([i for i in order if cands[i][0].disaggregated == side]
+                                      for side in (False, True)) if mine} if use_bounds else set()
         while remaining:
             kth, first = _top_values(settings, cands, results) if use_bounds else (None, None)
             cut = next((p for p, i in enumerate(remaining) if upper[i] < kth), None) if kth is not None else None
@@ -348,7 +364,10 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 plan = variant_runs(i)
                 if plan is not None and not plan[1]:
                     adopt(i, plan[0], {})        # no run of j's reached either limit: j's runs are i's
-                elif len(wave) + len(checks) >= WAVE:
+                elif i in early:
+                    wave.append(i)
+                    keys.update((key, side) if side is not None else (key,))
+                elif sum(j not in early for j in wave) + len(checks) >= WAVE:
                     later.append(i)
                 elif plan is not None:
                     checks.append((i, *plan))
@@ -358,25 +377,17 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 else:
                     later.append(i)
             if wave:
-                simulate(wave, kth, first)
+                simulate(wave, kth, first, early)
+                early = set()
                 for i in wave:
                     simulated_variants.setdefault(_variant(cands[i][0]), []).append(i)
             if checks:
                 later += check_variants(checks)
             remaining = sorted(later, key=place.get)
-        # both answers: a side (aggregated, disaggregated) whose every candidate was bounded
-        # out gets its best by the bounds' order simulated once, without the bar
-        for side in (False, True):
-            mine = [i for i in order if cands[i][0].disaggregated == side]
-            if mine and use_bounds and not any(results[i] is not None and results[i]["status"] == "ok"
-                                               for i in mine):
-                simulate(mine[:1], None)
-                if results[mine[0]] is not None:
-                    bounded = [b for b in bounded if b.candidate != cands[mine[0]][0]]
         # the failing runs stopped at their sure miss of the candidates shown (the ranking's
         # top and each side's best), made again to their end for their figures
-        on_show = shown(cands, results, settings.objective, settings.top)
-        wholes = [(i, results[i]["trace"][results[i]["failed_run"]][:2]) for i in on_show
+        wholes = [(i, results[i]["trace"][results[i]["failed_run"]][:2])
+                  for i in shown(cands, results, settings.objective, settings.top)
                   if results[i].get("failed") is None and results[i].get("failed_stopped")
                   and results[i].get("failed_run") is not None]
         cells = [(config_hash({"kind": "whole", **ident, "candidate": attrs.asdict(cands[i][0], recurse=True),

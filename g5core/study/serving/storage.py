@@ -16,8 +16,9 @@ from g5core.study.sweep import run_windowed
 #: SLO miss, so its run count and the peaks of its trace's failing rows differ): part of
 #: every cell's key, so a database of an older format
 #: is not read as this one. 5: a candidate's failing run stopped at its sure miss keeps no
-#: figures (``failed_stopped``); the shown candidates' are made whole in cells of their own
-CELL_VERSION = 5
+#: figures (``failed_stopped``); the shown candidates' are made whole in cells of their own.
+#: 6: a side's lone simulated candidate makes its own failing run whole (``whole_failed``)
+CELL_VERSION = 6
 
 
 SCHEMA = """
