@@ -110,6 +110,10 @@ class CompiledDag:
         return TableView(self.algos, self.comm_algo_id)
 
 
+#: the comm lowerings a latency lookup keeps per topology (and topologies it keeps them for)
+LOWERINGS_KEPT = 4096
+
+
 def compile_dag(dag: OpDag, plan, edges: Optional[tuple] = None) -> CompiledDag:
     """:func:`compile_ops` of a prepared run's DAG (``plan``: g5core.lower.builder.Plan),
     with the plan's compute-latency lookup where it keeps one (a prepared plan's, shared by
@@ -152,6 +156,14 @@ def compile_ops(dag: OpDag, *, topology: Topology, primitives: Mapping, hooks, s
     t_bytes: list = []
     t_route: list = []
     lowering_cache: dict = {}  # (primitive, group, bytes per rank) -> (template flow start, count, latency, algo, wire)
+    # the lowerings of earlier runs on this topology with these primitives (a prepared
+    # plan's steps and cut models share the lookup): a lowering depends on nothing else
+    mine = compute.lowerings.get((id(topo), id(primitives)))
+    if mine is None:
+        if len(compute.lowerings) >= LOWERINGS_KEPT:
+            compute.lowerings.clear()
+        mine = compute.lowerings[(id(topo), id(primitives))] = (topo, primitives, {})
+    lowered_before = mine[2]
     for s, first in zip(used.tolist(), at.tolist()):
         p = dag.specs[s]
         if not dag.spec_is_comm[s]:
@@ -162,11 +174,16 @@ def compile_ops(dag: OpDag, *, topology: Topology, primitives: Mapping, hooks, s
         key = (p.primitive, p.group, p.bytes_per_rank)
         low = lowering_cache.get(key)
         if low is None:
-            lowered, flows = lower_op(dag.op(first), primitives, topo)
-            algo = (lowered.algorithm, lowered.protocol, lowered.channels)
-            low = lowering_cache[key] = (
-                len(t_src), len(flows), float(lowered.latency_s), algo_ids.setdefault(algo, len(algo_ids)),
-                float(lowered.wire_bytes_per_payload_byte))
+            got = lowered_before.get(key)
+            if got is None:
+                lowered, flows = lower_op(dag.op(first), primitives, topo)
+                got = (flows, float(lowered.latency_s), (lowered.algorithm, lowered.protocol, lowered.channels),
+                       float(lowered.wire_bytes_per_payload_byte))
+                if len(lowered_before) < LOWERINGS_KEPT:
+                    lowered_before[key] = got
+            flows, latency_s, algo, wire = got
+            low = lowering_cache[key] = (len(t_src), len(flows), latency_s, algo_ids.setdefault(algo, len(algo_ids)),
+                                         wire)
             for src, dst, nbytes, route in flows:
                 t_src.append(src)
                 t_dst.append(dst)

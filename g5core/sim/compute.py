@@ -63,6 +63,11 @@ class LatencyLookup:
     answers: list[LatencyAnswer] = attrs.field(factory=list)
     _answer_ids: dict = attrs.field(factory=dict)  # (class, dtype, kernels, FLOPs, bytes, launch, name) -> id into ``answers``
     _launches: dict = attrs.field(factory=dict)  # (kernels, name, owner) -> launch seconds
+    #: comm lowerings of the runs compiled with this lookup (:func:`g5core.sim.compile.compile_ops`):
+    #: ``(id(topology), id(primitives)) -> (topology, primitives, {(primitive, group, bytes per
+    #: rank): (flows, latency_s, algorithm, wire bytes per payload byte)})``; the entry holds
+    #: the topology and primitives, so their ids are not reused while it lives
+    lowerings: dict = attrs.field(factory=dict)
 
     def _launch_s(self, op) -> float:
         # the step's sequences too: a decode step above the largest captured batch runs eagerly
