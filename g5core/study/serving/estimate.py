@@ -32,6 +32,7 @@ transfer, and the percentile of a request's TPOT mixing prefill steps unevenly.
 """
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Mapping, Optional, Sequence
 
@@ -151,7 +152,7 @@ def _lin(points: Sequence[Sequence[float]], x: float, col: int = 1) -> float:
     xs = [p[0] for p in points]
     if len(points) == 1:
         return points[0][col]
-    i = max(1, min(int(np.searchsorted(xs, x)), len(points) - 1))
+    i = max(1, min(bisect.bisect_left(xs, x), len(points) - 1))
     x0, x1 = xs[i - 1], xs[i]
     w = (x - x0) / (x1 - x0)
     return points[i - 1][col] + w * (points[i][col] - points[i - 1][col])
