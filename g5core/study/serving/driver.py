@@ -377,6 +377,9 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 else:
                     later.append(i)
             if wave:
+                # each side's best first: simulated without the bar, they make the most runs
+                # (the longest cells start first, so the wave's last cell is not one of them)
+                wave = sorted(wave, key=lambda i: i not in early)
                 simulate(wave, kth, first, early)
                 early = set()
                 for i in wave:
