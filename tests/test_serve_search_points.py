@@ -49,12 +49,20 @@ def test_a_seeded_worker_gives_a_cold_workers_cell_without_the_screens_engine_ru
     cand = Candidate((PoolChoice(1, tuple(sorted(PAR.items())), 1),), 32, 2048)
     reset()
     cold = candidate_cell(RAW, cand, wl, SLO, settings, 1.0, 3.0)
-    cold_steps = len(steps)
+    cold_steps, cold_made = len(steps), {tuple(tuple(g) for g in groups) for groups in steps}
     reset()
     seeded = candidate_cell(RAW, cand, wl, SLO, settings, 1.0, 3.0, engine_points=screen["engine_points"])
-    same = lambda cell: {k: v for k, v in cell.items() if k != "build_s"}   # build_s: a wall time
+    # build_s: a wall time; engine_points: the latencies its runner holds (the seeded one's more)
+    same = lambda cell: {k: v for k, v in cell.items() if k not in ("build_s", "engine_points")}
     assert same(seeded) == same(cold) and cold["status"] == "ok"
     assert len(steps) < cold_steps
+    # a cell gives back every latency its runs made (the driver ships them to later cells),
+    # the seeded one the screen's too
+    (made,) = cold["engine_points"].values()
+    assert {tuple(tuple(g) for g in groups) for groups, _ in made} == cold_made
+    (both,) = seeded["engine_points"].values()
+    assert {tuple(tuple(g) for g in groups) for groups, _ in both} == cold_made | {
+        tuple(tuple(g) for g in groups) for groups, _ in points}
     assert not set(steps) & {tuple(tuple(g) for g in groups) for groups, _ in points}
     # before its runner is made, a worker keeps the points for it
     reset()

@@ -167,14 +167,28 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         differs: set = set()             # (i, j): a run of j's made on i held or failed otherwise
         wasted = [0]                     # runs of checks whose variant was then simulated
 
+        ran: dict = {}      # layout key -> {groups: latency_s}: the engine latencies capacity cells made
+
         def points_of(i) -> dict:
-            """The screens' engine latencies of candidate ``i``'s layouts (none for a stand-in runner)."""
+            """The engine latencies of candidate ``i``'s layouts (none for a stand-in runner):
+            their screens' and those the capacity cells before made (so that one worker does
+            not simulate again what another did)."""
             if runner_for is not None:
                 return {}
             out: dict = {}
             for c, lab, _ in screens[i][1]:
                 out.update(points.get((c, lab), {}))
+            for key in set(out).intersection(ran):
+                out[key] = out[key] + [[[list(g) for g in groups], s] for groups, s in ran[key].items()]
             return out
+
+        def learn_points(res) -> dict:
+            """``res`` without the latencies its cell made, which join ``ran``."""
+            for key, pts in (res.get("engine_points") or {}).items():
+                mine = ran.setdefault(key, {})
+                for groups, latency_s in pts:
+                    mine.setdefault(tuple(tuple(g) for g in groups), latency_s)
+            return {k: v for k, v in res.items() if k != "engine_points"}
 
         def cell_of(j):
             """A simulated candidate's cell: its result, or the cell that bounded it out."""
@@ -317,6 +331,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
 
         def take(wave, got) -> None:
             for i, res in zip(wave, got):
+                res = learn_points(res)
                 sides.learn(i, res)
                 if res["status"] == "bounded":
                     bounded_cell[i], bounded_at[i] = res, len(bounded)
