@@ -121,7 +121,10 @@ def decode_step_matches_g5_run(raw: dict, per_rank: int, context: int) -> None:
                            Workload((Request(0, 0.0, context, 2),)), check_predictor=0, exact=True)
     cost = res.costs[0]
     work = RankedWork((StepWork((), (context,) * per_rank),) * dp)
-    assert cost.latency_s(work, True) == alone
+    # the serving path runs the engine on the model cut to a few layers and extends it layer
+    # by layer where the layers repeat (PreparedPlan.periodic_latency_s): g5 run's figure to
+    # a relative 1e-9, its contract (DeepSeek-V3: 2.5e-16 s off, 3.5e-15 relative: rounding)
+    assert cost.latency_s(work, True) == pytest.approx(alone, rel=1e-9, abs=0)
     # the predictor interpolates the decode attention between batches 4^k (64 and 256 here)
     assert cost.latency_s(work, False) == pytest.approx(alone, rel=0.01)
 
