@@ -33,6 +33,7 @@ import time
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import attrs
+import numpy as np
 
 from g5core.api.errors import ConfigError, PluginError, ResourceError
 from g5core.lower.builder import DEFAULT_MAX_OPS, check_size, plan_deployment, plan_for_step
@@ -52,7 +53,7 @@ from g5core.session.mathpath import math_estimate
 from g5core.session.run import _check_finite, _gc_paused, make_plan, simulate_plan, tokens_per_s_per_chip
 from g5core.sim.compile import compile_dag
 from g5core.sim.engine import Engine
-from g5core.sim.results import busiest_compute_by_owner, check_conservation, summarize
+from g5core.sim.results import busiest_compute_by_owner, check_conservation, conservation_kpis, summarize
 
 
 #: prepared runs of distinct steps kept for plan_for / memory (each holds its shape only)
@@ -356,7 +357,7 @@ class PreparedPlan:
         for plan, (dag, sym, edges) in zip(plans, got):
             step_dag = attrs.evolve(dag, specs=list(sample.specs), spec_is_comm=list(sample.spec_is_comm), spec_ids={},
                                     index={}, indexed=0, graph=None, graph_size=(-1, -1))
-            result = _run_built(plan, step_dag, sym, self.check, edges)
+            result = _run_built(plan, step_dag, sym, self.check, edges, figures_only=True)
             if result is None:
                 return None
             sims.append(result)
@@ -528,9 +529,22 @@ def _structure_key(dag) -> tuple:
             dag.edge_pairs.tobytes(), tuple(dag.stems), tuple(dag.odd_keys), tuple(dag.spec_is_comm), kinds)
 
 
-def _run_built(plan, dag, sym, check: bool, edges):
+@attrs.frozen(eq=False)
+class _Figures:
+    """What a cut model's run gives the layer-periodic figures (:meth:`PreparedPlan._cut_figures`):
+    its latency and each op's start and end (:func:`busiest_compute_by_owner`), as
+    :func:`summarize` makes them, without the rest of its report."""
+    latency_s: float
+    dag: Any
+    start_s: np.ndarray
+    end_s: np.ndarray
+
+
+def _run_built(plan, dag, sym, check: bool, edges, figures_only: bool = False):
     """Compile, run and summarise an op DAG already built for ``plan`` (one replica where
-    ``sym`` applies, as it did for the DAG's first step), ``edges`` its successor lists."""
+    ``sym`` applies, as it did for the DAG's first step), ``edges`` its successor lists;
+    ``figures_only``: a :class:`_Figures` (the engine's invariants still checked with
+    ``check``)."""
     with _gc_paused():
         t0 = time.perf_counter()
         compiled = compile_dag(dag, plan, edges)
@@ -538,6 +552,11 @@ def _run_built(plan, dag, sym, check: bool, edges):
             return None  # this step's messages leave the replica: the full path decides
         engine = Engine(dag=compiled).run()
         _check_finite([engine.makespan_s])
+        if figures_only:
+            if check:
+                check_conservation(conservation_kpis(engine))
+            return _Figures(float(engine.makespan_s), dag, np.asarray(engine.start_s, dtype=float),
+                            np.asarray(engine.end_s, dtype=float))
         result = summarize(dag, engine, plan.ctx.deployment.phase, time.perf_counter() - t0, sym)
         if check:
             check_conservation(result.kpis)
