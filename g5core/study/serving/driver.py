@@ -25,11 +25,11 @@ from g5core.study.serving.capacity import (candidate_cell, run_settle_s, start_s
 from g5core.study.serving.decode import DecodeSides, decode_side
 from g5core.study.serving.estimate import Estimator, estimate_for
 from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group, shown
-from g5core.study.serving.screen import screen_layout
+from g5core.study.serving.screen import ShippedPoints, layout_screens
 from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, Pruned, SearchSettings, _longest_output,
                                         candidate_config, check_workload, cp_prefill_choice,
                                         freeze_block, host_tier_variants, instance_layouts, is_moe,
-                                        reuses_prefixes, run_requests, short_label, speculative_label, thaw_block,
+                                        reuses_prefixes, run_requests,
                                         vary_cache)
 from g5core.study.serving.storage import CELL_VERSION, _drive, _Kept, _Progress, _Table, _Waves
 from g5core.study.sweep import LineProgress, LocalExecutor, make_executor
@@ -84,10 +84,6 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
              "runner": None if runner_for is None else getattr(runner_for, "__name__", "custom"),
              "cells": CELL_VERSION}
 
-    def base_of(spec: tuple) -> dict:
-        """The base configuration screened with the speculative: block ``spec``."""
-        return {**base, "speculative": thaw_block(spec)} if spec else base
-
     # 1. layouts x chunks, screened (per speculative block: its proposer's memory and steps)
     layouts = [(c, par, chunk) for c, par in instance_layouts(chips, dims, settings.vary, is_moe(raw))
                for chunk in settings.chunks]
@@ -96,19 +92,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
     # --decode-system: the decode role's layouts screened again on that system (heterogeneous
     # disaggregation); prefill and aggregated stay on the configuration's
     dsys = settings.decode_system if settings.disagg != "off" and settings.decode_system != raw.get("system") else None
-    screen_cells = []
-    for spec in variants:
-        sbase = base_of(spec)
-        on = f" {speculative_label(spec)}" if spec else ""
-        systems = [(sbase, "")] + ([({**sbase, "system": dsys}, f" on {dsys}")] if dsys is not None else [])
-        for sys_base, where in systems:
-            for c, lab in by_layout:
-                par = pars[(c, lab)]
-                key = config_hash({"kind": "screen", **ident, "base": sys_base, "chips": c, "parallel": par,
-                                   "chunks": list(settings.chunks)}, names)
-                screen_cells.append((key, "screen", f"[{short_label(par)}]{where}{on}", screen_layout,
-                                     (sys_base, c, par, settings.chunks, workload, settings.slo, tuple(disabled),
-                                      runner_for)))
+    screen_cells = layout_screens(base, variants, by_layout, pars, dsys, ident, names, settings, workload,
+                                  tuple(disabled), runner_for)
     own_db = db_path is None
     tmp = tempfile.TemporaryDirectory(prefix="g5-best-serve-") if own_db else None
     path = f"{tmp.name}/best-serve.db" if own_db else db_path
@@ -122,9 +107,9 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                             _Progress(progress, "screen") if progress is not None else None, workers)
         # the engine's latencies each layout's screen made (per speculative block and system),
         # shipped to the workers that simulate its candidates: they are not simulated again there
-        points: dict = {}
+        points = ShippedPoints()
         for k, cell in enumerate(per_layout):
-            points.setdefault(by_layout[k % len(by_layout)], {}).update(cell.get("engine_points") or {})
+            points.screened(by_layout[k % len(by_layout)], cell.get("engine_points"))
         en = candidates_from_screens(per_layout, by_layout, layouts, variants, settings, workload, limits, chips,
                                      dsys, reuse)
         pruned, cands, roles_bound, screens, skipped, all_roles = (en.pruned, en.cands, en.roles_bound, en.screens,
@@ -167,28 +152,9 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         differs: set = set()             # (i, j): a run of j's made on i held or failed otherwise
         wasted = [0]                     # runs of checks whose variant was then simulated
 
-        ran: dict = {}      # layout key -> {groups: latency_s}: the engine latencies capacity cells made
-
         def points_of(i) -> dict:
-            """The engine latencies of candidate ``i``'s layouts (none for a stand-in runner):
-            their screens' and those the capacity cells before made (so that one worker does
-            not simulate again what another did)."""
-            if runner_for is not None:
-                return {}
-            out: dict = {}
-            for c, lab, _ in screens[i][1]:
-                out.update(points.get((c, lab), {}))
-            for key in set(out).intersection(ran):
-                out[key] = out[key] + [[[list(g) for g in groups], s] for groups, s in ran[key].items()]
-            return out
-
-        def learn_points(res) -> dict:
-            """``res`` without the latencies its cell made, which join ``ran``."""
-            for key, pts in (res.get("engine_points") or {}).items():
-                mine = ran.setdefault(key, {})
-                for groups, latency_s in pts:
-                    mine.setdefault(tuple(tuple(g) for g in groups), latency_s)
-            return {k: v for k, v in res.items() if k != "engine_points"}
+            """The engine latencies of candidate ``i``'s layouts (none for a stand-in runner)."""
+            return {} if runner_for is not None else points.of([(c, lab) for c, lab, _ in screens[i][1]])
 
         def cell_of(j):
             """A simulated candidate's cell: its result, or the cell that bounded it out."""
@@ -331,7 +297,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
 
         def take(wave, got) -> None:
             for i, res in zip(wave, got):
-                res = learn_points(res)
+                res = points.learn(res)
                 sides.learn(i, res)
                 if res["status"] == "bounded":
                     bounded_cell[i], bounded_at[i] = res, len(bounded)

@@ -14,9 +14,10 @@ from g5core.serve.cost import DpCost, RankedWork, StepWork, plan_experts_runner,
 from g5core.serve.session import ServingSession
 from g5core.serve.workload import Request, Workload, synthetic
 from g5core.session.run import make_plan
-from g5core.study.resultsdb import canonical_json
+from g5core.study.resultsdb import canonical_json, config_hash
 from g5core.study.serving.estimate import step_table
-from g5core.study.serving.space import _layout_config, _longest, _mean_lengths
+from g5core.study.serving.space import (_layout_config, _longest, _mean_lengths, short_label, speculative_label,
+                                        thaw_block)
 
 
 #: the decode role's bound looks at batches up to this many sequences
@@ -68,6 +69,38 @@ def seed_runners(points) -> None:
             continue
         for groups, latency_s in pts:
             cache.setdefault(tuple(tuple(g) for g in groups), latency_s)
+
+
+class ShippedPoints:
+    """The engine latencies the driver ships with each capacity cell, per layout key
+    (:func:`engine_points`' form): its layouts' screens' and those earlier capacity cells'
+    runs made, so that one worker does not simulate again what another did (the engine is
+    deterministic: the same figures)."""
+
+    def __init__(self):
+        self.screens: dict = {}     # (chips, layout label) -> {layout key: [[groups, latency_s], ...]}
+        self.ran: dict = {}         # layout key -> {groups: latency_s}: what capacity cells made
+
+    def screened(self, layout: tuple, points) -> None:
+        """A layout's screen's latencies (``points``: its cell's ``engine_points``)."""
+        self.screens.setdefault(layout, {}).update(points or {})
+
+    def of(self, layouts) -> dict:
+        """The latencies of ``layouts`` (``(chips, layout label)`` each) to ship with a cell."""
+        out: dict = {}
+        for layout in layouts:
+            out.update(self.screens.get(layout, {}))
+        for key in set(out).intersection(self.ran):
+            out[key] = out[key] + [[[list(g) for g in groups], s] for groups, s in self.ran[key].items()]
+        return out
+
+    def learn(self, res: Mapping) -> dict:
+        """``res`` (a capacity cell's result) without the latencies its runs made, which are kept."""
+        for key, pts in (res.get("engine_points") or {}).items():
+            mine = self.ran.setdefault(key, {})
+            for groups, latency_s in pts:
+                mine.setdefault(tuple(tuple(g) for g in groups), latency_s)
+        return {k: v for k, v in res.items() if k != "engine_points"}
 
 
 def _remembered(engine, cache: dict):
@@ -210,6 +243,28 @@ def screen_layout(base: Mapping, chips: int, parallel: Mapping, chunks, workload
     for r in out:
         r.pop("engine_points", None)
     return {"status": "ok", "chunks": out, "engine_points": points}
+
+
+def layout_screens(base: Mapping, variants, by_layout, pars: Mapping, dsys, ident: Mapping, names, settings,
+                   workload: Mapping, disabled: tuple, runner_for) -> list:
+    """The search's screen cells (``(key, kind, label, fn, args)``, as the driver runs them):
+    every layout of ``by_layout`` (``(chips, layout label)``; ``pars`` their layouts) per
+    speculative block of ``variants`` (its proposer's memory and steps), on the
+    configuration's system and, with ``dsys`` (--decode-system), again on that one (the
+    decode role's: heterogeneous disaggregation); ``ident`` and ``names`` key the cells."""
+    cells = []
+    for spec in variants:
+        sbase = {**base, "speculative": thaw_block(spec)} if spec else base
+        on = f" {speculative_label(spec)}" if spec else ""
+        systems = [(sbase, "")] + ([({**sbase, "system": dsys}, f" on {dsys}")] if dsys is not None else [])
+        for sys_base, where in systems:
+            for c, lab in by_layout:
+                par = pars[(c, lab)]
+                key = config_hash({"kind": "screen", **ident, "base": sys_base, "chips": c, "parallel": par,
+                                   "chunks": list(settings.chunks)}, names)
+                cells.append((key, "screen", f"[{short_label(par)}]{where}{on}", screen_layout,
+                              (sys_base, c, par, settings.chunks, workload, settings.slo, disabled, runner_for)))
+    return cells
 
 
 def refusal(exc: Exception) -> dict:
