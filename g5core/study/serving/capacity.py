@@ -13,7 +13,9 @@ from g5core.study.serving.bisect import _holds, _snap, capacity_search, confirm
 from g5core.study.serving.bound import (_bar_rate, _estimate_bound, _upper_value, bar_value, capacity_bound,
                                         tie_bound)
 from g5core.study.serving.decode import decode_figures, decode_held, missed_limits
-from g5core.study.serving.screen import _hbm, _session, engine_points, refusal, seed_runners
+from g5core.study.serving.screen import _hbm, _session, refusal, seed_runners
+# engine_points is also the cells' parameter (the latencies shipped with them)
+from g5core.study.serving.screen import engine_points as points_held
 from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, SearchSettings, _at_rate, _longest_output,
                                         _mean_lengths, candidate_config, run_requests)
 
@@ -85,18 +87,13 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
     again to its end here (the figures a shown candidate gives, :func:`whole_cell`'s)."""
     seed_runners(engine_points)
     try:
-        out, session = _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disabled, runner_for,
-                                 roles, kth, estimate, start_share, first, whole_failed)
+        session = _candidate_session(base, cand, workload, slo, disabled, runner_for)
+        out = _capacity(session, cand, workload, slo, settings, start_rate, settle_s, roles, kth, estimate,
+                        start_share, first, whole_failed)
     except (ConfigError, PluginError) as exc:   # a plugin refusing one of its steps prunes the candidate
         return refusal(exc)
     # the step latencies its runs made, for the driver to ship with the later cells of its layouts
-    return {**out, "engine_points": pool_points(session)}
-
-
-def pool_points(session) -> dict:
-    """The engine's step latencies the runners of ``session``'s pools hold
-    (:func:`~g5core.study.serving.screen.engine_points`)."""
-    return engine_points([p.cost for p in session.fleet.pools])
+    return {**out, "engine_points": points_held(session)}
 
 
 def _candidate_session(base: Mapping, cand: Candidate, workload: Mapping, slo: str, disabled, runner_for):
@@ -106,9 +103,8 @@ def _candidate_session(base: Mapping, cand: Candidate, workload: Mapping, slo: s
                     slo, disabled, runner_for)
 
 
-def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disabled, runner_for, roles, kth,
-              estimate, start_share, first, whole_failed=False) -> tuple[dict, object]:
-    session = _candidate_session(base, cand, workload, slo, disabled, runner_for)
+def _capacity(session, cand, workload, slo, settings, start_rate, settle_s, roles, kth, estimate, start_share, first,
+              whole_failed=False) -> dict:
     floor = settings.rate if settings.objective == "min_chips" else None
     runs = {"n": 0}
     mu = bound = None
@@ -129,7 +125,7 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
             upper = _upper_value(settings.objective, bound, cand, _longest_output(workload))
             if kth is not None and upper < kth:
                 return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": bound,
-                        "upper": upper, "kth": kth, "source": "saturated run", "runs": 1}, session
+                        "upper": upper, "kth": kth, "source": "saturated run", "runs": 1}
 
     trace: list = []      # every run: [rate, seed, held, the most sequences a scheduler held]
     at: dict = {}         # id(a run's result) -> its place in ``trace``
@@ -180,7 +176,7 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
                "peak_running_seqs": trace_peak(trace), "trace": trace}
         if tie is not None:     # what a max_num_seqs variant taking these runs checks again (the driver)
             out.update(tie_bar=passing, tie_run=at.get(id(found["held"])), decode_held=decode_held(found, slo, cand))
-        return out, session
+        return out
     held, failed = found["held"], found["failed"]
     failed_at = None if failed is None else at.get(id(failed))
     made_whole = whole_failed and isinstance(failed, MissedRun) and failed_at is not None
@@ -202,7 +198,7 @@ def _capacity(base, cand, workload, slo, settings, start_rate, settle_s, disable
             "build_s": session.build_s, "saturated_requests_per_s": mu, "capacity_bound": bound, "saturated": sat,
             "held": None if held is None else _run_summary(held, session),
             "failed": None if failed is None else _run_summary(failed, session),
-            **({"failed_made_whole": True} if made_whole else {})}, session
+            **({"failed_made_whole": True} if made_whole else {})}
 
 
 def _seeded_run(session, workload: Mapping, rate: float, seed: int, settle_s: float, settings: SearchSettings,

@@ -275,7 +275,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 reporter.skip(len(remaining) - len(keep))
             return keep
 
-        def wave_cells(wave, kth, first=None, whole_failed=()) -> list:
+        def simulate(wave, kth, first=None, whole_failed=()):
             cells = []
             for i in wave:
                 cand, start = cands[i]
@@ -290,13 +290,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                               (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
                                runner_for, roles, kth, estimates[i], share, points_of(i), first,
                                i in whole_failed)))
-            return cells
-
-        def simulate(wave, kth, first=None, whole_failed=()):
-            take(wave, _drive(table, kept, wave_cells(wave, kth, first, whole_failed), reporter, workers))
-
-        def take(wave, got) -> None:
-            for i, res in zip(wave, got):
+            for i, res in zip(wave, _drive(table, kept, cells, reporter, workers)):
                 res = points.learn(res)
                 sides.learn(i, res)
                 if res["status"] == "bounded":

@@ -44,17 +44,29 @@ _KEYS: dict = {}
 _SEEDS: dict = {}
 
 
-def engine_points(costs) -> dict:
-    """The engine's step latencies the shared runners of ``costs`` (step costs of this
-    worker's sessions) hold, by layout: ``{layout key: [[groups, latency_s], ...]}``, what
+def engine_points(session) -> dict:
+    """The engine's step latencies the shared runners of ``session``'s pools hold (this
+    worker's), by layout: ``{layout key: [[groups, latency_s], ...]}``, what
     :func:`seed_runners` gives another worker, so that it does not simulate them again."""
     out = {}
-    for cost in costs:
-        runner = getattr(getattr(cost, "rank", cost), "step_s", None)   # an attention-DP instance: its ranks'
+    for pool in session.fleet.pools:
+        runner = getattr(getattr(pool.cost, "rank", pool.cost), "step_s", None)   # an attention-DP instance: its ranks'
         key = _KEYS.get(id(runner))
         if key is not None:
-            out[key] = [[[list(g) for g in groups], latency_s] for groups, latency_s in _CACHES[key].items()]
+            out[key] = _listed(_CACHES[key])
     return out
+
+
+def _listed(cache: Mapping) -> list:
+    """``groups -> latency_s`` as :func:`engine_points` ships it (lists, for JSON)."""
+    return [[[list(g) for g in groups], latency_s] for groups, latency_s in cache.items()]
+
+
+def _merge_points(cache: dict, pts) -> dict:
+    """``cache`` (``groups -> latency_s``) with the shipped ``pts`` it lacks."""
+    for groups, latency_s in pts:
+        cache.setdefault(tuple(tuple(g) for g in groups), latency_s)
+    return cache
 
 
 def seed_runners(points) -> None:
@@ -67,8 +79,7 @@ def seed_runners(points) -> None:
                 _SEEDS.clear()
             _SEEDS[key] = pts
             continue
-        for groups, latency_s in pts:
-            cache.setdefault(tuple(tuple(g) for g in groups), latency_s)
+        _merge_points(cache, pts)
 
 
 class ShippedPoints:
@@ -91,15 +102,13 @@ class ShippedPoints:
         for layout in layouts:
             out.update(self.screens.get(layout, {}))
         for key in set(out).intersection(self.ran):
-            out[key] = out[key] + [[[list(g) for g in groups], s] for groups, s in self.ran[key].items()]
+            out[key] = out[key] + _listed(self.ran[key])
         return out
 
     def learn(self, res: Mapping) -> dict:
         """``res`` (a capacity cell's result) without the latencies its runs made, which are kept."""
         for key, pts in (res.get("engine_points") or {}).items():
-            mine = self.ran.setdefault(key, {})
-            for groups, latency_s in pts:
-                mine.setdefault(tuple(tuple(g) for g in groups), latency_s)
+            _merge_points(self.ran.setdefault(key, {}), pts)
         return {k: v for k, v in res.items() if k != "engine_points"}
 
 
@@ -117,7 +126,7 @@ def _shared_runner(praw: Mapping, prepared):
     key = canonical_json({k: v for k, v in praw.items() if k != "serving"})
     hit = _RUNNERS.get(key)
     if hit is None:
-        cache: dict = {tuple(tuple(g) for g in groups): latency_s for groups, latency_s in _SEEDS.pop(key, ())}
+        cache = _merge_points({}, _SEEDS.pop(key, ()))
         hit = _remembered(plan_step_runner(prepared), cache)
         # an attention-DP layout's experts' part of its steps (DpCost), shared alike
         experts = plan_experts_runner(prepared) if attention_dp(prepared.plan, "parallel.dp") > 1 else None
@@ -194,7 +203,7 @@ def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, worklo
         table = step_table(cost, isl_mean, osl_mean, chunk, batches)
     except (ConfigError, PluginError) as exc:
         return refusal(exc)
-    points = engine_points([p.cost for p in session.fleet.pools])
+    points = engine_points(session)
     return {"status": "ok", "engine_points": points, "kv_capacity_tokens": info["kv_capacity_tokens"],
             "kv_pool_bytes_per_chip": info["kv_pool_bytes_per_chip"], "lone_ttft_s": lone_ttft,
             "lone_tpot_s": lone_tpot, "lone_e2e_s": lone_e2e, "speculative_tokens": k,
