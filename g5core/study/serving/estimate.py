@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
@@ -132,13 +133,17 @@ def sojourn_percentile(workload: Mapping, rate: float, n: int, servers: int, ser
     max over j <= k of (A_j - j s)`` (started empty). ``stream``: the arrivals are the first
     ``n`` of a stream of that many (at least ``n``)."""
     times = _unit_arrivals(workload, n, stream) / rate
-    out = []
-    for i in range(servers):
-        a = times[i::servers]
-        j = np.arange(len(a))
-        start = j * service_s + np.maximum.accumulate(a - j * service_s)   # the k-th service starts here
-        out.append(start - a + (0.0 if wait_only else first_s))
-    return float(np.percentile(np.concatenate(out), 100 * share))
+    # the arrivals in rows of ``servers``: column i is server i's queue, row j its j-th
+    # arrival (the last row padded; a pad comes after every real arrival of its column, so
+    # the running maximum down a column never reads it)
+    rows = -(-len(times) // servers)
+    a = np.zeros(rows * servers)
+    a[:len(times)] = times
+    a = a.reshape(rows, servers)
+    j = np.arange(rows)[:, None]
+    start = j * service_s + np.maximum.accumulate(a - j * service_s, axis=0)   # the j-th service starts here
+    waits = (start - a + (0.0 if wait_only else first_s)).ravel()[:len(times)]
+    return float(np.percentile(waits, 100 * share))
 
 
 # ----------------------------------------------------------------------------------------
@@ -146,14 +151,16 @@ def sojourn_percentile(workload: Mapping, rate: float, n: int, servers: int, ser
 # ----------------------------------------------------------------------------------------
 
 
+_first = operator.itemgetter(0)
+
+
 def _lin(points: Sequence[Sequence[float]], x: float, col: int = 1) -> float:
     """Column ``col`` of ``points`` (sorted by their first column) at ``x``, linear between
     points and beyond the last two."""
-    xs = [p[0] for p in points]
     if len(points) == 1:
         return points[0][col]
-    i = max(1, min(bisect.bisect_left(xs, x), len(points) - 1))
-    x0, x1 = xs[i - 1], xs[i]
+    i = max(1, min(bisect.bisect_left(points, x, key=_first), len(points) - 1))
+    x0, x1 = points[i - 1][0], points[i][0]
     w = (x - x0) / (x1 - x0)
     return points[i - 1][col] + w * (points[i][col] - points[i - 1][col])
 
