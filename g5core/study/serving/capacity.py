@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
 
+import attrs
 import numpy as np
 
 from g5core.api.errors import ConfigError, G5Error, PluginError
@@ -69,7 +70,7 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
                    roles: Optional[Mapping] = None, kth: Optional[float] = None,
                    estimate: Optional[float] = None, start_share: float = START_ESTIMATE_SHARE,
                    engine_points: Optional[Mapping] = None, first: Optional[float] = None,
-                   whole_failed: bool = False) -> dict:
+                   whole_failed: bool = False, defer: bool = False) -> dict:
     """A candidate's capacity (a bisection over the rate, see the module doc) and its runs at
     the capacity and at the first failing rate. ``roles``: its roles' bound
     (:func:`role_rates`); with it, an aggregated candidate first measures its saturated
@@ -84,12 +85,15 @@ def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, 
     ``START_ESTIMATE_SHARE``). ``engine_points``: its layouts' step latencies from their
     screens (:func:`~g5core.study.serving.screen.seed_runners`; the same figures, not
     simulated again). ``whole_failed``: a failing run stopped at its sure miss is made
-    again to its end here (the figures a shown candidate gives, :func:`whole_cell`'s)."""
+    again to its end here (the figures a shown candidate gives, :func:`whole_cell`'s).
+    ``defer``: a capacity its confirming seeds would run at is returned unconfirmed
+    (``status: unconfirmed``, :func:`_unconfirmed`), for the driver to confirm
+    (:func:`confirm_cell`) or bound it out as a tie."""
     seed_runners(engine_points)
     try:
         session = _candidate_session(base, cand, workload, slo, disabled, runner_for)
         out = _capacity(session, cand, workload, slo, settings, start_rate, settle_s, roles, kth, estimate,
-                        start_share, first, whole_failed)
+                        start_share, first, whole_failed, defer)
     except (ConfigError, PluginError) as exc:   # a plugin refusing one of its steps prunes the candidate
         return refusal(exc)
     # the step latencies its runs made, for the driver to ship with the later cells of its layouts
@@ -104,9 +108,8 @@ def _candidate_session(base: Mapping, cand: Candidate, workload: Mapping, slo: s
 
 
 def _capacity(session, cand, workload, slo, settings, start_rate, settle_s, roles, kth, estimate, start_share, first,
-              whole_failed=False) -> dict:
+              whole_failed=False, defer=False) -> dict:
     floor = settings.rate if settings.objective == "min_chips" else None
-    runs = {"n": 0}
     mu = bound = None
     sat = None
     if roles is not None and floor is None:
@@ -127,20 +130,7 @@ def _capacity(session, cand, workload, slo, settings, start_rate, settle_s, role
                 return {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": bound,
                         "upper": upper, "kth": kth, "source": "saturated run", "runs": 1}
 
-    trace: list = []      # every run: [rate, seed, held, the most sequences a scheduler held]
-    at: dict = {}         # id(a run's result) -> its place in ``trace``
-
-    made: dict = {}       # (rate, seed) -> the run's result: a rate tried again is not run again
-
-    def run(rate, seed=None):
-        seed = workload["seed"] if seed is None else seed
-        if (rate, seed) in made:
-            return made[(rate, seed)]
-        runs["n"] += 1
-        res = made[(rate, seed)] = _seeded_run(session, workload, rate, seed, settle_s, settings)
-        at[id(res)] = len(trace)
-        trace.append([rate, seed, _holds(res), _peak_running(res)])
-        return res
+    run = _Runs(session, workload, settle_s, settings)
     if estimate and floor is None:
         start_rate = start_share * estimate
     elif mu and floor is None:
@@ -166,38 +156,166 @@ def _capacity(session, cand, workload, slo, settings, start_rate, settle_s, role
         else:
             tie = None
     if not found["below_bar"] and seeds and found["capacity"] > 0:
-        found = confirm(found, run, seeds, settings.tolerance, bar, lambda r: _snap(r, made))
+        if defer:
+            return _unconfirmed(session, cand, slo, settings, run, found, sat, mu, bound, top_out)
+        found = confirm(found, run, seeds, settings.tolerance, bar, run.snap)
+    return _result(session, cand, workload, slo, settings, settle_s, run, found, sat, mu, bound, kth, passing, tie,
+                   whole_failed, top_out)
+
+
+class _Runs:
+    """A capacity search's serving runs on one session (``run(rate, seed)``): each made once,
+    and listed in ``trace`` (``[rate, seed, held, the most sequences a scheduler held]``).
+    ``trace``: the runs an earlier cell made for this candidate (:func:`confirm_cell`): one of
+    them asked again is made again (the same run bit for bit) and keeps its place."""
+
+    def __init__(self, session, workload: Mapping, settle_s: float, settings: SearchSettings, trace=()):
+        self.session, self.workload, self.settle_s, self.settings = session, workload, settle_s, settings
+        self.trace = [list(row) for row in trace]
+        self.earlier = {(row[0], row[1]): k for k, row in enumerate(self.trace)}
+        self.made: dict = {}      # (rate, seed) -> the run's result: a rate tried again is not run again
+        self.at: dict = {}        # id(a run's result) -> its place in ``trace``
+        self.n = 0
+
+    def __call__(self, rate, seed=None):
+        seed = self.workload["seed"] if seed is None else seed
+        if (rate, seed) in self.made:
+            return self.made[(rate, seed)]
+        self.n += 1
+        res = self.made[(rate, seed)] = _seeded_run(self.session, self.workload, rate, seed, self.settle_s,
+                                                    self.settings)
+        place = self.earlier.get((rate, seed))
+        if place is None:
+            place = len(self.trace)
+            self.trace.append([rate, seed, _holds(res), _peak_running(res)])
+        self.at[id(res)] = place
+        return res
+
+    def snap(self, rate: float) -> float:
+        return _snap(rate, {**self.earlier, **self.made})
+
+    def place(self, result) -> Optional[int]:
+        """A run's place in ``trace`` (an earlier cell's run shipped as :class:`_Shipped`: its own)."""
+        return result.place if isinstance(result, _Shipped) else self.at.get(id(result))
+
+
+@attrs.frozen
+class _Shipped:
+    """A run an earlier cell made, by the figures the result needs of it (:func:`_figures`):
+    the candidate's run at its capacity or its failing run, shipped to :func:`confirm_cell`."""
+    place: Optional[int]
+    summary: Optional[dict]        # _run_summary; None for a run stopped at its sure miss
+    missed: list
+    decode: list                   # decode_figures
+    stopped: Optional[dict]        # a run stopped at its sure miss: the limit, completed, requests
+    decode_held: Optional[list] = None
+
+
+def _figures(result, session, slo: str, cand: Candidate, capacity: float, place: Optional[int],
+             held: bool = True) -> dict:
+    """What a capacity search's result says of one of its runs (``None``: no run), shipped or
+    made; ``held``: the run at the capacity (its decode_held)."""
+    if result is None:
+        return attrs.asdict(_Shipped(place, None, [], [None, None], None))
+    if isinstance(result, _Shipped):
+        return attrs.asdict(result)
+    stopped = ({"limit": result.limit, "completed": result.completed, "requests": result.requests}
+               if isinstance(result, MissedRun) else None)
+    return attrs.asdict(_Shipped(place, None if stopped else _run_summary(result, session), missed_limits(result),
+                                 decode_figures(result), stopped,
+                                 decode_held({"held": result, "capacity": capacity}, slo, cand) if held else None))
+
+
+def _unconfirmed(session, cand, slo, settings, run: _Runs, found, sat, mu, bound, top_out) -> dict:
+    """A capacity found on the workload's seed, before its confirming seeds (``defer``): its
+    runs, the figures of its runs at the capacity and at the failing rate (``held``,
+    ``failed``: :class:`_Shipped`'s fields), and ``tie_upper``, the most its value can be
+    once confirmed (:func:`tie_bound`; None without a failing rate)."""
+    held = _figures(found["held"], session, slo, cand, found["capacity"], run.place(found["held"]))
+    failed = _figures(found["failed"], session, slo, cand, found["capacity"], run.place(found["failed"]), held=False)
+    tie = None if found["failed_rate"] is None else tie_bound(
+        settings.objective, cand, found["capacity"], held["summary"], found["failed_rate"], settings.tolerance, top_out)
+    return {"status": "unconfirmed", "label": cand.label(), "capacity_requests_per_s": found["capacity"],
+            "failed_rate_per_s": found["failed_rate"], "ceiling": found["ceiling"], "runs": run.n,
+            "trace": run.trace, "held": held, "failed": failed, "tie_upper": tie, "saturated": sat,
+            "saturated_requests_per_s": mu, "capacity_bound": bound}
+
+
+def confirm_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
+                 settle_s: float, disabled, runner_for, first: Mapping, kth: Optional[float],
+                 passing: Optional[float], whole_failed: bool = False,
+                 engine_points: Optional[Mapping] = None) -> dict:
+    """The confirming seeds of a capacity :func:`candidate_cell` found unconfirmed (``first``,
+    its ``status: unconfirmed`` result): :func:`~g5core.study.serving.bisect.confirm` from
+    it, against the bar of ``passing`` (the driver's :func:`bar_value`, with ``kth`` the
+    top-th value; None: no bar), and the candidate's result as the one cell would have given
+    it. ``whole_failed``, ``engine_points``: as :func:`candidate_cell`'s."""
+    seed_runners(engine_points)
+    try:
+        session = _candidate_session(base, cand, workload, slo, disabled, runner_for)
+        run = _Runs(session, workload, settle_s, settings, first["trace"])
+        found = {"capacity": first["capacity_requests_per_s"], "failed_rate": first["failed_rate_per_s"],
+                 "ceiling": first["ceiling"], "below_bar": False,
+                 "held": _Shipped(**first["held"]), "failed": _Shipped(**first["failed"])}
+        top_out = _longest_output(workload)
+        bar = None if passing is None else _bar_rate(settings.objective, passing, cand, top_out)
+        seeds = [workload["seed"] + k for k in range(1, settings.confirm + 1)]
+        found = confirm(found, run, seeds, settings.tolerance, bar, run.snap)
+        run.n += first["runs"]
+        out = _result(session, cand, workload, slo, settings, settle_s, run, found, first["saturated"],
+                      first["saturated_requests_per_s"], first["capacity_bound"], kth, passing, None, whole_failed,
+                      top_out)
+    except (ConfigError, PluginError) as exc:
+        return refusal(exc)
+    return {**out, "engine_points": points_held(session)}
+
+
+def tie_result(first: Mapping, kth: float, passing: float) -> dict:
+    """An unconfirmed capacity (``first``, :func:`_unconfirmed`'s) whose ``tie_upper`` is at
+    most ``passing``: bounded out as a tie, as :func:`candidate_cell` bounds one with that bar."""
+    return {"status": "bounded", "label": first["label"], "saturated": first["saturated"],
+            "capacity_bound": first["failed_rate_per_s"], "upper": first["tie_upper"], "kth": kth,
+            "runs": first["runs"], "failed_rate_per_s": first["failed_rate_per_s"], "source": "simulated",
+            "missed": first["failed"]["missed"], "decode_failed": first["failed"]["decode"],
+            "peak_running_seqs": trace_peak(first["trace"]), "trace": first["trace"], "tie_bar": passing,
+            "tie_run": first["held"]["place"], "decode_held": first["held"]["decode_held"]}
+
+
+def _result(session, cand, workload, slo, settings, settle_s, run: _Runs, found, sat, mu, bound, kth, passing, tie,
+            whole_failed, top_out) -> dict:
+    """A capacity cell's result from its search (``found``, confirmed)."""
+    trace = run.trace
+    held = _figures(found["held"], session, slo, cand, found["capacity"], run.place(found["held"]))
+    failed = _figures(found["failed"], session, slo, cand, found["capacity"], run.place(found["failed"]), held=False)
     if found["below_bar"]:
         rate = found["failed_rate"]
         out = {"status": "bounded", "label": cand.label(), "saturated": sat, "capacity_bound": rate,
                "upper": _upper_value(settings.objective, rate, cand, top_out) if tie is None else tie, "kth": kth,
-               "runs": runs["n"], "failed_rate_per_s": rate, "source": "simulated",
-               "missed": missed_limits(found["failed"]), "decode_failed": decode_figures(found["failed"]),
+               "runs": run.n, "failed_rate_per_s": rate, "source": "simulated",
+               "missed": failed["missed"], "decode_failed": failed["decode"],
                "peak_running_seqs": trace_peak(trace), "trace": trace}
         if tie is not None:     # what a max_num_seqs variant taking these runs checks again (the driver)
-            out.update(tie_bar=passing, tie_run=at.get(id(found["held"])), decode_held=decode_held(found, slo, cand))
+            out.update(tie_bar=passing, tie_run=held["place"], decode_held=held["decode_held"])
         return out
-    held, failed = found["held"], found["failed"]
-    failed_at = None if failed is None else at.get(id(failed))
-    made_whole = whole_failed and isinstance(failed, MissedRun) and failed_at is not None
+    failed_at = failed["place"] if found["failed"] is not None else None
+    made_whole = whole_failed and failed["stopped"] is not None and failed_at is not None
+    shown = failed      # the failing run's figures shown: made whole, or as it stopped
     if made_whole:
-        runs["n"] += 1
-        failed = _whole(session, workload, *trace[failed_at][:2], settle_s, settings)
+        run.n += 1
+        shown = _figures(_whole(session, workload, *trace[failed_at][:2], settle_s, settings), session, slo, cand,
+                         found["capacity"], failed_at, held=False)
     # a failing run stopped at its sure miss has no figures: the driver makes the shown
     # candidates' again to their end (whole_cell); the others keep the limit it missed
-    stopped = {"limit": failed.limit, "completed": failed.completed, "requests": failed.requests} if isinstance(
-        failed, MissedRun) else None
-    failed = None if stopped else failed
     return {"status": "ok", "label": cand.label(), "disaggregated": cand.disaggregated, "chips": cand.chips,
-            "failed_stopped": stopped,
+            "failed_stopped": shown["stopped"],
             "capacity_requests_per_s": found["capacity"], "ceiling": found["ceiling"],
-            "runs": runs["n"], "failed_rate_per_s": found["failed_rate"], "peak_running_seqs": trace_peak(trace),
-            "trace": trace, "held_run": None if held is None else at.get(id(held)),
-            "failed_run": failed_at, "missed": missed_limits(found["failed"]),
-            "decode_held": decode_held(found, slo, cand), "decode_failed": decode_figures(found["failed"]),
+            "runs": run.n, "failed_rate_per_s": found["failed_rate"], "peak_running_seqs": trace_peak(trace),
+            "trace": trace, "held_run": held["place"] if found["held"] is not None else None,
+            "failed_run": failed_at, "missed": failed["missed"],
+            "decode_held": held["decode_held"], "decode_failed": failed["decode"],
             "build_s": session.build_s, "saturated_requests_per_s": mu, "capacity_bound": bound, "saturated": sat,
-            "held": None if held is None else _run_summary(held, session),
-            "failed": None if failed is None else _run_summary(failed, session),
+            "held": held["summary"] if found["held"] is not None else None,
+            "failed": shown["summary"] if found["failed"] is not None else None,
             **({"failed_made_whole": True} if made_whole else {})}
 
 
