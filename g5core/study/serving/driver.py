@@ -18,10 +18,10 @@ from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
 from g5core.study.serving.bound import (_estimate_bound, _top_values, _upper_value, bar_value, capacity_bound,
-                                        tie_bound)
+                                        objective_value, tie_bound)
 from g5core.study.serving.candidates import candidates_from_screens
-from g5core.study.serving.capacity import (candidate_cell, run_settle_s, start_share, trace_peak, variant_cell,
-                                           whole_cell)
+from g5core.study.serving.capacity import (candidate_cell, confirm_cell, run_settle_s, start_share, tie_result,
+                                           trace_peak, variant_cell, whole_cell)
 from g5core.study.serving.decode import DecodeSides, decode_side
 from g5core.study.serving.estimate import Estimator, estimate_for
 from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group, shown
@@ -276,6 +276,9 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             return keep
 
         def simulate(wave, kth, first=None, whole_failed=()):
+            # a wave without a bar (the first) finds its capacities unconfirmed (defer): the
+            # driver confirms them (confirm_first), or bounds them out as ties once it has a bar
+            defer = kth is None and use_bounds and settings.confirm > 0
             cells = []
             for i in wave:
                 cand, start = cands[i]
@@ -283,23 +286,76 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 share = start_share(cands, results, estimates, cand.disaggregated)
                 key = config_hash({"kind": "candidate", **ident, "candidate": attrs.asdict(cand, recurse=True),
                                    "settings": keyed, "roles": roles, "kth": kth, "first": first, "estimate": estimates[i],
-                                   "start_share": share, **({"whole_failed": True} if i in whole_failed else {})},
-                                  names)
+                                   "start_share": share, **({"whole_failed": True} if i in whole_failed else {}),
+                                   **({"defer": True} if defer else {})}, names)
                 cell_key[i] = key
                 cells.append((key, "candidate", cand.label(), candidate_cell,
                               (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
                                runner_for, roles, kth, estimates[i], share, points_of(i), first,
-                               i in whole_failed)))
-            for i, res in zip(wave, _drive(table, kept, cells, reporter, workers)):
+                               i in whole_failed, defer)))
+            pending = {}
+            for i, res in zip(wave, _drive(table, kept, cells, None if defer else reporter, workers)):
                 res = points.learn(res)
-                sides.learn(i, res)
-                if res["status"] == "bounded":
-                    bounded_cell[i], bounded_at[i] = res, len(bounded)
-                    bounded.append(Bounded(cands[i][0], res["saturated"]["saturated_requests_per_s"],
-                                           res["capacity_bound"], res["upper"], res["kth"], res["source"],
-                                           estimates[i], res.get("runs", 0), settings.top))
+                if res["status"] == "unconfirmed":
+                    pending[i] = res
                 else:
-                    results[i] = res
+                    record(i, res, defer)
+            if pending:
+                confirm_first(pending, whole_failed)
+
+        def record(i, res, report=False) -> None:
+            """Candidate ``i``'s cell's result (``report``: to the progress, which its cell's
+            drive did not)."""
+            if report and reporter is not None:
+                reporter.cell(None, cands[i][0].label(), res)
+            sides.learn(i, res)
+            if res["status"] == "bounded":
+                bounded_cell[i], bounded_at[i] = res, len(bounded)
+                bounded.append(Bounded(cands[i][0], res["saturated"]["saturated_requests_per_s"],
+                                       res["capacity_bound"], res["upper"], res["kth"], res["source"],
+                                       estimates[i], res.get("runs", 0), settings.top))
+            else:
+                results[i] = res
+
+        def confirm_first(pending: dict, whole_failed) -> None:
+            """The capacities a wave without a bar found unconfirmed (``pending``, candidate
+            index -> its cell's result), confirmed in two rounds: first the ``--top`` best by
+            their unconfirmed value and each side's best of ``whole_failed``; then, against the
+            bar the confirmed ones set, the others whose value once confirmed
+            (``tie_upper``, which the confirming seeds only lower) could still pass it: the
+            rest are ties, bounded out as a cell with that bar bounds them (tie_result)."""
+            value = {i: objective_value(settings.objective,
+                                        Scored(cands[i][0], {}, {**res, "held": res["held"]["summary"]}))
+                     for i, res in pending.items()}
+            ranked = sorted(pending, key=lambda i: (-value[i], cands[i][0].label()))
+            now = [i for k, i in enumerate(ranked) if k < settings.top or i in whole_failed]
+            # the side's bests first: they make their failing runs whole too (the longest cells
+            # start first, as in the wave)
+            confirm_cells(sorted(now, key=lambda i: i not in whole_failed), pending, None, None, whole_failed)
+            kth, first = _top_values(settings, cands, results)
+            passing = bar_value(kth, first, settings.tolerance)
+            later = []
+            for i in [i for i in ranked if i not in now]:
+                tie = pending[i]["tie_upper"]
+                if passing is not None and tie is not None and tie <= passing:
+                    record(i, tie_result(pending[i], kth, passing), True)
+                else:
+                    later.append(i)
+            confirm_cells(later, pending, kth, passing, whole_failed)
+
+        def confirm_cells(wave, pending: dict, kth, passing, whole_failed) -> None:
+            cells = []
+            for i in wave:
+                cand = cands[i][0]
+                key = config_hash({"kind": "confirm", **ident, "candidate": attrs.asdict(cand, recurse=True),
+                                   "settings": keyed, "first": cell_key[i], "kth": kth, "passing": passing,
+                                   **({"whole_failed": True} if i in whole_failed else {})}, names)
+                cell_key[i] = key
+                cells.append((key, "confirm", cand.label(), confirm_cell,
+                              (base, cand, workload, settings.slo, settings, settle_s, tuple(disabled), runner_for,
+                               pending[i], kth, passing, i in whole_failed, points_of(i))))
+            for i, res in zip(wave, _drive(table, kept, cells, reporter, workers) if cells else ()):
+                record(i, points.learn(res))
 
         # max_num_seqs variants of one deployment (the same pools and chunk size) run in
         # different waves, best bound first; a later one makes again only the simulated one's

@@ -17,14 +17,17 @@ from g5core.study.sweep import run_windowed
 #: every cell's key, so a database of an older format
 #: is not read as this one. 5: a candidate's failing run stopped at its sure miss keeps no
 #: figures (``failed_stopped``); the shown candidates' are made whole in cells of their own.
-#: 6: a side's lone simulated candidate makes its own failing run whole (``whole_failed``)
-CELL_VERSION = 6
+#: 6: a side's lone simulated candidate makes its own failing run whole (``whole_failed``).
+#: 7: a wave without a bar finds its capacities unconfirmed (``defer``), confirmed in cells
+#: of their own (``confirm``) or bounded out as ties by the driver
+CELL_VERSION = 7
 
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS serve_search (
     key TEXT PRIMARY KEY,     -- config_hash of the cell (kind, configuration, workload, SLO, search settings)
     kind TEXT NOT NULL,       -- screen (a layout and chunk size), candidate (a deployment's capacity),
+                              -- confirm (its confirming seeds, when its capacity was found unconfirmed),
                               -- variant (a max_num_seqs variant's check) or whole (a shown failing run)
     label TEXT NOT NULL,
     payload TEXT NOT NULL,    -- JSON, the cell's result
