@@ -84,7 +84,14 @@ SLO limits, which deployment serves the most?
    that value (the value at the capacity its workload's seed found, or the most a capacity
    ``1 + tolerance`` lower allows: :func:`~.bound.confirmed_upper`) is bounded out there:
    candidates tied at the top (decode-bound disaggregated pairs beside one decode pool with
-   other prefill partners, most often) do not each run their confirming seeds. An
+   other prefill partners, most often) do not each run their confirming seeds. The first
+   wave has no such value yet: its cells find their capacities on the workload's seed only
+   (``defer``, ``status: unconfirmed``); the driver then confirms the ``top`` best by that
+   unconfirmed value and each side's best in cells of their own
+   (:func:`~.capacity.confirm_cell`, the same result as the one cell's, run for run), and
+   bounds out each other one whose value once confirmed (``tie_upper``, the same bound)
+   cannot pass the value those set, as a cell with that bar would
+   (:func:`~.capacity.tie_result`); the rest run their seeds against it. An
    aggregated candidate without an
    estimate whose saturated run lowers its bound below that value stops there (bounded out
    too). The waves are fixed, so the candidates simulated do not depend on the workers.
