@@ -12,7 +12,7 @@ from g5core.serve.loop import MissWatch
 from g5core.serve.session import MissedRun, ServingSession
 from g5core.serve.workload import Request
 from g5core.study.serving import SearchSettings, candidate_cell
-from g5core.study.serving import capacity
+from g5core.study.serving import capacity, runs
 from g5core.study.serving.space import Candidate, PoolChoice, check_workload
 
 from tests.test_serve_search import layout_runner
@@ -92,11 +92,11 @@ def test_a_capacity_search_with_stopped_runs_finds_what_whole_runs_find(monkeypa
     cand = Candidate((one, one) if disagg else (PoolChoice(1, par, 2),), 16, 1024)
     args = (raw, cand, wl, slo, settings, 1.0, 1.64, (), layout_runner)
     fast = candidate_cell(*args)
-    plain = capacity._seeded_run
+    plain = runs._seeded_run
 
     def whole(*a, **kw):
         return plain(*a, **{**kw, "stop_at_miss": False})
-    monkeypatch.setattr(capacity, "_seeded_run", whole)
+    monkeypatch.setattr(runs, "_seeded_run", whole)
     slow = candidate_cell(*args)
     assert fast["status"] == slow["status"] == "ok"
     for key in ("capacity_requests_per_s", "failed_rate_per_s", "held", "held_run", "failed_run", "runs"):
@@ -110,7 +110,7 @@ def test_a_capacity_search_with_stopped_runs_finds_what_whole_runs_find(monkeypa
     assert fast["failed"] is None and slow["failed"] is not None and slow["failed_stopped"] is None
     assert fast["failed_stopped"]["limit"] in ("ttft_p90", "tpot_p90")
     rate, seed = fast["trace"][fast["failed_run"]][:2]
-    monkeypatch.setattr(capacity, "_seeded_run", plain)
+    monkeypatch.setattr(runs, "_seeded_run", plain)
     again = capacity.whole_cell(raw, cand, wl, slo, settings, 1.64, (), layout_runner, rate, seed)
     assert again["failed"] == slow["failed"]
     assert again["peak_running_seqs"] == slow["trace"][slow["failed_run"]][3]

@@ -4,21 +4,20 @@ from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence
 
-import attrs
 import numpy as np
 
-from g5core.api.errors import ConfigError, G5Error, PluginError
+from g5core.api.errors import ConfigError, PluginError
 from g5core.inputs.serving import parse_slo
-from g5core.serve.session import MissedRun, schedulers_peak
-from g5core.study.serving.bisect import _holds, _snap, capacity_search, confirm
+from g5core.study.serving.bisect import _holds, capacity_search, confirm
 from g5core.study.serving.bound import (_bar_rate, _estimate_bound, _upper_value, bar_value, capacity_bound,
                                         tie_bound)
-from g5core.study.serving.decode import decode_figures, decode_held, missed_limits
-from g5core.study.serving.screen import _hbm, _session, refusal, seed_runners
+from g5core.study.serving.runs import (_figures, _peak_running, _run_summary, _Runs, _seeded_run, _Shipped, _whole,
+                                       trace_peak)
+from g5core.study.serving.screen import _session, refusal, seed_runners
 # engine_points is also the cells' parameter (the latencies shipped with them)
 from g5core.study.serving.screen import engine_points as points_held
 from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, SearchSettings, _at_rate, _longest_output,
-                                        _mean_lengths, candidate_config, run_requests)
+                                        _mean_lengths, candidate_config)
 
 
 #: the saturated run (:func:`saturated_run`): this many batches of requests arrive at once, at
@@ -34,35 +33,6 @@ START_SHARE = 0.8
 #: or, with an estimate of the capacity (:mod:`g5core.study.serving.estimate`), at this share
 #: of it (the estimates run a few percent above the simulated capacity of the issue's case)
 START_ESTIMATE_SHARE = 0.95
-
-
-def _run_summary(result, session) -> dict:
-    s = result.summary
-    g = s["goodput"] or {}
-    out = {"ttft_s": s["ttft_s"], "tpot_s": s["tpot_s"], "e2e_s": s["e2e_s"], "throughput": s["throughput"],
-           "goodput_share": g.get("share", 0.0), "percentile_limits": g.get("percentile_limits"),
-           "mean_output_tokens": s["tokens"]["output"] / max(s["requests"], 1), "requests": s["requests"],
-           "preemptions": s["preemptions"], "kv_pool_use": s["kv_pool_use"], "running_seqs": s["running_seqs"],
-           "waiting_seqs": s["waiting_seqs"], "kv_transfer_s": s["kv_transfer_s"], "chips": result.loop.fleet.chips,
-           "pools": result.pools,
-           "max_total_bytes": max(_hbm(pool) - pool.cost.kv_pool_bytes_per_chip
-                                  + use * pool.cost.kv_pool_bytes_per_chip
-                                  for pool, use in zip(session.fleet.pools, _pool_peak_use(result)))}
-    return out
-
-
-def _pool_peak_use(result) -> list[float]:
-    """Per pool: the largest share of its KV blocks any of its instances used."""
-    out = []
-    for pool in result.loop.fleet.pools:
-        peak = 0.0
-        for inst in result.loop.instances:
-            if inst.pool is pool:
-                rows = np.frombuffer(inst.steps, dtype=float).reshape(-1, 7)
-                if len(rows):
-                    peak = max(peak, float(rows[:, 4].max()) / pool.total_blocks)
-        out.append(peak)
-    return out
 
 
 def candidate_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
@@ -163,69 +133,6 @@ def _capacity(session, cand, workload, slo, settings, start_rate, settle_s, role
                    whole_failed, top_out)
 
 
-class _Runs:
-    """A capacity search's serving runs on one session (``run(rate, seed)``): each made once,
-    and listed in ``trace`` (``[rate, seed, held, the most sequences a scheduler held]``).
-    ``trace``: the runs an earlier cell made for this candidate (:func:`confirm_cell`): one of
-    them asked again is made again (the same run bit for bit) and keeps its place."""
-
-    def __init__(self, session, workload: Mapping, settle_s: float, settings: SearchSettings, trace=()):
-        self.session, self.workload, self.settle_s, self.settings = session, workload, settle_s, settings
-        self.trace = [list(row) for row in trace]
-        self.earlier = {(row[0], row[1]): k for k, row in enumerate(self.trace)}
-        self.made: dict = {}      # (rate, seed) -> the run's result: a rate tried again is not run again
-        self.at: dict = {}        # id(a run's result) -> its place in ``trace``
-        self.n = 0
-
-    def __call__(self, rate, seed=None):
-        seed = self.workload["seed"] if seed is None else seed
-        if (rate, seed) in self.made:
-            return self.made[(rate, seed)]
-        self.n += 1
-        res = self.made[(rate, seed)] = _seeded_run(self.session, self.workload, rate, seed, self.settle_s,
-                                                    self.settings)
-        place = self.earlier.get((rate, seed))
-        if place is None:
-            place = len(self.trace)
-            self.trace.append([rate, seed, _holds(res), _peak_running(res)])
-        self.at[id(res)] = place
-        return res
-
-    def snap(self, rate: float) -> float:
-        return _snap(rate, {**self.earlier, **self.made})
-
-    def place(self, result) -> Optional[int]:
-        """A run's place in ``trace`` (an earlier cell's run shipped as :class:`_Shipped`: its own)."""
-        return result.place if isinstance(result, _Shipped) else self.at.get(id(result))
-
-
-@attrs.frozen
-class _Shipped:
-    """A run an earlier cell made, by the figures the result needs of it (:func:`_figures`):
-    the candidate's run at its capacity or its failing run, shipped to :func:`confirm_cell`."""
-    place: Optional[int]
-    summary: Optional[dict]        # _run_summary; None for a run stopped at its sure miss
-    missed: list
-    decode: list                   # decode_figures
-    stopped: Optional[dict]        # a run stopped at its sure miss: the limit, completed, requests
-    decode_held: Optional[list] = None
-
-
-def _figures(result, session, slo: str, cand: Candidate, capacity: float, place: Optional[int],
-             held: bool = True) -> dict:
-    """What a capacity search's result says of one of its runs (``None``: no run), shipped or
-    made; ``held``: the run at the capacity (its decode_held)."""
-    if result is None:
-        return attrs.asdict(_Shipped(place, None, [], [None, None], None))
-    if isinstance(result, _Shipped):
-        return attrs.asdict(result)
-    stopped = ({"limit": result.limit, "completed": result.completed, "requests": result.requests}
-               if isinstance(result, MissedRun) else None)
-    return attrs.asdict(_Shipped(place, None if stopped else _run_summary(result, session), missed_limits(result),
-                                 decode_figures(result), stopped,
-                                 decode_held({"held": result, "capacity": capacity}, slo, cand) if held else None))
-
-
 def _unconfirmed(session, cand, slo, settings, run: _Runs, found, sat, mu, bound, top_out) -> dict:
     """A capacity found on the workload's seed, before its confirming seeds (``defer``): its
     runs, the figures of its runs at the capacity and at the failing rate (``held``,
@@ -319,16 +226,6 @@ def _result(session, cand, workload, slo, settings, settle_s, run: _Runs, found,
             **({"failed_made_whole": True} if made_whole else {})}
 
 
-def _seeded_run(session, workload: Mapping, rate: float, seed: int, settle_s: float, settings: SearchSettings,
-                stop_at_miss: bool = True):
-    """One capacity run: the workload at ``rate`` on ``seed``, with the search's request count.
-    ``stop_at_miss``: a run whose SLO verdict is sure to be missed stops there (a
-    :class:`~g5core.serve.session.MissedRun`: the search needs only its verdict)."""
-    n = run_requests(workload, rate, settle_s, settings.settle)
-    return session.run(_at_rate({**workload, "requests": n, "seed": seed}, rate), stop_at_miss=stop_at_miss,
-                       itl_stats=False)
-
-
 def whole_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
                settle_s: float, disabled, runner_for, rate: float, seed: int,
                engine_points: Optional[Mapping] = None) -> dict:
@@ -343,15 +240,6 @@ def whole_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, sett
     except (ConfigError, PluginError) as exc:
         return refusal(exc)
     return {"status": "ok", "failed": _run_summary(whole, session), "peak_running_seqs": _peak_running(whole)}
-
-
-def _whole(session, workload: Mapping, rate: float, seed: int, settle_s: float, settings: SearchSettings):
-    """A failing run stopped at its sure SLO miss, made again to its end."""
-    whole = _seeded_run(session, workload, rate, seed, settle_s, settings, stop_at_miss=False)
-    if _holds(whole):
-        raise G5Error(f"a serving run at {rate:g} requests/s stopped at a sure SLO miss holds the SLO when run "
-                      "to its end (a G5 bug)")
-    return whole
 
 
 def variant_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
@@ -371,21 +259,6 @@ def variant_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, se
         return {"status": "ok", "label": cand.label(), "runs": out}
     except (ConfigError, PluginError) as exc:
         return refusal(exc)
-
-
-def _peak_running(result) -> Optional[int]:
-    """The most sequences any scheduler of the run held at once (per attention-DP rank);
-    ``None`` when a scheduler does not say."""
-    if isinstance(result, MissedRun):
-        return result.peak_running
-    return schedulers_peak(result.loop.instances)
-
-
-def trace_peak(trace: Sequence) -> Optional[int]:
-    """The most sequences any scheduler held over a capacity search's runs (its ``trace``
-    rows ``[rate, seed, held, peak]``); ``None`` when a run's schedulers did not say."""
-    peaks = [row[3] for row in trace]
-    return None if None in peaks else max(peaks, default=0)
 
 
 def saturated_run(session, cand: Candidate, workload: Mapping) -> dict:

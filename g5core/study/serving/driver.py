@@ -21,10 +21,11 @@ from g5core.study.serving.bound import (_estimate_bound, _top_values, _upper_val
                                         objective_value, tie_bound)
 from g5core.study.serving.candidates import candidates_from_screens
 from g5core.study.serving.capacity import (candidate_cell, confirm_cell, run_settle_s, start_share, tie_result,
-                                           trace_peak, variant_cell, whole_cell)
+                                           variant_cell, whole_cell)
 from g5core.study.serving.decode import DecodeSides, decode_side
 from g5core.study.serving.estimate import Estimator, estimate_for
 from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group, shown
+from g5core.study.serving.runs import trace_peak
 from g5core.study.serving.screen import ShippedPoints, layout_screens
 from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, Pruned, SearchSettings, _longest_output,
                                         candidate_config, check_workload, cp_prefill_choice,
