@@ -132,10 +132,12 @@ stopped. The serving runs are :class:`g5core.serve.session.ServingSession` runs 
 The modules, one per concern: :mod:`.space` (settings, candidates, configurations, run
 lengths), :mod:`.screen` (a layout's screen cell), :mod:`.estimate` (capacities from step
 tables), :mod:`.bound` (the branch and bound's bounds), :mod:`.capacity` (a candidate's
-capacity cell), :mod:`.bisect` (its search over the rate), :mod:`.decode` (a decode pool's
+capacity cell), :mod:`.runs` (a capacity search's runs and the figures one cell ships another),
+:mod:`.bisect` (its search over the rate), :mod:`.decode` (a decode pool's
 runs bounding its other prefill partners), :mod:`.result` (ranking and reporting), :mod:`.storage` (cells in the results
 database, progress), :mod:`.candidates` (the candidates from the screens),
-:mod:`.driver` (the search), :mod:`.command` (``g5 best --serve``'s flags to a search).
+:mod:`.inputs` (the search's inputs checked), :mod:`.driver` (the search), :mod:`.command`
+(``g5 best --serve``'s flags to a search).
 """
 from g5core.study.serving.bound import capacity_bound, role_rates
 from g5core.study.serving.bisect import capacity_search

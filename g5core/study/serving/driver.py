@@ -8,12 +8,7 @@ from typing import Mapping, Sequence
 
 import attrs
 
-from g5core.api.dimensions import collect_dimensions
-from g5core.api.errors import ConfigError, G5Error
-from g5core.api.plugins import Hooks, make_plugin_manager
-from g5core.inputs.config import disabled_from_config
-from g5core.inputs.serving import parse_slo
-from g5core.inputs.speculative import parse_speculative
+from g5core.api.errors import G5Error
 from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
@@ -24,16 +19,15 @@ from g5core.study.serving.capacity import (candidate_cell, confirm_cell, run_set
                                            variant_cell, whole_cell)
 from g5core.study.serving.decode import DecodeSides, decode_side
 from g5core.study.serving.estimate import Estimator, estimate_for
-from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group, shown
+from g5core.study.serving.inputs import checked_inputs
+from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group, scored_results, shown
 from g5core.study.serving.runs import trace_peak
 from g5core.study.serving.screen import ShippedPoints, layout_screens
-from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, Pruned, SearchSettings, _longest_output,
-                                        candidate_config, check_workload, cp_prefill_choice,
-                                        freeze_block, host_tier_variants, instance_layouts, is_moe,
-                                        reuses_prefixes, run_requests,
-                                        vary_cache)
+from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, SearchSettings, _longest_output,
+                                        cp_prefill_choice, host_tier_variants,
+                                        instance_layouts, is_moe, reuses_prefixes, run_requests, vary_cache)
 from g5core.study.serving.storage import CELL_VERSION, _drive, _Kept, _Progress, _Table, _Waves
-from g5core.study.sweep import LineProgress, LocalExecutor, make_executor
+from g5core.study.sweep import LineProgress, make_executor
 
 
 #: candidates simulated together between two branch-and-bound decisions (fixed, so the
@@ -47,33 +41,10 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
     """Enumerate, screen, simulate (capacity per candidate) and rank; see the module doc.
     ``runner_for``: ``(layout configuration, prepared plan) -> (groups -> latency_s)``
     instead of the engine (tests; in-process only)."""
-
-
-
-    settings.check()
-    workload = check_workload(workload)
+    workload, limits, chips, names, dims, variants = checked_inputs(raw, workload, settings, disabled, executor,
+                                                                    workers, runner_for)
     if callable(progress) and not hasattr(progress, "cell"):
         progress = LineProgress(progress)
-    limits = parse_slo(settings.slo)
-    if not limits:
-        raise ConfigError("--slo", "the serving search needs SLO limits, e.g. --slo ttft_p90=2s,tpot_p90=50ms")
-    chips = raw.get("chips")
-    if isinstance(chips, bool) or not isinstance(chips, int) or chips <= 0:
-        raise ConfigError("chips", f"must be a positive whole number, got {chips!r}")
-    exe = make_executor(executor, workers)
-    if runner_for is not None and not (isinstance(exe, LocalExecutor) and workers == 1):
-        raise ConfigError("runner", "a custom runner needs the in-process executor (local, one worker)")
-    names = tuple(dict.fromkeys(tuple(disabled) + tuple(disabled_from_config(raw))))
-    dims = collect_dimensions(Hooks(make_plugin_manager(disabled=names)))
-    if settings.vary is not None:
-        unknown = [d for d in settings.vary if d not in dims.names]
-        if unknown:
-            raise ConfigError("--vary", f"unknown dimension {unknown[0]!r}; known: {', '.join(dims.names)}")
-    # the speculative: blocks tried (each a candidate of its own), off the base configuration
-    if settings.speculative is None:
-        parse_speculative(raw)      # the configuration's block, checked before any cell
-    variants = (settings.speculative if settings.speculative is not None
-                else (freeze_block(raw.get("speculative")),))
     base = {k: v for k, v in raw.items() if k not in ("parallel", "speculative")}
     ttft_limits = [l for l in limits if l.metric in ("ttft", "e2e")]
     tpot_limits = [l for l in limits if l.metric in ("tpot", "itl")]
@@ -153,6 +124,14 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         differs: set = set()             # (i, j): a run of j's made on i held or failed otherwise
         wasted = [0]                     # runs of checks whose variant was then simulated
 
+        def cell(kind: str, fn, i: int, keyed_on: Mapping, *args) -> tuple:
+            """Candidate ``i``'s cell of ``kind`` (``(key, kind, label, fn, args)``), keyed on the
+            search, the candidate and ``keyed_on``; ``fn``'s arguments the search's and ``args``."""
+            cand = cands[i][0]
+            key = config_hash({"kind": kind, **ident, "candidate": attrs.asdict(cand, recurse=True), "settings": keyed,
+                               **keyed_on}, names)
+            return key, kind, cand.label(), fn, (base, cand, workload, settings.slo, settings, *args)
+
         def points_of(i) -> dict:
             """The engine latencies of candidate ``i``'s layouts (none for a stand-in runner)."""
             return {} if runner_for is not None else points.of([(c, lab) for c, lab, _ in screens[i][1]])
@@ -228,11 +207,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             for i, j, places in checks:
                 src = cell_of(j)
                 runs = [src["trace"][k][:2] for k in places]
-                key = config_hash({"kind": "variant", **ident, "candidate": attrs.asdict(cands[i][0], recurse=True),
-                                   "settings": keyed, "runs": runs}, names)
-                cells.append((key, "variant", cands[i][0].label(), variant_cell,
-                              (base, cands[i][0], workload, settings.slo, settings, settle_s, tuple(disabled),
-                               runner_for, runs, points_of(i))))
+                cells.append(cell("variant", variant_cell, i, {"runs": runs}, settle_s, tuple(disabled), runner_for, runs,
+                                  points_of(i)))
             again = []
             for (i, j, places), res in zip(checks, _drive(table, kept, cells, None, workers)):
                 src = cell_of(j)
@@ -285,15 +261,13 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 cand, start = cands[i]
                 roles = roles_bound[i] if use_bounds else None
                 share = start_share(cands, results, estimates, cand.disaggregated)
-                key = config_hash({"kind": "candidate", **ident, "candidate": attrs.asdict(cand, recurse=True),
-                                   "settings": keyed, "roles": roles, "kth": kth, "first": first, "estimate": estimates[i],
+                cells.append(cell("candidate", candidate_cell, i,
+                                  {"roles": roles, "kth": kth, "first": first, "estimate": estimates[i],
                                    "start_share": share, **({"whole_failed": True} if i in whole_failed else {}),
-                                   **({"defer": True} if defer else {})}, names)
-                cell_key[i] = key
-                cells.append((key, "candidate", cand.label(), candidate_cell,
-                              (base, cand, workload, settings.slo, settings, start, settle_s, tuple(disabled),
-                               runner_for, roles, kth, estimates[i], share, points_of(i), first,
-                               i in whole_failed, defer)))
+                                   **({"defer": True} if defer else {})},
+                                  start, settle_s, tuple(disabled), runner_for, roles, kth, estimates[i], share,
+                                  points_of(i), first, i in whole_failed, defer))
+                cell_key[i] = cells[-1][0]
             pending = {}
             for i, res in zip(wave, _drive(table, kept, cells, None if defer else reporter, workers)):
                 res = points.learn(res)
@@ -347,14 +321,12 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         def confirm_cells(wave, pending: dict, kth, passing, whole_failed) -> None:
             cells = []
             for i in wave:
-                cand = cands[i][0]
-                key = config_hash({"kind": "confirm", **ident, "candidate": attrs.asdict(cand, recurse=True),
-                                   "settings": keyed, "first": cell_key[i], "kth": kth, "passing": passing,
-                                   **({"whole_failed": True} if i in whole_failed else {})}, names)
-                cell_key[i] = key
-                cells.append((key, "confirm", cand.label(), confirm_cell,
-                              (base, cand, workload, settings.slo, settings, settle_s, tuple(disabled), runner_for,
-                               pending[i], kth, passing, i in whole_failed, points_of(i))))
+                cells.append(cell("confirm", confirm_cell, i,
+                                  {"first": cell_key[i], "kth": kth, "passing": passing,
+                                   **({"whole_failed": True} if i in whole_failed else {})},
+                                  settle_s, tuple(disabled), runner_for, pending[i], kth, passing, i in whole_failed,
+                                  points_of(i)))
+                cell_key[i] = cells[-1][0]
             for i, res in zip(wave, _drive(table, kept, cells, reporter, workers) if cells else ()):
                 record(i, points.learn(res))
 
@@ -425,10 +397,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                   for i in shown(cands, results, settings.objective, settings.top)
                   if results[i].get("failed") is None and results[i].get("failed_stopped")
                   and results[i].get("failed_run") is not None]
-        cells = [(config_hash({"kind": "whole", **ident, "candidate": attrs.asdict(cands[i][0], recurse=True),
-                               "settings": keyed, "run": run}, names), "whole", cands[i][0].label(), whole_cell,
-                  (base, cands[i][0], workload, settings.slo, settings, settle_s, tuple(disabled), runner_for,
-                   run[0], run[1], points_of(i))) for i, run in wholes]
+        cells = [cell("whole", whole_cell, i, {"run": run}, settle_s, tuple(disabled), runner_for, run[0], run[1],
+                      points_of(i)) for i, run in wholes]
         for (i, _), res in zip(wholes, _drive(table, kept, cells, None, workers) if cells else ()):
             if res["status"] == "ok":
                 results[i] = {**results[i], "failed": res["failed"], "runs": results[i]["runs"] + 1,
@@ -442,20 +412,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         db.close()
         if tmp is not None:
             tmp.cleanup()
-    scored = []
-    for (cand, _), res in zip(cands, results):
-        if res is None:
-            continue
-        if res["status"] != "ok":
-            pruned.append(Pruned(dict(cand.pools[0].parallel), cand.pools[0].chips, cand.chunk, res["family"],
-                                 res["reason"], cand.speculative))
-            continue
-        rate = res["capacity_requests_per_s"] or None
-        # the workload its capacity was measured with: the run's requests and seed (g5 serve on
-        # this configuration reproduces the capacity run on the workload's seed)
-        measured = {**workload, "requests": (res.get("held") or {}).get("requests", workload["requests"])}
-        scored.append(Scored(cand, candidate_config(base, cand, measured, settings.slo, rate), res))
-    scored.sort(key=lambda s: s.rank_key(settings.objective))
+    scored = scored_results(cands, results, pruned, base, workload, settings)
     simulated = [r for r in results if r is not None and "same_runs_as" not in r]
     cells = len(layouts) * (1 + (dsys is not None)) * len(variants)   # a layout x chunk cell per system and block
     return ServeSearchResult(settings.objective, settings, cells, tuple(pruned), tuple(scored), len(simulated),

@@ -9,7 +9,29 @@ import attrs
 
 from g5core.inputs.serving import parse_slo
 from g5core.inputs.speculative import Speculative
-from g5core.study.serving.space import Candidate, Pruned, SearchSettings, thaw_block
+from g5core.study.serving.space import Candidate, Pruned, SearchSettings, candidate_config, thaw_block
+
+
+def scored_results(cands: Sequence, results: Sequence, pruned: list, base: Mapping, workload: Mapping,
+                   settings: SearchSettings) -> list:
+    """The simulated candidates (``results``, each candidate's cell or None) ranked by the
+    objective, each with its ``g5 serve`` configuration at its capacity; one a plugin refused
+    joins ``pruned``."""
+    scored = []
+    for (cand, _), res in zip(cands, results):
+        if res is None:
+            continue
+        if res["status"] != "ok":
+            pruned.append(Pruned(dict(cand.pools[0].parallel), cand.pools[0].chips, cand.chunk, res["family"],
+                                 res["reason"], cand.speculative))
+            continue
+        rate = res["capacity_requests_per_s"] or None
+        # the workload its capacity was measured with: the run's requests and seed (g5 serve on
+        # this configuration reproduces the capacity run on the workload's seed)
+        measured = {**workload, "requests": (res.get("held") or {}).get("requests", workload["requests"])}
+        scored.append(Scored(cand, candidate_config(base, cand, measured, settings.slo, rate), res))
+    scored.sort(key=lambda s: s.rank_key(settings.objective))
+    return scored
 
 
 @attrs.frozen
