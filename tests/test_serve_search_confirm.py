@@ -101,3 +101,16 @@ def test_a_tie_result_is_bounded_with_its_bar():
     assert tie["status"] == "bounded" and tie["upper"] == first["tie_upper"] and tie["tie_bar"] == first["tie_upper"]
     assert tie["trace"] == first["trace"] and tie["runs"] == first["runs"]
     assert tie["tie_run"] == first["held"]["place"] and first["trace"][tie["tie_run"]][2]
+
+
+def test_the_first_wave_says_what_it_found_before_confirming():
+    """In a log, each first-wave capacity found on the workload's seed gets a line before its
+    candidate is decided (confirmed: its capacity line; a tie: counted bounded out)."""
+    lines: list = []
+    result = serve_search(RAW, _wl(0), SETTINGS, runner_for=layout_runner, progress=lines.append)
+    found = [line for line in lines if line.endswith("unconfirmed")]
+    assert found and all("on the workload's seed" in line for line in found)
+    first = lines.index(found[0])
+    for s in result.ranked[:SETTINGS.top]:
+        label = s.candidate.label()
+        assert any(label in line and "capacity" in line and i > first for i, line in enumerate(lines)), label

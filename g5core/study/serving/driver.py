@@ -26,7 +26,7 @@ from g5core.study.serving.screen import ShippedPoints, layout_screens
 from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, SearchSettings, _longest_output,
                                         cp_prefill_choice, host_tier_variants,
                                         instance_layouts, is_moe, reuses_prefixes, run_requests, vary_cache)
-from g5core.study.serving.storage import CELL_VERSION, _drive, _Kept, _Progress, _Table, _Waves
+from g5core.study.serving.storage import CELL_VERSION, _drive, _Kept, _Progress, _Table, _Unconfirmed, _Waves
 from g5core.study.sweep import LineProgress, make_executor
 
 
@@ -269,7 +269,8 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                                   points_of(i), first, i in whole_failed, defer))
                 cell_key[i] = cells[-1][0]
             pending = {}
-            for i, res in zip(wave, _drive(table, kept, cells, None if defer else reporter, workers)):
+            shown_as = reporter if not defer or reporter is None else _Unconfirmed(reporter)
+            for i, res in zip(wave, _drive(table, kept, cells, shown_as, workers)):
                 res = points.learn(res)
                 if res["status"] == "unconfirmed":
                     pending[i] = res

@@ -128,6 +128,13 @@ class _Progress:
             self.tenth = tenth
             self.inner.emit(f"{self.phase} [{n}/{total}]: " + self._tally())
 
+    def found(self, label, payload):
+        """A first-wave capacity found on the workload's seed, its confirming seeds not run
+        yet (in a log, one line; a bar counts the candidate once it is decided)."""
+        if not hasattr(self.inner, "bar") and hasattr(self.inner, "emit"):
+            self.inner.emit(f"{self.phase}: {label}: {payload['capacity_requests_per_s']:.4g} req/s on the "
+                            f"workload's seed ({payload.get('runs', 0)} runs), unconfirmed")
+
     def _tally(self) -> str:
         return ", ".join(f"{v} {k}" for k, v in sorted(self.counts.items()))
 
@@ -185,9 +192,30 @@ class _Waves:
         self.done += n
         self.inner.skip(n, status)
 
+    def found(self, label, payload):
+        self.inner.found(label, payload)
+
     def close(self):
         pass
 
     def finish(self):
         self.inner.close()
 
+
+
+class _Unconfirmed:
+    """The progress of a wave whose capacities are found unconfirmed (the driver decides each
+    candidate later): a line per capacity found, no candidate counted."""
+
+    def __init__(self, waves: _Waves):
+        self.waves = waves
+
+    def start(self, total):
+        pass
+
+    def cell(self, n, label, payload):
+        if payload is not None and payload.get("status") == "unconfirmed":
+            self.waves.found(label, payload)
+
+    def close(self):
+        pass
