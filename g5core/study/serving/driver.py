@@ -305,13 +305,14 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                      for i, res in pending.items()}
             ranked = sorted(pending, key=lambda i: (-value[i], cands[i][0].label()))
             now = [i for k, i in enumerate(ranked) if k < settings.top or i in whole_failed]
+            chosen = set(now)
             # the side's bests first: they make their failing runs whole too (the longest cells
             # start first, as in the wave)
             confirm_cells(sorted(now, key=lambda i: i not in whole_failed), pending, None, None, whole_failed)
             kth, first = _top_values(settings, cands, results)
             passing = bar_value(kth, first, settings.tolerance)
             later = []
-            for i in [i for i in ranked if i not in now]:
+            for i in [i for i in ranked if i not in chosen]:
                 tie = pending[i]["tie_upper"]
                 if passing is not None and tie is not None and tie <= passing:
                     record(i, tie_result(pending[i], kth, passing), True)

@@ -202,7 +202,6 @@ class _Waves:
         self.inner.close()
 
 
-
 class _Unconfirmed:
     """The progress of a wave whose capacities are found unconfirmed (the driver decides each
     candidate later): a line per capacity found, no candidate counted."""
