@@ -71,15 +71,16 @@ SLO limits, which deployment serves the most?
    deployment use fewer chips and first asks whether it serves ``--rate``.
 6. **Branch and bound** (not for ``min_chips``; ``bound=False`` turns it off): candidates run
    best bound first, ``WAVE`` at a time; before each wave, a candidate whose bound of
-   the objective (its capacity bound over its chips, the goodput share at most 1) is below
-   the ``top``-th best simulated value cannot enter the top ``top`` and is bounded out
-   (reported with its bound, not simulated), and so is every one after it. In the wave, a
-   candidate's first run is at the rate where its value would pass that one's times ``1 +
-   tolerance``, or the first's where that is lower (:func:`~.bound.bar_value`; when its
-   start is below it), and a failing run at or below that rate ends its search: its
-   capacity is below it (bounded out by simulation). A capacity is the lower end of a bracket
-   ``hi / lo <= 1 + tolerance``, so such a candidate is tied with the ``top``-th within the
-   search's own resolution: the winner is exact, places 2 to ``top`` up to the tolerance.
+   the objective (its capacity bound over its chips, the goodput share at most 1) is not
+   above the ``top``-th best simulated value times ``1 + tolerance``, or the first's where
+   that is lower (the bar's value, :func:`~.bound.bar_value`), cannot pass the ``top``-th
+   beyond the search's resolution and is bounded out (reported with its bound, not
+   simulated), and so is every one after it. In the wave, a candidate's first run is at
+   the rate where its value would pass the bar's value (when its start is below it), and a
+   failing run at or below that rate ends its search: its capacity is below it (bounded out
+   by simulation). A capacity is the lower end of a bracket ``hi / lo <= 1 + tolerance``, so
+   such a candidate is tied with the ``top``-th within the search's own resolution: the
+   winner is exact, places 2 to ``top`` up to the tolerance.
    Likewise, before its confirming seeds run, a candidate whose value with them cannot pass
    that value (the value at the capacity its workload's seed found, or the most a capacity
    ``1 + tolerance`` lower allows: :func:`~.bound.confirmed_upper`) is bounded out there:

@@ -346,7 +346,11 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                                       for side in (False, True)) if mine} if use_bounds else set()
         while remaining:
             kth, first = _top_values(settings, cands, results) if use_bounds else (None, None)
-            cut = next((p for p, i in enumerate(remaining) if upper[i] < kth), None) if kth is not None else None
+            # a bound not above the bar's value (bar_value: the top-th's times 1 + the
+            # tolerance, never the first's) at most ties the top-th within the search's
+            # resolution, as a run failing at the bar's rate shows in a cell
+            passing = bar_value(kth, first, settings.tolerance)
+            cut = next((p for p, i in enumerate(remaining) if upper[i] <= passing), None) if kth is not None else None
             if cut is not None:
                 for j in remaining[cut:]:
                     bounded.append(Bounded(cands[j][0], roles_bound[j]["saturated_requests_per_s"], caps[j],

@@ -305,13 +305,15 @@ class Bounded:
                     f"to be at most {self.capacity_bound:.4g} req/s (the search's resolution): at most "
                     f"{self.upper:.4g} per chip, not above the {self._kth_name()} ({self.kth:.4g}) by more than the "
                     "tolerance")
+        # a bound up to the bar's value (the top-th's times 1 + the tolerance) at most ties the top-th
+        than = "below" if self.upper < self.kth else "within the tolerance of"
         if self.estimate:
             return (f"estimated capacity {self.estimate:.4g} req/s, so at most {self.capacity_bound:.4g} req/s "
-                    f"with the estimate's margin: at most {self.upper:.4g} per chip, below the {self._kth_name()} "
+                    f"with the estimate's margin: at most {self.upper:.4g} per chip, {than} the {self._kth_name()} "
                     f"({self.kth:.4g})")
         return (f"saturated throughput ({self.source}) {self.saturated_requests_per_s:.4g} req/s, so a capacity "
                 f"of at most "
-                f"{self.capacity_bound:.4g} req/s: at most {self.upper:.4g} per chip, below the {self._kth_name()} "
+                f"{self.capacity_bound:.4g} req/s: at most {self.upper:.4g} per chip, {than} the {self._kth_name()} "
                 f"({self.kth:.4g})")
 
 

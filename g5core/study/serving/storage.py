@@ -146,8 +146,8 @@ class _Progress:
         elif hasattr(self.inner, "emit"):
             self.counts[status] = self.counts.get(status, 0) + n
             if status == "bounded":
-                self.inner.emit(f"{self.phase}: {n} more candidates bounded out (their bound is below the value at "
-                                f"the last ranked place); " + self._tally())
+                self.inner.emit(f"{self.phase}: {n} more candidates bounded out (their bound is not above the value at "
+                                f"the last ranked place by more than the tolerance); " + self._tally())
 
     def close(self):
         if hasattr(self.inner, "close"):
