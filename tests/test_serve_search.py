@@ -621,6 +621,24 @@ def test_prompt_queue_closed_form_matches_a_direct_fcfs_simulation():
                 pytest.approx(float(np.percentile(waits, 100 * share)), rel=1e-9, abs=1e-12)
 
 
+def test_the_estimates_percentile_is_numpys_bit_for_bit():
+    """The queue's percentile from two order statistics is ``np.percentile``'s double (the
+    estimates, and so the search's order and bounds, do not move), at and between ranks,
+    at the ends, on ties and on one value."""
+    import numpy as np
+
+    from g5core.study.serving.estimate import _percentile
+
+    rng = np.random.default_rng(7)
+    for k in range(3000):
+        n = int(rng.integers(1, 3000))
+        values = rng.exponential(size=n) * float(rng.choice([1e-3, 1.0, 1e3]))
+        if k % 3 == 0:
+            values = np.round(values, 1)        # ties
+        for share in (0.0, 0.5, 0.9, 0.99, 1.0, float(rng.random())):
+            assert _percentile(values, share) == float(np.percentile(values, 100 * share)), (n, share)
+
+
 def _refusing_runner(praw, prepared=None):
     """``layout_runner``, except that a stand-in plugin refuses every decode step of the tp=2
     layout with an odd batch (as Ulysses' sp refuses a batch its group cannot split)."""

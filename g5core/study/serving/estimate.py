@@ -147,7 +147,26 @@ def sojourn_percentile(workload: Mapping, rate: float, n: int, servers: int, ser
     j = np.arange(rows)[:, None]
     start = j * service_s + np.maximum.accumulate(a - j * service_s, axis=0)   # the j-th service starts here
     waits = (start - a + (0.0 if wait_only else first_s)).ravel()[:len(times)]
-    return float(np.percentile(waits, 100 * share))
+    return _percentile(waits, share)
+
+
+def _percentile(values: np.ndarray, share: float) -> float:
+    """``np.percentile(values, 100 * share)`` (its linear method), the same double, from the
+    two order statistics around the quantile's place (``np.partition``: no sort), by
+    numpy's own arithmetic (``numpy/lib/_function_base_impl.py``: ``_quantile``'s virtual
+    index ``(n - 1) q``, ``_lerp``); ``values`` finite."""
+    n = len(values)
+    v = (n - 1) * ((100 * share) / 100)
+    if v >= n - 1:
+        return float(values.max())
+    if v < 0:
+        return float(values.min())
+    lo = math.floor(v)
+    part = np.partition(values, (lo, lo + 1))
+    a, b = float(part[lo]), float(part[lo + 1])
+    t = v - lo
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
 # ----------------------------------------------------------------------------------------
