@@ -252,6 +252,17 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 reporter.skip(len(remaining) - len(keep))
             return keep
 
+        def shown_wholes() -> list:
+            """``(i, [rate, seed])``: the shown candidates' failing runs stopped at their sure miss."""
+            return [(i, results[i]["trace"][results[i]["failed_run"]][:2])
+                    for i in shown(cands, results, settings.objective, settings.top)
+                    if results[i].get("failed") is None and results[i].get("failed_stopped")
+                    and results[i].get("failed_run") is not None]
+
+        def whole_cells(wholes) -> list:
+            return [cell("whole", whole_cell, i, {"run": run}, settle_s, tuple(disabled), runner_for, run[0], run[1],
+                         points_of(i)) for i, run in wholes]
+
         def simulate(wave, kth, first=None, whole_failed=()):
             # a wave without a bar (the first) finds its capacities unconfirmed (defer): the
             # driver confirms them (confirm_first), or bounds them out as ties once it has a bar
@@ -268,9 +279,14 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                                   start, settle_s, tuple(disabled), runner_for, roles, kth, estimates[i], share,
                                   points_of(i), first, i in whole_failed, defer))
                 cell_key[i] = cells[-1][0]
+            # a wave with a bar also makes the failing runs of the candidates shown so far whole
+            # (cells of their own, stored: the search's last step finds them), so that its
+            # workers are not idle while its last cells run; a candidate no longer shown at the
+            # end has its run made for nothing
+            extra = whole_cells(shown_wholes()) if kth is not None else []
             pending = {}
             shown_as = reporter if not defer or reporter is None else _Unconfirmed(reporter)
-            for i, res in zip(wave, _drive(table, kept, cells, shown_as, workers)):
+            for i, res in zip(wave, _drive(table, kept, cells + extra, shown_as, workers)):
                 res = points.learn(res)
                 if res["status"] == "unconfirmed":
                     pending[i] = res
@@ -398,13 +414,10 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 later += check_variants(checks)
             remaining = sorted(later, key=place.get)
         # the failing runs stopped at their sure miss of the candidates shown (the ranking's
-        # top and each side's best), made again to their end for their figures
-        wholes = [(i, results[i]["trace"][results[i]["failed_run"]][:2])
-                  for i in shown(cands, results, settings.objective, settings.top)
-                  if results[i].get("failed") is None and results[i].get("failed_stopped")
-                  and results[i].get("failed_run") is not None]
-        cells = [cell("whole", whole_cell, i, {"run": run}, settle_s, tuple(disabled), runner_for, run[0], run[1],
-                      points_of(i)) for i, run in wholes]
+        # top and each side's best), made again to their end for their figures (those made
+        # beside a wave are in the table)
+        wholes = shown_wholes()
+        cells = whole_cells(wholes)
         for (i, _), res in zip(wholes, _drive(table, kept, cells, None, workers) if cells else ()):
             if res["status"] == "ok":
                 results[i] = {**results[i], "failed": res["failed"], "runs": results[i]["runs"] + 1,

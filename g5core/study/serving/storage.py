@@ -61,24 +61,25 @@ class _Table:
 
 
 def _drive(table: _Table, exe, cells: Sequence[tuple], reporter, workers: int) -> list:
-    """Run ``(key, kind, label, fn, args)`` cells not in the table; every result in order."""
+    """Run ``(key, kind, label, fn, args)`` cells not in the table; every result in order.
+    ``reporter`` hears of every cell but the ``whole`` ones (a failing run made whole)."""
     out: list = [None] * len(cells)
     if reporter is not None:
-        reporter.start(len(cells))
+        reporter.start(sum(c[1] != "whole" for c in cells))
     done = 0
 
-    def finish(i, label, payload):
+    def finish(i, kind, label, payload):
         nonlocal done
-        done += 1
         out[i] = payload
-        if reporter is not None:
+        if reporter is not None and kind != "whole":
+            done += 1
             reporter.cell(done, label, payload)
 
     def start(exe, item):
         i, (key, kind, label, fn, args) = item
         hit = table.get(key)
         if hit is not None:
-            finish(i, label, None)
+            finish(i, kind, label, None)
             out[i] = hit
             return None
         return exe.submit(fn, *args)
@@ -86,7 +87,7 @@ def _drive(table: _Table, exe, cells: Sequence[tuple], reporter, workers: int) -
     def stored(item, payload) -> None:
         i, (key, kind, label, _, _) = item
         table.add(key, kind, label, payload)
-        finish(i, label, payload)
+        finish(i, kind, label, payload)
 
     try:
         run_windowed(exe, enumerate(cells), workers, start, stored)
