@@ -12,7 +12,7 @@ from g5core.inputs.serving import parse_slo
 from g5core.serve.metrics import goodput, per_request
 from g5core.serve.session import MissedRun, schedulers_peak
 from g5core.study.serving.bound import _upper_value, confirmed_upper
-from g5core.study.serving.result import SAME_VALUE
+from g5core.study.serving.result import SAME_VALUE, Bounded
 from g5core.study.serving.space import Candidate, SearchSettings
 
 
@@ -71,6 +71,27 @@ class DecodeSides:
                 if best is None or value < best[0]:
                     best = (value, c, j)
         return best
+
+
+    def bounded_out(self, remaining: Sequence[int], passing: float, kth: float, roles_bound: Sequence[Mapping],
+                    estimates: Sequence) -> tuple[list, list]:
+        """``(kept, bounded)``: ``remaining`` (candidate indices) less the disaggregated
+        candidates whose decode side missed its TPOT at a rate ``r`` where their value could
+        at most tie the bar's (``passing``, :func:`~g5core.study.serving.bound.bar_value`),
+        and those as :class:`~g5core.study.serving.result.Bounded` (source ``decode pool``,
+        ``kth`` the ``top``-th value). Such a candidate's capacity search may start from the
+        bracket ``[r / (1 + tolerance), r]`` (the search's resolution): its capacity is at
+        most its lower end whether that holds or not."""
+        kept, out = [], []
+        for i in remaining:
+            cand = self.cands[i][0]
+            hit = self.upper(cand) if cand.disaggregated else None
+            if hit is None or hit[0] > passing:
+                kept.append(i)
+                continue
+            out.append(Bounded(cand, roles_bound[i]["saturated_requests_per_s"], hit[1], hit[0], kth, "decode pool",
+                               estimates[i], place=self.settings.top, via=self.cands[hit[2]][0].label()))
+        return kept, out
 
 
 def decode_side(cand: Candidate) -> tuple:

@@ -231,27 +231,6 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         # what each decode pool's runs tell of its other prefill partners (DecodeSides)
         sides = DecodeSides(cands, limits, settings, top_out)
 
-        def decode_bounded(remaining, kth, first) -> list:
-            """``remaining`` less the disaggregated candidates whose decode side missed its
-            TPOT at a rate ``r`` where their value could at most tie the bar's (bounded out,
-            source ``decode pool``). Such a candidate's capacity search may start from the
-            bracket ``[r / (1 + tolerance), r]`` (the search's resolution): its capacity is at
-            most its lower end whether that holds or not."""
-            passing = bar_value(kth, first, settings.tolerance)
-            keep = []
-            for i in remaining:
-                cand = cands[i][0]
-                hit = sides.upper(cand) if cand.disaggregated else None
-                if hit is None or hit[0] > passing:
-                    keep.append(i)
-                    continue
-                bounded.append(Bounded(cand, roles_bound[i]["saturated_requests_per_s"], hit[1], hit[0], kth,
-                                       "decode pool", estimates[i], place=settings.top,
-                                       via=cands[hit[2]][0].label()))
-            if reporter is not None and len(keep) < len(remaining):
-                reporter.skip(len(remaining) - len(keep))
-            return keep
-
         def shown_wholes() -> list:
             """``(i, [rate, seed])``: the shown candidates' failing runs stopped at their sure miss."""
             return [(i, results[i]["trace"][results[i]["failed_run"]][:2])
@@ -376,10 +355,14 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                     reporter.skip(len(remaining) - cut)
                 remaining = remaining[:cut]
             if sides and kth is not None:
-                remaining = decode_bounded(remaining, kth, first)
+                remaining, out = sides.bounded_out(remaining, bar_value(kth, first, settings.tolerance), kth,
+                                                   roles_bound, estimates)
+                bounded.extend(out)
+                if reporter is not None and out:
+                    reporter.skip(len(out))
             # one candidate per deployment (max_num_seqs variants) and per decode pool with its
             # scheduler limits in a wave: the others wait for what it tells (variant_runs,
-            # decode_bounded). Holding back a decode pool's other limits too (the coarser
+            # DecodeSides.bounded_out). Holding back a decode pool's other limits too (the coarser
             # decode_side) measured 86.3 / 53.4 / 59.9 s on the three benchmark cases
             # (Qwen3, 70B 8K, 70B 4K) against 93.3 / 49.9 / 46.9 s: it reorders the waves
             wave, checks, later, keys = [], [], [], set()
