@@ -72,7 +72,6 @@ class DecodeSides:
                     best = (value, c, j)
         return best
 
-
     def bounded_out(self, remaining: Sequence[int], passing: float, kth: float, roles_bound: Sequence[Mapping],
                     estimates: Sequence) -> tuple[list, list]:
         """``(kept, bounded)``: ``remaining`` (candidate indices) less the disaggregated

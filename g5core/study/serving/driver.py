@@ -355,8 +355,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                     reporter.skip(len(remaining) - cut)
                 remaining = remaining[:cut]
             if sides and kth is not None:
-                remaining, out = sides.bounded_out(remaining, bar_value(kth, first, settings.tolerance), kth,
-                                                   roles_bound, estimates)
+                remaining, out = sides.bounded_out(remaining, passing, kth, roles_bound, estimates)
                 bounded.extend(out)
                 if reporter is not None and out:
                     reporter.skip(len(out))
