@@ -114,3 +114,36 @@ def test_the_first_wave_says_what_it_found_before_confirming():
     for s in result.ranked[:SETTINGS.top]:
         label = s.candidate.label()
         assert any(label in line and "capacity" in line and i > first for i, line in enumerate(lines)), label
+
+
+def test_a_terminal_bar_shows_the_first_wave_before_its_candidates_are_decided():
+    """On a terminal bar, each first-wave capacity found on the workload's seed shows as a
+    count beside the capacity phase's bar before any candidate is counted; the count goes
+    once the bar moves."""
+    events: list = []
+
+    class Bar:
+        def set_postfix_str(self, text, refresh=True):
+            events.append(("postfix", text))
+
+        def update(self, n):
+            events.append(("update", n))
+
+    class Terminal:
+        def start(self, total):
+            events.append(("start", total))
+            self.bar = Bar()
+
+        def cell(self, n, label, row):
+            self.bar.update(1)
+
+        def close(self):
+            pass
+
+    serve_search(RAW, _wl(0), SETTINGS, runner_for=layout_runner, progress=Terminal())
+    capacity = events[max(i for i, e in enumerate(events) if e[0] == "start") + 1:]   # the last phase's
+    assert capacity[:2] == [("postfix", "first wave: 1 capacity found, to confirm"),
+                            ("postfix", "first wave: 2 capacities found, to confirm")], capacity[:4]
+    first_update = capacity.index(("update", 1))
+    assert all(kind == "postfix" and "found" in text for kind, text in capacity[:first_update - 1])
+    assert capacity[first_update - 1] == ("postfix", "")

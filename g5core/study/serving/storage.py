@@ -106,6 +106,7 @@ class _Progress:
         self.inner, self.phase = inner, phase
         self.counts: dict = {}
         self.tenth = 0
+        self.found_n = 0        # first-wave capacities found unconfirmed since the bar last moved
 
     def start(self, total):
         if hasattr(self.inner, "start"):
@@ -113,6 +114,9 @@ class _Progress:
 
     def cell(self, n, label, payload):
         if hasattr(self.inner, "bar"):
+            if self.found_n:
+                self.found_n = 0
+                self.inner.bar.set_postfix_str("", refresh=False)
             self.inner.bar.update(1)
             return
         if not hasattr(self.inner, "emit"):
@@ -131,8 +135,13 @@ class _Progress:
 
     def found(self, label, payload):
         """A first-wave capacity found on the workload's seed, its confirming seeds not run
-        yet (in a log, one line; a bar counts the candidate once it is decided)."""
-        if not hasattr(self.inner, "bar") and hasattr(self.inner, "emit"):
+        yet (in a log, one line; a bar says how many so far, and counts the candidate once
+        it is decided)."""
+        if hasattr(self.inner, "bar"):
+            self.found_n += 1
+            found = f"{self.found_n} capacit{'y' if self.found_n == 1 else 'ies'}"
+            self.inner.bar.set_postfix_str(f"first wave: {found} found, to confirm")
+        elif hasattr(self.inner, "emit"):
             self.inner.emit(f"{self.phase}: {label}: {payload['capacity_requests_per_s']:.4g} req/s on the "
                             f"workload's seed ({payload.get('runs', 0)} runs), unconfirmed")
 
