@@ -479,11 +479,17 @@ def run_sweep(base: Mapping, grid: Grid, db_path, *, disabled: Sequence[str] = (
     return SweepReport(sweep_id=sweep_id, db_path=str(db_path), rows=out, computed=computed, reused=reused)
 
 
+#: what an item source of :func:`run_windowed` yields for "nothing to run yet": it is asked
+#: again once a running item has finished
+WAIT = object()
+
+
 def run_windowed(exe, items: Iterable, workers: int, start: Callable, done: Callable) -> None:
     """Run ``items`` on ``exe``: ``start(exe, item)`` submits one (a future, or ``None`` when
     there is nothing to run), a window of two per worker in flight (one in process, so each
     result is stored before the next item starts); ``done(item, result)`` for each finished
-    one, in submission order among those that finish together."""
+    one, in submission order among those that finish together. ``items`` may yield
+    :data:`WAIT` while an item it has given runs (an item made from another's result)."""
     window = 1 if isinstance(exe, LocalExecutor) and workers == 1 else 2 * workers
     pending: dict = {}
     order = 0
@@ -495,6 +501,10 @@ def run_windowed(exe, items: Iterable, workers: int, start: Callable, done: Call
                 item = next(todo, _END)
                 if item is _END:
                     exhausted = True
+                    break
+                if item is WAIT:
+                    if not pending:
+                        raise G5Error("an item source waits for a result while nothing runs (a G5 bug)")
                     break
                 fut = start(exe, item)
                 if fut is not None:

@@ -263,16 +263,41 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             # workers are not idle while its last cells run; a candidate no longer shown at the
             # end has its run made for nothing
             extra = whole_cells(shown_wholes()) if kth is not None else []
+            # the confirming seeds of the first round (confirm_first) start as soon as what
+            # they need is in, beside the wave's last cells: each side's best once its
+            # capacity is found (it is confirmed whatever the others find), the --top best
+            # once every capacity of the wave is
+            made: list = []         # the candidates whose confirm cells more() gave, in order
+            keys: dict = {}
+            state = {"round": not defer}
+
+            def more(out: list):
+                if state["round"]:
+                    return None
+                found = {i: {key: v for key, v in out[k].items() if key != "engine_points"}
+                         for k, i in enumerate(wave) if out[k] is not None and out[k]["status"] == "unconfirmed"}
+                now = [i for i in wave if i in whole_failed and i in found]
+                if all(out[k] is not None for k in range(len(wave))):
+                    now, state["round"] = first_round(found, whole_failed)[1], True
+                new = [i for i in now if i not in keys]
+                if state["round"] and not new:
+                    return None
+                made.extend(new)
+                confirms = [confirm_of(i, found[i], None, None, i in whole_failed) for i in new]
+                keys.update((i, c[0]) for i, c in zip(new, confirms))
+                return confirms
             pending = {}
             shown_as = reporter if not defer or reporter is None else _Unconfirmed(reporter)
-            for i, res in zip(wave, _drive(table, kept, cells + extra, shown_as, workers)):
+            got = _drive(table, kept, cells + extra, shown_as, workers, more, reporter)
+            for i, res in zip(wave, got):
                 res = points.learn(res)
                 if res["status"] == "unconfirmed":
                     pending[i] = res
                 else:
                     record(i, res, defer)
+            cell_key.update(keys)
             if pending:
-                confirm_first(pending, whole_failed)
+                confirm_first(pending, whole_failed, dict(zip(made, got[len(cells) + len(extra):])))
 
         def record(i, res, report=False) -> None:
             """Candidate ``i``'s cell's result (``report``: to the progress, which its cell's
@@ -288,22 +313,34 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             else:
                 results[i] = res
 
-        def confirm_first(pending: dict, whole_failed) -> None:
-            """The capacities a wave without a bar found unconfirmed (``pending``, candidate
-            index -> its cell's result), confirmed in two rounds: first the ``--top`` best by
-            their unconfirmed value and each side's best of ``whole_failed``; then, against the
-            bar the confirmed ones set, the others whose value once confirmed
-            (``tie_upper``, which the confirming seeds only lower) could still pass it: the
-            rest are ties, bounded out as a cell with that bar bounds them (tie_result)."""
+        def first_round(unconfirmed: dict, whole_failed) -> tuple[list, list]:
+            """``(ranked, now)``: the candidates of ``unconfirmed`` (index -> a first-wave
+            cell's unconfirmed result) by their unconfirmed value, and those confirmed first:
+            the ``--top`` best and each side's best of ``whole_failed`` (these first)."""
             value = {i: objective_value(settings.objective,
                                         Scored(cands[i][0], {}, {**res, "held": res["held"]["summary"]}))
-                     for i, res in pending.items()}
-            ranked = sorted(pending, key=lambda i: (-value[i], cands[i][0].label()))
+                     for i, res in unconfirmed.items()}
+            ranked = sorted(unconfirmed, key=lambda i: (-value[i], cands[i][0].label()))
             now = [i for k, i in enumerate(ranked) if k < settings.top or i in whole_failed]
+            return ranked, sorted(now, key=lambda i: i not in whole_failed)
+
+        def confirm_first(pending: dict, whole_failed, made: dict) -> None:
+            """The capacities a wave without a bar found unconfirmed (``pending``, candidate
+            index -> its cell's result), confirmed in two rounds: first the ``--top`` best by
+            their unconfirmed value and each side's best of ``whole_failed`` (:func:`first_round`;
+            ``made``: the confirm cells' results of those run beside the wave); then, against
+            the bar the confirmed ones set, the others whose value once confirmed
+            (``tie_upper``, which the confirming seeds only lower) could still pass it: the
+            rest are ties, bounded out as a cell with that bar bounds them (tie_result)."""
+            ranked, now = first_round(pending, whole_failed)
             chosen = set(now)
             # the side's bests first: they make their failing runs whole too (the longest cells
-            # start first, as in the wave)
-            confirm_cells(sorted(now, key=lambda i: i not in whole_failed), pending, None, None, whole_failed)
+            # start first, as in the wave); recorded in that order (those made beside the wave
+            # were reported as they finished)
+            rest = [i for i in now if i not in made]
+            confirmed = dict(zip(rest, confirm_cells(rest, pending, None, None, whole_failed)))
+            for i in now:
+                record(i, confirmed[i] if i in confirmed else points.learn(made[i]))
             kth, first = _top_values(settings, cands, results)
             passing = bar_value(kth, first, settings.tolerance)
             later = []
@@ -313,19 +350,22 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                     record(i, tie_result(pending[i], kth, passing), True)
                 else:
                     later.append(i)
-            confirm_cells(later, pending, kth, passing, whole_failed)
+            for i, res in zip(later, confirm_cells(later, pending, kth, passing, whole_failed)):
+                record(i, res)
 
-        def confirm_cells(wave, pending: dict, kth, passing, whole_failed) -> None:
+        def confirm_of(i, first_res: Mapping, kth, passing, whole: bool) -> tuple:
+            """Candidate ``i``'s confirm cell from its unconfirmed result ``first_res``."""
+            return cell("confirm", confirm_cell, i, {"first": cell_key[i], "kth": kth, "passing": passing,
+                                                     **({"whole_failed": True} if whole else {})},
+                        settle_s, tuple(disabled), runner_for, first_res, kth, passing, whole, points_of(i))
+
+        def confirm_cells(wave, pending: dict, kth, passing, whole_failed) -> list:
+            """The confirm cells' results of ``wave`` (reported as each finishes), in order."""
             cells = []
             for i in wave:
-                cells.append(cell("confirm", confirm_cell, i,
-                                  {"first": cell_key[i], "kth": kth, "passing": passing,
-                                   **({"whole_failed": True} if i in whole_failed else {})},
-                                  settle_s, tuple(disabled), runner_for, pending[i], kth, passing, i in whole_failed,
-                                  points_of(i)))
+                cells.append(confirm_of(i, pending[i], kth, passing, i in whole_failed))
                 cell_key[i] = cells[-1][0]
-            for i, res in zip(wave, _drive(table, kept, cells, reporter, workers) if cells else ()):
-                record(i, points.learn(res))
+            return [points.learn(res) for res in (_drive(table, kept, cells, reporter, workers) if cells else ())]
 
         # max_num_seqs variants of one deployment (the same pools and chunk size) run in
         # different waves, best bound first; a later one makes again only the simulated one's

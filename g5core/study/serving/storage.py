@@ -8,7 +8,7 @@ import json
 from typing import Mapping, Optional, Sequence
 
 from g5core.study.resultsdb import ResultsDB, canonical_json, sqlite_errors
-from g5core.study.sweep import run_windowed
+from g5core.study.sweep import WAIT, run_windowed
 
 
 #: the cells' payload format (screens carry the estimate's step table from 2; from 4 a
@@ -60,9 +60,14 @@ class _Table:
             self.db.con.execute("UPDATE serve_search SET payload = ? WHERE key = ?", (canonical_json(payload), key))
 
 
-def _drive(table: _Table, exe, cells: Sequence[tuple], reporter, workers: int) -> list:
+def _drive(table: _Table, exe, cells: Sequence[tuple], reporter, workers: int, more=None,
+           more_reporter=None) -> list:
     """Run ``(key, kind, label, fn, args)`` cells not in the table; every result in order.
-    ``reporter`` hears of every cell but the ``whole`` ones (a failing run made whole)."""
+    ``reporter`` hears of every cell but the ``whole`` ones (a failing run made whole).
+    ``more``: ``(the results so far, None where pending) -> cells`` (``[]``: none yet, None:
+    no more), asked once all of ``cells`` are submitted and again as results come in; its
+    cells run too, their results after the others' (in the order given), reported to
+    ``more_reporter``."""
     out: list = [None] * len(cells)
     if reporter is not None:
         reporter.start(sum(c[1] != "whole" for c in cells))
@@ -71,9 +76,24 @@ def _drive(table: _Table, exe, cells: Sequence[tuple], reporter, workers: int) -
     def finish(i, kind, label, payload):
         nonlocal done
         out[i] = payload
-        if reporter is not None and kind != "whole":
+        if i >= len(cells):
+            if more_reporter is not None:
+                more_reporter.cell(None, label, payload)
+        elif reporter is not None and kind != "whole":
             done += 1
             reporter.cell(done, label, payload)
+
+    def items():
+        yield from enumerate(cells)
+        while more is not None:
+            extra = more(list(out))
+            if extra is None:
+                return
+            if not extra:
+                yield WAIT
+            for cell in extra:
+                out.append(None)
+                yield len(out) - 1, cell
 
     def start(exe, item):
         i, (key, kind, label, fn, args) = item
@@ -90,7 +110,7 @@ def _drive(table: _Table, exe, cells: Sequence[tuple], reporter, workers: int) -
         finish(i, kind, label, payload)
 
     try:
-        run_windowed(exe, enumerate(cells), workers, start, stored)
+        run_windowed(exe, items(), workers, start, stored)
     finally:
         if reporter is not None:
             reporter.close()
