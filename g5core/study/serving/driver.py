@@ -13,7 +13,7 @@ from g5core.serve.api import check_search_work
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
 from g5core.study.serving.bound import (_estimate_bound, _top_values, _upper_value, bar_value, capacity_bound,
-                                        objective_value, tie_bound)
+                                        objective_value)
 from g5core.study.serving.candidates import candidates_from_screens
 from g5core.study.serving.capacity import (candidate_cell, confirm_cell, run_settle_s, start_share, tie_result,
                                            variant_cell, whole_cell)
@@ -21,12 +21,12 @@ from g5core.study.serving.decode import DecodeSides, decode_side
 from g5core.study.serving.estimate import Estimator, estimate_for
 from g5core.study.serving.inputs import checked_inputs
 from g5core.study.serving.result import Bounded, Scored, ServeSearchResult, _group, scored_results, shown
-from g5core.study.serving.runs import trace_peak
 from g5core.study.serving.screen import ShippedPoints, layout_screens
-from g5core.study.serving.space import (MAX_RUN_REQUESTS, Candidate, SearchSettings, _longest_output,
-                                        cp_prefill_choice, host_tier_variants,
-                                        instance_layouts, is_moe, reuses_prefixes, run_requests, vary_cache)
+from g5core.study.serving.space import (MAX_RUN_REQUESTS, SearchSettings, _longest_output, cp_prefill_choice,
+                                        host_tier_variants, instance_layouts, is_moe, reuses_prefixes, run_requests,
+                                        vary_cache)
 from g5core.study.serving.storage import CELL_VERSION, _drive, _Kept, _Progress, _Table, _Unconfirmed, _Waves
+from g5core.study.serving.variants import Variants, variant_key
 from g5core.study.sweep import LineProgress, make_executor
 
 
@@ -119,11 +119,6 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
         bounded: list[Bounded] = []
         reporter = _Waves(_Progress(progress, "capacity"), len(cands)) if progress is not None else None
 
-        simulated_variants: dict = {}    # (pools, chunk, speculative) -> the candidates simulated with them, in order
-        same_runs: dict = {}             # candidate index -> the index whose capacity search it took
-        differs: set = set()             # (i, j): a run of j's made on i held or failed otherwise
-        wasted = [0]                     # runs of checks whose variant was then simulated
-
         def cell(kind: str, fn, i: int, keyed_on: Mapping, *args) -> tuple:
             """Candidate ``i``'s cell of ``kind`` (``(key, kind, label, fn, args)``), keyed on the
             search, the candidate and ``keyed_on``; ``fn``'s arguments the search's and ``args``."""
@@ -136,97 +131,18 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             """The engine latencies of candidate ``i``'s layouts (none for a stand-in runner)."""
             return {} if runner_for is not None else points.of([(c, lab) for c, lab, _ in screens[i][1]])
 
-        def cell_of(j):
-            """A simulated candidate's cell: its result, or the cell that bounded it out."""
-            return results[j] if results[j] is not None else bounded_cell.get(j)
-
-        def variant_runs(i):
-            """``(j, the runs of j to make again on i)`` for the first simulated max_num_seqs
-            variant ``j`` of candidate ``i`` with a trace of its runs (the runs in which a
-            scheduler held as many sequences as the lower of the two limits: only there can
-            the limit have stopped an admission), or None."""
-            m = cands[i][0].max_num_seqs
-            for j in simulated_variants.get(_variant(cands[i][0]), ()):
-                res = cell_of(j)
-                if (i, j) in differs or res is None or res.get("trace") is None:
-                    continue
-                lim = min(m, cands[j][0].max_num_seqs)
-                places = [k for k, (_, _, _, peak) in enumerate(res["trace"]) if peak is None or peak >= lim]
-                # making most of j's runs again costs a capacity search of its own, and more
-                # when one of them then holds or fails otherwise: such a variant is simulated
-                if 2 * len(places) > len(res["trace"]):
-                    continue
-                return j, places
-            return None
-
-        def tie_upper(i, j, again: dict):
-            """Where ``j`` was bounded out as a tie with the top (before its confirming seeds)
-            and its run at the capacity was made again on ``i`` (``again``): ``i``'s bound from
-            that run (its figures may differ though it holds alike), else None."""
-            src = cell_of(j)
-            place = src.get("tie_run")
-            if src.get("tie_bar") is None or place not in again:
-                return None
-            return tie_bound(settings.objective, cands[i][0], src["trace"][place][0], again[place][2],
-                             src["failed_rate_per_s"], settings.tolerance, top_out)
-
-        def adopt(i, j, again: dict) -> None:
-            """Candidate ``i`` takes ``j``'s capacity search: every run of it holds or fails on
-            ``i`` as on ``j`` (the runs in ``again``, ``{place: [held, peak, summary]}``, were
-            made on ``i``; the others are ``i``'s bit for bit); a tie's bound is ``i``'s own
-            (:func:`tie_upper`)."""
-            src = cell_of(j)
-            trace = [list(t) for t in src["trace"]]
-            for k, (_, peak, _) in again.items():
-                trace[k][3] = peak
-            peak = trace_peak(trace)
-            same_runs[i] = j
-            simulated_variants.setdefault(_variant(cands[i][0]), []).append(i)
-            if results[j] is not None:
-                res = {**src, "label": cands[i][0].label(), "runs": len(again), "same_runs_as": cands[j][0].label(),
-                       "trace": trace, "peak_running_seqs": peak}
-                if res.pop("failed_made_whole", False):   # j's whole run ran past what its trace says of i
-                    res["failed"] = None
-                for place, field in ((src.get("held_run"), "held"), (src.get("failed_run"), "failed")):
-                    if place in again:
-                        res[field] = again[place][2]
-                results[i] = res
-            else:
-                upper = tie_upper(i, j, again)
-                own = {} if upper is None else {"upper": upper}
-                bounded_cell[i], bounded_at[i] = {**src, "trace": trace, "peak_running_seqs": peak, **own}, len(bounded)
-                bounded.append(attrs.evolve(bounded[bounded_at[j]], candidate=cands[i][0], estimate=estimates[i],
-                                            runs=len(again), source="same runs", **own))
-            if reporter is not None:
-                reporter.skip(1, "same runs")
-
-        def check_variants(checks) -> list:
-            """Make each ``(i, j, places)`` check's runs on ``i``; adopt ``j``'s search where every
-            run holds or fails as on ``j``. Returns the candidates that must be simulated."""
-            cells = []
-            for i, j, places in checks:
-                src = cell_of(j)
-                runs = [src["trace"][k][:2] for k in places]
-                cells.append(cell("variant", variant_cell, i, {"runs": runs}, settle_s, tuple(disabled), runner_for, runs,
-                                  points_of(i)))
-            again = []
-            for (i, j, places), res in zip(checks, _drive(table, kept, cells, None, workers)):
-                src = cell_of(j)
-                made = dict(zip(places, res.get("runs") or ()))
-                upper = tie_upper(i, j, made) if res["status"] == "ok" else None
-                if res["status"] == "ok" and all(src["trace"][k][2] == held
-                                                 for k, (held, _, _) in zip(places, res["runs"])) and (
-                        upper is None or upper <= src["tie_bar"]):   # a tie's bar still holds on i
-                    adopt(i, j, made)
-                else:
-                    differs.add((i, j))
-                    again.append(i)
-                    wasted[0] += len(res.get("runs") or ())   # made, then not used: still counted
-            return again
-
         bounded_cell: dict = {}   # candidate index -> its cell, when a failing run at the bar bounded it out
         cell_key: dict = {}       # candidate index -> its candidate cell's key in the table
         bounded_at: dict = {}     # candidate index -> its place in ``bounded``
+        # max_num_seqs variants of one deployment run in different waves (Variants)
+        seq_variants = Variants(cands, results, bounded, bounded_cell, bounded_at, estimates, settings, top_out,
+                                reporter)
+
+        def variant_cells(asked) -> list:
+            """The variant cells' results of ``asked`` (``(i, runs)`` each: Variants.check)."""
+            cells = [cell("variant", variant_cell, i, {"runs": runs}, settle_s, tuple(disabled), runner_for, runs,
+                          points_of(i)) for i, runs in asked]
+            return _drive(table, kept, cells, None, workers)
 
         # what each decode pool's runs tell of its other prefill partners (DecodeSides)
         sides = DecodeSides(cands, limits, settings, top_out)
@@ -368,9 +284,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             return [points.learn(res) for res in (_drive(table, kept, cells, reporter, workers) if cells else ())]
 
         # max_num_seqs variants of one deployment (the same pools and chunk size) run in
-        # different waves, best bound first; a later one makes again only the simulated one's
-        # runs that reached the lower limit (the others are its runs, bit for bit) and takes
-        # that capacity search as its own where each holds or fails alike (variant_runs)
+        # different waves, best bound first (Variants)
         remaining = list(order)
         place = {i: k for k, i in enumerate(order)}
         # both answers: each side's (aggregated, disaggregated) best by the bounds joins the
@@ -406,12 +320,12 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             # (Qwen3, 70B 8K, 70B 4K) against 93.3 / 49.9 / 46.9 s: it reorders the waves
             wave, checks, later, keys = [], [], [], set()
             for i in remaining:
-                key = _variant(cands[i][0])
+                key = variant_key(cands[i][0])
                 side = ((decode_side(cands[i][0]), cands[i][0].max_num_seqs, cands[i][0].chunk)
                         if cands[i][0].disaggregated else None)
-                plan = variant_runs(i)
+                plan = seq_variants.runs_of(i)
                 if plan is not None and not plan[1]:
-                    adopt(i, plan[0], {})        # no run of j's reached either limit: j's runs are i's
+                    seq_variants.adopt(i, plan[0], {})        # no run of j's reached either limit: j's runs are i's
                 elif i in early:
                     wave.append(i)
                     keys.update((key, side) if side is not None else (key,))
@@ -431,9 +345,9 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 simulate(wave, kth, first, early)
                 early = set()
                 for i in wave:
-                    simulated_variants.setdefault(_variant(cands[i][0]), []).append(i)
+                    seq_variants.simulated_one(i)
             if checks:
-                later += check_variants(checks)
+                later += seq_variants.check(checks, variant_cells)
             remaining = sorted(later, key=place.get)
         # the failing runs stopped at their sure miss of the candidates shown (the ranking's
         # top and each side's best), made again to their end for their figures (those made
@@ -458,12 +372,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
     cells = len(layouts) * (1 + (dsys is not None)) * len(variants)   # a layout x chunk cell per system and block
     return ServeSearchResult(settings.objective, settings, cells, tuple(pruned), tuple(scored), len(simulated),
                              skipped, sum(r.get("runs", 0) for r in results if r is not None and r["status"] == "ok")
-                             + sum(b.runs for b in bounded) + wasted[0],
+                             + sum(b.runs for b in bounded) + seq_variants.wasted,
                              None if own_db else str(db_path), tuple(bounded),
-                             {cand.label(): e for (cand, _), e in zip(cands, estimated)}, len(same_runs))
+                             {cand.label(): e for (cand, _), e in zip(cands, estimated)}, len(seq_variants.same_runs))
 
-
-def _variant(cand: Candidate) -> tuple:
-    """What a candidate's max_num_seqs variants share: its pools, its chunk size, its
-    speculative: block, its host KV tier and cp prefill choice."""
-    return cand.pools, cand.chunk, cand.speculative, cand.host_tier_bytes_per_chip, cand.cp_prefill
