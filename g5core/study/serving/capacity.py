@@ -244,9 +244,9 @@ def whole_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, sett
 
 def variant_cell(base: Mapping, cand: Candidate, workload: Mapping, slo: str, settings: SearchSettings,
                  settle_s: float, disabled, runner_for, runs: Sequence, engine_points: Optional[Mapping] = None) -> dict:
-    """A max_num_seqs variant's check (the driver's ``variant_runs``): ``runs`` (``[rate,
-    seed]`` each, the runs of a simulated variant whose batches reached either's limit)
-    made on ``cand``: ``{"runs": [[held, peak, summary], ...]}``. Where every run holds or
+    """A max_num_seqs variant's check (:meth:`~g5core.study.serving.variants.Variants.runs_of`):
+    ``runs`` (``[rate, seed]`` each, the runs of a simulated variant whose batches reached
+    either's limit) made on ``cand``: ``{"runs": [[held, peak, summary], ...]}``. Where every run holds or
     fails as the variant's did, the variant's capacity search is ``cand``'s, run for run.
     ``engine_points``: as :func:`candidate_cell`'s."""
     seed_runners(engine_points)

@@ -314,7 +314,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                 if reporter is not None and out:
                     reporter.skip(len(out))
             # one candidate per deployment (max_num_seqs variants) and per decode pool with its
-            # scheduler limits in a wave: the others wait for what it tells (variant_runs,
+            # scheduler limits in a wave: the others wait for what it tells (Variants.runs_of,
             # DecodeSides.bounded_out). Holding back a decode pool's other limits too (the coarser
             # decode_side) measured 86.3 / 53.4 / 59.9 s on the three benchmark cases
             # (Qwen3, 70B 8K, 70B 4K) against 93.3 / 49.9 / 46.9 s: it reorders the waves
