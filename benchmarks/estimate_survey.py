@@ -84,7 +84,8 @@ def survey(name: str, top: int, sample: int, floor: float, workers: int) -> dict
                      for lab, c in done.items() if c.get("status") == "ok" and c.get("capacity_requests_per_s")),
                     reverse=True)
     return {"case": name, "model": model, "system": system, "chips": chips, "isl": isl, "osl": osl, "slo": slo,
-            "candidates": len(res.estimates), "within_floor": len(near), "distinct_pools": len(distinct), "simulated": len(chosen), "with_search": len(ratios),
+            "candidates": len(res.estimates), "within_floor": len(near), "distinct_pools": len(distinct),
+            "simulated": len(chosen), "with_search": len(ratios),
             "refused": sum(c.get("status") != "ok" for c in cells), "search_wall_s": round(search_s, 1),
             "survey_wall_s": round(time.time() - t1, 1),
             "max_ratio": round(ratios[0][0], 4) if ratios else None,
@@ -108,7 +109,8 @@ def main() -> None:
         if out["max_ratio"] is not None and (worst is None or out["max_failing_ratio"] > worst[0]):
             worst = (out["max_failing_ratio"], name, max(out["ratios"], key=lambda r: r[1])[2])
     print(json.dumps({"summary": True, "ESTIMATE_MARGIN": ss.ESTIMATE_MARGIN,
-                      "max_failing_ratio": worst and worst[0], "case": worst and worst[1], "candidate": worst and worst[2]}))
+                      "max_failing_ratio": worst and worst[0], "case": worst and worst[1],
+                      "candidate": worst and worst[2]}))
 
 
 if __name__ == "__main__":

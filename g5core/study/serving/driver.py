@@ -183,22 +183,21 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
             # they need is in, beside the wave's last cells: each side's best once its
             # capacity is found (it is confirmed whatever the others find), the --top best
             # once every capacity of the wave is
-            made: list = []         # the candidates whose confirm cells more() gave, in order
-            keys: dict = {}
-            state = {"round": not defer}
+            keys: dict = {}         # candidate index -> the key of the confirm cell more() gave, in order
+            round_given = not defer
 
             def more(out: list):
-                if state["round"]:
+                nonlocal round_given
+                if round_given:
                     return None
                 found = {i: {key: v for key, v in out[k].items() if key != "engine_points"}
                          for k, i in enumerate(wave) if out[k] is not None and out[k]["status"] == "unconfirmed"}
                 now = [i for i in wave if i in whole_failed and i in found]
                 if all(out[k] is not None for k in range(len(wave))):
-                    now, state["round"] = first_round(found, whole_failed)[1], True
+                    now, round_given = first_round(found, whole_failed)[1], True
                 new = [i for i in now if i not in keys]
-                if state["round"] and not new:
+                if round_given and not new:
                     return None
-                made.extend(new)
                 confirms = [confirm_of(i, found[i], None, None, i in whole_failed) for i in new]
                 keys.update((i, c[0]) for i, c in zip(new, confirms))
                 return confirms
@@ -213,7 +212,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                     record(i, res, defer)
             cell_key.update(keys)
             if pending:
-                confirm_first(pending, whole_failed, dict(zip(made, got[len(cells) + len(extra):])))
+                confirm_first(pending, whole_failed, dict(zip(keys, got[len(cells) + len(extra):])))
 
         def record(i, res, report=False) -> None:
             """Candidate ``i``'s cell's result (``report``: to the progress, which its cell's

@@ -48,8 +48,9 @@ def _pool_peak_use(result) -> list[float]:
 class _Runs:
     """A capacity search's serving runs on one session (``run(rate, seed)``): each made once,
     and listed in ``trace`` (``[rate, seed, held, the most sequences a scheduler held]``).
-    ``trace``: the runs an earlier cell made for this candidate (:func:`~g5core.study.serving.capacity.confirm_cell`): one of
-    them asked again is made again (the same run bit for bit) and keeps its place."""
+    ``trace``: the runs an earlier cell made for this candidate
+    (:func:`~g5core.study.serving.capacity.confirm_cell`): one of them asked again is made
+    again (the same run bit for bit) and keeps its place."""
 
     def __init__(self, session, workload: Mapping, settle_s: float, settings: SearchSettings, trace=()):
         self.session, self.workload, self.settle_s, self.settings = session, workload, settle_s, settings
@@ -85,7 +86,8 @@ class _Runs:
 @attrs.frozen
 class _Shipped:
     """A run an earlier cell made, by the figures the result needs of it (:func:`_figures`):
-    the candidate's run at its capacity or its failing run, shipped to :func:`~g5core.study.serving.capacity.confirm_cell`."""
+    the candidate's run at its capacity or its failing run, shipped to
+    :func:`~g5core.study.serving.capacity.confirm_cell`."""
     place: Optional[int]
     summary: Optional[dict]        # _run_summary; None for a run stopped at its sure miss
     missed: list
