@@ -117,6 +117,46 @@ def test_attention_efficiency_rises_with_length_and_decode_has_a_floor():
     assert kernel_latency_s(norm, "bf16", H100) == H100.compute_model.floor_s("elementwise")
 
 
+def test_a_weight_streaming_gemm_pays_a_fixed_time_plus_its_bytes_at_the_fitted_bandwidth():
+    cm = H100.compute_model
+    assert (cm.gemm_hbm_latency_s, cm.gemm_hbm_fraction) == (3.04e-6, 0.814)
+    gemv = Gemm(m=1, n=8192, k=8192, weight_bytes=2, act_bytes=2)
+    assert kernel_latency_s(gemv, "bf16", H100) == cm.gemm_hbm_latency_s + gemv.hbm_bytes / (
+        H100.hbm_bw_bytes_per_s * cm.gemm_hbm_fraction)
+    # without the two keys, the bytes at hbm_fraction alone: faster, and the fixed time gone
+    plain = attrs.evolve(H100, compute_model=attrs.evolve(cm, gemm_hbm_latency_s=None, gemm_hbm_fraction=None))
+    assert kernel_latency_s(gemv, "bf16", plain) == gemv.hbm_bytes / (H100.hbm_bw_bytes_per_s * cm.hbm_fraction)
+    assert kernel_latency_s(gemv, "bf16", plain) < kernel_latency_s(gemv, "bf16", H100)
+    # the table's 8192 x 1024 bf16 GEMV (8.76 us on H100): 9.20 us now (+5%), 5.76 us before (-34%)
+    small = Gemm(m=1, n=8192, k=1024, weight_bytes=2, act_bytes=2)
+    assert kernel_latency_s(small, "bf16", H100) * 1e6 == pytest.approx(8.76, rel=0.06)
+    assert kernel_latency_s(small, "bf16", plain) * 1e6 == pytest.approx(8.76 * 0.66, rel=0.03)
+    # other memory-bound kernels keep hbm_fraction
+    norm = Elementwise(tokens=65536, width=8192, kind="rmsnorm", act_bytes=2)
+    assert kernel_latency_s(norm, "bf16", H100) == kernel_latency_s(norm, "bf16", plain)
+    # a compute-bound GEMM is unchanged
+    big = Gemm(m=8192, n=8192, k=8192, weight_bytes=2, act_bytes=2)
+    assert kernel_latency_s(big, "bf16", H100) == kernel_latency_s(big, "bf16", plain)
+
+
+def test_gemm_hbm_keys_go_together_and_are_checked():
+    data = H100.compute_model.to_dict()
+    assert ComputeModel.from_mapping(data) == H100.compute_model
+    del data["gemm_hbm_fraction"]
+    with pytest.raises(ConfigError, match=r"^system.compute_model.gemm_hbm_fraction: missing; gemm_hbm_latency_s "
+                                          r"and gemm_hbm_fraction go together"):
+        ComputeModel.from_mapping(data)
+    for key, value, message in (("gemm_hbm_latency_s", -1e-6, "expected seconds >= 0"),
+                                ("gemm_hbm_latency_s", "3us", "expected seconds >= 0"),
+                                ("gemm_hbm_fraction", 1.5, "")):
+        bad = dict(H100.compute_model.to_dict(), **{key: value})
+        with pytest.raises(ConfigError, match=rf"^system.compute_model.{key}: {message}"):
+            ComputeModel.from_mapping(bad)
+    neither = H100.compute_model.to_dict()
+    del neither["gemm_hbm_fraction"], neither["gemm_hbm_latency_s"]
+    assert ComputeModel.from_mapping(neither).gemm_hbm_fraction is None
+
+
 def test_system_without_compute_model_runs_the_flat_roofline_and_says_so(tmp_path):
     flat = tmp_path / "flat.yaml"
     data = H100.to_dict()

@@ -48,10 +48,11 @@ def test_the_example_file_loads():
 def test_compute_model_keys_have_rows_with_their_ranges():
     from g5core.inputs.systems import ComputeModel
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `compute_model\.(\w+)` \| [^|]+ \| ([^|]+) \|", DOC, re.M)}
-    assert set(rows) == set(ComputeModel.KEYS)
+    assert set(rows) == set(ComputeModel.KEYS + ComputeModel.GEMM_HBM_KEYS)
     kinds = {"gemm_tile_m": "tile", "gemm_tile_n": "tile", "gemm_tile_k": "tile", "sm_count": "sm_count",
              "attention_half_length_tokens": "tokens", "attention_peak_fraction": "fraction",
-             "hbm_fraction": "fraction", "gemm_peak_fraction": "fraction", "kernel_floor_s": "seconds"}
+             "hbm_fraction": "fraction", "gemm_peak_fraction": "fraction", "kernel_floor_s": "seconds",
+             "gemm_hbm_latency_s": "seconds", "gemm_hbm_fraction": "fraction"}
     for key, kind in kinds.items():
         assert _range(rows[key]) == LIMITS[kind][:2], key
 

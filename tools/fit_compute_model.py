@@ -5,7 +5,10 @@ per-op tables (kernel microbenchmarks). Prints, per GPU, the figures cited in th
     python tools/fit_compute_model.py --check    # the size-aware roofline's error against the tables
 
 Figures: best achieved fraction of dense peak of large GEMMs per dtype; best achieved
-fraction of HBM bandwidth of weight-bound GEMMs (m <= 16) and of decode attention; the
+fraction of HBM bandwidth of weight-bound GEMMs (m <= 16) and of decode attention; the fixed
+time and achieved bandwidth fraction of those GEMMs, ``latency = gemm_hbm_latency_s + bytes /
+(hbm_bw * gemm_hbm_fraction)`` (least squares on the relative error, every bf16 row with m <= 16,
+bytes as G5 counts them); the
 smallest measured latency of any GEMM, context-attention and decode-attention kernel, and
 of an elementwise kernel (the quantize table's scale_matrix: one static FP8 quantisation kernel
 in a CUDA graph; compute_scale is the dynamic quantisation call less the static one, not one kernel).
@@ -27,6 +30,23 @@ GPUS = {"a100_sxm": ("a100-80gb", {"bfloat16": 312e12}, 2.039e12),
         "gb300": ("gb300-nvl72", {"bfloat16": 2500e12, "fp8": 5000e12, "nvfp4": 15000e12}, 8.0e12)}
 
 
+def gemm_hbm_fit(small, hbm_bw: float) -> dict:
+    """``gemm_hbm_latency_s`` and ``gemm_hbm_fraction`` of the weight-bound GEMM rows ``small``:
+    ``latency = a + bytes / b`` by least squares on the relative error (each row divided by its
+    latency), bytes as G5's Gemm kernel counts them; with the median and 90th-percentile
+    |error| of the fit."""
+    from g5core.lower.kernels import Gemm
+    nbytes = np.array([Gemm(m=int(m), n=int(n), k=int(k), weight_bytes=2, act_bytes=2).hbm_bytes
+                       for m, n, k in zip(small.m, small.n, small.k)])
+    latency_s = small.latency.to_numpy() * 1e-3
+    design = np.vstack([np.ones_like(nbytes), nbytes]).T / latency_s[:, None]
+    (a, s_per_byte), *_ = np.linalg.lstsq(design, np.ones_like(latency_s), rcond=None)
+    err = np.abs((a + s_per_byte * nbytes) / latency_s - 1)
+    return {"gemm_hbm_latency_s": float(f"{a:.3g}"), "gemm_hbm_fraction": round(float(1 / s_per_byte / hbm_bw), 3),
+            "gemm_hbm_fit_rows": len(small), "gemm_hbm_fit_median_abs_error": round(float(np.median(err)), 3),
+            "gemm_hbm_fit_p90_abs_error": round(float(np.percentile(err, 90)), 3)}
+
+
 def main() -> int:
     for gpu, (system, peaks, hbm) in GPUS.items():
         g = table_frame(gpu, "trtllm", "gemm")
@@ -38,6 +58,7 @@ def main() -> int:
         small = g[(g.gemm_dtype == "bfloat16") & (g.m <= 16)]
         bw = 2.0 * small.n * small.k / (small.latency * 1e-3)
         out["hbm_fraction(gemm m<=16)"] = round(float(bw.max() / hbm), 3)
+        out.update(gemm_hbm_fit(small, hbm))
         out["gemm_floor_us"] = round(float(g.latency.min() * 1e3), 2)
         ctx = table_frame(gpu, "trtllm", "context_attention")
         gen = table_frame(gpu, "trtllm", "generation_attention")

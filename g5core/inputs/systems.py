@@ -324,10 +324,16 @@ class ComputeModel:
     #: optional other attention kernel families: ((name, (peak_fraction, half_length_tokens)), ...),
     #: chosen by the system file's ``framework: {attention: NAME}``
     attention_curves: tuple = ()
+    #: optional, given together: a weight-streaming GEMM's memory time is
+    #: ``gemm_hbm_latency_s + bytes / (hbm_bw * gemm_hbm_fraction)`` (a fixed time plus its bytes at
+    #: the achieved bandwidth, fitted to measured GEMMs); without them ``bytes / (hbm_bw * hbm_fraction)``
+    gemm_hbm_latency_s: float | None = None
+    gemm_hbm_fraction: float | None = None
 
     KEYS = ("gemm_peak_fraction", "gemm_tile_m", "gemm_tile_n", "gemm_tile_k", "sm_count",
             "attention_peak_fraction", "attention_half_length_tokens", "hbm_fraction", "kernel_floor_s")
-    OPTIONAL = ("attention_curves",)
+    GEMM_HBM_KEYS = ("gemm_hbm_latency_s", "gemm_hbm_fraction")
+    OPTIONAL = ("attention_curves",) + GEMM_HBM_KEYS
 
     @classmethod
     def from_mapping(cls, data, field: str = "system.compute_model") -> "ComputeModel":
@@ -368,6 +374,23 @@ class ComputeModel:
                 raise ConfigError(f"{field}.kernel_floor_s.{key}", f"expected seconds >= 0, got {v!r}")
             check_range(f"{field}.kernel_floor_s.{key}", v, "seconds")
             out[key] = float(v)
+        gemm_hbm = [k for k in cls.GEMM_HBM_KEYS if k in data]
+        if len(gemm_hbm) == 1:
+            other = next(k for k in cls.GEMM_HBM_KEYS if k not in data)
+            raise ConfigError(f"{field}.{other}", f"missing; {gemm_hbm[0]} and {other} go together (a GEMM's "
+                                                  "memory time is latency + bytes / (hbm_bw x fraction)): give both "
+                                                  "or neither")
+        if gemm_hbm:
+            latency = data["gemm_hbm_latency_s"]
+            if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not math.isfinite(latency) \
+                    or latency < 0:
+                raise ConfigError(f"{field}.gemm_hbm_latency_s", f"expected seconds >= 0, got {latency!r}")
+            check_range(f"{field}.gemm_hbm_latency_s", latency, "seconds")
+            gemm_hbm_values = {"gemm_hbm_latency_s": float(latency),
+                               "gemm_hbm_fraction": _cm_fraction(f"{field}.gemm_hbm_fraction",
+                                                                 data["gemm_hbm_fraction"])}
+        else:
+            gemm_hbm_values = {}
         return cls(
             gemm_peak_fraction=tuple(sorted((str(k), _cm_fraction(f"{field}.gemm_peak_fraction.{k}", v))
                                             for k, v in peaks.items())),
@@ -381,10 +404,13 @@ class ComputeModel:
             hbm_fraction=_cm_fraction(f"{field}.hbm_fraction", data["hbm_fraction"]),
             kernel_floor_s=tuple((k, out[k]) for k in FLOOR_KEYS),
             attention_curves=tuple(parsed_curves),
+            **gemm_hbm_values,
         )
 
     def to_dict(self) -> dict:
         out = {k: getattr(self, k) for k in self.KEYS}
+        if self.gemm_hbm_fraction is not None:
+            out.update({k: getattr(self, k) for k in self.GEMM_HBM_KEYS})
         out["gemm_peak_fraction"] = dict(self.gemm_peak_fraction)
         out["kernel_floor_s"] = dict(self.kernel_floor_s)
         if self.attention_curves:

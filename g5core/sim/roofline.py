@@ -12,8 +12,11 @@ its kernels' times (:mod:`g5core.lower.kernels` gives their shapes) plus ``launc
 (none under a framework profile that prices each kernel's launch itself:
 :func:`g5core.inputs.framework.op_overhead_s`);
 each kernel takes ``max(compute_s, memory_s, floor_s)``, with
-``memory_s = kernel bytes / (hbm_bw * hbm_fraction)`` and ``floor_s`` the measured shortest
-kernel of its kind (``kernel_floor_s``), and:
+``memory_s = kernel bytes / (hbm_bw * hbm_fraction)`` (a GEMM, where the block gives
+``gemm_hbm_latency_s`` and ``gemm_hbm_fraction``: ``gemm_hbm_latency_s + kernel bytes / (hbm_bw *
+gemm_hbm_fraction)``, a fixed time plus the bytes at the achieved bandwidth, both fitted to the
+measured GEMMs that stream their weights) and ``floor_s`` the measured shortest kernel of its kind
+(``kernel_floor_s``), and:
 
 - GEMM: the output is cut into ``gemm_tile_m x gemm_tile_n`` tiles (per expert for a grouped
   GEMM), ``k`` is rounded up to ``gemm_tile_k``; when there are fewer tiles than SMs, ``k``
@@ -72,7 +75,11 @@ def kernel_latency_s(kernel, dtype: str, system, extra_bytes: float = 0.0) -> fl
     """One kernel's time on the size-aware roofline (``system.compute_model`` must be set);
     ``extra_bytes``: the HBM bytes of the kernels fused into it (g5core.inputs.framework)."""
     cm = system.compute_model
-    memory_s = (kernel.hbm_bytes + extra_bytes) / (system.hbm_bw_bytes_per_s * cm.hbm_fraction)
+    if isinstance(kernel, Gemm) and cm.gemm_hbm_fraction is not None:
+        memory_s = cm.gemm_hbm_latency_s + (kernel.hbm_bytes + extra_bytes) / (system.hbm_bw_bytes_per_s
+                                                                                 * cm.gemm_hbm_fraction)
+    else:
+        memory_s = (kernel.hbm_bytes + extra_bytes) / (system.hbm_bw_bytes_per_s * cm.hbm_fraction)
     if isinstance(kernel, Gemm):
         compute_s = gemm_padded_flops(kernel, cm) / (system.peak_flops(dtype) * cm.gemm_fraction(dtype))
         floor_s = cm.floor_s("gemm")
