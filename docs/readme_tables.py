@@ -13,6 +13,8 @@ Tables (each between ``<!-- g5-table: NAME -->`` and ``<!-- /g5-table: NAME -->`
   hosts' system file, validation/systems/h100-gtt.yaml), about 15 s each;
 - ``validation-frameworks``: `g5 validate validation/measured-frameworks.csv` (each row under its
   framework's profile), every row against the +-10% band, a few seconds;
+- ``validation-tp-trend``: the same report's TP series (rows equal but for their TP degree), the
+  error at each degree and its trend;
 - ``framework-changes``: how much each element of each framework profile (g5core/data/frameworks)
   moves a TP8 decode step (batch 1, 4K context) and a 4K prefill of Llama-3.1-70B bf16 on
   h100-sxm (the size-aware roofline), one element at a time on G5's model without a profile,
@@ -124,6 +126,25 @@ def validation_frameworks_table() -> str:
     for g in report["by_framework"]:
         lines.append(f"| MAPE | {g['framework']} | {g['metric']} | {g['rows']} row{'s' if g['rows'] != 1 else ''} | | | "
                      f"{g['mape_pct']:.1f}% | |")
+    return "\n".join(lines)
+
+
+def validation_tp_trend_table() -> str:
+    """`g5 validate`'s TP series of the frameworks file: each series' error at each TP degree
+    and its trend (the highest degree's error less the lowest's), and G5's step beside the
+    measured one."""
+    from g5core.study.validate import validate
+
+    report = validate(MEASURED_FRAMEWORKS)
+    by_row = {r["row"]: r for r in report["rows"]}
+    lines = ["| framework | metric | series (rows) | error by TP degree | measured - G5 by TP degree, ms | trend |",
+             "|---|---|---|---|---|---|"]
+    for t in report["tp_trends"]:
+        rows = [by_row[n] for n in t["rows"]]
+        gaps = ", ".join(f"TP{r['tp']} {r['measured_ms'] - r['predicted_ms']:.2f}" for r in sorted(rows, key=lambda r: r["tp"]))
+        errors = ", ".join(f"TP{tp} {e:+.1f}%" for tp, e in t["errors_by_tp"])
+        lines.append(f"| {t['framework']} | {t['metric']} | {t['config']} ({', '.join(map(str, t['rows']))}) | {errors} | "
+                     f"{gaps} | {t['trend_pts']:+.1f} points |")
     return "\n".join(lines)
 
 
@@ -246,6 +267,7 @@ def deepep_table() -> str:
 
 
 TABLES = {"validation": validation_table, "validation-meta": validation_meta_table,
+          "validation-tp-trend": validation_tp_trend_table,
           "validation-frameworks": validation_frameworks_table, "framework-changes": framework_changes_table,
           "nccl": nccl_table, "deepep": deepep_table}
 

@@ -44,8 +44,8 @@ def test_the_comparison_catches_a_drift_and_allows_rounding():
 
 
 @pytest.mark.bench   # 9-47 s each on 2 cores: a benchmark-sized check (python3 -m pytest -q -m bench)
-@pytest.mark.parametrize("name", ["validation", "validation-meta", "validation-frameworks", "framework-changes", "nccl",
-                                  "deepep"])
+@pytest.mark.parametrize("name", ["validation", "validation-meta", "validation-frameworks", "validation-tp-trend",
+                                  "framework-changes", "nccl", "deepep"])
 def test_readme_table_matches_a_fresh_run(name):
     tables = _tables()
     fresh = tables.TABLES[name]()

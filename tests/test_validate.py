@@ -67,6 +67,33 @@ def test_validate_round_trip_on_a_small_csv(setup):
     assert f"MAPE 7.5% over 6 rows; worst: row {report['worst_row']} (+10.0%)" in text
 
 
+def test_rows_equal_but_for_their_tp_degree_report_the_error_against_it(setup):
+    """A TP series: rows of one configuration file, framework and metric whose overrides differ
+    only in chips and parallel.tp; the trend is the highest degree's error less the lowest's.
+    A row at another seq_len is a series of its own (of one degree: no trend)."""
+    sets = ["", "chips=2 parallel.tp=2", "chips=4 parallel.tp=4", "seq_len=2048"]
+    probe = setup / "probe.csv"
+    probe.write_text(HEADER + "".join(f"decode.yaml,{st},tpot,1.0,synthetic\n" for st in sets))
+    pred = [predict_ms(r, probe) for r in read_rows(probe)]
+    wanted = [0.0, -10.0, -30.0, 5.0]   # G5 at 1, 0.9 and 0.7 times the "measured" step
+    csv = setup / "tp.csv"
+    csv.write_text(HEADER + "".join(f"decode.yaml,{st},tpot,{p / (1 + w / 100)!r},synthetic\n"
+                                    for st, p, w in zip(sets, pred, wanted)))
+    report = validate(csv)
+    assert [r["tp"] for r in report["rows"]] == [1, 2, 4, 1]
+    (trend,) = report["tp_trends"]
+    assert trend["rows"] == [1, 2, 3] and trend["framework"] == "-" and trend["metric"] == "tpot"
+    assert [tp for tp, _ in trend["errors_by_tp"]] == [1, 2, 4]
+    assert [e for _, e in trend["errors_by_tp"]] == pytest.approx([0.0, -10.0, -30.0], abs=1e-9)
+    assert trend["trend_pts"] == pytest.approx(-30.0, abs=1e-9)
+    text = CliRunner().invoke(main, ["validate", str(csv)]).output
+    assert "- tpot decode.yaml: TP1 +0.0%, TP2 -10.0%, TP4 -30.0%; trend -30.0 points" in text
+    # one TP degree only: no series, no section
+    single = setup / "single.csv"
+    single.write_text(HEADER + f"decode.yaml,,tpot,{pred[0]!r},synthetic\n")
+    assert "tp_trends" not in validate(single)
+
+
 @pytest.mark.parametrize("row, message", [
     ("nowhere.yaml,,ttft,5,src", "row 1: unknown config 'nowhere.yaml'"),
     ("prefill.yaml,,ttft,,src", "row 1: measured_ms is missing"),

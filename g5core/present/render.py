@@ -254,6 +254,13 @@ def render_validate(report: dict) -> str:
     for g in report.get("by_framework", ()):
         lines.append(f"  {g['framework']} {g['metric']}: MAPE {g['mape_pct']:.1f}% over {g['rows']} row"
                      f"{'s' if g['rows'] != 1 else ''}; worst: row {g['worst_row']} ({g['worst_error_pct']:+.1f}%)")
+    trends = report.get("tp_trends", ())
+    if trends:
+        lines.append("error against the TP degree (rows equal but for it; trend: the highest TP's error less the "
+                     "lowest's)")
+        for t in trends:
+            errors = ", ".join(f"TP{tp} {e:+.1f}%" for tp, e in t["errors_by_tp"])
+            lines.append(f"  {t['framework']} {t['metric']} {t['config']}: {errors}; trend {t['trend_pts']:+.1f} points")
     return "\n".join(lines)
 
 

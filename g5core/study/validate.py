@@ -14,7 +14,9 @@ A measurement file is a CSV with a header and these columns:
 
 Other columns (``name``, notes, ...) are kept and ignored. ``validate`` prints predicted
 beside measured, the error ``(predicted - measured) / measured``, the mean absolute
-percentage error and the worst row.
+percentage error and the worst row, and, where rows of one configuration file, framework
+and metric differ only in ``chips`` and ``parallel.tp`` (a TP series), the error at each TP
+degree and its trend (:func:`tp_trends`).
 
 ``calibrate`` fits named system parameters (dotted keys of the system file, e.g.
 ``compute_model.hbm_fraction``, ``launch_overhead_s``) by bounded least squares on the log
@@ -181,6 +183,12 @@ def predict_ms(row: Row, csv_path, system_override: str | None = None) -> float:
     return latency_s * 1e3
 
 
+def _tp_of(row: Row) -> int:
+    """The row's TP degree (its configuration's ``parallel.tp``, overrides applied; 1 if unset)."""
+    parallel = row_config(row).get("parallel") or {}
+    return int(parallel.get("tp", 1)) if isinstance(parallel, dict) else 1
+
+
 def _predict_one(args) -> float:
     """A worker's prediction of one row (``--workers``); the templates stay in the worker."""
     row, csv_path, system = args
@@ -196,6 +204,7 @@ def validate(csv_path, overrides: Sequence[str] = ()) -> dict:
     collectives file (an ``op`` column: :mod:`g5core.study.validate_collectives`) prices its
     rows with ``g5 collective``."""
     path, reader = _reader(csv_path)
+    trends: list = []
     if is_collectives_file(reader.fieldnames):
         if overrides:
             raise ConfigError("--set", "a collectives file's rows name their system and group; --set applies to "
@@ -203,12 +212,14 @@ def validate(csv_path, overrides: Sequence[str] = ()) -> dict:
         out = validate_collectives(path, reader)
     else:
         out = []
-        for row in [attrs.evolve(r, overrides=r.overrides + tuple(overrides)) for r in _rows(path, reader)]:
+        rows_read = [attrs.evolve(r, overrides=r.overrides + tuple(overrides)) for r in _rows(path, reader)]
+        for row in rows_read:
             pred = predict_ms(row, csv_path)
             out.append({"row": row.number, "config": row.label, "metric": row.metric,
                         "measured_ms": row.measured_ms, "predicted_ms": pred,
                         "error_pct": error_pct(pred, row.measured_ms), "source": row.source,
-                        **({"framework": row.framework} if row.framework else {})})
+                        "tp": _tp_of(row), **({"framework": row.framework} if row.framework else {})})
+        trends = tp_trends(rows_read, out)
     report = {"rows": out, **_agreement(out)}
     if any(r.get("framework") for r in out):   # the error of each framework's rows (metric by metric)
         groups: dict = {}
@@ -216,7 +227,36 @@ def validate(csv_path, overrides: Sequence[str] = ()) -> dict:
             groups.setdefault((r.get("framework") or "-", r["metric"]), []).append(r)
         report["by_framework"] = [{"framework": fw, "metric": metric, "rows": len(rs), **_agreement(rs)}
                                   for (fw, metric), rs in sorted(groups.items())]
+    if trends:   # the error against the TP degree, where rows form a TP series
+        report["tp_trends"] = trends
     return report
+
+
+#: the overrides that set a row's TP degree (and the chips it needs): rows that differ only in
+#: these form a TP series
+TP_KEYS = ("chips=", "parallel.tp=")
+
+
+def tp_trends(rows: Sequence[Row], out: Sequence[dict]) -> list[dict]:
+    """The error against the TP degree: rows of one configuration file, framework and metric
+    whose overrides differ only in ``chips`` and ``parallel.tp`` form a series; each series of
+    at least two TP degrees reports the error at each and ``trend_pts``, the error at the
+    highest degree less the error at the lowest (percentage points)."""
+    series: dict = {}
+    for row, r in zip(rows, out):
+        tp = r["tp"]
+        rest = tuple(o for o in row.overrides if not o.startswith(TP_KEYS))
+        series.setdefault((row.framework, row.metric, row.config, rest), {}).setdefault(tp, []).append(r)
+    trends = []
+    for (framework, metric, config, rest), by_tp in series.items():
+        if len(by_tp) < 2:
+            continue
+        errors = [(tp, math.fsum(r["error_pct"] for r in rs) / len(rs)) for tp, rs in sorted(by_tp.items())]
+        label = " ".join((pathlib.Path(config).name,) + tuple(o for o in rest if not o.startswith("framework=")))
+        trends.append({"framework": framework or "-", "metric": metric, "config": label,
+                       "rows": sorted(r["row"] for rs in by_tp.values() for r in rs),
+                       "errors_by_tp": [[tp, e] for tp, e in errors], "trend_pts": errors[-1][1] - errors[0][1]})
+    return trends
 
 
 def _agreement(rows: Sequence[dict]) -> dict:
