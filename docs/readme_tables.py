@@ -140,11 +140,12 @@ def validation_tp_trend_table() -> str:
     lines = ["| framework | metric | series (rows) | error by TP degree | measured - G5 by TP degree, ms | trend |",
              "|---|---|---|---|---|---|"]
     for t in report["tp_trends"]:
-        rows = [by_row[n] for n in t["rows"]]
-        gaps = ", ".join(f"TP{r['tp']} {r['measured_ms'] - r['predicted_ms']:.2f}" for r in sorted(rows, key=lambda r: r["tp"]))
+        rows = sorted((by_row[n] for n in t["rows"]), key=lambda r: r["tp"])
+        gaps = ", ".join(f"TP{r['tp']} {r['measured_ms'] - r['predicted_ms']:.2f}" for r in rows)
         errors = ", ".join(f"TP{tp} {e:+.1f}%" for tp, e in t["errors_by_tp"])
-        lines.append(f"| {t['framework']} | {t['metric']} | {t['config']} ({', '.join(map(str, t['rows']))}) | {errors} | "
-                     f"{gaps} | {t['trend_pts']:+.1f} points |")
+        numbers = ", ".join(map(str, t["rows"]))
+        lines.append(f"| {t['framework']} | {t['metric']} | {t['config']} ({numbers}) | {errors} | {gaps} | "
+                     f"{t['trend_pts']:+.1f} points |")
     return "\n".join(lines)
 
 

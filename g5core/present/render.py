@@ -260,7 +260,8 @@ def render_validate(report: dict) -> str:
                      "lowest's)")
         for t in trends:
             errors = ", ".join(f"TP{tp} {e:+.1f}%" for tp, e in t["errors_by_tp"])
-            lines.append(f"  {t['framework']} {t['metric']} {t['config']}: {errors}; trend {t['trend_pts']:+.1f} points")
+            lines.append(f"  {t['framework']} {t['metric']} {t['config']}: {errors}; "
+                         f"trend {t['trend_pts']:+.1f} points")
     return "\n".join(lines)
 
 
