@@ -67,6 +67,24 @@ def test_a_dense_decode_layer_runs_swiglu_kv_append_and_the_split_kv_combine():
     assert not _side(ops["qkv_proj"], "fp8_quant")
 
 
+def test_the_lm_head_samples_greedily_over_the_whole_vocabulary():
+    """The sampler after the LM head (vLLM V1's Sampler with default parameters): the logits
+    cast to fp32, then their argmax, over every row that needs logits and the whole vocabulary
+    on every TP rank (the logits are gathered first), in decode and in prefill."""
+    for phase, batch in (("decode", 4), ("prefill", 2)):
+        out = run(_cfg(phase=phase, seq_len=1024, batch=batch))
+        (head,) = [op for op in out.sim.dag.ops if getattr(op, "name", "") == "lm_head" and op.chip == 0]
+        (cast,), (argmax,) = _side(head, "logits_cast"), _side(head, "argmax")
+        gemm = head.kernels[0]
+        vocab = get_model("llama-3.1-70b").vocab_size
+        assert gemm.n == vocab / 8 and cast.width == argmax.width == vocab      # TP8: a shard, then all
+        assert cast.tokens == argmax.tokens == gemm.m == batch                   # one row a sequence
+        assert (cast.flops, cast.hbm_bytes) == F.logits_cast(batch, vocab, 2)
+        assert (argmax.flops, argmax.hbm_bytes) == F.greedy_argmax(batch, vocab)
+        assert head.flops == pytest.approx(gemm.flops)                           # side kernels: time only
+    assert F.logits_cast(2, 10, 2) == (20.0, 120.0) and F.greedy_argmax(2, 10) == (20.0, 96.0)
+
+
 def test_fp8_weights_quantise_each_gemm_input_once():
     out, ops = _works(_cfg(weights="fp8", phase="prefill", seq_len=2048))
     quant = _side(ops["qkv_proj"], "fp8_quant")

@@ -120,6 +120,25 @@ def expected_active_experts(local_experts: float, total_experts: float, routed_t
 LSE_BYTES = 4.0
 #: bytes of one expert index and one routing weight per (token, expert) slot (int32, fp32)
 ROUTE_SLOT_BYTES = 8.0
+#: bytes of one logit as the sampler reads it: vLLM's ``Sampler.forward`` casts the logits to
+#: float32 first (vllm/v1/sample/sampler.py, "Use float32 for the logits")
+SAMPLER_LOGIT_BYTES = 4.0
+#: bytes of one sampled token id as argmax writes it (int64, torch.argmax)
+TOKEN_ID_BYTES = 8.0
+
+
+def logits_cast(tokens: float, vocab: float, act_bytes: float) -> tuple[float, float]:
+    """The sampler's cast of ``tokens x vocab`` logits to fp32: reads the model's dtype, writes
+    fp32; one FLOP (the conversion) per element."""
+    elements = tokens * vocab
+    return elements, elements * (act_bytes + SAMPLER_LOGIT_BYTES)
+
+
+def greedy_argmax(tokens: float, vocab: float) -> tuple[float, float]:
+    """Greedy sampling: the argmax of each row of fp32 logits; reads them, writes one id a row;
+    one comparison per element."""
+    elements = tokens * vocab
+    return elements, elements * SAMPLER_LOGIT_BYTES + tokens * TOKEN_ID_BYTES
 
 
 def swiglu(tokens: float, cols: float, act_bytes: float) -> tuple[float, float]:

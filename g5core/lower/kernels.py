@@ -11,7 +11,8 @@ from g5core.lower import flops as F
 
 ATTENTION_BLOCKS = ("causal", "full", "decode")
 ELEMENTWISE_KINDS = ("rmsnorm", "residual_add", "rotary", "embedding", "swiglu", "fp8_quant", "kv_append",
-                     "splitkv_combine", "attn_merge", "moe_topk", "moe_permute", "moe_unpermute")
+                     "splitkv_combine", "attn_merge", "moe_topk", "moe_permute", "moe_unpermute", "logits_cast",
+                     "argmax")
 
 
 def _nonneg(instance, attribute, value) -> None:
@@ -124,6 +125,10 @@ class Elementwise:
             return F.moe_permute(t, w, b)
         if self.kind == "moe_unpermute":
             return F.moe_unpermute(t, w, self.parts, b)
+        if self.kind == "logits_cast":
+            return F.logits_cast(t, w, b)
+        if self.kind == "argmax":
+            return F.greedy_argmax(t, w)
         return F.elementwise(t, w, b)
 
     def describe(self) -> str:

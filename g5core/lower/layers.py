@@ -502,6 +502,19 @@ def _with_kernels(work: Work, extra: tuple) -> Work:
     return attrs.evolve(work, kernels=work.kernels + tuple(extra))
 
 
+def sampler_kernels(model: ModelSpec, shape: LocalShape, act_bytes: float) -> tuple[Elementwise, ...]:
+    """Greedy sampling after the LM head, as vLLM's V1 ``Sampler.forward`` runs it with default
+    sampling parameters (vllm/v1/sample/sampler.py at 3e34265): the logits cast to fp32, then
+    their argmax (``greedy_sample``); the logits processors and penalties are no-ops by default.
+    Over the whole vocabulary on every chip: a TP group gathers the vocabulary-parallel logits
+    first (vLLM V1, SGLang: an all-gather, which G5 does not price), so each rank samples them
+    all. A verification group samples each of its rows (:func:`_head_tokens`)."""
+    tokens = _head_tokens(shape)
+    vocab = model.vocab_size
+    return (Elementwise(tokens=tokens, width=vocab, kind="logits_cast", act_bytes=act_bytes),
+            Elementwise(tokens=tokens, width=vocab, kind="argmax", act_bytes=act_bytes))
+
+
 def fp8_input_kernels(gemms, deployment: Deployment, weight_class: str) -> tuple[Elementwise, ...]:
     """Per-tensor FP8 quantisation of each FP8 GEMM's input (``m x k``), once per distinct
     input: the fused gate/up GEMM and a QKV projection read one tensor."""
@@ -577,7 +590,9 @@ def with_side_kernels(kind: str, work: Work, model: ModelSpec, deployment: Deplo
     elif kind == "qkv_proj":
         extra = fp8_input_kernels(work.kernels, deployment, WEIGHT_CLASS[kind]) + (
             kv_append_kernel(model, deployment, shape),)
-    elif kind in ("o_proj", "lm_head", "eagle_fc"):
+    elif kind == "lm_head":
+        extra = fp8_input_kernels(work.kernels, deployment, WEIGHT_CLASS[kind]) + sampler_kernels(model, shape, act)
+    elif kind in ("o_proj", "eagle_fc"):
         extra = fp8_input_kernels(work.kernels, deployment, WEIGHT_CLASS[kind])
     elif kind == "eh_proj":   # enorm and hnorm before the projection, then its input quantisation
         norm = Elementwise(tokens=shape.tokens, width=model.hidden_size, kind="rmsnorm", act_bytes=act)
