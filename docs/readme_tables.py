@@ -12,7 +12,7 @@ Tables (each between ``<!-- g5-table: NAME -->`` and ``<!-- /g5-table: NAME -->`
 - ``validation-meta``: the same for `validation/measured-meta.csv` (Meta's rows, each on its GTT
   hosts' system file, validation/systems/h100-gtt.yaml), about 15 s each;
 - ``validation-frameworks``: `g5 validate validation/measured-frameworks.csv` (each row under its
-  framework's profile), every row against the +-10% band, a few seconds;
+  framework's profile), every row against the +-10% band, about 15 s (the serving rows run g5 serve);
 - ``validation-tp-trend``: the same report's TP series (rows equal but for their TP degree), the
   error at each degree and its trend;
 - ``framework-changes``: how much each element of each framework profile (g5core/data/frameworks)

@@ -94,11 +94,43 @@ def test_rows_equal_but_for_their_tp_degree_report_the_error_against_it(setup):
     assert "tp_trends" not in validate(single)
 
 
+def test_a_serving_row_runs_g5_serve_on_its_workload_and_takes_the_statistic(setup):
+    """metric ttft_mean / tpot_p50 / ...: g5 serve on the configuration's serving block and
+    workload (seeded), the statistic over its requests; the same as simulate_serving gives."""
+    from g5core.serve.api import simulate_serving
+
+    cfg = yaml.safe_load((setup / "decode.yaml").read_text())
+    cfg["serving"] = {"scheduler": {"max_num_batched_tokens": 2048},
+                      "workload": {"requests": 40, "arrival": {"kind": "poisson", "rate_per_s": 20},
+                                   "input_tokens": 256, "output_tokens": 16, "seed": 3}}
+    (setup / "serve.yaml").write_text(yaml.safe_dump(cfg))
+    raw = dict(cfg, model=str(setup / "model.json"), system=str(setup / "start.yaml"))
+    summary = simulate_serving(raw).summary
+    want = {"ttft_mean": summary["ttft_s"]["mean"], "tpot_p50": summary["tpot_s"]["p50"],
+            "itl_mean": summary["itl_s"]["mean"]}
+    csv = setup / "serve.csv"
+    csv.write_text(HEADER + "".join(f"serve.yaml,,{m},{v * 1e3 / 1.1!r},synthetic\n" for m, v in want.items()))
+    report = validate(csv)
+    assert [r["error_pct"] for r in report["rows"]] == pytest.approx([10.0] * 3, rel=1e-9)
+    # a heavier load queues: the same rows at a higher rate come out slower
+    busier = validate(csv, ["serving.workload.arrival.rate_per_s=200"])
+    assert busier["rows"][0]["predicted_ms"] > report["rows"][0]["predicted_ms"]
+    # a serving metric on a configuration without a serving block: a one-line error naming the row
+    bare = setup / "bare.csv"
+    bare.write_text(HEADER + "decode.yaml,,tpot_mean,5,synthetic\n")
+    with pytest.raises(ConfigError, match=r"bare.csv row 1: metric tpot_mean runs g5 serve: the configuration needs"):
+        validate(bare)
+    # calibrate fits one-step rows only
+    with pytest.raises(ConfigError, match=r"serve.csv row 1: a serving row \(ttft_mean\)"):
+        calibrate(csv, ["launch_overhead_s"], setup / "fit.yaml")
+    assert not (setup / "fit.yaml").exists()
+
+
 @pytest.mark.parametrize("row, message", [
     ("nowhere.yaml,,ttft,5,src", "row 1: unknown config 'nowhere.yaml'"),
     ("prefill.yaml,,ttft,,src", "row 1: measured_ms is missing"),
     ("prefill.yaml,,ttft,-3,src", "row 1: measured_ms must be a time > 0 ms, got -3"),
-    ("prefill.yaml,,speed,3,src", "row 1: metric must be ttft or tpot"),
+    ("prefill.yaml,,speed,3,src", "row 1: metric must be ttft or tpot (one step), or a serving metric"),
     ("prefill.yaml,,ttft,3,", "row 1: source is empty"),
 ])
 def test_bad_rows_are_one_line_errors_naming_the_row(setup, row, message):

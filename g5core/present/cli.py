@@ -709,6 +709,11 @@ def plugins_cmd(disabled):
 def validate_cmd(measured, overrides, as_json):
     """Compare G5 with measured TTFT/TPOT rows of MEASURED.csv (config, set, metric, measured_ms, source).
 
+    A metric ttft or tpot prices one step of the row's configuration; a serving metric
+    (ttft_mean, ttft_p50, tpot_mean, tpot_p50, itl_mean, itl_p50) runs g5 serve on its serving
+    block and workload. Rows that differ only in chips and parallel.tp also report the error
+    against the TP degree.
+
     A collectives file (op, system, chips, size_bytes, framework, kernel, measured_us, source)
     is priced row by row as g5 collective prices it, e.g. validation/measured-collectives.csv."""
     report = validate(measured, overrides)

@@ -5,7 +5,10 @@ A measurement file is a CSV with a header and these columns:
 - ``config``: a configuration file, relative to the CSV's folder (its relative ``model``
   and ``system`` paths are relative to the configuration's folder, when they exist there);
 - ``set``: ``--set`` style overrides, ``KEY=VALUE`` separated by spaces (may be empty);
-- ``metric``: ``ttft`` (prefill) or ``tpot`` (decode);
+- ``metric``: ``ttft`` (prefill) or ``tpot`` (decode): one step of the configuration; or a
+  serving metric (:data:`SERVE_METRICS`: ``ttft_mean``, ``ttft_p50``, ``tpot_mean``,
+  ``tpot_p50``, ``itl_mean``, ``itl_p50``): ``g5 serve`` on the configuration's ``serving``
+  block and workload, the statistic over its requests;
 - ``measured_ms``: the measured time in milliseconds (> 0);
 - ``source``: free text, where the figure comes from (required, may not be empty);
 - ``framework`` (optional): the serving framework the measurement ran (a shipped profile:
@@ -47,12 +50,19 @@ from g5core.inputs.framework import FRAMEWORK_NAMES, host_step_s
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.systems import CATALOG_NAMES, SystemSpec, get_system
 from g5core.inputs.outputs import check_outputs
+from g5core.serve.api import simulate_serving
 from g5core.session.prepared import PreparedPlan
 from g5core.session.run import make_plan, run
 from g5core.study.validate_collectives import is_collectives_file, validate_collectives
 
 COLUMNS = ("config", "set", "metric", "measured_ms", "source")
 METRICS = {"ttft": "prefill", "tpot": "decode"}
+#: serving metrics: a row that names one runs ``g5 serve`` on its configuration (which needs a
+#: ``serving`` block with its ``workload``) and takes this statistic of the summary, the way
+#: ``vllm bench serve`` and SGLang's ``bench_serving`` report them (mean or median over requests)
+SERVE_METRICS = {"ttft_mean": ("ttft_s", "mean"), "ttft_p50": ("ttft_s", "p50"),
+                 "tpot_mean": ("tpot_s", "mean"), "tpot_p50": ("tpot_s", "p50"),
+                 "itl_mean": ("itl_s", "mean"), "itl_p50": ("itl_s", "p50")}
 
 
 @attrs.frozen(kw_only=True)
@@ -104,8 +114,9 @@ def _rows(path: pathlib.Path, reader: csv.DictReader) -> list[Row]:
         if not cfg_path.is_file():
             raise ConfigError(where, f"unknown config '{cfg}': no file at {cfg_path}")
         metric = (rec.get("metric") or "").strip().lower()
-        if metric not in METRICS:
-            raise ConfigError(where, f"metric must be ttft or tpot, got {rec.get('metric')!r}")
+        if metric not in METRICS and metric not in SERVE_METRICS:
+            raise ConfigError(where, f"metric must be ttft or tpot (one step), or a serving metric "
+                                     f"({', '.join(SERVE_METRICS)}), got {rec.get('metric')!r}")
         raw_ms = (rec.get("measured_ms") or "").strip()
         if not raw_ms:
             raise ConfigError(where, "measured_ms is missing; give the measured time in milliseconds")
@@ -160,6 +171,8 @@ def predict_ms(row: Row, csv_path, system_override: str | None = None) -> float:
     """The row's predicted time; through a prepared plan whose op-DAG templates are kept per
     row across systems (a configuration a prepared plan refuses, pp micro-batches, runs whole)."""
     raw = row_config(row, system_override)
+    if row.metric in SERVE_METRICS:
+        return _serve_ms(row, raw, csv_path)
     try:
         plan = make_plan(raw)
         phase = plan.ctx.deployment.phase
@@ -181,6 +194,25 @@ def predict_ms(row: Row, csv_path, system_override: str | None = None) -> float:
         raise ConfigError(row.where(csv_path), f"metric {row.metric} needs phase {METRICS[row.metric]}, "
                                                f"but the config runs {phase}")
     return latency_s * 1e3
+
+
+def _serve_ms(row: Row, raw: dict, csv_path) -> float:
+    """A serving row's prediction: ``g5 serve`` on its configuration and workload (seeded: the
+    same every time), the statistic :data:`SERVE_METRICS` names, in milliseconds."""
+
+    serving = raw.get("serving")
+    if not isinstance(serving, dict) or not isinstance(serving.get("workload"), dict):
+        raise ConfigError(row.where(csv_path), f"metric {row.metric} runs g5 serve: the configuration needs a "
+                                               "serving block with serving.workload (requests, arrival, lengths)")
+    try:
+        summary = simulate_serving(raw).summary
+    except G5Error as exc:
+        raise ConfigError(row.where(csv_path), str(exc)) from None
+    key, stat = SERVE_METRICS[row.metric]
+    value = (summary.get(key) or {}).get(stat)
+    if value is None:
+        raise ConfigError(row.where(csv_path), f"g5 serve gave no {key} {stat} (no request completed with it)")
+    return value * 1e3
 
 
 def _tp_of(row: Row) -> int:
@@ -382,6 +414,10 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
     if len(set(keys)) != len(keys):
         raise ConfigError("--fit", "a parameter is named twice")
     rows = read_rows(csv_path)
+    serving = next((r for r in rows if r.metric in SERVE_METRICS), None)
+    if serving is not None:
+        raise ConfigError(serving.where(csv_path), f"a serving row ({serving.metric}): calibrate fits one-step "
+                                                   "rows (ttft, tpot) only")
     system_ref = _system_of(rows, csv_path)
     start = get_system(system_ref).to_dict()
     inputs = [("measured file", csv_path)] + [("config", r.config) for r in rows]
