@@ -130,7 +130,8 @@ COMMANDS: list[tuple[str, str, dict[str, str]]] = [
     ("g5 validate validation/measured.csv --set system=h100-sxm", "the same rows on the roofline", {}),
     ("g5 validate validation/measured-meta.csv", "Meta's 16 rows on its GTT hosts", {}),
     ("g5 validate validation/measured-meta.csv --set system=h100-sxm", "the same rows on the shipped H100", {}),
-    ("g5 validate validation/measured-frameworks.csv", "6 rows under their frameworks' profiles", {}),
+    ("g5 validate validation/measured-frameworks.csv", "44 rows under their frameworks' profiles, 16 of them g5 serve runs",
+     {}),
     ("g5 validate validation/measured-collectives.csv", "207 all-reduce rows of three frameworks' kernels on H100",
      {}),
     ("g5 calibrate validation/measured.csv --fit compute_model.hbm_fraction,network_bw_bytes_per_s -o fit.yaml "
