@@ -442,10 +442,9 @@ def test_a_decode_pool_whose_kv_is_full_runs_its_steps_at_once_while_its_queue_w
 
 
 def test_may_admit_is_what_admit_does():
-    """loop._may_admit says whether VllmScheduler.admit takes the first waiting sequence (its
+    """VllmScheduler.may_admit says whether its admit takes the first waiting sequence (its
     blocks, its chunk of the budget left, chunked prefill on or off), without changing it."""
     from g5core.api.serving import Seq
-    from g5core.serve.loop import _may_admit
     from g5core.serve.scheduler import VllmScheduler
     for chunked in (True, False):
         for free in (0, 5, 6, 7, 40):
@@ -455,7 +454,7 @@ def test_may_admit_is_what_admit_does():
                 s.free_blocks = free
                 seq = Seq(Request(0, 0.0, 90, 4))
                 s.add(seq)
-                said = _may_admit(s, left)
+                said = s.may_admit(left)
                 assert (seq.computed, seq.blocks, list(s.waiting)) == (0, 0, [seq])
                 picked: list = []
                 s.admit(left, picked)
@@ -716,3 +715,61 @@ def test_goodput_under_percentile_limits_counts_requests_and_states_the_verdict(
     ok = summary(res, parse_slo("ttft_p90=0.5s,tpot=1s"))["goodput"]
     assert ok["share"] == 1.0 and ok["verdict"] == "met"
     assert "every request meets tpot" in "\n".join(render_goodput(ok))
+
+
+# -- prefill steps apart from decode (SGLang's default) --------------------------------------
+
+
+def test_without_mixed_prefill_a_step_that_can_prefill_takes_only_prefills():
+    """mixed_prefill: false (SGLang's enable_mixed_chunk False): while a prompt has tokens left
+    or the queue's head can be admitted, a step takes prefills only and the decodes wait;
+    otherwise it is the decodes' step. With mixed_prefill (the default) the same state mixes."""
+    from g5core.api.serving import Seq
+    from g5core.serve.scheduler import VllmScheduler
+
+    def state(mixed):
+        s = VllmScheduler(SchedulerSettings(max_num_batched_tokens=256, block_size=16, mixed_prefill=mixed), 1000)
+        for i in range(3):                      # three decoding sequences (10 prompt tokens, one emitted)
+            q = Seq(Request(i, 0.0, 10, 5))
+            s.add(q)
+        s.finish_step(s.schedule())
+        return s
+
+    for mixed in (True, False):
+        s = state(mixed)
+        assert [q.scheduled for q in s.schedule()] == [1, 1, 1]      # nothing waits: a decode step
+        for q in s.running:
+            q.scheduled = 0
+        s.add(Seq(Request(9, 1.0, 600, 5)))                             # a long prompt arrives
+        picked = s.schedule()
+        if mixed:
+            assert [q.req.id for q in picked] == [0, 1, 2, 9] and picked[-1].scheduled == 256 - 3
+        else:
+            assert [q.req.id for q in picked] == [9] and picked[0].scheduled == 256
+            s.finish_step(picked)
+            nxt = s.schedule()                                          # its next chunk: still prefill only
+            assert [q.req.id for q in nxt] == [9] and nxt[0].scheduled == 256
+
+
+def test_without_mixed_prefill_runs_give_the_step_by_step_result_and_decodes_wait():
+    w = synthetic({"requests": 200, "arrival": {"kind": "poisson", "rate_per_s": 10},
+                   "input_tokens": "uniform:16:900", "output_tokens": "uniform:2:300", "seed": 7})
+    cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=2e6)
+    apart = _same_runs(Fleet((pool(cost, instances=2, max_num_batched_tokens=512, mixed_prefill=False),)), w)
+    mixed = _same_runs(Fleet((pool(cost, instances=2, max_num_batched_tokens=512),)), w)
+    assert check_invariants(apart)["kv_blocks_left_at_end"] == 0
+    a, m = summary(apart), summary(mixed)
+    # a prefill no longer waits behind the decodes' tokens, and the decodes wait for prefills
+    assert a["ttft_s"]["p50"] < m["ttft_s"]["p50"]
+    assert max(apart.requests.max_itl_s) > max(mixed.requests.max_itl_s)
+
+
+def test_mixed_prefill_false_is_refused_where_it_is_not_modelled():
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1},
+           "serving": {"scheduler": {"mixed_prefill": False}, "prefix_cache": {"policy": "lru"},
+                       "workload": {"requests": 4, "arrival": {"kind": "poisson", "rate_per_s": 1},
+                                    "input_tokens": 64, "output_tokens": 4}}}
+    with pytest.raises(ConfigError, match=r"^serving.scheduler.mixed_prefill: prefill steps apart from decode"):
+        simulate_serving(raw)
+    with pytest.raises(ConfigError, match=r"^serving.scheduler.mixed_prefill: must be true or false"):
+        SchedulerSettings.from_dict({"mixed_prefill": "no"})

@@ -81,9 +81,12 @@ class SchedulerSettings:
     chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0   # 0: no cap beyond the budget (vLLM's default)
     block_size: int = 16
+    #: decodes and prefill chunks share a step (vLLM); false: a step that can take a prefill
+    #: takes only prefills and the decodes wait (SGLang's default, ``enable_mixed_chunk`` False)
+    mixed_prefill: bool = True
 
     FIELDS = ("name", "max_num_seqs", "max_num_batched_tokens", "chunked_prefill", "long_prefill_token_threshold",
-              "block_size")
+              "block_size", "mixed_prefill")
 
     @classmethod
     def from_dict(cls, data, field: str = "serving.scheduler") -> "SchedulerSettings":
@@ -92,7 +95,7 @@ class SchedulerSettings:
         for key, value in data.items():
             if key == "name":
                 continue
-            if key == "chunked_prefill":
+            if key in ("chunked_prefill", "mixed_prefill"):
                 if not isinstance(value, bool):
                     raise ConfigError(f"{field}.{key}", f"must be true or false, got {value!r}")
             elif (isinstance(value, bool) or not isinstance(value, int)

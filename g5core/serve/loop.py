@@ -543,8 +543,8 @@ class ServingLoop:
         left in the state. False (nothing done) where it cannot."""
         st, sched = inst.dec, inst.scheduler
         scheds = _schedulers(sched)
-        if st.t != now or any(type(r) is not VllmScheduler for r in scheds):
-            return False
+        if st.t != now or not sched.s.mixed_prefill or any(type(r) is not VllmScheduler for r in scheds):
+            return False     # (without mixed_prefill an admission makes a step of its own: schedule's)
         s = sched.s
         budget, bs, k = s.max_num_batched_tokens, s.block_size, st.shift
         needs = []
@@ -856,8 +856,9 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
     rest = last.num_tokens - last.computed
     if rest != 1 or last.last_s is None:
         # the last admitted sequence is prefilling: a run of the chunks that fill the budget
-        # (schedule gives the decodes their token first, then it ``budget - b``)
-        if last.emitted or last.scheduled or last.blocks != sched._blocks_for(last.computed):
+        # (schedule gives the decodes their token first, then it ``budget - b``); without
+        # mixed_prefill its chunks run without the decodes, step by step
+        if not s.mixed_prefill or last.emitted or last.scheduled or last.blocks != sched._blocks_for(last.computed):
             return 0, now, False
         prompt, b = last, b - 1
         per = budget - b
@@ -869,7 +870,12 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
             return _lazy_run(inst, inst.dec, now, horizon, cross, prompt, per, chunks)
         decoding = running[:b]
     else:
-        if b > budget or (sched.waiting and b < s.max_num_seqs and _may_admit(sched, budget - b)):
+        # admit stops at the queue's head, and a run of decode steps only takes blocks (a
+        # sequence that finishes ends it): a head that does not fit now fits in none of its
+        # steps, so the queue does not stop the run (a decode pool whose KV is full). Without
+        # mixed_prefill the head would take a prefill step of its own, with the whole budget
+        left = budget - b if s.mixed_prefill else budget
+        if b > budget or (sched.waiting and b < s.max_num_seqs and sched.may_admit(left)):
             return 0, now, False
         if inst.dec is not None:
             return _lazy_run(inst, inst.dec, now, horizon, cross)
@@ -940,28 +946,6 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
         inst.dec = _DecodeState([_Part.after(contexts, residues, rs, k, bs)], t)
     sched.free_blocks = free - taken
     return k, t, t >= cross or k == left
-
-
-def _may_admit(sched: VllmScheduler, left: int) -> bool:
-    """Whether :meth:`VllmScheduler.admit` could take ``sched``'s first waiting sequence into
-    a step whose running sequences leave it ``left`` tokens of the budget, at the free KV
-    blocks now. A run of decode steps (:func:`_decode_run`) only takes blocks (a sequence
-    that finishes ends it), so a head that does not fit now fits in none of its steps, and
-    FCFS admission stops at the head: the queue does not stop such a run (a decode pool
-    whose KV is full, its queue waiting for a finish)."""
-    if left <= 0:
-        return False
-    q = sched.waiting[0]
-    c = q.computed
-    if q.admitted_s is None and c == 0:
-        c = sched.cached_prefix(q.req)     # admit's lookup (a VllmScheduler's has no side effect)
-    n = q.num_tokens - c
-    s = sched.s
-    if not s.chunked_prefill and n > left:
-        return False
-    if s.chunked_prefill and 0 < s.long_prefill_token_threshold < n:
-        n = s.long_prefill_token_threshold
-    return sched._blocks_for(c + min(n, left)) - q.blocks <= sched.free_blocks
 
 
 def _decoding(seqs, bs: int, rs: Optional[list] = None) -> Optional[tuple]:
@@ -1278,7 +1262,7 @@ def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = ma
     budget, bs = s.max_num_batched_tokens, s.block_size
     for r in ranks:
         b = len(r.running)
-        if b > budget or (r.waiting and b < s.max_num_seqs and _may_admit(r, budget - b)):
+        if b > budget or (r.waiting and b < s.max_num_seqs and r.may_admit(budget - b)):
             return 0, now, False
     if inst.dec is not None:
         return _lazy_run(inst, inst.dec, now, horizon, cross)

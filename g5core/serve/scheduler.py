@@ -113,7 +113,9 @@ class VllmScheduler:
     # -- one step ------------------------------------------------------------------------
 
     def schedule(self) -> list[Seq]:
-        """The sequences of the next step, each with ``scheduled`` tokens (empty: nothing fits)."""
+        """The sequences of the next step, each with ``scheduled`` tokens (empty: nothing fits).
+        Without ``mixed_prefill`` (SGLang's default), a step that can take a prefill -- a running
+        sequence's next chunk or an admission -- takes only prefills, and the decodes wait."""
         s = self.s
         budget = s.max_num_batched_tokens
         bs = s.block_size
@@ -121,11 +123,15 @@ class VllmScheduler:
         picked: list[Seq] = []
         preempted = False
         running = self.running
+        skip_decodes = not s.mixed_prefill and self._prefill_step()
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             n = seq.num_tokens - seq.computed
             if n == 1 and seq.emitted:
+                if skip_decodes:
+                    i += 1
+                    continue
                 n += self.draft_tokens     # a decode verifies its drafts (SpeculativeScheduler)
             if 0 < cap < n:
                 n = cap
@@ -153,6 +159,33 @@ class VllmScheduler:
         if not preempted:
             self.admit(budget, picked)
         return picked
+
+    def _prefill_step(self) -> bool:
+        """Whether the next step is a prefill step when prefills do not mix with decodes: a
+        running sequence has prompt tokens left, or the queue's head can be admitted with the
+        whole token budget (:meth:`may_admit`)."""
+        if any(not (q.num_tokens - q.computed == 1 and q.emitted) for q in self.running):
+            return True
+        return bool(self.waiting) and len(self.running) < self.s.max_num_seqs and \
+            self.may_admit(self.s.max_num_batched_tokens)
+
+    def may_admit(self, left: int) -> bool:
+        """Whether :meth:`admit` could take the first waiting sequence into a step whose running
+        sequences leave it ``left`` tokens of the budget, at the free KV blocks now (no side
+        effect: the prefix it would find cached is :meth:`cached_prefix`'s)."""
+        if left <= 0:
+            return False
+        q = self.waiting[0]
+        c = q.computed
+        if q.admitted_s is None and c == 0:
+            c = self.cached_prefix(q.req)
+        n = q.num_tokens - c
+        s = self.s
+        if not s.chunked_prefill and n > left:
+            return False
+        if s.chunked_prefill and 0 < s.long_prefill_token_threshold < n:
+            n = s.long_prefill_token_threshold
+        return self._blocks_for(c + min(n, left)) - q.blocks <= self.free_blocks
 
     def admit(self, budget: int, picked: list[Seq]) -> None:
         """The waiting sequences admitted into the step (after the running ones, which left
