@@ -169,6 +169,20 @@ class VllmScheduler:
         return bool(self.waiting) and len(self.running) < self.s.max_num_seqs and \
             self.may_admit(self.s.max_num_batched_tokens)
 
+    def _admission(self, q: Seq, computed: int, left: int) -> tuple[int, int] | None:
+        """The tokens and new KV blocks :meth:`admit` gives the waiting sequence ``q``, with
+        ``computed`` of its tokens cached, in a step that leaves it ``left`` tokens of the
+        budget; None where it cannot take it (FCFS admission stops there)."""
+        s = self.s
+        n = q.num_tokens - computed
+        if not s.chunked_prefill and n > left:
+            return None
+        if s.chunked_prefill and 0 < s.long_prefill_token_threshold < n:
+            n = s.long_prefill_token_threshold
+        n = min(n, left)
+        need = self._blocks_for(computed + n) - q.blocks
+        return None if need > self.free_blocks else (n, need)
+
     def may_admit(self, left: int) -> bool:
         """Whether :meth:`admit` could take the first waiting sequence into a step whose running
         sequences leave it ``left`` tokens of the budget, at the free KV blocks now (no side
@@ -179,13 +193,7 @@ class VllmScheduler:
         c = q.computed
         if q.admitted_s is None and c == 0:
             c = self.cached_prefix(q.req)
-        n = q.num_tokens - c
-        s = self.s
-        if not s.chunked_prefill and n > left:
-            return False
-        if s.chunked_prefill and 0 < s.long_prefill_token_threshold < n:
-            n = s.long_prefill_token_threshold
-        return self._blocks_for(c + min(n, left)) - q.blocks <= self.free_blocks
+        return self._admission(q, c, left) is not None
 
     def admit(self, budget: int, picked: list[Seq]) -> None:
         """The waiting sequences admitted into the step (after the running ones, which left
@@ -195,15 +203,10 @@ class VllmScheduler:
             seq = self.waiting[0]
             if seq.admitted_s is None and seq.computed == 0:
                 seq.computed = self.lookup(seq)
-            n = seq.num_tokens - seq.computed
-            if not s.chunked_prefill and n > budget:
+            chunk = self._admission(seq, seq.computed, budget)
+            if chunk is None:
                 break
-            if s.chunked_prefill and 0 < s.long_prefill_token_threshold < n:
-                n = s.long_prefill_token_threshold
-            n = min(n, budget)
-            need = self._blocks_for(seq.computed + n) - seq.blocks
-            if need > self.free_blocks:
-                break
+            n, need = chunk
             self.waiting.popleft()
             self.free_blocks -= need
             seq.blocks += need

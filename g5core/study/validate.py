@@ -199,7 +199,6 @@ def predict_ms(row: Row, csv_path, system_override: str | None = None) -> float:
 def _serve_ms(row: Row, raw: dict, csv_path) -> float:
     """A serving row's prediction: ``g5 serve`` on its configuration and workload (seeded: the
     same every time), the statistic :data:`SERVE_METRICS` names, in milliseconds."""
-
     serving = raw.get("serving")
     if not isinstance(serving, dict) or not isinstance(serving.get("workload"), dict):
         raise ConfigError(row.where(csv_path), f"metric {row.metric} runs g5 serve: the configuration needs a "
