@@ -293,6 +293,15 @@ def _cm_fraction(field: str, v) -> float:
     return float(v)
 
 
+def _cm_seconds(field: str, v) -> float:
+    """A time of the compute_model block: seconds >= 0, inside the seconds range."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (isinstance(v, int) or math.isfinite(v)) \
+            or v < 0:
+        raise ConfigError(field, f"expected seconds >= 0, got {v!r}")
+    check_range(field, v, "seconds")
+    return float(v)
+
+
 def _cm_positive(field: str, v, kind: str, integer: bool = False) -> float:
     """A positive number of the compute_model block, inside its range (``LIMITS[kind]``)."""
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (isinstance(v, int) or math.isfinite(v)) and v > 0
@@ -368,29 +377,16 @@ class ComputeModel:
         for key in FLOOR_KEYS:
             if key not in floors:
                 raise ConfigError(f"{field}.kernel_floor_s.{key}", f"missing; give all of {', '.join(FLOOR_KEYS)}")
-            v = floors[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (isinstance(v, int) or math.isfinite(v)) \
-                    or v < 0:
-                raise ConfigError(f"{field}.kernel_floor_s.{key}", f"expected seconds >= 0, got {v!r}")
-            check_range(f"{field}.kernel_floor_s.{key}", v, "seconds")
-            out[key] = float(v)
+            out[key] = _cm_seconds(f"{field}.kernel_floor_s.{key}", floors[key])
         gemm_hbm = [k for k in cls.GEMM_HBM_KEYS if k in data]
         if len(gemm_hbm) == 1:
             other = next(k for k in cls.GEMM_HBM_KEYS if k not in data)
             raise ConfigError(f"{field}.{other}", f"missing; {gemm_hbm[0]} and {other} go together (a GEMM's "
                                                   "memory time is latency + bytes / (hbm_bw x fraction)): give both "
                                                   "or neither")
-        if gemm_hbm:
-            latency = data["gemm_hbm_latency_s"]
-            if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not math.isfinite(latency) \
-                    or latency < 0:
-                raise ConfigError(f"{field}.gemm_hbm_latency_s", f"expected seconds >= 0, got {latency!r}")
-            check_range(f"{field}.gemm_hbm_latency_s", latency, "seconds")
-            gemm_hbm_values = {"gemm_hbm_latency_s": float(latency),
-                               "gemm_hbm_fraction": _cm_fraction(f"{field}.gemm_hbm_fraction",
-                                                                 data["gemm_hbm_fraction"])}
-        else:
-            gemm_hbm_values = {}
+        gemm_hbm_values = {"gemm_hbm_latency_s": _cm_seconds(f"{field}.gemm_hbm_latency_s", data["gemm_hbm_latency_s"]),
+                           "gemm_hbm_fraction": _cm_fraction(f"{field}.gemm_hbm_fraction", data["gemm_hbm_fraction"])
+                           } if gemm_hbm else {}
         return cls(
             gemm_peak_fraction=tuple(sorted((str(k), _cm_fraction(f"{field}.gemm_peak_fraction.{k}", v))
                                             for k, v in peaks.items())),
