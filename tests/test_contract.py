@@ -123,7 +123,8 @@ def test_configs_really_activate_the_plugins(models):
     ep = plugin_contributions("ep", _configs(models)["ep"][0])
     assert ep["g5_expand_op"] == 2 and ep["g5_memory_terms"] == 1 and ep["g5_register_dimensions"] == 1
     tp = plugin_contributions("tp", _configs(models)["tp"][0])
-    assert tp["g5_expand_op"] == 2 * 2  # attn_out_reduce and ffn_out_reduce in each of 2 layers
+    # attn_out_reduce and ffn_out_reduce in each of 2 layers, and the logits' all-gather
+    assert tp["g5_expand_op"] == 2 * 2 + 1
     pp = plugin_contributions("pp", _configs(models)["pp"][0])
     assert pp["g5_layer_chips"] == 2 + 2  # embedding, 2 layers, head: each answered
     # with tp=1 the TP plugin claims nothing

@@ -67,7 +67,7 @@ def test_copies_are_numbered_part_by_side_and_each_side_runs_its_share_of_the_pa
     assert {"L003.m0.moe_experts", "L003.m1.moe_experts", "L003.m7.moe_experts"} <= ids
     # rule 2 per side: side 1 of part 0 in cycle 1 waits for its own tokens of cycle 0
     by_id = {lop.id: lop for lop in program}
-    assert by_id["E.m5.token_return"].inputs == ("L032.m1.lm_head",)
+    assert by_id["E.m5.token_return"].inputs == ("L032.m1.logits_gather",)
     # rule 1 per side: on the first stage, part 1's sides start after both sides of part 0
     assert by_id["E.m2.embedding"].inputs == by_id["E.m3.embedding"].inputs == ("L015.m0.ffn_out_reduce",
                                                                                  "L015.m1.ffn_out_reduce")

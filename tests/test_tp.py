@@ -180,19 +180,21 @@ def test_tp_sp_uses_reduce_scatter_and_all_gather_instead_of_all_reduce():
     sp = make_plan(_raw(tp=tp, batch=batch, seq_len=seq_len, tp_sp=True))
     dag_plain, dag_sp = build_dag(plain), build_dag(sp)
     layers = sp.ctx.model.n_layers
-    reasons = lambda dag: sorted(op.reason for op in dag.ops if isinstance(op, CommOp))  # noqa: E731
+    reasons = lambda dag: sorted(op.reason for op in dag.ops  # noqa: E731
+                                 if isinstance(op, CommOp) and op.reason != "tp_logits_allgather")
     assert set(reasons(dag_plain)) == {"tp_allreduce"}
     assert set(reasons(dag_sp)) == {"tp_reduce_scatter", "tp_allgather"}
     assert reasons(dag_sp).count("tp_reduce_scatter") == 2 * layers
     assert reasons(dag_sp).count("tp_allgather") == 2 * layers
     primitives = {op.reason: op.primitive for op in dag_sp.ops if isinstance(op, CommOp)}
-    assert primitives == {"tp_reduce_scatter": "reduce_scatter", "tp_allgather": "all_gather"}
+    assert primitives == {"tp_reduce_scatter": "reduce_scatter", "tp_allgather": "all_gather",
+                          "tp_logits_allgather": "all_gather"}
     # a reduce-scatter plus an all-gather move what one all-reduce moves, per rank
     buffer_bytes = batch * seq_len * sp.ctx.model.hidden_size * BF16_BYTES
     c_sp = compile_dag(dag_sp, sp)
     per_rank = {}
     for i, op in enumerate(dag_sp.ops):
-        if isinstance(op, CommOp):
+        if isinstance(op, CommOp) and op.reason != "tp_logits_allgather":
             for rank, b in _sent_per_rank(c_sp, i).items():
                 per_rank[rank] = per_rank.get(rank, 0.0) + b
     expected = 2 * layers * 2 * (tp - 1) / tp * buffer_bytes
@@ -205,4 +207,23 @@ def test_tp_sp_uses_reduce_scatter_and_all_gather_instead_of_all_reduce():
 def test_tp_sp_run_completes_with_zero_kpis():
     sim = simulate_plan(make_plan(_raw(tp=2, tp_sp=True, seq_len=256)))
     assert all(v == 0 for v in sim.kpis.values())
-    assert set(sim.comm_bytes["by_reason"]) == {"tp_reduce_scatter", "tp_allgather"}
+    assert set(sim.comm_bytes["by_reason"]) == {"tp_reduce_scatter", "tp_allgather", "tp_logits_allgather"}
+
+
+@pytest.mark.parametrize("phase, batch, seq_len", [("decode", 8, 1024), ("prefill", 2, 512)])
+def test_the_lm_head_logits_are_all_gathered_over_the_tp_group_before_sampling(phase, batch, seq_len):
+    """One all-gather per TP group at the end of the step: the rows the LM head computes
+    (one a sequence of the replica) times the whole vocabulary, in the activation dtype;
+    none at tp=1."""
+    plan = make_plan(_raw(tp=4, dp=2, phase=phase, batch=batch, seq_len=seq_len))
+    dag = build_dag(plan)
+    gathers = [op for op in dag.ops if isinstance(op, CommOp) and op.reason == "tp_logits_allgather"]
+    assert sorted(op.group for op in gathers) == [(0, 1, 2, 3), (4, 5, 6, 7)]
+    vocab = plan.ctx.model.vocab_size
+    assert all(op.primitive == "all_gather" and op.bytes_per_rank == batch * vocab * BF16_BYTES
+               for op in gathers)
+    # it follows the LM head on its chips
+    head = next(i for i, op in enumerate(dag.ops) if isinstance(op, ComputeOp) and op.name == "lm_head")
+    assert dag.ops.index(gathers[0]) > head
+    single = build_dag(make_plan(_raw(tp=1, phase=phase, batch=batch, seq_len=seq_len)))
+    assert not any(isinstance(op, CommOp) for op in single.ops)

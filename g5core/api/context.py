@@ -24,8 +24,8 @@ class BuildContext(abc.ABC):
     """Everything a plugin may read while contributing to a run. Plugins must not mutate it.
 
     The core makes it (:func:`g5core.lower.builder.plan_deployment`) as a subclass that answers the
-    three questions asked of the core's formulas, abstract here: :meth:`work`,
-    :meth:`hidden_states_bytes` and :attr:`kv_bytes_per_token_local`.
+    four questions asked of the core's formulas, abstract here: :meth:`work`,
+    :meth:`hidden_states_bytes`, :meth:`logits_bytes` and :attr:`kv_bytes_per_token_local`.
     """
 
     deployment: "Deployment"
@@ -95,6 +95,11 @@ class BuildContext(abc.ABC):
     @abc.abstractmethod
     def hidden_states_bytes(self, tokens: float) -> float:
         """Bytes of ``tokens`` hidden-state rows (``tokens x hidden x activation dtype``)."""
+
+    @abc.abstractmethod
+    def logits_bytes(self) -> float:
+        """Bytes of the logits over the whole vocabulary of the rows the LM head computes
+        (``rows x vocab x activation dtype``): what a vocabulary split gathers."""
 
     @property
     @abc.abstractmethod

@@ -22,7 +22,8 @@ from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, DagError, G5Error, PluginError, ResourceError
 from g5core.lower.flops import activation_tensor_bytes
 from g5core.lower.microbatch import CYCLES, MicroBatches, collect_pipeline_microbatches, overlap_contexts, part_contexts
-from g5core.lower.layers import EMBED_LAYER, SYNC_KINDS, build_program, default_work, local_kv_bytes_per_token
+from g5core.lower.layers import (EMBED_LAYER, SYNC_KINDS, build_program, decode_query_rows, default_work,
+                                 local_kv_bytes_per_token)
 from g5core.api.work import LogicalOp, Work
 from g5core.api.context import BuildContext
 from g5core.inputs.models import ModelSpec, get_model
@@ -72,6 +73,10 @@ class CoreBuildContext(BuildContext):
 
     def hidden_states_bytes(self, tokens: float) -> float:
         return activation_tensor_bytes(tokens, self.model.hidden_size, self.deployment.dtypes.activation_element_bytes)
+
+    def logits_bytes(self) -> float:
+        return activation_tensor_bytes(decode_query_rows(self.shape), self.model.vocab_size,
+                                       self.deployment.dtypes.activation_element_bytes)
 
     @property
     def kv_bytes_per_token_local(self) -> float:

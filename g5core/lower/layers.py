@@ -26,8 +26,10 @@ EMBED_LAYER = -1
 # Kinds whose default expansion creates no op: they exist so a plugin can claim them.
 # ``token_return``: a decode micro-batch's sampled tokens handed from the LM head back to
 # the embedding of its next step (g5core.lower.microbatch); nothing moves when they share chips.
+# ``logits_gather``: the LM head's logits, computed over a shard of the vocabulary, gathered
+# before sampling (claimed by the plugin that shards the vocabulary).
 SYNC_KINDS = frozenset({"boundary", "attn_in_gather", "attn_out_reduce", "ffn_in_gather", "ffn_out_reduce",
-                        "token_return"})
+                        "token_return", "logits_gather"})
 
 
 @functools.lru_cache(maxsize=64)
@@ -72,7 +74,8 @@ def build_program(model: ModelSpec, micro: int = -1, head: bool = True) -> tuple
     head = model.n_layers
     x = add("boundary", head, out)
     x = add("final_norm", head, x)
-    add("lm_head", head, x)
+    x = add("lm_head", head, x)
+    add("logits_gather", head, x)
     return tuple(ops)
 
 

@@ -9,7 +9,8 @@ copy and the dependencies between copies (:class:`MicroBatches`):
   layers' chips.
 
   - ``batches`` (decode): independent batches of sequences, each of which *cycles*: after
-    its LM head its sampled tokens return to the embedding's chips (``token_return``,
+    its LM head (its logits gathered: ``logits_gather``) its sampled tokens return to the
+    embedding's chips (``token_return``,
     claimed by the plugin that moves them) and its next step starts there. Every
     micro-batch keeps its sequences' KV on the chips (``BuildContext.resident_batches``).
     :data:`CYCLES` cycles are simulated (more when the last two differ), so the engine
@@ -211,7 +212,7 @@ class MicroBatches:
                     k = self.copy(cycle, j, t)
                     copy = list(build_program(model, micro=k, head=head))
                     if cycle > 0:   # rule 2: the tokens of this side's previous cycle
-                        before = LogicalOp("lm_head", n, micro=self.copy(cycle - 1, j, t))
+                        before = LogicalOp("logits_gather", n, micro=self.copy(cycle - 1, j, t))
                         back = LogicalOp("token_return", EMBED_LAYER, (before.id,), micro=k)
                         copy[0] = attrs.evolve(copy[0], inputs=copy[0].inputs + (back.id,))
                         copy.insert(0, back)
@@ -236,15 +237,15 @@ class MicroBatches:
         return tuple(program)
 
     def head_end_times(self, dag, end_s: np.ndarray, cycles: int, n_layers: int) -> np.ndarray:
-        """``[cycle, part]``: when each decode micro-batch's LM head ended (its token made: its
-        last side's), from the engine's op end times."""
+        """``[cycle, part]``: when each decode micro-batch's LM head ended, its logits gathered
+        (its token made: its last side's), from the engine's op end times."""
         stems = dag.stems
         stem_of = np.asarray(dag.key_stem)
         out = np.full((cycles, self.part_count), np.nan)
         for cycle in range(cycles):
             for j in range(self.part_count):
-                heads = tuple(LogicalOp("lm_head", n_layers, micro=self.copy(cycle, j, t)).prefix
-                              for t in range(self.side_count))
+                heads = tuple(LogicalOp(kind, n_layers, micro=self.copy(cycle, j, t)).prefix
+                              for t in range(self.side_count) for kind in ("lm_head", "logits_gather"))
                 ids = [s for s, stem in enumerate(stems)
                        if stem in heads or stem.startswith(tuple(h + sep for h in heads for sep in ".@"))]
                 out[cycle, j] = float(np.max(end_s[np.isin(stem_of, ids)]))

@@ -153,7 +153,7 @@ def cp_roots(ctx):
     return [g[0] for g in ctx.rankmap.groups("cp")]
 
 
-HEAD_KINDS = ("final_norm", "lm_head")
+HEAD_KINDS = ("final_norm", "lm_head", "logits_gather")
 
 
 @hookimpl

@@ -14,6 +14,12 @@
   ``1/tp`` of the tokens, and an all-gather (``tp_allgather``) restores the full sequence
   before the next column-parallel op. TP sequence parallelism with ``cp > 1`` is refused
   (both cut the sequence dimension; spec v1).
+- The LM head's logits, a ``1/tp`` slice of the vocabulary on each rank, are all-gathered
+  before sampling (``tp_logits_allgather``: ``rows x vocab`` in the activation dtype), as
+  vLLM's ``LogitsProcessor._gather_logits`` (``tensor_model_parallel_all_gather`` wherever
+  the platform can all-gather), SGLang's ``LogitsProcessor`` (unless ``enable_dp_lm_head``)
+  and TensorRT-LLM's LM head (``gather_output``) do. vLLM and SGLang run it with NCCL, not
+  their custom all-reduce.
 """
 from __future__ import annotations
 
@@ -101,13 +107,15 @@ def collective_of(ctx, lop) -> tuple[str, str] | None:
         return ("reduce_scatter", "tp_reduce_scatter") if sp else ("all_reduce", "tp_allreduce")
     if lop.kind in GATHER_KINDS and sp:
         return "all_gather", "tp_allgather"
+    if lop.kind == "logits_gather":
+        return "all_gather", "tp_logits_allgather"
     return None
 
 
 def group_fragment(ctx, lop, group, collective: tuple[str, str]) -> Fragment:
     """The collective on ``group`` (``range(tp)`` for the slots of a tiled template)."""
     primitive, reason = collective
-    nbytes = ctx.hidden_states_bytes(ctx.shape.tokens)
+    nbytes = ctx.logits_bytes() if lop.kind == "logits_gather" else ctx.hidden_states_bytes(ctx.shape.tokens)
     return Fragment.collective(ctx.comm_op(lop, primitive, group, nbytes, reason, owner="tp", part=primitive))
 
 

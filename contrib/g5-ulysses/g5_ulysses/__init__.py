@@ -54,7 +54,7 @@ NAME = "ulysses"
 DIM = "sp"
 HEAD_AXIS = "attn_q_heads"
 REASON = "ulysses_a2a"
-HEAD_KINDS = ("final_norm", "lm_head")
+HEAD_KINDS = ("final_norm", "lm_head", "logits_gather")
 ATTENTION_WEIGHT_KINDS = ("attn_norm", "qkv_proj", "o_proj")
 
 
