@@ -764,12 +764,31 @@ def test_without_mixed_prefill_runs_give_the_step_by_step_result_and_decodes_wai
     assert max(apart.requests.max_itl_s) > max(mixed.requests.max_itl_s)
 
 
-def test_mixed_prefill_false_is_refused_where_it_is_not_modelled():
-    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 1, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1},
-           "serving": {"scheduler": {"mixed_prefill": False}, "prefix_cache": {"policy": "lru"},
-                       "workload": {"requests": 4, "arrival": {"kind": "poisson", "rate_per_s": 1},
-                                    "input_tokens": 64, "output_tokens": 4}}}
-    with pytest.raises(ConfigError, match=r"^serving.scheduler.mixed_prefill: prefill steps apart from decode"):
-        simulate_serving(raw)
+@pytest.mark.parametrize("extra", [{"serving": {"prefix_cache": {"policy": "lru"}}},
+                                   {"speculative": {"method": "eagle", "tokens": 3, "acceptance": 0.6}}],
+                         ids=["block cache", "speculative"])
+def test_without_mixed_prefill_no_step_mixes_under_the_block_cache_and_speculative_decoding(extra):
+    """The caching and the speculative schedulers keep the policy: every step of the run
+    holds prefill tokens or decodes, never both; with the default, steps mix."""
+    wl = {"requests": 40, "arrival": {"kind": "poisson", "rate_per_s": 20}, "input_tokens": "uniform:200:3000",
+          "output_tokens": "uniform:8:64", "seed": 3, "prefix": {"tokens": 512, "groups": 2}}
+
+    def steps(mixed):
+        raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 1,
+               "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 1}, **extra}
+        raw["serving"] = {**raw.get("serving", {}), "workload": wl,
+                          "scheduler": {"mixed_prefill": mixed, "max_num_batched_tokens": 1024}}
+        res = simulate_serving(raw, check_predictor=0)
+        assert check_invariants(res.loop)["kv_blocks_left_at_end"] == 0
+        rows = np.asarray(res.loop.instances[0].steps).reshape(-1, 7)
+        return rows[:, 2], rows[:, 3]      # prefill tokens, decodes
+
+    prefill, decodes = steps(False)
+    assert not np.any((prefill > 0) & (decodes > 0)) and np.any(prefill > 0) and np.any(decodes > 0)
+    prefill, decodes = steps(True)
+    assert np.any((prefill > 0) & (decodes > 0))
+
+
+def test_mixed_prefill_must_be_a_boolean():
     with pytest.raises(ConfigError, match=r"^serving.scheduler.mixed_prefill: must be true or false"):
         SchedulerSettings.from_dict({"mixed_prefill": "no"})

@@ -208,16 +208,18 @@ def test_the_engines_unequal_step_lies_between_the_even_step_and_the_max_rank_bo
     assert cost.latency_s(even, True) == bound.latency_s(even, True)
 
 
-@pytest.mark.parametrize("balance", ["round_robin", "shortest_queue"])
-@pytest.mark.parametrize("experts", [False, True])
-def test_runs_of_decode_steps_give_the_step_by_step_result_per_rank(balance, experts, monkeypatch):
+@pytest.mark.parametrize("balance, experts, mixed", [("round_robin", False, True), ("round_robin", True, True),
+                                                     ("shortest_queue", False, True), ("shortest_queue", True, True),
+                                                     ("round_robin", True, False), ("shortest_queue", False, False)])
+def test_runs_of_decode_steps_give_the_step_by_step_result_per_rank(balance, experts, mixed, monkeypatch):
     """The loop's runs of decode steps on attention-DP instances (every rank decoding, idle
     ranks joining, no rank able to admit): every step, token time, KV block and idle step of
     one event per step, on costs of their own (no latency shared through a cache), with
     and without the experts' part of an unequal step; aggregated (two instances, round
     robin) and as a disaggregated decode pool; runs and the steps that admit beside them keep
     the ranks' sequences' state (loop._DecodeState, a part per rank); a decode pool whose
-    ranks' KV is full runs its steps at once while their queues wait (loop._may_admit)."""
+    ranks' KV is full runs its steps at once while their queues wait (loop._may_admit).
+    ``mixed``: false runs each rank's prefills apart from its decodes (SGLang's default)."""
     import attrs
     import numpy as np
 
@@ -234,9 +236,10 @@ def test_runs_of_decode_steps_give_the_step_by_step_result_per_rank(balance, exp
                    "output_tokens": "uniform:20:120", "seed": 5})
     disagg = {"disaggregation": {"prefill": {"instances": 1}, "decode": {"instances": 2}}}
 
-    def fleet(serving):
-        res = simulate_serving(moe(4, dp_balance=balance, **serving), Workload(w.requests[:2]), runner=smooth,
-                               check_predictor=0)
+    def fleet(serving, mixed=mixed):
+        raw = moe(4, dp_balance=balance, **serving)
+        raw["serving"]["scheduler"]["mixed_prefill"] = mixed
+        res = simulate_serving(raw, Workload(w.requests[:2]), runner=smooth, check_predictor=0)
         f = res.loop.fleet
         if experts:
             pools = tuple(attrs.evolve(p, cost=attrs.evolve(p.cost, experts_s=lambda g: 1e-5 * sum(
@@ -261,5 +264,9 @@ def test_runs_of_decode_steps_give_the_step_by_step_result_per_rank(balance, exp
             loop.step()
             events += 1
         assert events < 0.6 * slow.steps    # the runs took most decode steps at once
-        assert kept["runs"] > 20 and kept["steps"] > 20
+        # the steps that admit beside a run's decodes are built on its state only where they mix
+        assert kept["runs"] > 20 and (kept["steps"] > 20 if mixed else kept["steps"] == 0)
         kept.update(runs=0, steps=0)
+        if not mixed and make is fleet:     # the ranks' prefill steps apart made other steps
+            assert summary(serve_requests(fleet(serving, mixed=True), w)) != summary(fast)
+            kept.update(runs=0, steps=0)

@@ -214,11 +214,6 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
                         sizing.kv_bytes_per_token_per_chip, sizing.pool_bytes_per_chip, sizing.capacity_tokens,
                         sizing.chips)
         factory = registry.scheduler(ps.scheduler_name)
-        if not s.mixed_prefill and (dp > 1 or spec.cache is not None or proposer is not None):
-            raise ConfigError(f"{field}.scheduler.mixed_prefill", "prefill steps apart from decode are modelled for "
-                              "the plain scheduler only: not yet with attention DP (parallel.dp > 1), the block "
-                              "cache (serving.prefix_cache, serving.kv_tiers) or speculative decoding; drop "
-                              "mixed_prefill: false or those")
         if dp > 1:
             if proposer is not None:
                 raise ConfigError("speculative", "speculative decoding is not yet modelled with attention DP "

@@ -383,6 +383,9 @@ class CachingScheduler(VllmScheduler):
             self.occupancy.append(len(tier.store))
         return picked
 
+    def _unadmitted(self) -> None:
+        self._settle([])
+
     def _preempt(self, victim: Seq) -> None:
         self._free(victim)
         victim.computed = 0

@@ -1260,9 +1260,9 @@ def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = ma
         return 0, now, False
     s = sched.s
     budget, bs = s.max_num_batched_tokens, s.block_size
-    for r in ranks:
+    for r in ranks:     # (without mixed_prefill a rank's admission takes a step of its own, with the whole budget)
         b = len(r.running)
-        if b > budget or (r.waiting and b < s.max_num_seqs and r.may_admit(budget - b)):
+        if b > budget or (r.waiting and b < s.max_num_seqs and r.may_admit(budget - b if s.mixed_prefill else budget)):
             return 0, now, False
     if inst.dec is not None:
         return _lazy_run(inst, inst.dec, now, horizon, cross)

@@ -114,8 +114,28 @@ class VllmScheduler:
 
     def schedule(self) -> list[Seq]:
         """The sequences of the next step, each with ``scheduled`` tokens (empty: nothing fits).
-        Without ``mixed_prefill`` (SGLang's default), a step that can take a prefill -- a running
-        sequence's next chunk or an admission -- takes only prefills, and the decodes wait."""
+        Without ``mixed_prefill`` (SGLang's default) a step takes prefills only -- the running
+        prompts' next chunks and the admissions the whole budget allows -- where it finds one,
+        and the decodes wait; otherwise it is the decodes' step, which admits nothing (as
+        SGLang's ``Scheduler.get_next_batch_to_run`` runs a new prefill batch when
+        ``get_new_batch_prefill`` forms one, the running decode batch otherwise)."""
+        if self.s.mixed_prefill:
+            return self._pick(decodes=True, admit=True)
+        picked = self._pick(decodes=False, admit=True)
+        if picked:
+            return picked
+        self._unadmitted()
+        return self._pick(decodes=True, admit=False)
+
+    def _unadmitted(self) -> None:
+        """A prefill step found nothing to take: what its admission looked up is undone
+        before the decodes' step (:class:`g5core.serve.kvcache.CachingScheduler` gives back
+        the blocks a lookup held); nothing here."""
+
+    def _pick(self, decodes: bool, admit: bool) -> list[Seq]:
+        """The running sequences' tokens (``decodes``: their decodes too, else only the
+        prompts' chunks), preempting the newest where KV blocks run out, then (``admit``,
+        and nothing was preempted) the admissions the budget left allows."""
         s = self.s
         budget = s.max_num_batched_tokens
         bs = s.block_size
@@ -123,13 +143,12 @@ class VllmScheduler:
         picked: list[Seq] = []
         preempted = False
         running = self.running
-        skip_decodes = not s.mixed_prefill and self._prefill_step()
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
             n = seq.num_tokens - seq.computed
             if n == 1 and seq.emitted:
-                if skip_decodes:
+                if not decodes:
                     i += 1
                     continue
                 n += self.draft_tokens     # a decode verifies its drafts (SpeculativeScheduler)
@@ -156,18 +175,9 @@ class VllmScheduler:
             budget -= n
             picked.append(seq)
             i += 1
-        if not preempted:
+        if admit and not preempted:
             self.admit(budget, picked)
         return picked
-
-    def _prefill_step(self) -> bool:
-        """Whether the next step is a prefill step when prefills do not mix with decodes: a
-        running sequence has prompt tokens left, or the queue's head can be admitted with the
-        whole token budget (:meth:`may_admit`)."""
-        if any(not (q.num_tokens - q.computed == 1 and q.emitted) for q in self.running):
-            return True
-        return bool(self.waiting) and len(self.running) < self.s.max_num_seqs and \
-            self.may_admit(self.s.max_num_batched_tokens)
 
     def _admission(self, q: Seq, computed: int, left: int) -> tuple[int, int] | None:
         """The tokens and new KV blocks :meth:`admit` gives the waiting sequence ``q``, with
