@@ -34,7 +34,7 @@ def test_every_shipped_profile_loads_with_a_version_and_sources():
         assert fw.name == name and fw.version == str(data["version"])
         if name != "generic":
             # every value the profile sets names where it comes from
-            assert {"cuda_graph_batch_sizes", "all_reduce.max_bytes", "host"} <= set(data["sources"])
+            assert {"cuda_graph_batch_sizes", "all_reduce.max_bytes", "host", "mixed_prefill"} <= set(data["sources"])
             assert fw.all_reduce is not None and fw.cuda_graph_batch_sizes is not None
 
 
@@ -380,3 +380,30 @@ def test_the_july_2025_vllm_system_repeats_the_profile_s_custom_kernel_without_s
     profile = dict(load_profile("vllm")["framework"]["all_reduce"])
     assert "symm_mem_max_bytes" in profile and not any(k.startswith("symm_mem") for k in own)
     assert own == {k: v for k, v in profile.items() if not k.startswith("symm_mem")}
+
+
+def test_sglang_serves_prefills_apart_from_decodes_unless_the_configuration_says_otherwise():
+    """The profile's scheduling is the serving scheduler's where the configuration is silent:
+    SGLang runs prefill batches apart (enable_mixed_chunk False), vLLM and TensorRT-LLM mix;
+    serving.scheduler.mixed_prefill, given, wins; generic leaves the scheduler's default."""
+    from g5core.serve.api import simulate_serving
+
+    assert {n: Framework.from_mapping({"name": n}).mixed_prefill for n in FRAMEWORK_NAMES} == {
+        "generic": None, "vllm": True, "sglang": False, "trtllm": True}
+    wl = {"requests": 30, "arrival": {"kind": "poisson", "rate_per_s": 20}, "input_tokens": "uniform:200:2000",
+          "output_tokens": "uniform:8:64", "seed": 3}
+
+    def served(framework, scheduler=None):
+        raw = {**SMALL, "serving": {"workload": wl, "scheduler": {"max_num_batched_tokens": 1024, **(scheduler or {})}}}
+        if framework is not None:
+            raw["framework"] = framework
+        res = simulate_serving(raw, check_predictor=0)
+        rows = [res.loop.instances[0].steps[i:i + 7] for i in range(0, len(res.loop.instances[0].steps), 7)]
+        return res.pools[0]["mixed_prefill"], any(r[2] > 0 and r[3] > 0 for r in rows)
+
+    assert served("sglang") == (False, False)
+    assert served("sglang", {"mixed_prefill": True}) == (True, True)
+    assert served("vllm") == (True, True) and served(None) == (True, True)
+    assert served("vllm", {"mixed_prefill": False}) == (False, False)
+    with pytest.raises(ConfigError, match=r"^system.framework.mixed_prefill: must be true or false"):
+        Framework.from_mapping({"mixed_prefill": "no"})

@@ -14,6 +14,10 @@
 - ``host``: the host's work per serving step (:class:`HostTime`), overlapped or added.
 - ``all_reduce``: the framework's own TP all-reduce kernel (:class:`CustomAllReduce`), lowered by
   plugins/collectives where the framework's code chooses it; NCCL otherwise.
+- ``mixed_prefill``: the framework's scheduling, whether prefill chunks share a step with the
+  decodes (vLLM, TensorRT-LLM) or run in steps of their own (SGLang): ``g5 serve``'s scheduler
+  takes it where the configuration gives no ``serving.scheduler.mixed_prefill``
+  (:meth:`g5core.inputs.serving.PoolSpec.settings_under`). Left out: the scheduler's default.
 
 - ``cuda_graphs``: which steps run as captured CUDA graphs (``decode``: the decode step only,
   as SGLang -- its CUDA graphs cover decode batches up to ``--cuda-graph-max-bs``, prefill
@@ -68,7 +72,7 @@ from g5core.inputs.step import Step, StepGroup
 CUDA_GRAPH_MODES = ("decode", "piecewise", "all", "none")
 FRAMEWORK_KEYS = ("name", "version", "cuda_graphs", "kernel_launch_s", "eager_passkv_ring", "stack", "fusions",
                   "fused_fp8_quant", "attention", "cuda_graph_batch_sizes", "cuda_graph_padding", "graph_kernel_s",
-                  "host", "all_reduce")
+                  "host", "all_reduce", "mixed_prefill")
 #: the shipped profiles (g5core/data/frameworks/NAME.yaml)
 FRAMEWORK_NAMES = ("generic", "vllm", "sglang", "trtllm")
 HOST_KEYS = ("fixed_s", "per_sequence_s", "per_token_s", "overlap")
@@ -331,6 +335,10 @@ class Framework:
     graph_kernel_s: float | None = None
     host: HostTime | None = None
     all_reduce: CustomAllReduce | None = None
+    #: the framework's scheduling: whether prefill chunks share a step with decodes (the
+    #: serving scheduler's ``mixed_prefill`` where the configuration does not give it;
+    #: None: the scheduler's default)
+    mixed_prefill: bool | None = None
 
     @classmethod
     def from_mapping(cls, data: Any, field: str = "system.framework") -> "Framework":
@@ -395,10 +403,13 @@ class Framework:
         host = None if host is None else HostTime.from_mapping(host, f"{field}.host")
         reduce = data.get("all_reduce")
         reduce = None if reduce is None else CustomAllReduce.from_mapping(reduce, f"{field}.all_reduce")
+        mixed = data.get("mixed_prefill")
+        if mixed is not None and not isinstance(mixed, bool):
+            raise ConfigError(f"{field}.mixed_prefill", f"must be true or false, got {mixed!r}")
         return cls(name=name, version=version, cuda_graphs=mode, kernel_launch_s=launch, eager_passkv_ring=eager,
                    stack=stack, fusions=tuple(f for f in FUSIONS if f in on), attention=attention,
                    cuda_graph_batch_sizes=sizes, cuda_graph_padding=_bool(data, "cuda_graph_padding", True, field),
-                   graph_kernel_s=graph_kernel, host=host, all_reduce=reduce)
+                   graph_kernel_s=graph_kernel, host=host, all_reduce=reduce, mixed_prefill=mixed)
 
     def to_dict(self) -> dict:
         out = attrs.asdict(self, recurse=False)

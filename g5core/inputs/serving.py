@@ -53,6 +53,7 @@ from typing import Mapping, Optional
 import attrs
 
 from g5core.api.errors import ConfigError
+from g5core.inputs.framework import framework_of
 from g5core.inputs.kv_tiers import CacheSpec, parse_cache
 from g5core.inputs.reading import MAX_ARRIVAL_S, MAX_SEQ_LEN, check_keys
 from g5core.inputs.systems import get_system
@@ -156,6 +157,16 @@ class PoolSpec:
     scheduler_name: str
     router: str
     dp_balance: str = "round_robin"
+    #: the scheduler keys the configuration gave (a framework profile's scheduling sets the others)
+    given: frozenset = frozenset()
+
+    def settings_under(self, system) -> SchedulerSettings:
+        """The pool's scheduler settings on ``system``: its framework profile's scheduling
+        (``framework.mixed_prefill``) where the configuration did not give that key."""
+        mixed = framework_of(system).mixed_prefill
+        if mixed is None or "mixed_prefill" in self.given:
+            return self.scheduler
+        return attrs.evolve(self.scheduler, mixed_prefill=mixed)
 
 
 @attrs.frozen
@@ -238,7 +249,8 @@ def parse_serving(block: Mapping, registry, slo_text=None) -> ServingSpec:
         over = tuple((k, data[k]) for k in POOL_OVERRIDES if k in data)
         return PoolSpec(role, _positive_int(data.get("instances", instances_default), f"{field}.instances",
                                             MAX_INSTANCES), over,
-                        SchedulerSettings.from_dict(s, f"{field}.scheduler"), name, r, b)
+                        SchedulerSettings.from_dict(s, f"{field}.scheduler"), name, r, b,
+                        frozenset(k for k in s if k != "name"))
 
     disagg = block.get("disaggregation")
     if disagg is not None:

@@ -195,6 +195,7 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
                               "raise max_num_batched_tokens")
         prepared = prepare(praw, disabled=disabled)
         plan = prepared.plan
+        s = ps.settings_under(plan.ctx.system)    # the framework's scheduling where the configuration is silent
         rules = prepared.step_rules   # what the layout's dimensions require of a step (see PlanCost)
         sizing = kv_sizing(prepared, rules.round_up(s.max_num_batched_tokens), field)
         speculative = prepared.deployment.speculative
@@ -240,7 +241,7 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
         infos.append({"kv_pool_bytes_per_chip": sizing.pool_bytes_per_chip,
                       "kv_bytes_per_token_per_chip": sizing.kv_bytes_per_token_per_chip,
                       "kv_capacity_tokens": blocks * s.block_size * dp, "layout": dict(plan.ctx.deployment.parallel),
-                      "system": plan.ctx.system.name})
+                      "system": plan.ctx.system.name, "mixed_prefill": s.mixed_prefill})
         if dp > 1:
             infos[-1].update(attention_dp_ranks=dp, dp_balance=ps.dp_balance,
                              kv_capacity_tokens_per_rank=blocks * s.block_size)
