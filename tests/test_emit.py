@@ -39,7 +39,8 @@ DOCUMENTED = {
              "--kv-transfer-config", "--long-prefill-token-threshold", "--model", "--disaggregation-mode"},
     "sglang": {"--model-path", "--port", "--tp-size", "--pp-size", "--ep-size", "--max-running-requests",
                "--chunked-prefill-size", "--page-size", "--kv-cache-dtype", "--disaggregation-mode",
-               "--disaggregation-transfer-backend", "--pd-disaggregation", "--prefill", "--decode", "--host"},
+               "--disaggregation-transfer-backend", "--pd-disaggregation", "--prefill", "--decode", "--host",
+               "--enable-mixed-chunk"},
     "trtllm": {"--port", "--extra_llm_api_options", "-c"},
     "bench": {"--model", "--base-url", "--dataset-name", "--random-input-len", "--random-output-len", "--num-prompts",
               "--request-rate", "--max-concurrency", "--percentile-metrics", "--metric-percentiles", "--backend",
@@ -96,7 +97,32 @@ def test_files_parse_use_documented_flags_and_round_trip(framework, config):
                 for a in s["extraPodSpec"]["mainContainer"]["args"]]
         assert {a for a in args if a.startswith("-")} <= DOCUMENTED["vllm"]
     back = sorted(read_back(framework, files), key=lambda p: p["role"])
-    assert back == sorted(_expected(config), key=lambda p: p["role"])
+    # the configuration's steps mix (no framework key): SGLang's launch says so
+    extra = {"mixed_prefill": True} if framework == "sglang" else {}
+    assert back == sorted(({**p, **extra} for p in _expected(config)), key=lambda p: p["role"])
+
+
+def test_the_launch_files_keep_the_scheduling_g5_serve_ran():
+    """Under the sglang profile (or mixed_prefill: false) prefills run apart: SGLang's launch has
+    no --enable-mixed-chunk, and vLLM's and TensorRT-LLM's, which always mix, are refused in one
+    line naming the field; mixed_prefill: true wins over the profile."""
+    apart = {**AGG, "framework": "sglang"}
+    assert read_back("sglang", emit_files(apart, "sglang"))[0]["mixed_prefill"] is False
+    for framework in ("vllm", "trtllm", "dynamo"):
+        with pytest.raises(ConfigError, match=r"^serving.scheduler.mixed_prefill: false .*always runs prefill"):
+            emit_files(apart, framework)
+    mixed = {**apart, "serving": {**AGG["serving"], "scheduler": {**AGG["serving"]["scheduler"], "mixed_prefill": True}}}
+    assert read_back("sglang", emit_files(mixed, "sglang"))[0]["mixed_prefill"] is True
+    assert emit_files(mixed, "vllm")["launch.sh"]
+
+
+def test_best_serve_refuses_launch_files_that_cannot_keep_its_scheduling_before_the_search(tmp_path):
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text("model: llama-3.1-8b\nsystem: h100-sxm\nchips: 1\nparallel: {dp: 1, tp: 1, pp: 1, cp: 1}\n")
+    r = CliRunner().invoke(main, ["best", str(cfg), "--serve", "--framework", "sglang", "--isl", "500", "--osl",
+                                  "20", "--emit", "vllm", str(tmp_path / "out")])
+    assert r.exit_code == 2 and "serving.scheduler.mixed_prefill" in r.output
+    assert not (tmp_path / "out").exists() and "capacity" not in r.output.lower()
 
 
 def test_cp_and_sp_expressed_or_refused_in_one_line():
@@ -129,5 +155,5 @@ def test_g5_serve_emit_checks_the_folder_first_and_writes_the_files(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["bench.sh", "launch.sh"]
     back = read_back("sglang", {p.name: p.read_text() for p in out.iterdir()})
     assert back == [{"role": "serve", "instances": 2, "tp": 1, "pp": 1, "cp": 1, "ep": 1, "max_num_seqs": 256,
-                     "max_num_batched_tokens": 2048, "block_size": 16}]
+                     "max_num_batched_tokens": 2048, "block_size": 16, "mixed_prefill": True}]
     assert "--request-rate 5.0" in (out / "bench.sh").read_text()

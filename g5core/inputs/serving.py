@@ -161,12 +161,17 @@ class PoolSpec:
     given: frozenset = frozenset()
 
     def settings_under(self, system) -> SchedulerSettings:
-        """The pool's scheduler settings on ``system``: its framework profile's scheduling
-        (``framework.mixed_prefill``) where the configuration did not give that key."""
-        mixed = framework_of(system).mixed_prefill
-        if mixed is None or "mixed_prefill" in self.given:
-            return self.scheduler
-        return attrs.evolve(self.scheduler, mixed_prefill=mixed)
+        """The pool's scheduler settings on ``system`` (:func:`scheduler_under`)."""
+        return scheduler_under(self.scheduler, self.given, system)
+
+
+def scheduler_under(settings: SchedulerSettings, given, system) -> SchedulerSettings:
+    """``settings`` on ``system``: its framework profile's scheduling (``framework.mixed_prefill``)
+    where the configuration's scheduler keys ``given`` do not hold that key."""
+    mixed = framework_of(system).mixed_prefill
+    if mixed is None or "mixed_prefill" in given:
+        return settings
+    return attrs.evolve(settings, mixed_prefill=mixed)
 
 
 @attrs.frozen

@@ -22,7 +22,7 @@ from g5core.inputs.systems import CATALOG_NAMES, get_system, system_source
 from g5core.present.caveats import deployment_warnings
 from g5core.present.plots import figure_bytes, image_format, make_figure, parse_where
 from g5core.present.render import render_bench_rows, render_best, render_collective, render_serve_best
-from g5core.present.emit import FRAMEWORKS, check_emit_dir, emit_files, write_emit
+from g5core.present.emit import FRAMEWORKS, check_emit_dir, check_scheduling, emit_files, write_emit
 from g5core.present.report import (auto_dims, load_rows, load_search, load_serving, render, render_search,
                                    render_serving)
 from g5core.present.serve_plots import load_search_rows, serve_figure
@@ -455,6 +455,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
             if framework == "auto":
                 raise ConfigError("--emit", "writes one winner's launch files; name one framework instead of auto")
             folder = check_emit_dir(emit[1], emit[0], [config])
+            check_scheduling(raw, emit[0])
         search = functools.partial(best_serve_command, config_path=config, disabled=disabled, objective=objective,
                                    db_path=db_path, workers=workers, executor=executor, disagg=disagg, top=top,
                                    **{k[2:].replace("-", "_"): v for k, v in serve_only.items()})

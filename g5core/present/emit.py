@@ -23,6 +23,9 @@ The flags are the frameworks' documented ones:
   --request-rate --percentile-metrics --metric-percentiles``, vllm/benchmarks/serve.py).
 - SGLang (``python3 -m sglang.launch_server``): ``--tp-size``, ``--pp-size``, ``--ep-size``,
   ``--max-running-requests``, ``--chunked-prefill-size``, ``--page-size``, ``--kv-cache-dtype``,
+  ``--enable-mixed-chunk`` where the pool's steps mix prefill chunks and decodes (SGLang's default
+  keeps them apart; vLLM and TensorRT-LLM always mix them, so a pool that keeps them apart is
+  refused there),
   ``--disaggregation-mode prefill|decode`` with ``--disaggregation-transfer-backend``
   (python/sglang/srt/server_args.py ``ServerArgs``), the router ``python3 -m
   sglang_router.launch_router --pd-disaggregation``; the benchmark ``python3 -m
@@ -60,8 +63,11 @@ import yaml
 
 from g5core.api.errors import ConfigError
 from g5core.api.plugins import Hooks, make_plugin_manager
+from g5core.inputs.framework import with_framework
 from g5core.inputs.models import MODELS_DIR
 from g5core.inputs.outputs import check_outputs
+from g5core.inputs.serving import scheduler_under
+from g5core.inputs.systems import get_system
 from g5core.serve.api import load_workload
 from g5core.serve.registry import serving_registry
 from g5core.serve.scheduler import SchedulerSettings
@@ -92,18 +98,45 @@ def model_id(name: str) -> str:
     return str(p.parent if p.name == "config.json" else p)
 
 
+def _roles(config: Mapping) -> list[tuple[str, Mapping]]:
+    """``(role, its block)`` of each pool of the configuration's ``serving:`` block."""
+    block = config.get("serving") or {}
+    dis = block.get("disaggregation")
+    return [(r, dis[r]) for r in ("prefill", "decode")] if dis else [("serve", {"instances": block.get("instances", 1)})]
+
+
+def _scheduler(config: Mapping, data: Mapping) -> SchedulerSettings:
+    """A pool's scheduler settings as g5 serve runs them: the configuration's keys, its
+    framework profile's scheduling where they leave it out (:func:`scheduler_under`)."""
+    given = {**dict((config.get("serving") or {}).get("scheduler") or {}), **dict(data.get("scheduler") or {})}
+    system = get_system(str(data.get("system", config["system"])))
+    if config.get("framework"):
+        system = with_framework(system, str(config["framework"]), "framework")
+    return scheduler_under(SchedulerSettings.from_dict(given, "serving.scheduler"), given, system)
+
+
+def check_scheduling(config: Mapping, framework: str) -> None:
+    """ConfigError where ``framework`` cannot run the configuration's scheduling (before a
+    search whose winner keeps it): prefill steps apart from decode are SGLang's only."""
+    for role, data in _roles(config):
+        _refuse_scheduling(framework, role, _scheduler(config, data).mixed_prefill)
+
+
+def _refuse_scheduling(framework: str, role: str, mixed: bool) -> None:
+    if not mixed and framework != "sglang":
+        field = "serving.scheduler" if role == "serve" else f"serving.disaggregation.{role}.scheduler"
+        raise ConfigError(f"{field}.mixed_prefill", f"false (prefill steps apart from decode, SGLang's scheduling): "
+                                                    f"{framework} always runs prefill chunks beside the decodes; emit "
+                                                    "sglang, or set mixed_prefill: true")
+
+
 def _pools(config: Mapping) -> list[dict]:
     """Each pool: role, instances, chips, layout (every dimension), scheduler limits."""
-    block = config.get("serving") or {}
-    sched = dict(block.get("scheduler") or {})
     base_par = dict(config.get("parallel") or {})
     out = []
-    dis = block.get("disaggregation")
-    roles = [(r, dis[r]) for r in ("prefill", "decode")] if dis else [("serve", {"instances": block.get("instances", 1)})]
-    for role, data in roles:
+    for role, data in _roles(config):
         par = {**base_par, **dict(data.get("parallel") or {})}
-        s = SchedulerSettings.from_dict({k: v for k, v in {**sched, **dict(data.get("scheduler") or {})}.items()},
-                                        "serving.scheduler")
+        s = _scheduler(config, data)
         layout = {d: int(par.get(d, 1)) for d in ("tp", "pp", "cp", "sp", "ep", "dp")}
         if layout["dp"] != 1:
             raise ConfigError("parallel.dp", f"dp={layout['dp']} inside an instance: launch files give data "
@@ -112,7 +145,8 @@ def _pools(config: Mapping) -> list[dict]:
         out.append({"role": role, "instances": int(data.get("instances", 1)), "chips": chips, "layout": layout,
                     "max_num_seqs": s.max_num_seqs, "max_num_batched_tokens": s.max_num_batched_tokens,
                     "chunked_prefill": s.chunked_prefill, "block_size": s.block_size,
-                    "long_prefill_token_threshold": s.long_prefill_token_threshold})
+                    "long_prefill_token_threshold": s.long_prefill_token_threshold,
+                    "mixed_prefill": s.mixed_prefill})
     return out
 
 
@@ -129,6 +163,7 @@ def _refuse(framework: str, pool: Mapping) -> None:
     if lay["cp"] > 1 and lay["sp"] > 1 and framework == "trtllm":
         raise ConfigError(f"{where}.cp", "cp and sp together: TensorRT-LLM takes one cp_config (one cp_type); emit a "
                                          "layout with one of them")
+    _refuse_scheduling(framework, pool["role"], pool["mixed_prefill"])
     if lay["ep"] > 1 and framework in ("vllm", "dynamo") and lay["ep"] != lay["tp"]:
         raise ConfigError(f"{where}.ep", f"ep={lay['ep']} with tp={lay['tp']}: vLLM's expert parallelism spans the "
                                          "whole TP x DP group (--enable-expert-parallel); emit a layout with ep = tp "
@@ -180,6 +215,8 @@ def _sglang_args(pool: Mapping, kv_dtype: str) -> list[str]:
     args += ["--max-running-requests", str(pool["max_num_seqs"]), "--chunked-prefill-size",
              str(pool["max_num_batched_tokens"] if pool["chunked_prefill"] else -1), "--page-size",
              str(pool["block_size"])]
+    if pool["mixed_prefill"]:
+        args += ["--enable-mixed-chunk"]
     if kv_dtype == "fp8":
         args += ["--kv-cache-dtype", "fp8_e4m3"]
     if pool["role"] != "serve":
@@ -362,6 +399,8 @@ def _parse_flags(words: list[str], table: Mapping[str, str]) -> dict:
             out["ep"] = -1   # the whole TP group (below)
         if w == "--disaggregation-mode":
             out["role"] = words[k + 1]
+        if w == "--enable-mixed-chunk":
+            out["mixed_prefill"] = True
         if w == "--kv-transfer-config":
             out["kv_transfer"] = json.loads(words[k + 1])
     if out["ep"] == -1:
@@ -386,7 +425,8 @@ def _group(servers: list[dict]) -> list[dict]:
 
 def read_back(framework: str, files: Mapping[str, str]) -> list[dict]:
     """Each pool's ``role``, ``instances``, ``tp``/``pp``/``cp``/``ep``, ``max_num_seqs``,
-    ``max_num_batched_tokens`` and ``block_size``, parsed from emitted files."""
+    ``max_num_batched_tokens`` and ``block_size``, parsed from emitted files (SGLang's also
+    ``mixed_prefill``: ``--enable-mixed-chunk``)."""
     if framework == "dynamo":
         doc = yaml.safe_load(files["deployment.yaml"])
         out = []
@@ -420,7 +460,8 @@ def read_back(framework: str, files: Mapping[str, str]) -> list[dict]:
         if not line.startswith("CUDA_VISIBLE_DEVICES="):
             continue
         words = shlex.split(line.rstrip(" &"))[1:]
-        servers.append({"role": role, **_parse_flags(words, _VLLM_FLAGS if framework == "vllm" else _SGLANG_FLAGS)})
+        servers.append({"role": role, **({} if framework == "vllm" else {"mixed_prefill": False}),
+                        **_parse_flags(words, _VLLM_FLAGS if framework == "vllm" else _SGLANG_FLAGS)})
     return _group(servers)
 
 
