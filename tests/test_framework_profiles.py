@@ -405,5 +405,9 @@ def test_sglang_serves_prefills_apart_from_decodes_unless_the_configuration_says
     assert served("sglang", {"mixed_prefill": True}) == (True, True)
     assert served("vllm") == (True, True) and served(None) == (True, True)
     assert served("vllm", {"mixed_prefill": False}) == (False, False)
+    from g5core.serve.present import render_summary
+    text = render_summary(simulate_serving({**SMALL, "framework": "sglang", "serving": {"workload": wl}},
+                                           check_predictor=0).to_json_dict())
+    assert "tokens per instance, prefill steps apart from decode" in text
     with pytest.raises(ConfigError, match=r"^system.framework.mixed_prefill: must be true or false"):
         Framework.from_mapping({"mixed_prefill": "no"})

@@ -61,6 +61,7 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
         f"{p['system'] + ' ' if mixed else ''}chip{'s' if p['chips_per_instance'] > 1 else ''} "
         f"({', '.join(f'{k}={v}' for k, v in p['layout'].items() if v != 1) or 'one chip'}), KV pool "
         f"{p['kv_pool_bytes_per_chip'] / GIB:.2f} GiB per chip = {p['kv_capacity_tokens']:,} tokens per instance"
+        + ("" if p.get("mixed_prefill", True) else ", prefill steps apart from decode")
         for p in pools)
     split = (" (" + ", ".join(f"{sum(p['instances'] * p['chips_per_instance'] for p in pools if p['system'] == name)} "
                               f"{name}" for name in systems) + ")") if mixed else ""
