@@ -96,8 +96,8 @@ def test_a_build_bound_model_of_many_layers_is_refused_by_its_build_time(tmp_pat
 
 @pytest.mark.bench   # 10-15 s on 2 cores: a benchmark-sized check (python3 -m pytest -q -m bench)
 def test_a_build_bound_model_of_100000_layers_is_refused_by_its_build_time_at_the_default_limit(tmp_path):
-    """600,003 ops, 1,100,004 logical ops: refused for its build at the default limit."""
-    with pytest.raises(ResourceError, match=r"about 600,003 ops .*with its 1,100,004 logical ops' build, counted as"):
+    """600,003 ops, 1,100,005 logical ops: refused for its build at the default limit."""
+    with pytest.raises(ResourceError, match=r"about 600,003 ops .*with its 1,100,005 logical ops' build, counted as"):
         run(_many_layer_llama(tmp_path, 100_000))
 
 
