@@ -43,6 +43,7 @@ def main() -> None:
     ap.add_argument("--osl", type=int, default=1024)
     ap.add_argument("--slo", default="ttft_p90=2s,tpot_p90=50ms")
     ap.add_argument("--disagg", default="auto")
+    ap.add_argument("--framework", default=None, help="a framework profile (vllm, sglang, trtllm); default none")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--vary", default=None, help="e.g. tp,cp (default: every registered dimension)")
@@ -74,7 +75,8 @@ def main() -> None:
         confirm=ss.DEFAULT_CONFIRM if args.confirm is None else args.confirm,
         beam=ss.DEFAULT_BEAM if args.beam is None else args.beam, top=ss.DEFAULT_TOP if args.top is None else args.top,
         bound=not args.no_bound)
-    raw = {"model": args.model, "system": args.system, "chips": args.chips}
+    raw = {"model": args.model, "system": args.system, "chips": args.chips,
+           **({"framework": args.framework} if args.framework else {})}
     workload = {"requests": args.requests, "arrival": {"kind": "poisson"}, "input_tokens": args.isl,
                 "output_tokens": args.osl, "seed": 0}
     load0 = os.getloadavg()[0]

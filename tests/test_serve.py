@@ -425,10 +425,10 @@ def test_a_decode_pool_whose_kv_is_full_runs_its_steps_at_once_while_its_queue_w
     waited = []
     admit = serve_loop.VllmScheduler.admit
 
-    def admitting(sched, budget, picked):     # the queue while the batch is below its limit
+    def admitting(sched, budget, picked, decoding=None):     # the queue while the batch is below its limit
         if sched.waiting and len(sched.running) < sched.s.max_num_seqs:
             waited.append(len(sched.waiting))
-        return admit(sched, budget, picked)
+        return admit(sched, budget, picked, decoding)
     monkeypatch.setattr(serve_loop.VllmScheduler, "admit", admitting)
     fast = _same_runs(fleet, w)
     assert max(waited) > 20     # the KV pool, not max_num_seqs, held the queue
@@ -749,6 +749,11 @@ def test_without_mixed_prefill_a_step_that_can_prefill_takes_only_prefills():
             s.finish_step(picked)
             nxt = s.schedule()                                          # its next chunk: still prefill only
             assert [q.req.id for q in nxt] == [9] and nxt[0].scheduled == 256
+    # a decode pool's arrival (its prompt computed elsewhere, its first token emitted) decodes:
+    # it joins the running decodes, as SGLang's decode server merges its prebuilt batch
+    s = state(False)
+    s.add(Seq(Request(7, 1.0, 40, 5), computed=40, emitted=1))
+    assert [(q.req.id, q.scheduled) for q in s.schedule()] == [(0, 1), (1, 1), (2, 1), (7, 1)]
 
 
 def test_without_mixed_prefill_runs_give_the_step_by_step_result_and_decodes_wait():

@@ -543,9 +543,10 @@ class ServingLoop:
         left in the state. False (nothing done) where it cannot."""
         st, sched = inst.dec, inst.scheduler
         scheds = _schedulers(sched)
-        if st.t != now or not sched.s.mixed_prefill or any(type(r) is not VllmScheduler for r in scheds):
-            return False     # (without mixed_prefill an admission makes a step of its own: schedule's)
+        if st.t != now or any(type(r) is not VllmScheduler for r in scheds):
+            return False
         s = sched.s
+        apart = not s.mixed_prefill     # admissions beside the decodes: only decoding ones (schedule's)
         budget, bs, k = s.max_num_batched_tokens, s.block_size, st.shift
         needs = []
         tails = []      # a prompt still prefilling after the state's decodes (one scheduler): its tokens and blocks
@@ -554,6 +555,9 @@ class ServingLoop:
             extra = len(r.running) - b
             if extra < 0 or extra > (len(scheds) == 1) or b >= budget:
                 return False
+            if apart and (extra or (r.waiting and len(r.running) < s.max_num_seqs
+                                    and not r._decoding(r.waiting[0]) and r.may_admit(budget))):
+                return False    # a prefill step of its own (a rank's, with attention DP): schedule's
             need = part.rbase[-k % bs] if b else 0
             tail = None
             if extra:       # as VllmScheduler.schedule gives it its tokens after the decodes'
@@ -583,7 +587,7 @@ class ServingLoop:
                 q.scheduled = n
                 left -= n
                 mine.append(q)
-            r.admit(left, mine)
+            r.admit(left, mine, True if apart else None)
             self._admitted(now, mine)
             admitted.append(mine)
             if dp_cost is not None and not mine:
@@ -873,9 +877,9 @@ def _decode_run(inst: Instance, now: float, horizon: float, cross: float = math.
         # admit stops at the queue's head, and a run of decode steps only takes blocks (a
         # sequence that finishes ends it): a head that does not fit now fits in none of its
         # steps, so the queue does not stop the run (a decode pool whose KV is full). Without
-        # mixed_prefill the head would take a prefill step of its own, with the whole budget
-        left = budget - b if s.mixed_prefill else budget
-        if b > budget or (sched.waiting and b < s.max_num_seqs and sched.may_admit(left)):
+        # mixed_prefill a prompt at the head would take a prefill step of its own, with the
+        # whole budget (VllmScheduler.admission_budget)
+        if b > budget or (sched.waiting and b < s.max_num_seqs and sched.may_admit(sched.admission_budget(b))):
             return 0, now, False
         if inst.dec is not None:
             return _lazy_run(inst, inst.dec, now, horizon, cross)
@@ -1260,9 +1264,9 @@ def _dp_decode_run(inst: Instance, now: float, horizon: float, cross: float = ma
         return 0, now, False
     s = sched.s
     budget, bs = s.max_num_batched_tokens, s.block_size
-    for r in ranks:     # (without mixed_prefill a rank's admission takes a step of its own, with the whole budget)
+    for r in ranks:
         b = len(r.running)
-        if b > budget or (r.waiting and b < s.max_num_seqs and r.may_admit(budget - b if s.mixed_prefill else budget)):
+        if b > budget or (r.waiting and b < s.max_num_seqs and r.may_admit(r.admission_budget(b))):
             return 0, now, False
     if inst.dec is not None:
         return _lazy_run(inst, inst.dec, now, horizon, cross)

@@ -115,27 +115,31 @@ class VllmScheduler:
     def schedule(self) -> list[Seq]:
         """The sequences of the next step, each with ``scheduled`` tokens (empty: nothing fits).
         Without ``mixed_prefill`` (SGLang's default) a step takes prefills only -- the running
-        prompts' next chunks and the admissions the whole budget allows -- where it finds one,
-        and the decodes wait; otherwise it is the decodes' step, which admits nothing (as
+        prompts' next chunks and the prompts the whole budget admits -- where it finds one, and
+        the decodes wait; otherwise it is the decodes' step, which admits only sequences whose
+        next token is a decode (a decode pool's arrivals, their prompts computed elsewhere), as
         SGLang's ``Scheduler.get_next_batch_to_run`` runs a new prefill batch when
-        ``get_new_batch_prefill`` forms one, the running decode batch otherwise)."""
+        ``get_new_batch_prefill`` forms one, the running decode batch otherwise, and its decode
+        servers merge their transferred requests into the running batch
+        (``get_next_disagg_decode_batch_to_run``: the prebuilt batch, no prefill forward)."""
         if self.s.mixed_prefill:
-            return self._pick(decodes=True, admit=True)
-        picked = self._pick(decodes=False, admit=True)
+            return self._pick(decodes=True, admit=None)
+        picked = self._pick(decodes=False, admit=False)
         if picked:
             return picked
         self._unadmitted()
-        return self._pick(decodes=True, admit=False)
+        return self._pick(decodes=True, admit=True)
 
     def _unadmitted(self) -> None:
         """A prefill step found nothing to take: what its admission looked up is undone
         before the decodes' step (:class:`g5core.serve.kvcache.CachingScheduler` gives back
         the blocks a lookup held); nothing here."""
 
-    def _pick(self, decodes: bool, admit: bool) -> list[Seq]:
+    def _pick(self, decodes: bool, admit: bool | None) -> list[Seq]:
         """The running sequences' tokens (``decodes``: their decodes too, else only the
-        prompts' chunks), preempting the newest where KV blocks run out, then (``admit``,
-        and nothing was preempted) the admissions the budget left allows."""
+        prompts' chunks), preempting the newest where KV blocks run out, then, where nothing
+        was preempted, the admissions the budget left allows (:meth:`admit`'s ``decoding``:
+        ``admit``)."""
         s = self.s
         budget = s.max_num_batched_tokens
         bs = s.block_size
@@ -147,7 +151,7 @@ class VllmScheduler:
         while i < len(running) and budget > 0:
             seq = running[i]
             n = seq.num_tokens - seq.computed
-            if n == 1 and seq.emitted:
+            if n == 1 and seq.emitted:      # (_decoding)
                 if not decodes:
                     i += 1
                     continue
@@ -175,9 +179,24 @@ class VllmScheduler:
             budget -= n
             picked.append(seq)
             i += 1
-        if admit and not preempted:
-            self.admit(budget, picked)
+        if not preempted:
+            self.admit(budget, picked, admit)
         return picked
+
+    @staticmethod
+    def _decoding(q: Seq) -> bool:
+        """Whether ``q``'s next token is a decode: its prompt computed (here, or elsewhere and
+        its KV moved in) and a token emitted."""
+        return bool(q.emitted) and q.computed == q.num_tokens - 1
+
+    def admission_budget(self, decodes: int) -> int:
+        """The budget the queue's head is admitted with in a step whose running sequences take
+        ``decodes`` tokens (:meth:`schedule`): what they leave, or, without ``mixed_prefill``, a
+        prompt's whole budget (a prefill step of its own)."""
+        s = self.s
+        if s.mixed_prefill or self._decoding(self.waiting[0]):
+            return s.max_num_batched_tokens - decodes
+        return s.max_num_batched_tokens
 
     def _admission(self, q: Seq, computed: int, left: int) -> tuple[int, int] | None:
         """The tokens and new KV blocks :meth:`admit` gives the waiting sequence ``q``, with
@@ -205,12 +224,16 @@ class VllmScheduler:
             c = self.cached_prefix(q.req)
         return self._admission(q, c, left) is not None
 
-    def admit(self, budget: int, picked: list[Seq]) -> None:
+    def admit(self, budget: int, picked: list[Seq], decoding: bool | None = None) -> None:
         """The waiting sequences admitted into the step (after the running ones, which left
-        ``budget`` tokens of it), appended to ``picked`` (:meth:`schedule`'s second part)."""
+        ``budget`` tokens of it), appended to ``picked`` (:meth:`schedule`'s second part), first
+        come first served; ``decoding`` True (False) admits only sequences whose next token is
+        (is not) a decode, stopping at the first other one."""
         s = self.s
         while self.waiting and budget > 0 and len(self.running) < s.max_num_seqs:
             seq = self.waiting[0]
+            if decoding is not None and self._decoding(seq) is not decoding:
+                break
             if seq.admitted_s is None and seq.computed == 0:
                 seq.computed = self.lookup(seq)
             chunk = self._admission(seq, seq.computed, budget)
@@ -468,10 +491,6 @@ class SpeculativeScheduler(VllmScheduler):
         self.rng = np.random.default_rng(seed)
         self.verify_steps = 0
         self.verify_tokens = 0
-
-    @staticmethod
-    def _decoding(q: Seq) -> bool:
-        return bool(q.emitted) and q.computed == q.num_tokens - 1
 
     def work(self, picked: list[Seq]) -> StepWork:
         chunks, contexts = [], []
