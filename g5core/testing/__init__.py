@@ -107,10 +107,8 @@ def hook_names() -> tuple[str, ...]:
                  if callable(f) and hasattr(f, "g5_spec"))
 
 
-def _as_configs(configs, extra_plugins: Sequence = (), verify: bool = True) -> tuple[Mapping, ...]:
-    """The configurations given, each followed by its step variants (:func:`step_variant`,
-    :func:`verify_variant`) where the plugins accept them: every check also runs the plugin
-    on a mixed step and on a speculative verification step."""
+def _given_configs(configs) -> tuple[Mapping, ...]:
+    """The raw configurations given (one mapping or several), checked to be mappings."""
     if isinstance(configs, Mapping):
         configs = (configs,)
     configs = tuple(configs)
@@ -119,6 +117,14 @@ def _as_configs(configs, extra_plugins: Sequence = (), verify: bool = True) -> t
     for c in configs:
         if not isinstance(c, Mapping):
             raise TypeError(f"a configuration must be a raw mapping, got {type(c).__name__}")
+    return configs
+
+
+def _as_configs(configs, extra_plugins: Sequence = (), verify: bool = True) -> tuple[Mapping, ...]:
+    """The configurations given, each followed by its step variants (:func:`step_variant`,
+    :func:`verify_variant`) where the plugins accept them: every check also runs the plugin
+    on a mixed step and on a speculative verification step."""
+    configs = _given_configs(configs)
     out = list(configs)
     for c in configs:
         for variant in (step_variant(c), verify_variant(c) if verify else None):
@@ -182,14 +188,17 @@ _ACCEPTED: dict = {}
 
 def _accepted(raw: Mapping, extra_plugins: tuple) -> bool:
     """Whether the enabled plugins accept ``raw`` (a ConfigError: a step they refuse)."""
-    key = (json.dumps(raw, sort_keys=True, default=str), tuple(name for name, _ in extra_plugins))
+    # the plugin objects themselves, not only their names: two plugins given under one name
+    # (the contract suite's broken plugins) are two answers; each entry keeps its plugins, so
+    # their ids are not reused while it is cached
+    key = (json.dumps(raw, sort_keys=True, default=str), tuple((name, id(obj)) for name, obj in extra_plugins))
     if key not in _ACCEPTED:
         try:
             _plan(raw, extra_plugins)
-            _ACCEPTED[key] = True
+            _ACCEPTED[key] = (True, extra_plugins)
         except ConfigError:
-            _ACCEPTED[key] = False
-    return _ACCEPTED[key]
+            _ACCEPTED[key] = (False, extra_plugins)
+    return _ACCEPTED[key][0]
 
 
 def _pm(extra_plugins: Sequence, disabled: Iterable[str] = (), raw: Mapping | None = None):
@@ -1073,7 +1082,8 @@ def plugin_checks(plugin: str, configs, extra_plugins: Sequence = ()) -> list[tu
     ``extra_plugins``) and raises :class:`ContractError` on a breach. Meant for
     ``pytest.mark.parametrize``; the names are stable test ids.
     """
-    configs = _as_configs(configs, extra_plugins)
+    # each check adds the step variants itself (inside its own report of a plugin's error)
+    configs = _given_configs(configs)
     out = []
     for name in applicable_checks(plugin, extra_plugins):
         f = CHECKS[name]
