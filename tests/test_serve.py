@@ -797,3 +797,29 @@ def test_without_mixed_prefill_no_step_mixes_under_the_block_cache_and_speculati
 def test_mixed_prefill_must_be_a_boolean():
     with pytest.raises(ConfigError, match=r"^serving.scheduler.mixed_prefill: must be true or false"):
         SchedulerSettings.from_dict({"mixed_prefill": "no"})
+
+
+def test_a_disaggregated_fleet_serves_alike_with_prefill_steps_apart_and_its_runs_hold(monkeypatch):
+    """Without mixed_prefill a prefill pool has no decodes to hold back and a decode pool's
+    arrivals decode (they join the running batch): the fleet serves as with mixed steps, every
+    step the same, while nothing is preempted (a preempted sequence recomputes its prompt, in
+    a prefill step of its own); the loop's runs and lazy steps give the step-by-step result, a
+    full decode KV pool's queue and its preemptions included."""
+    kept = count_kept(monkeypatch)
+    w = synthetic({"requests": 200, "arrival": {"kind": "poisson", "rate_per_s": 10}, "input_tokens": "uniform:200:900",
+                   "output_tokens": "uniform:50:300", "seed": 4})
+    cost = SyntheticCost(0.01, 2e-6, 1e-8, kv_pool_bytes_per_chip=2e6)
+
+    def fleet(mixed, blocks):
+        prefill = attrs.evolve(pool(cost, max_num_batched_tokens=512, mixed_prefill=mixed), role="prefill")
+        decode = attrs.evolve(pool(cost, instances=2, blocks=blocks, max_num_seqs=64, mixed_prefill=mixed),
+                              role="decode")
+        return Fleet((prefill, decode), transfer_s=lambda tokens, i, j: 1e-3 + 1e-7 * tokens)
+
+    for blocks in (None, 200):
+        apart = _same_runs(fleet(False, blocks), w)
+        mixed = _same_runs(fleet(True, blocks), w)
+        preempted = summary(apart)["preemptions"]
+        assert (preempted > 0) is (blocks is not None)
+        assert ([i.steps for i in apart.instances] == [i.steps for i in mixed.instances]) is (not preempted)
+    assert kept["runs"] > 100 and kept["steps"] > 100
