@@ -12,6 +12,7 @@ below the bar; the margin is safe where no candidate can do more than that. Usag
 
     python benchmarks/estimate_survey.py                        # every preset case
     python benchmarks/estimate_survey.py --case qwen3 --top 10 --sample 5
+    python benchmarks/estimate_survey.py --case qwen3 --framework sglang   # under a profile
 
 Prints one JSON line per case (``ratios``: simulated capacity / estimate and failing rate /
 estimate, highest first, with the candidates' labels) and a summary line (the highest of
@@ -42,9 +43,9 @@ CASES = {
 }
 
 
-def survey(name: str, top: int, sample: int, floor: float, workers: int) -> dict:
+def survey(name: str, top: int, sample: int, floor: float, workers: int, framework: str | None = None) -> dict:
     model, system, chips, isl, osl, slo = CASES[name]
-    raw = {"model": model, "system": system, "chips": chips}
+    raw = {"model": model, "system": system, "chips": chips, **({"framework": framework} if framework else {})}
     workload = {"requests": 300, "arrival": {"kind": "poisson"}, "input_tokens": isl, "output_tokens": osl,
                 "seed": 0}
     settings = ss.SearchSettings(slo=slo, disagg="auto", chunks=ss.DEFAULT_CHUNKS, seqs=None, vary=None,
@@ -101,10 +102,11 @@ def main() -> None:
     ap.add_argument("--floor", type=float, default=0.5,
                     help="only candidates whose estimate is at least this share of the best's (default 0.5)")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--framework", default=None, help="a framework profile (vllm, sglang, trtllm); default none")
     args = ap.parse_args()
     worst = None
     for name in args.case or list(CASES):
-        out = survey(name, args.top, args.sample, args.floor, args.workers)
+        out = survey(name, args.top, args.sample, args.floor, args.workers, args.framework)
         print(json.dumps(out), flush=True)
         if out["max_ratio"] is not None and (worst is None or out["max_failing_ratio"] > worst[0]):
             worst = (out["max_failing_ratio"], name, max(out["ratios"], key=lambda r: r[1])[2])

@@ -12,7 +12,7 @@ on one instance, from a few step latencies its screen measured on the engine
 - **Prefill** (a prefill pool, or the chunks of an aggregated instance): a prompt is
   served in ``k(b)`` steps of ``max_num_batched_tokens - b`` prompt tokens (the decodes
   take their share of the budget first), costing ``P(b)`` in all per prompt; several short
-  prompts share a step. The prompts queue first come, first served: TTFT is the prompt's
+  prompts share a step, and an attention-DP instance's ranks each fill a budget of their own. The prompts queue first come, first served: TTFT is the prompt's
   sojourn in that queue (:func:`sojourn_percentile`, the run's own number of requests and
   arrival process, started empty, as the search's runs are).
 - **Aggregated**: per request the instance spends ``f(b) = P(b) + ((osl - 1) / b - k(b))
@@ -63,7 +63,7 @@ ESTIMATE_TOLERANCE = 0.01
 # ----------------------------------------------------------------------------------------
 
 
-def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int]) -> dict:
+def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int], ranks: int = 1) -> dict:
     """The step latencies the estimate needs, from ``cost.latency_s`` (a
     :class:`~g5core.serve.cost.StepCost`): ``decode_mid_s`` ``[[b, D(b)]]`` at the mean
     context ``isl + osl // 2``, and ``prefill`` ``[[b, P(b), k(b), first_s(b)]]`` for
@@ -72,34 +72,46 @@ def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int]) -> 
     (``P``), its steps (``k``, a share of one when prompts share a step; a prompt longer than
     the budget left by the decodes, ``isl / budget`` steps at the mean full step's time, as
     queued prompts' chunks fill the budget) and the time from its first step's start to its
-    first token (``first_s``, the lone prompt's whole steps)."""
+    first token (``first_s``, the lone prompt's whole steps). ``ranks``: an attention-DP
+    instance's ranks (``cost`` spreads a step's work over them), each with its own budget of
+    ``chunk`` tokens: under load every rank runs prompts of its own, so a step serves
+    ``ranks`` times the prompts (the decodes, ``b`` in all, take ``ceil(b / ranks)`` of the
+    busiest rank's budget)."""
     isl, osl = max(int(isl), 1), max(int(osl), 1)
     mid = isl + osl // 2
     decode = [[b, cost.latency_s(StepWork((), (mid,) * b))] for b in batches]
     prefill = []
     # the prompt's steps at 0 running decodes, the middle batch and the largest (P(b) is
     # nearly linear in b: the step's tokens stay the budget, the decodes' attention grows)
-    below = [b for b in batches if b < chunk]
+    below = [b for b in batches if -(-b // ranks) < chunk]
     for b in sorted({0, *below[len(below) // 2:len(below) // 2 + 1], *below[-1:]}):
-        budget = chunk - b
+        budget = chunk - -(-b // ranks)
         decodes = (mid,) * b
         if isl <= budget:
-            q = budget // isl   # prompts per step under load
+            q = budget // isl * ranks   # prompts per step under load
             full = cost.latency_s(StepWork(((isl, 0),) * q, decodes))
             prefill.append([b, full / q, 1.0 / q, full])
             continue
         total, done, steps, last = 0.0, 0, 0, 0.0
+        every, last_every = 0.0, 0.0    # the same chunks on every rank at once
         while done < isl:
             n = min(budget, isl - done)
             last = cost.latency_s(StepWork(((n, done),), decodes))
             total += last
+            if ranks > 1:
+                last_every = cost.latency_s(StepWork(((n, done),) * ranks, decodes))
+                every += last_every
             done += n
             steps += 1
         # under a queue the prompts' chunks fill every step's budget (the next prompt's first
         # chunk takes what the last chunk leaves): isl / budget full steps per prompt, not
-        # ``steps``; the lone prompt's first token still comes after its ``steps``
+        # ``steps``, ``ranks`` prompts at once; the lone prompt's first token still comes
+        # after its ``steps``
         k = isl / budget
-        prefill.append([b, k * (total - last) / (steps - 1), k, total])
+        if ranks == 1:
+            prefill.append([b, k * (total - last) / (steps - 1), k, total])
+        else:
+            prefill.append([b, k * (every - last_every) / (steps - 1) / ranks, k / ranks, total])
     return {"isl": isl, "osl": osl, "decode_mid_s": decode, "prefill": prefill}
 
 

@@ -200,7 +200,7 @@ def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, worklo
         batches = [1 << k for k in range(min((holds - 1).bit_length(), MAX_DECODE_BATCH.bit_length() - 1) + 1)]
         isl_mean, osl_mean = (round(x) for x in _mean_lengths(workload))
         decode = [[b, cost.latency_s(StepWork((), (isl,) * b))] for b in batches]
-        table = step_table(cost, isl_mean, osl_mean, chunk, batches)
+        table = step_table(cost, isl_mean, osl_mean, chunk, batches, getattr(cost, "dp", 1))
     except (ConfigError, PluginError) as exc:
         return refusal(exc)
     points = engine_points(session)

@@ -19,8 +19,9 @@ from g5core.study.sweep import WAIT, run_windowed
 #: figures (``failed_stopped``); the shown candidates' are made whole in cells of their own.
 #: 6: a side's lone simulated candidate makes its own failing run whole (``whole_failed``).
 #: 7: a wave without a bar finds its capacities unconfirmed (``defer``), confirmed in cells
-#: of their own (``confirm``) or bounded out as ties by the driver
-CELL_VERSION = 7
+#: of their own (``confirm``) or bounded out as ties by the driver. 8: an attention-DP
+#: layout's screen counts every rank's prompts in its estimate table (``step_table``'s ranks)
+CELL_VERSION = 8
 
 
 SCHEMA = """
