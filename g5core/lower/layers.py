@@ -510,8 +510,10 @@ def sampler_kernels(model: ModelSpec, shape: LocalShape, act_bytes: float) -> tu
     sampling parameters (vllm/v1/sample/sampler.py at 3e34265): the logits cast to fp32, then
     their argmax (``greedy_sample``); the logits processors and penalties are no-ops by default.
     Over the whole vocabulary on every chip: a TP group gathers the vocabulary-parallel logits
-    first (vLLM V1, SGLang: an all-gather, which G5 does not price), so each rank samples them
-    all. A verification group samples each of its rows (:func:`_head_tokens`)."""
+    first (``logits_gather``, the TP plugin's all-gather), so each rank samples them all; these
+    kernels are the LM head's, ahead of the gather in the program, which changes no step's
+    time (the three run one after the other at its end). A verification group samples each of
+    its rows (:func:`_head_tokens`)."""
     tokens = _head_tokens(shape)
     vocab = model.vocab_size
     return (Elementwise(tokens=tokens, width=vocab, kind="logits_cast", act_bytes=act_bytes),

@@ -123,23 +123,22 @@ class VllmScheduler:
         servers merge their transferred requests into the running batch
         (``get_next_disagg_decode_batch_to_run``: the prebuilt batch, no prefill forward)."""
         if self.s.mixed_prefill:
-            return self._pick(decodes=True, admit=None)
-        picked = self._pick(decodes=False, admit=False)
+            return self._pick(decodes=True, decoding=None)
+        picked = self._pick(decodes=False, decoding=False)
         if picked:
             return picked
         self._unadmitted()
-        return self._pick(decodes=True, admit=True)
+        return self._pick(decodes=True, decoding=True)
 
     def _unadmitted(self) -> None:
         """A prefill step found nothing to take: what its admission looked up is undone
         before the decodes' step (:class:`g5core.serve.kvcache.CachingScheduler` gives back
         the blocks a lookup held); nothing here."""
 
-    def _pick(self, decodes: bool, admit: bool | None) -> list[Seq]:
+    def _pick(self, decodes: bool, decoding: bool | None) -> list[Seq]:
         """The running sequences' tokens (``decodes``: their decodes too, else only the
         prompts' chunks), preempting the newest where KV blocks run out, then, where nothing
-        was preempted, the admissions the budget left allows (:meth:`admit`'s ``decoding``:
-        ``admit``)."""
+        was preempted, the admissions the budget left allows (:meth:`admit`, ``decoding``)."""
         s = self.s
         budget = s.max_num_batched_tokens
         bs = s.block_size
@@ -180,7 +179,7 @@ class VllmScheduler:
             picked.append(seq)
             i += 1
         if not preempted:
-            self.admit(budget, picked, admit)
+            self.admit(budget, picked, decoding)
         return picked
 
     @staticmethod

@@ -12,9 +12,10 @@ on one instance, from a few step latencies its screen measured on the engine
 - **Prefill** (a prefill pool, or the chunks of an aggregated instance): a prompt is
   served in ``k(b)`` steps of ``max_num_batched_tokens - b`` prompt tokens (the decodes
   take their share of the budget first), costing ``P(b)`` in all per prompt; several short
-  prompts share a step, and an attention-DP instance's ranks each fill a budget of their own. The prompts queue first come, first served: TTFT is the prompt's
-  sojourn in that queue (:func:`sojourn_percentile`, the run's own number of requests and
-  arrival process, started empty, as the search's runs are).
+  prompts share a step, and an attention-DP instance's ranks each fill a budget of their
+  own. The prompts queue first come, first served: TTFT is the prompt's sojourn in that
+  queue (:func:`sojourn_percentile`, the run's own number of requests and arrival process,
+  started empty, as the search's runs are).
 - **Aggregated**: per request the instance spends ``f(b) = P(b) + ((osl - 1) / b - k(b))
   D(b)`` (its prompt's steps, which also emit a token for each of the ``b`` decodes, and
   its share of the decode-only steps), so ``lam f(b) = 1`` fixes ``b``; the steps per
@@ -97,14 +98,13 @@ def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int], ran
             prefill.append([b, full / q, 1.0 / q, full])
             continue
         total, done, steps, last = 0.0, 0, 0, 0.0
-        every, last_every = 0.0, 0.0    # the same chunks on every rank at once
+        every, last_every = 0.0, 0.0    # the same chunks on every rank at once (one rank: the lone prompt's)
         while done < isl:
             n = min(budget, isl - done)
             last = cost.latency_s(StepWork(((n, done),), decodes))
+            last_every = last if ranks == 1 else cost.latency_s(StepWork(((n, done),) * ranks, decodes))
             total += last
-            if ranks > 1:
-                last_every = cost.latency_s(StepWork(((n, done),) * ranks, decodes))
-                every += last_every
+            every += last_every
             done += n
             steps += 1
         # under a queue the prompts' chunks fill every step's budget (the next prompt's first
@@ -112,10 +112,7 @@ def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int], ran
         # ``steps``, ``ranks`` prompts at once; the lone prompt's first token still comes
         # after its ``steps``
         k = isl / budget
-        if ranks == 1:
-            prefill.append([b, k * (total - last) / (steps - 1), k, total])
-        else:
-            prefill.append([b, k * (every - last_every) / (steps - 1) / ranks, k / ranks, total])
+        prefill.append([b, k * (every - last_every) / (steps - 1) / ranks, k / ranks, total])
     return {"isl": isl, "osl": osl, "decode_mid_s": decode, "prefill": prefill}
 
 
