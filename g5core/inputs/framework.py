@@ -17,7 +17,7 @@
 - ``mixed_prefill``: the framework's scheduling, whether prefill chunks share a step with the
   decodes (vLLM, TensorRT-LLM) or run in steps of their own (SGLang): ``g5 serve``'s scheduler
   takes it where the configuration gives no ``serving.scheduler.mixed_prefill``
-  (:meth:`g5core.inputs.serving.PoolSpec.settings_under`). Left out: the scheduler's default.
+  (:func:`g5core.inputs.serving.scheduler_under`). Left out: the scheduler's default.
 
 - ``cuda_graphs``: which steps run as captured CUDA graphs (``decode``: the decode step only,
   as SGLang -- its CUDA graphs cover decode batches up to ``--cuda-graph-max-bs``, prefill

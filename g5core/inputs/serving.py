@@ -157,12 +157,9 @@ class PoolSpec:
     scheduler_name: str
     router: str
     dp_balance: str = "round_robin"
-    #: the scheduler keys the configuration gave (a framework profile's scheduling sets the others)
+    #: the scheduler keys the configuration gave (a framework profile's scheduling sets the
+    #: others: :func:`scheduler_under`)
     given: frozenset = frozenset()
-
-    def settings_under(self, system) -> SchedulerSettings:
-        """The pool's scheduler settings on ``system`` (:func:`scheduler_under`)."""
-        return scheduler_under(self.scheduler, self.given, system)
 
 
 def scheduler_under(settings: SchedulerSettings, given, system) -> SchedulerSettings:

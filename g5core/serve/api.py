@@ -35,7 +35,8 @@ from g5core.lower.builder import make_topology
 from g5core.lower.collective import idle_transfer_s
 from g5core.session.prepared import PreparedPlan, prepare
 from g5core.session.speculative import Proposer
-from g5core.inputs.serving import PLACEHOLDERS, ServingSpec, WorkloadSpec, _positive_int, parse_serving, split_config
+from g5core.inputs.serving import (PLACEHOLDERS, ServingSpec, WorkloadSpec, _positive_int, parse_serving,
+                                   scheduler_under, split_config)
 
 GIB = float(2 ** 30)
 
@@ -195,7 +196,8 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
                               "raise max_num_batched_tokens")
         prepared = prepare(praw, disabled=disabled)
         plan = prepared.plan
-        s = ps.settings_under(plan.ctx.system)    # the framework's scheduling where the configuration is silent
+        # the framework profile's scheduling where the configuration is silent
+        s = scheduler_under(ps.scheduler, ps.given, plan.ctx.system)
         rules = prepared.step_rules   # what the layout's dimensions require of a step (see PlanCost)
         sizing = kv_sizing(prepared, rules.round_up(s.max_num_batched_tokens), field)
         speculative = prepared.deployment.speculative
