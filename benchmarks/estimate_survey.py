@@ -13,6 +13,7 @@ below the bar; the margin is safe where no candidate can do more than that. Usag
     python benchmarks/estimate_survey.py                        # every preset case
     python benchmarks/estimate_survey.py --case qwen3 --top 10 --sample 5
     python benchmarks/estimate_survey.py --case qwen3 --framework sglang   # under a profile
+    python benchmarks/estimate_survey.py --disagg off           # aggregated candidates alone
 
 Prints one JSON line per case (``ratios``: simulated capacity / estimate and failing rate /
 estimate, highest first, with the candidates' labels) and a summary line (the highest of
@@ -43,12 +44,13 @@ CASES = {
 }
 
 
-def survey(name: str, top: int, sample: int, floor: float, workers: int, framework: str | None = None) -> dict:
+def survey(name: str, top: int, sample: int, floor: float, workers: int, framework: str | None = None,
+           disagg: str = "auto") -> dict:
     model, system, chips, isl, osl, slo = CASES[name]
     raw = {"model": model, "system": system, "chips": chips, **({"framework": framework} if framework else {})}
     workload = {"requests": 300, "arrival": {"kind": "poisson"}, "input_tokens": isl, "output_tokens": osl,
                 "seed": 0}
-    settings = ss.SearchSettings(slo=slo, disagg="auto", chunks=ss.DEFAULT_CHUNKS, seqs=None, vary=None,
+    settings = ss.SearchSettings(slo=slo, disagg=disagg, chunks=ss.DEFAULT_CHUNKS, seqs=None, vary=None,
                                  settle=ss.SETTLE, confirm=ss.DEFAULT_CONFIRM, beam=ss.DEFAULT_BEAM,
                                  top=ss.DEFAULT_TOP, bound=True)
     t0 = time.time()
@@ -84,7 +86,7 @@ def survey(name: str, top: int, sample: int, floor: float, workers: int, framewo
                       lab, c["capacity_requests_per_s"], est[lab])
                      for lab, c in done.items() if c.get("status") == "ok" and c.get("capacity_requests_per_s")),
                     reverse=True)
-    return {"case": name, "model": model, "system": system, "chips": chips, "isl": isl, "osl": osl, "slo": slo,
+    return {"case": name, "disagg": disagg, "model": model, "system": system, "chips": chips, "isl": isl, "osl": osl, "slo": slo,
             "candidates": len(res.estimates), "within_floor": len(near), "distinct_pools": len(distinct),
             "simulated": len(chosen), "with_search": len(ratios),
             "refused": sum(c.get("status") != "ok" for c in cells), "search_wall_s": round(search_s, 1),
@@ -103,10 +105,13 @@ def main() -> None:
                     help="only candidates whose estimate is at least this share of the best's (default 0.5)")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--framework", default=None, help="a framework profile (vllm, sglang, trtllm); default none")
+    ap.add_argument("--disagg", default="auto", choices=("auto", "off", "on"),
+                    help="the search's --disagg (off: aggregated candidates alone, whose estimates are "
+                         "otherwise mostly below the floor; default auto)")
     args = ap.parse_args()
     worst = None
     for name in args.case or list(CASES):
-        out = survey(name, args.top, args.sample, args.floor, args.workers, args.framework)
+        out = survey(name, args.top, args.sample, args.floor, args.workers, args.framework, args.disagg)
         print(json.dumps(out), flush=True)
         if out["max_ratio"] is not None and (worst is None or out["max_failing_ratio"] > worst[0]):
             worst = (out["max_failing_ratio"], name, max(out["ratios"], key=lambda r: r[1])[2])
