@@ -20,8 +20,9 @@ from g5core.study.sweep import WAIT, run_windowed
 #: 6: a side's lone simulated candidate makes its own failing run whole (``whole_failed``).
 #: 7: a wave without a bar finds its capacities unconfirmed (``defer``), confirmed in cells
 #: of their own (``confirm``) or bounded out as ties by the driver. 8: an attention-DP
-#: layout's screen counts every rank's prompts in its estimate table (``step_table``'s ranks)
-CELL_VERSION = 8
+#: layout's screen counts every rank's prompts in its estimate table (``step_table``'s ranks).
+#: 9: the estimate table's prefill rows carry the lone prompt's step (``estimate.shared``)
+CELL_VERSION = 9
 
 
 SCHEMA = """
