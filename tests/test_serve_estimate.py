@@ -113,3 +113,22 @@ def test_a_larger_max_num_seqs_never_estimates_less_where_the_smaller_does_not_b
     at = {seqs: est.aggregated(table, 4, seqs, 1e6) for seqs in (64, 128, 256, 1024)}
     assert at[256] == pytest.approx(at[128], rel=0.02) and at[1024] == pytest.approx(at[128], rel=0.02)
     assert 70 < at[128] < 85 and at[64] <= at[128]
+
+
+def test_under_a_framework_that_runs_uncaptured_batches_eagerly_the_decode_table_has_the_midpoints():
+    """TensorRT-LLM runs a decode batch between its captured CUDA-graph sizes eagerly (no
+    padding), and its step is no line between the powers of two it captures: the table
+    samples ``3 b / 2`` too, below the largest batch. vLLM and SGLang pad to the next size,
+    and without a profile every batch is captured: their tables are as before."""
+    from g5core.inputs.framework import DEFAULT_FRAMEWORK, Framework, load_profile
+    from g5core.study.serving.estimate import eager_between
+
+    profile = lambda name: Framework.from_mapping(load_profile(name)["framework"], name)  # noqa: E731
+    assert eager_between(profile("trtllm"))
+    assert not any(eager_between(fw) for fw in (profile("vllm"), profile("sglang"), DEFAULT_FRAMEWORK))
+    plain = step_table(_LinearCost(), 1000, 16, 2048, [1, 2, 4, 8, 16])
+    eager = step_table(_LinearCost(), 1000, 16, 2048, [1, 2, 4, 8, 16], eager=True)
+    assert [b for b, _ in plain["decode_mid_s"]] == [1, 2, 4, 8, 16]
+    assert [b for b, _ in eager["decode_mid_s"]] == [1, 2, 3, 4, 6, 8, 12, 16]
+    assert eager["decode_mid_s"][4][1] == pytest.approx(1e-3 + 6 * 2e-5)
+    assert eager["prefill"] == plain["prefill"]

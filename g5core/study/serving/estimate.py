@@ -55,8 +55,11 @@ from g5core.study.resultsdb import canonical_json
 #: Once the estimate counted every attention-DP rank's prompts (step_table's ranks), the
 #: survey again (the four cases it moves or that came closest, and Qwen3 under the sglang
 #: profile) gave at most 1.047 (Llama-3.1-8B on 4 H100, unmoved), Qwen3 0.998 (sglang 1.008):
-#: 0.10 keeps the same headroom above the highest. Also checked on the engine in
-#: tests/test_serve_search.py
+#: 0.10 keeps the same headroom above the highest. At ebe8d45 (the aggregated step's
+#: prompts as they arrive, the batch below the least time per request) the six cases again
+#: gave at most 1.047 (the same candidate), and ``--disagg off`` (the aggregated candidates
+#: alone, 119 of them) at most 1.049 (Llama-3.1-8B 2 x [cp=2 tp=2]; 1.108 before ebe8d45).
+#: Also checked on the engine in tests/test_serve_search.py
 ESTIMATE_MARGIN = 0.10
 #: the rates tried go up to this many times the saturated throughput (a finite run started
 #: empty can hold the TTFT limit for a while above it)
@@ -73,7 +76,16 @@ LEAST_GRID = 64
 # ----------------------------------------------------------------------------------------
 
 
-def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int], ranks: int = 1) -> dict:
+def eager_between(framework) -> bool:
+    """Whether a decode batch between the framework's captured CUDA-graph sizes runs eagerly
+    (``cuda_graph_padding: false``, TensorRT-LLM's default): there a captured size is an
+    island among eager batches (:func:`step_table`'s ``eager``)."""
+    return (framework.cuda_graph_batch_sizes is not None and not framework.cuda_graph_padding
+            and framework.cuda_graphs != "none")
+
+
+def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int], ranks: int = 1,
+               eager: bool = False) -> dict:
     """The step latencies the estimate needs, from ``cost.latency_s`` (a
     :class:`~g5core.serve.cost.StepCost`): ``decode_mid_s`` ``[[b, D(b)]]`` at the mean
     context ``isl + osl // 2``, and ``prefill`` ``[[b, P(b), k(b), first_s(b)]]`` for
@@ -88,10 +100,17 @@ def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int], ran
     instance's ranks (``cost`` spreads a step's work over them), each with its own budget of
     ``chunk`` tokens: under load every rank runs prompts of its own, so a step serves
     ``ranks`` times the prompts (the decodes, ``b`` in all, take ``ceil(b / ranks)`` of the
-    busiest rank's budget)."""
+    busiest rank's budget). ``eager``: a decode batch between captured CUDA-graph sizes runs
+    eagerly (:func:`eager_between`); the step is then no line between the batches (the powers
+    of two, which such a framework captures), and the decode table has the midpoints ``3 b /
+    2`` too: Qwen3-235B's [dp=4 ep=8 tp=2] decode under trtllm takes 40.3 ms at 256
+    sequences, 47.0 at 288, 51.8 at 384 and 52.7 at 512, where the line from 256 to 512
+    crosses a 50 ms limit at 458 sequences, the line through 384 at 364."""
     isl, osl = max(int(isl), 1), max(int(osl), 1)
     mid = isl + osl // 2
-    decode = [[b, cost.latency_s(StepWork((), (mid,) * b))] for b in batches]
+    points = sorted({*batches, *(3 * b // 2 for b in batches[1:] if 3 * b // 2 < batches[-1])}) if eager \
+        else batches
+    decode = [[b, cost.latency_s(StepWork((), (mid,) * b))] for b in points]
     prefill = []
     # the prompt's steps at 0 running decodes, the middle batch and the largest (P(b) is
     # nearly linear in b: the step's tokens stay the budget, the decodes' attention grows)

@@ -21,8 +21,10 @@ from g5core.study.sweep import WAIT, run_windowed
 #: 7: a wave without a bar finds its capacities unconfirmed (``defer``), confirmed in cells
 #: of their own (``confirm``) or bounded out as ties by the driver. 8: an attention-DP
 #: layout's screen counts every rank's prompts in its estimate table (``step_table``'s ranks).
-#: 9: the estimate table's prefill rows carry the lone prompt's step (``estimate.shared``)
-CELL_VERSION = 9
+#: 9: the estimate table's prefill rows carry the lone prompt's step (``estimate.shared``).
+#: 10: under a framework that runs uncaptured decode batches eagerly, the decode table has
+#: the midpoints (``step_table``'s ``eager``)
+CELL_VERSION = 10
 
 
 SCHEMA = """
