@@ -88,7 +88,7 @@ def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int], ran
                eager: bool = False) -> dict:
     """The step latencies the estimate needs, from ``cost.latency_s`` (a
     :class:`~g5core.serve.cost.StepCost`): ``decode_mid_s`` ``[[b, D(b)]]`` at the mean
-    context ``isl + osl // 2``, and ``prefill`` ``[[b, P(b), k(b), first_s(b)]]`` for
+    context ``isl + osl // 2``, and ``prefill`` ``[[b, P(b), k(b), first_s(b), P1(b), k1(b)]]`` for
     ``b`` running decodes (0, and the middle and largest of ``batches`` below ``chunk``): a
     prompt's time in steps
     (``P``), its steps (``k``, a share of one when prompts share a step; a prompt longer than
