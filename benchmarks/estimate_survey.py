@@ -86,7 +86,8 @@ def survey(name: str, top: int, sample: int, floor: float, workers: int, framewo
                       lab, c["capacity_requests_per_s"], est[lab])
                      for lab, c in done.items() if c.get("status") == "ok" and c.get("capacity_requests_per_s")),
                     reverse=True)
-    return {"case": name, "disagg": disagg, "model": model, "system": system, "chips": chips, "isl": isl, "osl": osl, "slo": slo,
+    return {"case": name, "disagg": disagg, "model": model, "system": system, "chips": chips, "isl": isl, "osl": osl,
+            "slo": slo,
             "candidates": len(res.estimates), "within_floor": len(near), "distinct_pools": len(distinct),
             "simulated": len(chosen), "with_search": len(ratios),
             "refused": sum(c.get("status") != "ok" for c in cells), "search_wall_s": round(search_s, 1),
