@@ -241,8 +241,8 @@ def screen_layout(base: Mapping, chips: int, parallel: Mapping, chunks, workload
     """One layout at every chunk size of ``chunks``, in one cell, so that the chunk sizes
     share the layout's step latencies (one worker's cached runner): ``{"chunks": [the
     screen_cell result per chunk size], "engine_points": those latencies}``
-    (:func:`engine_points`, for the workers that simulate its candidates). A refusal of the layout itself (before any step of
-    a chunk size) prunes every chunk size at once."""
+    (:func:`engine_points`, for the workers that simulate its candidates). A refusal of the
+    layout itself (before any step of a chunk size) prunes every chunk size at once."""
     out = []
     for chunk in chunks:
         res = screen_cell(base, chips, parallel, chunk, workload, slo, disabled, runner_for)
