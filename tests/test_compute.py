@@ -352,3 +352,47 @@ def test_run_summary_reports_coverage_and_achieved_flops(tmp_path, aic_system_fi
     line = next(x for x in out.output.splitlines() if x.startswith("compute time:"))
     assert "measured (profile aiconfigurator/h100_sxm/trtllm)" in line and "elementwise 0%" in line
     assert any(x.startswith("achieved per chip:") and "MFU" in x for x in out.output.splitlines())
+
+
+def test_a_captured_batch_between_eager_ones_is_an_island_of_the_predictors_grid():
+    """Under a framework that runs the batches between its captured sizes eagerly
+    (TensorRT-LLM: 1-32, 64, 128), a captured grid point is cheaper than the batches next to
+    it: a batch of 63 is priced on the line toward 63 (eager), not 15/16 of the way to the
+    captured 64; 64 itself keeps its graph cost; 33 starts past the captured 32. Without
+    islands the line runs to the grid points as before."""
+    from g5core.serve.cost import _interp
+
+    calls = []
+
+    def g(n):       # 1 us a sequence, 5 ms of eager launches off the captured sizes
+        calls.append(n)
+        return 1e-6 * n + (0.0 if n in islands else 5e-3)
+
+    islands = frozenset([*range(1, 33), 64, 128])
+    assert _interp(g, 63, islands=islands) == pytest.approx(g(63))
+    assert _interp(g, 64, islands=islands) == pytest.approx(64e-6)
+    assert _interp(g, 33, islands=islands) == pytest.approx(g(33))
+    assert _interp(g, 40, islands=islands) == pytest.approx(g(40))   # linear between eager 33 and 48
+    assert _interp(g, 63) == pytest.approx(g(48) / 16 + 15 * g(64) / 16)   # no islands: as before
+
+
+def test_under_trtllm_a_serving_decode_step_off_a_captured_size_pays_its_eager_launches():
+    """The serving step cost under the trtllm profile: 63 and 65 sequences run eagerly and
+    cost more than the captured 64 (before, 63 was priced nearly as 64); under vllm, which
+    pads, the steps rise with the batch."""
+    from g5core.serve.cost import StepWork
+    from g5core.study.serving.screen import _layout_config, _session, instance_cost
+    from g5core.study.serving.space import check_workload
+
+    wl = check_workload({"requests": 10, "arrival": {"kind": "poisson"}, "input_tokens": 512, "output_tokens": 16,
+                         "seed": 0})
+    steps = {}
+    for fw in ("trtllm", "vllm"):
+        raw = _layout_config({"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 1, "framework": fw}, 1,
+                             {"cp": 1, "dp": 1, "ep": 1, "pp": 1, "sp": 1, "tp": 1})
+        raw["serving"] = {"instances": 1, "scheduler": {"max_num_batched_tokens": 2048, "chunked_prefill": True}}
+        cost = instance_cost(_session(raw, wl, "ttft_p90=2s", ()).fleet.pools[0].cost)
+        steps[fw] = [cost.latency_s(StepWork((), (1000,) * b)) for b in (63, 64, 65)]
+    assert steps["trtllm"][0] > steps["trtllm"][1] < steps["trtllm"][2]
+    assert steps["trtllm"][0] - steps["trtllm"][1] > 0.5 * (steps["trtllm"][2] - steps["trtllm"][1])
+    assert steps["vllm"][0] <= steps["vllm"][1] <= steps["vllm"][2]

@@ -120,12 +120,14 @@ def test_under_a_framework_that_runs_uncaptured_batches_eagerly_the_decode_table
     padding), and its step is no line between the powers of two it captures: the table
     samples ``3 b / 2`` too, below the largest batch. vLLM and SGLang pad to the next size,
     and without a profile every batch is captured: their tables are as before."""
-    from g5core.inputs.framework import DEFAULT_FRAMEWORK, Framework, load_profile
-    from g5core.study.serving.estimate import eager_between
+    import types
 
-    profile = lambda name: Framework.from_mapping(load_profile(name)["framework"], name)  # noqa: E731
-    assert eager_between(profile("trtllm"))
-    assert not any(eager_between(fw) for fw in (profile("vllm"), profile("sglang"), DEFAULT_FRAMEWORK))
+    from g5core.inputs.framework import Framework, graph_islands, load_profile
+
+    system = lambda name: types.SimpleNamespace(  # noqa: E731
+        framework=Framework.from_mapping(load_profile(name)["framework"], name))
+    assert graph_islands(system("trtllm")) == {*range(1, 33), 64, 128}
+    assert not any(graph_islands(system(n)) for n in ("vllm", "sglang")) and not graph_islands(object())
     plain = step_table(_LinearCost(), 1000, 16, 2048, [1, 2, 4, 8, 16])
     eager = step_table(_LinearCost(), 1000, 16, 2048, [1, 2, 4, 8, 16], eager=True)
     assert [b for b, _ in plain["decode_mid_s"]] == [1, 2, 4, 8, 16]

@@ -566,6 +566,16 @@ def with_framework(system, name: str, field: str = "--framework"):
     return attrs.evolve(system, framework=Framework.from_mapping({**own, "name": name}, field))
 
 
+def graph_islands(system) -> frozenset:
+    """The decode batch sizes the system's framework captures as CUDA graphs while it runs the
+    batches between them eagerly (``cuda_graph_padding: false``, TensorRT-LLM's default):
+    islands of graph cost among eager batches. Empty without such a framework."""
+    fw = getattr(system, "framework", None)
+    if fw is None or fw.cuda_graph_batch_sizes is None or fw.cuda_graph_padding or fw.cuda_graphs == "none":
+        return frozenset()
+    return frozenset(fw.cuda_graph_batch_sizes)
+
+
 def graph_step(step, system):
     """The step the GPU runs for ``step`` under the system's framework: a decode step whose
     batch lies between captured CUDA-graph sizes is padded up to the next one (the padding

@@ -31,6 +31,7 @@ from g5core.inputs.kv_tiers import CacheSpec, resolve_tiers
 from g5core.serve.kvcache import CacheConfig, CachingScheduler
 from g5core.api.plugins import Hooks, make_plugin_manager
 from g5core.inputs.config import disabled_from_config
+from g5core.inputs.framework import graph_islands
 from g5core.lower.builder import make_topology
 from g5core.lower.collective import idle_transfer_s
 from g5core.session.prepared import PreparedPlan, prepare
@@ -215,7 +216,7 @@ def build_pools(raw: Mapping, spec: ServingSpec, registry: ServingRegistry, work
         step_runner = runner or (runner_for(praw, prepared) if runner_for else plan_step_runner(prepared))
         cost = PlanCost(step_runner, exact, rules,
                         sizing.kv_bytes_per_token_per_chip, sizing.pool_bytes_per_chip, sizing.capacity_tokens,
-                        sizing.chips)
+                        sizing.chips, graph_islands(plan.ctx.system))
         factory = registry.scheduler(ps.scheduler_name)
         if dp > 1:
             if proposer is not None:

@@ -116,20 +116,31 @@ def grid_above(x: float) -> int:
 JUMP_FROM = 64
 
 
-def _interp(f: Callable[[int], float], x: float, tokens: bool = True) -> float:
+def _interp(f: Callable[[int], float], x: float, tokens: bool = True, islands: frozenset = frozenset()) -> float:
     """``f`` at ``x`` from the grid cell ``(lo, hi]`` around it. Along a token count
     (``tokens``: the GEMMs' M) the engine's step latency jumps just past grid points (kernel
     tiles and the measured tables' shapes are powers of two and 1.5 times them: a 1,025-token
     prefill costs 26% more than a 1,024-token one on llama-3.1-8b), so the line runs from
-    ``lo + 1`` to ``hi``; along a context length it is smooth and runs from ``lo``."""
+    ``lo + 1`` to ``hi``; along a context length it is smooth and runs from ``lo``.
+    ``islands``: batch sizes a framework captures as CUDA graphs while running the batches
+    between them eagerly (:attr:`PlanCost.islands`): such an end whose neighbour inside the
+    cell is not captured is cheaper than the cell, so the line runs from the neighbour
+    instead (TensorRT-LLM captures 32, 64 and 128: a batch of 63 was priced 15/16 of the way
+    to the captured 64, 33.2 ms on Qwen3-235B [ep=8 tp=8], where 65 cost 38.2)."""
     lo, hi = grid_below(x), grid_above(x)
     if lo == hi:
         return f(lo)
     left = lo + 1 if tokens and lo >= JUMP_FROM else lo
-    if left >= hi:
-        return f(hi)
-    w = max(x - left, 0.0) / (hi - left)
-    return (1 - w) * f(left) + w * f(hi)
+    right = hi
+    if islands:
+        if left in islands and left + 1 not in islands:
+            left += 1
+        if hi in islands and hi - 1 not in islands:
+            right = hi - 1
+    if left >= right:
+        return f(right)
+    w = max(x - left, 0.0) / (right - left)
+    return (1 - w) * f(left) + w * f(right)
 
 
 def _batch_points(b: int) -> tuple[tuple[int, ...], float]:
@@ -186,6 +197,9 @@ class PlanCost:
     kv_pool_bytes_per_chip: float = 0.0
     kv_capacity_tokens: int = 0
     chips: int = 1
+    #: the decode batch sizes captured as CUDA graphs where the batches between them run
+    #: eagerly (a framework without padding: :func:`graph_islands`); empty otherwise
+    islands: frozenset = frozenset()
     _groups: dict = attrs.field(factory=dict)
     _steps: dict = attrs.field(factory=dict)
     _cells: dict = attrs.field(factory=dict)
@@ -243,9 +257,9 @@ class PlanCost:
             return _interp(lambda t: self._f_cached(t, cached), new)
         if not parts:
             return self._decode_predict_s(work.decodes, work.decode_context_tokens)
-        total = _interp(self.g, work.new_tokens)
+        total = _interp(self.g, work.new_tokens, islands=self.islands)
         for n, c in parts:
-            total += _interp(lambda t: self._f_cached(t, c), n) - _interp(self.g, n)
+            total += _interp(lambda t: self._f_cached(t, c), n) - _interp(self.g, n, islands=self.islands)
         if work.decodes:
             total += self._attention(work.decodes, ctx)
         return total
@@ -308,7 +322,7 @@ class PlanCost:
     def _decode_predict_s(self, b: int, total: int) -> float:
         """:meth:`predict_s` of a decode-only step of ``b`` sequences whose contexts sum to
         ``total``: its tokens' part and its attention at the mean context."""
-        return _interp(self.g, b) + self._attention(b, total / b)
+        return _interp(self.g, b, islands=self.islands) + self._attention(b, total / b)
 
     def decode_stepper(self, contexts: tuple) -> Callable[[int, int], float]:
         """``(j, total) ->`` :meth:`latency_s` of the decode-only step of ``len(contexts)``
@@ -338,7 +352,7 @@ class PlanCost:
             hit = steps.get(key)
             if hit is None:
                 if tokens_s is None:
-                    tokens_s = _interp(self.g, b)
+                    tokens_s = _interp(self.g, b, islands=self.islands)
                 x = max(total / b, 1.0)
                 attention = at(0, x) if len(points) == 1 else (1 - w_b) * at(0, x) + w_b * at(1, x)
                 hit = steps[key] = (tokens_s + attention, (contexts, j))
@@ -391,7 +405,8 @@ class PlanCost:
                     value = chunk
                 else:
                     if not fixed:
-                        fixed.extend((_interp(self.g, per + b), _interp(self.g, per)))
+                        fixed.extend((_interp(self.g, per + b, islands=self.islands),
+                                      _interp(self.g, per, islands=self.islands)))
                     value = fixed[0]
                     value += chunk - fixed[1]
                     value += self._attention(b, ctx_total / b)

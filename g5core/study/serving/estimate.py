@@ -76,14 +76,6 @@ LEAST_GRID = 64
 # ----------------------------------------------------------------------------------------
 
 
-def eager_between(framework) -> bool:
-    """Whether a decode batch between the framework's captured CUDA-graph sizes runs eagerly
-    (``cuda_graph_padding: false``, TensorRT-LLM's default): there a captured size is an
-    island among eager batches (:func:`step_table`'s ``eager``)."""
-    return (framework.cuda_graph_batch_sizes is not None and not framework.cuda_graph_padding
-            and framework.cuda_graphs != "none")
-
-
 def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int], ranks: int = 1,
                eager: bool = False) -> dict:
     """The step latencies the estimate needs, from ``cost.latency_s`` (a
@@ -101,7 +93,7 @@ def step_table(cost, isl: int, osl: int, chunk: int, batches: Sequence[int], ran
     ``chunk`` tokens: under load every rank runs prompts of its own, so a step serves
     ``ranks`` times the prompts (the decodes, ``b`` in all, take ``ceil(b / ranks)`` of the
     busiest rank's budget). ``eager``: a decode batch between captured CUDA-graph sizes runs
-    eagerly (:func:`eager_between`); the step is then no line between the batches (the powers
+    eagerly (:func:`g5core.inputs.framework.graph_islands`); the step is then no line between the batches (the powers
     of two, which such a framework captures), and the decode table has the midpoints ``3 b /
     2`` too: Qwen3-235B's [dp=4 ep=8 tp=2] decode under trtllm takes 40.3 ms at 256
     sequences, 47.0 at 288, 51.8 at 384 and 52.7 at 512, where the line from 256 to 512

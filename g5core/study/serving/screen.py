@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from g5core.api.errors import ConfigError, PluginError
-from g5core.inputs.framework import framework_of
+from g5core.inputs.framework import graph_islands
 from g5core.inputs.step import Step
 from g5core.inputs.serving import split_config
 from g5core.inputs.speculative import parse_speculative
@@ -16,7 +16,7 @@ from g5core.serve.session import ServingSession
 from g5core.serve.workload import Request, Workload, synthetic
 from g5core.session.run import make_plan
 from g5core.study.resultsdb import canonical_json, config_hash
-from g5core.study.serving.estimate import eager_between, step_table
+from g5core.study.serving.estimate import step_table
 from g5core.study.serving.space import (_layout_config, _longest, _mean_lengths, short_label, speculative_label,
                                         thaw_block)
 
@@ -202,7 +202,7 @@ def screen_cell(base: Mapping, chips: int, parallel: Mapping, chunk: int, worklo
         isl_mean, osl_mean = (round(x) for x in _mean_lengths(workload))
         decode = [[b, cost.latency_s(StepWork((), (isl,) * b))] for b in batches]
         table = step_table(cost, isl_mean, osl_mean, chunk, batches, getattr(cost, "dp", 1),
-                           eager_between(framework_of(plan.ctx.system)))
+                           bool(graph_islands(plan.ctx.system)))
     except (ConfigError, PluginError) as exc:
         return refusal(exc)
     points = engine_points(session)

@@ -23,8 +23,9 @@ from g5core.study.sweep import WAIT, run_windowed
 #: layout's screen counts every rank's prompts in its estimate table (``step_table``'s ranks).
 #: 9: the estimate table's prefill rows carry the lone prompt's step (``estimate.shared``).
 #: 10: under a framework that runs uncaptured decode batches eagerly, the decode table has
-#: the midpoints (``step_table``'s ``eager``)
-CELL_VERSION = 10
+#: the midpoints (``step_table``'s ``eager``). 11: there the step cost's grid takes a
+#: captured batch size between eager ones as an island (``PlanCost.islands``)
+CELL_VERSION = 11
 
 
 SCHEMA = """
