@@ -654,8 +654,10 @@ def _refusing_runner(praw, prepared=None):
 
 
 def test_a_plugin_refusing_a_layout_prunes_it_and_the_search_finishes():
-    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 8}
-    result = serve_search(raw, WL, SPACE, runner_for=_refusing_runner)
+    # 4 chips (tp 1, 2, 4) and no confirming seeds: the refusal comes in the tp=2 layout's
+    # first runs, and the suite stays within its time
+    raw = {"model": "llama-3.1-8b", "system": "h100-sxm", "chips": 4}
+    result = serve_search(raw, WL, attrs.evolve(SPACE, confirm=0), runner_for=_refusing_runner)
     refused = [p for p in result.pruned if p.family == "plugin 'standin'"]
     assert refused and all(dict(p.parallel)["tp"] == 2 for p in refused)
     assert "not divisible by 2" in refused[0].reason
