@@ -365,9 +365,14 @@ class Estimator:
         top_b = float(min(max_num_seqs, holds, pre[-1][0] if pre[-1][0] > 0 else 1))
         top_b = max(top_b, 1.0)
 
+        def request(b):
+            """``(f(b), P, k)``: a request's share of the instance's time, and its prompt's
+            time in steps and steps (:func:`shared`)."""
+            p, k = shared(pre, b, decodes)
+            return p + max(decodes / b - k, 0.0) * _lin(dec, b), p, k
+
         def per_request_s(b):
-            service, k = shared(pre, b, decodes)
-            return service + max(decodes / b - k, 0.0) * _lin(dec, b)
+            return request(b)[0]
 
         # f(b) falls as the decodes share more steps, and can rise again where a larger batch
         # leaves a prompt less of the budget (more, slower steps a prompt): the batch grows
@@ -377,11 +382,12 @@ class Estimator:
         # max_num_seqs estimate less: 69.4 against 77.0 req/s, Llama-3.1-8B 4 x [tp=2] at
         # 256 and 128, which simulate alike at 73.2.)
         least_b = min((top_b ** (i / (LEAST_GRID - 1)) for i in range(LEAST_GRID)), key=per_request_s)
+        least_s = per_request_s(least_b)
 
         def batch_at(lam):
             """The mean batch at ``lam`` per instance (the least ``b`` with ``lam f(b) <= 1``),
             or None: saturated."""
-            if per_request_s(least_b) * lam > 1:
+            if least_s * lam > 1:
                 return None
             if per_request_s(1.0) * lam <= 1:
                 return 1.0
@@ -400,16 +406,16 @@ class Estimator:
         def ok(rate):
             lam = rate / instances
             b = batch_at(lam)
-            service = None
-            if b is None:   # saturated: prompts are admitted as requests finish, 1 / f(b) per second
+            saturated = b is None
+            if saturated:   # prompts are admitted as requests finish, 1 / f(b) per second
                 b = top_b
-                service = per_request_s(b)
-                lam = 1.0 / service
+            f, p, k = request(b)
+            if saturated:
+                lam = 1.0 / f
             steps_per_s = lam * decodes / b
             # the mean step: a request's share of the instance's time over its share of the
             # steps (at least its prompt's; b = 1: light load, idle between requests)
-            p, k = shared(pre, b, decodes)
-            tpot = per_request_s(b) / max(k, decodes / b)
+            tpot = f / max(k, decodes / b)
             if tpot > tpot_limit:
                 return False
             prefill_share = min(lam * k / steps_per_s, 1.0)   # of the steps, those holding a prompt
@@ -418,9 +424,9 @@ class Estimator:
                 gap = slow if prefill_share > 1 - _share(lim) else _lin(dec, b)
                 if gap > lim.limit_s:
                     return False
-            return self._first_ok(rate, instances, service or _lin(pre, b), _lin(pre, b, 3), decodes * tpot)
+            return self._first_ok(rate, instances, f if saturated else _lin(pre, b), _lin(pre, b, 3), decodes * tpot)
 
-        return _bisect(ok, min(self.max_rate, OVERLOAD * instances / per_request_s(least_b)))
+        return _bisect(ok, min(self.max_rate, OVERLOAD * instances / least_s))
 
     def memo(self, key, fn):
         """``fn()`` once per ``key`` (a pool's layout and settings: many candidates share it)."""
