@@ -76,6 +76,34 @@ def test_fast_paths_give_the_results_of_a_re_share_from_scratch(example, overrid
     assert any(len(key) > 1 for key in fast._shares) == shared  # ... of sets of several flows where they shared a port
 
 
+class OwnPlans(Engine):
+    """Works out every comm spec's release plan in its own run (a subclass: the kept ones
+    are the engine's own class's)."""
+
+
+def test_a_lowerings_release_plans_are_worked_out_once_and_change_no_result():
+    # two DAGs compiled on one prepared plan (its lookup keeps the lowerings, as its steps'
+    # and cut models' DAGs are) share each comm spec's plans: the second run takes the first
+    # run's plan objects, and both give what an engine working out its own plans gives
+    from g5core.session.prepared import prepare
+    prepared = prepare(EX / "deepseek-v3-1m-decode-cp8.yaml", overrides=["seq_len=65536"])
+    plan = prepared.plan_for(prepared.deployment.step)
+    dag = build_dag(plan)
+    first, second = compile_dag(dag, plan), compile_dag(dag, plan)
+    comm = [s for s, kept in enumerate(first.spec_plans) if kept is not None]
+    assert comm and all(first.spec_plans[s] is second.spec_plans[s] for s in comm)
+    assert all(kept is None for s, kept in enumerate(first.spec_plans) if not first.spec_is_comm[s])
+    a = Engine(dag=first).run()
+    b = Engine(dag=second).run()
+    own = OwnPlans(dag=second).run()
+    assert a._plans and all(b._plans[s] is a._plans[s] for s in a._plans)
+    assert all(own._plans[s] is not a._plans[s] for s in a._plans if a._plans[s])
+    for name in ("start_s", "end_s", "flow_start_s", "flow_end_s", "flow_delivered"):
+        for other in (b, own):
+            assert np.array_equal(np.asarray(getattr(a, name)), np.asarray(getattr(other, name)), equal_nan=True)
+    assert a.makespan_s == b.makespan_s == own.makespan_s
+
+
 def test_exact_sum_of_repeated_values_equals_the_sum_of_the_list():
     from g5core.sim.compute import exact_sum, exact_sum_repeated
 

@@ -81,6 +81,10 @@ class CompiledDag:
     spec_wire: np.ndarray        # wire bytes per payload byte of a comm op (1.0 for compute)
     spec_answer: np.ndarray      # int64: compute: id of its answer in ``compute.answers``; -1 for comm
     compute: LatencyLookup = attrs.field(default=None, repr=False)  # where each compute time came from
+    #: per spec: a comm op's lowering's release plans (:meth:`g5core.sim.engine.Engine._release_plan`,
+    #: a dict the engine fills), shared by every DAG compiled with that lowering on the same
+    #: topology (a prepared plan's steps and cut models); None for compute
+    spec_plans: tuple = attrs.field(default=(), repr=False)
 
     @property
     def n_ops(self) -> int:
@@ -156,6 +160,8 @@ def compile_ops(dag: OpDag, *, topology: Topology, primitives: Mapping, hooks, s
     t_bytes: list = []
     t_route: list = []
     lowering_cache: dict = {}  # (primitive, group, bytes per rank) -> (template flow start, count, latency, algo, wire)
+    s_plans: list = [None] * n_specs
+    plans_of: dict = {}        # (primitive, group, bytes per rank) -> its release plans (CompiledDag.spec_plans)
     # the lowerings of earlier runs on this topology with these primitives (a prepared
     # plan's steps and cut models share the lookup): a lowering depends on nothing else
     mine = compute.lowerings.get((id(topo), id(primitives)))
@@ -178,10 +184,10 @@ def compile_ops(dag: OpDag, *, topology: Topology, primitives: Mapping, hooks, s
             if got is None:
                 lowered, flows = lower_op(dag.op(first), primitives, topo)
                 got = (flows, float(lowered.latency_s), (lowered.algorithm, lowered.protocol, lowered.channels),
-                       float(lowered.wire_bytes_per_payload_byte))
+                       float(lowered.wire_bytes_per_payload_byte), {})
                 if len(lowered_before) < LOWERINGS_KEPT:
                     lowered_before[key] = got
-            flows, latency_s, algo, wire = got
+            flows, latency_s, algo, wire, plans_of[key] = got
             low = lowering_cache[key] = (len(t_src), len(flows), latency_s, algo_ids.setdefault(algo, len(algo_ids)),
                                          wire)
             for src, dst, nbytes, route in flows:
@@ -190,6 +196,7 @@ def compile_ops(dag: OpDag, *, topology: Topology, primitives: Mapping, hooks, s
                 t_bytes.append(nbytes)
                 t_route.append(route_ids.setdefault(route, len(route_ids)))
         s_fstart[s], s_nflows[s], s_dur[s], s_algo[s], s_wire[s] = low
+        s_plans[s] = plans_of[key]
     counts = s_nflows[spec]
     flow_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=flow_ptr[1:])
@@ -210,7 +217,7 @@ def compile_ops(dag: OpDag, *, topology: Topology, primitives: Mapping, hooks, s
         flow_route=np.asarray(t_route, dtype=i32)[t_index], routes=tuple(route_ids),
         flow_bytes=np.asarray(t_bytes, dtype=float)[t_index], port_capacity=topo.capacities(), algos=tuple(algo_ids),
         spec_is_comm=s_comm, spec_duration_s=s_dur, spec_flops=s_flops, spec_algo=s_algo, spec_wire=s_wire,
-        spec_answer=s_answer, compute=compute,
+        spec_answer=s_answer, compute=compute, spec_plans=tuple(s_plans),
     )
 
 

@@ -260,6 +260,8 @@ class Engine:
         reshare, set_port_rates = self._reshare, self._set_port_rates
         self._plans = plans = {}  # spec -> its release plan (Engine._release_plan), or () if it has none
         by_plan = self._release_by_plan and release_flows is None
+        release_plan = self._shared_plan if type(self) is Engine and d.spec_plans else \
+            (lambda s, first, last: self._release_plan(first, last))
         sort_batches = self._sort_batches
         inj_mv = memoryview(flow_injected)
         self._route_cap = [min(cap[q] for q in route) for route in routes]
@@ -383,7 +385,7 @@ class Engine:
                             s = spec[op]
                             plan = plans.get(s)
                             if plan is None:
-                                plan = plans[s] = self._release_plan(first, last)
+                                plan = plans[s] = release_plan(s, first, last)
                             if plan:
                                 if last - first < BULK_FLOWS:
                                     for f in range(first, last):
@@ -527,6 +529,20 @@ class Engine:
         for op in np.flatnonzero(executed > 1).tolist():
             for _ in range(int(executed[op])):
                 flops[op] += per_op[op]
+
+    def _shared_plan(self, s: int, first: int, last: int):
+        """:meth:`_release_plan` of spec ``s``'s op (flows ``first .. last - 1``), kept with
+        the spec's lowering (:attr:`~g5core.sim.compile.CompiledDag.spec_plans`): a plan is
+        a function of the lowering's flows (routes, bytes) and the topology's capacities
+        alone, so every DAG compiled with that lowering on the topology (a prepared plan's
+        cut models and steps) takes the one worked out first. Keyed on the fast paths'
+        switches (a test turns them off)."""
+        kept = self.dag.spec_plans[s]
+        key = (self._settle_alone, self._keep_shares)
+        plan = kept.get(key)
+        if plan is None:
+            plan = kept[key] = self._release_plan(first, last)
+        return plan
 
     def _release_plan(self, first: int, last: int):
         """How the flows ``first .. last - 1`` of one comm op are released and settled, the
