@@ -269,11 +269,18 @@ def test_best_serve_framework_auto_ranks_every_framework_s_candidates_together()
 
 
 def test_shipped_host_times_are_the_cited_ones_overlapped_and_generic_has_none():
-    """vLLM: V1 Scheduler.schedule() per call (PR #19057's microbenchmark) as a fixed cost, behind
-    async scheduling (on by default); SGLang and TensorRT-LLM ship no figure; generic no host block."""
+    """vLLM: V1 Scheduler.schedule() per call (PR #19057's microbenchmark) as a fixed cost and
+    Scheduler.update_from_output per running sequence (PR #46112's baseline: 0.142 ms at 128, 0.287
+    ms at 256), behind async scheduling (on by default); SGLang and TensorRT-LLM ship no figure;
+    generic no host block."""
     host = {name: load_profile(name)["framework"].get("host") for name in FRAMEWORK_NAMES}
-    assert host["vllm"] == {"fixed_s": 1.06e-4, "per_sequence_s": 0.0, "per_token_s": 0.0, "overlap": True}
-    assert "PR #19057" in load_profile("vllm")["sources"]["host"]
+    assert host["vllm"] == {"fixed_s": 1.06e-4, "per_sequence_s": 1.12e-6, "per_token_s": 0.0, "overlap": True}
+    source = load_profile("vllm")["sources"]["host"]
+    assert "PR #19057" in source and "PR #46112" in source
+    # the per-sequence figure is the least-squares line through the origin of the two rows
+    rows = ((128, 0.142e-3), (256, 0.287e-3))
+    fit = sum(n * t for n, t in rows) / sum(n * n for n, _ in rows)
+    assert round(fit, 8) == host["vllm"]["per_sequence_s"]
     for name in ("sglang", "trtllm"):
         assert host[name]["overlap"] is True and not any(host[name][k] for k in ("fixed_s", "per_sequence_s",
                                                                                  "per_token_s"))
