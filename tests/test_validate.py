@@ -190,3 +190,60 @@ def test_calibrate_command_line_and_bad_key(setup):
     bad = CliRunner().invoke(main, ["calibrate", str(csv), "--fit", "compute_model.nope", "-o", str(setup / "d.yaml")])
     assert bad.exit_code == 2 and "system has no parameter 'compute_model.nope'" in bad.output
     assert not (setup / "d.yaml").exists()
+
+
+def _framework_csv(d, values, framework="vllm", name="fw.csv"):
+    """Prefill rows of the setup's model under ``framework`` (its column; "" leaves it empty)."""
+    rows = ("seq_len=512", "seq_len=1024", "seq_len=2048")
+    p = d / name
+    p.write_text("config,set,metric,measured_ms,source,framework\n"
+                 + "".join(f"prefill.yaml,{r},ttft,{v!r},synthetic,{framework}\n" for r, v in zip(rows, values)))
+    return p
+
+
+def test_calibrate_fits_a_framework_profile_value_the_system_file_does_not_set(setup):
+    # the rows ran under vllm (their framework column); the system file has no framework block:
+    # the fit starts from the profile's kernel launch (5 us), recovers the truth's 8 us, and the
+    # fitted file carries it in a framework block, which prices the rows as the truth does
+    truth = dict(yaml.safe_load(yaml.safe_dump(get_system("h100-sxm").to_dict())), name="truth-fw",
+                 framework={"kernel_launch_s": 8e-6})
+    (setup / "truth-fw.yaml").write_text(yaml.safe_dump(truth))
+    probe = _framework_csv(setup, [1.0] * 3, name="probe.csv")
+    measured = [predict_ms(r, probe, str(setup / "truth-fw.yaml")) for r in read_rows(probe)]
+    before = [predict_ms(r, probe) for r in read_rows(probe)]
+    assert all(m > b for m, b in zip(measured, before))     # the prefill runs eagerly: launches show
+    csv = _framework_csv(setup, measured)
+    out = setup / "fw-fit.yaml"
+    report = calibrate(csv, ["framework.kernel_launch_s"], out)
+    assert report["start"] == {"framework.kernel_launch_s": 5e-6}
+    assert report["fitted"]["framework.kernel_launch_s"] == pytest.approx(8e-6, rel=1e-3)
+    text = out.read_text()
+    assert "# framework kernel_launch_s from the vllm profile (the rows' framework)" in text
+    assert get_system(str(out)).framework.kernel_launch_s == pytest.approx(8e-6, rel=1e-3)
+    again = [predict_ms(r, csv, str(out)) for r in read_rows(csv)]
+    assert again == pytest.approx(measured, rel=1e-3)
+
+
+def test_a_framework_block_is_taken_whole_from_the_profile_and_the_rows_must_name_one(setup):
+    from g5core.inputs.framework import load_profile
+    from g5core.study.validate import _profile_blocks
+
+    start = get_system("h100-sxm").to_dict()
+    rows = read_rows(_framework_csv(setup, [1.0] * 3))
+    got, note = _profile_blocks(start, ["framework.host.fixed_s"], rows)
+    assert got["framework"] == {"host": load_profile("vllm")["framework"]["host"]}   # the whole block
+    assert "framework" not in start and "vllm profile" in note
+    assert _profile_blocks(start, ["launch_overhead_s"], rows) == (start, "")
+    # rows without a framework, or under two: the key's starting value is no one profile's
+    bare = _framework_csv(setup, [1.0] * 3, framework="", name="none.csv")
+    with pytest.raises(ConfigError, match="framework.host.fixed_s: the system file sets no framework.host") as err:
+        calibrate(bare, ["framework.host.fixed_s"], setup / "never.yaml")
+    assert "none (row 1)" in str(err.value) and "framework column" in str(err.value)
+    mixed = setup / "mixed.csv"
+    mixed.write_text("config,set,metric,measured_ms,source,framework\n"
+                     "prefill.yaml,seq_len=512,ttft,1.0,synthetic,vllm\nprefill.yaml,seq_len=1024,ttft,1.0,synthetic,sglang\n")
+    with pytest.raises(ConfigError, match=r"vllm \(row 1\), sglang \(row 2\)"):
+        calibrate(mixed, ["framework.kernel_launch_s"], setup / "never.yaml")
+    with pytest.raises(ConfigError, match="neither the system file nor the vllm profile sets it"):
+        calibrate(_framework_csv(setup, [1.0] * 3, name="v.csv"), ["framework.nope"], setup / "never.yaml")
+    assert not (setup / "never.yaml").exists()

@@ -40,13 +40,14 @@ import shlex
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-from typing import Callable, Sequence
+import copy
+from typing import Callable, Mapping, Sequence
 
 import attrs
 import yaml
 
 from g5core.inputs.config import apply_overrides, load_config_file
-from g5core.inputs.framework import FRAMEWORK_NAMES, host_step_s
+from g5core.inputs.framework import FRAMEWORK_NAMES, host_step_s, load_profile
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.systems import CATALOG_NAMES, SystemSpec, get_system
 from g5core.inputs.outputs import check_outputs
@@ -359,6 +360,42 @@ def _system_of(rows: Sequence[Row], csv_path) -> str:
     return next(iter(systems.values()))[0]
 
 
+def _profile_blocks(start: dict, keys: Sequence[str], rows: Sequence[Row]) -> tuple[dict, str]:
+    """``(system, note)``: ``start`` (a system's mapping) with each framework block a ``framework.*`` key of
+    ``keys`` fits and the system file does not set, taken whole from the profile the rows run
+    (their ``framework`` column or configuration: one for every row). A system file's
+    framework keys override the profile's, each top-level key whole (``host``, ``all_reduce``:
+    :func:`g5core.inputs.framework.with_framework`), so the fitted file carries the block the
+    rows ran with the fitted value in it, and at the starting values every row is priced as
+    before; ``note`` says which blocks came from which profile ("" where none did)."""
+    blocks = sorted({k.split(".")[1] for k in keys if k.startswith("framework.") and k.count(".") >= 1})
+    own = start.get("framework") or {}
+    missing = [b for b in blocks if b not in own]
+    if not missing:
+        return start, ""
+    key = next(k for k in keys if k.startswith(f"framework.{missing[0]}"))
+    names: dict = {}
+    for row in rows:
+        fw = row_config(row).get("framework")
+        name = fw.get("name") if isinstance(fw, Mapping) else fw
+        names.setdefault(name or "none", row.number)
+    if len(names) != 1 or next(iter(names)) in ("none", "generic"):
+        listed = ", ".join(f"{n} (row {r})" for n, r in names.items())
+        raise ConfigError("--fit", f"{key}: the system file sets no framework.{missing[0]}, so its value is the "
+                                   f"rows' framework profile's, and the rows run under {listed}; give every row one "
+                                   f"profile ({', '.join(n for n in FRAMEWORK_NAMES if n != 'generic')}: the "
+                                   f"framework column) or set framework.{missing[0]} in the system file")
+    name = next(iter(names))
+    profile = load_profile(name)["framework"]
+    absent = [b for b in missing if b not in profile]
+    if absent:
+        raise ConfigError("--fit", f"framework.{absent[0]}: neither the system file nor the {name} profile sets it "
+                                   f"(the profile sets {', '.join(sorted(profile))})")
+    out = copy.deepcopy(start)
+    out["framework"] = {**copy.deepcopy(own), **{b: copy.deepcopy(profile[b]) for b in missing}}
+    return out, f"framework {', '.join(missing)} from the {name} profile (the rows' framework), fitted values in it"
+
+
 #: how far (percentage points) the fit's leave-one-out error may exceed the prior's error
 #: before calibrate refuses to write the file: the rounding of the fit's own tolerances
 LOO_TOLERANCE_PCT = 0.01
@@ -418,7 +455,7 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
         raise ConfigError(serving.where(csv_path), f"a serving row ({serving.metric}): calibrate fits one-step "
                                                    "rows (ttft, tpot) only")
     system_ref = _system_of(rows, csv_path)
-    start = get_system(system_ref).to_dict()
+    start, taken = _profile_blocks(get_system(system_ref).to_dict(), keys, rows)
     inputs = [("measured file", csv_path)] + [("config", r.config) for r in rows]
     if system_ref not in CATALOG_NAMES:
         inputs.append(("system file", system_ref))
@@ -554,6 +591,7 @@ def calibrate(csv_path, keys: Sequence[str], output, say: Callable[[str], None] 
     header = (f"# Calibrated by `g5 calibrate` from system '{start['name']}' on {len(rows)} measured rows of\n"
               f"# {pathlib.Path(csv_path).name} (sha256 {digest}...): bounded least squares on log error.\n"
               + "".join(f"#   {k}: {x:.6g} -> {fitted[k]:.6g}\n" for k, x in zip(keys, x0))
+              + (f"# {taken}\n" if taken else "")
               + f"# rms log error {rms:.4f}; MAPE {mape:.2f}% in sample (prior {prior_mape:.2f}%)"
               + (f"; leave-one-out MAPE {loo_mape:.2f}%" if loo else "")
               + (f"; NOT identifiable from these rows (left at start): {', '.join(unidentifiable)}"
