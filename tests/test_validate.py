@@ -234,6 +234,14 @@ def test_a_framework_block_is_taken_whole_from_the_profile_and_the_rows_must_nam
     assert got["framework"] == {"host": load_profile("vllm")["framework"]["host"]}   # the whole block
     assert "framework" not in start and "vllm profile" in note
     assert _profile_blocks(start, ["launch_overhead_s"], rows) == (start, "")
+    # a per-world-size table's entry by its number: the YAML key is the integer
+    from g5core.study.validate import _get, _set
+    key = "framework.all_reduce.one_shot_latency_s.8"
+    got, _ = _profile_blocks(start, [key], rows)
+    assert _get(got, key) == 5.9e-6
+    _set(got, key, 4e-6)
+    assert got["framework"]["all_reduce"]["one_shot_latency_s"][8] == 4e-6
+    assert got["framework"]["all_reduce"]["one_shot_latency_s"][4] == 4.8e-6
     # rows without a framework, or under two: the key's starting value is no one profile's
     bare = _framework_csv(setup, [1.0] * 3, framework="", name="none.csv")
     with pytest.raises(ConfigError, match="framework.host.fixed_s: the system file sets no framework.host") as err:

@@ -306,13 +306,24 @@ def _agreement(rows: Sequence[dict]) -> dict:
 UNIDENTIFIABLE_SENSITIVITY = 1e-6
 
 
+def _child(node, part: str):
+    """The key of ``node`` that a dotted key's ``part`` names: itself, or the whole number it
+    spells (a per-world-size table, ``one_shot_latency_s.8``); None where ``node`` has neither."""
+    if not isinstance(node, dict):
+        return None
+    if part in node:
+        return part
+    return int(part) if part.isdigit() and int(part) in node else None
+
+
 def _get(data: dict, key: str):
     node = data
     for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
+        child = _child(node, part)
+        if child is None:
             raise ConfigError("--fit", f"system has no parameter {key!r} (no '{part}'); give dotted keys of the "
                                        "system file, e.g. compute_model.hbm_fraction or launch_overhead_s")
-        node = node[part]
+        node = node[child]
     if isinstance(node, bool) or not isinstance(node, (int, float)):
         raise ConfigError("--fit", f"{key} is {node!r}, not a number; only numeric parameters can be fitted")
     return float(node)
@@ -323,9 +334,10 @@ def _set(data: dict, key: str, value: float) -> None:
     parts = key.split(".")
     node = data
     for part in parts[:-1]:
-        node = node[part]
-    old = node[parts[-1]]
-    node[parts[-1]] = int(round(value)) if isinstance(old, int) and not isinstance(old, bool) else float(value)
+        node = node[_child(node, part)]
+    last = _child(node, parts[-1])
+    old = node[last]
+    node[last] = int(round(value)) if isinstance(old, int) and not isinstance(old, bool) else float(value)
 
 
 def bounds_of(key: str, value: float) -> tuple[float, float]:
