@@ -92,6 +92,25 @@ def test_a_decode_batch_of_5_with_graphs_of_1_2_4_8_costs_what_8_cost_and_above_
         kernels * 5e-6, rel=1e-9)
 
 
+def test_a_context_parallel_decode_between_captured_sizes_pads_with_slots_its_split_takes(tmp_path):
+    """cp splits every context into 2 x cp balanced chunks: a padding slot gets the least
+    context the split takes (one new token after 2 x cp - 1 cached), where a slot of one token
+    had made every padded cp decode refuse ('context tokens 1 are not divisible by 2 x cp'):
+    `g5 run` and the serving search's padded steps alike."""
+    system = _system(tmp_path, "{cuda_graph_batch_sizes: [1, 2, 4, 8], graph_kernel_s: 0.5e-6}")
+    cp = {**SMALL, "system": system, "chips": 2, "parallel": {"dp": 1, "tp": 1, "pp": 1, "cp": 2}, "seq_len": 4096}
+    five, eight = run({**cp, "batch": 5}), run({**cp, "batch": 8})
+    assert eight.latency_s >= five.latency_s > run({**cp, "batch": 4}).latency_s
+    padded = Step([StepGroup(new_tokens=1, cached_tokens=4095, count=5), StepGroup(new_tokens=1, cached_tokens=3,
+                                                                                    count=3)])
+    assert prepare(cp).simulate(Step.decode(5, 4096)).latency_s == prepare(cp).simulate(padded).latency_s
+    # without cp the slots stay one token (the step above, bit for bit)
+    from g5core.inputs.framework import graph_step
+    fw = get_system(system)
+    assert StepGroup(new_tokens=1, cached_tokens=0, count=3) in tuple(graph_step(Step.decode(5, 4096), fw))
+    assert StepGroup(new_tokens=1, cached_tokens=3, count=3) in tuple(graph_step(Step.decode(5, 4096), fw, 4))
+
+
 def test_a_profile_prices_a_launch_once_not_the_per_op_overhead_on_top(tmp_path):
     """launch_overhead_s (the host's fixed cost of one launch, per op) is not added where the
     framework prices every kernel's launch: inside a CUDA graph there is no host launch."""

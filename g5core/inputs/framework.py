@@ -576,18 +576,20 @@ def graph_islands(system) -> frozenset:
     return frozenset(fw.cuda_graph_batch_sizes)
 
 
-def graph_step(step, system):
+def graph_step(step, system, token_multiple: int = 1):
     """The step the GPU runs for ``step`` under the system's framework: a decode step whose
     batch lies between captured CUDA-graph sizes is padded up to the next one (the padding
-    slots attend nothing: one new token after no cached ones each), as vLLM's and SGLang's
-    runners pad a batch to the captured graph (bisect); every other step as it is."""
+    slots attend next to nothing: one new token each, after ``token_multiple - 1`` cached ones,
+    the least context the layout's step rules take: a context-parallel split needs a multiple
+    of ``2 x cp``), as vLLM's and SGLang's runners pad a batch to the captured graph (bisect);
+    every other step as it is."""
     fw = getattr(system, "framework", None)
     if fw is None or fw.cuda_graph_batch_sizes is None or fw.cuda_graphs == "none" or step.phase != "decode":
         return step
     padded = fw.graph_batch(step.sequences)
     if padded is None or padded == step.sequences:
         return step
-    return Step(tuple(step) + (StepGroup(new_tokens=1, cached_tokens=0, count=padded - step.sequences),))
+    return Step(tuple(step) + (StepGroup(new_tokens=1, cached_tokens=token_multiple - 1, count=padded - step.sequences),))
 
 
 def host_step_s(gpu_s: float, step, system) -> float:

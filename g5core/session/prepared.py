@@ -173,7 +173,7 @@ class PreparedPlan:
         self.misses += 1
 
         # the step the GPU runs: a decode batch padded up to its captured CUDA graph
-        gpu_step = graph_step(step, self.plan.ctx.system)
+        gpu_step = graph_step(step, self.plan.ctx.system, self.step_rules.token_multiple)
         plan, sim = self._engine_run(step, gpu_step)
         ledger = memory_report(plan.ctx)
         dep = plan.ctx.deployment if gpu_step is step else self.deployment.with_step(step)
@@ -244,7 +244,7 @@ class PreparedPlan:
         d = self._periodic_prefix()
         if d is None:
             return None
-        gpu_step = graph_step(as_step(step), self.plan.ctx.system)
+        gpu_step = graph_step(as_step(step), self.plan.ctx.system, self.step_rules.token_multiple)
         figures = self._cut_figures(d, gpu_step)
         if figures is None:
             return None

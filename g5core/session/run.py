@@ -16,6 +16,7 @@ import attrs
 
 from g5core.lower.builder import Plan, ReplicaSpill, build_dag, check_size, plan_deployment, plan_for_step
 from g5core.lower.shape import collect_shard_axes
+from g5core.lower.steprules import step_rules
 from g5core.lower.microbatch import CYCLES, MAX_CYCLES, steady_cycle_s
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load_config_file
@@ -234,7 +235,7 @@ def run(raw: Mapping | Deployment, disabled: Iterable[str] = (), compare_math: b
     ``symmetry``: see :func:`simulate_plan`."""
     plan = make_plan(raw, disabled, extra_plugins, max_ops=max_ops)
     dep = plan.ctx.deployment
-    gpu_step = graph_step(dep.step, plan.ctx.system)
+    gpu_step = graph_step(dep.step, plan.ctx.system, step_rules(plan.hooks, dep).token_multiple)
     if gpu_step is not dep.step:  # a decode batch padded up to its captured CUDA graph
         plan = plan_for_step(plan, dep.with_step(gpu_step), collect_shard_axes(plan.hooks))
     replicas = plan_symmetry(plan.ctx, off_reason(symmetry)).replicas if dep.path != "math" else 1

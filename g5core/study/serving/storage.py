@@ -24,8 +24,10 @@ from g5core.study.sweep import WAIT, run_windowed
 #: 9: the estimate table's prefill rows carry the lone prompt's step (``estimate.shared``).
 #: 10: under a framework that runs uncaptured decode batches eagerly, the decode table has
 #: the midpoints (``step_table``'s ``eager``). 11: there the step cost's grid takes a
-#: captured batch size between eager ones as an island (``PlanCost.islands``)
-CELL_VERSION = 11
+#: captured batch size between eager ones as an island (``PlanCost.islands``). 12: a padded
+#: CUDA-graph decode's slots take the least context the layout's split takes (cp's
+#: ``2 x cp``: such steps had been refused, pruning cp layouts under vLLM and SGLang)
+CELL_VERSION = 12
 
 
 SCHEMA = """
