@@ -64,13 +64,23 @@ def test_a_capacity_confirmed_in_a_cell_of_its_own_is_the_one_cells(cand, seed, 
     assert any(row[1] != seed for row in two["trace"])          # the confirming seeds ran in the second
 
 
-def test_the_first_wave_confirms_its_top_and_bounds_its_ties(tmp_path):
-    """A search with confirming seeds: every ranked candidate ran them at its capacity, and a
-    candidate of the first wave bounded out as a tie (found unconfirmed, never confirmed)
-    has for its bound its value once confirmed at most (``tie_upper``), within the final
-    ranking's bar."""
+def test_the_first_wave_says_what_it_found_then_confirms_its_top_and_bounds_its_ties(tmp_path):
+    """A search with confirming seeds (one search for both checks, 3.5 s each):
+
+    - in a log, each first-wave capacity found on the workload's seed gets a line before its
+      candidate is decided (confirmed: its capacity line; a tie: counted bounded out);
+    - every ranked candidate ran the seeds at its capacity, and a candidate of the first wave
+      bounded out as a tie (found unconfirmed, never confirmed) has for its bound its value
+      once confirmed at most (``tie_upper``), within the final ranking's bar."""
     db = tmp_path / "search.db"
-    result = serve_search(RAW, _wl(0), SETTINGS, runner_for=layout_runner, db_path=db)
+    lines: list = []
+    result = serve_search(RAW, _wl(0), SETTINGS, runner_for=layout_runner, db_path=db, progress=lines.append)
+    found = [line for line in lines if line.endswith("unconfirmed")]
+    assert found and all("on the workload's seed" in line for line in found)
+    first_found = lines.index(found[0])
+    for s in result.ranked[:SETTINGS.top]:
+        label = s.candidate.label()
+        assert any(label in line and "capacity" in line and i > first_found for i, line in enumerate(lines)), label
     assert len(result.ranked) >= SETTINGS.top
     for s in result.ranked:
         cap = s.cell["capacity_requests_per_s"]
@@ -101,19 +111,6 @@ def test_a_tie_result_is_bounded_with_its_bar():
     assert tie["status"] == "bounded" and tie["upper"] == first["tie_upper"] and tie["tie_bar"] == first["tie_upper"]
     assert tie["trace"] == first["trace"] and tie["runs"] == first["runs"]
     assert tie["tie_run"] == first["held"]["place"] and first["trace"][tie["tie_run"]][2]
-
-
-def test_the_first_wave_says_what_it_found_before_confirming():
-    """In a log, each first-wave capacity found on the workload's seed gets a line before its
-    candidate is decided (confirmed: its capacity line; a tie: counted bounded out)."""
-    lines: list = []
-    result = serve_search(RAW, _wl(0), SETTINGS, runner_for=layout_runner, progress=lines.append)
-    found = [line for line in lines if line.endswith("unconfirmed")]
-    assert found and all("on the workload's seed" in line for line in found)
-    first = lines.index(found[0])
-    for s in result.ranked[:SETTINGS.top]:
-        label = s.candidate.label()
-        assert any(label in line and "capacity" in line and i > first for i, line in enumerate(lines)), label
 
 
 def test_a_terminal_bar_shows_the_first_wave_before_its_candidates_are_decided():
