@@ -249,7 +249,8 @@ def test_a_framework_block_is_taken_whole_from_the_profile_and_the_rows_must_nam
     assert "none (row 1)" in str(err.value) and "framework column" in str(err.value)
     mixed = setup / "mixed.csv"
     mixed.write_text("config,set,metric,measured_ms,source,framework\n"
-                     "prefill.yaml,seq_len=512,ttft,1.0,synthetic,vllm\nprefill.yaml,seq_len=1024,ttft,1.0,synthetic,sglang\n")
+                     "prefill.yaml,seq_len=512,ttft,1.0,synthetic,vllm\n"
+                     "prefill.yaml,seq_len=1024,ttft,1.0,synthetic,sglang\n")
     with pytest.raises(ConfigError, match=r"vllm \(row 1\), sglang \(row 2\)"):
         calibrate(mixed, ["framework.kernel_launch_s"], setup / "never.yaml")
     with pytest.raises(ConfigError, match="neither the system file nor the vllm profile sets it"):

@@ -589,7 +589,8 @@ def graph_step(step, system, token_multiple: int = 1):
     padded = fw.graph_batch(step.sequences)
     if padded is None or padded == step.sequences:
         return step
-    return Step(tuple(step) + (StepGroup(new_tokens=1, cached_tokens=token_multiple - 1, count=padded - step.sequences),))
+    slots = StepGroup(new_tokens=1, cached_tokens=token_multiple - 1, count=padded - step.sequences)
+    return Step(tuple(step) + (slots,))
 
 
 def host_step_s(gpu_s: float, step, system) -> float:

@@ -30,6 +30,7 @@ normal system file.
 """
 from __future__ import annotations
 
+import copy
 import csv
 import hashlib
 import math
@@ -40,7 +41,6 @@ import shlex
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
-import copy
 from typing import Callable, Mapping, Sequence
 
 import attrs
@@ -373,13 +373,14 @@ def _system_of(rows: Sequence[Row], csv_path) -> str:
 
 
 def _profile_blocks(start: dict, keys: Sequence[str], rows: Sequence[Row]) -> tuple[dict, str]:
-    """``(system, note)``: ``start`` (a system's mapping) with each framework block a ``framework.*`` key of
-    ``keys`` fits and the system file does not set, taken whole from the profile the rows run
-    (their ``framework`` column or configuration: one for every row). A system file's
-    framework keys override the profile's, each top-level key whole (``host``, ``all_reduce``:
-    :func:`g5core.inputs.framework.with_framework`), so the fitted file carries the block the
-    rows ran with the fitted value in it, and at the starting values every row is priced as
-    before; ``note`` says which blocks came from which profile ("" where none did)."""
+    """``(system, note)``: ``start`` (a system's mapping) with each framework block that a
+    ``framework.*`` key of ``keys`` fits and the system file does not set, taken whole from
+    the profile the rows run (their ``framework`` column or configuration: one for every
+    row). A system file's framework keys override the profile's, each top-level key whole
+    (``host``, ``all_reduce``: :func:`g5core.inputs.framework.with_framework`), so the fitted
+    file carries the block the rows ran with the fitted value in it, and at the starting
+    values every row is priced as before; ``note`` says which blocks came from which profile
+    ("" where none did)."""
     blocks = sorted({k.split(".")[1] for k in keys if k.startswith("framework.") and k.count(".") >= 1})
     own = start.get("framework") or {}
     missing = [b for b in blocks if b not in own]
