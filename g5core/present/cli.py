@@ -724,7 +724,9 @@ def validate_cmd(measured, overrides, as_json):
 @main.command("calibrate")
 @click.argument("measured", type=click.Path(dir_okay=False))
 @click.option("--fit", "fit", required=True, metavar="KEY[,KEY...]",
-              help="System parameters to fit (dotted keys), e.g. compute_model.hbm_fraction,launch_overhead_s.")
+              help="System parameters to fit (dotted keys), e.g. compute_model.hbm_fraction,launch_overhead_s; "
+                   "a framework value (framework.kernel_launch_s, framework.host.fixed_s) starts from the "
+                   "rows' framework profile where the system file does not set it.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False),
               help="System file to write (never overwritten).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the report.")
