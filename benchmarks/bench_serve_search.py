@@ -164,14 +164,23 @@ def one_candidate(args, raw, workload, settings, load0) -> None:
     from g5core.study.serving.capacity import run_settle_s as _settle_s
     from g5core.study.serving.screen import _lone
 
+    from g5core.api.dimensions import collect_dimensions
+    from g5core.api.plugins import Hooks, make_plugin_manager
+
     spec = dict(kv.split("=") for kv in args.candidate.split(","))
+    missing = [k for k in ("instances", "seqs", "chunk") if k not in spec]
+    if missing:
+        raise SystemExit(f"--candidate {args.candidate}: add {', '.join(f'{k}=N' for k in missing)}")
     par = {d: 1 for d in ("cp", "dp", "ep", "pp", "sp", "tp")}
     par.update({k: int(v) for k, v in spec.items() if k in par})
+    # the chips of an instance: the factor dimensions' product (ep regroups them)
     chips = 1
-    for v in par.values():
-        chips *= v
+    for d in collect_dimensions(Hooks(make_plugin_manager())).factors:
+        chips *= par.get(d.name, 1)
     wl = ss.check_workload(workload)
     screen = ss.screen_cell(raw, chips, par, int(spec["chunk"]), wl, args.slo)
+    if screen.get("status") != "ok":
+        raise SystemExit(f"{args.candidate}: the screen refused it ({screen.get('family')}): {screen.get('reason')}")
     pool = ss.PoolChoice(chips, tuple(sorted(par.items())), int(spec["instances"]))
     cand = ss.Candidate((pool,), int(spec["seqs"]), int(spec["chunk"]))
     limits = parse_slo(args.slo)
