@@ -234,6 +234,12 @@ def test_a_framework_block_is_taken_whole_from_the_profile_and_the_rows_must_nam
     assert got["framework"] == {"host": load_profile("vllm")["framework"]["host"]}   # the whole block
     assert "framework" not in start and "vllm profile" in note
     assert _profile_blocks(start, ["launch_overhead_s"], rows) == (start, "")
+    # a system file with a framework block of its own: the keys it leaves at the defaults
+    # (graph_kernel_s None) are the profile's, as the rows price them; its own keys stay
+    framed = dict(start, framework={**get_system("validation/systems/b200-vllm-2025-07.yaml").to_dict()["framework"]})
+    got, note = _profile_blocks(framed, ["framework.graph_kernel_s", "framework.host.fixed_s"], rows)
+    assert got["framework"]["graph_kernel_s"] == 5e-7 and note.startswith("framework graph_kernel_s from")
+    assert got["framework"]["host"]["overlap"] is False           # the file's host block, not the profile's
     # a per-world-size table's entry by its number: the YAML key is the integer
     from g5core.study.validate import _get, _set
     key = "framework.all_reduce.one_shot_latency_s.8"
