@@ -257,12 +257,17 @@ class PlanCost:
             return _interp(lambda t: self._f_cached(t, cached), new)
         if not parts:
             return self._decode_predict_s(work.decodes, work.decode_context_tokens)
-        total = _interp(self.g, work.new_tokens, islands=self.islands)
+        total = self._tokens_s(work.new_tokens)
         for n, c in parts:
-            total += _interp(lambda t: self._f_cached(t, c), n) - _interp(self.g, n, islands=self.islands)
+            total += _interp(lambda t: self._f_cached(t, c), n) - self._tokens_s(n)
         if work.decodes:
             total += self._attention(work.decodes, ctx)
         return total
+
+    def _tokens_s(self, n: float) -> float:
+        """``G(n)`` between the grid's points (the token-proportional work of ``n`` new
+        tokens), the framework's captured islands kept (:func:`_interp`)."""
+        return _interp(self.g, n, islands=self.islands)
 
     def _f_cached(self, t: int, cached: float) -> float:
         if cached == 0:
@@ -322,7 +327,7 @@ class PlanCost:
     def _decode_predict_s(self, b: int, total: int) -> float:
         """:meth:`predict_s` of a decode-only step of ``b`` sequences whose contexts sum to
         ``total``: its tokens' part and its attention at the mean context."""
-        return _interp(self.g, b, islands=self.islands) + self._attention(b, total / b)
+        return self._tokens_s(b) + self._attention(b, total / b)
 
     def decode_stepper(self, contexts: tuple) -> Callable[[int, int], float]:
         """``(j, total) ->`` :meth:`latency_s` of the decode-only step of ``len(contexts)``
@@ -352,7 +357,7 @@ class PlanCost:
             hit = steps.get(key)
             if hit is None:
                 if tokens_s is None:
-                    tokens_s = _interp(self.g, b, islands=self.islands)
+                    tokens_s = self._tokens_s(b)
                 x = max(total / b, 1.0)
                 attention = at(0, x) if len(points) == 1 else (1 - w_b) * at(0, x) + w_b * at(1, x)
                 hit = steps[key] = (tokens_s + attention, (contexts, j))
@@ -405,8 +410,7 @@ class PlanCost:
                     value = chunk
                 else:
                     if not fixed:
-                        fixed.extend((_interp(self.g, per + b, islands=self.islands),
-                                      _interp(self.g, per, islands=self.islands)))
+                        fixed.extend((self._tokens_s(per + b), self._tokens_s(per)))
                     value = fixed[0]
                     value += chunk - fixed[1]
                     value += self._attention(b, ctx_total / b)
