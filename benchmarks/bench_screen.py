@@ -45,15 +45,12 @@ def main() -> None:
            **({"framework": args.framework} if args.framework else {})}
     workload = ss.check_workload({"requests": 300, "arrival": {"kind": "poisson"}, "input_tokens": args.isl,
                                   "output_tokens": args.osl, "seed": 0})
-    factors = [d.name for d in collect_dimensions(Hooks(make_plugin_manager())).factors]
+    dims = collect_dimensions(Hooks(make_plugin_manager()))
     layouts = []
     for text in args.layouts.split(";"):
         par = {d: 1 for d in ("cp", "dp", "ep", "pp", "sp", "tp")}
         par.update({k: int(v) for k, v in (kv.split("=") for kv in text.split(","))})
-        chips = 1
-        for d in factors:      # an instance's chips: the factor dimensions (ep regroups them)
-            chips *= par.get(d, 1)
-        layouts.append((chips, par))
+        layouts.append((dims.chips(par), par))
     load0 = os.getloadavg()[0]
     cpu, runs, status = [], 0, []
     for _ in range(args.repeat):

@@ -173,10 +173,7 @@ def one_candidate(args, raw, workload, settings, load0) -> None:
         raise SystemExit(f"--candidate {args.candidate}: add {', '.join(f'{k}=N' for k in missing)}")
     par = {d: 1 for d in ("cp", "dp", "ep", "pp", "sp", "tp")}
     par.update({k: int(v) for k, v in spec.items() if k in par})
-    # the chips of an instance: the factor dimensions' product (ep regroups them)
-    chips = 1
-    for d in collect_dimensions(Hooks(make_plugin_manager())).factors:
-        chips *= par.get(d.name, 1)
+    chips = collect_dimensions(Hooks(make_plugin_manager())).chips(par)
     wl = ss.check_workload(workload)
     screen = ss.screen_cell(raw, chips, par, int(spec["chunk"]), wl, args.slo)
     if screen.get("status") != "ok":

@@ -1,6 +1,7 @@
 """Parallel dimensions as plugins register them."""
 from __future__ import annotations
 
+import math
 import re
 from typing import Optional
 
@@ -70,6 +71,11 @@ class DimensionRegistry:
     def factors(self) -> tuple[Dimension, ...]:
         """Factor dimensions, outermost first."""
         return tuple(sorted((d for d in self.dims if d.factor), key=lambda d: (d.rank_order, d.name)))
+
+    def chips(self, parallel) -> int:
+        """The chips a layout spans: the product of its factor dimensions' sizes (1 where
+        ``parallel`` leaves one out; a non-factor dimension, ep, regroups those chips)."""
+        return math.prod(parallel.get(d.name, 1) for d in self.factors)
 
 
 def collect_dimensions(hooks: Hooks) -> DimensionRegistry:

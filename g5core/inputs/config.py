@@ -194,9 +194,7 @@ class Deployment:
         chips = _positive_int(data["chips"], "chips")
         check_size("chips", chips, MAX_CHIPS)
         parallel, implicit_dims = _parse_parallel(data["parallel"], dims)
-        product = 1
-        for d in dims.factors:
-            product *= parallel[d.name]
+        product = dims.chips(parallel)
         if product != chips:
             expr = " x ".join(f"{d.name}={parallel[d.name]}" for d in dims.factors
                               if d.name not in implicit_dims or parallel[d.name] != 1)
