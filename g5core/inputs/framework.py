@@ -559,11 +559,16 @@ def with_framework(system, name: str, field: str = "--framework"):
     block = getattr(system, "framework", None)
     if name == "generic" and block is None:
         return system   # G5's model without a profile: the same system, bit for bit
-    own = {}
-    if block is not None and block.name is None:   # the file's own keys: those that differ from the defaults
-        defaults = DEFAULT_FRAMEWORK.to_dict()
-        own = {k: v for k, v in block.to_dict().items() if k != "name" and v != defaults.get(k)}
+    own = own_keys(block.to_dict()) if block is not None and block.name is None else {}
     return attrs.evolve(system, framework=Framework.from_mapping({**own, "name": name}, field))
+
+
+def own_keys(block: Mapping) -> dict:
+    """The keys a system file's framework block without a ``name`` sets (its mapping, as
+    ``to_dict`` gives it): those that differ from the defaults, which override a profile's
+    (:func:`with_framework`)."""
+    defaults = DEFAULT_FRAMEWORK.to_dict()
+    return {k: v for k, v in block.items() if k != "name" and v != defaults.get(k)}
 
 
 def graph_islands(system) -> frozenset:

@@ -47,7 +47,7 @@ import attrs
 import yaml
 
 from g5core.inputs.config import apply_overrides, load_config_file
-from g5core.inputs.framework import DEFAULT_FRAMEWORK, FRAMEWORK_NAMES, host_step_s, load_profile
+from g5core.inputs.framework import FRAMEWORK_NAMES, host_step_s, load_profile, own_keys
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.systems import CATALOG_NAMES, SystemSpec, get_system
 from g5core.inputs.outputs import check_outputs
@@ -381,11 +381,10 @@ def _profile_blocks(start: dict, keys: Sequence[str], rows: Sequence[Row]) -> tu
     file carries the block the rows ran with the fitted value in it, and at the starting
     values every row is priced as before; ``note`` says which blocks came from which profile
     ("" where none did)."""
-    blocks = sorted({k.split(".")[1] for k in keys if k.startswith("framework.") and k.count(".") >= 1})
+    blocks = sorted({k.split(".")[1] for k in keys if k.startswith("framework.")})
     own = start.get("framework") or {}
-    if not own.get("name"):   # its own keys: those unlike the defaults (as with_framework reads them)
-        defaults = DEFAULT_FRAMEWORK.to_dict()
-        own = {k: v for k, v in own.items() if v != defaults.get(k)}
+    if not own.get("name"):   # the keys that override a profile's (as with_framework reads them)
+        own = own_keys(own)
     missing = [b for b in blocks if b not in own]
     if not missing:
         return start, ""
@@ -408,8 +407,7 @@ def _profile_blocks(start: dict, keys: Sequence[str], rows: Sequence[Row]) -> tu
         raise ConfigError("--fit", f"framework.{absent[0]}: neither the system file nor the {name} profile sets it "
                                    f"(the profile sets {', '.join(sorted(profile))})")
     out = copy.deepcopy(start)
-    block = copy.deepcopy(start.get("framework") or {})
-    out["framework"] = {**block, **{b: copy.deepcopy(profile[b]) for b in missing}}
+    out["framework"] = {**(out.get("framework") or {}), **{b: copy.deepcopy(profile[b]) for b in missing}}
     return out, f"framework {', '.join(missing)} from the {name} profile (the rows' framework), fitted values in it"
 
 
