@@ -159,9 +159,9 @@ def compile_ops(dag: OpDag, *, topology: Topology, primitives: Mapping, hooks, s
     t_dst: list = []
     t_bytes: list = []
     t_route: list = []
-    lowering_cache: dict = {}  # (primitive, group, bytes per rank) -> (template flow start, count, latency, algo, wire)
+    # (primitive, group, bytes per rank) -> (template flow start, count, latency, algo, wire, release plans)
+    lowering_cache: dict = {}
     s_plans: list = [None] * n_specs
-    plans_of: dict = {}        # (primitive, group, bytes per rank) -> its release plans (CompiledDag.spec_plans)
     # the lowerings of earlier runs on this topology with these primitives (a prepared
     # plan's steps and cut models share the lookup): a lowering depends on nothing else
     mine = compute.lowerings.get((id(topo), id(primitives)))
@@ -187,16 +187,15 @@ def compile_ops(dag: OpDag, *, topology: Topology, primitives: Mapping, hooks, s
                        float(lowered.wire_bytes_per_payload_byte), {})
                 if len(lowered_before) < LOWERINGS_KEPT:
                     lowered_before[key] = got
-            flows, latency_s, algo, wire, plans_of[key] = got
+            flows, latency_s, algo, wire, plans = got
             low = lowering_cache[key] = (len(t_src), len(flows), latency_s, algo_ids.setdefault(algo, len(algo_ids)),
-                                         wire)
+                                         wire, plans)
             for src, dst, nbytes, route in flows:
                 t_src.append(src)
                 t_dst.append(dst)
                 t_bytes.append(nbytes)
                 t_route.append(route_ids.setdefault(route, len(route_ids)))
-        s_fstart[s], s_nflows[s], s_dur[s], s_algo[s], s_wire[s] = low
-        s_plans[s] = plans_of[key]
+        s_fstart[s], s_nflows[s], s_dur[s], s_algo[s], s_wire[s], s_plans[s] = low
     counts = s_nflows[spec]
     flow_ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(counts, out=flow_ptr[1:])
