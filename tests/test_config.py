@@ -623,3 +623,40 @@ def test_cli_toml_and_json_configs_explain_alike(tmp_path):
     out = [_runner().invoke(main, ["explain", str(tmp_path / f"c.{ext}")]) for ext in ("toml", "json")]
     assert all(r.exit_code == 0 for r in out), [r.output for r in out]
     assert out[0].stdout == out[1].stdout
+
+
+def test_a_configuration_files_relative_paths_name_files_beside_it(tmp_path, monkeypatch):
+    """``model: models/m.json`` in a configuration file reads the file beside the configuration
+    from any working directory (``g5 run validation/configs/X.yaml`` from the repository's root
+    failed: "cannot read Hugging Face config '../models/llama-2-70b.json'"); a command line's
+    ``--set`` path reads from the working directory; a catalog name, an absolute path and a
+    path with no file beside the configuration are kept as given."""
+    import pathlib
+    repo = pathlib.Path(__file__).resolve().parent.parent
+    cfg_dir = tmp_path / "cfg"
+    (cfg_dir / "models").mkdir(parents=True)
+    (cfg_dir / "models" / "m.json").write_text((repo / "validation/models/qwq-32b.json").read_text())
+    (cfg_dir / "trace.csv").write_text("arrival_s,input_tokens,output_tokens\n0,10,2\n")
+    config = {**BASE, "model": "models/m.json", "system": "../elsewhere/s.yaml",
+              "serving": {"workload": {"trace": "trace.csv"}}}
+    (cfg_dir / "c.yaml").write_text(yaml.safe_dump(config))
+    work = tmp_path / "work"
+    (work / "models").mkdir(parents=True)
+    (work / "models" / "m2.json").write_text((repo / "validation/models/llama-2-70b.json").read_text())
+    monkeypatch.chdir(work)
+
+    got = load_raw("../cfg/c.yaml")
+    assert got["model"] == str(pathlib.Path("../cfg/models/m.json"))
+    assert got["serving"]["workload"]["trace"] == str(pathlib.Path("../cfg/trace.csv"))
+    assert got["system"] == "../elsewhere/s.yaml"           # nothing beside it: kept, read from here
+    assert load_raw("../cfg/c.yaml", ["model=models/m2.json"])["model"] == "models/m2.json"
+    assert load_raw("../cfg/c.yaml", ["model=llama-3.1-8b"])["model"] == "llama-3.1-8b"
+    absolute = {**config, "model": str(cfg_dir / "models" / "m.json")}
+    (cfg_dir / "a.yaml").write_text(yaml.safe_dump(absolute))
+    assert load_raw(cfg_dir / "a.yaml")["model"] == absolute["model"]
+
+    (cfg_dir / "step.yaml").write_text(yaml.safe_dump({**BASE, "model": "models/m.json"}))
+    assert make_plan(load_raw("../cfg/step.yaml")).ctx.model.name == "m"   # named by its file
+    result = CliRunner().invoke(main, ["run", "../cfg/step.yaml", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["deployment"]["model"] == str(pathlib.Path("../cfg/models/m.json"))

@@ -417,6 +417,40 @@ def load_config_file(path: str | pathlib.Path) -> dict:
     return data
 
 
+#: the configuration keys that name a file G5 reads (dotted): a relative path among them is the
+#: file beside the configuration when one is there (:func:`resolve_config_paths`)
+FILE_KEYS = ("model", "system", "speculative.draft_model", "serving.workload.trace")
+
+
+def resolve_config_paths(data: Mapping, base: str | pathlib.Path) -> dict:
+    """Return a copy of ``data`` whose relative file paths (:data:`FILE_KEYS`) name the file
+    beside the configuration file in folder ``base`` where one is there: a configuration file's
+    ``model: ../models/x.json`` reads the same file from any working directory, as ``g5 validate``
+    reads it. A value that is not a path (a catalog name: no folder separator, no file suffix),
+    an absolute one, or one with no file beside the configuration is kept as given (read from the
+    working directory, with its own error when missing)."""
+    out = copy.deepcopy(dict(data))
+    base = pathlib.Path(base)
+    for dotted in FILE_KEYS:
+        *parents, key = dotted.split(".")
+        node = out
+        for name in parents:
+            node = node.get(name) if isinstance(node, dict) else None
+        value = node.get(key) if isinstance(node, dict) else None
+        if not isinstance(value, str) or not _is_relative_path(value):
+            continue
+        beside = base / value
+        if beside.is_file():
+            node[key] = str(beside)
+    return out
+
+
+def _is_relative_path(text: str) -> bool:
+    path = pathlib.PurePath(text)
+    looks_like_path = len(path.parts) > 1 or path.suffix.lower() in (".json", ".yaml", ".yml", ".csv", ".jsonl")
+    return looks_like_path and not path.is_absolute() and not text.startswith("~")
+
+
 def apply_overrides(data: Mapping, overrides: Iterable[str]) -> dict:
     """Return a copy of ``data`` with ``dotted.key=value`` overrides applied.
 

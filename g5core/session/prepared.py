@@ -40,7 +40,7 @@ from g5core.lower.builder import DEFAULT_MAX_OPS, check_size, plan_deployment, p
 from g5core.lower.shape import collect_shard_axes
 from g5core.lower.steprules import step_rules
 from g5core.lower.symmetry import off_reason, plan_symmetry
-from g5core.inputs.config import Deployment, apply_overrides, load_config_file
+from g5core.inputs.config import Deployment, apply_overrides, load_config_file, resolve_config_paths
 from g5core.inputs.framework import graph_step, host_step_s
 from g5core.inputs.step import Step, as_step, phase_metrics
 from g5core.sim.results import step_choices
@@ -582,7 +582,7 @@ def prepare(config: Mapping | Deployment | str | pathlib.Path, *, overrides: Ite
     (``step.0.cached_tokens=4096``); ``disabled`` names plugins to disable; ``symmetry``
     and ``max_ops`` as for :func:`g5core.session.run.run`. Bad input raises ConfigError."""
     if isinstance(config, (str, pathlib.Path)):
-        config = load_config_file(config)
+        config = resolve_config_paths(load_config_file(config), pathlib.Path(config).parent)
     overrides = tuple(overrides)
     if overrides:
         if isinstance(config, Deployment):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import math
+import pathlib
 import time
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
@@ -19,7 +20,7 @@ from g5core.lower.shape import collect_shard_axes
 from g5core.lower.steprules import step_rules
 from g5core.lower.microbatch import CYCLES, MAX_CYCLES, steady_cycle_s
 from g5core.api.errors import ConfigError, G5Error
-from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load_config_file
+from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load_config_file, resolve_config_paths
 from g5core.inputs.framework import graph_step
 from g5core.sim.engine import Engine
 from g5core.sim.compile import compile_dag
@@ -33,8 +34,11 @@ from g5core.lower.symmetry import check_reduced_dag, check_resources, off_reason
 
 
 def load_raw(path, overrides: Iterable[str] = ()) -> dict:
-    """Read a configuration file and apply ``dotted.key=value`` overrides."""
-    return apply_overrides(load_config_file(path), overrides)
+    """Read a configuration file (its relative file paths read beside it,
+    :func:`~g5core.inputs.config.resolve_config_paths`) and apply ``dotted.key=value`` overrides
+    (whose paths read from the working directory, as a command line's do)."""
+    raw = resolve_config_paths(load_config_file(path), pathlib.Path(path).parent)
+    return apply_overrides(raw, overrides)
 
 
 def make_plan(raw: Mapping | Deployment, disabled: Iterable[str] = (), extra_plugins: Sequence = (),

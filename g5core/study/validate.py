@@ -46,7 +46,7 @@ from typing import Callable, Mapping, Sequence
 import attrs
 import yaml
 
-from g5core.inputs.config import apply_overrides, load_config_file
+from g5core.inputs.config import apply_overrides, load_config_file, resolve_config_paths
 from g5core.inputs.framework import FRAMEWORK_NAMES, host_step_s, load_profile, own_keys
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.systems import CATALOG_NAMES, SystemSpec, get_system
@@ -150,12 +150,9 @@ def _rows(path: pathlib.Path, reader: csv.DictReader) -> list[Row]:
 
 def row_config(row: Row, system_override: str | None = None) -> dict:
     """The row's configuration (overrides applied, relative paths resolved)."""
-    raw = apply_overrides(load_config_file(row.config), row.overrides)
-    base = pathlib.Path(row.config).parent
-    for key in ("model", "system"):
-        value = raw.get(key)
-        if isinstance(value, str) and not os.path.isabs(value) and (base / value).is_file():
-            raw[key] = str(base / value)
+    # the row's own settings name files beside the configuration too (a CSV is not a command line)
+    raw = resolve_config_paths(apply_overrides(load_config_file(row.config), row.overrides),
+                               pathlib.Path(row.config).parent)
     if system_override is not None:
         raw["system"] = system_override
     return raw
