@@ -274,3 +274,31 @@ def test_runs_of_decode_steps_give_the_step_by_step_result_per_rank(balance, exp
             mixed_run = summary(serve_requests(fleet(serving, mixed=True), w))
             assert (mixed_run == summary(fast)) is ("disaggregation" in serving)
             kept.update(runs=0, steps=0)
+
+
+_ORDER_SNIPPET = """
+from g5core.serve.cost import DpCost, PlanCost, RankedWork, StepWork
+experts = lambda groups: 1e-3 + 1e-5 * sum(n * k for n, c, k in groups)
+cost = DpCost(PlanCost(lambda g: 5e-3 + 1e-4 * len(g), exact=False), 4, experts_s=experts)
+works = (StepWork(((700, 0),), ()), StepWork((), (100, 900)), StepWork((), (30,)), StepWork(((5, 60),), ()))
+cost.latency_s(RankedWork(works))
+print([w.chunks for w in cost.rank.predicted_steps()])
+"""
+
+
+def test_an_unequal_steps_rank_works_are_learnt_in_the_ranks_order_whatever_the_hash_seed():
+    """DpCost.latency_s priced a step's distinct rank works in a set's order, which follows
+    the process's string hash seed (attrs salts a StepWork's hash with its class): the rank's
+    step cache, and with it ``g5 serve``'s predictor check (its sample of steps), differed
+    between runs (the Qwen3 attention-DP example under sglang: max_rel 0.0 under
+    PYTHONHASHSEED=2, 0.0051 under 1). Now the ranks' order, in every process."""
+    import os
+    import subprocess
+    import sys
+    outs = set()
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        done = subprocess.run([sys.executable, "-c", _ORDER_SNIPPET], env=env, capture_output=True, text=True,
+                              check=True)
+        outs.add(done.stdout.strip())
+    assert outs == {"[((700, 0),), (), (), ((5, 60),)]"}

@@ -495,7 +495,10 @@ class DpCost:
         one rank, the others idle); see the class doc."""
         ranks = work.ranks if isinstance(work, RankedWork) else (work,) + (StepWork((), ()),) * (self.dp - 1)
         ranks = [w if w.new_tokens else self.idle for w in ranks]
-        seen = set(ranks)
+        # the distinct works in the ranks' order (a set's order of StepWorks follows the
+        # process's string hash seed: attrs salts their hash with the class; the order the
+        # rank's step cache learns them in is the predictor check's sample, g5 serve's output)
+        seen = list(dict.fromkeys(ranks))
         if len(seen) == 1 or self.experts_s is None:
             return max(self.rank.latency_s(w, exact) for w in seen)
         exact = self.rank.exact if exact is None else exact
