@@ -15,7 +15,7 @@ bytes one token of one sequence takes per chip, and the KV pool per chip. Two mo
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Callable, NamedTuple, Optional, Protocol, Sequence
 
 import attrs
 
@@ -164,6 +164,24 @@ def _on_cell(cell: tuple, x: float) -> float:
 Groups = tuple  # (GroupShape, ...): one step's groups, the key of the step caches
 
 
+class _Joined(NamedTuple):
+    """A step :meth:`PlanCost.joined_step_s` priced, kept as it was given (built when the
+    predictor check asks for it): ``chunks`` beside the decodes at ``base`` plus ``j`` each
+    and at ``joined``."""
+
+    base: tuple
+    j: int
+    chunks: tuple
+    joined: tuple
+
+    def work(self) -> StepWork:
+        contexts = [c + self.j for c in self.base]
+        if self.joined:
+            contexts += self.joined
+            contexts.sort()
+        return StepWork(self.chunks, tuple(contexts))
+
+
 @attrs.define
 class PlanCost:
     """Step latencies from the event engine: ``step_s(groups) -> seconds`` simulates a step
@@ -204,6 +222,8 @@ class PlanCost:
     _steps: dict = attrs.field(factory=dict)
     _cells: dict = attrs.field(factory=dict)
     _points: dict = attrs.field(factory=dict)     # (kind, a, b) -> g / f / d at a grid point (engine_s's, kept)
+    _chunk_parts: dict = attrs.field(factory=dict)    # (n, c) -> F(n, c) - G(n) between grid points (_chunk_part_s)
+    _tokens: dict = attrs.field(factory=dict)         # n -> G(n) between grid points (_tokens_s)
 
     @property
     def runs(self) -> int:
@@ -248,26 +268,38 @@ class PlanCost:
         return hit
 
     def predict_s(self, work: StepWork) -> float:
-        ctx = work.decode_context_tokens / work.decodes if work.decodes else 0.0
-        parts = [(n, c) for n, c in work.chunks]
-        if not parts and not work.decodes:
-            return 0.0
-        if len(parts) == 1 and not work.decodes:
-            (new, cached), = parts
+        return self._predict_s(work.chunks, work.decodes, work.decode_context_tokens, work.new_tokens)
+
+    def _predict_s(self, chunks: tuple, decodes: int, context_tokens: int, new_tokens: int) -> float:
+        """:meth:`predict_s` of the step of ``chunks`` and ``decodes`` decodes whose contexts
+        sum to ``context_tokens`` (``new_tokens``: the chunks' tokens and one a decode)."""
+        if not chunks:
+            return self._decode_predict_s(decodes, context_tokens) if decodes else 0.0
+        if len(chunks) == 1 and not decodes:
+            (new, cached), = chunks
             return _interp(lambda t: self._f_cached(t, cached), new)
-        if not parts:
-            return self._decode_predict_s(work.decodes, work.decode_context_tokens)
-        total = self._tokens_s(work.new_tokens)
-        for n, c in parts:
-            total += _interp(lambda t: self._f_cached(t, c), n) - self._tokens_s(n)
-        if work.decodes:
-            total += self._attention(work.decodes, ctx)
+        total = self._tokens_s(new_tokens)
+        for n, c in chunks:
+            total += self._chunk_part_s(n, c)
+        if decodes:
+            total += self._attention(decodes, context_tokens / decodes)
         return total
+
+    def _chunk_part_s(self, n: int, c: int) -> float:
+        """``F(n, c) - G(n)`` between the grid's points: what a chunk of ``n`` tokens after
+        ``c`` cached adds to a step beside its tokens' share of ``G`` (kept per chunk)."""
+        hit = self._chunk_parts.get((n, c))
+        if hit is None:
+            hit = self._chunk_parts[(n, c)] = _interp(lambda t: self._f_cached(t, c), n) - self._tokens_s(n)
+        return hit
 
     def _tokens_s(self, n: float) -> float:
         """``G(n)`` between the grid's points (the token-proportional work of ``n`` new
         tokens), the framework's captured islands kept (:func:`_interp`)."""
-        return _interp(self.g, n, islands=self.islands)
+        hit = self._tokens.get(n)
+        if hit is None:
+            hit = self._tokens[n] = _interp(self.g, n, islands=self.islands)
+        return hit
 
     def _f_cached(self, t: int, cached: float) -> float:
         if cached == 0:
@@ -308,6 +340,25 @@ class PlanCost:
         hit = self._steps.get(key)
         if hit is None:
             hit = self._steps[key] = (self.predict_s(work), work)
+        return hit[0]
+
+    def joined_step_s(self, chunks: tuple, base: Sequence[int], j: int, total: int, joined: tuple = ()) -> float:
+        """:meth:`latency_s` of the step of ``chunks`` beside the decodes of ``len(base)``
+        sequences at ``base`` (sorted) plus ``j`` each, ``total`` the sum of those, and of
+        sequences that join the decodes at contexts ``joined`` (the serving loop's step of a
+        state's decodes with what its scheduler admits: ``ServingLoop._lazy_step``): the same
+        key and value without building the step unless the engine answers."""
+        decodes = len(base) + len(joined)
+        if joined:
+            total += sum(joined)
+        if self.exact:
+            return self.latency_s(_Joined(tuple(base), j, chunks, joined).work())
+        key = (chunks, decodes, total)
+        hit = self._steps.get(key)
+        if hit is None:
+            new_tokens = decodes + sum(n for n, _ in chunks)
+            hit = self._steps[key] = (self._predict_s(chunks, decodes, total, new_tokens),
+                                      _Joined(tuple(base), j, chunks, joined))
         return hit[0]
 
     def decode_step_s(self, base: Sequence[int], j: int, total: int) -> float:
@@ -420,7 +471,7 @@ class PlanCost:
 
     def predicted_steps(self) -> list[StepWork]:
         """The distinct steps the predictor answered, in the order first asked."""
-        return [work if isinstance(work, StepWork) else
+        return [work if isinstance(work, StepWork) else work.work() if isinstance(work, _Joined) else
                 StepWork(work[2:], tuple(c + work[1] for c in work[0]))
                 for _, work in self._steps.values()]
 

@@ -21,7 +21,7 @@ import attrs
 
 from g5core.api.errors import G5Error
 from g5core.inputs.serving import SloLimit
-from g5core.serve.cost import DpCost, RankedWork, StepWork
+from g5core.serve.cost import DpCost, PlanCost, RankedWork, StepWork
 from g5core.serve.router import RoundRobin
 from g5core.serve.scheduler import DpScheduler, SchedulerSettings, Seq, VllmScheduler
 from g5core.serve.workload import Workload
@@ -577,6 +577,10 @@ class ServingLoop:
         # (PlanCost.decode_step_s), their works not built (DpCost.latency_of), unless every
         # rank's work might be alike (_alike: DpCost.latency_s prices that case otherwise)
         dp_cost = inst.pool.cost if len(scheds) > 1 and type(inst.pool.cost) is DpCost else None
+        # one scheduler on the engine's predictor: the step is priced from the state's counts
+        # and what joins it (PlanCost.joined_step_s), not built
+        plan_cost = inst.pool.cost if len(scheds) == 1 and type(inst.pool.cost) is PlanCost else None
+        latency = None
         for r, part, need, tail in zip(scheds, st.parts, needs, tails):
             r.free_blocks -= need
             mine: list = []
@@ -593,17 +597,25 @@ class ServingLoop:
             if dp_cost is not None and not mine:
                 works.append(None)
                 continue
-            contexts = [c + k for c in part.base]
+            joined = []
             chunks = []
             for q in mine:          # as VllmScheduler.work
                 if q.scheduled == 1 and q.computed > 0:
-                    contexts.append(q.computed)
+                    joined.append(q.computed)
                 else:
                     chunks.append((q.scheduled, q.computed))
-            if len(contexts) > len(part.base):
+            if plan_cost is not None:
+                b = len(part.base)
+                chunks = tuple(chunks)
+                counts = _Counts(sum(n for n, _ in chunks) + b + len(joined), b + len(joined))
+                if counts.new_tokens:
+                    latency = plan_cost.joined_step_s(chunks, part.base, k, part.sum_base + k * b, tuple(joined))
+                works.append(counts)
+                continue
+            contexts = [c + k for c in part.base] + joined
+            if joined:
                 contexts.sort()
             works.append(StepWork(tuple(chunks), tuple(contexts)))
-        latency = None
         if len(scheds) == 1:
             work = works[0]
         else:       # DpScheduler.schedule's idle ranks; no rank is over its pool (the blocks fit)
