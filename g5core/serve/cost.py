@@ -164,7 +164,7 @@ def _on_cell(cell: tuple, x: float) -> float:
 Groups = tuple  # (GroupShape, ...): one step's groups, the key of the step caches
 
 
-class _Joined(NamedTuple):
+class JoinedStep(NamedTuple):
     """A step :meth:`PlanCost.joined_step_s` priced, kept as it was given (built when the
     predictor check asks for it): ``chunks`` beside the decodes at ``base`` plus ``j`` each
     and at ``joined``."""
@@ -352,13 +352,13 @@ class PlanCost:
         if joined:
             total += sum(joined)
         if self.exact:
-            return self.latency_s(_Joined(tuple(base), j, chunks, joined).work())
+            return self.latency_s(JoinedStep(tuple(base), j, chunks, joined).work())
         key = (chunks, decodes, total)
         hit = self._steps.get(key)
         if hit is None:
             new_tokens = decodes + sum(n for n, _ in chunks)
             hit = self._steps[key] = (self._predict_s(chunks, decodes, total, new_tokens),
-                                      _Joined(tuple(base), j, chunks, joined))
+                                      JoinedStep(tuple(base), j, chunks, joined))
         return hit[0]
 
     def decode_step_s(self, base: Sequence[int], j: int, total: int) -> float:
@@ -471,7 +471,7 @@ class PlanCost:
 
     def predicted_steps(self) -> list[StepWork]:
         """The distinct steps the predictor answered, in the order first asked."""
-        return [work if isinstance(work, StepWork) else work.work() if isinstance(work, _Joined) else
+        return [work if isinstance(work, StepWork) else work.work() if isinstance(work, JoinedStep) else
                 StepWork(work[2:], tuple(c + work[1] for c in work[0]))
                 for _, work in self._steps.values()]
 

@@ -21,7 +21,7 @@ import attrs
 
 from g5core.api.errors import G5Error
 from g5core.inputs.serving import SloLimit
-from g5core.serve.cost import DpCost, PlanCost, RankedWork, StepWork
+from g5core.serve.cost import DpCost, JoinedStep, PlanCost, RankedWork, StepWork
 from g5core.serve.router import RoundRobin
 from g5core.serve.scheduler import DpScheduler, SchedulerSettings, Seq, VllmScheduler
 from g5core.serve.workload import Workload
@@ -572,7 +572,7 @@ class ServingLoop:
             needs.append(need)
             tails.append(tail)
         admitted: list = []     # per scheduler
-        works: list = []        # per scheduler: its StepWork, or None where it only decodes its part
+        works: list = []        # per scheduler: its work (a _RankWork on the predictor), or None where it only decodes its part
         # an attention-DP instance's ranks that admit nothing are priced from their part
         # (PlanCost.decode_step_s), their works not built (DpCost.latency_of), unless every
         # rank's work might be alike (_alike: DpCost.latency_s prices that case otherwise)
@@ -604,13 +604,12 @@ class ServingLoop:
                     joined.append(q.computed)
                 else:
                     chunks.append((q.scheduled, q.computed))
-            if plan_cost is not None:
-                b = len(part.base)
-                chunks = tuple(chunks)
-                counts = _Counts(sum(n for n, _ in chunks) + b + len(joined), b + len(joined))
-                if counts.new_tokens:
-                    latency = plan_cost.joined_step_s(chunks, part.base, k, part.sum_base + k * b, tuple(joined))
-                works.append(counts)
+            if plan_cost is not None or dp_cost is not None:
+                # priced from its counts (here, or by _rank_figures) unless built for latency_s
+                rank_work = _RankWork(tuple(chunks), part, k, tuple(joined))
+                if plan_cost is not None and rank_work.new_tokens:
+                    latency = rank_work.figures(plan_cost)
+                works.append(rank_work)
                 continue
             contexts = [c + k for c in part.base] + joined
             if joined:
@@ -630,7 +629,7 @@ class ServingLoop:
                 work = _Counts(sum(tokens), sum(len(part.base) if w is None else w.decodes
                                                 for w, part in zip(works, st.parts)))
             else:
-                work = RankedWork(tuple(StepWork((), tuple(c + k for c in part.base)) if w is None else w
+                work = RankedWork(tuple(StepWork((), tuple(c + k for c in part.base)) if w is None else w.step()
                                         for w, part in zip(works, st.parts)))
         if not work.new_tokens:
             _materialize(inst)      # nothing to run: as schedule() finds nothing
@@ -1048,6 +1047,31 @@ class _Counts:
         self.new_tokens, self.decodes = new_tokens, decodes
 
 
+class _RankWork:
+    """A scheduler's (an attention-DP rank's) work in a step :meth:`ServingLoop._lazy_step`
+    builds on a kept state: ``chunks`` beside its part's decodes ``k`` steps past ``base`` and the decodes that
+    join at ``joined``, by its counts (:func:`_alike`, :func:`_rank_figures`); :meth:`step`
+    builds the :class:`StepWork`."""
+
+    __slots__ = ("chunks", "part", "k", "joined", "decodes", "new_tokens", "decode_context_tokens")
+
+    def __init__(self, chunks: tuple, part: "_Part", k: int, joined: tuple):
+        self.chunks, self.part, self.k, self.joined = chunks, part, k, joined
+        b = len(part.base)
+        self.decodes = b + len(joined)
+        self.new_tokens = sum(n for n, _ in chunks) + self.decodes
+        self.decode_context_tokens = part.sum_base + k * b + sum(joined)
+
+    def figures(self, rank: PlanCost) -> float:
+        """The rank's latency of this work (:meth:`PlanCost.joined_step_s`)."""
+        part = self.part
+        return rank.joined_step_s(self.chunks, part.base, self.k, part.sum_base + self.k * len(part.base),
+                                  self.joined)
+
+    def step(self) -> StepWork:
+        return JoinedStep(self.part.base, self.k, self.chunks, self.joined).work()
+
+
 def _alike(cost: DpCost, works: list, parts: list, k: int) -> bool:
     """Whether every rank's work of an attention-DP step might be the same (their chunks, new
     tokens and decode context sums all equal; ``None``: the part's decodes ``k`` steps past
@@ -1074,6 +1098,8 @@ def _rank_figures(cost: DpCost, work: Optional[StepWork], part: _Part, k: int) -
         return cost.rank.decode_step_s(part.base, k, part.sum_base + k * b), b
     if not work.new_tokens:
         work = cost.idle
+    elif type(work) is _RankWork:
+        return work.figures(cost.rank), work.new_tokens
     return cost.rank.latency_s(work), work.new_tokens
 
 
