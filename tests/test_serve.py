@@ -698,6 +698,31 @@ def test_the_chunk_stepper_gives_the_predictors_latency_bit_for_bit():
         assert run.predicted_steps()[-1] == work
 
 
+def test_a_step_on_a_kept_state_is_priced_from_its_counts_bit_for_bit():
+    """PlanCost.joined_step_s (the serving loop's step of a kept decode state with what its
+    scheduler admits: prompt chunks, decodes joining at their own contexts) gives the
+    latency the predictor gives the step built whole, keeps it under the same key, and
+    the predictor check reads the step as built (PredictedSteps builds only what it reads)."""
+    from g5core.serve.cost import PlanCost
+
+    def step_s(groups):     # a smooth, non-linear stand-in for the engine
+        return sum(1e-5 * n * k + 3e-9 * (c + n) ** 1.1 * k + 1e-6 * math.sqrt(k) for n, c, k in groups)
+
+    rng = np.random.default_rng(7)
+    run, whole = PlanCost(step_s), PlanCost(step_s)
+    for chunks, b, joined in ((((2000, 0),), 0, ()), (((900, 4096),), 17, ()), ((), 40, (3000, 11)),
+                              (((128, 0), (64, 512)), 5, (700,)), ((), 1, (5,))):
+        base = sorted(int(c) for c in rng.integers(1, 3000, b))
+        for k in (0, 3, 250):
+            work = StepWork(chunks, tuple(sorted([c + k for c in base] + list(joined))))
+            got = run.joined_step_s(chunks, base, k, sum(base) + k * b, joined)
+            assert got == whole.latency_s(work)
+            assert run.latency_s(work) == got                 # the same key: a hit
+            assert run.predicted_steps()[-1] == work
+    steps = run.predicted_steps()
+    assert list(steps) == [steps[i] for i in range(len(steps))] == list(whole.predicted_steps())
+
+
 def test_goodput_under_percentile_limits_counts_requests_and_states_the_verdict():
     """Issue 35: under ``ttft_p50=0.25s`` the share is per request (half the TTFTs are at
     most 0.25 s), never 100% beside a missed percentile, and the verdict is stated apart."""

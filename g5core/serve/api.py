@@ -441,9 +441,9 @@ def simulate_serving(raw: Mapping, workload: Workload | Mapping | None = None, *
 
 def _sample_steps(loop: LoopResult, pool: Pool, n: int) -> list[StepWork]:
     """Up to ``n`` distinct steps the pool ran, spread evenly over the cost cache's order."""
-    seen = list(pool.cost.predicted_steps())
+    seen = pool.cost.predicted_steps()
     if len(seen) <= n:
-        return seen
+        return list(seen)
     return [seen[round(k * (len(seen) - 1) / (n - 1))] for k in range(n)]
 
 

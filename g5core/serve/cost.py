@@ -15,6 +15,7 @@ bytes one token of one sequence takes per chip, and the KV pool per chip. Two mo
 """
 from __future__ import annotations
 
+import collections.abc
 from typing import Callable, NamedTuple, Optional, Protocol, Sequence
 
 import attrs
@@ -162,6 +163,28 @@ def _on_cell(cell: tuple, x: float) -> float:
 
 
 Groups = tuple  # (GroupShape, ...): one step's groups, the key of the step caches
+
+
+class PredictedSteps(collections.abc.Sequence):
+    """The steps a :class:`PlanCost`'s predictor answered, as it keeps them (a
+    :class:`StepWork`, a :class:`JoinedStep`, or ``(base contexts, j, *chunks)`` from its
+    steppers), each built into its :class:`StepWork` when read."""
+
+    def __init__(self, kept: list):
+        self._kept = kept
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        work = self._kept[i]
+        if isinstance(work, StepWork):
+            return work
+        if isinstance(work, JoinedStep):
+            return work.work()
+        return StepWork(work[2:], tuple(c + work[1] for c in work[0]))
 
 
 class JoinedStep(NamedTuple):
@@ -469,11 +492,10 @@ class PlanCost:
             return hit[0]
         return step_s
 
-    def predicted_steps(self) -> list[StepWork]:
-        """The distinct steps the predictor answered, in the order first asked."""
-        return [work if isinstance(work, StepWork) else work.work() if isinstance(work, JoinedStep) else
-                StepWork(work[2:], tuple(c + work[1] for c in work[0]))
-                for _, work in self._steps.values()]
+    def predicted_steps(self) -> "PredictedSteps":
+        """The distinct steps the predictor answered, in the order first asked (each built
+        when read: the predictor check reads a sample of them)."""
+        return PredictedSteps([work for _, work in self._steps.values()])
 
     def predictor_error(self, sample: list[StepWork]) -> dict:
         """Relative error of the predicted latency against the engine on ``sample``."""
