@@ -483,12 +483,15 @@ def test_a_second_search_on_the_same_database_reuses_every_row(tmp_path):
     assert [s.to_json_dict() for s in again.ranked] == [s.to_json_dict() for s in first.ranked]
 
 
-def test_cli_best_serve_json_text_and_pareto_plot(tmp_path):
+def test_cli_best_serve_json_text_and_pareto_plot(tmp_path, monkeypatch):
     import json
 
     from click.testing import CliRunner
 
     from g5core.present.cli import main
+    from g5core.study.serving import command
+
+    monkeypatch.setattr(command, "usable_cpus", lambda: 4)   # the hint: one worker on a machine of 4 CPUs
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text("model: llama-3.1-8b\nsystem: h100-sxm\nchips: 1\n")
@@ -503,8 +506,11 @@ def test_cli_best_serve_json_text_and_pareto_plot(tmp_path):
     assert [r["disaggregated"] for r in rows] == [False] and rows[0]["capacity_requests_per_s"] > 0
     assert doc["sides"]["aggregated"]["simulated"] and doc["sides"]["disaggregated"] is None
     assert doc["counts"]["simulated"] == 1
+    assert "serving search on 1 worker process; this machine lets G5 use 4 CPUs: --workers 4" in out.stderr
+    monkeypatch.setattr(command, "usable_cpus", lambda: 1)
     text = CliRunner().invoke(main, args)
     assert text.exit_code == 0 and "why: The winner" in text.stdout and "capacity req/s" in text.stdout
+    assert "worker process" not in text.stderr      # no hint where one CPU is all there is
     png = tmp_path / "p.png"
     plot = CliRunner().invoke(main, ["plot", str(db), "--kind", "serve-pareto", "-o", str(png)])
     assert plot.exit_code == 0, plot.output

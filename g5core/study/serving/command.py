@@ -2,6 +2,8 @@
 result)."""
 from __future__ import annotations
 
+import os
+import sys
 from typing import Mapping
 
 from g5core.api.errors import ConfigError
@@ -49,6 +51,17 @@ def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, 
         top=top, decode_system=decode_system,
         speculative=None if speculative is None else tuple(
             freeze_block(b) for b in search_blocks(speculative, raw.get("speculative"))))
+    cpus = usable_cpus()
+    if executor == "local" and workers == 1 and cpus > 1:
+        # the search's answer does not depend on its workers (driver.WAVE), its time does
+        print(f"serving search on 1 worker process; this machine lets G5 use {cpus} CPUs: --workers {cpus} "
+              "runs the search's cells in parallel (the same answer)", file=sys.stderr, flush=True)
     return serve_search(raw, spec, settings, db_path=db_path, disabled=disabled, workers=workers,
                         executor=executor, progress=default_progress(), inputs=[config_path], max_work=max_steps)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity where the platform tells it)."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
 
