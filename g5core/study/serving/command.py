@@ -51,13 +51,32 @@ def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, 
         top=top, decode_system=decode_system,
         speculative=None if speculative is None else tuple(
             freeze_block(b) for b in search_blocks(speculative, raw.get("speculative"))))
+    progress = default_progress()
     cpus = usable_cpus()
     if executor == "local" and workers == 1 and cpus > 1:
         # the search's answer does not depend on its workers (driver.WAVE), its time does
-        print(f"serving search on 1 worker process; this machine lets G5 use {cpus} CPUs: --workers {cpus} "
-              "runs the search's cells in parallel (the same answer)", file=sys.stderr, flush=True)
+        progress = _NoticeFirst(progress, f"serving search on 1 worker process; this machine lets G5 use {cpus} "
+                                          f"CPUs: --workers {cpus} runs the search's cells in parallel (the same "
+                                          "answer)")
     return serve_search(raw, spec, settings, db_path=db_path, disabled=disabled, workers=workers,
-                        executor=executor, progress=default_progress(), inputs=[config_path], max_work=max_steps)
+                        executor=executor, progress=progress, inputs=[config_path], max_work=max_steps)
+
+
+class _NoticeFirst:
+    """A progress that prints ``notice`` on stderr when the search starts its work (its
+    inputs checked: a bad input stays a one-line error), then is ``inner``."""
+
+    def __init__(self, inner, notice: str):
+        self._inner, self._notice = inner, notice
+
+    def start(self, total) -> None:
+        if self._notice:
+            print(self._notice, file=sys.stderr, flush=True)
+            self._notice = ""
+        self._inner.start(total)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
 
 
 def usable_cpus() -> int:
