@@ -664,16 +664,21 @@ class ServingLoop:
         scheds = _schedulers(sched)
         joining = []
         kept = True
+        itl, one_gap = inst.itl_s, array("d", (gap,))
         for r, part, mine in zip(scheds, st.parts, inst.lazy_admitted):
-            if inst.itl_s is not None:
-                inst.itl_s.extend(array("d", (gap,)) * len(part.base))
-            self._leave(now, inst, st, r, part)
-            for q in r.finish_step(mine):
-                self._emitted(now, inst, q, sched, prefill_pool)
+            if itl is not None and part.base:
+                itl.extend(one_gap * len(part.base))
+            if part.fin and part.fin[0] == k:       # _leave's own test, before its call
+                self._leave(now, inst, st, r, part)
+            if mine:        # (r is a VllmScheduler: _lazy_step built the step on no other)
+                for q in r.finish_step(mine):
+                    self._emitted(now, inst, q, sched, prefill_pool)
             # after the state's decodes: those that now decode join it (their token just
             # emitted: a sequence recomputed after a preemption with one token left to compute
             # has an older last token, and its gap is its own); at most one prompt still
             # prefilling may follow them (one scheduler), else the state ends
+            if len(r.running) == len(part.base):
+                continue
             after = r.running[len(part.base):]
             n = 0
             while n < len(after) and after[n].num_tokens - after[n].computed == 1 and after[n].last_s == now:
