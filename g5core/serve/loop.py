@@ -572,7 +572,7 @@ class ServingLoop:
             needs.append(need)
             tails.append(tail)
         admitted: list = []     # per scheduler
-        works: list = []        # per scheduler: its work (a _RankWork on the predictor), or None where it only decodes its part
+        works: list = []        # per scheduler: its work (a _RankWork on the predictor), None where it only decodes
         # an attention-DP instance's ranks that admit nothing are priced from their part
         # (PlanCost.decode_step_s), their works not built (DpCost.latency_of), unless every
         # rank's work might be alike (_alike: DpCost.latency_s prices that case otherwise)
@@ -1054,24 +1054,23 @@ class _Counts:
 
 class _RankWork:
     """A scheduler's (an attention-DP rank's) work in a step :meth:`ServingLoop._lazy_step`
-    builds on a kept state: ``chunks`` beside its part's decodes ``k`` steps past ``base`` and the decodes that
-    join at ``joined``, by its counts (:func:`_alike`, :func:`_rank_figures`); :meth:`step`
-    builds the :class:`StepWork`."""
+    builds on a kept state: ``chunks`` beside its part's decodes ``k`` steps past ``base``
+    and the decodes that join at ``joined``, by its counts (:func:`_alike`,
+    :func:`_rank_figures`); :meth:`step` builds the :class:`StepWork`."""
 
-    __slots__ = ("chunks", "part", "k", "joined", "decodes", "new_tokens", "decode_context_tokens")
+    __slots__ = ("chunks", "part", "k", "joined", "base_total", "decodes", "new_tokens", "decode_context_tokens")
 
     def __init__(self, chunks: tuple, part: "_Part", k: int, joined: tuple):
         self.chunks, self.part, self.k, self.joined = chunks, part, k, joined
         b = len(part.base)
+        self.base_total = part.sum_base + k * b        # the part's decodes' contexts
         self.decodes = b + len(joined)
         self.new_tokens = sum(n for n, _ in chunks) + self.decodes
-        self.decode_context_tokens = part.sum_base + k * b + sum(joined)
+        self.decode_context_tokens = self.base_total + sum(joined)
 
     def figures(self, rank: PlanCost) -> float:
         """The rank's latency of this work (:meth:`PlanCost.joined_step_s`)."""
-        part = self.part
-        return rank.joined_step_s(self.chunks, part.base, self.k, part.sum_base + self.k * len(part.base),
-                                  self.joined)
+        return rank.joined_step_s(self.chunks, self.part.base, self.k, self.base_total, self.joined)
 
     def step(self) -> StepWork:
         return JoinedStep(self.part.base, self.k, self.chunks, self.joined).work()
@@ -1091,9 +1090,9 @@ def _alike(cost: DpCost, works: list, parts: list, k: int) -> bool:
     return all(key(w, part) == first for w, part in zip(works[1:], parts[1:]))
 
 
-def _rank_figures(cost: DpCost, work: Optional[StepWork], part: _Part, k: int) -> tuple[float, int]:
+def _rank_figures(cost: DpCost, work: Optional[StepWork | _RankWork], part: _Part, k: int) -> tuple[float, int]:
     """An attention-DP rank's ``(latency_s, new_tokens)`` in a step (DpCost.latency_of):
-    its ``work``'s, or, with ``work`` None, its part's decodes ``k`` steps past ``base``
+    its ``work``'s (a :class:`_RankWork` from its counts), or, with ``work`` None, its part's decodes ``k`` steps past ``base``
     (:meth:`PlanCost.decode_step_s`: the rank's latency of that work, without building it),
     an idle rank's figures where the part is empty."""
     if work is None:
