@@ -128,6 +128,26 @@ def test_a_bad_flag_is_named_as_the_flag(tmp_path):
     assert res.exit_code == 2 and res.output.startswith("g5: error: --osl"), res.output
 
 
+@pytest.mark.parametrize("workload, args, start", [
+    # --workload gave cv, --rate the rate: a bad cv was named --rate
+    ("{requests: 4, input_tokens: 100, output_tokens: 4}", ("--workload", "gamma:cv=0", "--rate", 2),
+     "g5: error: --workload: cv must be positive, got 0.0"),
+    ("{requests: 4, input_tokens: 100, output_tokens: 4}", ("--workload", "gamma:cv=2,rate=0"),
+     "g5: error: --workload: rate must be positive"),
+    ("{requests: 4, input_tokens: 100, output_tokens: 4}", ("--workload", "gamma:cv=2"),
+     "g5: error: --rate: an open-loop workload needs its arrival rate: give --rate R"),
+    # the file's cv with --rate over the file's rate: the file's key, not --rate
+    ("{requests: 4, arrival: {kind: gamma, cv: 0.0001, rate_per_s: 2}, input_tokens: 100, output_tokens: 4}",
+     ("--rate", 3), "g5: error: serving.workload.arrival.cv: is 0.0001, below 0.001"),
+    ("{requests: 4, arrival: {kind: gamma, cv: 2, rate_per_s: 2}, input_tokens: 100, output_tokens: 4}",
+     ("--rate", 0), "g5: error: --rate: must be positive"),
+])
+def test_a_bad_arrival_setting_is_named_where_it_was_given(tmp_path, workload, args, start):
+    res = serve(tmp_path, workload, *args)
+    assert res.exit_code == 2 and res.output.startswith(start) and len(res.output.strip().splitlines()) == 1, \
+        res.output
+
+
 def test_a_run_above_the_work_limit_is_refused_with_its_estimate_and_runs_with_the_limit_raised():
     from g5core.serve.api import simulate_serving
 

@@ -348,6 +348,14 @@ def workload_spec(base: Optional[Mapping], workload: Optional[str] = None, reque
                  if v is not None]
         if given:
             flagged["arrival"] = given[-1]
+        # each arrival setting as the flag that gave it (--workload gamma:cv=0 --rate 2: a bad cv
+        # is --workload's, not --rate's)
+        if workload is not None:
+            flagged.update((f"arrival.{key}", "--workload") for key in arrival)
+        if rate is not None:
+            flagged["arrival.rate_per_s"] = "--rate"
+        if concurrency is not None:
+            flagged.update({"arrival.kind": "--concurrency", "arrival.concurrency": "--concurrency"})
     for key, flag, value in (("requests", "--requests", requests), ("input_tokens", "--isl", isl),
                              ("output_tokens", "--osl", osl), ("seed", "--seed", seed)):
         if value is not None:
@@ -358,7 +366,8 @@ def workload_spec(base: Optional[Mapping], workload: Optional[str] = None, reque
         if key not in spec or (key == "arrival" and not spec["arrival"]):
             raise ConfigError(flag, f"a synthetic workload needs {flag} (or serving.workload.{key})")
     if spec["arrival"].get("kind", "poisson") in ("poisson", "gamma") and "rate_per_s" not in spec["arrival"]:
-        raise ConfigError("--rate", "an open-loop workload needs its arrival rate")
+        raise ConfigError("--rate", "an open-loop workload needs its arrival rate: give --rate R (or rate=R in "
+                                    "--workload, or serving.workload.arrival.rate_per_s)")
     return WorkloadSpec(spec, flagged)
 
 
@@ -372,9 +381,26 @@ class WorkloadSpec(dict):
         self.flags = dict(flags or {})
 
     def field_of(self, field: str) -> str:
-        """``serving.workload.<key>...`` as the flag that gave ``<key>``, else unchanged."""
-        head = "serving.workload."
-        if not field.startswith(head):
+        """``serving.workload.<key>...`` as the flag that gave ``<key>`` (an arrival setting,
+        ``arrival.cv``, the flag that gave it), else unchanged."""
+        key = self._key(field)
+        if key is None:
             return field
-        key = field[len(head):].split(".")[0]
-        return self.flags.get(key, field)
+        parts = key.split(".")
+        if parts[0] == "arrival" and len(parts) > 1:    # a setting no flag gave is the file's
+            return self.flags.get(f"arrival.{parts[1]}", field)
+        return self.flags.get(parts[0], field)
+
+    def setting_of(self, field: str) -> Optional[str]:
+        """The arrival setting a bad ``field`` names where its flag gives several (``cv`` of
+        ``--workload gamma:cv=C,rate=R``), for the message; None otherwise."""
+        key = self._key(field)
+        parts = key.split(".") if key is not None else []
+        if len(parts) < 2 or parts[0] != "arrival" or self.flags.get(f"arrival.{parts[1]}") != "--workload":
+            return None
+        return {"rate_per_s": "rate"}.get(parts[1], parts[1])
+
+    @staticmethod
+    def _key(field: str) -> Optional[str]:
+        head = "serving.workload."
+        return field[len(head):] if field.startswith(head) else None

@@ -73,7 +73,9 @@ def load_flagged_workload(spec: Mapping, registry: ServingRegistry) -> Workload:
         field = spec.field_of(exc.field)
         if field == exc.field:
             raise
-        raise ConfigError(field, str(exc)[len(exc.field) + 2:]) from None
+        message = str(exc)[len(exc.field) + 2:]
+        setting = spec.setting_of(exc.field)
+        raise ConfigError(field, f"{setting} {message}" if setting else message) from None
 
 
 #: The loop's cost, measured (issue 36) on the 2-core development machine, 2026-12-02, CPU
