@@ -429,6 +429,37 @@ def test_bad_input_is_a_clear_error():
         serve_search(raw, {**WL, "arrival": {"kind": "closed", "concurrency": 4}}, SearchSettings(slo=SLO))
     with pytest.raises(ConfigError, match="--vary"):
         serve_search(raw, WL, SearchSettings(slo=SLO, vary=("xx",)))
+    # each setting by its own flag (a negative --confirm was named --settle)
+    with pytest.raises(ConfigError, match="^--confirm: must be 0 or more"):
+        serve_search(raw, WL, SearchSettings(slo=SLO, confirm=-1))
+    with pytest.raises(ConfigError, match="^--settle: must be a positive number"):
+        serve_search(raw, WL, SearchSettings(slo=SLO, settle=0))
+
+
+def test_the_command_takes_an_arrival_process_without_a_rate_and_names_bad_values_by_their_flags():
+    """``g5 best --serve --workload gamma:cv=2`` (the --help's own example) was refused for its
+    missing rate, which the search sets run by run; a bad value of the workload is named as
+    the flag that gave it, before any cell (--isl 0 was serving.workload.input_tokens.tokens,
+    from a cell)."""
+    from g5core.inputs.serving import workload_spec
+    from g5core.study.serving.command import _placeholder_rate
+    from g5core.study.serving.space import check_workload
+
+    def spec(base, workload, **flags):
+        return workload_spec(base, workload, flags.get("requests", 300), _placeholder_rate(base, workload), None,
+                             flags.get("isl", 500), flags.get("osl", 50), None)
+
+    got = check_workload(spec({}, "gamma:cv=2"))
+    assert got["arrival"] == {"kind": "gamma", "cv": 2.0, "rate_per_s": 1.0}
+    assert check_workload(spec({}, "gamma:cv=2,rate=3"))["arrival"]["rate_per_s"] == 3.0
+    assert check_workload(spec({"arrival": {"kind": "gamma", "cv": 3}}, None))["arrival"]["cv"] == 3
+    assert _placeholder_rate({}, "closed") is None and _placeholder_rate({}, "t.csv") is None
+    for workload, flags, start in ((None, {"isl": 0}, "--isl: must be positive"),
+                                   (None, {"requests": 0}, "--requests: must be positive"),
+                                   ("gamma:cv=0", {}, "--workload: cv must be positive")):
+        with pytest.raises(ConfigError) as err:
+            check_workload(spec({}, workload, **flags))
+        assert str(err.value).startswith(start), str(err.value)
 
 
 # ----------------------------------------------------------------------------------------

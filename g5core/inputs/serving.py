@@ -290,6 +290,8 @@ def parse_serving(block: Mapping, registry, slo_text=None) -> ServingSpec:
 
 
 ARRIVAL_SPECS = {"poisson": ("rate",), "gamma": ("rate", "cv"), "closed": ("concurrency",)}
+#: a ``--workload`` ending so names a trace file (else an arrival process)
+TRACE_SUFFIXES = (".csv", ".jsonl", ".json", ".ndjson")
 
 
 def workload_spec(base: Optional[Mapping], workload: Optional[str] = None, requests: Optional[int] = None,
@@ -303,7 +305,7 @@ def workload_spec(base: Optional[Mapping], workload: Optional[str] = None, reque
              "--seed": seed}
     if rate is not None and concurrency is not None:
         raise ConfigError("--rate", "give --rate (open loop) or --concurrency (closed loop), not both")
-    if workload is not None and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
+    if workload is not None and workload.lower().endswith(TRACE_SUFFIXES):
         given = [k for k, v in flags.items() if v is not None and k != "--requests"]
         if given:
             raise ConfigError(given[0], "applies to a synthetic workload, not to a trace file")
@@ -399,6 +401,16 @@ class WorkloadSpec(dict):
         if len(parts) < 2 or parts[0] != "arrival" or self.flags.get(f"arrival.{parts[1]}") != "--workload":
             return None
         return {"rate_per_s": "rate"}.get(parts[1], parts[1])
+
+    def named(self, exc: ConfigError) -> ConfigError:
+        """``exc`` (a bad value of this workload) named as the flag that gave the value
+        (:meth:`field_of`, :meth:`setting_of`), or itself where no flag did."""
+        field = self.field_of(exc.field)
+        if field == exc.field:
+            return exc
+        message = str(exc)[len(exc.field) + 2:]
+        setting = self.setting_of(exc.field)
+        return ConfigError(field, f"{setting} {message}" if setting else message)
 
     @staticmethod
     def _key(field: str) -> Optional[str]:

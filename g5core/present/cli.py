@@ -32,7 +32,7 @@ from g5core.session.run import input_files, load_raw, make_plan, run
 from g5core.study.search import best_layouts
 from g5core.study.serve_command import serve_command
 from g5core.serve.api import representative_steps
-from g5core.inputs.serving import split_config, workload_spec
+from g5core.inputs.serving import TRACE_SUFFIXES, split_config, workload_spec
 from g5core.study.serve_db import load_serving_rows, record_search_context
 from g5core.study.serving import DEFAULT_TOP as DEFAULT_SERVE_TOP, best_serve_command
 from g5core.study.serve_sweep import is_serving_sweep, render_rows, run_serving_sweep
@@ -323,7 +323,7 @@ def serve_cmd(config, overrides, disabled, workload, requests, rate, concurrency
         raise ConfigError("--max-steps", f"must be a positive whole number, got {max_steps}")
     raw = _with_framework(load_raw(config, overrides), framework)
     inputs = input_files(config, raw)
-    if workload and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
+    if workload and workload.lower().endswith(TRACE_SUFFIXES):
         inputs.append(("--workload", workload))
     targets = check_outputs({"--requests-csv": requests_csv, "--trace": trace_path}, inputs)
     emitted = None
@@ -509,7 +509,7 @@ def _best_serve_by_framework(raw: dict, search, top: int, as_json: bool) -> str:
 def _search_workload_text(raw, workload, isl, osl) -> str:
     """A serving search's workload in words: its trace file, or its prompt and output lengths."""
     w = dict((raw.get("serving") or {}).get("workload") or {})
-    if workload and workload.lower().endswith((".csv", ".jsonl", ".json", ".ndjson")):
+    if workload and workload.lower().endswith(TRACE_SUFFIXES):
         return "trace " + os.path.basename(workload)
     if "trace" in w and isl is None:
         return "trace " + os.path.basename(str(w["trace"]))

@@ -70,12 +70,10 @@ def load_flagged_workload(spec: Mapping, registry: ServingRegistry) -> Workload:
     try:
         return load_workload(spec, registry)
     except ConfigError as exc:
-        field = spec.field_of(exc.field)
-        if field == exc.field:
+        named = spec.named(exc)
+        if named is exc:
             raise
-        message = str(exc)[len(exc.field) + 2:]
-        setting = spec.setting_of(exc.field)
-        raise ConfigError(field, f"{setting} {message}" if setting else message) from None
+        raise named from None
 
 
 #: The loop's cost, measured (issue 36) on the 2-core development machine, 2026-12-02, CPU

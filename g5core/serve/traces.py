@@ -32,6 +32,7 @@ from typing import Mapping
 
 from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.reading import MAX_ARRIVAL_S, MAX_SEQ_LEN, read_text
+from g5core.inputs.serving import TRACE_SUFFIXES
 from g5core.api.serving import Request, TraceFieldError, TraceFormat
 from g5core.serve.workload import MAX_REQUESTS, Workload
 
@@ -197,7 +198,7 @@ def read_trace(path, formats: tuple[TraceFormat, ...] = BUILTIN_FORMATS, field: 
     if not p.is_file():
         raise ConfigError(field, f"trace file {str(path)!r} does not exist")
     container = "jsonl" if p.suffix.lower() in (".jsonl", ".json", ".ndjson") else "csv"
-    if p.suffix.lower() not in (".jsonl", ".json", ".ndjson", ".csv"):
+    if p.suffix.lower() not in TRACE_SUFFIXES:
         raise ConfigError(field, f"{str(path)!r}: a trace file ends in .csv or .jsonl")
     text = read_text(p, field, "trace file")
     columns, records = _records(str(path), text, container)

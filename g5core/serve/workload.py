@@ -211,11 +211,17 @@ def arrival_times(spec: Mapping, n: int, rng: np.random.Generator, field: str = 
     return times
 
 
+def requests_of(spec: Mapping, field: str = "serving.workload") -> int:
+    """A synthetic workload's ``requests``, checked (a positive whole number up to
+    ``MAX_REQUESTS``)."""
+    return int(_num(spec["requests"], f"{field}.requests", integer=True, most=MAX_REQUESTS))
+
+
 def synthetic(spec: Mapping, field: str = "serving.workload") -> Workload:
     """A seeded synthetic workload from its mapping form (see the module doc)."""
     _keys(spec, field, ("requests", "arrival", "input_tokens", "output_tokens", "prefix", "conversation", "seed"),
           ("requests", "arrival", "input_tokens", "output_tokens"))
-    n = int(_num(spec["requests"], f"{field}.requests", integer=True, most=MAX_REQUESTS))
+    n = requests_of(spec, field)
     seed = int(_num(spec.get("seed", 0), f"{field}.seed", positive=False, integer=True, most=2 ** 63 - 1))
     arrival = spec["arrival"]
     if not isinstance(arrival, Mapping):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Mapping
+from typing import Mapping, Optional
 
 from g5core.api.errors import ConfigError
-from g5core.inputs.serving import split_config, workload_spec
+from g5core.inputs.serving import TRACE_SUFFIXES, split_config, workload_spec
 from g5core.inputs.speculative import search_blocks
 from g5core.study.serving.driver import serve_search
 from g5core.study.serving.result import ServeSearchResult
@@ -31,11 +31,9 @@ def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, 
     if rate is not None and objective != "min_chips":
         raise ConfigError("--rate", "the search finds the rate (the capacity); --rate is the min_chips objective's")
     # the flags over the configuration's workload; the search sets each run's rate itself
-    if requests is None and "requests" not in base_wl and not (workload or "").lower().endswith(
-            (".csv", ".jsonl", ".json", ".ndjson")):
+    if requests is None and "requests" not in base_wl and not (workload or "").lower().endswith(TRACE_SUFFIXES):
         requests = DEFAULT_REQUESTS     # the documented default (--help, the README)
-    spec = workload_spec(base_wl, workload, requests, 1.0 if "arrival" not in base_wl and not workload else None,
-                         None, isl, osl, seed)
+    spec = workload_spec(base_wl, workload, requests, _placeholder_rate(base_wl, workload), None, isl, osl, seed)
     slo = slo if slo is not None else block.get("slo")
     if isinstance(slo, Mapping):
         slo = ",".join(f"{k}={v}" for k, v in slo.items())
@@ -60,6 +58,23 @@ def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, 
                                           "answer)")
     return serve_search(raw, spec, settings, db_path=db_path, disabled=disabled, workers=workers,
                         executor=executor, progress=progress, inputs=[config_path], max_work=max_steps)
+
+
+def _placeholder_rate(base_wl: Mapping, workload) -> Optional[float]:
+    """1.0 where an open-loop arrival names no rate (the search sets every run's own; ``g5
+    best --serve --workload gamma:cv=2`` was refused for the missing rate), else None (a
+    trace, a closed loop, a rate given)."""
+    if workload:
+        if workload.lower().endswith(TRACE_SUFFIXES):
+            return None
+        kind, _, rest = workload.partition(":")
+        given = any(part.partition("=")[0] == "rate" for part in rest.split(","))
+    else:
+        arrival = base_wl.get("arrival") or {}
+        if not isinstance(arrival, Mapping):
+            return None     # the configuration's own error, from workload_spec
+        kind, given = arrival.get("kind", "poisson"), "rate_per_s" in arrival
+    return 1.0 if kind in ("poisson", "gamma") and not given else None
 
 
 class _NoticeFirst:

@@ -11,10 +11,10 @@ import numpy as np
 from g5core.api.errors import ConfigError
 from g5core.inputs.kv_tiers import tier_defaults
 from g5core.inputs.models import get_model
-from g5core.inputs.serving import check_pool_system
+from g5core.inputs.serving import WorkloadSpec, check_pool_system
 from g5core.inputs.systems import get_system
 from g5core.study.search import divisors, enumerate_layouts
-from g5core.serve.workload import synthetic
+from g5core.serve.workload import requests_of, synthetic
 
 
 SERVE_OBJECTIVES = ("goodput_per_chip", "throughput_per_chip", "min_chips")
@@ -88,8 +88,10 @@ class SearchSettings:
         for name, values in (("--chunks", self.chunks), ("--seqs", self.seqs or (1,))):
             if not values or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
                 raise ConfigError(name, f"must be positive whole numbers, got {values!r}")
-        if not self.settle > 0 or self.confirm < 0:
-            raise ConfigError("--settle", "must be positive (and the confirming seeds >= 0)")
+        if not self.settle > 0:
+            raise ConfigError("--settle", f"must be a positive number, got {self.settle!r}")
+        if isinstance(self.confirm, bool) or not isinstance(self.confirm, int) or self.confirm < 0:
+            raise ConfigError("--confirm", f"must be 0 or more further seeds (a whole number), got {self.confirm!r}")
         if self.beam is not None and self.beam < 1:
             raise ConfigError("--beam", f"must be a positive whole number, got {self.beam!r}")
         if isinstance(self.top, bool) or not isinstance(self.top, int) or self.top < 1:
@@ -258,6 +260,16 @@ def check_workload(workload: Optional[Mapping]) -> dict:
     arrival = dict(out.get("arrival") or {"kind": "poisson"})
     arrival.setdefault("rate_per_s", 1.0)   # a placeholder: every run sets its own rate
     out["arrival"] = arrival
+    # its values checked before any cell (a run makes its requests as synthetic does), each
+    # error named as the flag that gave the value (g5 best --serve's WorkloadSpec)
+    try:
+        requests_of(out)
+        synthetic({**out, "requests": 1})
+    except ConfigError as exc:
+        named = workload.named(exc) if isinstance(workload, WorkloadSpec) else exc
+        if named is exc:
+            raise
+        raise named from None
     return out
 
 
