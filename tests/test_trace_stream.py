@@ -94,6 +94,9 @@ def test_trace_layers_on_the_command_line(tmp_path):
     cfg = root / "examples" / "llama-3.1-8b-prefill.yaml"
     assert "give --trace FILE too" in error_line("run", cfg, "--trace-layers", "0-1")
     assert "--trace-layers" in error_line("run", cfg, "--trace", tmp_path / "t.json", "--trace-layers", "1-0")
+    # a layer past the model's (llama-3.1-8b: 32 layers, the LM head 32) drew nothing of it, silently
+    assert "layer 33 is past llama-3.1-8b's layers: 0-31 (and 32, the LM head)" in error_line(
+        "run", cfg, "--trace", tmp_path / "t.json", "--trace-layers", "30-40")
     assert not (tmp_path / "t.json").exists()
     ok("run", cfg, "--set", "seq_len=1024", "--trace", tmp_path / "t.json", "--trace-layers", "0")
     events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]

@@ -16,7 +16,7 @@ from g5core.sim.memory import GIB
 from g5core.present.render import render_calibrate, render_explain, render_summary, render_validate, table
 from g5core.api.plugins import describe_plugins, make_plugin_manager
 from g5core.inputs.framework import FRAMEWORK_NAMES
-from g5core.inputs.models import CATALOG
+from g5core.inputs.models import CATALOG, get_model
 from g5core.inputs.outputs import check_output_path, check_outputs, write_atomically
 from g5core.inputs.systems import CATALOG_NAMES, get_system, system_source
 from g5core.present.caveats import deployment_warnings
@@ -139,6 +139,12 @@ def run_cmd(config, overrides, disabled, as_json, trace_path, trace_layers, time
         _run_serving_steps(raw, disabled, as_json, bool(trace_path or timeline_path), compare_math, max_ops,
                            no_symmetry)
         return
+    if layers is not None and isinstance(raw.get("model"), str):
+        model = get_model(raw["model"])     # a layer past the model's would leave the trace empty of it
+        past = sorted(layer for layer in layers if layer > model.n_layers)
+        if past:
+            raise ConfigError("--trace-layers", f"layer {past[0]} is past {model.name}'s layers: 0-{model.n_layers - 1}"
+                                                f" (and {model.n_layers}, the LM head)")
     targets = check_outputs({"--trace": trace_path, "--timeline": timeline_path}, input_files(config, raw))
     if targets and raw.get("path") == "math":
         raise G5Error("--trace and --timeline need the G5 path (path: g5); the Math path has no timeline")
