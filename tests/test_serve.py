@@ -698,6 +698,30 @@ def test_the_chunk_stepper_gives_the_predictors_latency_bit_for_bit():
         assert run.predicted_steps()[-1] == work
 
 
+def test_the_predictor_check_names_the_step_it_is_worst_on():
+    """``g5 serve``'s predictor line names the step the predictor is furthest from the engine
+    on (a Qwen3 prefill pool's 4,000-token prompts were 7.7% over the engine, the cell's line
+    lifted by a step inside it), and its JSON carries it."""
+    from g5core.serve.cost import PlanCost
+    from g5core.serve.present import _worst_text
+
+    def step_s(groups):     # smooth but for a step at 3,000 tokens inside the grid's cell (2,048, 3,072]
+        return sum((2e-5 * n + (5e-3 if 3000 <= n else 0.0)) * k + 1e-8 * c * k for n, c, k in groups)
+
+    cost = PlanCost(step_s)
+    sample = [StepWork(((2100, 0),), ()), StepWork(((2900, 0),), ()), StepWork((), (500, 700))]
+    got = cost.predictor_error(sample)
+    worst = got["worst"]
+    assert worst["chunks"] == [[2900, 0]] and worst["decodes"] == 0
+    assert worst["predicted_s"] == cost.latency_s(sample[1], False) and worst["engine_s"] == step_s(((2900, 0, 1),))
+    assert got["max_rel"] == abs(worst["predicted_s"] / worst["engine_s"] - 1)
+    text = _worst_text(worst)
+    assert text.startswith(" (worst: a 2,900-token chunk, ") and text.endswith("ms by the engine)")
+    assert _worst_text({**worst, "chunks": [[500, 4096]], "decodes": 1, "decode_context_tokens": 900}).startswith(
+        " (worst: a 500-token chunk after 4,096 cached beside 1 decode at 900 tokens of context")
+    assert _worst_text({**worst, "predicted_s": worst["engine_s"]}) == ""      # within 1%: not named
+
+
 def test_a_step_on_a_kept_state_is_priced_from_its_counts_bit_for_bit():
     """PlanCost.joined_step_s (the serving loop's step of a kept decode state with what its
     scheduler admits: prompt chunks, decodes joining at their own contexts) gives the

@@ -498,13 +498,19 @@ class PlanCost:
         return PredictedSteps([work for _, work in self._steps.values()])
 
     def predictor_error(self, sample: list[StepWork]) -> dict:
-        """Relative error of the predicted latency against the engine on ``sample``."""
-        errors = sorted(abs(self.latency_s(w, False) / self.latency_s(w, True) - 1.0) for w in sample)
-        if not errors:
+        """Relative error of the predicted latency against the engine on ``sample``, and the
+        step it is worst on (``worst``: its chunks, decodes, both latencies; the first of
+        equal errors)."""
+        checked = [(w, self.latency_s(w, False), self.latency_s(w, True)) for w in sample]
+        if not checked:
             return {"steps_checked": 0}
+        errors = sorted(abs(p / e - 1.0) for _, p, e in checked)
         mid = len(errors) // 2
         median = errors[mid] if len(errors) % 2 else 0.5 * (errors[mid - 1] + errors[mid])
-        return {"steps_checked": len(errors), "median_rel": median, "max_rel": errors[-1]}
+        w, p, e = max(checked, key=lambda one: abs(one[1] / one[2] - 1.0))
+        worst = {"chunks": [list(c) for c in w.chunks], "decodes": w.decodes,
+                 "decode_context_tokens": w.decode_context_tokens, "predicted_s": p, "engine_s": e}
+        return {"steps_checked": len(errors), "median_rel": median, "max_rel": errors[-1], "worst": worst}
 
 
 @attrs.define

@@ -120,7 +120,7 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
     p = out.get("step_predictor")
     if p:
         parts = [f"{role}: median {e['median_rel']:.2%}, max {e['max_rel']:.2%} on {e['steps_checked']} steps"
-                 for role, e in p.items() if e.get("steps_checked")]
+                 + _worst_text(e.get("worst")) for role, e in p.items() if e.get("steps_checked")]
         if parts:
             lines.append(f"predictor    error against the engine: {'; '.join(parts)} (--exact runs every step)")
     lines.append(f"simulated    {out['engine_runs']} distinct steps through the engine; {out['sim_wall_s']:.2f} s")
@@ -128,6 +128,26 @@ def render_summary(out: dict, outputs: dict | None = None) -> str:
         if path:
             lines.append(f"wrote        {option} {path}")
     return "\n".join(lines)
+
+
+def _worst_text(worst) -> str:
+    """`` (worst: a 4,000-token chunk, 231.0 ms predicted, 214.4 ms by the engine)``: the step
+    the predictor is furthest from the engine on, where it is off by a percent or more."""
+    if not worst or abs(worst["predicted_s"] / worst["engine_s"] - 1.0) < 0.01:
+        return ""
+    chunks = worst["chunks"]
+    what = []
+    if chunks:
+        tokens = sum(n for n, _ in chunks)
+        cached = sum(c for _, c in chunks)
+        what.append((f"a {tokens:,}-token chunk" if len(chunks) == 1 else f"{len(chunks)} chunks of {tokens:,} "
+                     "tokens") + (f" after {cached:,} cached" if cached else ""))
+    if worst["decodes"]:
+        n = worst["decodes"]
+        what.append(f"{n:,} decode{'s' if n != 1 else ''} at {worst['decode_context_tokens'] / n:,.0f} tokens "
+                    "of context")
+    return (f" (worst: {' beside '.join(what)}, {worst['predicted_s'] * 1e3:.4g} ms predicted, "
+            f"{worst['engine_s'] * 1e3:.4g} ms by the engine)")
 
 
 def write_requests_csv(result, fh) -> None:
