@@ -19,7 +19,8 @@ measured GEMMs that stream their weights) and ``floor_s`` the measured shortest 
 (``kernel_floor_s``), and:
 
 - GEMM: the output is cut into ``gemm_tile_m x gemm_tile_n`` tiles (per expert for a grouped
-  GEMM), ``k`` is rounded up to ``gemm_tile_k``; when there are fewer tiles than SMs, ``k``
+  GEMM, each expert's rows by its own token count: :func:`expected_row_tiles`), ``k`` is
+  rounded up to ``gemm_tile_k``; when there are fewer tiles than SMs, ``k``
   is split so the tiles fill the SMs (split-K, as cuBLAS/CUTLASS heuristics do, bounded by
   the ``k`` tiles); the tiles run in waves of ``sm_count``. ``compute_s = 2 * waves *
   sm_count * tile_m * tile_n * k_per_split / (peak[dtype] * gemm_peak_fraction[dtype])``:
