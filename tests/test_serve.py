@@ -727,7 +727,7 @@ def test_a_step_on_a_kept_state_is_priced_from_its_counts_bit_for_bit():
     scheduler admits: prompt chunks, decodes joining at their own contexts) gives the
     latency the predictor gives the step built whole, keeps it under the same key, and
     the predictor check reads the step as built (PredictedSteps builds only what it reads)."""
-    from g5core.serve.cost import PlanCost
+    from g5core.serve.cost import JoinedStep, PlanCost
 
     def step_s(groups):     # a smooth, non-linear stand-in for the engine
         return sum(1e-5 * n * k + 3e-9 * (c + n) ** 1.1 * k + 1e-6 * math.sqrt(k) for n, c, k in groups)
@@ -739,7 +739,7 @@ def test_a_step_on_a_kept_state_is_priced_from_its_counts_bit_for_bit():
         base = sorted(int(c) for c in rng.integers(1, 3000, b))
         for k in (0, 3, 250):
             work = StepWork(chunks, tuple(sorted([c + k for c in base] + list(joined))))
-            got = run.joined_step_s(chunks, base, k, sum(base) + k * b, joined)
+            got = run.joined_step_s(JoinedStep(chunks, base, k, sum(base) + k * b, joined))
             assert got == whole.latency_s(work)
             assert run.latency_s(work) == got                 # the same key: a hit
             assert run.predicted_steps()[-1] == work

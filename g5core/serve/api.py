@@ -70,10 +70,7 @@ def load_flagged_workload(spec: Mapping, registry: ServingRegistry) -> Workload:
     try:
         return load_workload(spec, registry)
     except ConfigError as exc:
-        named = spec.named(exc)
-        if named is exc:
-            raise
-        raise named from None
+        raise spec.named(exc) from None
 
 
 #: The loop's cost, measured (issue 36) on the 2-core development machine, 2026-12-02, CPU

@@ -16,7 +16,7 @@ bytes one token of one sequence takes per chip, and the KV pool per chip. Two mo
 from __future__ import annotations
 
 import collections.abc
-from typing import Callable, NamedTuple, Optional, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import attrs
 
@@ -187,15 +187,25 @@ class PredictedSteps(collections.abc.Sequence):
         return StepWork(work[2:], tuple(c + work[1] for c in work[0]))
 
 
-class JoinedStep(NamedTuple):
-    """A step :meth:`PlanCost.joined_step_s` priced, kept as it was given (built when the
-    predictor check asks for it): ``chunks`` beside the decodes at ``base`` plus ``j`` each
-    and at ``joined``."""
+class JoinedStep:
+    """A step on a kept decode state (the serving loop's ``_lazy_step``), by its counts:
+    ``chunks`` beside the decodes at ``base`` (sorted) plus ``j`` each, ``base_total`` the sum
+    of those, and the decodes that join at ``joined``; what the predictor reads of it
+    (``decodes``, ``new_tokens``, ``decode_context_tokens``, as :class:`StepWork` has them)
+    worked out once. :meth:`work` builds the StepWork (``base`` may be the state's own list:
+    :meth:`kept` snapshots it)."""
 
-    base: tuple
-    j: int
-    chunks: tuple
-    joined: tuple
+    __slots__ = ("chunks", "base", "j", "base_total", "joined", "decodes", "new_tokens", "decode_context_tokens")
+
+    def __init__(self, chunks: tuple, base: Sequence[int], j: int, base_total: int, joined: tuple = ()):
+        self.chunks, self.base, self.j, self.base_total, self.joined = chunks, base, j, base_total, joined
+        self.decodes = len(base) + len(joined)
+        self.new_tokens = sum(n for n, _ in chunks) + self.decodes
+        self.decode_context_tokens = base_total + sum(joined)
+
+    def kept(self) -> "JoinedStep":
+        """This step with its own copy of ``base`` (the state's list moves on)."""
+        return JoinedStep(self.chunks, tuple(self.base), self.j, self.base_total, self.joined)
 
     def work(self) -> StepWork:
         contexts = [c + self.j for c in self.base]
@@ -365,23 +375,17 @@ class PlanCost:
             hit = self._steps[key] = (self.predict_s(work), work)
         return hit[0]
 
-    def joined_step_s(self, chunks: tuple, base: Sequence[int], j: int, total: int, joined: tuple = ()) -> float:
-        """:meth:`latency_s` of the step of ``chunks`` beside the decodes of ``len(base)``
-        sequences at ``base`` (sorted) plus ``j`` each, ``total`` the sum of those, and of
-        sequences that join the decodes at contexts ``joined`` (the serving loop's step of a
-        state's decodes with what its scheduler admits: ``ServingLoop._lazy_step``): the same
-        key and value without building the step unless the engine answers."""
-        decodes = len(base) + len(joined)
-        if joined:
-            total += sum(joined)
+    def joined_step_s(self, step: JoinedStep) -> float:
+        """:meth:`latency_s` of a step on a kept decode state (:class:`JoinedStep`: the
+        serving loop's step of a state's decodes with what its scheduler admits): the same key
+        and value without building the step unless the engine answers."""
         if self.exact:
-            return self.latency_s(JoinedStep(tuple(base), j, chunks, joined).work())
-        key = (chunks, decodes, total)
+            return self.latency_s(step.work())
+        key = (step.chunks, step.decodes, step.decode_context_tokens)
         hit = self._steps.get(key)
         if hit is None:
-            new_tokens = decodes + sum(n for n, _ in chunks)
-            hit = self._steps[key] = (self._predict_s(chunks, decodes, total, new_tokens),
-                                      JoinedStep(tuple(base), j, chunks, joined))
+            hit = self._steps[key] = (self._predict_s(step.chunks, step.decodes, step.decode_context_tokens,
+                                                      step.new_tokens), step.kept())
         return hit[0]
 
     def decode_step_s(self, base: Sequence[int], j: int, total: int) -> float:

@@ -572,7 +572,7 @@ class ServingLoop:
             needs.append(need)
             tails.append(tail)
         admitted: list = []     # per scheduler
-        works: list = []        # per scheduler: its work (a _RankWork on the predictor), None where it only decodes
+        works: list = []        # per scheduler: its work (a JoinedStep on the predictor), None where it only decodes
         # an attention-DP instance's ranks that admit nothing are priced from their part
         # (PlanCost.decode_step_s), their works not built (DpCost.latency_of), unless every
         # rank's work might be alike (_alike: DpCost.latency_s prices that case otherwise)
@@ -606,9 +606,10 @@ class ServingLoop:
                     chunks.append((q.scheduled, q.computed))
             if plan_cost is not None or dp_cost is not None:
                 # priced from its counts (here, or by _rank_figures) unless built for latency_s
-                rank_work = _RankWork(tuple(chunks), part, k, tuple(joined))
+                b = len(part.base)
+                rank_work = JoinedStep(tuple(chunks), part.base, k, part.sum_base + k * b, tuple(joined))
                 if plan_cost is not None and rank_work.new_tokens:
-                    latency = rank_work.figures(plan_cost)
+                    latency = plan_cost.joined_step_s(rank_work)
                 works.append(rank_work)
                 continue
             contexts = [c + k for c in part.base] + joined
@@ -629,7 +630,7 @@ class ServingLoop:
                 work = _Counts(sum(tokens), sum(len(part.base) if w is None else w.decodes
                                                 for w, part in zip(works, st.parts)))
             else:
-                work = RankedWork(tuple(StepWork((), tuple(c + k for c in part.base)) if w is None else w.step()
+                work = RankedWork(tuple(StepWork((), tuple(c + k for c in part.base)) if w is None else w.work()
                                         for w, part in zip(works, st.parts)))
         if not work.new_tokens:
             _materialize(inst)      # nothing to run: as schedule() finds nothing
@@ -1052,30 +1053,6 @@ class _Counts:
         self.new_tokens, self.decodes = new_tokens, decodes
 
 
-class _RankWork:
-    """A scheduler's (an attention-DP rank's) work in a step :meth:`ServingLoop._lazy_step`
-    builds on a kept state: ``chunks`` beside its part's decodes ``k`` steps past ``base``
-    and the decodes that join at ``joined``, by its counts (:func:`_alike`,
-    :func:`_rank_figures`); :meth:`step` builds the :class:`StepWork`."""
-
-    __slots__ = ("chunks", "part", "k", "joined", "base_total", "decodes", "new_tokens", "decode_context_tokens")
-
-    def __init__(self, chunks: tuple, part: "_Part", k: int, joined: tuple):
-        self.chunks, self.part, self.k, self.joined = chunks, part, k, joined
-        b = len(part.base)
-        self.base_total = part.sum_base + k * b        # the part's decodes' contexts
-        self.decodes = b + len(joined)
-        self.new_tokens = sum(n for n, _ in chunks) + self.decodes
-        self.decode_context_tokens = self.base_total + sum(joined)
-
-    def figures(self, rank: PlanCost) -> float:
-        """The rank's latency of this work (:meth:`PlanCost.joined_step_s`)."""
-        return rank.joined_step_s(self.chunks, self.part.base, self.k, self.base_total, self.joined)
-
-    def step(self) -> StepWork:
-        return JoinedStep(self.part.base, self.k, self.chunks, self.joined).work()
-
-
 def _alike(cost: DpCost, works: list, parts: list, k: int) -> bool:
     """Whether every rank's work of an attention-DP step might be the same (their chunks, new
     tokens and decode context sums all equal; ``None``: the part's decodes ``k`` steps past
@@ -1090,9 +1067,9 @@ def _alike(cost: DpCost, works: list, parts: list, k: int) -> bool:
     return all(key(w, part) == first for w, part in zip(works[1:], parts[1:]))
 
 
-def _rank_figures(cost: DpCost, work: Optional[StepWork | _RankWork], part: _Part, k: int) -> tuple[float, int]:
+def _rank_figures(cost: DpCost, work: Optional[StepWork | JoinedStep], part: _Part, k: int) -> tuple[float, int]:
     """An attention-DP rank's ``(latency_s, new_tokens)`` in a step (DpCost.latency_of):
-    its ``work``'s (a :class:`_RankWork` from its counts), or, with ``work`` None, its part's decodes ``k`` steps past ``base``
+    its ``work``'s (a :class:`JoinedStep` from its counts), or, with ``work`` None, its part's decodes ``k`` steps past ``base``
     (:meth:`PlanCost.decode_step_s`: the rank's latency of that work, without building it),
     an idle rank's figures where the part is empty."""
     if work is None:
@@ -1102,8 +1079,8 @@ def _rank_figures(cost: DpCost, work: Optional[StepWork | _RankWork], part: _Par
         return cost.rank.decode_step_s(part.base, k, part.sum_base + k * b), b
     if not work.new_tokens:
         work = cost.idle
-    elif type(work) is _RankWork:
-        return work.figures(cost.rank), work.new_tokens
+    elif type(work) is JoinedStep:
+        return cost.rank.joined_step_s(work), work.new_tokens
     return cost.rank.latency_s(work), work.new_tokens
 
 

@@ -266,10 +266,7 @@ def check_workload(workload: Optional[Mapping]) -> dict:
         requests_of(out)
         synthetic({**out, "requests": 1})
     except ConfigError as exc:
-        named = workload.named(exc) if isinstance(workload, WorkloadSpec) else exc
-        if named is exc:
-            raise
-        raise named from None
+        raise (workload.named(exc) if isinstance(workload, WorkloadSpec) else exc) from None
     return out
 
 
