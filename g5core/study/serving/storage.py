@@ -26,8 +26,10 @@ from g5core.study.sweep import WAIT, run_windowed
 #: the midpoints (``step_table``'s ``eager``). 11: there the step cost's grid takes a
 #: captured batch size between eager ones as an island (``PlanCost.islands``). 12: a padded
 #: CUDA-graph decode's slots take the least context the layout's split takes (cp's
-#: ``2 x cp``: such steps had been refused, pruning cp layouts under vLLM and SGLang)
-CELL_VERSION = 12
+#: ``2 x cp``: such steps had been refused, pruning cp layouts under vLLM and SGLang). 13: a
+#: grouped GEMM pads each expert's rows by its own token count (roofline.expected_row_tiles):
+#: MoE step latencies moved, so a database's cells of before are not this search's
+CELL_VERSION = 13
 
 
 SCHEMA = """
