@@ -21,6 +21,7 @@ from g5core.api.errors import ConfigError, G5Error
 from g5core.api.dimensions import collect_dimensions
 from plugin_sets import builtin_plugin_manager
 from g5core.api.plugins import Hooks
+from g5core.study import resultsdb
 from g5core.study.resultsdb import RUN_COLUMNS, ResultsDB
 from g5core.study.sweep import grid_points, parse_grid, resolve_auto, run_sweep
 
@@ -121,6 +122,49 @@ def test_sweep_keeps_chips_fixed_and_records_invalid_points(tmp_path):
         pytest.approx(ok["max_total_bytes"])
     assert ok["g5_version"] and ok["wall_s"] > 0
     assert ok["tokens_per_s_per_chip"] == pytest.approx(4 * 1 * 4096 / ok["ttft_s"] / 8)
+
+
+def test_rows_of_another_build_are_kept_and_not_reused(tmp_path, monkeypatch):
+    """A database's rows are reused only by the build that computed them: after a model change
+    (here a stand-in build id) the same grid computes anew and the old rows stay in the file."""
+    db = tmp_path / "s.db"
+    grid = parse_grid(["parallel.cp=1,2", "seq_len=4096"])
+    first = run_sweep(BASE, grid, db)
+    again = run_sweep(BASE, grid, db)
+    assert (again.computed, again.reused) == (0, 2)
+    monkeypatch.setitem(resultsdb._BUILD, "id", "0" * 64)
+    other = run_sweep(BASE, grid, db)
+    assert (other.computed, other.reused) == (2, 0)
+    assert {r["config_hash"] for r in other.rows}.isdisjoint({r["config_hash"] for r in first.rows})
+    assert {r["g5_version"].split("+")[1] for r in other.rows} == {"0" * 12}
+    assert len(_all_rows(db)) == 4
+    assert [r["ttft_s"] for r in other.rows] == [r["ttft_s"] for r in first.rows]
+
+
+def test_the_build_id_follows_the_model_files_and_nothing_else(tmp_path, monkeypatch):
+    pkg = tmp_path / "plug"
+    (pkg / "data").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("X = 1\n")
+    (pkg / "data" / "t.yaml").write_text("a: 1\n")
+    monkeypatch.setattr(resultsdb, "_plugin_roots", lambda: [("plug", pkg)])
+
+    def build():
+        resultsdb._BUILD.clear()
+        return resultsdb.build_id()
+
+    monkeypatch.setattr(resultsdb, "_BUILD", {})
+    base = build()
+    assert build() == base and len(base) == 64
+    (pkg / "__pycache__").mkdir()
+    (pkg / "__pycache__" / "x.cpython-312.pyc").write_bytes(b"compiled")
+    (pkg / "notes.txt").write_text("not a model file")
+    assert build() == base
+    (pkg / "data" / "t.yaml").write_text("a: 2\n")
+    assert build() != base
+    (pkg / "data" / "t.yaml").write_text("a: 1\n")
+    assert build() == base
+    (pkg / "__init__.py").rename(pkg / "other.py")
+    assert build() != base
 
 
 def test_cli_sweep_where_every_point_is_invalid_exits_1(tmp_path):

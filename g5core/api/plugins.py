@@ -61,6 +61,11 @@ def _entry_points() -> list[importlib.metadata.EntryPoint]:
     return [by_name[name] for name in sorted(by_name)]
 
 
+def plugin_modules() -> tuple[tuple[str, str], ...]:
+    """``(name, module)`` of every installed plugin (its entry point's value), by name."""
+    return tuple((ep.name, ep.value) for ep in _entry_points())
+
+
 def available_plugin_names() -> tuple[str, ...]:
     """Names of every installed plugin (entry points), whether or not enabled."""
     return tuple(ep.name for ep in _entry_points())

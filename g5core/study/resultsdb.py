@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -30,7 +31,9 @@ import time
 from typing import Any, Iterable, Iterator, Mapping, Optional, Sequence
 
 from g5core.api.errors import ConfigError, G5Error
+from g5core.api.plugins import plugin_modules
 from g5core.inputs.outputs import check_output_path
+from g5core.version import __version__
 
 SCHEMA_VERSION = "1"
 # sqlite3's default is 5 s; a sweep shares its file with other sweeps and readers, so it
@@ -95,10 +98,78 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
 
 
-def config_hash(resolved: Mapping, disabled: Iterable[str] = ()) -> str:
-    """Stable key of a resolved configuration: SHA-256 of its canonical JSON and the disabled plugins."""
-    payload = canonical_json({"config": resolved, "disabled": sorted(disabled)})
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+def config_hash(resolved: Mapping, disabled: Iterable[str] = (), *, build: bool = True) -> str:
+    """Stable key of a result: SHA-256 of the resolved configuration's canonical JSON, the
+    disabled plugins and (``build``) the G5 build that computes it (:func:`build_id`), so a
+    database's rows are reused only by the code that computed them. ``build=False`` keys a
+    record that is not a result (what a search was asked)."""
+    key = {"config": resolved, "disabled": sorted(disabled)}
+    if build:
+        key["build"] = build_id()
+    return hashlib.sha256(canonical_json(key).encode("utf-8")).hexdigest()
+
+
+#: the files whose content is G5's model: code, and the shipped data (systems, models,
+#: framework profiles, kernel tables)
+BUILD_SUFFIXES = (".py", ".yaml", ".json", ".csv")
+
+
+def _package_files(root: pathlib.Path) -> Iterator[tuple[str, pathlib.Path]]:
+    """``(path relative to root, path)`` of the model files under a package folder, sorted."""
+    for path in sorted(root.rglob("*")):
+        if path.suffix in BUILD_SUFFIXES and path.is_file() and "__pycache__" not in path.parts:
+            yield path.relative_to(root).as_posix(), path
+
+
+def _plugin_roots() -> list[tuple[str, Optional[pathlib.Path]]]:
+    """Each installed plugin's top-level package (or module file), found without importing it;
+    ``None`` where the import system cannot say where it lives."""
+    out = {}
+    for _, module in plugin_modules():
+        top = module.split(":")[0].split(".")[0]
+        if top in out:
+            continue
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is None:
+            out[top] = None
+        elif spec.submodule_search_locations:
+            out[top] = pathlib.Path(list(spec.submodule_search_locations)[0])
+        else:
+            out[top] = pathlib.Path(spec.origin) if spec.origin else None
+    return sorted(out.items())
+
+
+_BUILD: dict = {}
+
+
+def build_id() -> str:
+    """SHA-256 of the G5 build that runs: every model file of the ``g5core`` package and of
+    each installed plugin's package (names and contents; about 150 files, 1.7 MB, a few ms,
+    once per process). Any change to the code or the shipped data makes a new build: rows a
+    database holds from another build stay in it and are not reused (a result is never taken
+    from code that might have computed it otherwise)."""
+    if "id" not in _BUILD:
+        digest = hashlib.sha256()
+        roots = [("g5core", pathlib.Path(__file__).resolve().parents[1])] + _plugin_roots()
+        for name, root in roots:
+            digest.update(f"\0package {name}\0".encode("utf-8"))
+            if root is None:
+                continue
+            files = _package_files(root) if root.is_dir() else [(root.name, root)]
+            for rel, path in files:
+                data = path.read_bytes()
+                digest.update(f"\0{rel}\0{len(data)}\0".encode("utf-8"))
+                digest.update(data)
+        _BUILD["id"] = digest.hexdigest()
+    return _BUILD["id"]
+
+
+def build_version() -> str:
+    """The version written beside a result: G5's release and its build (``0.1.0+1a2b3c4d5e6f``)."""
+    return f"{__version__}+{build_id()[:12]}"
 
 
 def utc_now() -> str:

@@ -112,7 +112,7 @@ def record_search_context(db_path, raw: Mapping, workload: str, slo) -> None:
         with sqlite_errors(db.path, db.busy_timeout_s):
             db.con.execute(SEARCH_CONTEXT_SCHEMA)
             db.con.execute("INSERT OR IGNORE INTO serve_search_context VALUES (?, ?)",
-                           (config_hash({"context": ctx}, ()), canonical_json(ctx)))
+                           (config_hash({"context": ctx}, (), build=False), canonical_json(ctx)))
     finally:
         db.close()
 

@@ -32,14 +32,13 @@ import attrs
 import yaml
 from tqdm import tqdm
 
-from g5core.version import __version__
 from g5core.inputs.config import Deployment, all_disabled, apply_overrides, shorthand_of
 from g5core.inputs.step import Step
 from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, G5Error
 from g5core.api.plugins import Hooks, make_plugin_manager
 from g5core.api.records import SweepPreset
-from g5core.study.resultsdb import ResultsDB, config_hash, utc_now
+from g5core.study.resultsdb import ResultsDB, build_version, config_hash, utc_now
 from g5core.api.errors import suggest
 from g5core.session.run import make_plan, run
 
@@ -190,7 +189,7 @@ def run_cell(raw: Mapping, disabled: Sequence[str] = (), runner: Optional[Callab
         row = output_columns(out)
     except G5Error as exc:
         row = {"status": "error", "error": str(exc)}
-    row.update(g5_version=__version__, wall_s=time.perf_counter() - t0, finished_at=utc_now())
+    row.update(g5_version=build_version(), wall_s=time.perf_counter() - t0, finished_at=utc_now())
     return row
 
 
@@ -462,7 +461,7 @@ def run_sweep(base: Mapping, grid: Grid, db_path, *, disabled: Sequence[str] = (
     db = ResultsDB.open(db_path, inputs=inputs, **open_kwargs)
     try:
         sweep_id = db.start_sweep(kind, base, [[k, list(v)] for k, v in grid], dict(options or {}),
-                                  [(c.point, c.key) for c in cells], __version__)
+                                  [(c.point, c.key) for c in cells], build_version())
         try:
             computed, reused = _drive(db, exe, cells, disabled, runner, extra_plugins, reporter, workers)
         except BaseException:   # an error, Ctrl-C: the sweep's row says it stopped (if the file lets us)
@@ -553,7 +552,7 @@ def _drive(db: ResultsDB, exe, cells: Sequence[_Cell], disabled, runner, extra_p
             return None
         seen.add(cell.key)
         if cell.raw is None:
-            finish(cell, store(cell, {"status": "error", "error": cell.error, "g5_version": __version__,
+            finish(cell, store(cell, {"status": "error", "error": cell.error, "g5_version": build_version(),
                                       "wall_s": 0.0, "finished_at": utc_now()}))
             computed += 1
             return None

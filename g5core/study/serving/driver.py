@@ -25,7 +25,7 @@ from g5core.study.serving.screen import ShippedPoints, layout_screens
 from g5core.study.serving.space import (MAX_RUN_REQUESTS, SearchSettings, _longest_output, cp_prefill_choice,
                                         host_tier_variants, instance_layouts, is_moe, reuses_prefixes, run_requests,
                                         vary_cache)
-from g5core.study.serving.storage import CELL_VERSION, _drive, _Kept, _Progress, _Table, _Unconfirmed, _Waves
+from g5core.study.serving.storage import _drive, _Kept, _Progress, _Table, _Unconfirmed, _Waves
 from g5core.study.serving.variants import Variants, variant_key
 from g5core.study.sweep import LineProgress, make_executor
 
@@ -53,8 +53,7 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
     # cold) bound what a candidate can do; only its TPOT still prunes
     reuse = reuses_prefixes(workload)
     ident = {"base": base, "workload": workload, "slo": settings.slo,
-             "runner": None if runner_for is None else getattr(runner_for, "__name__", "custom"),
-             "cells": CELL_VERSION}
+             "runner": None if runner_for is None else getattr(runner_for, "__name__", "custom")}
 
     # 1. layouts x chunks, screened (per speculative block: its proposer's memory and steps)
     layouts = [(c, par, chunk) for c, par in instance_layouts(chips, dims, settings.vary, is_moe(raw))

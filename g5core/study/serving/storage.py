@@ -11,25 +11,9 @@ from g5core.study.resultsdb import ResultsDB, canonical_json, sqlite_errors
 from g5core.study.sweep import WAIT, run_windowed
 
 
-#: the cells' payload format (screens carry the estimate's step table from 2; from 4 a
-#: speculative layout's TPOT floor, and a capacity search's failing runs stop at their sure
-#: SLO miss, so its run count and the peaks of its trace's failing rows differ): part of
-#: every cell's key, so a database of an older format
-#: is not read as this one. 5: a candidate's failing run stopped at its sure miss keeps no
-#: figures (``failed_stopped``); the shown candidates' are made whole in cells of their own.
-#: 6: a side's lone simulated candidate makes its own failing run whole (``whole_failed``).
-#: 7: a wave without a bar finds its capacities unconfirmed (``defer``), confirmed in cells
-#: of their own (``confirm``) or bounded out as ties by the driver. 8: an attention-DP
-#: layout's screen counts every rank's prompts in its estimate table (``step_table``'s ranks).
-#: 9: the estimate table's prefill rows carry the lone prompt's step (``estimate.shared``).
-#: 10: under a framework that runs uncaptured decode batches eagerly, the decode table has
-#: the midpoints (``step_table``'s ``eager``). 11: there the step cost's grid takes a
-#: captured batch size between eager ones as an island (``PlanCost.islands``). 12: a padded
-#: CUDA-graph decode's slots take the least context the layout's split takes (cp's
-#: ``2 x cp``: such steps had been refused, pruning cp layouts under vLLM and SGLang). 13: a
-#: grouped GEMM pads each expert's rows by its own token count (roofline.expected_row_tiles):
-#: MoE step latencies moved, so a database's cells of before are not this search's
-CELL_VERSION = 13
+# A cell's key (``config_hash``) holds the G5 build that computed it, so a database written by
+# other code (another payload format, or a model that moved step latencies) keeps its cells
+# and this search computes its own.
 
 
 SCHEMA = """
