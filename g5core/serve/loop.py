@@ -25,6 +25,7 @@ from g5core.serve.cost import DpCost, JoinedStep, PlanCost, RankedWork, StepWork
 from g5core.serve.router import RoundRobin
 from g5core.serve.scheduler import DpScheduler, SchedulerSettings, Seq, VllmScheduler
 from g5core.serve.workload import Workload
+from g5core.sim.heap import gc_paused
 
 
 
@@ -404,7 +405,13 @@ class ServingLoop:
 
     def run(self, until: float = math.inf) -> Optional[LoopResult]:
         """Process every event at or before ``until``; the result once the workload is done
-        (``None`` while events are left, or once a :class:`MissWatch` was sure of a miss)."""
+        (``None`` while events are left, or once a :class:`MissWatch` was sure of a miss).
+        The cyclic garbage collector is off meanwhile (:func:`g5core.sim.heap.gc_paused`):
+        the run's requests, sequences and records live to its end."""
+        with gc_paused():
+            return self._run(until)
+
+    def _run(self, until: float) -> Optional[LoopResult]:
         heap, step = self.heap, self._step
         if self.missed:
             return None

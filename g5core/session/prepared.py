@@ -50,7 +50,8 @@ from g5core.lower.builder import build_dag
 from g5core.lower.layers import build_program
 from g5core.lower.symmetry import check_resources
 from g5core.session.mathpath import math_estimate
-from g5core.session.run import _check_finite, _gc_paused, make_plan, simulate_plan, tokens_per_s_per_chip
+from g5core.sim.heap import gc_paused
+from g5core.session.run import _check_finite, make_plan, simulate_plan, tokens_per_s_per_chip
 from g5core.sim.compile import compile_dag
 from g5core.sim.engine import Engine
 from g5core.sim.results import busiest_compute_by_owner, check_conservation, conservation_kpis, summarize
@@ -545,7 +546,7 @@ def _run_built(plan, dag, sym, check: bool, edges, figures_only: bool = False):
     ``sym`` applies, as it did for the DAG's first step), ``edges`` its successor lists;
     ``figures_only``: a :class:`_Figures` (the engine's invariants still checked with
     ``check``)."""
-    with _gc_paused():
+    with gc_paused():
         t0 = time.perf_counter()
         compiled = compile_dag(dag, plan, edges)
         if sym.applied and check_resources(sym, dag, compiled, plan) is not None:

@@ -6,8 +6,6 @@
 """
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import pathlib
 import time
@@ -23,6 +21,7 @@ from g5core.api.errors import ConfigError, G5Error
 from g5core.inputs.config import Deployment, all_disabled, apply_overrides, load_config_file, resolve_config_paths
 from g5core.inputs.framework import graph_step
 from g5core.sim.engine import Engine
+from g5core.sim.heap import gc_paused
 from g5core.sim.compile import compile_dag
 from g5core.inputs.serving import serving_input_files
 from g5core.session.mathpath import MathResult, math_estimate
@@ -78,21 +77,8 @@ def simulate_plan(plan: Plan, engine_cls: type = Engine, check: bool = True, pro
     ``timings``, when given, receives the wall seconds of each phase (build, compile,
     engine, report: benchmarks/bench.py). Where a symmetric run falls back to every chip
     after its build, the full run is checked against ``max_ops`` first."""
-    with _gc_paused():
+    with gc_paused():
         return _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops)
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    """The cyclic garbage collector off while a run makes millions of objects that form no
-    cycles (it would otherwise traverse them again and again: about 15% of a large run)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _simulate(plan, engine_cls, check, progress, record_port_rates, symmetry, timings, max_ops) -> SimResult:

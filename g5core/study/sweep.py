@@ -38,6 +38,7 @@ from g5core.api.dimensions import DimensionRegistry, collect_dimensions
 from g5core.api.errors import ConfigError, G5Error
 from g5core.api.plugins import Hooks, make_plugin_manager
 from g5core.api.records import SweepPreset
+from g5core.sim.heap import freeze_long_lived
 from g5core.study.resultsdb import ResultsDB, build_version, config_hash, utc_now
 from g5core.api.errors import suggest
 from g5core.session.run import make_plan, run
@@ -224,7 +225,8 @@ class LocalExecutor:
 
     def __enter__(self):
         if self.workers > 1:
-            self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=self.workers)
+            # the workers are G5's own processes: their caches frozen after each full collection
+            self.pool = concurrent.futures.ProcessPoolExecutor(max_workers=self.workers, initializer=freeze_long_lived)
         return self
 
     def __exit__(self, *exc):

@@ -10,6 +10,7 @@ import attrs
 
 from g5core.api.errors import G5Error
 from g5core.serve.api import check_search_work
+from g5core.sim.heap import long_lived_heap
 from g5core.study.resultsdb import ResultsDB, config_hash
 from g5core.study.search import layout_label
 from g5core.study.serving.bound import (_estimate_bound, _top_values, _upper_value, bar_value, capacity_bound,
@@ -40,7 +41,16 @@ def serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, d
                  runner_for=None, max_work=None) -> ServeSearchResult:
     """Enumerate, screen, simulate (capacity per candidate) and rank; see the module doc.
     ``runner_for``: ``(layout configuration, prepared plan) -> (groups -> latency_s)``
-    instead of the engine (tests; in-process only)."""
+    instead of the engine (tests; in-process only). What survives a full garbage collection
+    meanwhile is frozen (:func:`g5core.sim.heap.long_lived_heap`: the cells' caches)."""
+    with long_lived_heap():
+        return _serve_search(raw, workload, settings, db_path=db_path, disabled=disabled, workers=workers,
+                             executor=executor, progress=progress, inputs=inputs, runner_for=runner_for,
+                             max_work=max_work)
+
+
+def _serve_search(raw: Mapping, workload: Mapping, settings: SearchSettings, *, db_path, disabled, workers: int,
+                  executor: str, progress, inputs: Sequence, runner_for, max_work) -> ServeSearchResult:
     workload, limits, chips, names, dims, variants = checked_inputs(raw, workload, settings, disabled, executor,
                                                                     workers, runner_for)
     if callable(progress) and not hasattr(progress, "cell"):
