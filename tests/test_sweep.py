@@ -135,6 +135,10 @@ def test_rows_of_another_build_are_kept_and_not_reused(tmp_path, monkeypatch):
     monkeypatch.setitem(resultsdb._BUILD, "id", "0" * 64)
     other = run_sweep(BASE, grid, db)
     assert (other.computed, other.reused) == (2, 0)
+    # the summary says why: the database held these cells from another build
+    assert other.other_builds == {r["config_hash"]: first.rows[0]["g5_version"] for r in other.rows}
+    assert "2 cells computed anew: the database holds them from another G5 build" in other.summary()
+    assert not first.other_builds and "computed anew" not in again.summary()
     assert {r["config_hash"] for r in other.rows}.isdisjoint({r["config_hash"] for r in first.rows})
     assert {r["g5_version"].split("+")[1] for r in other.rows} == {"0" * 12}
     assert len(_all_rows(db)) == 4

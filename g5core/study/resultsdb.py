@@ -364,6 +364,21 @@ class ResultsDB:
         with sqlite_errors(self.path, self.busy_timeout_s):
             return bool(self.con.execute("SELECT 1 FROM results WHERE config_hash = ? LIMIT 1", (key,)).fetchall())
 
+    def other_builds(self, keys: Mapping[str, str]) -> dict[str, str]:
+        """Of ``keys`` (a configuration's key without the build, :func:`config_hash` with
+        ``build=False`` -> its key), those the file holds a row of from another G5 build:
+        ``{key: that row's g5_version}`` (why a sweep computes them anew)."""
+        mine = build_version()
+        with sqlite_errors(self.path, self.busy_timeout_s):
+            rows = self.con.execute("SELECT config, disabled, g5_version FROM results WHERE g5_version != ?",
+                                    (mine,)).fetchall()
+        out = {}
+        for config, disabled, version in rows:
+            free = config_hash(json.loads(config), json.loads(disabled), build=False)
+            if free in keys:
+                out[keys[free]] = version
+        return out
+
     def get(self, key: str) -> Optional[dict]:
         rows = self._select("WHERE config_hash = ?", (key,))
         return rows[0] if rows else None

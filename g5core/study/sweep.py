@@ -375,6 +375,8 @@ class SweepReport:
     rows: tuple[dict, ...]       # grid order; each results row plus its ``point``
     computed: int                # cells this run simulated
     reused: int                  # cells already in the database
+    #: of the computed cells, those the database held from another G5 build: {key: its g5_version}
+    other_builds: dict = attrs.field(factory=dict)
 
     @property
     def ok_rows(self) -> tuple[dict, ...]:
@@ -385,8 +387,13 @@ class SweepReport:
         return tuple(r for r in self.rows if r["status"] != "ok")
 
     def summary(self) -> str:
-        return (f"sweep {self.sweep_id}: {len(self.ok_rows)} of {len(self.rows)} cells ran "
+        text = (f"sweep {self.sweep_id}: {len(self.ok_rows)} of {len(self.rows)} cells ran "
                 f"({len(self.failed_rows)} invalid, {self.reused} already in the database); results in {self.db_path}")
+        if self.other_builds:
+            versions = ", ".join(sorted(set(self.other_builds.values())))
+            text += (f"\n{len(self.other_builds)} cells computed anew: the database holds them from another G5 build "
+                     f"({versions}; this is {build_version()}); their rows are kept beside the new ones")
+        return text
 
 
 @attrs.frozen(kw_only=True)
@@ -462,6 +469,9 @@ def run_sweep(base: Mapping, grid: Grid, db_path, *, disabled: Sequence[str] = (
     open_kwargs = {} if busy_timeout_s is None else {"busy_timeout_s": busy_timeout_s}
     db = ResultsDB.open(db_path, inputs=inputs, **open_kwargs)
     try:
+        fresh = {c.key for c in cells if not db.has(c.key)}
+        stale = db.other_builds({config_hash(c.resolved, c.disabled, build=False): c.key for c in cells
+                                 if c.key in fresh}) if fresh else {}
         sweep_id = db.start_sweep(kind, base, [[k, list(v)] for k, v in grid], dict(options or {}),
                                   [(c.point, c.key) for c in cells], build_version())
         try:
@@ -477,7 +487,8 @@ def run_sweep(base: Mapping, grid: Grid, db_path, *, disabled: Sequence[str] = (
     out = tuple({**row, "point": cell.point} for cell, row in zip(cells, rows) if row["config_hash"] == cell.key)
     if len(out) != len(cells):
         raise G5Error(f"--db {db_path}: the sweep's rows do not match its plan; the file was changed meanwhile")
-    return SweepReport(sweep_id=sweep_id, db_path=str(db_path), rows=out, computed=computed, reused=reused)
+    return SweepReport(sweep_id=sweep_id, db_path=str(db_path), rows=out, computed=computed, reused=reused,
+                       other_builds=stale)
 
 
 #: what an item source of :func:`run_windowed` yields for "nothing to run yet": it is asked
