@@ -126,3 +126,27 @@ def test_report_round_trips_the_database_values(db, tmp_path):
     lines = res.stdout.splitlines()
     assert len(lines) == 2 + 12 and "TTFT (s)" in lines[0]
     assert sum("auto: chips=4 is not divisible" in l for l in lines) == 3
+
+
+def test_a_plot_draws_each_configurations_newest_build_once(tmp_path, monkeypatch):
+    """A sweep run again by another build (a model change) keeps the older rows beside the new:
+    `g5 plot` draws each configuration once, the newest, and says what it left out; `--sweep N`
+    draws that sweep's."""
+    from g5core.study import resultsdb
+
+    path = tmp_path / "s.db"
+    grid = parse_grid(["seq_len=4096", "parallel.cp=1,2"])
+    run_sweep(BASE, grid, path)
+    monkeypatch.setitem(resultsdb._BUILD, "id", "f" * 64)
+    run_sweep(BASE, grid, path)
+    rows = load_rows(path)
+    assert len(rows) == 4
+    kept, older = resultsdb.newest_of_each(rows, resultsdb.result_free_key)
+    assert older == 2 and {r["g5_version"] for r in kept} == {"0.1.0+" + "f" * 12}
+    res = CliRunner().invoke(main, ["plot", str(path), "--kind", "memory", "-o", str(tmp_path / "m.svg")])
+    assert res.exit_code == 0, res.output
+    assert "2 rows of the same configurations computed by other G5 builds left out" in res.stderr
+    assert len(make_figure("memory", kept).axes[0].containers[0]) == 2     # one bar a configuration
+    res = CliRunner().invoke(main, ["plot", str(path), "--kind", "memory", "--sweep", "1",
+                                                    "-o", str(tmp_path / "m1.svg")])
+    assert res.exit_code == 0 and "left out" not in res.stderr

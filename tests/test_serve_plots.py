@@ -96,3 +96,28 @@ def test_pareto_labels_never_overlap():
         for j in range(i + 1, len(boxes)):
             assert not boxes[i].overlaps(boxes[j]), (texts[i].get_text(), texts[j].get_text())
     assert "serving search" in ax.get_title()
+
+
+def test_a_serving_run_of_another_build_is_drawn_once(tmp_path, monkeypatch):
+    """The same run stored by two builds (a model change between them): `g5 plot --kind
+    serve-cdf` draws the newest and says it left the other out."""
+    from click.testing import CliRunner
+
+    from g5core.present.cli import main
+    from g5core.study import resultsdb
+    from g5core.study.serve_db import serving_free_key
+
+    db_path = tmp_path / "s.db"
+    w = {"requests": 20, "arrival": {"kind": "poisson", "rate_per_s": 5}, "input_tokens": 500, "output_tokens": 20}
+    for build in (None, "e" * 64):
+        if build:
+            monkeypatch.setitem(resultsdb._BUILD, "id", build)
+        db = open_serving_db(db_path)
+        res = simulate_serving(BASE, w, runner=runner, check_predictor=0)
+        assert db.add(BASE, (), w, res.to_json_dict(), series(res.loop))     # a new row: the key holds the build
+        db.close()
+    stored = load_serving_rows(db_path)
+    assert len(stored) == 2 and len({serving_free_key(r) for r in stored}) == 1
+    out = CliRunner().invoke(main, ["plot", str(db_path), "--kind", "serve-cdf", "-o", str(tmp_path / "c.svg")])
+    assert out.exit_code == 0, out.output
+    assert "1 row of the same configurations computed by other G5 builds left out" in out.stderr

@@ -33,7 +33,8 @@ from g5core.study.search import best_layouts
 from g5core.study.serve_command import serve_command
 from g5core.serve.api import representative_steps
 from g5core.inputs.serving import TRACE_SUFFIXES, split_config, workload_spec
-from g5core.study.serve_db import load_serving_rows, record_search_context
+from g5core.study.resultsdb import newest_of_each, result_free_key
+from g5core.study.serve_db import load_serving_rows, record_search_context, serving_free_key
 from g5core.study.serving import DEFAULT_TOP as DEFAULT_SERVE_TOP, best_serve_command
 from g5core.study.serve_sweep import is_serving_sweep, render_rows, run_serving_sweep
 from g5core.study.sweep import default_progress, parse_grid, run_preset, run_sweep
@@ -550,13 +551,27 @@ def plot_cmd(db, output, kind, sweep_id, x_dim, layer, row_key, where):
     fmt = image_format(output)
     conditions = parse_where(where)
     target = check_output_path(output, "-o", inputs=[db])
-    if kind.startswith("serve-"):
-        fig = serve_figure(kind, load_search_rows(db) if kind == "serve-pareto" else load_serving_rows(db))
+    if kind == "serve-pareto":
+        fig = serve_figure(kind, load_search_rows(db))
+    elif kind.startswith("serve-"):
+        fig = serve_figure(kind, _newest(load_serving_rows(db), serving_free_key))
     else:
-        fig = make_figure(kind, load_rows(db, sweep_id), x_dim=x_dim, layer=layer, config_hash=row_key,
-                          where=conditions, auto_dims=auto_dims(db, sweep_id))
+        rows = load_rows(db, sweep_id)
+        fig = make_figure(kind, rows if sweep_id is not None else _newest(rows, result_free_key), x_dim=x_dim,
+                          layer=layer, config_hash=row_key, where=conditions, auto_dims=auto_dims(db, sweep_id))
     write_atomically(target, lambda fh: fh.write(figure_bytes(fig, fmt)), "-o", binary=True)
     click.echo(f"{kind} plot written to {output}")
+
+
+def _newest(rows: list, free_key) -> list:
+    """Each configuration's newest row (``newest_of_each``), saying on stderr how many rows of
+    other G5 builds were left out."""
+    rows, older = newest_of_each(rows, free_key)
+    if older:
+        rows_of = "1 row" if older == 1 else f"{older} rows"
+        click.echo(f"note: {rows_of} of the same configurations computed by other G5 builds left out "
+                   "(each configuration's newest is drawn; `g5 report DB` lists every row)", err=True)
+    return rows
 
 
 @main.command("report")

@@ -109,6 +109,24 @@ def config_hash(resolved: Mapping, disabled: Iterable[str] = (), *, build: bool 
     return hashlib.sha256(canonical_json(key).encode("utf-8")).hexdigest()
 
 
+def newest_of_each(rows: Sequence[Mapping], free_key) -> tuple[list, int]:
+    """``rows`` with one row per configuration whatever build computed it (``free_key(row)``:
+    its key without the build): the one finished last (``finished_at``, then the later in
+    ``rows``), in ``rows``' order; and how many were left out (rows of other builds)."""
+    newest: dict = {}
+    for i, row in enumerate(rows):
+        k = free_key(row)
+        if k not in newest or (row["finished_at"], i) >= (rows[newest[k]]["finished_at"], newest[k]):
+            newest[k] = i
+    keep = sorted(newest.values())
+    return [rows[i] for i in keep], len(rows) - len(keep)
+
+
+def result_free_key(row: Mapping) -> str:
+    """A ``results`` row's key without the build (:func:`newest_of_each`)."""
+    return config_hash(row["config"], row["disabled"], build=False)
+
+
 #: the files whose content is G5's model: code, and the shipped data (systems, models,
 #: framework profiles, kernel tables)
 BUILD_SUFFIXES = (".py", ".yaml", ".json", ".csv")

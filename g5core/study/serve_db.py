@@ -83,6 +83,12 @@ def _rows(con) -> list[dict]:
     return [dict(zip(names, r)) for r in cur.fetchall()]
 
 
+def serving_free_key(row: Mapping) -> str:
+    """A ``serving_results`` row's key without the build (``newest_of_each``)."""
+    return config_hash({"config": json.loads(row["config"]), "workload": json.loads(row["workload"])},
+                       json.loads(row["disabled"]), build=False)
+
+
 def load_search_cells(db_path) -> list[dict]:
     """The ``serve_search`` cells (``g5 best --serve --db``) of an existing results file, each
     ``{key, kind, label, payload, finished_at}`` with its payload decoded, screens then
