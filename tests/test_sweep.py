@@ -169,6 +169,12 @@ def test_the_build_id_follows_the_model_files_and_nothing_else(tmp_path, monkeyp
     assert build() == base
     (pkg / "__init__.py").rename(pkg / "other.py")
     assert build() != base
+    renamed = build()
+    # the version of an installed distribution whose data the figures read (the measured tables')
+    real = resultsdb.importlib.metadata.version
+    monkeypatch.setattr(resultsdb.importlib.metadata, "version",
+                        lambda dist: "9.9.9" if dist == "aiconfigurator-core" else real(dist))
+    assert build() != renamed
 
 
 def test_cli_sweep_where_every_point_is_invalid_exits_1(tmp_path):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -160,13 +161,17 @@ def _plugin_roots() -> list[tuple[str, Optional[pathlib.Path]]]:
     return sorted(out.items())
 
 
+#: installed distributions whose data G5's figures read (``plugins/measured`` reads its kernel
+#: tables from ``aiconfigurator_core/systems/data``): their versions are part of the build
+DATA_DISTRIBUTIONS = ("aiconfigurator-core",)
+
 _BUILD: dict = {}
 
 
 def build_id() -> str:
     """SHA-256 of the G5 build that runs: every model file of the ``g5core`` package and of
-    each installed plugin's package (names and contents; about 150 files, 1.7 MB, a few ms,
-    once per process). Any change to the code or the shipped data makes a new build: rows a
+    each installed plugin's package (names and contents: about 150 files, 1.7 MB, a few ms, once
+    per process), and the versions of the :data:`DATA_DISTRIBUTIONS`. Any change to the code or the shipped data makes a new build: rows a
     database holds from another build stay in it and are not reused (a result is never taken
     from code that might have computed it otherwise)."""
     if "id" not in _BUILD:
@@ -181,6 +186,12 @@ def build_id() -> str:
                 data = path.read_bytes()
                 digest.update(f"\0{rel}\0{len(data)}\0".encode("utf-8"))
                 digest.update(data)
+        for dist in DATA_DISTRIBUTIONS:
+            try:
+                version = importlib.metadata.version(dist)
+            except importlib.metadata.PackageNotFoundError:
+                version = "absent"
+            digest.update(f"\0distribution {dist} {version}\0".encode("utf-8"))
         _BUILD["id"] = digest.hexdigest()
     return _BUILD["id"]
 
