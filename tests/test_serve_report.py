@@ -14,7 +14,7 @@ from g5core.present.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 SEARCH = ["--serve", "--isl", "1000", "--osl", "16", "--requests", "40", "--slo", "ttft_p90=1s,tpot_p90=30ms",
-          "--chunks", "1024", "--seqs", "8", "--settle", "4", "--confirm", "0"]
+          "--chunks", "1024", "--seqs", "8", "--settle", "4", "--confirm", "0", "--workers", "1"]
 
 
 @pytest.fixture(scope="module")

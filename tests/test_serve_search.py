@@ -522,7 +522,8 @@ def test_cli_best_serve_json_text_and_pareto_plot(tmp_path, monkeypatch):
     from g5core.present.cli import main
     from g5core.study.serving import command
 
-    monkeypatch.setattr(command, "usable_cpus", lambda: 4)   # the hint: one worker on a machine of 4 CPUs
+    # no --workers: the default is the CPUs G5 may use (command.default_workers), here one
+    monkeypatch.setattr(command, "usable_cpus", lambda: 1)
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text("model: llama-3.1-8b\nsystem: h100-sxm\nchips: 1\n")
@@ -537,11 +538,8 @@ def test_cli_best_serve_json_text_and_pareto_plot(tmp_path, monkeypatch):
     assert [r["disaggregated"] for r in rows] == [False] and rows[0]["capacity_requests_per_s"] > 0
     assert doc["sides"]["aggregated"]["simulated"] and doc["sides"]["disaggregated"] is None
     assert doc["counts"]["simulated"] == 1
-    assert "serving search on 1 worker process; this machine lets G5 use 4 CPUs: --workers 4" in out.stderr
-    monkeypatch.setattr(command, "usable_cpus", lambda: 1)
     text = CliRunner().invoke(main, args)
     assert text.exit_code == 0 and "why: The winner" in text.stdout and "capacity req/s" in text.stdout
-    assert "worker process" not in text.stderr      # no hint where one CPU is all there is
     png = tmp_path / "p.png"
     plot = CliRunner().invoke(main, ["plot", str(db), "--kind", "serve-pareto", "-o", str(png)])
     assert plot.exit_code == 0, plot.output
@@ -725,7 +723,7 @@ def test_both_answers_side_by_side_in_json_and_text(tmp_path):
     # no --requests: the documented default (300) applies to the synthetic workload
     args = ["best", str(cfg), "--serve", "--isl", "1000", "--osl", "16", "--slo", "ttft_p99=1s,tpot_p99=30ms",
             "--chunks", "1024", "--seqs", "8", "--settle", "2", "--confirm", "0", "--vary", "tp", "--disagg", "auto",
-            "--top", "1"]
+            "--top", "1", "--workers", "1"]
     out = CliRunner().invoke(main, args + ["--json"])
     assert out.exit_code == 0, out.output
     doc = json.loads(out.stdout)
@@ -864,3 +862,28 @@ def test_speculation_is_a_dimension_and_pays_at_a_tight_tpot_and_low_load():
     assert js[0]["config"]["speculative"] == block and "speculative" not in js[1]["config"]
     text = render_serve_best(result, 5)
     assert "speculative" in text.splitlines()[2] and "eagle:3 (2.7 tok/step)" in text and " off " in text
+
+
+def test_the_default_workers_are_the_usable_cpus_at_most_four_within_a_containers_quota(tmp_path, monkeypatch):
+    from g5core.study.serving import command
+
+    for cpus, workers in ((1, 1), (2, 2), (4, 4), (64, 4)):
+        monkeypatch.setattr(command, "usable_cpus", lambda cpus=cpus: cpus)
+        assert command.default_workers() == workers
+    monkeypatch.undo()
+    # a container's CPU quota caps the affinity (rounded up), cgroup v2 first, then v1
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert command.cpu_quota(str(v2)) == 1.5
+    assert command.usable_cpus(str(v2)) == min(2, command.usable_cpus(str(tmp_path / "none")))
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert command.cpu_quota(str(v2)) is None
+    v1 = tmp_path / "v1"
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert command.cpu_quota(str(v1)) == 1.0 and command.usable_cpus(str(v1)) == 1
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert command.cpu_quota(str(v1)) is None
+    assert command.cpu_quota(str(tmp_path / "none")) is None

@@ -225,8 +225,9 @@ def _int_list(ctx, param, value):
 
 
 _sweep_options = [
-    click.option("--workers", default=1, show_default=True, type=click.IntRange(min=1),
-                 help="Cells simulated at once (worker processes, or Dask workers)."),
+    click.option("--workers", default=None, type=click.IntRange(min=1),
+                 help="Cells simulated at once (worker processes, or Dask workers) [default: 1; with --serve "
+                      "the CPUs G5 may use, at most 4: the search's answer does not depend on it]."),
     click.option("--executor", default="local", show_default=True, metavar="local|dask|dask:ADDRESS",
                  help="local worker processes; dask starts a local Dask cluster; dask:tcp://HOST:PORT uses a "
                       "running scheduler's workers (needs g5[distributed])."),
@@ -256,7 +257,7 @@ def scan_cmd(config, overrides, disabled, db_path, cp_values, seq_lens, hidden_t
     does, or if no cell ran."""
     raw = load_raw(config, overrides)
     report = run_preset("cp", raw, db_path, axes={"parallel.cp": cp_values, "seq_len": seq_lens},
-                        options={"hidden_threshold": hidden_threshold}, disabled=disabled, workers=workers,
+                        options={"hidden_threshold": hidden_threshold}, disabled=disabled, workers=workers or 1,
                         executor=executor, progress=default_progress(), inputs=[config])
     _finish_sweep_output(report.sweep)
     if not report.preset.check_phases or raw.get("phase") in report.preset.check_phases:
@@ -367,7 +368,7 @@ def sweep_cmd(config, overrides, disabled, grid, db_path, workers, executor):
                                  progress=(lambda line: click.echo(line, err=True)) if sys.stderr.isatty() else None)
         click.echo(render_rows(rows))
         return
-    report = run_sweep(raw, axes, db_path, disabled=disabled, workers=workers, executor=executor,
+    report = run_sweep(raw, axes, db_path, disabled=disabled, workers=workers or 1, executor=executor,
                        progress=default_progress(), inputs=[config])
     _finish_sweep_output(report)
 
@@ -486,7 +487,7 @@ def best_cmd(config, overrides, disabled, objective, top, as_json, db_path, work
     if given:
         raise ConfigError(given[0], "applies to the serving search; add --serve")
     top = 10 if top is None else top
-    result = best_layouts(raw, objective, db_path, disabled, workers, executor,
+    result = best_layouts(raw, objective, db_path, disabled, workers or 1, executor,
                           progress=default_progress(), inputs=[config])
     if as_json:
         click.echo(json.dumps([c.to_json_dict() for c in result.ranked[:top]], indent=2))

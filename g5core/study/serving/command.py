@@ -2,8 +2,9 @@
 result)."""
 from __future__ import annotations
 
+import math
 import os
-import sys
+import pathlib
 from typing import Mapping, Optional
 
 from g5core.api.errors import ConfigError
@@ -17,12 +18,13 @@ from g5core.study.serving.space import (DEFAULT_BEAM, DEFAULT_CHUNKS, DEFAULT_CO
 from g5core.study.sweep import default_progress
 
 
-def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, workers: int, executor: str, *,
-                       disagg: str, workload=None, requests=None, isl=None, osl=None, slo=None, seed=None, rate=None,
+def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, workers: Optional[int],
+                       executor: str, *, disagg: str, workload=None, requests=None, isl=None, osl=None, slo=None, seed=None, rate=None,
                        chunks=None, seqs=None, tolerance=None, max_rate=None, beam=None, vary=None, settle=None,
                        confirm=None, top=DEFAULT_TOP, max_steps=None, decode_system=None,
                        speculative=None) -> ServeSearchResult:
-    """``g5 best CONFIG --serve``'s flags to a search (the CLI prints its result)."""
+    """``g5 best CONFIG --serve``'s flags to a search (the CLI prints its result); ``workers``
+    None: :func:`default_workers`."""
     if objective is not None and objective not in SERVE_OBJECTIVES:
         raise ConfigError("--objective", f"{objective} ranks single-batch layouts; with --serve use "
                                          f"{', '.join(SERVE_OBJECTIVES)}")
@@ -50,12 +52,8 @@ def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, 
         speculative=None if speculative is None else tuple(
             freeze_block(b) for b in search_blocks(speculative, raw.get("speculative"))))
     progress = default_progress()
-    cpus = usable_cpus()
-    if executor == "local" and workers == 1 and cpus > 1:
-        # the search's answer does not depend on its workers (driver.WAVE), its time does
-        progress = _NoticeFirst(progress, f"serving search on 1 worker process; this machine lets G5 use {cpus} "
-                                          f"CPUs: --workers {cpus} runs the search's cells in parallel (the same "
-                                          "answer)")
+    if workers is None:
+        workers = default_workers()
     return serve_search(raw, spec, settings, db_path=db_path, disabled=disabled, workers=workers,
                         executor=executor, progress=progress, inputs=[config_path], max_work=max_steps)
 
@@ -77,25 +75,48 @@ def _placeholder_rate(base_wl: Mapping, workload) -> Optional[float]:
     return 1.0 if kind in ("poisson", "gamma") and not given else None
 
 
-class _NoticeFirst:
-    """A progress that prints ``notice`` on stderr when the search starts its work (its
-    inputs checked: a bad input stays a one-line error), then is ``inner``."""
+#: the serving search's worker processes by default, at most: each worker keeps caches of its
+#: own (the Qwen3-235B search peaks at 784 MB in one process), so a many-core machine is not
+#: filled with them unasked (``--workers N`` sets any number)
+DEFAULT_WORKERS_MAX = 4
 
-    def __init__(self, inner, notice: str):
-        self._inner, self._notice = inner, notice
-
-    def start(self, total) -> None:
-        if self._notice:
-            print(self._notice, file=sys.stderr, flush=True)
-            self._notice = ""
-        self._inner.start(total)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
+#: where a container's CPU quota is read (cgroup v2, then v1), as joblib's loky reads it
+CGROUP_ROOT = "/sys/fs/cgroup"
 
 
-def usable_cpus() -> int:
-    """The CPUs this process may run on (its affinity where the platform tells it)."""
+def default_workers() -> int:
+    """``g5 best --serve``'s worker processes when ``--workers`` is not given: the CPUs this
+    process may use (:func:`usable_cpus`), at most :data:`DEFAULT_WORKERS_MAX`. The search's
+    answer does not depend on it (the waves are fixed: driver.WAVE), its time does."""
+    return max(1, min(usable_cpus(), DEFAULT_WORKERS_MAX))
+
+
+def usable_cpus(cgroup_root: str = CGROUP_ROOT) -> int:
+    """The CPUs this process may run on: its affinity where the platform tells it, at most its
+    container's CPU quota rounded up (cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us``; no quota: the affinity)."""
     affinity = getattr(os, "sched_getaffinity", None)
-    return len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    cpus = len(affinity(0)) if affinity is not None else (os.cpu_count() or 1)
+    quota = cpu_quota(cgroup_root)
+    return max(1, min(cpus, math.ceil(quota))) if quota is not None else cpus
+
+
+def cpu_quota(cgroup_root: str = CGROUP_ROOT) -> Optional[float]:
+    """The CPUs a container's quota allows (quota over period), None where there is none or
+    the files cannot be read."""
+    root = pathlib.Path(cgroup_root)
+    try:
+        text = (root / "cpu.max").read_text().split()
+        quota, period = text[0], text[1]
+    except (OSError, IndexError):
+        try:
+            quota = (root / "cpu" / "cpu.cfs_quota_us").read_text().strip()
+            period = (root / "cpu" / "cpu.cfs_period_us").read_text().strip()
+        except OSError:
+            return None
+    try:
+        q, p = float(quota), float(period)
+    except ValueError:      # "max": no quota
+        return None
+    return q / p if q > 0 and p > 0 else None
 
