@@ -469,9 +469,9 @@ def run_sweep(base: Mapping, grid: Grid, db_path, *, disabled: Sequence[str] = (
     open_kwargs = {} if busy_timeout_s is None else {"busy_timeout_s": busy_timeout_s}
     db = ResultsDB.open(db_path, inputs=inputs, **open_kwargs)
     try:
-        fresh = {c.key for c in cells if not db.has(c.key)}
-        stale = db.other_builds({config_hash(c.resolved, c.disabled, build=False): c.key for c in cells
-                                 if c.key in fresh}) if fresh else {}
+        # cells the file holds from another build (and not from this one): computed anew
+        stale = {key: version for key, version in db.other_builds(
+            {config_hash(c.resolved, c.disabled, build=False): c.key for c in cells}).items() if not db.has(key)}
         sweep_id = db.start_sweep(kind, base, [[k, list(v)] for k, v in grid], dict(options or {}),
                                   [(c.point, c.key) for c in cells], build_version())
         try:

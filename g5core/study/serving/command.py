@@ -19,9 +19,9 @@ from g5core.study.sweep import default_progress
 
 
 def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, workers: Optional[int],
-                       executor: str, *, disagg: str, workload=None, requests=None, isl=None, osl=None, slo=None, seed=None, rate=None,
-                       chunks=None, seqs=None, tolerance=None, max_rate=None, beam=None, vary=None, settle=None,
-                       confirm=None, top=DEFAULT_TOP, max_steps=None, decode_system=None,
+                       executor: str, *, disagg: str, workload=None, requests=None, isl=None, osl=None, slo=None,
+                       seed=None, rate=None, chunks=None, seqs=None, tolerance=None, max_rate=None, beam=None,
+                       vary=None, settle=None, confirm=None, top=DEFAULT_TOP, max_steps=None, decode_system=None,
                        speculative=None) -> ServeSearchResult:
     """``g5 best CONFIG --serve``'s flags to a search (the CLI prints its result); ``workers``
     None: :func:`default_workers`."""
@@ -51,11 +51,9 @@ def best_serve_command(raw: Mapping, config_path, disabled, objective, db_path, 
         top=top, decode_system=decode_system,
         speculative=None if speculative is None else tuple(
             freeze_block(b) for b in search_blocks(speculative, raw.get("speculative"))))
-    progress = default_progress()
-    if workers is None:
-        workers = default_workers()
-    return serve_search(raw, spec, settings, db_path=db_path, disabled=disabled, workers=workers,
-                        executor=executor, progress=progress, inputs=[config_path], max_work=max_steps)
+    return serve_search(raw, spec, settings, db_path=db_path, disabled=disabled,
+                        workers=default_workers() if workers is None else workers, executor=executor,
+                        progress=default_progress(), inputs=[config_path], max_work=max_steps)
 
 
 def _placeholder_rate(base_wl: Mapping, workload) -> Optional[float]:
